@@ -1,0 +1,56 @@
+"""Model adapters: DiTs whose template KV can be captured (extract) or injected (cached).
+
+`load_model(name)` is the registry: "sakura-mini" (the bundled model; its shipped weights when
+present) or "klein:/path/to/local/folder" (FLUX.2 Klein through diffusers, weights from disk).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .base import TemplateEditModel
+from .kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource
+from .mini import EditOutput, KVMode, MiniConfig, MiniDiT
+
+log = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+MINI_WEIGHTS = ASSETS / "sakura-mini.safetensors"
+
+__all__ = ["EditOutput", "KVMode", "LayerKV", "MiniConfig", "MiniDiT", "TemplateEditModel", "TemplateKV",
+           "TemplateKVError", "TemplateKVSource", "load_mini", "load_model"]
+
+
+def load_mini(weights: str | Path | None = None, *, allow_random: bool = True) -> MiniDiT:
+    """The bundled sakura-mini with its shipped weights (or `weights`), in eval mode.
+
+    With no weights file present and `allow_random`, returns a seeded random init and logs a
+    warning (the untrained model still exercises every KV path exactly; its edits are noise).
+    """
+    from .mini_io import load_mini_weights
+
+    path = Path(weights) if weights is not None else MINI_WEIGHTS
+    if path.is_file():
+        return load_mini_weights(path)
+    if weights is not None or not allow_random:
+        raise FileNotFoundError(f"sakura-mini weights not found at {path}")
+    log.warning("no bundled sakura-mini weights at %s; using a seeded random init", path)
+    import torch
+
+    torch.manual_seed(0)
+    return MiniDiT(MiniConfig()).eval()
+
+
+def load_model(name: str = "sakura-mini") -> TemplateEditModel:
+    """Resolve a model name: "sakura-mini", "sakura-mini:/path/weights.safetensors", "klein:/folder"."""
+    kind, _, arg = name.partition(":")
+    if kind == "sakura-mini":
+        return load_mini(arg or None)
+    if kind == "klein":
+        if not arg:
+            raise ValueError("klein needs a local folder: klein:/path/to/FLUX.2-klein")
+        from .klein import KleinAdapter
+
+        return KleinAdapter.from_pretrained(arg)
+    raise ValueError(f"unknown model {name!r}; expected 'sakura-mini[:weights]' or 'klein:/path'")

@@ -1,0 +1,295 @@
+"""Template KV as a first-class object.
+
+A template's KV is, for every attention layer the forward pass runs, the keys and values of the
+template's tokens. It is a pure function of (model weights + config, template): the fingerprints
+of both travel with it so it can never be applied to the wrong model or template.
+
+Layout of one layer (`LayerKV`):
+    key   : (tokens, heads, head_dim)  as the model stores it (after QK-norm and RoPE)
+    value : (tokens, heads, head_dim)
+    keep  : (tokens,) bool or None     False = token dropped by a lossy codec; the model masks it
+                                       out of attention so the softmax renormalises over the rest.
+
+Layers are in the order the forward pass consumes them (for Klein: double-stream blocks, then
+single-stream blocks). On disk a `TemplateKV` is one safetensors file whose metadata carries the
+format version, both fingerprints, the token layout and a sha256 of all tensor bytes (safetensors
+itself does not checksum data).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+FORMAT = "sakura.template_kv"
+FORMAT_VERSION = 1
+
+
+class TemplateKVError(ValueError):
+    """A template KV is malformed, corrupt, or does not belong to this model/template."""
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's template keys and values. Shapes: key/value (tokens, heads, head_dim), keep (tokens,)."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    keep: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.key.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of key + value as stored (the keep mask is not counted)."""
+        return self.key.numel() * self.key.element_size() + self.value.numel() * self.value.element_size()
+
+    def check(self, where: str = "layer", *, tokens: int | None = None, heads: int | None = None,
+              head_dim: int | None = None, check_finite: bool = True) -> None:
+        """Raise `TemplateKVError` naming the problem if this layer is malformed or does not fit."""
+        for name, t in (("key", self.key), ("value", self.value)):
+            if not isinstance(t, torch.Tensor):
+                raise TemplateKVError(f"{where}.{name} is {type(t).__name__}, expected a torch.Tensor")
+            if t.ndim != 3:
+                raise TemplateKVError(
+                    f"{where}.{name} has shape {tuple(t.shape)}; expected (tokens, heads, head_dim)")
+            if not t.is_floating_point():
+                raise TemplateKVError(f"{where}.{name} has dtype {t.dtype}; expected a floating dtype")
+            if check_finite and not bool(torch.isfinite(t).all()):
+                bad = int((~torch.isfinite(t)).sum())
+                raise TemplateKVError(f"{where}.{name} holds {bad} NaN/inf values")
+        if self.key.shape != self.value.shape:
+            raise TemplateKVError(
+                f"{where}: key shape {tuple(self.key.shape)} != value shape {tuple(self.value.shape)}")
+        t_, h_, d_ = self.key.shape
+        for label, want, got in (("tokens", tokens, t_), ("heads", heads, h_), ("head_dim", head_dim, d_)):
+            if want is not None and want != got:
+                raise TemplateKVError(f"{where}: {label} = {got}, the model expects {want}")
+        if self.keep is not None:
+            if self.keep.dtype != torch.bool or tuple(self.keep.shape) != (t_,):
+                raise TemplateKVError(
+                    f"{where}.keep must be a bool tensor of shape ({t_},), got {self.keep.dtype} "
+                    f"{tuple(self.keep.shape)}")
+            if not bool(self.keep.any()):
+                raise TemplateKVError(f"{where}.keep drops every token; at least one must be kept")
+
+
+@runtime_checkable
+class TemplateKVSource(Protocol):
+    """Anything that hands out a layer's template KV when the forward pass reaches that layer.
+
+    `TemplateKV` is one (everything resident). The streaming runtime provides another whose
+    `layer(i)` blocks until shard i has arrived and been decoded; the model does not know which.
+    """
+
+    model_fingerprint: str
+    template_fingerprint: str
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def layer(self, index: int) -> LayerKV: ...
+
+
+@dataclass
+class TemplateKV:
+    """All layers' template KV plus what it depends on.
+
+    Args:
+        layers: one `LayerKV` per attention layer, in consumption order.
+        model_fingerprint: hex sha256 of the model's config and weights (`fingerprint_model`).
+        template_fingerprint: hex sha256 of the template's content (`fingerprint_tensors`).
+        layout: JSON-serialisable description of the template token layout the KV depends on
+            (e.g. {"kind": "sakura-mini", "grid": [16, 16]}; Klein adds the reference slot).
+        positions: optional (tokens, n_axes) position ids the keys were rotated with (Klein: RoPE
+            ids of the reference slot). Kept so a consumer can check it matches its own layout.
+    """
+
+    layers: list[LayerKV]
+    model_fingerprint: str
+    template_fingerprint: str
+    layout: dict[str, Any] = field(default_factory=dict)
+    positions: torch.Tensor | None = None
+
+    # -- the TemplateKVSource protocol -------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer(self, index: int) -> LayerKV:
+        if not 0 <= index < len(self.layers):
+            raise IndexError(f"layer {index} out of range (template KV has {len(self.layers)} layers)")
+        return self.layers[index]
+
+    # -- facts --------------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return self.layers[0].num_tokens
+
+    @property
+    def heads(self) -> int:
+        return int(self.layers[0].key.shape[1])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.layers[0].key.shape[2])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layers[0].key.dtype
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all keys and values as stored."""
+        return sum(layer.nbytes for layer in self.layers)
+
+    def validate(self, *, num_layers: int | None = None, tokens: int | None = None,
+                 heads: int | None = None, head_dim: int | None = None,
+                 model_fingerprint: str | None = None, template_fingerprint: str | None = None) -> None:
+        """Raise `TemplateKVError` naming the first problem found; return None if all is well."""
+        if model_fingerprint is not None and model_fingerprint != self.model_fingerprint:
+            raise TemplateKVError(
+                f"template KV was made by model {self.model_fingerprint[:16]}…, not this model "
+                f"({model_fingerprint[:16]}…); refusing to inject it")
+        if template_fingerprint is not None and template_fingerprint != self.template_fingerprint:
+            raise TemplateKVError(
+                f"template KV belongs to template {self.template_fingerprint[:16]}…, not "
+                f"{template_fingerprint[:16]}…")
+        if not self.layers:
+            raise TemplateKVError("template KV has no layers")
+        if num_layers is not None and len(self.layers) != num_layers:
+            raise TemplateKVError(f"template KV has {len(self.layers)} layers, the model has {num_layers}")
+        self.layers[0].check("layer 0", tokens=tokens, heads=heads, head_dim=head_dim)
+        first = self.layers[0].key.shape
+        for i, layer in enumerate(self.layers):
+            layer.check(f"layer {i}", tokens=tokens if tokens is not None else int(first[0]),
+                        heads=heads if heads is not None else int(first[1]),
+                        head_dim=head_dim if head_dim is not None else int(first[2]))
+
+    def to(self, dtype: torch.dtype) -> "TemplateKV":
+        """A copy with keys/values cast to `dtype` (e.g. torch.float16 for a raw stream)."""
+        return TemplateKV(
+            layers=[LayerKV(l.key.to(dtype), l.value.to(dtype), l.keep) for l in self.layers],
+            model_fingerprint=self.model_fingerprint, template_fingerprint=self.template_fingerprint,
+            layout=dict(self.layout), positions=self.positions)
+
+    # -- persistence --------------------------------------------------------------------------
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            out[f"layer.{i}.key"] = layer.key.contiguous()
+            out[f"layer.{i}.value"] = layer.value.contiguous()
+            if layer.keep is not None:
+                out[f"layer.{i}.keep"] = layer.keep.contiguous()
+        if self.positions is not None:
+            out["positions"] = self.positions.contiguous()
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically (temp file + rename) as safetensors; returns the path."""
+        from safetensors.torch import save
+
+        self.validate()
+        tensors = self._tensors()
+        meta = {
+            "format": FORMAT,
+            "format_version": str(FORMAT_VERSION),
+            "model_fingerprint": self.model_fingerprint,
+            "template_fingerprint": self.template_fingerprint,
+            "num_layers": str(len(self.layers)),
+            "layout": json.dumps(self.layout, sort_keys=True),
+            "content_sha256": _content_digest(tensors),
+        }
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        blob = save(tensors, metadata=meta)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, model_fingerprint: str | None = None,
+             template_fingerprint: str | None = None) -> "TemplateKV":
+        """Read and validate a file written by `save`.
+
+        Raises `TemplateKVError` if the file is truncated or corrupt, is not a template KV, is of a
+        newer format version, fails its content checksum, or (when given) belongs to another
+        model or template.
+        """
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise TemplateKVError(f"{path}: no such template KV file")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as e:  # safetensors raises its own error types for bad headers/sizes
+            raise TemplateKVError(f"{path}: corrupt or truncated template KV file ({e})") from e
+        if meta.get("format") != FORMAT:
+            raise TemplateKVError(f"{path}: not a sakura template KV file (format={meta.get('format')!r})")
+        try:
+            version = int(meta.get("format_version", "?"))
+        except ValueError:
+            raise TemplateKVError(f"{path}: unreadable format_version {meta.get('format_version')!r}")
+        if version > FORMAT_VERSION:
+            raise TemplateKVError(
+                f"{path}: format version {version} is newer than this sakura reads ({FORMAT_VERSION})")
+        if _content_digest(tensors) != meta.get("content_sha256"):
+            raise TemplateKVError(f"{path}: content checksum mismatch (file corrupted)")
+        n = int(meta["num_layers"])
+        layers = []
+        for i in range(n):
+            try:
+                layers.append(LayerKV(tensors[f"layer.{i}.key"], tensors[f"layer.{i}.value"],
+                                      tensors.get(f"layer.{i}.keep")))
+            except KeyError as e:
+                raise TemplateKVError(f"{path}: missing tensor {e.args[0]}") from None
+        kv = cls(layers=layers, model_fingerprint=meta["model_fingerprint"],
+                 template_fingerprint=meta["template_fingerprint"],
+                 layout=json.loads(meta.get("layout", "{}")), positions=tensors.get("positions"))
+        kv.validate(model_fingerprint=model_fingerprint, template_fingerprint=template_fingerprint)
+        return kv
+
+
+def _content_digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(repr(tuple(t.shape)).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def fingerprint_tensors(tensors: dict[str, torch.Tensor], extra: dict[str, Any] | None = None) -> str:
+    """Hex sha256 over named tensors (names, dtypes, shapes, bytes) and optional JSON metadata."""
+    h = hashlib.sha256()
+    h.update(json.dumps(extra or {}, sort_keys=True, default=str).encode())
+    h.update(_content_digest(tensors).encode())
+    return h.hexdigest()
+
+
+def fingerprint_model(module: torch.nn.Module, config: dict[str, Any]) -> str:
+    """Hex sha256 of a model's config and every parameter/buffer (the cache key side of 'model')."""
+    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    return fingerprint_tensors(state, {"config": config})

@@ -1,0 +1,435 @@
+"""sakura-mini: a small single-stream joint-attention DiT for template-defined image edits.
+
+Readable top to bottom. The sequence is
+
+    [ template tokens | photo tokens | noisy target tokens ]
+
+with the attention structure of FLUX.2 Klein KV:
+  * template tokens are modulated at a fixed timestep (`MiniConfig.template_timestep`) and attend
+    only to template tokens, so their per-layer K/V are a pure function of (weights, template):
+    independent of the photo, the step and the seed. That is the *template KV*;
+  * photo and target tokens are modulated at the current timestep and attend to everything.
+
+To make "template computed in the sequence" and "template KV injected" give bit-identical
+results, the template tokens run as their own stream (`tmpl`) beside the photo+target stream
+(`main`) — every matmul on the main stream sees exactly the same operands in both cases. The
+blocks are written once and run in three modes:
+
+  NOCACHE   template stream recomputed at every denoising step (fully on-device, no reuse)
+  EXTRACT   template stream run at the first step only, its K/V kept for later steps (Klein-style)
+  INJECTED  template stream never run: K/V come from a `TemplateKVSource` (cloud cache, codec)
+
+Images are float tensors in [0, 1] of shape (B, 3, H, W). Rectified flow: x_t = (1 - t) x_0 + t ε,
+the network predicts v = ε - x_0, the Euler sampler integrates t from 1 to 0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
+
+
+class KVMode(str, Enum):
+    NOCACHE = "nocache"
+    EXTRACT = "extract"
+    INJECTED = "injected"
+
+
+@dataclass(frozen=True)
+class MiniConfig:
+    image_size: int = 64          # pixels per side of template, photo and output
+    patch_size: int = 4           # pixels per token side -> (image_size / patch_size)^2 tokens per image
+    channels: int = 3
+    dim: int = 256                # hidden width
+    depth: int = 8                # transformer blocks = attention layers holding template KV
+    heads: int = 8
+    mlp_ratio: float = 4.0
+    template_timestep: float = 0.0  # fixed modulation timestep of template tokens (Klein uses 0)
+    rope_theta: float = 100.0
+
+    def __post_init__(self) -> None:
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if self.dim % self.heads or (self.dim // self.heads) % 4:
+            raise ValueError(f"dim {self.dim} / heads {self.heads} must give a head_dim divisible by 4 (2-D RoPE)")
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def tokens_per_image(self) -> int:
+        return self.grid * self.grid
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    @property
+    def patch_dim(self) -> int:
+        return self.channels * self.patch_size * self.patch_size
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+
+def patchify(img: torch.Tensor, p: int) -> torch.Tensor:
+    """(B, C, H, W) -> (B, (H/p)*(W/p), C*p*p), row-major over the token grid."""
+    b, c, h, w = img.shape
+    x = img.reshape(b, c, h // p, p, w // p, p)          # (B, C, gh, p, gw, p)
+    x = x.permute(0, 2, 4, 1, 3, 5)                      # (B, gh, gw, C, p, p)
+    return x.reshape(b, (h // p) * (w // p), c * p * p)
+
+
+def unpatchify(x: torch.Tensor, p: int, c: int, size: int) -> torch.Tensor:
+    """(B, T, C*p*p) -> (B, C, size, size); inverse of `patchify`."""
+    b = x.shape[0]
+    g = size // p
+    x = x.reshape(b, g, g, c, p, p)                      # (B, gh, gw, C, p, p)
+    x = x.permute(0, 3, 1, 4, 2, 5)                      # (B, C, gh, p, gw, p)
+    return x.reshape(b, c, size, size)
+
+
+def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding of t in [0, 1]: (B,) -> (B, dim)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float32) / half)
+    args = (t.float() * 1000.0)[:, None] * freqs[None]   # (B, half)
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def rope_2d(grid: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (grid*grid, head_dim/2): half the pairs rotate with the row, half with the column."""
+    quarter = head_dim // 4
+    freqs = 1.0 / theta ** (torch.arange(quarter, dtype=torch.float32) / quarter)   # (D/4,)
+    ys, xs = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
+    ang = torch.cat([ys.reshape(-1, 1) * freqs, xs.reshape(-1, 1) * freqs], dim=-1)  # (T, D/2)
+    return torch.cos(ang), torch.sin(ang)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate consecutive pairs of the last dim. x: (B, T, H, D); cos/sin: (T, D/2)."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]                  # (B, T, H, D/2) each
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """adaLN: x (B, T, C), shift/scale (B, 1, C)."""
+    return x * (1 + scale) + shift
+
+
+# A probe receives, per layer, the attention probabilities that main-stream queries give the
+# template keys: (B, heads, main_tokens, template_tokens). Used to score token importance.
+AttentionProbe = Callable[[int, torch.Tensor], None]
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block with adaLN-Zero modulation and QK-normed, 2-D-RoPE attention."""
+
+    def __init__(self, cfg: MiniConfig):
+        super().__init__()
+        self.heads, self.head_dim = cfg.heads, cfg.head_dim
+        self.norm1 = nn.LayerNorm(cfg.dim, elementwise_affine=False, eps=1e-6)
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
+        self.q_norm = RMSNorm(cfg.head_dim)
+        self.k_norm = RMSNorm(cfg.head_dim)
+        self.proj = nn.Linear(cfg.dim, cfg.dim)
+        self.norm2 = nn.LayerNorm(cfg.dim, elementwise_affine=False, eps=1e-6)
+        hidden = int(cfg.dim * cfg.mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(cfg.dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, cfg.dim))
+        self.ada = nn.Linear(cfg.dim, 6 * cfg.dim)       # shift1, scale1, gate1, shift2, scale2, gate2
+        nn.init.zeros_(self.ada.weight)
+        nn.init.zeros_(self.ada.bias)
+
+    def _qkv(self, x: torch.Tensor, mod: list[torch.Tensor], rope: tuple[torch.Tensor, torch.Tensor]):
+        b, t, _ = x.shape
+        h = modulate(self.norm1(x), mod[0], mod[1])
+        q, k, v = self.qkv(h).reshape(b, t, 3, self.heads, self.head_dim).unbind(2)   # (B, T, H, D) each
+        q, k = apply_rope(self.q_norm(q), *rope), apply_rope(self.k_norm(k), *rope)
+        return q, k, v
+
+    def _finish(self, x: torch.Tensor, attn: torch.Tensor, mod: list[torch.Tensor]) -> torch.Tensor:
+        b, t = x.shape[:2]
+        x = x + mod[2] * self.proj(attn.reshape(b, t, -1))
+        return x + mod[5] * self.mlp(modulate(self.norm2(x), mod[3], mod[4]))
+
+    def template_forward(self, x_t: torch.Tensor, temb_t: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Template stream: template tokens attend to template tokens only.
+
+        x_t: (B, Tt, C). Returns the new x_t and this layer's template key, value (B, Tt, H, D).
+        """
+        mod = self.ada(temb_t)[:, None].chunk(6, dim=-1)
+        q, k, v = self._qkv(x_t, mod, rope)
+        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self._finish(x_t, attn.transpose(1, 2), mod), k, v
+
+    def main_forward(self, x_m: torch.Tensor, temb: torch.Tensor, rope, k_t: torch.Tensor, v_t: torch.Tensor,
+                     keep: torch.Tensor | None, probe: Callable[[torch.Tensor], None] | None) -> torch.Tensor:
+        """Photo + target stream: attends to [template K/V | own K/V].
+
+        x_m: (B, Tm, C); k_t, v_t: (B, Tt, H, D); keep: (Tt,) bool or None (False = masked out).
+        """
+        mod = self.ada(temb)[:, None].chunk(6, dim=-1)
+        q, k, v = self._qkv(x_m, mod, rope)
+        tt = k_t.shape[1]
+        q = q.transpose(1, 2)                                            # (B, H, Tm, D)
+        k = torch.cat([k_t, k], dim=1).transpose(1, 2)                   # (B, H, Tt+Tm, D)
+        v = torch.cat([v_t, v], dim=1).transpose(1, 2)
+        mask = None
+        if keep is not None:
+            mask = torch.cat([keep, keep.new_ones(k.shape[2] - tt)]).view(1, 1, 1, -1)  # (1, 1, 1, Tt+Tm) bool
+        if probe is None:
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            logits = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)   # (B, H, Tm, Tt+Tm)
+            if mask is not None:
+                logits = logits.masked_fill(~mask, float("-inf"))
+            p = logits.softmax(-1)
+            probe(p[..., :tt])
+            attn = p @ v
+        return self._finish(x_m, attn.transpose(1, 2), mod)
+
+
+@dataclass
+class EditOutput:
+    """Result of `MiniDiT.edit`.
+
+    image: (B, 3, H, W) in [0, 1]. template_kv: the KV captured in EXTRACT mode (else None).
+    timings_s: seconds per phase ("template" = template-stream compute, "denoise" = the rest).
+    """
+
+    image: torch.Tensor
+    template_kv: TemplateKV | None = None
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+class MiniDiT(nn.Module):
+    def __init__(self, cfg: MiniConfig = MiniConfig()):
+        super().__init__()
+        self.cfg = cfg
+        c = cfg.dim
+        self.embed = nn.Linear(cfg.patch_dim, c)
+        # Which image a token comes from: 0 template, 1 photo, 2 target.
+        self.segment = nn.Parameter(torch.zeros(3, c))
+        nn.init.normal_(self.segment, std=0.02)
+        self.time_mlp = nn.Sequential(nn.Linear(c, c), nn.SiLU(), nn.Linear(c, c))
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
+        self.norm_out = nn.LayerNorm(c, elementwise_affine=False, eps=1e-6)
+        self.ada_out = nn.Linear(c, 2 * c)
+        self.out = nn.Linear(c, cfg.patch_dim)
+        nn.init.zeros_(self.ada_out.weight)
+        nn.init.zeros_(self.ada_out.bias)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+        cos, sin = rope_2d(cfg.grid, cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self._fingerprint: str | None = None
+
+    # -- identity -------------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return self.cfg.depth
+
+    def fingerprint(self) -> str:
+        """sha256 of config + weights. Cached: call `invalidate_fingerprint()` after changing weights."""
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint_model(self, asdict(self.cfg))
+        return self._fingerprint
+
+    def invalidate_fingerprint(self) -> None:
+        self._fingerprint = None
+
+    def template_fingerprint(self, template: torch.Tensor) -> str:
+        """sha256 of the template pixels (as the model sees them: fp32, its resolution)."""
+        return fingerprint_tensors({"template": self._check_image(template, "template")[:1].contiguous()},
+                                   {"kind": "sakura-mini", "image_size": self.cfg.image_size})
+
+    def _check_image(self, img: torch.Tensor, name: str) -> torch.Tensor:
+        s = self.cfg.image_size
+        if not isinstance(img, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape (B, 3, {s}, {s}), got {type(img).__name__}")
+        if img.ndim == 3:
+            img = img[None]
+        if img.ndim != 4 or tuple(img.shape[1:]) != (self.cfg.channels, s, s):
+            raise ValueError(f"{name} has shape {tuple(img.shape)}; expected (B, {self.cfg.channels}, {s}, {s})")
+        if not bool(torch.isfinite(img).all()):
+            raise ValueError(f"{name} contains NaN or inf")
+        return img.float()
+
+    # -- streams --------------------------------------------------------------------------------
+    def _temb(self, t: torch.Tensor) -> torch.Tensor:
+        return self.time_mlp(timestep_embedding(t, self.cfg.dim))
+
+    def _rope(self):
+        return self.rope_cos, self.rope_sin
+
+    def template_stream(self, template: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Run the template tokens through every block. template: (B, 3, H, W).
+
+        Returns per layer (key, value), each (B, Tt, H, D).
+        """
+        cfg = self.cfg
+        x = self.embed(patchify(template, cfg.patch_size)) + self.segment[0]
+        temb = self._temb(torch.full((template.shape[0],), cfg.template_timestep))
+        kvs = []
+        for block in self.blocks:
+            x, k, v = block.template_forward(x, temb, self._rope())
+            kvs.append((k, v))
+        return kvs
+
+    def velocity(self, photo: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor,
+                 kv_for_layer: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+                 probe: AttentionProbe | None = None) -> torch.Tensor:
+        """Predict v = ε - x_0 for the target. photo, x_t: (B, 3, H, W); t: (B,) in [0, 1].
+
+        kv_for_layer(i) returns layer i's template (key, value) of shape (B, Tt, H, D) and an
+        optional keep mask (Tt,). It is called exactly when the forward pass reaches layer i,
+        which is what lets a streaming runtime overlap fetching with compute.
+        """
+        cfg = self.cfg
+        tp = patchify(photo, cfg.patch_size)
+        tx = patchify(x_t, cfg.patch_size)
+        n = tp.shape[1]
+        x = torch.cat([self.embed(tp) + self.segment[1], self.embed(tx) + self.segment[2]], dim=1)  # (B, 2T, C)
+        temb = self._temb(t)
+        cos, sin = self._rope()
+        rope = (torch.cat([cos, cos]), torch.cat([sin, sin]))  # photo and target share the grid positions
+        for i, block in enumerate(self.blocks):
+            k_t, v_t, keep = kv_for_layer(i)
+            layer_probe = (lambda p, i=i: probe(i, p)) if probe is not None else None
+            x = block.main_forward(x, temb, rope, k_t, v_t, keep, layer_probe)
+        shift, scale = self.ada_out(temb)[:, None].chunk(2, dim=-1)
+        x = self.out(modulate(self.norm_out(x[:, n:]), shift, scale))
+        return unpatchify(x, cfg.patch_size, cfg.channels, cfg.image_size)
+
+    # -- the template KV object -----------------------------------------------------------------
+    @torch.no_grad()
+    def extract_template_kv(self, template: torch.Tensor) -> TemplateKV:
+        """Compute a template's KV (cloud side, or on device as the `on-device` method does)."""
+        template = self._check_image(template, "template")[:1]
+        kvs = self.template_stream(template)
+        return self._wrap_kv(template, kvs)
+
+    def _wrap_kv(self, template: torch.Tensor, kvs) -> TemplateKV:
+        layers = [LayerKV(k[0].contiguous(), v[0].contiguous()) for k, v in kvs]
+        return TemplateKV(layers=layers, model_fingerprint=self.fingerprint(),
+                          template_fingerprint=self.template_fingerprint(template),
+                          layout={"kind": "sakura-mini", "grid": [self.cfg.grid, self.cfg.grid]})
+
+    def check_template_kv(self, source: TemplateKVSource) -> None:
+        """Reject a KV source that belongs to another model or has the wrong layer count."""
+        if source.model_fingerprint != self.fingerprint():
+            raise TemplateKVError(
+                f"template KV was made by model {source.model_fingerprint[:16]}…, this model is "
+                f"{self.fingerprint()[:16]}…; refusing to inject it")
+        if source.num_layers != self.num_layers:
+            raise TemplateKVError(f"template KV has {source.num_layers} layers, the model has {self.num_layers}")
+
+    # -- sampling -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def edit(self, photo: torch.Tensor, *, template: torch.Tensor | None = None,
+             template_kv: TemplateKVSource | None = None, mode: KVMode | str | None = None,
+             steps: int = 8, seed: int = 0, probe: AttentionProbe | None = None) -> EditOutput:
+        """Edit `photo` (B, 3, H, W) in [0, 1] with a template given either as pixels or as KV.
+
+        mode: NOCACHE or EXTRACT need `template`; INJECTED needs `template_kv`. Default: INJECTED
+        when `template_kv` is given, else EXTRACT. All three give bit-identical images for the same
+        template, photo, steps and seed.
+        """
+        photo = self._check_image(photo, "photo")
+        b = photo.shape[0]
+        if mode is None:
+            mode = KVMode.INJECTED if template_kv is not None else KVMode.EXTRACT
+        try:
+            mode = KVMode(mode)
+        except ValueError:
+            raise ValueError(f"mode must be one of {[m.value for m in KVMode]}, got {mode!r}") from None
+        if mode is KVMode.INJECTED:
+            if template_kv is None:
+                raise ValueError("mode 'injected' needs template_kv")
+            if template is not None:
+                raise ValueError("give template or template_kv, not both")
+            self.check_template_kv(template_kv)
+        else:
+            if template is None:
+                raise ValueError(f"mode {mode.value!r} needs the template image")
+            template = self._check_image(template, "template")[:1]
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a positive int, got {steps!r}")
+
+        timings = {"template": 0.0, "denoise": 0.0}
+        resident: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None] = [None] * self.num_layers
+        expected = (self.cfg.tokens_per_image, self.cfg.heads, self.cfg.head_dim)
+        captured: TemplateKV | None = None
+
+        def run_template_stream() -> None:
+            t0 = time.perf_counter()
+            kvs = self.template_stream(template)
+            for i, (k, v) in enumerate(kvs):
+                resident[i] = (k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1), None)
+            timings["template"] += time.perf_counter() - t0
+            nonlocal captured
+            captured = self._wrap_kv(template, kvs)
+
+        def kv_for_layer(i: int):
+            if resident[i] is None:  # INJECTED: first touch of layer i; may block on a stream
+                layer = template_kv.layer(i)
+                layer.check(f"template KV layer {i}", tokens=expected[0], heads=expected[1], head_dim=expected[2])
+                resident[i] = (layer.key.float()[None].expand(b, -1, -1, -1),
+                               layer.value.float()[None].expand(b, -1, -1, -1), layer.keep)
+            return resident[i]
+
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(photo.shape, generator=gen)
+        ts = torch.linspace(1.0, 0.0, steps + 1)
+        for s in range(steps):
+            if mode is KVMode.NOCACHE or (mode is KVMode.EXTRACT and s == 0):
+                run_template_stream()
+            t0 = time.perf_counter()
+            v = self.velocity(photo, x, ts[s].expand(b), kv_for_layer, probe)
+            x = x + (ts[s + 1] - ts[s]) * v
+            timings["denoise"] += time.perf_counter() - t0
+        image = x.clamp(0.0, 1.0)
+        return EditOutput(image=image, template_kv=captured if mode is KVMode.EXTRACT else None, timings_s=timings)
+
+    # -- training -------------------------------------------------------------------------------
+    def training_velocity(self, template: torch.Tensor, photo: torch.Tensor, x_t: torch.Tensor,
+                          t: torch.Tensor) -> torch.Tensor:
+        """Differentiable forward for training: batch of (template, photo, x_t, t), templates per sample."""
+        kvs = self.template_stream(template)
+        return self.velocity(photo, x_t, t, lambda i: (kvs[i][0], kvs[i][1], None))
+
+    def describe(self) -> dict[str, object]:
+        cfg = self.cfg
+        per_layer = 2 * cfg.tokens_per_image * cfg.dim
+        return {
+            "model": "sakura-mini",
+            **asdict(cfg),
+            "parameters": sum(p.numel() for p in self.parameters()),
+            "template_tokens": cfg.tokens_per_image,
+            "template_kv_values": per_layer * cfg.depth,
+            "template_kv_bytes_fp16": per_layer * cfg.depth * 2,
+            "fingerprint": self.fingerprint()[:16],
+        }
