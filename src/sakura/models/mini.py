@@ -54,6 +54,7 @@ class MiniConfig:
     heads: int = 8
     mlp_ratio: float = 4.0
     template_timestep: float = 0.0  # fixed modulation timestep of template tokens (Klein uses 0)
+    instructions: int = 4         # fixed per-template instructions (0 = none), added to template tokens
     rope_theta: float = 100.0
 
     def __post_init__(self) -> None:
@@ -233,6 +234,9 @@ class MiniDiT(nn.Module):
         # Which image a token comes from: 0 template, 1 photo, 2 target.
         self.segment = nn.Parameter(torch.zeros(3, c))
         nn.init.normal_(self.segment, std=0.02)
+        # A template may carry a fixed instruction (which edit it defines); part of the template.
+        self.instruction = nn.Parameter(torch.zeros(cfg.instructions, c))
+        nn.init.normal_(self.instruction, std=0.02)
         self.time_mlp = nn.Sequential(nn.Linear(c, c), nn.SiLU(), nn.Linear(c, c))
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
         self.norm_out = nn.LayerNorm(c, elementwise_affine=False, eps=1e-6)
@@ -261,10 +265,16 @@ class MiniDiT(nn.Module):
     def invalidate_fingerprint(self) -> None:
         self._fingerprint = None
 
-    def template_fingerprint(self, template: torch.Tensor) -> str:
-        """sha256 of the template pixels (as the model sees them: fp32, its resolution)."""
+    def template_fingerprint(self, template: torch.Tensor, instruction: int = 0) -> str:
+        """sha256 of the template pixels (as the model sees them: fp32, its resolution) and instruction."""
         return fingerprint_tensors({"template": self._check_image(template, "template")[:1].contiguous()},
-                                   {"kind": "sakura-mini", "image_size": self.cfg.image_size})
+                                   {"kind": "sakura-mini", "image_size": self.cfg.image_size,
+                                    "instruction": int(instruction)})
+
+    def _check_instruction(self, instruction: int) -> int:
+        if not isinstance(instruction, int) or not 0 <= instruction < self.cfg.instructions:
+            raise ValueError(f"instruction must be an int in [0, {self.cfg.instructions}), got {instruction!r}")
+        return instruction
 
     def _check_image(self, img: torch.Tensor, name: str) -> torch.Tensor:
         s = self.cfg.image_size
@@ -285,13 +295,16 @@ class MiniDiT(nn.Module):
     def _rope(self):
         return self.rope_cos, self.rope_sin
 
-    def template_stream(self, template: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Run the template tokens through every block. template: (B, 3, H, W).
+    def template_stream(self, template: torch.Tensor, instruction: torch.Tensor | int = 0
+                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Run the template tokens through every block.
 
+        template: (B, 3, H, W); instruction: int or (B,) long, the template's fixed instruction id.
         Returns per layer (key, value), each (B, Tt, H, D).
         """
         cfg = self.cfg
-        x = self.embed(patchify(template, cfg.patch_size)) + self.segment[0]
+        instr = torch.as_tensor(instruction, dtype=torch.long).expand(template.shape[0])
+        x = self.embed(patchify(template, cfg.patch_size)) + self.segment[0] + self.instruction[instr][:, None]
         temb = self._temb(torch.full((template.shape[0],), cfg.template_timestep))
         kvs = []
         for block in self.blocks:
@@ -326,17 +339,22 @@ class MiniDiT(nn.Module):
 
     # -- the template KV object -----------------------------------------------------------------
     @torch.no_grad()
-    def extract_template_kv(self, template: torch.Tensor) -> TemplateKV:
-        """Compute a template's KV (cloud side, or on device as the `on-device` method does)."""
-        template = self._check_image(template, "template")[:1]
-        kvs = self.template_stream(template)
-        return self._wrap_kv(template, kvs)
+    def extract_template_kv(self, template: torch.Tensor, instruction: int = 0) -> TemplateKV:
+        """Compute a template's KV (cloud side, or on device as the `on-device` method does).
 
-    def _wrap_kv(self, template: torch.Tensor, kvs) -> TemplateKV:
+        template: (1, 3, H, W) in [0, 1]; instruction: the template's fixed instruction id.
+        """
+        template = self._check_image(template, "template")[:1]
+        instruction = self._check_instruction(instruction)
+        kvs = self.template_stream(template, instruction)
+        return self._wrap_kv(template, instruction, kvs)
+
+    def _wrap_kv(self, template: torch.Tensor, instruction: int, kvs) -> TemplateKV:
         layers = [LayerKV(k[0].contiguous(), v[0].contiguous()) for k, v in kvs]
         return TemplateKV(layers=layers, model_fingerprint=self.fingerprint(),
-                          template_fingerprint=self.template_fingerprint(template),
-                          layout={"kind": "sakura-mini", "grid": [self.cfg.grid, self.cfg.grid]})
+                          template_fingerprint=self.template_fingerprint(template, instruction),
+                          layout={"kind": "sakura-mini", "grid": [self.cfg.grid, self.cfg.grid],
+                                  "instruction": instruction})
 
     def check_template_kv(self, source: TemplateKVSource) -> None:
         """Reject a KV source that belongs to another model or has the wrong layer count."""
@@ -349,10 +367,11 @@ class MiniDiT(nn.Module):
 
     # -- sampling -------------------------------------------------------------------------------
     @torch.no_grad()
-    def edit(self, photo: torch.Tensor, *, template: torch.Tensor | None = None,
+    def edit(self, photo: torch.Tensor, *, template: torch.Tensor | None = None, instruction: int = 0,
              template_kv: TemplateKVSource | None = None, mode: KVMode | str | None = None,
              steps: int = 8, seed: int = 0, probe: AttentionProbe | None = None) -> EditOutput:
-        """Edit `photo` (B, 3, H, W) in [0, 1] with a template given either as pixels or as KV.
+        """Edit `photo` (B, 3, H, W) in [0, 1] with a template given either as pixels (+ its
+        instruction id) or as KV.
 
         mode: NOCACHE or EXTRACT need `template`; INJECTED needs `template_kv`. Default: INJECTED
         when `template_kv` is given, else EXTRACT. All three give bit-identical images for the same
@@ -376,6 +395,7 @@ class MiniDiT(nn.Module):
             if template is None:
                 raise ValueError(f"mode {mode.value!r} needs the template image")
             template = self._check_image(template, "template")[:1]
+            instruction = self._check_instruction(instruction)
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be a positive int, got {steps!r}")
 
@@ -386,12 +406,12 @@ class MiniDiT(nn.Module):
 
         def run_template_stream() -> None:
             t0 = time.perf_counter()
-            kvs = self.template_stream(template)
+            kvs = self.template_stream(template, instruction)
             for i, (k, v) in enumerate(kvs):
                 resident[i] = (k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1), None)
             timings["template"] += time.perf_counter() - t0
             nonlocal captured
-            captured = self._wrap_kv(template, kvs)
+            captured = self._wrap_kv(template, instruction, kvs)
 
         def kv_for_layer(i: int):
             if resident[i] is None:  # INJECTED: first touch of layer i; may block on a stream
@@ -415,10 +435,13 @@ class MiniDiT(nn.Module):
         return EditOutput(image=image, template_kv=captured if mode is KVMode.EXTRACT else None, timings_s=timings)
 
     # -- training -------------------------------------------------------------------------------
-    def training_velocity(self, template: torch.Tensor, photo: torch.Tensor, x_t: torch.Tensor,
-                          t: torch.Tensor) -> torch.Tensor:
-        """Differentiable forward for training: batch of (template, photo, x_t, t), templates per sample."""
-        kvs = self.template_stream(template)
+    def training_velocity(self, template: torch.Tensor, instruction: torch.Tensor, photo: torch.Tensor,
+                          x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """Differentiable forward for training, one template per sample.
+
+        template, photo, x_t: (B, 3, H, W); instruction: (B,) long; t: (B,) in [0, 1].
+        """
+        kvs = self.template_stream(template, instruction)
         return self.velocity(photo, x_t, t, lambda i: (kvs[i][0], kvs[i][1], None))
 
     def describe(self) -> dict[str, object]:

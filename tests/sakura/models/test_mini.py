@@ -72,6 +72,10 @@ def test_template_kv_independent_of_photo(tiny_mini):
     c = tiny_mini.extract_template_kv(_imgs(1, seed=5))
     assert not torch.equal(a.layers[0].key, c.layers[0].key)
     assert a.template_fingerprint != c.template_fingerprint
+    # ...and on its fixed instruction
+    d = tiny_mini.extract_template_kv(tmpl, instruction=2)
+    assert not torch.equal(a.layers[0].key, d.layers[0].key)
+    assert a.template_fingerprint != d.template_fingerprint
 
 
 def test_output_depends_on_template(tiny_mini):
@@ -129,6 +133,8 @@ def test_bad_modes_rejected(tiny_mini):
         tiny_mini.edit(_imgs(1), template=_imgs(1), mode="injected")
     with pytest.raises(ValueError, match="needs the template"):
         tiny_mini.edit(_imgs(1), mode="extract")
+    with pytest.raises(ValueError, match="instruction"):
+        tiny_mini.edit(_imgs(1), template=_imgs(1), instruction=99)
     with pytest.raises(ValueError, match="steps"):
         tiny_mini.edit(_imgs(1), template=_imgs(1), steps=0)
 
