@@ -1,0 +1,36 @@
+"""Cache store: content-addressed immutable objects + a validated manifest per (model, template).
+
+Public API (what ``sakura build``, the server and the phone runtime use)::
+
+    from sakura.store import StoreWriter, RenditionInput, Store, Manifest, ObjectRef
+"""
+
+from sakura.store.layout import check_name, check_sha256, manifest_relpath, object_relpath
+from sakura.store.manifest import (
+    SCHEMA_VERSION,
+    Manifest,
+    ManifestError,
+    ObjectRef,
+    Rendition,
+    Shard,
+    Table,
+    TemplateRef,
+)
+from sakura.store.store import (
+    RenditionInput,
+    Store,
+    StoreError,
+    StoreStats,
+    StoreWriter,
+    TemplateStats,
+    VerifyReport,
+    atomic_write,
+    put_object,
+    sha256_file,
+)
+
+__all__ = [
+    "SCHEMA_VERSION", "Manifest", "ManifestError", "ObjectRef", "Rendition", "Shard", "Table", "TemplateRef",
+    "RenditionInput", "Store", "StoreError", "StoreStats", "StoreWriter", "TemplateStats", "VerifyReport",
+    "atomic_write", "put_object", "sha256_file", "check_name", "check_sha256", "manifest_relpath", "object_relpath",
+]

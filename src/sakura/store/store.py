@@ -1,0 +1,450 @@
+"""On-disk store: atomic, content-addressed writes (StoreWriter) and validated reads (Store).
+
+Crash safety: every file is written to ``STORE/.tmp/``, fsynced, chmod 0644 (so an unprivileged
+nginx worker can read it), then renamed into place and the directory fsynced. Objects go first,
+the manifest last, so a crash leaves at worst unreferenced objects (``verify`` lists them as
+orphans), never a manifest pointing at a missing or partial object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from sakura.store.layout import (
+    INDEX_PATH,
+    LOCK_FILE,
+    MANIFEST_DIR,
+    NAME_RE,
+    OBJECT_DIR,
+    SHA256_RE,
+    TMP_DIR,
+    check_name,
+    manifest_relpath,
+)
+from sakura.store.manifest import (
+    SCHEMA_VERSION,
+    Manifest,
+    ManifestError,
+    ObjectRef,
+    Rendition,
+    Shard,
+    Table,
+    TemplateRef,
+)
+
+log = logging.getLogger(__name__)
+
+_HASH_CHUNK = 1 << 20  # bytes read per step when hashing files (bounded memory)
+
+
+class StoreError(RuntimeError):
+    """The store on disk is unusable or inconsistent; the message names the file."""
+
+
+# ------------------------------------------------------------------------------- low-level I/O
+def sha256_file(path: Path) -> str:
+    """sha256 hex digest of a file, read in 1 MiB steps."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(root: Path, relpath: str, data: bytes | bytearray | memoryview) -> Path:
+    """Write ``data`` to ``root/relpath`` atomically: temp file in ``root/.tmp`` + fsync + rename.
+
+    Readers (and HTTP servers) see either the old file or the complete new one, never a prefix.
+    """
+    dest = root / relpath
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmpdir = root / TMP_DIR
+    tmpdir.mkdir(exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=tmpdir, prefix="w-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; static servers may run as another user
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(dest.parent)
+    return dest
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """Exclusive advisory lock on ``root/.lock``: serialises index updates between writers."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK_FILE, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def put_object(root: Path, data: bytes | bytearray | memoryview) -> ObjectRef:
+    """Store ``data`` as an immutable object named by its sha256; idempotent.
+
+    If a file of that name already exists it is re-hashed: a correct copy is kept untouched (no
+    write, same mtime), a damaged one is replaced. Returns the object's reference.
+    """
+    mv = memoryview(data)
+    ref = ObjectRef(sha256=hashlib.sha256(mv).hexdigest(), bytes=mv.nbytes)
+    dest = root / ref.path
+    if dest.exists():
+        if dest.stat().st_size == ref.bytes and sha256_file(dest) == ref.sha256:
+            return ref
+        log.warning("object %s on disk is damaged; rewriting it", ref.sha256)
+    atomic_write(root, ref.path, mv)
+    return ref
+
+
+# ------------------------------------------------------------------------------------- writer
+@dataclass(frozen=True)
+class RenditionInput:
+    """What ``sakura build`` hands over for one rendition: already-encoded bytes plus metadata.
+
+    Attributes:
+        name: ladder rung, unique within the shard.
+        codec: codec name; params: codec parameters (plain JSON).
+        data: the encoded bytes.
+        distortion: measured distortion, metric -> value (>= 0); ``{}`` for lossless.
+        tables: names of shared tables (added with ``StoreWriter.add_table``) needed to decode.
+    """
+
+    name: str
+    codec: str
+    data: bytes | bytearray | memoryview
+    params: Mapping[str, Any] = field(default_factory=dict)
+    distortion: Mapping[str, float] = field(default_factory=dict)
+    tables: Sequence[str] = ()
+
+
+class StoreWriter:
+    """Writes one template's objects and, on ``commit()``, its manifest. The build calls it::
+
+        with StoreWriter(store_dir, model_fingerprint=fp, template_id="frame-gold") as w:
+            w.set_template_ref(latent_bytes, media_type="application/x-sakura-latent")
+            w.add_table("ans/layer0", codec="ans", data=table_bytes)
+            for layer in range(n_layers):
+                w.add_shard(layer=layer, tokens=(0, n_tokens), fp16_bytes=2 * n_tokens * width * 2,
+                            renditions=[RenditionInput("int8", "q8", q8_bytes, {"group": 64},
+                                                       {"kv_rel_mse": 3e-4}), ...])
+            w.set_kv_layout({"layers": n_layers, "tokens": n_tokens, "heads": h, "head_dim": d})
+        # leaving the block without an exception commits (manifest written last, atomically)
+
+    Objects are written as they are added (bounded memory: the writer keeps only references).
+    Rebuilding with the same inputs rewrites nothing (same object names, byte-identical manifest).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, model_fingerprint: str, template_id: str) -> None:
+        self.root = Path(root)
+        self.model_fingerprint = check_name(model_fingerprint, "model fingerprint")
+        self.template_id = check_name(template_id, "template id")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._template_ref: TemplateRef | None = None
+        self._tables: list[Table] = []
+        self._shards: list[Shard] = []
+        self._kv_layout: dict[str, Any] = {}
+        self._committed: Path | None = None
+
+    def put_object(self, data: bytes | bytearray | memoryview) -> ObjectRef:
+        """Store raw bytes as a content-addressed object (no manifest entry)."""
+        return put_object(self.root, data)
+
+    def set_template_ref(self, data: bytes | bytearray | memoryview, *, media_type: str) -> ObjectRef:
+        """The small reference (e.g. template latent / image) from which the phone computes KV locally."""
+        ref = self.put_object(data)
+        self._template_ref = TemplateRef(object=ref, media_type=media_type)
+        return ref
+
+    def add_table(self, name: str, *, codec: str, data: bytes | bytearray | memoryview,
+                  params: Mapping[str, Any] | None = None) -> ObjectRef:
+        """A shared codec table; renditions refer to it by ``name``."""
+        if any(t.name == name for t in self._tables):
+            raise ValueError(f"table {name!r} was already added")
+        ref = self.put_object(data)
+        self._tables.append(Table(name=name, codec=codec, object=ref, params=dict(params or {})))
+        return ref
+
+    def add_shard(self, *, layer: int, tokens: tuple[int, int], fp16_bytes: int,
+                  renditions: Iterable[RenditionInput]) -> Shard:
+        """Append the next shard in consumption order; writes each rendition's bytes as an object.
+
+        Args:
+            layer: transformer layer index.
+            tokens: ``(start, stop)`` template-token range, stop exclusive.
+            fp16_bytes: bytes of this shard's K+V as one uncompressed fp16 copy.
+            renditions: the ladder for this shard (at least one).
+        """
+        renditions = list(renditions)
+        known = {t.name for t in self._tables}
+        for j, r in enumerate(renditions):
+            missing = [t for t in r.tables if t not in known]
+            if missing:  # checked before any write, so a rejected shard leaves no trace in the manifest
+                raise ManifestError(f"manifest field shards[{len(self._shards)}].renditions[{j}].tables: "
+                                    f"refers to unknown tables {missing} (add_table() them first)")
+        rends = []
+        for r in renditions:
+            ref = self.put_object(r.data)
+            rends.append(Rendition(name=r.name, codec=r.codec, object=ref, params=dict(r.params),
+                                   distortion={k: float(v) for k, v in r.distortion.items()},
+                                   tables=tuple(r.tables)))
+        shard = Shard(index=len(self._shards), layer=int(layer), tokens=(int(tokens[0]), int(tokens[1])),
+                      fp16_bytes=int(fp16_bytes), renditions=tuple(rends))
+        # Round-trip through the reader's validation now, so a bad shard fails here, named.
+        Shard.from_json(shard.to_json(), f"shards[{shard.index}]")
+        self._shards.append(shard)
+        return shard
+
+    def set_kv_layout(self, layout: Mapping[str, Any]) -> None:
+        """Free-form plain-JSON description of the KV (layers, tokens, heads, head_dim, dtype...)."""
+        self._kv_layout = dict(layout)
+
+    def manifest(self) -> Manifest:
+        """The manifest as it would be committed now (validated)."""
+        if self._template_ref is None:
+            raise ValueError("set_template_ref() was not called: every manifest needs the template reference")
+        m = Manifest(model_fingerprint=self.model_fingerprint, template_id=self.template_id,
+                     template_ref=self._template_ref, shards=tuple(self._shards), tables=tuple(self._tables),
+                     kv_layout=self._kv_layout, schema_version=SCHEMA_VERSION)
+        Manifest.from_bytes(m.to_bytes())  # the exact bytes we write must pass the reader
+        return m
+
+    def commit(self) -> Path:
+        """Write the manifest (atomically, after all objects) and update ``index.json``."""
+        m = self.manifest()
+        data = m.to_bytes()
+        rel = manifest_relpath(self.model_fingerprint, self.template_id)
+        dest = self.root / rel
+        with _locked(self.root):
+            if not (dest.exists() and dest.read_bytes() == data):  # idempotent: no rewrite
+                atomic_write(self.root, rel, data)
+            _write_index(self.root)
+        self._committed = dest
+        return dest
+
+    def __enter__(self) -> "StoreWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None and self._committed is None:
+            self.commit()
+
+
+def _write_index(root: Path) -> None:
+    """Rewrite ``index.json`` (catalogue of manifests) if it changed. Caller holds the lock."""
+    entries = []
+    for fp, tid, path in _scan_manifests(root):
+        entries.append({"model_fingerprint": fp, "template_id": tid,
+                        "manifest": {"sha256": sha256_file(path), "bytes": path.stat().st_size}})
+    data = (json.dumps({"schema": "sakura.index", "schema_version": SCHEMA_VERSION, "manifests": entries},
+                       sort_keys=True, indent=1) + "\n").encode()
+    dest = root / INDEX_PATH
+    if not (dest.exists() and dest.read_bytes() == data):
+        atomic_write(root, INDEX_PATH, data)
+
+
+def _scan_manifests(root: Path) -> list[tuple[str, str, Path]]:
+    out = []
+    mdir = root / MANIFEST_DIR
+    if not mdir.is_dir():
+        return out
+    for fp_dir in sorted(mdir.iterdir()):
+        if not fp_dir.is_dir() or NAME_RE.fullmatch(fp_dir.name) is None:
+            continue
+        for p in sorted(fp_dir.glob("*.json")):
+            tid = p.name[: -len(".json")]
+            if NAME_RE.fullmatch(tid):
+                out.append((fp_dir.name, tid, p))
+    return out
+
+
+# ------------------------------------------------------------------------------------- reader
+@dataclass(frozen=True)
+class TemplateStats:
+    """Storage accounting for one template (bytes)."""
+
+    model_fingerprint: str
+    template_id: str
+    shards: int
+    renditions: int
+    ladder_bytes: int      # all renditions of all shards
+    table_bytes: int       # shared tables referenced by this template
+    template_ref_bytes: int
+    total_bytes: int       # unique objects referenced (ladder + tables + ref, deduplicated)
+    fp16_bytes: int        # one uncompressed fp16 copy of the template KV
+    manifest_bytes: int
+
+    @property
+    def ratio_vs_fp16(self) -> float:
+        """Whole ladder (``total_bytes``) over one uncompressed fp16 copy: < 1 means the ladder is smaller."""
+        return self.total_bytes / self.fp16_bytes if self.fp16_bytes else float("nan")
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    templates: list[TemplateStats]
+    object_count: int
+    object_bytes: int      # on disk, each object once (dedup across templates)
+    orphan_count: int      # objects no manifest refers to (e.g. left by a crashed build)
+    orphan_bytes: int
+
+
+@dataclass
+class VerifyReport:
+    """Result of ``Store.verify``: ``ok`` iff ``problems`` is empty (orphans are not problems)."""
+
+    checked_objects: int = 0
+    checked_manifests: int = 0
+    problems: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class Store:
+    """Read side of a store directory: validated manifests, objects, accounting, verification."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise StoreError(f"store directory {self.root} does not exist")
+
+    def manifest_keys(self) -> list[tuple[str, str]]:
+        """``(model_fingerprint, template_id)`` of every manifest on disk, sorted."""
+        return [(fp, tid) for fp, tid, _ in _scan_manifests(self.root)]
+
+    def manifest_path(self, model_fingerprint: str, template_id: str) -> Path:
+        return self.root / manifest_relpath(model_fingerprint, template_id)
+
+    def load_manifest(self, model_fingerprint: str, template_id: str) -> Manifest:
+        """Read and validate one manifest; ``KeyError`` if absent, ``ManifestError`` if malformed."""
+        p = self.manifest_path(model_fingerprint, template_id)
+        if not p.is_file():
+            raise KeyError(f"no manifest for model {model_fingerprint!r}, template {template_id!r} in {self.root}")
+        m = Manifest.from_bytes(p.read_bytes(), source=str(p))
+        if (m.model_fingerprint, m.template_id) != (model_fingerprint, template_id):
+            raise ManifestError(f"{p}: names model {m.model_fingerprint!r} / template {m.template_id!r}, "
+                                f"but is stored as {model_fingerprint!r} / {template_id!r}")
+        return m
+
+    def object_path(self, ref: ObjectRef | str) -> Path:
+        sha = ref.sha256 if isinstance(ref, ObjectRef) else ref
+        return self.root / ObjectRef(sha, 0).path
+
+    def read_object(self, ref: ObjectRef, *, verify: bool = True) -> bytes:
+        """Whole object bytes; with ``verify`` checks size and sha256 against ``ref``."""
+        p = self.object_path(ref)
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:
+            raise StoreError(f"object {ref.sha256} is missing from {self.root}") from None
+        if verify:
+            if len(data) != ref.bytes:
+                raise StoreError(f"object {ref.sha256}: {len(data)} bytes on disk, manifest says {ref.bytes}")
+            if hashlib.sha256(data).hexdigest() != ref.sha256:
+                raise StoreError(f"object {ref.sha256}: checksum mismatch (file {p} is damaged)")
+        return data
+
+    def _object_files(self) -> list[Path]:
+        odir = self.root / OBJECT_DIR
+        if not odir.is_dir():
+            return []
+        return sorted(p for p in odir.glob("??/*") if p.is_file())
+
+    def stats(self) -> StoreStats:
+        """Storage accounting per template and for the whole store. Skips unreadable manifests
+        (``verify`` reports them)."""
+        templates = []
+        referenced: set[str] = set()
+        for fp, tid, path in _scan_manifests(self.root):
+            try:
+                m = self.load_manifest(fp, tid)
+            except (ManifestError, KeyError) as e:
+                log.warning("stats: skipping %s: %s", path, e)
+                continue
+            objs = m.objects()
+            referenced.update(o.sha256 for o in objs)
+            ladder = sum(r.object.bytes for s in m.shards for r in s.renditions)
+            tables = sum({t.object.sha256: t.object.bytes for t in m.tables}.values())
+            templates.append(TemplateStats(
+                model_fingerprint=fp, template_id=tid, shards=len(m.shards),
+                renditions=sum(len(s.renditions) for s in m.shards), ladder_bytes=ladder,
+                table_bytes=tables, template_ref_bytes=m.template_ref.object.bytes,
+                total_bytes=sum(o.bytes for o in objs), fp16_bytes=m.fp16_bytes,
+                manifest_bytes=path.stat().st_size))
+        files = self._object_files()
+        sizes = {p.name: p.stat().st_size for p in files}
+        orphans = [n for n in sizes if n not in referenced]
+        return StoreStats(templates=templates, object_count=len(files), object_bytes=sum(sizes.values()),
+                          orphan_count=len(orphans), orphan_bytes=sum(sizes[n] for n in orphans))
+
+    def verify(self) -> VerifyReport:
+        """Re-hash every object, validate every manifest and check every reference resolves to an
+        object of the right size and checksum. Problems are listed with the file they concern."""
+        rep = VerifyReport()
+        good: dict[str, int] = {}
+        for p in self._object_files():
+            rep.checked_objects += 1
+            if SHA256_RE.fullmatch(p.name) is None or p.parent.name != p.name[:2]:
+                rep.problems.append(f"{p.relative_to(self.root)}: not a valid object name")
+                continue
+            digest = sha256_file(p)
+            if digest != p.name:
+                rep.problems.append(f"{p.relative_to(self.root)}: checksum mismatch (content hashes to {digest})")
+                continue
+            good[p.name] = p.stat().st_size
+        referenced: set[str] = set()
+        for fp, tid, path in _scan_manifests(self.root):
+            rep.checked_manifests += 1
+            rel = path.relative_to(self.root)
+            try:
+                m = self.load_manifest(fp, tid)
+            except (ManifestError, KeyError) as e:
+                rep.problems.append(f"{rel}: {e}")
+                continue
+            for o in m.objects():
+                referenced.add(o.sha256)
+                if o.sha256 not in good:
+                    state = "damaged" if self.object_path(o).exists() else "missing"
+                    rep.problems.append(f"{rel}: object {o.sha256} is {state}")
+                elif good[o.sha256] != o.bytes:
+                    rep.problems.append(f"{rel}: object {o.sha256} has {good[o.sha256]} bytes, manifest says {o.bytes}")
+        idx = self.root / INDEX_PATH
+        if idx.exists():
+            try:
+                entries = json.loads(idx.read_bytes())["manifests"]
+                listed = {(e["model_fingerprint"], e["template_id"]) for e in entries}
+            except (ValueError, KeyError, TypeError) as e:
+                rep.problems.append(f"{INDEX_PATH}: unreadable ({e})")
+            else:
+                if listed != set(self.manifest_keys()):
+                    rep.problems.append(f"{INDEX_PATH}: does not list exactly the manifests on disk")
+        rep.orphans = sorted(set(good) - referenced)
+        return rep
