@@ -1,0 +1,275 @@
+"""`sakura serve`: an aiohttp server for a store directory.
+
+Routes (raw request path must match exactly; everything else is 404, or 400 if it looks like an
+escape attempt): ``/index.json``, ``/manifests/<fp>/<template>.json``, ``/objects/<xx>/<sha256>``.
+GET and HEAD only (405 otherwise). Objects are streamed from disk in ``chunk_bytes`` pieces, so
+memory per request is bounded; ETag of an object is its sha256 (strong, identical on every
+replica), of a manifest the sha256 of its current bytes. Single byte Range (206/416), If-Range,
+If-None-Match (304). The access log (logger ``sakura.server.access``) holds method, resource kind,
+public object/template id, status, bytes and duration: no client address, no headers, no query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import stat
+import time
+from pathlib import Path
+from typing import AsyncIterator
+
+from aiohttp import web
+
+from sakura.server.ranges import (
+    RangeError,
+    RangeNotSatisfiable,
+    if_none_match_hits,
+    if_range_allows,
+    parse_range,
+)
+from sakura.store.layout import INDEX_URL, MANIFEST_URL_RE, OBJECT_URL_RE
+
+log = logging.getLogger("sakura.server")
+access_log = logging.getLogger("sakura.server.access")
+
+#: Bytes read from disk and written per step when streaming an object.
+DEFAULT_CHUNK_BYTES = 256 * 1024
+#: Manifests/index are read whole (they are small); anything larger is refused as corrupt.
+MAX_SMALL_FILE_BYTES = 16 * 1024 * 1024
+#: Largest request line / single header field accepted (bytes); larger -> 400 from aiohttp.
+MAX_FIELD_BYTES = 8190
+
+_OBJECT_CACHE_CONTROL = "public, max-age=31536000, immutable"  # content-addressed: never changes
+_MANIFEST_CACHE_CONTROL = "no-cache"  # may be rebuilt: revalidate with the ETag every time
+
+class _RedactFilter(logging.Filter):
+    """aiohttp's protocol errors name the client address and echo the bad request bytes; keep
+    the event, drop the details, so no log line holds user data."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        record.msg, record.args = "protocol error (%s); client details withheld", (type(exc).__name__ if exc else "-",)
+        record.exc_info = record.exc_text = None
+        return True
+
+
+protocol_log = logging.getLogger("sakura.server.protocol")
+protocol_log.addFilter(_RedactFilter())
+
+STORE_KEY = web.AppKey("store_root", Path)
+CHUNK_KEY = web.AppKey("chunk_bytes", int)
+
+
+def _suspicious(raw_path: str) -> bool:
+    """Paths that look like traversal/encoding tricks get a 400 (they could never match anyway)."""
+    low = raw_path.lower()
+    return any(s in low for s in ("..", "%", "\\", "//", "\x00")) or any(ord(c) < 0x20 for c in raw_path)
+
+
+class _Resource:
+    __slots__ = ("kind", "label", "relpath", "immutable")
+
+    def __init__(self, kind: str, label: str, relpath: str, immutable: bool) -> None:
+        self.kind, self.label, self.relpath, self.immutable = kind, label, relpath, immutable
+
+
+def resolve(raw_path: str) -> _Resource | None:
+    """Map a raw URL path to a store file, or None. Only regex-validated components reach the
+    filesystem path, so the result is always inside the store root."""
+    m = OBJECT_URL_RE.fullmatch(raw_path)
+    if m is not None:
+        prefix, sha = m.groups()
+        if sha[:2] != prefix:
+            return None
+        return _Resource("object", sha[:12], f"objects/{prefix}/{sha}", True)
+    m = MANIFEST_URL_RE.fullmatch(raw_path)
+    if m is not None:
+        fp, tid = m.groups()
+        return _Resource("manifest", f"{fp}/{tid}", f"manifests/{fp}/{tid}.json", False)
+    if raw_path == INDEX_URL:
+        return _Resource("index", "index", "index.json", False)
+    return None
+
+
+def _text(status: int, reason: str, **headers: str) -> web.Response:
+    return web.Response(status=status, text=reason + "\n", headers=headers)
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    t0 = time.perf_counter()
+    raw = request.rel_url.raw_path
+    res: _Resource | None = None
+    status, sent = 500, 0
+    try:
+        if request.method not in ("GET", "HEAD"):
+            status = 405
+            return _text(405, f"method {request.method} not allowed: this server is read-only", Allow="GET, HEAD")
+        if _suspicious(raw):
+            status = 400
+            return _text(400, "bad path: '..', '%', '\\\\', '//' and control characters are not allowed")
+        res = resolve(raw)
+        if res is None:
+            status = 404
+            return _text(404, "not found: expected /index.json, /manifests/<model>/<template>.json or /objects/<xx>/<sha256>")
+        root: Path = request.app[STORE_KEY]
+        path = root / res.relpath
+        if res.immutable:
+            resp, status, sent = await _serve_object(request, path, res)
+        else:
+            resp, status, sent = await _serve_small(request, path)
+        return resp
+    except (ConnectionResetError, asyncio.CancelledError):
+        status = 499  # client went away mid-transfer (nginx's convention); nothing to clean up
+        raise
+    finally:
+        access_log.info("%s %s %s %d %d %.1fms", request.method, res.kind if res else "-",
+                        res.label if res else "-", status, sent, (time.perf_counter() - t0) * 1e3)
+
+
+def _open_regular(path: Path) -> tuple[int, os.stat_result] | None:
+    try:
+        # O_NOFOLLOW: a symlink planted in the store is not followed out of it.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except OSError:  # ELOOP from O_NOFOLLOW, EACCES, ...
+        log.warning("refusing to open %s", path)
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return None
+    return fd, st
+
+
+def _range_or_error(request: web.Request, size: int, etag: str) -> tuple[int, int, bool] | web.Response:
+    """(start, stop, partial) or an error response. Range is ignored under a failing If-Range."""
+    hdr = request.headers.get("Range")
+    if hdr is None or not if_range_allows(request.headers.get("If-Range"), etag):
+        return 0, size, False
+    try:
+        start, stop = parse_range(hdr, size)
+    except RangeNotSatisfiable as e:
+        return _text(416, f"range not satisfiable: {e}", **{"Content-Range": f"bytes */{size}", "ETag": etag})
+    except RangeError as e:
+        return _text(400, f"bad Range header: {e}")
+    return start, stop, True
+
+
+async def _serve_object(request: web.Request, path: Path, res: _Resource) -> tuple[web.StreamResponse, int, int]:
+    opened = _open_regular(path)
+    if opened is None:
+        return _text(404, f"no object {path.name}"), 404, 0
+    fd, st = opened
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        size = st.st_size
+        etag = f'"{path.name}"'
+        common = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": _OBJECT_CACHE_CONTROL}
+        if if_none_match_hits(request.headers.get("If-None-Match"), etag):
+            return web.Response(status=304, headers=common), 304, 0
+        r = _range_or_error(request, size, etag)
+        if isinstance(r, web.Response):
+            return r, r.status, 0
+        start, stop, partial = r
+        resp = web.StreamResponse(status=206 if partial else 200, headers=common)
+        resp.content_type = "application/octet-stream"
+        resp.content_length = stop - start
+        if partial:
+            resp.headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
+        await resp.prepare(request)
+        sent = 0
+        if request.method == "GET":
+            chunk = request.app[CHUNK_KEY]
+            f.seek(start)
+            while sent < stop - start:
+                # Page-cache reads of <= chunk bytes are ~tens of microseconds; doing them inline
+                # avoids a thread hop per chunk. write() awaits the socket (backpressure), so a
+                # slow client holds at most ~one chunk plus the transport buffer in memory.
+                data = f.read(min(chunk, stop - start - sent))
+                if not data:
+                    raise RuntimeError(f"object {path.name} shrank while being served")
+                await resp.write(data)
+                sent += len(data)
+            await resp.write_eof()
+        return resp, resp.status, sent
+
+
+async def _serve_small(request: web.Request, path: Path) -> tuple[web.StreamResponse, int, int]:
+    opened = _open_regular(path)
+    if opened is None:
+        return _text(404, f"no manifest {path.parent.name}/{path.name}" if path.name != "index.json" else "no index.json"), 404, 0
+    fd, st = opened
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        if st.st_size > MAX_SMALL_FILE_BYTES:
+            log.error("%s is %d bytes, over the %d-byte limit", path, st.st_size, MAX_SMALL_FILE_BYTES)
+            return _text(500, "manifest too large"), 500, 0
+        body = f.read()  # one snapshot: atomic renames mean we read either old or new, whole
+    etag = '"' + hashlib.sha256(body).hexdigest() + '"'
+    common = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": _MANIFEST_CACHE_CONTROL}
+    if if_none_match_hits(request.headers.get("If-None-Match"), etag):
+        return web.Response(status=304, headers=common), 304, 0
+    r = _range_or_error(request, len(body), etag)
+    if isinstance(r, web.Response):
+        return r, r.status, 0
+    start, stop, partial = r
+    resp = web.Response(status=206 if partial else 200, body=body[start:stop], headers=common,
+                        content_type="application/json")
+    if partial:
+        resp.headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(body)}"
+    return resp, resp.status, (stop - start) if request.method == "GET" else 0
+
+
+def make_app(store_root: str | os.PathLike[str], *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> web.Application:
+    """The aiohttp application serving ``store_root`` (must exist)."""
+    root = Path(store_root).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"store directory {root} does not exist")
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
+    app = web.Application()
+    app[STORE_KEY] = root
+    app[CHUNK_KEY] = chunk_bytes
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+async def start_server(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 0,
+                       chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[web.AppRunner, str]:
+    """Start serving in the running event loop; returns (runner, base URL). ``port=0`` picks a
+    free port. Stop with ``await runner.cleanup()``."""
+    # access_log=None: aiohttp's default access log records client address and User-Agent.
+    runner = web.AppRunner(make_app(store_root, chunk_bytes=chunk_bytes), access_log=None,
+                           handle_signals=False, logger=protocol_log, max_line_size=MAX_FIELD_BYTES, max_field_size=MAX_FIELD_BYTES)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    h, p = runner.addresses[0][:2]  # the real port when port=0
+    return runner, f"http://{h if ':' not in h else '[' + h + ']'}:{p}"
+
+
+@contextlib.asynccontextmanager
+async def running_server(store_root: str | os.PathLike[str], **kw) -> AsyncIterator[str]:
+    """``async with running_server(store) as base_url:`` for tests and benchmarks."""
+    runner, url = await start_server(store_root, **kw)
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
+
+
+def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8080,
+                  chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    """Blocking entry point for ``sakura serve``; Ctrl-C stops it."""
+    async def main() -> None:
+        runner, url = await start_server(store_root, host=host, port=port, chunk_bytes=chunk_bytes)
+        log.info("serving %s at %s", Path(store_root).resolve(), url)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
