@@ -1,0 +1,22 @@
+"""Template-KV codecs: shards of (tokens, heads, head_dim) keys/values in, self-describing bytes out.
+
+Public API (see docs/codec.md):
+    get_codec(name, **params) / codec_from_spec("uniform:bits=4") -> Codec
+    Codec.fit_tables(shards) -> CodecTables | None       (cloud, once per template)
+    Codec.encode(shard, ident, tables) -> bytes
+    Codec.decode(data, ident, tables) -> DecodedShard   (key, value, keep)
+    Codec.describe(shard, data, ident, tables, queries) -> Rendition
+    decode_any(data, ident, tables)                     (dispatch on the codec named in the header)
+Codecs: lossless, uniform, sakura, layered, cachegen.
+"""
+
+from .base import (Codec, CodecTables, DecodedShard, Rendition, Shard, UnknownCodecError, available_codecs,
+                   codec_from_spec, decode_any, get_codec, register)
+from .bitstream import CodecError, CorruptError, IdentityError, ShardId, TruncatedError, VersionError
+from . import lossless as _lossless  # noqa: F401  (registers)
+from . import uniform as _uniform  # noqa: F401
+from . import importance as _importance  # noqa: F401
+
+__all__ = ["Codec", "CodecTables", "DecodedShard", "Rendition", "Shard", "ShardId", "UnknownCodecError",
+           "CodecError", "CorruptError", "IdentityError", "TruncatedError", "VersionError",
+           "available_codecs", "codec_from_spec", "decode_any", "get_codec", "register"]

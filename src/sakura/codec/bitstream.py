@@ -1,0 +1,249 @@
+"""The codec's wire format: one self-describing, checksummed object per encoded shard or table.
+
+Layout of one object (all integers little-endian, explicitly):
+
+    offset  size  field
+    0       4     magic  b"SKKV"
+    4       2     format version (u16), currently 1; a newer one raises `VersionError`
+    6       1     kind (u8): 1 = shard rendition, 2 = codec tables, 3 = layered refinement
+    7       1     reserved, 0
+    8       4     header length H (u32)
+    12      8     payload length P (u64)
+    20      4     crc32 of bytes [0, 20) + bytes [24, 24 + H + P)
+    24      H     header: UTF-8 JSON object (sorted keys): codec name and parameters, identity
+                  (model fingerprint, template id, shard index), tensor dtype and shape, and the
+                  section table [{name, dtype, shape, offset, nbytes, zstd}]
+    24+H    P     payload: the sections, back to back
+
+No pickle, no native byte order: every array section is written and read as an explicit
+little-endian numpy dtype from a small whitelist. Decoding checks, in order: length, magic,
+version, lengths, checksum, header schema, identity; each failure raises a subclass of
+`CodecError` naming what is wrong, so a truncated, corrupt, mismatched or future object never
+turns into tensors.
+
+Objects can be concatenated (the layered codec stores a shard's whole ladder as one file of
+back-to-back objects); `split_objects` walks such a file using only the fixed headers.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+MAGIC = b"SKKV"
+FORMAT_VERSION = 1
+_FIXED = struct.Struct("<4sHBBIQI")  # magic, version, kind, reserved, H, P, crc
+FIXED_SIZE = _FIXED.size  # 24 bytes
+
+KIND_SHARD = 1
+KIND_TABLES = 2
+KIND_LAYER = 3
+_KIND_NAMES = {KIND_SHARD: "shard", KIND_TABLES: "tables", KIND_LAYER: "layer"}
+
+# Section dtypes accepted on read: explicit little-endian only.
+_DTYPES = {"<u1", "<u2", "<u4", "<u8", "<i1", "<i2", "<i4", "<i8", "<f2", "<f4", "<f8", "|u1", "|i1"}
+MAX_HEADER = 1 << 24  # 16 MiB of JSON is far beyond any honest header
+
+
+class CodecError(ValueError):
+    """Base class: an encoded object cannot be decoded (or a shard cannot be encoded)."""
+
+
+class TruncatedError(CodecError):
+    """The object is shorter than its header says."""
+
+
+class CorruptError(CodecError):
+    """Bad magic, bad checksum or malformed header/sections."""
+
+
+class VersionError(CodecError):
+    """The object was written by a newer (or unknown) format version."""
+
+
+class IdentityError(CodecError):
+    """The object belongs to another model, template, shard, codec or table set."""
+
+
+@dataclass(frozen=True)
+class ShardId:
+    """Who an encoded object belongs to; decode refuses an object whose identity differs.
+
+    Args:
+        model: the model fingerprint (hex string).
+        template: the template id / fingerprint.
+        shard: the shard index in consumption order (a layer, or a token chunk of one);
+            -1 for per-template objects such as codec tables.
+    """
+
+    model: str
+    template: str
+    shard: int = -1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "template": self.template, "shard": int(self.shard)}
+
+
+@dataclass
+class Object:
+    """A parsed object: kind, JSON header and the raw payload (sections still packed)."""
+
+    kind: int
+    header: dict[str, Any]
+    payload: memoryview
+    nbytes: int  # total bytes of this object including the fixed header
+
+    def section(self, name: str) -> np.ndarray:
+        """Return section `name` as a numpy array of its declared dtype and shape (a copy)."""
+        for s in self.header["sections"]:
+            if s["name"] == name:
+                return _read_section(self.payload, s)
+        raise CorruptError(f"object has no section {name!r}")
+
+    def has(self, name: str) -> bool:
+        return any(s["name"] == name for s in self.header["sections"])
+
+
+@dataclass
+class Writer:
+    """Builds one object: add sections, then `to_bytes(kind, header)`."""
+
+    sections: list[dict[str, Any]] = field(default_factory=list)
+    chunks: list[bytes] = field(default_factory=list)
+    offset: int = 0
+
+    def add(self, name: str, arr: np.ndarray | bytes, *, zstd_level: int | None = None) -> None:
+        """Add an array (stored little-endian) or raw bytes (dtype |u1) under `name`."""
+        if isinstance(arr, (bytes, bytearray, memoryview)):
+            arr = np.frombuffer(bytes(arr), dtype=np.uint8)
+        arr = np.ascontiguousarray(arr)
+        dt = arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype
+        raw = arr.astype(dt, copy=False).tobytes()
+        if zstd_level is not None:
+            import zstandard
+
+            raw = zstandard.ZstdCompressor(level=zstd_level).compress(raw)
+        self.sections.append({"name": name, "dtype": dt.str, "shape": [int(s) for s in arr.shape],
+                              "offset": self.offset, "nbytes": len(raw), "zstd": zstd_level is not None})
+        self.chunks.append(raw)
+        self.offset += len(raw)
+
+    def to_bytes(self, kind: int, header: dict[str, Any]) -> bytes:
+        header = dict(header)
+        header["sections"] = self.sections
+        hbytes = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+        payload = b"".join(self.chunks)
+        fixed_wo_crc = _FIXED.pack(MAGIC, FORMAT_VERSION, kind, 0, len(hbytes), len(payload), 0)[:20]
+        crc = zlib.crc32(payload, zlib.crc32(hbytes, zlib.crc32(fixed_wo_crc)))
+        return fixed_wo_crc + struct.pack("<I", crc) + hbytes + payload
+
+
+def _read_section(payload: memoryview, s: dict[str, Any]) -> np.ndarray:
+    try:
+        dt = np.dtype(s["dtype"])
+        shape = tuple(int(x) for x in s["shape"])
+        off, n = int(s["offset"]), int(s["nbytes"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorruptError(f"malformed section entry {s!r}: {e}") from None
+    if s["dtype"] not in _DTYPES or any(x < 0 for x in shape) or off < 0 or n < 0:
+        raise CorruptError(f"section {s.get('name')!r} has an unsupported dtype or negative size")
+    if off + n > len(payload):
+        raise CorruptError(f"section {s['name']!r} runs past the payload")
+    raw = bytes(payload[off:off + n])
+    want = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if s.get("zstd"):
+        import zstandard
+
+        try:
+            raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=max(want, 1))
+        except zstandard.ZstdError as e:
+            raise CorruptError(f"section {s['name']!r}: zstd: {e}") from None
+    if len(raw) != want:
+        raise CorruptError(f"section {s['name']!r} holds {len(raw)} bytes, its shape needs {want}")
+    return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
+
+
+def read_fixed(data: bytes | memoryview, at: int = 0) -> tuple[int, int, int, int]:
+    """Parse the fixed header at `at`: returns (kind, header_len, payload_len, crc).
+
+    Raises `TruncatedError`, `CorruptError` (magic) or `VersionError`.
+    """
+    mv = memoryview(data)
+    if len(mv) - at < FIXED_SIZE:
+        raise TruncatedError(f"object truncated: {len(mv) - at} bytes, the fixed header alone is {FIXED_SIZE}")
+    magic, version, kind, _res, hlen, plen, crc = _FIXED.unpack_from(mv, at)
+    if magic != MAGIC:
+        raise CorruptError(f"not a sakura codec object (magic {bytes(magic)!r}, expected {MAGIC!r})")
+    if version > FORMAT_VERSION:
+        raise VersionError(f"object has format version {version}; this build reads up to {FORMAT_VERSION}. "
+                           "Upgrade sakura.")
+    if version < 1:
+        raise VersionError(f"object has invalid format version {version}")
+    if kind not in _KIND_NAMES:
+        raise CorruptError(f"unknown object kind {kind}")
+    if hlen > MAX_HEADER:
+        raise CorruptError(f"header length {hlen} is implausible")
+    return kind, hlen, plen, crc
+
+
+def parse(data: bytes | memoryview, at: int = 0, *, whole: bool = True) -> Object:
+    """Parse and verify one object starting at `at`.
+
+    With `whole=True` the object must end exactly at the end of `data` (trailing bytes raise
+    `CorruptError`); with `whole=False` trailing bytes are left for the caller.
+    """
+    mv = memoryview(data)
+    kind, hlen, plen, crc = read_fixed(mv, at)
+    end = at + FIXED_SIZE + hlen + plen
+    if end > len(mv):
+        raise TruncatedError(f"object truncated: header says {end - at} bytes, only {len(mv) - at} present")
+    if whole and end != len(mv):
+        raise CorruptError(f"{len(mv) - end} unexpected trailing bytes after the object")
+    got = zlib.crc32(mv[at + FIXED_SIZE:end], zlib.crc32(mv[at:at + 20]))
+    if got != crc:
+        raise CorruptError(f"checksum mismatch (crc32 {got:08x}, header says {crc:08x}): object is corrupt")
+    try:
+        header = json.loads(bytes(mv[at + FIXED_SIZE:at + FIXED_SIZE + hlen]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptError(f"header is not valid JSON: {e}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("sections"), list):
+        raise CorruptError("header lacks a section table")
+    return Object(kind=kind, header=header, payload=mv[at + FIXED_SIZE + hlen:end], nbytes=end - at)
+
+
+def split_objects(data: bytes | memoryview) -> Iterator[tuple[int, int]]:
+    """Yield (start, end) of each complete object in a concatenation; stops at a partial tail.
+
+    Only fixed headers are read (no checksum), so this is cheap; `parse` verifies each object.
+    """
+    mv = memoryview(data)
+    at = 0
+    while at < len(mv):
+        if len(mv) - at < FIXED_SIZE:
+            return
+        _kind, hlen, plen, _crc = read_fixed(mv, at)
+        end = at + FIXED_SIZE + hlen + plen
+        if end > len(mv):
+            return
+        yield at, end
+        at = end
+
+
+def check_identity(obj: Object, expected: ShardId, *, codec: str | None = None,
+                   kind: int | None = None) -> None:
+    """Raise `IdentityError` if `obj` was not written for `expected` (and `codec`, `kind`)."""
+    if kind is not None and obj.kind != kind:
+        raise IdentityError(f"object is a {_KIND_NAMES.get(obj.kind)} object, expected {_KIND_NAMES.get(kind)}")
+    ident = obj.header.get("id")
+    if not isinstance(ident, dict):
+        raise CorruptError("header lacks the identity fields")
+    for k, want in expected.to_json().items():
+        if ident.get(k) != want:
+            raise IdentityError(f"object belongs to {k}={ident.get(k)!r}, expected {want!r}")
+    if codec is not None and obj.header.get("codec") != codec:
+        raise IdentityError(f"object was written by codec {obj.header.get('codec')!r}, not {codec!r}")
