@@ -1,0 +1,452 @@
+"""FLUX.2 Klein through diffusers: template KV captured (extract) or injected (cached).
+
+diffusers' `Flux2KleinKVPipeline` runs step 0 in "extract" mode on [text | reference | image]
+tokens — reference tokens modulated at a fixed timestep and attending only to reference tokens —
+and later steps in "cached" mode with the stored reference K/V (after QK-norm and RoPE). This
+adapter works at the level of packed latents and prompt embeddings, so it runs with any
+`Flux2Transformer2DModel` (tests use tiny random configs built in code); `from_pretrained` adds
+the VAE and text encoder of a local Klein folder for pixel/prompt inputs.
+
+Two things beyond diffusers' processors, in `SakuraKleinAttnProcessor` / `...SingleAttnProcessor`:
+  * `keep` masks: a lossy codec may drop template tokens; they are masked out of attention;
+  * template isolation: with a template reference *and* the user's photo as a second reference,
+    diffusers lets every reference token attend to every other, so the template's K/V depend on
+    the user's photo. With `isolate_template=True` (default) template tokens attend only to
+    template tokens, which makes the template KV cacheable; the user's reference still attends to
+    the template. `measure_template_dependence` quantifies the difference.
+
+The adapter installs its processors on the transformer it is given and owns it from then on
+(diffusers' pipeline does the same silently; we say so). With no keep mask and a single
+reference, the processors compute exactly what diffusers' own KV processors compute.
+
+Layer order of a Klein template KV: the double-stream blocks, then the single-stream blocks.
+Reference RoPE ids tie the keys to a reference slot (T coordinate 10 for the first reference);
+they are stored in `TemplateKV.positions` and checked on injection.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from diffusers.models.transformers.transformer_flux2 import (
+    Flux2KVCache,
+    Flux2Transformer2DModel,
+    _get_qkv_projections,
+    apply_rotary_emb,
+    dispatch_attention_fn,
+)
+from diffusers.pipelines.flux2.pipeline_flux2_klein_kv import compute_empirical_mu, retrieve_timesteps
+from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
+
+from .kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
+from .mini import KVMode
+
+REF_SLOT_SCALE = 10  # diffusers' _prepare_image_ids: reference i gets T coordinate 10 + 10*i
+
+
+def latent_ids(height: int, width: int, t: int = 0) -> torch.Tensor:
+    """RoPE ids (height*width, 4) = (T, H, W, L) for a packed latent grid, as diffusers builds them."""
+    return torch.cartesian_prod(torch.tensor([t]), torch.arange(height), torch.arange(width), torch.arange(1))
+
+
+def text_ids(length: int) -> torch.Tensor:
+    """RoPE ids (length, 4) for prompt tokens, as diffusers builds them."""
+    return torch.cartesian_prod(torch.arange(1), torch.arange(1), torch.arange(1), torch.arange(length))
+
+
+@dataclass
+class KleinReference:
+    """A reference image as the transformer consumes it.
+
+    latents: (1, tokens, in_channels) packed latent tokens; ids: (tokens, 4) RoPE ids (slot in T).
+    """
+
+    latents: torch.Tensor
+    ids: torch.Tensor
+
+    @classmethod
+    def from_grid(cls, latents: torch.Tensor, height: int, width: int, slot: int) -> "KleinReference":
+        """Packed latents of a (height x width) grid placed in reference slot `slot` (0 = first)."""
+        if latents.ndim != 3 or latents.shape[0] != 1 or latents.shape[1] != height * width:
+            raise ValueError(f"latents must be (1, {height * width}, C) for a {height}x{width} grid, "
+                             f"got {tuple(latents.shape)}")
+        return cls(latents, latent_ids(height, width, t=REF_SLOT_SCALE + REF_SLOT_SCALE * slot))
+
+
+@dataclass
+class KleinEditOutput:
+    latents: torch.Tensor                       # (1, image_tokens, in_channels) final packed latents
+    template_kv: TemplateKV | None = None
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def image(self) -> torch.Tensor:
+        return self.latents
+
+
+class _Slot:
+    """Per-forward state shared with the processors: which layer is next, what to inject."""
+
+    def __init__(self, num_template_tokens: int = 0, isolate: bool = True,
+                 inject: list | None = None, keep: list | None = None):
+        self.layer = 0
+        self.num_template_tokens = num_template_tokens  # template tokens at the start of the ref segment
+        self.isolate = isolate
+        self.inject = inject      # per layer (k, v) (B, Tt, H, D) of a template NOT in the sequence
+        self.keep = keep          # per layer (Tt,) bool or None, over the template part of the refs
+        self.captured: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def next_layer(self) -> int:
+        i = self.layer
+        self.layer += 1
+        return i
+
+
+def _ref_mask(keep: torch.Tensor | None, n_before: int, n_after: int, device) -> torch.Tensor | None:
+    """Bool key mask (1, 1, 1, S) over [n_before | template | n_after], or None when nothing is dropped."""
+    if keep is None or bool(keep.all()):
+        return None
+    ones = lambda n: torch.ones(n, dtype=torch.bool, device=device)  # noqa: E731
+    return torch.cat([ones(n_before), keep.to(device), ones(n_after)]).view(1, 1, 1, -1)
+
+
+def _attend(q, k, v, mask):
+    """Attention on (B, S, H, D) tensors; the same dispatch diffusers uses when there is no mask."""
+    if mask is None:
+        return dispatch_attention_fn(q, k, v)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+    return out.transpose(1, 2)
+
+
+def _kv_attention(query, key, value, num_txt: int, num_ref: int, mode: str | None, cache_layer, slot: _Slot | None):
+    """Attention for one layer. query/key/value: (B, S, H, D), after QK-norm and RoPE.
+
+    extract: S = [txt | ref | img]; ref = [template? | user ref?]. Stores ref K/V (with an injected
+             template prepended) in `cache_layer`.
+    cached:  S = [txt | img]; cached ref K/V are spliced between txt and img.
+    """
+    if mode is None:
+        return dispatch_attention_fn(query, key, value)
+    if slot is None:
+        slot = _Slot()
+    layer = slot.next_layer()
+    keep = slot.keep[layer] if slot.keep is not None else None
+
+    if mode == "cached":
+        k_ref, v_ref = cache_layer.get()
+        n_extra = k_ref.shape[1] - (keep.shape[0] if keep is not None else 0)
+        k_all = torch.cat([key[:, :num_txt], k_ref, key[:, num_txt:]], dim=1)
+        v_all = torch.cat([value[:, :num_txt], v_ref, value[:, num_txt:]], dim=1)
+        mask = _ref_mask(keep, num_txt, n_extra + key.shape[1] - num_txt, query.device)
+        return _attend(query, k_all, v_all, mask)
+
+    # extract
+    r0, r1 = num_txt, num_txt + num_ref
+    q_ref, k_ref, v_ref = query[:, r0:r1], key[:, r0:r1], value[:, r0:r1]
+    nt = slot.num_template_tokens
+    if slot.inject is not None:  # template not in the sequence: its K/V come from the cache source
+        k_t, v_t = slot.inject[layer]
+        k_ref, v_ref = torch.cat([k_t, k_ref], dim=1), torch.cat([v_t, v_ref], dim=1)
+        nt = k_t.shape[1]
+    if cache_layer is not None:
+        cache_layer.store(k_ref.clone(), v_ref.clone())
+    slot.captured.append((k_ref[:, :nt], v_ref[:, :nt]))
+
+    k_all = torch.cat([key[:, :r0], k_ref, key[:, r1:]], dim=1)
+    v_all = torch.cat([value[:, :r0], v_ref, value[:, r1:]], dim=1)
+    q_txt_img = torch.cat([query[:, :r0], query[:, r1:]], dim=1)
+    n_user = k_ref.shape[1] - nt
+    out_txt_img = _attend(q_txt_img, k_all, v_all, _ref_mask(keep, r0, n_user + key.shape[1] - r1, query.device))
+
+    # reference queries: template tokens see the template only (isolation) — or all refs (diffusers)
+    ref_mask = _ref_mask(keep, 0, n_user, query.device)
+    n_q_tmpl = num_ref - n_user  # template queries present in the sequence (0 when injected)
+    if slot.isolate and n_q_tmpl > 0 and n_user > 0:
+        out_t = _attend(q_ref[:, :n_q_tmpl], k_ref[:, :nt], v_ref[:, :nt], _ref_mask(keep, 0, 0, query.device))
+        out_u = _attend(q_ref[:, n_q_tmpl:], k_ref, v_ref, ref_mask)
+        out_ref = torch.cat([out_t, out_u], dim=1)
+    else:
+        out_ref = _attend(q_ref, k_ref, v_ref, ref_mask)
+    return torch.cat([out_txt_img[:, :r0], out_ref, out_txt_img[:, r0:]], dim=1)
+
+
+class SakuraKleinAttnProcessor:
+    """Double-stream block processor: diffusers' KV processor plus keep masks and isolation."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
+                 kv_cache=None, kv_cache_mode: str | None = None, num_ref_tokens: int = 0,
+                 sakura: _Slot | None = None):
+        query, key, value, eq, ek, ev = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
+        key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
+        value = value.unflatten(-1, (-1, attn.head_dim))
+        eq = attn.norm_added_q(eq.unflatten(-1, (-1, attn.head_dim)))
+        ek = attn.norm_added_k(ek.unflatten(-1, (-1, attn.head_dim)))
+        ev = ev.unflatten(-1, (-1, attn.head_dim))
+        query, key, value = torch.cat([eq, query], 1), torch.cat([ek, key], 1), torch.cat([ev, value], 1)
+        query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+        key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        num_txt = encoder_hidden_states.shape[1]
+        out = _kv_attention(query, key, value, num_txt, num_ref_tokens, kv_cache_mode, kv_cache, sakura)
+        out = out.flatten(2, 3).to(query.dtype)
+        enc_out, out = out.split_with_sizes([num_txt, out.shape[1] - num_txt], dim=1)
+        return attn.to_out[1](attn.to_out[0](out)), attn.to_add_out(enc_out)
+
+
+class SakuraKleinSingleAttnProcessor:
+    """Single-stream block processor: diffusers' KV processor plus keep masks and isolation."""
+
+    def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None, kv_cache=None,
+                 kv_cache_mode: str | None = None, num_txt_tokens: int = 0, num_ref_tokens: int = 0,
+                 sakura: _Slot | None = None):
+        proj = attn.to_qkv_mlp_proj(hidden_states)
+        qkv_dim = 3 * attn.inner_dim
+        mlp_dim = attn.mlp_hidden_dim * attn.mlp_mult_factor
+        local_qkv = proj.shape[-1] * qkv_dim // (qkv_dim + mlp_dim)
+        qkv, mlp = torch.split(proj, [local_qkv, proj.shape[-1] - local_qkv], dim=-1)
+        query, key, value = (t.unflatten(-1, (-1, attn.head_dim)) for t in qkv.chunk(3, dim=-1))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+        key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        out = _kv_attention(query, key, value, num_txt_tokens, num_ref_tokens, kv_cache_mode, kv_cache, sakura)
+        out = out.flatten(2, 3).to(query.dtype)
+        return attn.to_out(torch.cat([out, attn.mlp_act_fn(mlp)], dim=-1))
+
+
+class KleinAdapter:
+    """A `TemplateEditModel` over a diffusers `Flux2Transformer2DModel` (packed-latent level).
+
+    Args:
+        transformer: the Klein transformer; the adapter installs its own processors on it.
+        isolate_template: template tokens attend only to template tokens when a user reference
+            is also present (default True: required for a cacheable template KV).
+        pipeline: optional `Flux2KleinKVPipeline` (from `from_pretrained`) for VAE/text encoding.
+    """
+
+    def __init__(self, transformer: Flux2Transformer2DModel, *, isolate_template: bool = True, pipeline: Any = None):
+        self.transformer = transformer.eval()
+        self.isolate_template = isolate_template
+        self.pipeline = pipeline
+        procs = {}
+        for name in transformer.attn_processors:
+            procs[name] = (SakuraKleinSingleAttnProcessor() if name.startswith("single_transformer_blocks")
+                           else SakuraKleinAttnProcessor())
+        transformer.set_attn_processor(procs)  # note: diffusers empties the dict passed here
+        self._fingerprint: str | None = None
+        cfg = transformer.config
+        self.heads, self.head_dim = cfg.num_attention_heads, cfg.attention_head_dim
+
+    @classmethod
+    def from_pretrained(cls, folder: str, **kw) -> "KleinAdapter":
+        """Load a Klein KV pipeline from a local folder (the user's own download; never a hub)."""
+        from pathlib import Path
+
+        from diffusers import Flux2KleinKVPipeline
+
+        if not Path(folder).is_dir():
+            raise FileNotFoundError(f"{folder}: not a local folder with a FLUX.2 Klein pipeline")
+        pipe = Flux2KleinKVPipeline.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32)
+        return cls(pipe.transformer, pipeline=pipe, **kw)
+
+    # -- identity -------------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.transformer.transformer_blocks) + len(self.transformer.single_transformer_blocks)
+
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint_model(self.transformer, dict(self.transformer.config))
+        return self._fingerprint
+
+    def template_fingerprint(self, template: KleinReference) -> str:
+        return fingerprint_tensors({"latents": template.latents.float().contiguous(), "ids": template.ids.contiguous()},
+                                   {"kind": "klein"})
+
+    def check_template_kv(self, source: TemplateKVSource) -> None:
+        if source.model_fingerprint != self.fingerprint():
+            raise TemplateKVError(f"template KV was made by model {source.model_fingerprint[:16]}…, this model is "
+                                  f"{self.fingerprint()[:16]}…; refusing to inject it")
+        if source.num_layers != self.num_layers:
+            raise TemplateKVError(f"template KV has {source.num_layers} layers, the model has {self.num_layers}")
+
+    def describe(self) -> dict[str, object]:
+        cfg = self.transformer.config
+        return {"model": "flux2-klein", "double_layers": cfg.num_layers, "single_layers": cfg.num_single_layers,
+                "heads": self.heads, "head_dim": self.head_dim,
+                "parameters": sum(p.numel() for p in self.transformer.parameters()),
+                "template_kv_values_per_token": 2 * self.num_layers * self.heads * self.head_dim,
+                "fingerprint": self.fingerprint()[:16]}
+
+    # -- forward helpers ------------------------------------------------------------------------
+    def _forward(self, latents, ids, prompt_embeds, txt_ids, t, *, mode, num_ref=0, cache=None, slot=None):
+        out = self.transformer(hidden_states=latents, timestep=t, guidance=None, encoder_hidden_states=prompt_embeds,
+                               txt_ids=txt_ids, img_ids=ids, joint_attention_kwargs={"sakura": slot},
+                               return_dict=False, kv_cache=cache, kv_cache_mode=mode, num_ref_tokens=num_ref)
+        return out
+
+    def _check_ref(self, ref: KleinReference, name: str) -> None:
+        c = self.transformer.config.in_channels
+        if not isinstance(ref, KleinReference):
+            raise TypeError(f"{name} must be a KleinReference, got {type(ref).__name__}")
+        if ref.latents.ndim != 3 or ref.latents.shape[0] != 1 or ref.latents.shape[2] != c:
+            raise ValueError(f"{name}.latents has shape {tuple(ref.latents.shape)}; expected (1, tokens, {c})")
+        if tuple(ref.ids.shape) != (ref.latents.shape[1], 4):
+            raise ValueError(f"{name}.ids has shape {tuple(ref.ids.shape)}; expected ({ref.latents.shape[1]}, 4)")
+        if not bool(torch.isfinite(ref.latents).all()):
+            raise ValueError(f"{name}.latents contain NaN or inf")
+
+    def _wrap(self, template: KleinReference, captured) -> TemplateKV:
+        layers = [LayerKV(k[0].contiguous(), v[0].contiguous()) for k, v in captured]
+        return TemplateKV(layers, self.fingerprint(), self.template_fingerprint(template),
+                          layout={"kind": "klein", "tokens": int(template.latents.shape[1]), "slot_ids": "positions"},
+                          positions=template.ids.clone())
+
+    @torch.no_grad()
+    def extract_template_kv(self, template: KleinReference) -> TemplateKV:
+        """The template reference's K/V in every layer (one extract forward with 1-token stand-ins
+        for text and image: reference tokens never attend to them)."""
+        self._check_ref(template, "template")
+        c = self.transformer.config
+        img = torch.zeros(1, 1, c.in_channels)
+        txt = torch.zeros(1, 1, c.joint_attention_dim)
+        slot = _Slot(num_template_tokens=template.latents.shape[1], isolate=self.isolate_template)
+        self._forward(torch.cat([template.latents, img], 1), torch.cat([template.ids, latent_ids(1, 1)]), txt,
+                      text_ids(1), torch.zeros(1), mode="extract", num_ref=template.latents.shape[1], slot=slot)
+        return self._wrap(template, slot.captured)
+
+    @torch.no_grad()
+    def edit(self, photo: KleinReference | None = None, *, template: KleinReference | None = None,
+             template_kv: TemplateKVSource | None = None, mode: KVMode | str | None = None, steps: int = 4,
+             seed: int = 0, prompt_embeds: torch.Tensor | None = None, grid: tuple[int, int] | None = None
+             ) -> KleinEditOutput:
+        """Generate latents for a (grid) image guided by the prompt, the template and the user's photo.
+
+        photo: the user's reference (slot 1) or None; template: the template reference (slot 0) for
+        NOCACHE/EXTRACT; template_kv: for INJECTED. prompt_embeds: (1, text_tokens, joint_attention_dim).
+        grid: latent (height, width) of the output; default: the template's grid when square.
+        """
+        cfg = self.transformer.config
+        try:
+            mode = KVMode(mode) if mode is not None else (KVMode.INJECTED if template_kv is not None else KVMode.EXTRACT)
+        except ValueError:
+            raise ValueError(f"mode must be one of {[m.value for m in KVMode]}, got {mode!r}") from None
+        if prompt_embeds is None or prompt_embeds.ndim != 3 or prompt_embeds.shape[2] != cfg.joint_attention_dim:
+            raise ValueError(f"prompt_embeds must be (1, text_tokens, {cfg.joint_attention_dim})")
+        if mode is KVMode.INJECTED:
+            if template_kv is None:
+                raise ValueError("mode 'injected' needs template_kv")
+            self.check_template_kv(template_kv)
+            n_tmpl = template_kv.layer(0).num_tokens
+            positions = getattr(template_kv, "positions", None)
+            if positions is not None and tuple(positions.shape) != (n_tmpl, 4):
+                raise TemplateKVError(f"template KV positions have shape {tuple(positions.shape)}, "
+                                      f"expected ({n_tmpl}, 4) for its {n_tmpl} tokens")
+        else:
+            if template is None:
+                raise ValueError(f"mode {mode.value!r} needs the template reference")
+            self._check_ref(template, "template")
+            n_tmpl = template.latents.shape[1]
+        if photo is not None:
+            self._check_ref(photo, "photo")
+        if grid is None:
+            side = int(round(n_tmpl ** 0.5))
+            if side * side != n_tmpl:
+                raise ValueError("grid is required when the template is not square")
+            grid = (side, side)
+        h, w = grid
+        ids = latent_ids(h, w)
+        txt_ids = text_ids(prompt_embeds.shape[1])
+        gen = torch.Generator().manual_seed(seed)
+        latents = torch.randn(1, h * w, cfg.in_channels, generator=gen)
+        scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, shift_terminal=None)
+        sigmas = np.linspace(1.0, 1 / steps, steps)
+        timesteps, _ = retrieve_timesteps(scheduler, steps, "cpu", sigmas=sigmas,
+                                          mu=compute_empirical_mu(image_seq_len=h * w, num_steps=steps))
+        scheduler.set_begin_index(0)
+        timings = {"template": 0.0, "denoise": 0.0}
+        user = photo.latents if photo is not None else latents[:, :0]
+        user_ids = photo.ids if photo is not None else ids[:0]
+        inject = keep = None
+        if mode is KVMode.INJECTED:
+            inject, keep = [], []
+            t0 = time.perf_counter()
+            for i in range(self.num_layers):
+                layer = template_kv.layer(i)
+                layer.check(f"template KV layer {i}", tokens=n_tmpl, heads=self.heads, head_dim=self.head_dim)
+                inject.append((layer.key.float()[None], layer.value.float()[None]))
+                keep.append(layer.keep)
+            if getattr(template_kv, "positions", None) is not None and photo is not None:
+                if torch.equal(template_kv.positions, photo.ids[: n_tmpl]):
+                    raise TemplateKVError("the photo reference uses the template's reference slot")
+            timings["template"] += time.perf_counter() - t0
+
+        cache: Flux2KVCache | None = None
+        captured = None
+        for i, t in enumerate(timesteps):
+            timestep = (t.expand(1) / 1000).to(latents.dtype)
+            t0 = time.perf_counter()
+            full = mode is KVMode.NOCACHE or (mode is KVMode.EXTRACT and i == 0)
+            if full:  # template (and the user's reference) in the sequence
+                slot = _Slot(num_template_tokens=n_tmpl, isolate=self.isolate_template)
+                seq = torch.cat([template.latents, user, latents], 1)
+                seq_ids = torch.cat([template.ids, user_ids, ids])
+                noise_pred, cache = self._forward(seq, seq_ids, prompt_embeds, txt_ids, timestep, mode="extract",
+                                                  num_ref=n_tmpl + user.shape[1], slot=slot)
+                if captured is None:
+                    captured = self._wrap(template, slot.captured)
+            elif cache is None and mode is KVMode.INJECTED and photo is not None:
+                # step 0 with an injected template: the user's reference runs in the sequence once
+                slot = _Slot(inject=inject, keep=keep, isolate=self.isolate_template)
+                noise_pred, cache = self._forward(torch.cat([user, latents], 1), torch.cat([user_ids, ids]),
+                                                  prompt_embeds, txt_ids, timestep, mode="extract",
+                                                  num_ref=user.shape[1], slot=slot)
+            else:
+                if cache is None:  # injected, no user reference: the template KV is the whole cache
+                    cache = Flux2KVCache(len(self.transformer.transformer_blocks),
+                                         len(self.transformer.single_transformer_blocks))
+                    layers = cache.double_block_caches + cache.single_block_caches
+                    for lc, (k, v) in zip(layers, inject):
+                        lc.store(k, v)
+                    cache.num_ref_tokens = n_tmpl
+                slot = _Slot(keep=keep if mode is KVMode.INJECTED else None)
+                noise_pred = self._forward(latents, ids, prompt_embeds, txt_ids, timestep, mode="cached",
+                                           cache=cache, slot=slot)[0]
+            latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]
+            timings["denoise"] += time.perf_counter() - t0
+        return KleinEditOutput(latents=latents, template_kv=captured if mode is KVMode.EXTRACT else None,
+                               timings_s=timings)
+
+
+def measure_template_dependence(transformer: Flux2Transformer2DModel, template: KleinReference,
+                                photos: list[KleinReference]) -> dict[str, float]:
+    """How much a template's KV changes with the user's reference photo, per attention mask.
+
+    Runs the extract pass with [template | photo] references for each photo, with diffusers' mask
+    (all references attend to each other) and with isolation. Returns the max over layers and
+    photo pairs of ||K_a - K_b|| / ||K_a|| for each mask (isolation must give 0.0).
+    """
+    out = {}
+    for isolate in (False, True):
+        adapter = KleinAdapter(transformer, isolate_template=isolate)
+        c = transformer.config
+        kvs = []
+        for photo in photos:
+            slot = _Slot(num_template_tokens=template.latents.shape[1], isolate=isolate)
+            seq = torch.cat([template.latents, photo.latents, torch.zeros(1, 1, c.in_channels)], 1)
+            ids = torch.cat([template.ids, photo.ids, latent_ids(1, 1)])
+            with torch.no_grad():
+                adapter._forward(seq, ids, torch.zeros(1, 1, c.joint_attention_dim), text_ids(1), torch.zeros(1),
+                                 mode="extract", num_ref=seq.shape[1] - 1, slot=slot)
+            kvs.append(slot.captured)
+        worst = 0.0
+        for a in kvs:
+            for b in kvs:
+                for (ka, va), (kb, vb) in zip(a, b):
+                    worst = max(worst, float((ka - kb).norm() / ka.norm()), float((va - vb).norm() / va.norm()))
+        out["diffusers_mask" if not isolate else "isolated"] = worst
+    return out
