@@ -15,8 +15,8 @@ app = typer.Typer(
 )
 
 
-def _not_yet(what: str, issue: int) -> None:
-    typer.echo(f"`sakura {what}` is not built yet (tracked in issue {issue}).", err=True)
+def _not_yet(what: str) -> None:
+    typer.echo(f"`sakura {what}` is not built yet (see the README's status table).", err=True)
     raise typer.Exit(code=3)
 
 
@@ -46,31 +46,31 @@ def demo(
 @app.command()
 def train() -> None:
     """Train the bundled mini model from scratch (reproduces the shipped weights)."""
-    _not_yet("train", 3)
+    _not_yet("train")
 
 
 @app.command()
 def build() -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
-    _not_yet("build", 5)
+    _not_yet("build")
 
 
 @app.command()
 def serve() -> None:
     """Serve a store over HTTP (manifests and shards, Range requests, ETags)."""
-    _not_yet("serve", 5)
+    _not_yet("serve")
 
 
 @app.command()
 def edit() -> None:
     """Phone side: edit a local photo with a template streamed from a cache server."""
-    _not_yet("edit", 7)
+    _not_yet("edit")
 
 
 @app.command()
 def bench() -> None:
     """Benchmarks: every method on the same model, task, photo and trace, in one run."""
-    _not_yet("bench", 4)
+    _not_yet("bench")
 
 
 def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry

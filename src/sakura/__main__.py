@@ -1,0 +1,3 @@
+from sakura.cli import app
+
+app()
