@@ -16,6 +16,7 @@ from .bitstream import CodecError, CorruptError, IdentityError, ShardId, Truncat
 from . import lossless as _lossless  # noqa: F401  (registers)
 from . import uniform as _uniform  # noqa: F401
 from . import importance as _importance  # noqa: F401
+from . import cachegen as _cachegen  # noqa: F401
 
 __all__ = ["Codec", "CodecTables", "DecodedShard", "Rendition", "Shard", "ShardId", "UnknownCodecError",
            "CodecError", "CorruptError", "IdentityError", "TruncatedError", "VersionError",

@@ -272,13 +272,7 @@ class _ImportanceBase(Codec):
             raise bs.CorruptError(f"{self.name}: bad params {params!r}") from None
         scales = {}
         for kv, mode, g in (("k", "key", kg), ("v", "value", vg)):
-            if mode == "key":
-                want = (-(-T // (T if g <= 0 else min(g, T))), C)
-            else:
-                gg = C if g <= 0 else g
-                if C % gg:
-                    raise bs.CorruptError(f"{self.name}: value group {gg} does not divide {C}")
-                want = (T, C // gg)
+            want = (Q.n_groups(T, g), C) if mode == "key" else (T, Q.n_groups(C, g))
             for part in ("lo", "r"):
                 a = obj.section(f"{kv}_{part}")
                 if a.shape != want or a.dtype.kind != "f":

@@ -14,6 +14,8 @@ Scale groups:
     keys   ("key" mode):   per channel, over groups of `group` consecutive tokens (KIVI-style;
                            outlier channels get their own range); group=0 means all tokens.
     values ("value" mode): per token, over groups of `group` consecutive channels (group=0: all).
+A last partial group (when the group size does not divide the count) is padded by edge values.
+
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ from __future__ import annotations
 import numpy as np
 
 F16_MAX = 60000.0
+
+
+def n_groups(n: int, group: int) -> int:
+    """Number of scale groups along an axis of length n."""
+    g = n if group <= 0 else min(group, n)
+    return -(-n // g)
 
 
 def scale_dtype(x: np.ndarray) -> np.dtype:
@@ -53,10 +61,11 @@ def _group_view(x: np.ndarray, mode: str, group: int) -> tuple[np.ndarray, int]:
         if pad:
             x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)], axis=0)
         return x.reshape(-1, g, C), pad  # (T/g, g, C): reduce axis 1
-    g = C if group <= 0 else group
-    if C % g:
-        raise ValueError(f"value group {g} does not divide the {C} channels")
-    return x.reshape(T, C // g, g), 0  # (T, C/g, g): reduce axis 2
+    g = C if group <= 0 else min(group, C)
+    pad = (-C) % g
+    if pad:
+        x = np.concatenate([x, np.repeat(x[:, -1:], pad, axis=1)], axis=1)
+    return x.reshape(T, -1, g), 0  # (T, C/g, g): reduce axis 2
 
 
 def fit_scales(x: np.ndarray, mode: str, group: int, sdt: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -78,8 +87,8 @@ def expand(s: np.ndarray, mode: str, group: int, T: int, C: int) -> np.ndarray:
     if mode == "key":
         g = T if group <= 0 else min(group, T)
         return np.repeat(s, g, axis=0)[:T]
-    g = C if group <= 0 else group
-    return np.repeat(s, g, axis=1)
+    g = C if group <= 0 else min(group, C)
+    return np.repeat(s, g, axis=1)[:, :C]
 
 
 def unit(x: np.ndarray, lo: np.ndarray, r: np.ndarray) -> np.ndarray:

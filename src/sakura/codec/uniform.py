@@ -67,8 +67,7 @@ class UniformCodec(Codec):
         out = []
         for kv, mode, group in (("k", "key", kg), ("v", "value", vg)):
             lo, r = obj.section(f"{kv}_lo"), obj.section(f"{kv}_r")
-            g = (T if group <= 0 else min(group, T)) if mode == "key" else (C if group <= 0 else group)
-            want = ((-(-T // g)), C) if mode == "key" else (T, C // g if C % g == 0 else -1)
+            want = (Q.n_groups(T, group), C) if mode == "key" else (T, Q.n_groups(C, group))
             if lo.shape != want or r.shape != want:
                 raise bs.CorruptError(f"uniform: {kv} scales have shape {lo.shape}, expected {want}")
             sym = obj.section(f"{kv}_sym")
