@@ -1,0 +1,16 @@
+"""Trace-driven link emulation: trace parsers (pure) and a user-space pacing TCP proxy."""
+
+from sakura.link.pacer import Link, PacingProxy, ProxyStats, paced
+from sakura.link.traces import (
+    Trace,
+    TraceError,
+    list_traces,
+    load_5gophers,
+    load_cooked,
+    load_mahimahi,
+    load_trace,
+    traces_root,
+)
+
+__all__ = ["Link", "PacingProxy", "ProxyStats", "paced", "Trace", "TraceError", "list_traces", "load_5gophers",
+           "load_cooked", "load_mahimahi", "load_trace", "traces_root"]
