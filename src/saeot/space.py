@@ -1,0 +1,82 @@
+"""The shared reference space that makes features of different layers comparable.
+
+Every feature's support is a set of token positions in one corpus; to compare features of layers
+a and b we need an embedding ``Z`` of each token position in a common space.  Modes (design
+decision; the paper's abstract does not say which it uses):
+
+- ``reference`` (default): both layers use the same tokens' hidden states at one reference layer
+  (by default the later layer of the pair, i.e. the target).  Features that fire on the same or
+  similar tokens are close, whichever layer they live in.
+- ``linear``: source-layer hidden states mapped into the target layer by a least-squares affine map
+  fitted on all corpus tokens; target features use the target layer's own states.
+- ``pca``: the reference mode followed by PCA to ``n_components`` dimensions (faster OT; keeps the
+  bulk of the variance).
+
+All modes centre by the target's mean and divide by its RMS norm, so W2 is in units of "typical
+hidden-state norm" and numbers are comparable across models.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+Mode = Literal["reference", "linear", "pca"]
+MODES = ("reference", "linear", "pca")
+
+
+def _normaliser(H: np.ndarray) -> tuple[np.ndarray, float]:
+    mu = H.mean(0)
+    rms = float(np.sqrt(((H - mu) ** 2).sum(1).mean())) or 1.0
+    return mu, rms
+
+
+def reference_embeddings(H_a: np.ndarray | None, H_b: np.ndarray, mode: Mode = "reference", *,
+                         H_ref: np.ndarray | None = None, n_components: int = 64,
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Token embeddings ``(Z_a, Z_b)`` for the features of layers a and b.
+
+    Parameters
+    ----------
+    H_a : (n_tokens, d_a) array or None
+        Source-layer hidden states (needed by ``linear`` only).
+    H_b : (n_tokens, d_b) array
+        Target-layer hidden states, same tokens.
+    mode : {"reference", "linear", "pca"}
+    H_ref : (n_tokens, d) array, optional
+        Reference-layer states for ``reference``/``pca``; default ``H_b``.
+    n_components : int
+        ``pca`` only.
+
+    Returns
+    -------
+    Z_a : (n_tokens, d') float64
+    Z_b : (n_tokens, d') float64
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown reference-space mode {mode!r}; expected one of {MODES}")
+    H_b = np.asarray(H_b, dtype=np.float64)
+    if mode == "linear":
+        if H_a is None:
+            raise ValueError("mode 'linear' needs the source hidden states H_a")
+        H_a = np.asarray(H_a, dtype=np.float64)
+        if H_a.shape[0] != H_b.shape[0]:
+            raise ValueError(f"H_a has {H_a.shape[0]} tokens, H_b has {H_b.shape[0]}")
+        X = np.concatenate([H_a, np.ones((len(H_a), 1))], 1)  # (n, d_a + 1)
+        W, *_ = np.linalg.lstsq(X, H_b, rcond=None)  # (d_a + 1, d_b)
+        mu, rms = _normaliser(H_b)
+        return (X @ W - mu) / rms, (H_b - mu) / rms
+    R = H_b if H_ref is None else np.asarray(H_ref, dtype=np.float64)
+    if R.shape[0] != H_b.shape[0]:
+        raise ValueError(f"H_ref has {R.shape[0]} tokens, H_b has {H_b.shape[0]}")
+    mu, rms = _normaliser(R)
+    Z = (R - mu) / rms
+    if mode == "pca":
+        n_components = min(n_components, Z.shape[1], Z.shape[0])
+        # (d, d) covariance eigenvectors: cheap for d <= a few thousand
+        C = Z.T @ Z / len(Z)
+        evals, evecs = np.linalg.eigh(C)
+        V = evecs[:, ::-1][:, :n_components]  # (d, n_components), by decreasing variance
+        Z = Z @ V
+    return Z, Z
