@@ -17,9 +17,10 @@ import hashlib
 import logging
 import os
 import stat
+import threading
 import time
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterator
 
 from aiohttp import web
 
@@ -258,6 +259,40 @@ async def running_server(store_root: str | os.PathLike[str], **kw) -> AsyncItera
         yield url
     finally:
         await runner.cleanup()
+
+
+@contextlib.contextmanager
+def serve_in_thread(store_root: str | os.PathLike[str], **kw) -> Iterator[str]:
+    """Run the server on its own event loop in a daemon thread; yields the base URL. For tests
+    and tools whose own code is synchronous or runs on another loop."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    box: dict = {}
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            box["runner"], box["url"] = loop.run_until_complete(start_server(store_root, **kw))
+        except BaseException as e:  # surface startup errors in the caller's thread
+            box["error"] = e
+            ready.set()
+            return
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(box["runner"].cleanup())
+        loop.close()
+
+    th = threading.Thread(target=main, name="sakura-serve", daemon=True)
+    th.start()
+    if not ready.wait(30):
+        raise RuntimeError("server thread did not start within 30 s")
+    if "error" in box:
+        raise box["error"]
+    try:
+        yield box["url"]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        th.join(10)
 
 
 def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8080,

@@ -8,8 +8,14 @@ treats ETags as opaque, and checks integrity with the manifest's sha256 either w
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import socket
+import subprocess
+import time
 from pathlib import Path
+from typing import Iterator
 
 
 def nginx_config(store_root: str | os.PathLike[str], *, port: int, prefix: str | os.PathLike[str],
@@ -57,3 +63,51 @@ http {{
     }}
 }}
 """
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def run_nginx(store_root: str | os.PathLike[str], prefix: str | os.PathLike[str], *, host: str = "127.0.0.1",
+              port: int | None = None, startup_timeout_s: float = 10.0) -> Iterator[str]:
+    """Run stock nginx (``nginx`` on PATH) serving ``store_root`` on ``host``; yields the base URL.
+
+    Everything nginx writes goes under ``prefix``. As root, workers run as root so they can read a
+    store under a private temp dir (tests); as another user, nginx runs as that user. Raises
+    ``FileNotFoundError`` if nginx is not installed, ``RuntimeError`` if it does not come up.
+    """
+    exe = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.path.exists(p)), None)
+    if exe is None:
+        raise FileNotFoundError("nginx is not installed (Debian: apt-get install nginx-light)")
+    pre = Path(prefix)
+    pre.mkdir(parents=True, exist_ok=True)
+    port = port or _free_port(host)
+    conf = pre / "nginx.conf"
+    conf.write_text(nginx_config(store_root, port=port, prefix=pre, host=host,
+                                 user="root" if os.geteuid() == 0 else None))
+    proc = subprocess.Popen([exe, "-p", str(pre), "-e", str(pre / "error.log"), "-c", str(conf)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"nginx exited with {proc.returncode}: {proc.stderr.read().decode()[-500:]}")
+            try:
+                socket.create_connection((host, port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"nginx did not listen on {host}:{port} within {startup_timeout_s} s") from None
+                time.sleep(0.05)
+        yield f"http://{host}:{port}"
+    finally:
+        proc.terminate()  # SIGTERM: fast shutdown of master and workers
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

@@ -1,0 +1,269 @@
+"""Phone-side fetcher of public template objects (aiohttp), for the runtime's fetch stage.
+
+Privacy by shape: the only requests this class can make are GET/HEAD of ``/index.json``,
+``/manifests/<fp>/<template>.json`` and ``/objects/<xx>/<sha256>``, built from regex-validated
+names and hex digests. There is no method that takes a body, free-form headers, a query string or
+a URL path, so neither the photo nor the prompt can be put on the wire through it. Cookies are
+never stored or sent; the User-Agent is a constant.
+
+Timing: every body chunk is reported as ``Chunk(nbytes, t_start, t_end)`` on ``time.monotonic()``
+seconds, where ``t_start`` is when the read began waiting and ``t_end`` when the bytes arrived;
+``sum(nbytes) / (t_end_last - t_start_first)`` is the delivered rate in bytes/s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from sakura.store.layout import INDEX_PATH, check_name, manifest_relpath
+from sakura.store.manifest import MAX_MANIFEST_BYTES, Manifest, ObjectRef
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = "sakura-client/1"
+#: Header names this client ever sends (tests assert the server saw nothing else).
+SENT_HEADERS = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Range", "If-Range", "If-None-Match", "Host"})
+
+
+class FetchError(RuntimeError):
+    """A fetch failed for good (after retries); the message says which object and why."""
+
+
+class NotFound(FetchError):
+    """The server has no such manifest/object (HTTP 404)."""
+
+
+class IntegrityError(FetchError):
+    """The bytes received do not match the manifest (size or sha256)."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One body chunk as it arrived: ``nbytes`` bytes between ``t_start`` and ``t_end``
+    (``time.monotonic()`` seconds)."""
+
+    nbytes: int
+    t_start: float
+    t_end: float
+
+
+@dataclass
+class FetchResult:
+    """A completed, verified fetch.
+
+    Attributes:
+        data: the object bytes (sha256 and size checked against the manifest).
+        t_request: when the first request was sent; t_first_byte: first body byte; t_done: last
+            byte (monotonic seconds).
+        chunks: per-chunk timing, all attempts in order.
+        resumes: how many times the transfer was resumed with a Range request.
+        restarts: how many times it had to start over (server ignored Range / object changed).
+    """
+
+    data: bytes
+    t_request: float
+    t_first_byte: float
+    t_done: float
+    chunks: list[Chunk] = field(default_factory=list)
+    resumes: int = 0
+    restarts: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+_RETRYABLE = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError,
+              aiohttp.ServerDisconnectedError)
+
+
+class TemplateClient:
+    """Fetches manifests and objects from one cache server (ours or nginx), reusing connections.
+
+    Args:
+        base_url: ``http://host:port`` (optionally with a path prefix); no query, fragment or
+            credentials.
+        connect_timeout: seconds to establish a connection.
+        read_timeout: seconds without any byte arriving before an attempt is abandoned (it is
+            then resumed, up to ``max_retries`` attempts).
+        max_retries: attempts after the first, per object (resumes and reconnects together).
+        chunk_bytes: largest chunk handed to ``on_chunk`` (bytes).
+        max_connections: connection pool size (per host).
+
+    Use as ``async with TemplateClient(url) as c: ...``. Cancel a fetch by cancelling its task:
+    the connection is closed at once (not returned to the pool with an unread body).
+    """
+
+    def __init__(self, base_url: str, *, connect_timeout: float = 5.0, read_timeout: float = 10.0,
+                 max_retries: int = 5, chunk_bytes: int = 64 * 1024, max_connections: int = 8) -> None:
+        u = urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"base_url must be http(s)://host[:port][/prefix], got {base_url!r}")
+        if u.query or u.fragment or u.username or u.password:
+            raise ValueError("base_url must not carry a query, fragment or credentials")
+        self.base_url = base_url.rstrip("/")
+        self.max_retries = int(max_retries)
+        self.chunk_bytes = int(chunk_bytes)
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=connect_timeout,
+                                              sock_read=read_timeout)
+        self._limit = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "TemplateClient":
+        self._ensure_session()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit_per_host=self._limit, ttl_dns_cache=300),
+                timeout=self._timeout,
+                cookie_jar=aiohttp.DummyCookieJar(),  # never store or send cookies
+                headers={"User-Agent": USER_AGENT},
+                auto_decompress=False,
+                trust_env=False,  # no proxy/credentials picked up from the environment
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _url(self, relpath: str) -> str:
+        return f"{self.base_url}/{relpath}"
+
+    # ------------------------------------------------------------------------------- small files
+    async def _get_small(self, relpath: str, what: str) -> bytes:
+        s = self._ensure_session()
+        last: BaseException | None = None
+        for attempt in range(self.max_retries + 1):
+            try:
+                async with s.get(self._url(relpath), headers={"Accept": "application/json"}) as r:
+                    if r.status == 404:
+                        raise NotFound(f"{what}: server has no {relpath}")
+                    if r.status != 200:
+                        raise FetchError(f"{what}: HTTP {r.status} for {relpath}")
+                    if (r.content_length or 0) > MAX_MANIFEST_BYTES:
+                        raise FetchError(f"{what}: {r.content_length} bytes is over the manifest limit")
+                    body = await r.content.read(MAX_MANIFEST_BYTES + 1)
+                    if len(body) > MAX_MANIFEST_BYTES:
+                        raise FetchError(f"{what}: body over the {MAX_MANIFEST_BYTES}-byte manifest limit")
+                    return body
+            except _RETRYABLE as e:
+                last = e
+                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+        raise FetchError(f"{what}: gave up after {self.max_retries + 1} attempts ({last!r})")
+
+    async def fetch_index(self) -> list[tuple[str, str]]:
+        """``(model_fingerprint, template_id)`` pairs the server's ``index.json`` lists."""
+        body = await self._get_small(INDEX_PATH, "index")
+        try:
+            entries = json.loads(body)["manifests"]
+            return [(check_name(e["model_fingerprint"], "model fingerprint"), check_name(e["template_id"], "template id"))
+                    for e in entries]
+        except (ValueError, KeyError, TypeError) as e:
+            raise FetchError(f"index.json is malformed: {e}") from None
+
+    async def fetch_manifest(self, model_fingerprint: str, template_id: str) -> Manifest:
+        """Fetch and validate one template's manifest (raises ``ManifestError`` if malformed)."""
+        rel = manifest_relpath(model_fingerprint, template_id)  # validates both names
+        body = await self._get_small(rel, f"manifest {model_fingerprint}/{template_id}")
+        m = Manifest.from_bytes(body, source=f"{self.base_url}/{rel}")
+        if (m.model_fingerprint, m.template_id) != (model_fingerprint, template_id):
+            raise FetchError(f"{rel}: manifest is for {m.model_fingerprint}/{m.template_id}")
+        return m
+
+    # ---------------------------------------------------------------------------------- objects
+    async def fetch_object(self, ref: ObjectRef, *, on_chunk: Callable[[Chunk], None] | None = None) -> FetchResult:
+        """Fetch one object, resuming with ``Range`` after a dropped connection or read timeout,
+        and verify its size and sha256 against ``ref``.
+
+        Args:
+            ref: the object (from a manifest: a rendition's, a table's or the template ref's).
+            on_chunk: called with each ``Chunk`` as it arrives (e.g. the bandwidth estimator).
+        Raises:
+            NotFound, IntegrityError, FetchError; ``asyncio.CancelledError`` if cancelled.
+        """
+        if not isinstance(ref, ObjectRef):
+            raise TypeError(f"fetch_object takes an ObjectRef from a manifest, got {type(ref).__name__}")
+        s = self._ensure_session()
+        url = self._url(ref.path)
+        buf = bytearray()
+        h = hashlib.sha256()
+        etag: str | None = None
+        res = FetchResult(data=b"", t_request=time.monotonic(), t_first_byte=float("nan"), t_done=float("nan"))
+        attempt = 0
+        last: BaseException | None = None
+        while True:
+            headers = {"Accept": "application/octet-stream", "Accept-Encoding": "identity"}
+            resuming = len(buf) > 0
+            if resuming:
+                headers["Range"] = f"bytes={len(buf)}-"
+                if etag is not None and not etag.startswith("W/"):
+                    headers["If-Range"] = etag
+            try:
+                async with s.get(url, headers=headers) as r:
+                    if r.status == 404:
+                        raise NotFound(f"object {ref.sha256}: server has none (404)")
+                    if resuming and r.status == 200:
+                        # Server ignored the Range (or the object changed under If-Range): start over.
+                        buf.clear()
+                        h = hashlib.sha256()
+                        res.restarts += 1
+                    elif resuming and r.status == 206:
+                        cr = r.headers.get("Content-Range", "")
+                        if not cr.startswith(f"bytes {len(buf)}-") or not cr.endswith(f"/{ref.bytes}"):
+                            raise IntegrityError(f"object {ref.sha256}: resume answered with Content-Range {cr!r}, "
+                                                 f"expected bytes {len(buf)}-.../{ref.bytes}")
+                        res.resumes += 1
+                    elif r.status != 200:
+                        raise FetchError(f"object {ref.sha256}: HTTP {r.status}")
+                    etag = r.headers.get("ETag", etag)
+                    t_wait = time.monotonic()
+                    while True:
+                        data = await r.content.read(self.chunk_bytes)
+                        if not data:
+                            break
+                        t_end = time.monotonic()
+                        if len(buf) + len(data) > ref.bytes:
+                            raise IntegrityError(f"object {ref.sha256}: server sent more than the "
+                                                 f"{ref.bytes} bytes the manifest lists")
+                        if res.t_first_byte != res.t_first_byte:  # NaN: first byte of the fetch
+                            res.t_first_byte = t_end
+                        buf += data
+                        h.update(data)
+                        c = Chunk(len(data), t_wait, t_end)
+                        res.chunks.append(c)
+                        if on_chunk is not None:
+                            on_chunk(c)
+                        t_wait = t_end
+                if len(buf) == ref.bytes:
+                    break
+                # aiohttp flags a short body as ClientPayloadError; this guards servers that don't.
+                raise aiohttp.ClientPayloadError(f"body ended at {len(buf)} of {ref.bytes} bytes")
+            except _RETRYABLE as e:
+                last = e
+                attempt += 1
+                if attempt > self.max_retries:
+                    raise FetchError(f"object {ref.sha256}: gave up after {attempt} attempts at byte "
+                                     f"{len(buf)} of {ref.bytes} ({last!r})") from e
+                log.debug("object %s: attempt %d failed at byte %d (%r); resuming", ref.sha256[:12], attempt, len(buf), e)
+                await asyncio.sleep(min(1.0, 0.02 * 2**attempt))
+        res.t_done = time.monotonic()
+        if h.hexdigest() != ref.sha256:
+            raise IntegrityError(f"object {ref.sha256}: received bytes hash to {h.hexdigest()} (corrupt in transit or on the server)")
+        res.data = bytes(buf)
+        return res

@@ -1,0 +1,255 @@
+"""The phone-side client against real servers on 127.0.0.1: ours (aiohttp) and stock nginx."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import re
+import shutil
+import time
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from sakura.client import Chunk, FetchError, IntegrityError, NotFound, TemplateClient
+from sakura.client.client import SENT_HEADERS, USER_AGENT
+from sakura.link import Link, PacingProxy, Trace
+from sakura.server import make_app, run_nginx, serve_in_thread
+from sakura.store import ManifestError, Store
+from sakura.store.layout import INDEX_URL, MANIFEST_URL_RE, OBJECT_URL_RE
+from sakura.store.synthetic import make_synthetic_store
+
+FP = "synthetic-model"
+
+
+def run(coro, timeout=60):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cstore")
+    # fp16 renditions: 2*256*256*2 = 256 KiB each
+    make_synthetic_store(root, templates=2, layers=3, tokens=256, width=256, model_fingerprint=FP)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ours(store):
+    with serve_in_thread(store) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def nginx(store, tmp_path_factory):
+    if shutil.which("nginx") is None and not any(shutil.os.path.exists(p) for p in ("/usr/sbin/nginx",)):
+        pytest.skip("nginx not installed (apt-get install nginx-light; .ci/run does this)")
+    with run_nginx(store, tmp_path_factory.mktemp("nginx")) as url:
+        yield url
+
+
+@pytest.fixture(params=["aiohttp", "nginx"])
+def server(request):
+    return request.getfixturevalue("ours" if request.param == "aiohttp" else "nginx")
+
+
+def _upstream(url):
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def test_fetch_everything_with_connection_reuse(server, store):
+    async def go():
+        async with PacingProxy(_upstream(server), Link(None)) as px:
+            async with TemplateClient(px.url, max_connections=1) as c:
+                keys = await c.fetch_index()
+                assert keys == Store(store).manifest_keys()
+                for fp, tid in keys:
+                    m = await c.fetch_manifest(fp, tid)
+                    assert m.to_bytes() == Store(store).load_manifest(fp, tid).to_bytes()
+                    for ref in m.objects():
+                        seen: list[Chunk] = []
+                        res = await c.fetch_object(ref, on_chunk=seen.append)
+                        assert res.data == (store / ref.path).read_bytes()
+                        assert sum(ch.nbytes for ch in seen) == ref.bytes and res.chunks == seen
+                        assert all(ch.t_start <= ch.t_end for ch in seen)
+                        assert all(a.t_end <= b.t_start + 1e-9 for a, b in zip(seen, seen[1:]))
+                        assert res.t_request <= res.t_first_byte <= res.t_done
+                        assert res.resumes == 0 and res.restarts == 0
+            return px.stats.accepted
+    # every request of the whole session went over one TCP connection
+    assert run(go()) == 1
+
+
+def test_resume_after_dropped_connections(server, store):
+    m = Store(store).load_manifest(FP, "tpl-000")
+    ref = m.shards[0].rendition("fp16").object  # 256 KiB
+
+    async def go():
+        async with PacingProxy(_upstream(server), Link(None), cut_after_bytes=60_000) as px:
+            async with TemplateClient(px.url, max_retries=10) as c:
+                res = await c.fetch_object(ref)
+            return res, px.stats.cut
+    res, cut = run(go())
+    assert hashlib.sha256(res.data).hexdigest() == ref.sha256
+    assert res.resumes >= 4 and res.restarts == 0 and cut == res.resumes
+    assert sum(ch.nbytes for ch in res.chunks) == ref.bytes  # nothing fetched twice
+
+
+def test_gives_up_after_max_retries(ours, store):
+    ref = Store(store).load_manifest(FP, "tpl-000").shards[0].rendition("fp16").object
+
+    async def go():
+        async with PacingProxy(_upstream(ours), Link(None), cut_after_bytes=30_000) as px:
+            async with TemplateClient(px.url, max_retries=2) as c:
+                await c.fetch_object(ref)
+    with pytest.raises(FetchError, match="gave up after 3 attempts"):
+        run(go())
+
+
+def test_integrity_error_on_corrupt_server_copy(store, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(store, bad)
+    ref = Store(bad).load_manifest(FP, "tpl-000").shards[1].rendition("int8").object
+    p = bad / ref.path
+    data = bytearray(p.read_bytes())
+    data[1234] ^= 1
+    p.write_bytes(bytes(data))
+
+    async def go(url):
+        async with TemplateClient(url) as c:
+            await c.fetch_object(ref)
+    with serve_in_thread(bad) as url:
+        with pytest.raises(IntegrityError, match="hash to"):
+            run(go(url))
+
+
+def test_not_found_and_bad_manifest(ours, tmp_path):
+    bad = tmp_path / "badm"
+    make_synthetic_store(bad, templates=1, layers=1, model_fingerprint=FP)
+    mp = bad / "manifests" / FP / "tpl-000.json"
+    mp.write_text(mp.read_text().replace('"schema_version": 1', '"schema_version": 99'))
+
+    async def go(url):
+        async with TemplateClient(url) as c:
+            with pytest.raises(NotFound):
+                await c.fetch_manifest(FP, "no-such-template")
+            with pytest.raises(ValueError, match="template id"):
+                await c.fetch_manifest(FP, "../../etc/passwd")
+            with pytest.raises(ManifestError, match="schema_version"):
+                await c.fetch_manifest(FP, "tpl-000")
+    with serve_in_thread(bad) as url:
+        run(go(url))
+
+
+def test_read_timeout_on_stalled_server():
+    async def go():
+        async def stall(r, w):
+            await r.read(1000)
+            await asyncio.sleep(30)  # never answers
+        srv = await asyncio.start_server(stall, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+        t0 = time.monotonic()
+        try:
+            async with TemplateClient(url, read_timeout=0.3, max_retries=1) as c:
+                with pytest.raises(FetchError, match="gave up"):
+                    await c.fetch_manifest(FP, "tpl-000")
+        finally:
+            srv.close()
+        return time.monotonic() - t0
+    assert run(go()) < 3.0
+
+
+def test_cancel_abandoned_fetch_closes_connection(ours, store):
+    """A fetch over a 1 Mbit/s link is abandoned after 0.3 s: the task ends promptly, the
+    connection is closed (the proxy sees it go), and the client keeps working."""
+    m = Store(store).load_manifest(FP, "tpl-000")
+    big = m.shards[0].rendition("fp16").object      # 256 KiB: ~2 s at 1 Mbit/s
+    small = m.template_ref.object
+
+    async def go():
+        link = Link(Trace("1mbit", edges=np.array([0.0, 1000.0]), rate=np.array([125_000.0])))
+        async with PacingProxy(_upstream(ours), link) as px:
+            async with TemplateClient(px.url) as c:
+                task = asyncio.create_task(c.fetch_object(big))
+                await asyncio.sleep(0.3)
+                t0 = time.monotonic()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                cancel_s = time.monotonic() - t0
+                for _ in range(50):
+                    if px.stats.active == 0:
+                        break
+                    await asyncio.sleep(0.01)
+                closed = px.stats.active == 0
+                res = await c.fetch_object(small)  # client still usable
+                assert res.nbytes == small.bytes
+                return cancel_s, closed, px.stats.down_bytes
+    cancel_s, closed, down = run(go())
+    assert cancel_s < 0.1 and closed
+    assert down < 200_000  # the rest of the abandoned object was never sent
+
+
+def test_chunk_timing_measures_the_link(ours, store):
+    """Chunk reports give the bandwidth estimator the link's rate (8 Mbit/s here) within 10%."""
+    ref = Store(store).load_manifest(FP, "tpl-001").shards[2].rendition("fp16").object
+
+    async def go():
+        link = Link(Trace("8mbit", edges=np.array([0.0, 1000.0]), rate=np.array([1_000_000.0])))
+        async with PacingProxy(_upstream(ours), link) as px:
+            async with TemplateClient(px.url) as c:
+                return await c.fetch_object(ref)
+    res = run(go())
+    ch = res.chunks[1:]  # the first chunk includes the request's own latency
+    rate = sum(c.nbytes for c in ch) / (ch[-1].t_end - ch[0].t_start)
+    assert rate == pytest.approx(1_000_000, rel=0.10)
+
+
+def test_client_only_ever_requests_public_objects(store):
+    """Privacy by construction: record every request the server receives during a full session."""
+    seen = []
+
+    @web.middleware
+    async def record(request, handler):
+        seen.append((request.method, request.rel_url.raw_path, request.rel_url.raw_query_string,
+                     dict(request.headers), await request.read()))
+        return await handler(request)
+
+    async def go():
+        app = make_app(store)
+        app.middlewares.append(record)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = "http://%s:%d" % runner.addresses[0][:2]
+        try:
+            async with PacingProxy(_upstream(url), Link(None), cut_after_bytes=100_000) as px:
+                async with TemplateClient(px.url) as c:
+                    for fp, tid in await c.fetch_index():
+                        m = await c.fetch_manifest(fp, tid)
+                        for ref in m.objects():
+                            await c.fetch_object(ref)
+        finally:
+            await runner.cleanup()
+    run(go())
+    assert len(seen) > 10
+    for method, path, query, headers, body in seen:
+        assert method == "GET"
+        assert OBJECT_URL_RE.fullmatch(path) or MANIFEST_URL_RE.fullmatch(path) or path == INDEX_URL, path
+        assert query == "" and body == b""
+        assert set(headers) <= SENT_HEADERS | {"Connection"}, headers
+        assert headers["User-Agent"] == USER_AGENT
+        assert "Cookie" not in headers
+        if "Range" in headers:
+            assert re.fullmatch(r"bytes=\d+-", headers["Range"])
+    # and the API has no way to send anything else: public coroutines take ids/ObjectRefs only
+    public = {n for n, _ in inspect.getmembers(TemplateClient, inspect.iscoroutinefunction) if not n.startswith("_")}
+    assert public == {"fetch_index", "fetch_manifest", "fetch_object", "close"}
+    with pytest.raises(TypeError, match="ObjectRef"):
+        run(TemplateClient("http://127.0.0.1:1").fetch_object("objects/../../secret"))
+    with pytest.raises(ValueError, match="query"):
+        TemplateClient("http://127.0.0.1:1/?photo=1")
