@@ -56,9 +56,22 @@ def build() -> None:
 
 
 @app.command()
-def serve() -> None:
+def serve(
+    store: Path = typer.Argument(..., help="Store directory (written by `sakura build`)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8080, help="TCP port (0 picks a free one)."),
+    chunk_kib: int = typer.Option(256, min=1, help="Bytes per streamed read/write step, KiB."),
+    quiet: bool = typer.Option(False, help="No access log (warnings only)."),
+) -> None:
     """Serve a store over HTTP (manifests and shards, Range requests, ETags)."""
-    _not_yet("serve")
+    from sakura.store.cli import serve_cmd
+
+    serve_cmd(store, host, port, chunk_kib, quiet)
+
+
+from sakura.store.cli import store_app  # noqa: E402  (light: stdlib + typer only)
+
+app.add_typer(store_app, name="store")
 
 
 @app.command()
@@ -67,10 +80,26 @@ def edit() -> None:
     _not_yet("edit")
 
 
-@app.command()
-def bench() -> None:
-    """Benchmarks: every method on the same model, task, photo and trace, in one run."""
-    _not_yet("bench")
+bench_app = typer.Typer(help="Benchmarks: every method on the same model, task, photo and trace, in one run.",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("codec")
+def bench_codec(
+    out: Path = typer.Option(Path("docs/codec"), help="Folder for results.json, table.md and the RD plots."),
+    model: str = typer.Option("sakura-mini", help="sakura-mini or sakura-mini:/path/weights.safetensors."),
+    tasks: int = typer.Option(3, min=1, max=3, help="How many templates (tasks) to run."),
+    steps: int = typer.Option(8, min=1, help="Sampling steps of each edit."),
+    quick: bool = typer.Option(False, help="A few settings only (smoke test)."),
+    klein: bool = typer.Option(True, help="Also run a tiny random FLUX.2 for shape coverage."),
+    throughput_tokens: int = typer.Option(1024, min=16, help="Tokens of the Klein-sized throughput layer."),
+) -> None:
+    """Codec rate-distortion: bits/value, attention-output error, image PSNR, encode/decode MB/s."""
+    from sakura.codec.bench import run
+
+    run(out, model_name=model, tasks=tasks, steps=steps, quick=quick, klein=klein,
+        throughput_tokens=throughput_tokens, log=typer.echo)
 
 
 def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry

@@ -1,0 +1,461 @@
+"""`sakura bench codec`: every codec setting on the same template KV; table, JSON and RD plots.
+
+Per template ("task") of the mini model:
+  1. capture the template KV (stored as fp16: the reference every codec starts from),
+  2. score token importance with public calibration photos (`sakura.capture.template_importance`),
+  3. run the lossless-KV edit of a test photo, recording every layer's photo/target queries and
+     own keys/values at every step,
+  4. for every codec setting: fit tables (once per template), encode + decode every layer,
+     measure bytes, attention-output relative error per layer (the model's full attention over
+     [template | photo | target] tokens, queries from step 3, dropped tokens masked), and the
+     edited image's PSNR/SSIM against the lossless-KV output.
+Throughput (MB/s of fp16 KV, one thread) is measured on a Klein-4B-sized synthetic layer
+(1024 tokens x 24 heads x 128) and on the mini layers; a tiny random FLUX.2 (diffusers) covers
+Klein's shapes. Every number says which model it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .base import Codec, Shard, ShardId, codec_from_spec
+from .metrics import attention_importance, psnr
+
+SETTINGS_FULL = (["lossless", "lossless:zstd=true", "uniform:bits=8", "uniform:bits=4", "uniform:bits=3",
+                  "uniform:bits=2", "cachegen:level=3", "cachegen:level=2", "cachegen:level=1"]
+                 + [f"sakura:budget={b}" for b in (0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)]
+                 + [f"sakura:budget={b},use_importance=false" for b in (1.0, 2.0, 3.0)])
+SETTINGS_QUICK = ["lossless", "uniform:bits=4", "cachegen:level=3", "cachegen:level=1", "sakura:budget=1.0",
+                  "sakura:budget=2.0"]
+LADDER = "layered:budgets=[0.75,1.5,2.5,4.0]"
+LADDER_QUICK = "layered:budgets=[1.0,2.0]"
+
+# (template image from skimage.data, instruction id); calibration and test photos are other images.
+TASKS = [("astronaut", 0), ("coffee", 1), ("chelsea", 2)]
+CALIBRATION = ["hubble_deep_field", "immunohistochemistry"]
+TEST_PHOTO = "rocket"
+
+
+def _image(name: str, size: int) -> torch.Tensor:
+    """A picture shipped in scikit-image: (1, 3, size, size) in [0, 1], centre crop."""
+    from skimage import data
+    from skimage.transform import resize
+
+    img = getattr(data, name)()
+    if img.ndim == 2:
+        img = np.stack([img] * 3, -1)
+    h, w = img.shape[:2]
+    s = min(h, w)
+    img = img[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s, :3]
+    img = resize(img, (size, size), anti_aliasing=True).astype(np.float32)
+    return torch.from_numpy(img).permute(2, 0, 1)[None].clamp(0, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# model side
+
+def load_bench_model(name: str):
+    """The mini model; if it has no trained weights, randomise its zero-initialised adaLN gates
+    and output layer so the output depends on the template (else every codec scores inf dB)."""
+    from sakura.models import MINI_WEIGHTS, load_mini
+
+    model = load_mini(None if name == "sakura-mini" else name.partition(":")[2] or None)
+    trained = MINI_WEIGHTS.is_file() or name != "sakura-mini"
+    label = "sakura-mini (trained weights)" if trained else "sakura-mini (UNTRAINED: random init, adaLN gates randomised)"
+    if not trained:
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for mod in [b.ada for b in model.blocks] + [model.ada_out, model.out]:
+                mod.weight.copy_(torch.randn(mod.weight.shape, generator=g) * 0.02)
+                mod.bias.copy_(torch.randn(mod.bias.shape, generator=g) * 0.1)
+        model.invalidate_fingerprint()
+    return model.eval(), label, trained
+
+
+@dataclass
+class Capture:
+    """Per layer, per step: photo/target queries and own keys/values (B=1 squeezed): (Tm, H, D)."""
+
+    q: list[list[torch.Tensor]]
+    k: list[list[torch.Tensor]]
+    v: list[list[torch.Tensor]]
+
+
+def capture_queries(model, photo: torch.Tensor, kv, steps: int, seed: int):
+    """Run the injected edit once, recording each block's main-stream q/k/v. Returns (image, Capture)."""
+    cap = Capture([[] for _ in model.blocks], [[] for _ in model.blocks], [[] for _ in model.blocks])
+    originals = []
+    for i, block in enumerate(model.blocks):
+        orig = block.main_forward
+
+        def wrapped(x_m, temb, rope, k_t, v_t, keep, probe, _i=i, _b=block, _orig=orig):
+            mod = _b.ada(temb)[:, None].chunk(6, dim=-1)
+            q, k, v = _b._qkv(x_m, mod, rope)
+            cap.q[_i].append(q[0].clone())
+            cap.k[_i].append(k[0].clone())
+            cap.v[_i].append(v[0].clone())
+            return _orig(x_m, temb, rope, k_t, v_t, keep, probe)
+
+        originals.append(orig)
+        block.main_forward = wrapped  # instance attribute: this model object only, removed below
+    try:
+        out = model.edit(photo, template_kv=kv, steps=steps, seed=seed)
+    finally:
+        for block in model.blocks:
+            del block.main_forward
+    return out.image, cap
+
+
+def full_attention_rel_error(cap: Capture, layer: int, k_t: torch.Tensor, v_t: torch.Tensor,
+                             k_hat: torch.Tensor, v_hat: torch.Tensor, keep: torch.Tensor) -> float:
+    """Relative error of the layer's attention output over [template | own] tokens, all steps."""
+    num = den = 0.0
+    for q, km, vm in zip(cap.q[layer], cap.k[layer], cap.v[layer]):
+        qh = q.transpose(0, 1)  # (H, Tm, D)
+        d = q.shape[-1]
+
+        def attn(kt, vt, mask):
+            k = torch.cat([kt.float(), km]).transpose(0, 1)  # (H, Tt+Tm, D)
+            v = torch.cat([vt.float(), vm]).transpose(0, 1)
+            logits = qh @ k.transpose(1, 2) / math.sqrt(d)
+            if mask is not None:
+                full = torch.cat([mask, torch.ones(km.shape[0], dtype=torch.bool)])
+                logits = logits.masked_fill(~full.view(1, 1, -1), float("-inf"))
+            return torch.softmax(logits, -1) @ v
+
+        ref = attn(k_t, v_t, None)
+        got = attn(k_hat, v_hat, keep)
+        num += float(((got - ref) ** 2).sum())
+        den += float((ref ** 2).sum())
+    return math.sqrt(num / max(den, 1e-30))
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor) -> float:
+    from skimage.metrics import structural_similarity
+
+    x = a[0].permute(1, 2, 0).numpy()
+    y = b[0].permute(1, 2, 0).numpy()
+    return float(structural_similarity(x, y, channel_axis=2, data_range=1.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# running codecs
+
+def _rows_for_setting(spec: str, codec: Codec, shards: list[Shard], tables, datas: list[bytes],
+                      ident_of: Callable[[int], ShardId], enc_s: float, fit_s: float, *, rung: int | None,
+                      evaluate: Callable[[list], dict[str, Any]]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    decs = [codec.decode(d, ident_of(i), tables) for i, d in enumerate(datas)]
+    dec_s = time.perf_counter() - t0
+    fp16 = sum(s.fp16_bytes for s in shards)
+    nbytes = sum(len(d) for d in datas)
+    row = {"setting": spec if rung is None else f"{spec}#rung{rung}", "codec": codec.name, "rung": rung,
+           "bytes": nbytes, "table_bytes": tables.nbytes if tables is not None else 0,
+           "bits_per_value": 8.0 * nbytes / sum(s.num_values for s in shards),
+           "ratio_vs_fp16": nbytes / fp16, "keep_fraction": float(np.mean([float(d.keep.float().mean()) for d in decs])),
+           "encode_s": enc_s, "decode_s": dec_s, "fit_tables_s": fit_s,
+           "encode_MBps": fp16 / 1e6 / enc_s if enc_s > 0 else None, "decode_MBps": fp16 / 1e6 / dec_s}
+    row.update(evaluate(decs))
+    return row
+
+
+def run_template(spec_list: list[str], ladder: str | None, shards: list[Shard], ident_of,
+                 evaluate: Callable[[list], dict[str, Any]], log: Callable[[str], None]) -> list[dict[str, Any]]:
+    rows = []
+    for spec in spec_list:
+        codec = codec_from_spec(spec)
+        t0 = time.perf_counter()
+        tables = codec.fit_tables(shards) if codec.uses_tables else None
+        fit_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        datas = [codec.encode(s, ident_of(i), tables) for i, s in enumerate(shards)]
+        enc_s = time.perf_counter() - t0
+        row = _rows_for_setting(spec, codec, shards, tables, datas, ident_of, enc_s, fit_s, rung=None,
+                                evaluate=evaluate)
+        rows.append(row)
+        log(_fmt_row(row))
+    if ladder:
+        codec = codec_from_spec(ladder)
+        t0 = time.perf_counter()
+        tables = codec.fit_tables(shards)
+        fit_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        full = [codec.encode(s, ident_of(i), tables) for i, s in enumerate(shards)]
+        enc_s = time.perf_counter() - t0
+        ends = [codec.level_ends(d) for d in full]
+        for r in range(len(ends[0])):
+            datas = [d[:e[r]] for d, e in zip(full, ends)]
+            row = _rows_for_setting(ladder, codec, shards, tables, datas, ident_of,
+                                    enc_s if r == len(ends[0]) - 1 else 0.0, fit_s, rung=r, evaluate=evaluate)
+            row["ladder_total_bytes"] = sum(len(d) for d in full)
+            rows.append(row)
+            log(_fmt_row(row))
+    return rows
+
+
+def _fmt_row(r: dict[str, Any]) -> str:
+    p = r.get("psnr_vs_lossless_db")
+    ps = "  inf" if p is not None and math.isinf(p) else (f"{p:5.1f}" if p is not None else "    -")
+    a = r.get("attn_rel_err_mean")
+    return (f"  {r['setting']:<44} {r['bits_per_value']:6.3f} b/v  {r['bytes']:>9} B  keep {r['keep_fraction']:.2f}"
+            f"  attn {a if a is None else f'{a:.4f}'}  psnr {ps} dB  dec {r['decode_MBps']:.0f} MB/s")
+
+
+# ----------------------------------------------------------------------------------------------
+# throughput on a Klein-4B-sized layer
+
+def synthetic_layer(T: int, H: int, D: int, seed: int = 0, dtype=torch.float16) -> tuple[Shard, torch.Tensor]:
+    """Realistic structure: per-channel offsets and a few outlier key channels, per-token value
+    scale, heavy-tailed importance from actual softmax attention of random queries."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(T, H, D, generator=g) + 1.5 * torch.randn(1, H, D, generator=g)
+    out_ch = torch.randint(0, D, (max(1, D // 32),), generator=g)
+    k[:, :, out_ch] *= 8.0
+    v = torch.randn(T, H, D, generator=g) * (0.5 + torch.rand(T, 1, 1, generator=g))
+    q = torch.randn(256, H, D, generator=g) * 0.3
+    imp = attention_importance(q, k)
+    return Shard(k.to(dtype), v.to(dtype), importance=imp, layer=5, num_layers=25), q
+
+
+def throughput(specs: list[str], shard: Shard, repeats: int = 3) -> list[dict[str, Any]]:
+    """Best-of-`repeats` encode/decode MB/s of fp16 KV (one layer) with this process's threads."""
+    ident = ShardId("bench", "synthetic", 0)
+    out = []
+    for spec in specs:
+        codec = codec_from_spec(spec)
+        tables = codec.fit_tables([shard]) if codec.uses_tables else None
+        if tables is not None:  # warm the model cache as a phone holding the tables would be
+            codec.decode(codec.encode(shard, ident, tables), ident, tables)
+        enc, dec = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            data = codec.encode(shard, ident, tables)
+            enc.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            codec.decode(data, ident, tables)
+            dec.append(time.perf_counter() - t0)
+        mb = shard.fp16_bytes / 1e6
+        out.append({"setting": spec, "shape": list(shard.shape), "bits_per_value": 8 * len(data) / shard.num_values,
+                    "encode_MBps": mb / min(enc), "decode_MBps": mb / min(dec)})
+    return out
+
+
+def klein_tiny_coverage(specs: list[str]) -> dict[str, Any]:
+    """Tiny random FLUX.2 (diffusers) template KV through every codec: shapes, bits, rel errors."""
+    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
+
+    from sakura.models.klein import KleinAdapter, KleinReference
+
+    torch.manual_seed(0)
+    tr = Flux2Transformer2DModel(patch_size=1, in_channels=8, num_layers=2, num_single_layers=2,
+                                 attention_head_dim=16, num_attention_heads=2, joint_attention_dim=12,
+                                 timestep_guidance_channels=32, mlp_ratio=2.0, axes_dims_rope=(4, 4, 4, 4),
+                                 guidance_embeds=False).eval()
+    adapter = KleinAdapter(tr)
+    g = torch.Generator().manual_seed(1)
+    ref = KleinReference.from_grid(torch.randn(1, 64, 8, generator=g), 8, 8, slot=0)
+    kv = adapter.extract_template_kv(ref)
+    shards = [Shard(l.key.half(), l.value.half(), layer=i, num_layers=kv.num_layers) for i, l in enumerate(kv.layers)]
+    rows = []
+    for spec in specs:
+        codec = codec_from_spec(spec)
+        tables = codec.fit_tables(shards) if codec.uses_tables else None
+        datas = [codec.encode(s, ShardId("klein-tiny", "t", i), tables) for i, s in enumerate(shards)]
+        decs = [codec.decode(d, ShardId("klein-tiny", "t", i), tables) for i, d in enumerate(datas)]
+        from .metrics import rel_error
+
+        rows.append({"setting": spec, "bits_per_value": 8 * sum(map(len, datas)) / sum(s.num_values for s in shards),
+                     "key_rel_err": float(np.mean([rel_error(s.key, d.key, d.keep) for s, d in zip(shards, decs)])),
+                     "value_rel_err": float(np.mean([rel_error(s.value, d.value, d.keep) for s, d in zip(shards, decs)]))})
+    return {"shape": list(shards[0].shape), "layers": len(shards), "rows": rows}
+
+
+# ----------------------------------------------------------------------------------------------
+# targets
+
+def equal_quality_ratio(rows: list[dict[str, Any]], metric: str = "psnr_vs_lossless_db") -> list[dict[str, Any]]:
+    """For each cachegen level, sakura bytes at the same quality (log-bytes interpolation)."""
+    sak = sorted([r for r in rows if r["codec"] == "sakura" and "use_importance" not in r["setting"]
+                  and r.get(metric) is not None], key=lambda r: r["bytes"])
+    out = []
+    for cg in [r for r in rows if r["codec"] == "cachegen"]:
+        want = cg.get(metric)
+        if want is None:
+            continue
+        need = None
+        for a, b in zip(sak, sak[1:]):
+            qa, qb = a[metric], b[metric]
+            if qa >= want:
+                need = a["bytes"]
+                break
+            if qa < want <= qb:
+                f = (want - qa) / (qb - qa) if qb > qa else 1.0
+                need = math.exp(math.log(a["bytes"]) + f * (math.log(b["bytes"]) - math.log(a["bytes"])))
+                break
+        if need is None and sak and sak[0][metric] >= want:
+            need = sak[0]["bytes"]
+        out.append({"cachegen": cg["setting"], "quality": want, "cachegen_bytes": cg["bytes"],
+                    "sakura_bytes": need, "ratio": (need / cg["bytes"]) if need is not None else None})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the command
+
+def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, steps: int = 8, quick: bool = False,
+        klein: bool = True, throughput_tokens: int = 1024, seed: int = 0,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from sakura.capture import template_importance
+    from sakura.models import LayerKV, TemplateKV
+
+    specs = SETTINGS_QUICK if quick else SETTINGS_FULL
+    ladder = LADDER_QUICK if quick else LADDER
+    model, model_label, trained = load_bench_model(model_name)
+    size = model.cfg.image_size
+    log(f"model: {model_label}; KV per template {model.describe()['template_kv_bytes_fp16']} B fp16")
+    calib = torch.cat([_image(n, size) for n in CALIBRATION[: 1 if quick else 2]])
+    photo = _image(TEST_PHOTO, size)
+    results: dict[str, Any] = {"model": model_label, "trained": trained, "steps": steps, "tasks": {},
+                               "settings": specs, "ladder": ladder, "threads": torch.get_num_threads()}
+    for name, instr in TASKS[:tasks]:
+        log(f"task template={name} instruction={instr}")
+        template = _image(name, size)
+        kv32 = model.extract_template_kv(template, instr)
+        kv = kv32.to(torch.float16)  # the stored reference copy
+        imp = template_importance(model, kv, calib, steps=min(steps, 4), seed=seed)  # (layers, T)
+        ref_img, cap = capture_queries(model, photo, kv, steps, seed)
+        fp32_img = model.edit(photo, template_kv=kv32, steps=steps, seed=seed).image
+        shards = [Shard(l.key, l.value, importance=imp[i], layer=i, num_layers=kv.num_layers)
+                  for i, l in enumerate(kv.layers)]
+        ident_of = lambda i, t=kv.template_fingerprint: ShardId(kv.model_fingerprint, t, i)  # noqa: E731
+
+        def evaluate(decs, kv=kv):
+            errs = [full_attention_rel_error(cap, i, kv.layers[i].key, kv.layers[i].value, d.key, d.value, d.keep)
+                    for i, d in enumerate(decs)]
+            layers = [LayerKV(d.key, d.value, None if bool(d.keep.all()) else d.keep) for d in decs]
+            img = model.edit(photo, template_kv=TemplateKV(layers, kv.model_fingerprint, kv.template_fingerprint,
+                                                           kv.layout), steps=steps, seed=seed).image
+            return {"attn_rel_err_per_layer": errs, "attn_rel_err_mean": float(np.mean(errs)),
+                    "psnr_vs_lossless_db": psnr(img, ref_img, data_range=1.0), "ssim_vs_lossless": ssim(img, ref_img)}
+
+        rows = run_template(specs, ladder, shards, ident_of, evaluate, log)
+        zero = [LayerKV(torch.zeros_like(l.key), torch.zeros_like(l.value)) for l in kv.layers]
+        zero_img = model.edit(photo, template_kv=TemplateKV(zero, kv.model_fingerprint, kv.template_fingerprint,
+                                                            kv.layout), steps=steps, seed=seed).image
+        fp16 = sum(s.fp16_bytes for s in shards)
+        lad = [r for r in rows if r["rung"] is not None]
+        ladder_bytes = (lad[-1]["ladder_total_bytes"] + lad[-1]["table_bytes"]) if lad else None
+        results["tasks"][name] = {
+            "instruction": instr, "fp16_bytes": fp16, "rows": rows,
+            "importance_top10pct_mass": float(np.mean([torch.sort(imp[i], descending=True)[0][: imp.shape[1] // 10].sum()
+                                                       / imp[i].sum() for i in range(imp.shape[0])])),
+            "psnr_fp16_vs_fp32_kv_db": psnr(ref_img, fp32_img, data_range=1.0),
+            "psnr_zero_kv_vs_lossless_db": psnr(zero_img, ref_img, data_range=1.0),
+            "equal_quality_psnr": equal_quality_ratio(rows, "psnr_vs_lossless_db"),
+            "equal_quality_attn": equal_quality_ratio(
+                [dict(r, neg_attn=-r["attn_rel_err_mean"]) for r in rows], "neg_attn"),
+            "ladder_bytes_with_tables": ladder_bytes,
+            "ladder_fraction_of_fp16": ladder_bytes / fp16 if ladder_bytes else None,
+        }
+    # throughput: Klein-4B-sized layer and one mini layer, one thread
+    tp_specs = ["lossless", "uniform:bits=8", "uniform:bits=4", "cachegen:level=3", "cachegen:level=1",
+                "sakura:budget=1.0", "sakura:budget=2.0", ladder]
+    big, _ = synthetic_layer(throughput_tokens, 24, 128)
+    log(f"throughput on a synthetic Klein-4B-sized layer {tuple(big.shape)} fp16, 1 thread")
+    results["throughput_klein_sized"] = throughput(tp_specs, big, repeats=2 if quick else 3)
+    for r in results["throughput_klein_sized"]:
+        log(f"  {r['setting']:<44} {r['bits_per_value']:6.3f} b/v  enc {r['encode_MBps']:7.1f} MB/s  "
+            f"dec {r['decode_MBps']:7.1f} MB/s")
+    if klein:
+        results["klein_tiny"] = klein_tiny_coverage(["lossless", "uniform:bits=4", "cachegen:level=2",
+                                                     "sakura:budget=2.0", ladder])
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=float))
+    write_table(results, out_dir / "table.md")
+    plot(results, out_dir)
+    log(f"wrote {out_dir}/results.json, table.md, rd_attn.png, rd_psnr.png")
+    return results
+
+
+def write_table(res: dict[str, Any], path: Path) -> None:
+    lines = [f"Model: {res['model']}; {res['steps']} sampling steps; times on {res['threads']} thread.", ""]
+    for task, t in res["tasks"].items():
+        lines += [f"### template `{task}` (instruction {t['instruction']}): fp16 KV {t['fp16_bytes']} B", "",
+                  f"fp16-vs-fp32 KV image PSNR {t['psnr_fp16_vs_fp32_kv_db']:.1f} dB; all-zero KV "
+                  f"{t['psnr_zero_kv_vs_lossless_db']:.1f} dB; top 10% tokens hold "
+                  f"{100 * t['importance_top10pct_mass']:.0f}% of template attention.", "",
+                  "| setting | bits/value | bytes | keep | attn rel err | PSNR vs lossless (dB) | SSIM | dec MB/s |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in t["rows"]:
+            lines.append(f"| `{r['setting']}` | {r['bits_per_value']:.3f} | {r['bytes']} | {r['keep_fraction']:.2f} | "
+                         f"{r['attn_rel_err_mean']:.4f} | {r['psnr_vs_lossless_db']:.1f} | {r['ssim_vs_lossless']:.4f} | "
+                         f"{r['decode_MBps']:.0f} |")
+        lines += ["", "Equal quality (PSNR vs lossless output): sakura bytes / cachegen bytes:", ""]
+        for e in t["equal_quality_psnr"]:
+            lines.append(f"- {e['cachegen']} ({e['quality']:.1f} dB, {e['cachegen_bytes']} B): "
+                         + (f"sakura {e['sakura_bytes']:.0f} B, ratio {e['ratio']:.2f}" if e["ratio"] else "not reached"))
+        lines += ["", "Equal attention-output error: sakura bytes / cachegen bytes:", ""]
+        for e in t["equal_quality_attn"]:
+            lines.append(f"- {e['cachegen']} (err {-e['quality']:.4f}): "
+                         + (f"ratio {e['ratio']:.2f}" if e["ratio"] else "not reached"))
+        if t["ladder_fraction_of_fp16"]:
+            lines += ["", f"Whole ladder ({res['ladder']}, all rungs + tables): {t['ladder_bytes_with_tables']} B = "
+                          f"{t['ladder_fraction_of_fp16']:.3f} of one fp16 copy", ""]
+    lines += ["### Throughput, Klein-4B-sized synthetic layer, fp16 KV, 1 thread", "",
+              "| setting | shape | bits/value | encode MB/s | decode MB/s |", "|---|---|---:|---:|---:|"]
+    for r in res["throughput_klein_sized"]:
+        lines.append(f"| `{r['setting']}` | {tuple(r['shape'])} | {r['bits_per_value']:.3f} | {r['encode_MBps']:.1f} | "
+                     f"{r['decode_MBps']:.1f} |")
+    if "klein_tiny" in res:
+        k = res["klein_tiny"]
+        lines += ["", f"### Tiny random FLUX.2 (diffusers), layer shape {tuple(k['shape'])} x {k['layers']} layers", "",
+                  "| setting | bits/value | key rel err | value rel err |", "|---|---:|---:|---:|"]
+        for r in k["rows"]:
+            lines.append(f"| `{r['setting']}` | {r['bits_per_value']:.3f} | {r['key_rel_err']:.4f} | {r['value_rel_err']:.4f} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(res: dict[str, Any], out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = [("sakura", lambda r: r["codec"] == "sakura" and "use_importance" not in r["setting"], "o-"),
+                ("sakura, no importance", lambda r: r["codec"] == "sakura" and "use_importance" in r["setting"], "o:"),
+                ("layered rungs", lambda r: r["codec"] == "layered", "s--"),
+                ("cachegen", lambda r: r["codec"] == "cachegen", "^-"),
+                ("uniform", lambda r: r["codec"] == "uniform", "v-")]
+    for metric, ylabel, fname, logy in (("attn_rel_err_mean", "attention-output relative error (mean over layers)",
+                                         "rd_attn.png", True),
+                                        ("psnr_vs_lossless_db", "image PSNR vs lossless-KV output (dB)", "rd_psnr.png",
+                                         False)):
+        tasks = list(res["tasks"])
+        fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
+        for ax, task in zip(axes[0], tasks):
+            rows = res["tasks"][task]["rows"]
+            for label, sel, style in families:
+                pts = sorted((r["bits_per_value"], r[metric]) for r in rows if sel(r) and np.isfinite(r[metric]))
+                if pts:
+                    ax.plot(*zip(*pts), style, label=label)
+            ax.set_xscale("log")
+            if logy:
+                ax.set_yscale("log")
+            ax.set_xlabel("bits per value (incl. headers and scales)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"template {task}")
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=8)
+        fig.suptitle(res["model"], fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out_dir / fname, dpi=110)
+        plt.close(fig)
