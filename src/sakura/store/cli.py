@@ -1,0 +1,81 @@
+"""`sakura store ...` (stats, verify) and the body of `sakura serve`; wired into sakura.cli."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+
+store_app = typer.Typer(help="Inspect a cache store: storage accounting and integrity.", no_args_is_help=True)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+@store_app.command("stats")
+def stats_cmd(
+    store: Path = typer.Argument(..., help="Store directory."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Bytes per template: whole rendition ladder (+ tables, template ref) vs one uncompressed fp16 copy."""
+    from sakura.store import Store, StoreError
+
+    try:
+        s = Store(store).stats()
+    except StoreError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    if as_json:
+        d = asdict(s)
+        for t, ts in zip(d["templates"], s.templates):
+            t["ratio_vs_fp16"] = ts.ratio_vs_fp16
+        typer.echo(json.dumps(d, indent=1))
+        return
+    typer.echo(f"{'model/template':40s} {'shards':>6s} {'rends':>6s} {'ladder':>11s} {'tables':>10s} "
+               f"{'total':>11s} {'fp16 copy':>11s} {'total/fp16':>10s}")
+    for t in s.templates:
+        typer.echo(f"{t.model_fingerprint + '/' + t.template_id:40s} {t.shards:6d} {t.renditions:6d} "
+                   f"{_human(t.ladder_bytes):>11s} {_human(t.table_bytes):>10s} {_human(t.total_bytes):>11s} "
+                   f"{_human(t.fp16_bytes):>11s} {t.ratio_vs_fp16:10.3f}")
+    typer.echo(f"objects on disk: {s.object_count} ({_human(s.object_bytes)}, each stored once); "
+               f"orphans: {s.orphan_count} ({_human(s.orphan_bytes)})")
+
+
+@store_app.command("verify")
+def verify_cmd(store: Path = typer.Argument(..., help="Store directory.")) -> None:
+    """Re-hash every object and check every manifest; exit 1 if anything is wrong."""
+    from sakura.store import Store, StoreError
+
+    try:
+        rep = Store(store).verify()
+    except StoreError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    for p in rep.problems:
+        typer.echo(f"PROBLEM {p}")
+    if rep.orphans:
+        typer.echo(f"note: {len(rep.orphans)} unreferenced object(s) (e.g. from an interrupted build)")
+    typer.echo(f"{'OK' if rep.ok else 'FAILED'}: {rep.checked_objects} objects, {rep.checked_manifests} manifests, "
+               f"{len(rep.problems)} problem(s)")
+    if not rep.ok:
+        raise typer.Exit(1)
+
+
+def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool) -> None:
+    """Body of `sakura serve` (kept here so sakura/cli.py stays a thin shell)."""
+    from sakura.server import serve_forever
+
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not store.is_dir():
+        typer.echo(f"error: store directory {store} does not exist", err=True)
+        raise typer.Exit(2)
+    serve_forever(store, host=host, port=port, chunk_bytes=chunk_kib * 1024)
