@@ -1,0 +1,152 @@
+"""Residual-stream activation collector with a resumable safetensors cache.
+
+Layer convention: layer 0 = the embedding module's output (incl. any embedding scaling); layer
+i >= 1 = the output of transformer block i-1; the last layer is the last block's output, *before*
+the final norm.  Hooks capture these directly (``output_hidden_states`` would apply the final
+norm to the last entry on some architectures).
+
+Cache layout (``out_dir``)::
+
+    manifest.json            model, layers, ctx_len, chunk fingerprint, n_shards
+    shard_00000.safetensors  tokens (n,) int64, chunk (n,) int64, pos (n,) int64,
+                             layer_<l> (n, d) float32 for each collected layer
+
+A shard holds one batch of chunks; each is written to a temp file then renamed, so an
+interrupted run resumes from the first missing shard.  The BOS token the model is fed (when the
+tokenizer has one) is never stored: only corpus tokens are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from saeot.corpus import chunks_fingerprint
+
+
+def _atomic_write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def collect_activations(lm, chunks: list[list[int]], out_dir: Path, layers: list[int] | None = None,
+                        batch_size: int = 8, progress: bool = True) -> Path:
+    """Run ``lm`` over ``chunks`` and cache residual-stream activations at ``layers``.
+
+    Parameters
+    ----------
+    lm : saeot.models.LoadedModel
+    chunks : list of list of int
+        Token chunks (all the same length; see :func:`saeot.corpus.chunk_corpus`).
+    out_dir : Path
+    layers : list of int, optional
+        Residual layers 0..lm.n_layers-1; default all.
+    batch_size : int
+        Chunks per forward pass (= per shard).
+
+    Returns
+    -------
+    Path
+        ``out_dir``.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+
+    layers = list(range(lm.n_layers)) if layers is None else sorted(set(int(l) for l in layers))
+    bad = [l for l in layers if not 0 <= l < lm.n_layers]
+    if bad:
+        raise ValueError(f"layers {bad} out of range 0..{lm.n_layers - 1} for {lm.name}")
+    if not chunks or len({len(c) for c in chunks}) != 1:
+        raise ValueError("chunks must be a non-empty list of equal-length token lists")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_shards = (len(chunks) + batch_size - 1) // batch_size
+    manifest = {"model": lm.name, "layers": layers, "ctx_len": len(chunks[0]), "n_chunks": len(chunks),
+                "batch_size": batch_size, "n_shards": n_shards, "fingerprint": chunks_fingerprint(chunks),
+                "d_model": lm.d_model, "format": "saeot-activations/1"}
+    mpath = out_dir / "manifest.json"
+    if mpath.exists():
+        old = json.loads(mpath.read_text())
+        if old != manifest:
+            raise ValueError(f"{out_dir} holds a different collection ({old.get('model')}, "
+                             f"layers {old.get('layers')}); use another folder")
+    else:
+        _atomic_write_json(mpath, manifest)
+    bos = getattr(lm.tokenizer, "bos_token_id", None) if lm.causal else getattr(lm.tokenizer, "cls_token_id", None)
+    captured: dict[int, torch.Tensor] = {}
+
+    def hook_for(layer):
+        def hook(_mod, _inp, out):
+            captured[layer] = (out[0] if isinstance(out, tuple) else out).detach()
+        return hook
+
+    handles = []
+    if 0 in layers:
+        handles.append(lm.embed.register_forward_hook(hook_for(0)))
+    for i, blk in enumerate(lm.blocks):
+        if i + 1 in layers:
+            handles.append(blk.register_forward_hook(hook_for(i + 1)))
+    try:
+        todo = [s for s in range(n_shards) if not (out_dir / f"shard_{s:05d}.safetensors").exists()]
+        for s in tqdm(todo, disable=not progress, desc=f"collect {lm.name}", unit="shard"):
+            batch = chunks[s * batch_size:(s + 1) * batch_size]
+            ids = torch.tensor(batch, dtype=torch.long)  # (B, T)
+            skip = 0
+            if bos is not None:
+                ids = torch.cat([torch.full((len(batch), 1), bos, dtype=torch.long), ids], 1)
+                skip = 1
+            captured.clear()
+            with torch.no_grad():
+                lm.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            B, T = len(batch), len(batch[0])
+            tensors = {
+                "tokens": torch.tensor(batch, dtype=torch.long).reshape(-1),  # (B*T,)
+                "chunk": torch.arange(s * batch_size, s * batch_size + B).repeat_interleave(T),
+                "pos": torch.arange(T).repeat(B),
+            }
+            for l in layers:
+                h = captured[l][:, skip:, :]  # (B, T, d) corpus tokens only
+                tensors[f"layer_{l}"] = h.reshape(B * T, -1).float().contiguous()
+            path = out_dir / f"shard_{s:05d}.safetensors"
+            tmp = path.with_suffix(".tmp")
+            save_file(tensors, str(tmp))
+            os.replace(tmp, path)
+    finally:
+        for h in handles:
+            h.remove()
+    return out_dir
+
+
+def load_manifest(cache_dir: Path) -> dict:
+    p = Path(cache_dir) / "manifest.json"
+    if not p.exists():
+        raise FileNotFoundError(f"no activation cache at {cache_dir} (run `saeot collect`)")
+    return json.loads(p.read_text())
+
+
+def load_activations(cache_dir: Path, key: str | int) -> np.ndarray:
+    """Concatenate one tensor over all shards: ``key`` = a layer number or tokens/chunk/pos.
+
+    Returns
+    -------
+    (n_tokens, d) float32 for a layer, (n_tokens,) int64 otherwise.
+    """
+    from safetensors import safe_open
+
+    man = load_manifest(cache_dir)
+    name = f"layer_{key}" if isinstance(key, int) or str(key).isdigit() else str(key)
+    if name.startswith("layer_") and int(name[6:]) not in man["layers"]:
+        raise ValueError(f"layer {name[6:]} not collected in {cache_dir} (have {man['layers']})")
+    parts = []
+    for s in range(man["n_shards"]):
+        p = Path(cache_dir) / f"shard_{s:05d}.safetensors"
+        if not p.exists():
+            raise FileNotFoundError(f"{p} missing: collection incomplete, re-run `saeot collect` to resume")
+        with safe_open(str(p), framework="np") as f:
+            parts.append(f.get_tensor(name))
+    return np.concatenate(parts, 0)
