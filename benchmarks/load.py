@@ -1,0 +1,207 @@
+"""Load benchmark: N concurrent phones fetching different templates from one server on 127.0.0.1.
+
+    .venv/bin/python benchmarks/load.py                       # 1, 8, 32 phones against `sakura serve`
+    .venv/bin/python benchmarks/load.py --server nginx        # the same store served by stock nginx
+    .venv/bin/python benchmarks/load.py --out docs/net_load.json
+
+The server runs as its own process (`sakura serve`, or nginx), so its memory is measured apart
+from the clients: RSS is sampled from /proc every 50 ms (peak reported). Each phone is a
+`TemplateClient` (own connection pool) that fetches its template's manifest, then every shard in
+consumption order, rotating through the ladder's renditions round by round, verifying sha256.
+Shard latency = request sent -> last byte verified. Bounded: ``--rounds`` per phone and
+``--max-seconds`` per concurrency level, whichever ends first. All clients share one Python
+process and the machine's cores with the server, so on a 2-core box the numbers are a floor for
+the server, not its ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sakura.client import TemplateClient
+from sakura.store import Store
+from sakura.store.synthetic import make_synthetic_store
+
+FP = "bench-model"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_kib(pid: int) -> int:
+    """Resident set of ``pid`` and its children (nginx workers), KiB."""
+    total = 0
+    pids = [pid]
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        pids += [int(k) for k in kids]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+class RssSampler:
+    def __init__(self, pid: int, every_s: float = 0.05) -> None:
+        self.pid, self.every, self.peak, self._stop = pid, every_s, 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss_kib(self.pid))
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> "RssSampler":
+        self.peak = _rss_kib(self.pid)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join()
+
+
+def start_server(kind: str, store: Path, workdir: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    if kind == "sakura":
+        cmd = [sys.executable, "-c", "from sakura.cli import app; app()", "serve", str(store),
+               "--port", str(port), "--quiet"]
+    elif kind == "nginx":
+        from sakura.server.nginx import nginx_config
+
+        exe = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(exe):
+            raise SystemExit("nginx is not installed (apt-get install nginx-light)")
+        conf = workdir / "nginx.conf"
+        conf.write_text(nginx_config(store, port=port, prefix=workdir, user="root" if os.geteuid() == 0 else None))
+        cmd = [exe, "-p", str(workdir), "-e", str(workdir / "error.log"), "-c", str(conf)]
+    else:
+        raise SystemExit(f"unknown server {kind!r}")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited: {proc.stderr.read().decode()[-800:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise SystemExit("server did not start within 30 s")
+            time.sleep(0.05)
+
+
+async def phone(url: str, template: str, rounds: int, deadline: float, lat: list, counters: dict) -> None:
+    async with TemplateClient(url, max_connections=2, read_timeout=30) as c:
+        for rnd in range(rounds):
+            if time.monotonic() > deadline:
+                return
+            try:
+                m = await c.fetch_manifest(FP, template)
+                for s in m.shards:
+                    if time.monotonic() > deadline:
+                        return
+                    r = s.renditions[(rnd + s.index) % len(s.renditions)]
+                    t0 = time.monotonic()
+                    res = await c.fetch_object(r.object)
+                    lat.append(time.monotonic() - t0)
+                    counters["bytes"] += res.nbytes
+                    counters["shards"] += 1
+                    counters["resumes"] += res.resumes
+            except Exception as e:  # counted, not fatal: the benchmark reports errors (must be 0)
+                counters["errors"] += 1
+                counters.setdefault("first_error", repr(e))
+
+
+async def level(url: str, templates: list[str], n: int, rounds: int, max_s: float) -> dict:
+    lat: list[float] = []
+    counters = {"bytes": 0, "shards": 0, "errors": 0, "resumes": 0}
+    t0 = time.monotonic()
+    deadline = t0 + max_s
+    await asyncio.gather(*(phone(url, templates[i % len(templates)], rounds, deadline, lat, counters)
+                           for i in range(n)))
+    wall = time.monotonic() - t0
+    a = np.array(lat) if lat else np.array([float("nan")])
+    return {"clients": n, "wall_s": wall, "bytes": counters["bytes"], "shards": counters["shards"],
+            "throughput_MBps": counters["bytes"] / wall / 1e6, "throughput_Gbps": counters["bytes"] * 8 / wall / 1e9,
+            "shard_p50_ms": float(np.percentile(a, 50) * 1e3), "shard_p99_ms": float(np.percentile(a, 99) * 1e3),
+            "errors": counters["errors"], "resumes": counters["resumes"],
+            **({"first_error": counters["first_error"]} if "first_error" in counters else {})}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", default="1,8,32", help="comma-separated concurrency levels")
+    ap.add_argument("--server", default="sakura", choices=["sakura", "nginx"])
+    ap.add_argument("--templates", type=int, default=32, help="distinct templates in the store")
+    ap.add_argument("--layers", type=int, default=8, help="shards per template")
+    ap.add_argument("--tokens", type=int, default=512, help="tokens per shard (fp16 shard = 4*tokens*width B)")
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=20, help="passes over its template per phone")
+    ap.add_argument("--max-seconds", type=float, default=15.0, help="time bound per concurrency level")
+    ap.add_argument("--store", type=Path, default=None, help="reuse/build the store here (default: temp dir)")
+    ap.add_argument("--out", type=Path, default=None, help="write results JSON here")
+    args = ap.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="sakura-load-") as tmp:
+        store = args.store or Path(tmp) / "store"
+        t = time.monotonic()
+        templates = make_synthetic_store(store, templates=args.templates, layers=args.layers, tokens=args.tokens,
+                                         width=args.width, model_fingerprint=FP)
+        st = Store(store).stats()
+        print(f"store: {args.templates} templates x {args.layers} shards, {st.object_bytes / 1e6:.1f} MB of objects "
+              f"(built in {time.monotonic() - t:.1f} s)", flush=True)
+        proc, url = start_server(args.server, store, Path(tmp))
+        results = []
+        try:
+            idle_kib = _rss_kib(proc.pid)
+            for n in [int(x) for x in args.clients.split(",")]:
+                with RssSampler(proc.pid) as rss:
+                    r = asyncio.run(level(url, templates, n, args.rounds, args.max_seconds))
+                r["server_rss_peak_MiB"] = rss.peak / 1024
+                r["server_rss_idle_MiB"] = idle_kib / 1024
+                results.append(r)
+                print(f"{args.server:6s} clients={n:3d}  {r['throughput_MBps']:8.1f} MB/s  "
+                      f"p50={r['shard_p50_ms']:7.1f} ms  p99={r['shard_p99_ms']:7.1f} ms  shards={r['shards']:5d}  "
+                      f"errors={r['errors']}  server RSS peak={r['server_rss_peak_MiB']:.1f} MiB "
+                      f"(idle {r['server_rss_idle_MiB']:.1f})", flush=True)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    out = {"server": args.server, "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+           "object_bytes": st.object_bytes, "cpus": os.cpu_count(), "results": results}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    res = main()
+    sys.exit(1 if any(r["errors"] for r in res["results"]) else 0)

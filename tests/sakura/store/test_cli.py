@@ -1,0 +1,31 @@
+"""`sakura store stats|verify` through the real typer app."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from sakura.cli import app
+from sakura.store import Store
+from sakura.store.synthetic import make_synthetic_store
+
+
+def test_stats_and_verify(tmp_path):
+    make_synthetic_store(tmp_path, templates=2, layers=2)
+    r = CliRunner().invoke(app, ["store", "stats", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "synthetic-model/tpl-001" in r.output and "total/fp16" in r.output
+    r = CliRunner().invoke(app, ["store", "stats", str(tmp_path), "--json"])
+    d = json.loads(r.output)
+    assert d["templates"][0]["fp16_bytes"] == 2 * 2 * 64 * 128 * 2
+    assert d["templates"][0]["ratio_vs_fp16"] > 1  # the synthetic ladder holds fp16 + more
+    r = CliRunner().invoke(app, ["store", "verify", str(tmp_path)])
+    assert r.exit_code == 0 and r.output.startswith("OK"), r.output
+    m = Store(tmp_path).load_manifest("synthetic-model", "tpl-000")
+    (tmp_path / m.shards[0].renditions[1].object.path).write_bytes(b"tampered")
+    r = CliRunner().invoke(app, ["store", "verify", str(tmp_path)])
+    assert r.exit_code == 1
+    assert "PROBLEM" in r.output and "checksum mismatch" in r.output and "FAILED" in r.output
+    r = CliRunner().invoke(app, ["store", "verify", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and "does not exist" in r.output
