@@ -31,11 +31,11 @@ from .metrics import attention_importance, psnr
 
 SETTINGS_FULL = (["lossless", "lossless:zstd=true", "uniform:bits=8", "uniform:bits=4", "uniform:bits=3",
                   "uniform:bits=2", "cachegen:level=3", "cachegen:level=2", "cachegen:level=1"]
-                 + [f"sakura:budget={b}" for b in (0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)]
-                 + [f"sakura:budget={b},use_importance=false" for b in (1.0, 2.0, 3.0)])
-SETTINGS_QUICK = ["lossless", "uniform:bits=4", "cachegen:level=3", "cachegen:level=1", "sakura:budget=1.0",
-                  "sakura:budget=2.0"]
-LADDER = "layered:budgets=[0.75,1.5,2.5,4.0]"
+                 + [f"sakura:budget={b}" for b in (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)]
+                 + [f"sakura:budget={b},use_importance=false" for b in (2.0, 3.0, 4.0)])
+SETTINGS_QUICK = ["lossless", "uniform:bits=4", "cachegen:level=3", "cachegen:level=1", "sakura:budget=2.0",
+                  "sakura:budget=4.0"]
+LADDER = "layered:budgets=[1.5,2.5,3.5,4.5]"
 LADDER_QUICK = "layered:budgets=[1.0,2.0]"
 
 # (template image from skimage.data, instruction id); calibration and test photos are other images.
@@ -369,7 +369,7 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, steps
         }
     # throughput: Klein-4B-sized layer and one mini layer, one thread
     tp_specs = ["lossless", "uniform:bits=8", "uniform:bits=4", "cachegen:level=3", "cachegen:level=1",
-                "sakura:budget=1.0", "sakura:budget=2.0", ladder]
+                "sakura:budget=2.0", "sakura:budget=4.0", ladder]
     big, _ = synthetic_layer(throughput_tokens, 24, 128)
     log(f"throughput on a synthetic Klein-4B-sized layer {tuple(big.shape)} fp16, 1 thread")
     results["throughput_klein_sized"] = throughput(tp_specs, big, repeats=2 if quick else 3)

@@ -41,7 +41,7 @@ from .base import (Codec, CodecTables, DecodedShard, Shard, ShardId, as_f32_2d, 
                    register)
 
 ALLOWED_BITS = np.array([0, 2, 3, 4, 5, 6, 7, 8], dtype=np.int32)
-PER_CHANNEL_MAX_BITS = 4
+PER_CHANNEL_MAX_BITS = 5
 
 
 def plan_bits(importance: np.ndarray | None, T: int, budget: float, *, prev: np.ndarray | None = None,
@@ -78,6 +78,14 @@ def plan_bits(importance: np.ndarray | None, T: int, budget: float, *, prev: np.
         else:
             lo = mid
     return best.astype(np.int32)
+
+
+def kind_bits(bits: np.ndarray, kv: str, key_offset: int) -> np.ndarray:
+    """Per-token widths for K or V: keys get `key_offset` more (or fewer) bits, never below 2 or
+    above 8; dropped tokens stay dropped. Monotone in `bits`, so ladders stay nested."""
+    if kv == "v" or key_offset == 0:
+        return bits
+    return np.where(bits > 0, np.clip(bits + key_offset, 2, 8), 0).astype(np.int32)
 
 
 @dataclass
@@ -129,6 +137,8 @@ class _ImportanceBase(Codec):
             raise ValueError(f"{self.name}: drop_cost must be > 0")
         if not isinstance(p["key_group"], int) or p["key_group"] < 0:
             raise ValueError(f"{self.name}: key_group must be an int >= 0 (0 = all tokens)")
+        if not isinstance(p["key_offset"], int) or not -6 <= p["key_offset"] <= 6:
+            raise ValueError(f"{self.name}: key_offset must be an int in [-6, 6]")
         if p["value_group"] != "head" and (not isinstance(p["value_group"], int) or p["value_group"] < 0):
             raise ValueError(f"{self.name}: value_group must be 'head' or an int >= 0 (0 = all channels)")
         super().__init__(**p)
@@ -173,9 +183,10 @@ class _ImportanceBase(Codec):
         for shard in shards:
             an = self._analyse(shard)
             prev = np.zeros(shard.shape[0], np.int32)
+            ko = int(self.params["key_offset"])
             for cur in an.bits:
                 for kv in ("k", "v"):
-                    for gname, sel, sym, A in _groups(an.u[kv], prev, cur):
+                    for gname, sel, sym, A in _groups(an.u[kv], kind_bits(prev, kv, ko), kind_bits(cur, kv, ko)):
                         name = f"L{shard.layer}.{kv}.{gname}"
                         cnt = E.counts(sym, A, per_channel=A <= (1 << PER_CHANNEL_MAX_BITS))
                         if name in arrays and arrays[name].shape == cnt.shape:
@@ -197,8 +208,9 @@ class _ImportanceBase(Codec):
             for name in ("k_lo", "k_r", "v_lo", "v_r"):
                 w.add(name, an.scales[name])
         groups = []
+        ko = int(self.params["key_offset"])
         for kv in ("k", "v"):
-            for gname, sel, sym, A in _groups(an.u[kv], prev, cur):
+            for gname, sel, sym, A in _groups(an.u[kv], kind_bits(prev, kv, ko), kind_bits(cur, kv, ko)):
                 tname = f"L{shard.layer}.{kv}.{gname}"
                 if tables is not None:
                     table = tables.get(tname)
@@ -270,6 +282,9 @@ class _ImportanceBase(Codec):
             vg = self._vgroup(params, D)
         except (KeyError, TypeError, ValueError):
             raise bs.CorruptError(f"{self.name}: bad params {params!r}") from None
+        ko = params.get("key_offset", 0)
+        if not isinstance(ko, int) or not -6 <= ko <= 6:
+            raise bs.CorruptError(f"{self.name}: bad key_offset {ko!r}")
         scales = {}
         for kv, mode, g in (("k", "key", kg), ("v", "value", vg)):
             want = (Q.n_groups(T, g), C) if mode == "key" else (T, Q.n_groups(C, g))
@@ -321,8 +336,9 @@ class LayeredState:
             raise bs.CorruptError(f"{self.codec.name}: level bit widths malformed")
         layer = int(self.header.get("layer", 0))
         prev = self.bits
+        ko = int(self.header["params"].get("key_offset", 0))
         for kv in ("k", "v"):
-            for gname, sel, m, fresh, A in _group_names(prev, cur):
+            for gname, sel, m, fresh, A in _group_names(kind_bits(prev, kv, ko), kind_bits(cur, kv, ko)):
                 if self.tables is not None:
                     tname = f"L{layer}.{kv}.{gname}"
                     table = self.tables.get(tname)
@@ -345,15 +361,17 @@ class LayeredState:
         T = self.shape[0]
         keep = self.bits > 0
         out = []
+        ko = int(self.header["params"].get("key_offset", 0))
         for kv in ("k", "v"):
-            x = Q.reconstruct(self.idx[kv], self.bits, self.scales[f"{kv}_lo"], self.scales[f"{kv}_r"])
+            x = Q.reconstruct(self.idx[kv], kind_bits(self.bits, kv, ko), self.scales[f"{kv}_lo"],
+                              self.scales[f"{kv}_r"])
             x[~keep] = 0.0
             out.append(from_f32_2d(x, self.shape, self.dtype))
         return DecodedShard(out[0], out[1], torch.from_numpy(keep.copy()))
 
 
 _COMMON = {"alpha": 1.0, "drop_cost": 1.0, "allow_drop": True, "use_importance": True,
-           "key_group": 0, "value_group": "head"}
+           "key_group": 0, "value_group": 0, "key_offset": -1}
 
 
 @register

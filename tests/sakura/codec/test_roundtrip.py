@@ -103,9 +103,11 @@ def test_sakura_uniform_budget_bound(budget, shard):
     out = c.decode(c.encode(shard, ID, tables), ID, tables)
     assert bool(out.keep.all())
     T, H, D = shard.shape
-    for x_t, y_t, mode, g in ((shard.key, out.key, "key", 0), (shard.value, out.value, "value", D)):
+    # defaults: keys one bit below values (key_offset=-1, never below 2), values per token over all channels
+    for x_t, y_t, mode, g, b in ((shard.key, out.key, "key", 0, max(budget - 1, 2)),
+                                 (shard.value, out.value, "value", 0, budget)):
         x = x_t.float().reshape(T, -1).numpy()
-        bound = _nested_bound(x, mode, g, budget)
+        bound = _nested_bound(x, mode, g, b)
         err = np.abs(y_t.float().reshape(T, -1).numpy().astype(np.float64) - x)
         assert (err <= bound + _out_tol(y_t.float().reshape(T, -1), y_t.dtype).numpy()).all()
 
@@ -125,7 +127,7 @@ def test_sakura_importance_roundtrip(shard, budget):
         imp = shard.importance.numpy()
         assert imp[keep].min() >= imp[~keep].max() - 1e-12
     T, H, D = shard.shape
-    for x_t, y_t, mode, g in ((shard.key, out.key, "key", 0), (shard.value, out.value, "value", D)):
+    for x_t, y_t, mode, g in ((shard.key, out.key, "key", 0), (shard.value, out.value, "value", 0)):
         x = x_t.float().reshape(T, -1).numpy()
         bound = _nested_bound(x, mode, g, 2)
         y = y_t.float().reshape(T, -1)
