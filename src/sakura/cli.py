@@ -50,9 +50,19 @@ def train() -> None:
 
 
 @app.command()
-def build() -> None:
+def build(
+    store: Path = typer.Argument(..., help="Store directory to write (created if missing; rebuilds are idempotent)."),
+    model: str = typer.Option("sakura-mini", help="sakura-mini or sakura-mini:/path/weights.safetensors."),
+    template: Optional[list[str]] = typer.Option(None, help="Library template name (repeatable); default one per task."),
+    ladder: Optional[list[str]] = typer.Option(None, help="Codec spec per rendition (repeatable), e.g. uniform:bits=8."),
+    calibration: int = typer.Option(2, min=1, help="Public calibration photos for token importance."),
+    steps: int = typer.Option(4, min=1, help="Sampler steps of the calibration runs."),
+) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
-    _not_yet("build")
+    from sakura.store.build import DEFAULT_LADDER, build_store
+
+    build_store(store, model_name=model, templates=template or None, ladder=ladder or DEFAULT_LADDER,
+                calibration=calibration, steps=steps, log=typer.echo)
 
 
 @app.command()
