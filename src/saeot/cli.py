@@ -126,10 +126,85 @@ def bench(
 
 
 @app.command()
-def compress() -> None:
-    """Circuit compression on single-digit addition (attribution graph -> supernodes)."""
-    typer.echo("`saeot compress` is not built yet (issue 6).", err=True)
-    raise typer.Exit(code=3)
+def compress(
+    acts: Path = typer.Option(Path("runs/acts")),
+    saes: Path = typer.Option(Path("runs/saes")),
+    model: str = typer.Option("gemma3-270m"),
+    layers: str = typer.Option("9,18", help="Circuit layers (>= 1), each with an SAE in --saes."),
+    n_nodes: int = typer.Option(24, help="Circuit features per layer."),
+    out: Path = typer.Option(Path("runs/compress")),
+) -> None:
+    """Circuit compression on single-digit addition: attribution graph -> supernodes -> faithfulness."""
+    from saeot.bench import write_json
+    from saeot.collect import load_activations
+    from saeot.compress import plot_faithfulness, run_compression
+    from saeot.models import load_model
+    from saeot.sae import load_sae
+
+    lm = load_model(model)
+    ls = _layers(layers)
+    res = run_compression(lm, {l: load_sae(saes / f"layer_{l}") for l in ls},
+                          {l: load_activations(acts, l) for l in ls}, n_nodes=n_nodes)
+    write_json(res, out / "compression.json")
+    plot_faithfulness(res, out / "faithfulness.png")
+    typer.echo(f"unmodified: {res['clean']}")
+    for m, r in res["methods"].items():
+        typer.echo(f"{m:>15}: " + "  ".join(f"S={S}: acc {x['accuracy']:.2f} ld {x['logit_diff']:.2f}"
+                                            for S, x in zip(res["counts"], r)))
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("out/saeot-demo"), help="Folder for caches, SAEs, figures and report.html."),
+    model: str = typer.Option("gemma3-270m", help="gemma3-270m (default), tiny-random, or a local HF folder."),
+    n_tokens: int = typer.Option(4096, help="Corpus tokens."),
+    d_sae: int = typer.Option(1024, help="Features per SAE."),
+    steps: int = typer.Option(400, help="SAE training steps per layer."),
+    n_nodes: int = typer.Option(16, help="Circuit features per layer for compression."),
+) -> None:
+    """End to end on the bundled defaults (~10 min on 2 cores): collect, train, match, compress, report."""
+    from saeot.demo import run_demo
+
+    run_demo(out, model=model, n_tokens=n_tokens, d_sae=d_sae, steps=steps, n_nodes=n_nodes,
+             log=lambda m: typer.echo(m))
+
+
+@app.command()
+def report(
+    acts: Path = typer.Option(Path("runs/acts")),
+    saes: Path = typer.Option(Path("runs/saes")),
+    model: str = typer.Option("gemma3-270m", help="Model whose tokenizer decodes the contexts."),
+    pairs: str = typer.Option("0:18,9:18", help="Layer pairs a:b to show."),
+    compression: Optional[Path] = typer.Option(None, help="compression.json from `saeot compress`."),
+    out: Path = typer.Option(Path("runs/report.html")),
+) -> None:
+    """Write a static HTML report: matched pairs with top contexts and every method's scores."""
+    from transformers import AutoTokenizer  # noqa: F401  (tokenizer comes with the model spec)
+
+    from saeot.collect import load_activations
+    from saeot.models import load_model
+    from saeot.pipeline import compare_methods, layer_pair
+    from saeot.report import pair_rows, write_report
+    from saeot.sae import load_sae
+
+    tok = load_model(model).tokenizer
+    tokens, chunk = load_activations(acts, "tokens"), load_activations(acts, "chunk")
+    sections, summary = [], []
+    for pr in pairs.split(","):
+        la, lb = (int(x) for x in pr.split(":"))
+        A, B = layer_pair(acts, load_sae(saes / f"layer_{la}"), load_sae(saes / f"layer_{lb}"), la, lb)
+        res = compare_methods(A, B, tokens)
+        for m, r in res.items():
+            summary.append({"pair": pr, "method": m, "matched": int(len(r.matching.src)),
+                            "top-token Jaccard": r.proxy, "seconds": r.seconds})
+        methods, rows = pair_rows(A, B, res)
+        sections.append({"title": f"Layer {la} → layer {lb}", "layer_a": la, "layer_b": lb,
+                         "methods": methods, "rows": rows})
+    comp = json.loads(compression.read_text()) if compression else None
+    plots = [compression.parent / "faithfulness.png"] if compression else []
+    write_report(out, title=f"saeot report: {model}", tokens=tokens, chunk=chunk, decode=tok.decode,
+                 pairs=sections, summary=summary, compression=comp, plots=plots)
+    typer.echo(f"wrote {out}")
 
 
 def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry

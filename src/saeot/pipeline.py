@@ -50,6 +50,7 @@ class MethodResult:
     seconds: float
     evaluated: int
     proxy: float  # mean top-token Jaccard over matched pairs
+    D: np.ndarray | None = None  # (Fa, Fb) float32 distances (inf = not evaluated)
 
 
 def compare_methods(A: LayerFeatures, B: LayerFeatures, tokens: np.ndarray, *, methods=METHODS,
@@ -71,5 +72,5 @@ def compare_methods(A: LayerFeatures, B: LayerFeatures, tokens: np.ndarray, *, m
             mt = Matching(mt.src[keep], mt.tgt[keep], mt.dist[keep])
         secs = time.perf_counter() - t0
         proxy = float(top_token_overlap(A, B, tokens, mt).mean()) if len(mt.src) else float("nan")
-        out[name] = MethodResult(name, mt, secs, r.evaluated, proxy)
+        out[name] = MethodResult(name, mt, secs, r.evaluated, proxy, r.D.astype(np.float32))
     return out
