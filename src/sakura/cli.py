@@ -44,9 +44,31 @@ def demo(
 
 
 @app.command()
-def train() -> None:
-    """Train the bundled mini model from scratch (reproduces the shipped weights)."""
-    _not_yet("train")
+def train(
+    out: Path = typer.Option(Path("runs/train"), help="Run folder: checkpoint.pt (resumable), weights, model card."),
+    steps: Optional[int] = typer.Option(None, min=1, help="Optimizer steps (default: the bundled recipe's)."),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="Examples per step."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate."),
+    seed: Optional[int] = typer.Option(None, help="Seed of init, data and noise."),
+    image_size: Optional[int] = typer.Option(None, help="Pixels per side."),
+    patch_size: Optional[int] = typer.Option(None, help="Pixels per token side."),
+    dim: Optional[int] = typer.Option(None, help="Hidden width."),
+    depth: Optional[int] = typer.Option(None, help="Transformer blocks."),
+    heads: Optional[int] = typer.Option(None, help="Attention heads."),
+    checkpoint_every: Optional[int] = typer.Option(None, min=1, help="Steps between checkpoints."),
+    resume: bool = typer.Option(True, "--resume/--fresh", help="Continue from out/checkpoint.pt when present."),
+    install: bool = typer.Option(False, help="Copy the weights into the package assets and write docs/model-card.md."),
+    docs: Path = typer.Option(Path("docs"), help="Docs folder for --install."),
+    eval_steps: int = typer.Option(8, min=1, help="Sampler steps in the quality evaluation."),
+    threads: int = typer.Option(1, min=1, help="torch threads (1 is fastest on a shared 2-core machine)."),
+) -> None:
+    """Train the bundled mini model from scratch (reproduces the shipped weights); resumable."""
+    from sakura.training.command import train_command
+
+    train_command(out, overrides=dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, image_size=image_size,
+                                      patch_size=patch_size, dim=dim, depth=depth, heads=heads,
+                                      checkpoint_every=checkpoint_every),
+                  resume=resume, install=install, docs=docs, eval_steps=eval_steps, threads=threads, log=typer.echo)
 
 
 @app.command()
@@ -110,6 +132,19 @@ def bench_codec(
 
     run(out, model_name=model, tasks=tasks, steps=steps, quick=quick, klein=klein,
         throughput_tokens=throughput_tokens, log=typer.echo)
+
+
+@bench_app.command("quality")
+def bench_quality(
+    model: str = typer.Option("sakura-mini", help="sakura-mini or sakura-mini:/path/weights.safetensors."),
+    steps: int = typer.Option(8, min=1, help="Sampler steps of each edit."),
+    photos_per_source: int = typer.Option(4, min=1, help="Crops per held-out photo source."),
+    out: Optional[Path] = typer.Option(None, help="Also write quality.json and grid.png to this folder."),
+) -> None:
+    """sakura-mini vs exact ground truth on held-out photos and templates: model, identity, swapped template."""
+    from sakura.tasks.quality import run_quality_bench
+
+    run_quality_bench(model, steps=steps, photos_per_source=photos_per_source, out=out, log=typer.echo)
 
 
 def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry

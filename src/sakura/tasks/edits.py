@@ -33,6 +33,8 @@ from .photos import load_source, photo_sources, random_crop, texture_sources
 KEY = (0.0, 1.0, 0.0)          # sticker key colour (pure green)
 _KEY_TOL = 0.5 / 255.0          # a pixel is key if every channel is within half an 8-bit step
 _CONTENT_LO, _CONTENT_HI = 2 / 255.0, 253 / 255.0  # sticker content never reaches the key exactly
+_MIN_COVER = 0.12               # stickers: add shapes until at least this share of pixels is edited
+_MAX_STICKERS = 6
 _SD_EPS = 1e-4                  # look transfer: sd = sqrt(var + eps), so flat crops stay finite
 
 
@@ -210,7 +212,9 @@ def _fill(split: str, size: int, gen: torch.Generator) -> torch.Tensor:
 def make_sticker_template(split: str, size: int, gen: torch.Generator) -> torch.Tensor:
     out = torch.tensor(KEY).view(3, 1, 1).repeat(1, size, size)
     n = 1 + _ri(gen, 3)
-    for _ in range(n):
+    for i in range(_MAX_STICKERS):
+        if i >= n and float((~key_mask(out[None])).float().mean()) >= _MIN_COVER:
+            break
         kind = SHAPES[_ri(gen, len(SHAPES))]
         mask = _shape_mask(kind, size, gen)
         content = _fill(split, size, gen).clamp(_CONTENT_LO, _CONTENT_HI)

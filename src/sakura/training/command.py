@@ -1,0 +1,46 @@
+"""What `sakura train` does, kept out of cli.py so the CLI stays a thin shell."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from .loop import WEIGHTS, Recipe, train
+
+
+def train_command(out: Path, *, overrides: dict, resume: bool = True, install: bool = False,
+                  docs: Path = Path("docs"), eval_steps: int = 8, threads: int = 1,
+                  log: Callable[[str], None] = print) -> None:
+    """Train (or resume) in `out`, then evaluate and write out/model-card.md (+ out/model/*.png).
+
+    overrides: Recipe fields to change (None values ignored). With `install`, the finished weights
+    are copied to the bundled asset path and the card is written to `docs` as well.
+    """
+    import torch
+
+    from sakura.models import MINI_WEIGHTS
+
+    torch.set_num_threads(threads)
+    recipe = replace(Recipe(), **{k: v for k, v in overrides.items() if v is not None})
+    out = Path(out)
+    log(f"recipe: {recipe}")
+    log(f"model: {recipe.model_config()}")
+    state = train(recipe, out, resume=resume)
+    if state.step < recipe.steps:
+        log(f"stopped at step {state.step} of {recipe.steps}; run the same command to resume")
+        return
+    log(f"trained {state.step} steps in {state.elapsed_s / 3600:.2f} h; weights: {out / WEIGHTS}")
+
+    from .card import write_model_card
+
+    cmd = "sakura train" + "".join(f" --{k.replace('_', '-')} {v}" for k, v in overrides.items() if v is not None)
+    card = write_model_card(out, out, eval_steps=eval_steps, command=cmd)
+    log(f"model card: {card}")
+    if install:
+        MINI_WEIGHTS.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / WEIGHTS, MINI_WEIGHTS)
+        card = write_model_card(out, docs, eval_steps=eval_steps, command=cmd)
+        log(f"installed weights at {MINI_WEIGHTS}; model card: {card}")
+    log((out / "model" / "quality.json").read_text())
