@@ -94,11 +94,15 @@ def serve(
     port: int = typer.Option(8080, help="TCP port (0 picks a free one)."),
     chunk_kib: int = typer.Option(256, min=1, help="Bytes per streamed read/write step, KiB."),
     quiet: bool = typer.Option(False, help="No access log (warnings only)."),
+    trace: Optional[str] = typer.Option(None, help="Emulate one phone's downlink: trace under ../shared/traces, "
+                                                   "e.g. mahimahi_cellular/ATT-LTE-driving.down."),
+    trace_offset: float = typer.Option(0.0, min=0.0, help="Start this many seconds into the trace."),
+    rtt_ms: float = typer.Option(0.0, min=0.0, help="Emulated round-trip time, ms."),
 ) -> None:
     """Serve a store over HTTP (manifests and shards, Range requests, ETags)."""
     from sakura.store.cli import serve_cmd
 
-    serve_cmd(store, host, port, chunk_kib, quiet)
+    serve_cmd(store, host, port, chunk_kib, quiet, trace=trace, trace_offset=trace_offset, rtt_ms=rtt_ms)
 
 
 from sakura.store.cli import store_app  # noqa: E402  (light: stdlib + typer only)

@@ -296,14 +296,35 @@ def serve_in_thread(store_root: str | os.PathLike[str], **kw) -> Iterator[str]:
 
 
 def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8080,
-                  chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
-    """Blocking entry point for ``sakura serve``; Ctrl-C stops it."""
+                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, trace: str | None = None, trace_offset_s: float = 0.0,
+                  rtt_s: float = 0.0) -> None:
+    """Blocking entry point for ``sakura serve``; Ctrl-C stops it.
+
+    With ``trace`` (a ``sakura.link.load_trace`` spec) or ``rtt_s`` > 0, the server listens on a
+    private port and a ``PacingProxy`` on ``host:port`` emulates one phone's downlink: every
+    client then shares that one emulated link (use it for one phone at a time).
+    """
     async def main() -> None:
-        runner, url = await start_server(store_root, host=host, port=port, chunk_bytes=chunk_bytes)
-        log.info("serving %s at %s", Path(store_root).resolve(), url)
+        emulate = trace is not None or rtt_s > 0
+        runner, url = await start_server(store_root, host=host, port=0 if emulate else port, chunk_bytes=chunk_bytes)
+        proxy = None
         try:
+            if emulate:
+                from sakura.link import Link, PacingProxy, load_trace
+
+                tr = load_trace(trace) if trace is not None else None
+                h, p = runner.addresses[0][:2]
+                proxy = await PacingProxy((h, p), Link(tr, offset_s=trace_offset_s), rtt_s=rtt_s,
+                                          listen_host=host, listen_port=port).start()
+                log.info("serving %s at %s through an emulated link (trace=%s, offset=%.1f s, rtt=%.0f ms%s)",
+                         Path(store_root).resolve(), proxy.url, trace, trace_offset_s, rtt_s * 1e3,
+                         f", mean {tr.mean_mbps:.2f} Mbit/s" if tr is not None else "")
+            else:
+                log.info("serving %s at %s", Path(store_root).resolve(), url)
             await asyncio.Event().wait()
         finally:
+            if proxy is not None:
+                await proxy.close()
             await runner.cleanup()
 
     with contextlib.suppress(KeyboardInterrupt):

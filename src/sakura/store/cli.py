@@ -69,7 +69,8 @@ def verify_cmd(store: Path = typer.Argument(..., help="Store directory.")) -> No
         raise typer.Exit(1)
 
 
-def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool) -> None:
+def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, trace: str | None = None,
+              trace_offset: float = 0.0, rtt_ms: float = 0.0) -> None:
     """Body of `sakura serve` (kept here so sakura/cli.py stays a thin shell)."""
     from sakura.server import serve_forever
 
@@ -78,4 +79,13 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool) ->
     if not store.is_dir():
         typer.echo(f"error: store directory {store} does not exist", err=True)
         raise typer.Exit(2)
-    serve_forever(store, host=host, port=port, chunk_bytes=chunk_kib * 1024)
+    if trace is not None:
+        from sakura.link import TraceError, load_trace
+
+        try:
+            load_trace(trace)  # fail before binding anything
+        except TraceError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2)
+    serve_forever(store, host=host, port=port, chunk_bytes=chunk_kib * 1024, trace=trace,
+                  trace_offset_s=trace_offset, rtt_s=rtt_ms / 1e3)

@@ -44,10 +44,15 @@ def ours(store):
 
 @pytest.fixture(scope="module")
 def nginx(store, tmp_path_factory):
-    if shutil.which("nginx") is None and not any(shutil.os.path.exists(p) for p in ("/usr/sbin/nginx",)):
-        pytest.skip("nginx not installed (apt-get install nginx-light; .ci/run does this)")
-    with run_nginx(store, tmp_path_factory.mktemp("nginx")) as url:
+    try:
+        ctx = run_nginx(store, tmp_path_factory.mktemp("nginx"))
+        url = ctx.__enter__()
+    except FileNotFoundError as e:
+        pytest.skip(f"{e}; .ci/run installs it")
+    try:
         yield url
+    finally:
+        ctx.__exit__(None, None, None)
 
 
 @pytest.fixture(params=["aiohttp", "nginx"])
