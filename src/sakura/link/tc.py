@@ -11,7 +11,8 @@ both namespaces are deleted on exit.
 
 ``TbfShaper`` replays a trace by changing the tbf rate every ``step_s`` seconds to the trace's
 mean rate over that step (``Trace.bytes_between``), so over windows of whole steps the kernel's
-budget equals the trace's bytes (on the wire: IP/TCP headers count against it).
+budget equals the trace's bytes, counted as TCP payload like the user-space pacer
+(``WIRE_PER_PAYLOAD`` adds the header bytes tbf sees).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ import time
 from sakura.link.traces import Trace, load_trace
 
 SERVER_IP, PHONE_IP = "10.77.0.1", "10.77.0.2"
+#: tbf counts frames on the veth (14-byte Ethernet + 20 IP + 32 TCP-with-timestamps headers per
+#: 1448 payload bytes); the user-space pacer and the throughput traces count payload, so rates are
+#: scaled by this to make the kernel deliver the trace's bytes as payload.
+WIRE_PER_PAYLOAD = 1514 / 1448
 
 
 def _run(*argv: str) -> None:
@@ -55,6 +60,10 @@ class NetnsPair:
                 _run(*self.exec(ns, "ip", "addr", "add", f"{ip}/24", "dev", dev))
                 _run(*self.exec(ns, "ip", "link", "set", dev, "up"))
                 _run(*self.exec(ns, "ip", "link", "set", "lo", "up"))
+            # No GSO/TSO super-packets on the shaped side: tbf must see wire-sized packets, or a
+            # 64 KiB segment needs a 64 KiB bucket (and every rate change refills the bucket).
+            _run(*self.exec(self.server, "ip", "link", "set", "dev", self.server_dev, "gso_max_segs", "1"))
+            _run(*self.exec(self.server, "ip", "link", "set", "dev", self.server_dev, "gso_max_size", "1500"))
         except BaseException:
             self.__exit__()
             raise
@@ -101,16 +110,24 @@ class TbfShaper:
         self.start_time = float("nan")
         self.changes = 0
 
+    @staticmethod
+    def burst_bytes(rate_Bps: float) -> int:
+        """tbf bucket: two full packets, or 2 ms of rate if larger."""
+        return max(3_100, int(rate_Bps * 0.002))
+
     def _set(self, verb: str, rate_Bps: float) -> None:
         bits = max(8_000, int(rate_Bps * 8))            # tbf wants a positive rate
-        burst = max(65_536, int(rate_Bps * 0.02))       # >= 20 ms of rate and >= one 64 KiB GSO segment
         _run("ip", "netns", "exec", self.netns, "tc", "qdisc", verb, "dev", self.dev, "root", "tbf",
-             "rate", f"{bits}bit", "burst", str(burst), "latency", f"{self.latency_ms}ms")
+             "rate", f"{bits}bit", "burst", str(self.burst_bytes(rate_Bps)), "latency", f"{self.latency_ms}ms")
         self.changes += 1
 
     def _rate(self, k: int) -> float:
+        """Rate for step k (bytes/s): the trace's bytes in the step, less the full bucket that
+        ``tc qdisc change`` hands out at the start of every step (tbf resets its tokens)."""
         t0 = self.offset_s + k * self.step_s
-        return self.trace.bytes_between(t0, t0 + self.step_s) / self.step_s
+        budget = self.trace.bytes_between(t0, t0 + self.step_s)
+        wire = budget * WIRE_PER_PAYLOAD
+        return max(0.0, wire - self.burst_bytes(wire / self.step_s)) / self.step_s
 
     def start(self) -> "TbfShaper":
         self._set("add", self._rate(0))
