@@ -9,8 +9,14 @@ channel at a time (one fixed model per channel: ~70-100 M symbols/s decode on on
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from .bitstream import CorruptError
+
+
+def _transpose(a: np.ndarray) -> np.ndarray:
+    """Contiguous transpose of a 2-D int32 array (torch's blocked kernel: ~4x numpy's here)."""
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).t().contiguous().numpy()
 
 
 def _constriction():
@@ -46,7 +52,7 @@ def encode(sym: np.ndarray, models: list) -> np.ndarray:
     else:
         if len(models) != C:
             raise ValueError(f"{len(models)} models for {C} channels")
-        cols = np.ascontiguousarray(sym.T, dtype=np.int32)  # (C, n)
+        cols = _transpose(sym)  # (C, n)
         for ch in range(C - 1, -1, -1):
             enc.encode_reverse(cols[ch], models[ch])
     return enc.get_compressed().astype("<u4")
@@ -65,7 +71,7 @@ def decode(words: np.ndarray, models: list, n: int, C: int) -> np.ndarray:
             out = np.empty((C, n), np.int32)
             for ch in range(C):
                 out[ch] = dec.decode(models[ch], n)
-            out = out.T
+            out = _transpose(out)  # (n, C)
     except (ValueError, RuntimeError, AssertionError) as e:
         raise CorruptError(f"entropy-coded data does not decode: {e}") from None
     if not dec.is_empty():
