@@ -118,11 +118,12 @@ def bench(
     from saeot.bench import planted_recovery, plot_recovery, write_json
 
     if synthetic:
-        r = planted_recovery()
-        write_json(r, out / "planted_recovery.json")
-        plot_recovery(r, out / "planted_recovery.png")
-        for n, v in r["methods"].items():
-            typer.echo(f"{n:>15} NN acc vs k={r['ks']}: " + " ".join(f"{x:.2f}" for x in v["nn"]))
+        for sweep, name in (("k", "planted_recovery"), ("n_tokens", "planted_recovery_tokens")):
+            r = planted_recovery(sweep=sweep)
+            write_json(r, out / f"{name}.json")
+            plot_recovery(r, out / f"{name}.png")
+            for n, v in r["methods"].items():
+                typer.echo(f"{n:>15} NN acc vs {sweep}={r['ks']}: " + " ".join(f"{x:.2f}" for x in v["nn"]))
 
 
 @app.command()
