@@ -44,16 +44,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _pids(pid: int) -> list[int]:
+    try:
+        return [pid] + [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return [pid]
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its children (nginx workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in _pids(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / tick
+
+
 def _rss_kib(pid: int) -> int:
     """Resident set of ``pid`` and its children (nginx workers), KiB."""
     total = 0
-    pids = [pid]
-    try:
-        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        pids += [int(k) for k in kids]
-    except OSError:
-        pass
-    for p in pids:
+    for p in _pids(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -179,14 +193,18 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             idle_kib = _rss_kib(proc.pid)
             for n in [int(x) for x in args.clients.split(",")]:
+                cpu0 = _cpu_s(proc.pid)
                 with RssSampler(proc.pid) as rss:
                     r = asyncio.run(level(url, templates, n, args.rounds, args.max_seconds))
+                r["server_cpu_s"] = _cpu_s(proc.pid) - cpu0
+                # server CPU per GB served: a figure the client-side bottleneck does not distort
+                r["server_cpu_s_per_GB"] = r["server_cpu_s"] / (r["bytes"] / 1e9) if r["bytes"] else float("nan")
                 r["server_rss_peak_MiB"] = rss.peak / 1024
                 r["server_rss_idle_MiB"] = idle_kib / 1024
                 results.append(r)
                 print(f"{args.server:6s} clients={n:3d}  {r['throughput_MBps']:8.1f} MB/s  "
                       f"p50={r['shard_p50_ms']:7.1f} ms  p99={r['shard_p99_ms']:7.1f} ms  shards={r['shards']:5d}  "
-                      f"errors={r['errors']}  server RSS peak={r['server_rss_peak_MiB']:.1f} MiB "
+                      f"errors={r['errors']}  server CPU {r['server_cpu_s_per_GB']:.2f} s/GB  RSS peak={r['server_rss_peak_MiB']:.1f} MiB "
                       f"(idle {r['server_rss_idle_MiB']:.1f})", flush=True)
         finally:
             proc.terminate()

@@ -61,13 +61,14 @@ def test_get_head_and_headers(store, manifest):
     run(go())
 
 
-def test_ranges(store, manifest):
+@pytest.mark.parametrize("sendfile", [True, False])
+def test_ranges(store, manifest, sendfile):
     ref = _obj(manifest)
     want = (store / ref.path).read_bytes()
     n = ref.bytes
 
     async def go():
-        async with running_server(store) as url, aiohttp.ClientSession() as s:
+        async with running_server(store, sendfile=sendfile) as url, aiohttp.ClientSession() as s:
             u = f"{url}/{ref.path}"
             for hdr, (a, b) in [("bytes=0-9", (0, 10)), (f"bytes={n - 7}-", (n - 7, n)), ("bytes=-100", (n - 100, n)),
                                 (f"bytes=1000-{n + 50}", (1000, n))]:
@@ -138,12 +139,13 @@ def test_method_not_allowed(store):
     run(go())
 
 
-def test_oversized_headers_and_disconnects_do_not_hurt_others(store, manifest):
+@pytest.mark.parametrize("sendfile", [True, False])
+def test_oversized_headers_and_disconnects_do_not_hurt_others(store, manifest, sendfile):
     """Abuse on some connections; the server keeps serving everybody else, and the store is intact."""
     refs = [r.object for s in manifest.shards for r in s.renditions]
 
     async def go():
-        async with running_server(store, chunk_bytes=16 * 1024) as url:
+        async with running_server(store, chunk_bytes=16 * 1024, sendfile=sendfile) as url:
             u = urlsplit(url)
             big = "X" * 20000
             reply = await raw_request(u.hostname, u.port,
