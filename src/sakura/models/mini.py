@@ -56,8 +56,16 @@ class MiniConfig:
     template_timestep: float = 0.0  # fixed modulation timestep of template tokens (Klein uses 0)
     instructions: int = 4         # fixed per-template instructions (0 = none), added to template tokens
     rope_theta: float = 100.0
+    # What the network's output head predicts. "x": the clean edit x_0, turned into the velocity
+    # v = (x_t - x_0) / max(t, t_min) (as in JiT, "Back to Basics", 2025). With 8x8 pixel patches
+    # (192 values per token) a v-head would have to carry the full-rank noise through a narrower
+    # residual stream; an image-valued head does not. "v": predict v directly.
+    prediction: str = "x"
+    t_min: float = 0.05
 
     def __post_init__(self) -> None:
+        if self.prediction not in ("x", "v"):
+            raise ValueError(f"prediction must be 'x' or 'v', got {self.prediction!r}")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
         if self.dim % self.heads or (self.dim // self.heads) % 4:
@@ -335,7 +343,10 @@ class MiniDiT(nn.Module):
             x = block.main_forward(x, temb, rope, k_t, v_t, keep, layer_probe)
         shift, scale = self.ada_out(temb)[:, None].chunk(2, dim=-1)
         x = self.out(modulate(self.norm_out(x[:, n:]), shift, scale))
-        return unpatchify(x, cfg.patch_size, cfg.channels, cfg.image_size)
+        out = unpatchify(x, cfg.patch_size, cfg.channels, cfg.image_size)    # (B, 3, H, W)
+        if cfg.prediction == "x":  # out is x_0: v = (x_t - x_0) / t, with t floored at t_min
+            return (x_t - out) / t.clamp(min=cfg.t_min).view(-1, 1, 1, 1)
+        return out
 
     # -- the template KV object -----------------------------------------------------------------
     @torch.no_grad()

@@ -44,7 +44,7 @@ def loss_plot(losses: list[list[float]], path: Path, window: int = 50) -> None:
         ax.plot(*smooth(arr[:, 2 + i]), lw=1.0, label=name)
     ax.set_yscale("log")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("rectified-flow MSE on v")
+    ax.set_ylabel("training loss (MSE)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -44,7 +44,7 @@ class Recipe:
     dim: int = 128
     depth: int = 6
     heads: int = 4
-    steps: int = 4800
+    steps: int = 2800
     batch_size: int = 32
     lr: float = 6e-4              # peak AdamW learning rate
     warmup_steps: int = 100       # linear warmup, then cosine decay to min_lr_frac * lr
@@ -161,7 +161,13 @@ def train_step(recipe: Recipe, state: TrainState) -> list[float]:
     tt = t.view(-1, 1, 1, 1)
     x_t = (1 - tt) * b.target + tt * eps                                       # (B, 3, S, S)
     v = model.training_velocity(b.template, b.instruction, b.photo, x_t, t)  # (B, 3, S, S)
-    per = (v - (eps - b.target)).pow(2).mean(dim=(1, 2, 3))                    # (B,)
+    if model.cfg.prediction == "x":
+        # x-prediction, loss on x_0 (= the v-loss weighted by t^2): the edits are deterministic,
+        # so this is the per-pixel MSE of the model's estimate of the edited image at every t.
+        x0_hat = x_t - t.clamp(min=model.cfg.t_min).view(-1, 1, 1, 1) * v
+        per = (x0_hat - b.target).pow(2).mean(dim=(1, 2, 3))                   # (B,)
+    else:
+        per = (v - (eps - b.target)).pow(2).mean(dim=(1, 2, 3))                # (B,)
     loss = per.mean()
     for g in opt.param_groups:
         g["lr"] = recipe.lr_at(state.step)
