@@ -76,7 +76,8 @@ def load_bench_model(name: str):
 
     model = load_mini(None if name == "sakura-mini" else name.partition(":")[2] or None)
     trained = MINI_WEIGHTS.is_file() or name != "sakura-mini"
-    label = "sakura-mini (trained weights)" if trained else "sakura-mini (UNTRAINED: random init, adaLN gates randomised)"
+    label = (f"sakura-mini (weights: {name.partition(':')[2] or MINI_WEIGHTS.name})" if trained
+             else "sakura-mini (UNTRAINED: random init, adaLN gates randomised)")
     if not trained:
         g = torch.Generator().manual_seed(1)
         with torch.no_grad():
@@ -239,6 +240,55 @@ def synthetic_layer(T: int, H: int, D: int, seed: int = 0, dtype=torch.float16) 
     q = torch.randn(256, H, D, generator=g) * 0.3
     imp = attention_importance(q, k)
     return Shard(k.to(dtype), v.to(dtype), importance=imp, layer=5, num_layers=25), q
+
+
+def salient_layers(salience: float, *, layers: int = 4, T: int = 256, H: int = 8, D: int = 32,
+                   seed: int = 0) -> list[tuple[Shard, torch.Tensor]]:
+    """Mini-shaped synthetic layers whose queries share a direction that some keys align with
+    (exponentially distributed alignment, scaled by `salience`): salience 0 gives the flat
+    importance an untrained model shows, larger values concentrate attention on few tokens."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for layer in range(layers):
+        mu = torch.randn(1, H, D, generator=g)
+        mu = mu / mu.norm(dim=-1, keepdim=True)
+        a = -torch.log(torch.rand(T, generator=g)) * salience  # Exp(1) * salience
+        k = torch.randn(T, H, D, generator=g) + 1.5 * torch.randn(1, H, D, generator=g) \
+            + a[:, None, None] * mu * math.sqrt(D) * 0.5
+        v = torch.randn(T, H, D, generator=g) * (0.5 + torch.rand(T, 1, 1, generator=g))
+        q = mu * math.sqrt(D) * 0.7 + torch.randn(128, H, D, generator=g) * 0.5
+        imp = attention_importance(q, k)
+        out.append((Shard(k.half(), v.half(), importance=imp, layer=layer, num_layers=layers), q))
+    return out
+
+
+def salience_sweep(specs: list[str], saliences=(0.0, 0.2, 0.3, 0.5)) -> list[dict[str, Any]]:
+    """RD on synthetic layers of growing attention concentration (template-only attention error)."""
+    from .metrics import attention_rel_error
+
+    res = []
+    for sal in saliences:
+        pairs = salient_layers(sal)
+        shards = [p[0] for p in pairs]
+        imp = torch.stack([s.importance for s in shards])
+        top = float((torch.sort(imp, 1, descending=True)[0][:, : imp.shape[1] // 10].sum(1) / imp.sum(1)).mean())
+        rows = []
+        for spec in specs:
+            codec = codec_from_spec(spec)
+            tables = codec.fit_tables(shards) if codec.uses_tables else None
+            ids = [ShardId("synthetic", f"salience-{sal}", i) for i in range(len(shards))]
+            datas = [codec.encode(s, i, tables) for s, i in zip(shards, ids)]
+            decs = [codec.decode(d, i, tables) for d, i in zip(datas, ids)]
+            err = float(np.mean([attention_rel_error(q, s.key, s.value, d.key, d.value, d.keep)
+                                 for (s, q), d in zip(pairs, decs)]))
+            nbytes = sum(map(len, datas))
+            rows.append({"setting": spec, "codec": codec.name, "bytes": nbytes,
+                         "table_bytes": tables.nbytes if tables is not None else 0,
+                         "bits_per_value": 8 * nbytes / sum(s.num_values for s in shards), "attn_rel_err_mean": err,
+                         "neg_attn": -err, "keep_fraction": float(np.mean([float(d.keep.float().mean()) for d in decs]))})
+        res.append({"salience": sal, "importance_top10pct_mass": top, "rows": rows,
+                    "equal_quality_attn": equal_quality_ratio(rows, "neg_attn")})
+    return res
 
 
 def throughput(specs: list[str], shard: Shard, repeats: int = 3) -> list[dict[str, Any]]:
@@ -425,6 +475,15 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, steps
     for r in results["throughput_klein_sized"]:
         log(f"  {r['setting']:<44} {r['bits_per_value']:6.3f} b/v  enc {r['encode_MBps']:7.1f} MB/s  "
             f"dec {r['decode_MBps']:7.1f} MB/s")
+    sweep_specs = (["cachegen:level=3", "cachegen:level=2", "cachegen:level=1"]
+                   + [f"sakura:budget={b}" for b in ((1.0, 2.0, 4.0) if quick else (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0))]
+                   + ([] if quick else [f"sakura:budget={b},key_offset=-2" for b in (3.0, 4.0, 5.0)]))
+    log("salience sweep (synthetic mini-shaped layers, template-only attention error)")
+    results["salience_sweep"] = salience_sweep(sweep_specs, (0.0, 0.3) if quick else (0.0, 0.2, 0.3, 0.5))
+    for sw in results["salience_sweep"]:
+        log(f"  salience {sw['salience']}: top 10% tokens hold {100 * sw['importance_top10pct_mass']:.0f}% of attention; "
+            "sakura/cachegen bytes at equal error: " + ", ".join(
+                f"{e['cachegen']} {e['ratio']:.2f}" if e["ratio"] else f"{e['cachegen']} n/a" for e in sw["equal_quality_attn"]))
     if klein:
         results["klein_tiny"] = klein_tiny_coverage(["lossless", "uniform:bits=4", "cachegen:level=2",
                                                      "sakura:budget=2.0", ladder])
@@ -472,6 +531,14 @@ def write_table(res: dict[str, Any], path: Path) -> None:
     for r in res["throughput_klein_sized"]:
         lines.append(f"| `{r['setting']}` | {tuple(r['shape'])} | {r['bits_per_value']:.3f} | {r['encode_MBps']:.1f} | "
                      f"{r['decode_MBps']:.1f} |")
+    if "salience_sweep" in res:
+        lines += ["", "### Salience sweep: synthetic mini-shaped layers (4 x 256 tokens x 8 heads x 32), "
+                      "template-only attention error", "",
+                  "| salience | top 10% tokens' attention | sakura/cachegen bytes at equal error (L3, L2, L1) |",
+                  "|---:|---:|---|"]
+        for sw in res["salience_sweep"]:
+            lines.append(f"| {sw['salience']} | {100 * sw['importance_top10pct_mass']:.0f}% | " + ", ".join(
+                f"{e['ratio']:.2f}" if e["ratio"] else "n/a" for e in sw["equal_quality_attn"]) + " |")
     if "klein_tiny" in res:
         k = res["klein_tiny"]
         lines += ["", f"### Tiny random FLUX.2 (diffusers), layer shape {tuple(k['shape'])} x {k['layers']} layers", "",
