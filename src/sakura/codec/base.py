@@ -305,6 +305,8 @@ class Codec(ABC):
             raise bs.CorruptError(f"header has a bad dtype/shape: {h.get('dtype')!r} {h.get('shape')!r}") from None
         if len(shape) != 3 or min(shape) <= 0:
             raise bs.CorruptError(f"header shape {shape} is not (tokens, heads, head_dim)")
+        if shape[0] * shape[1] * shape[2] > MAX_VALUES:
+            raise bs.CorruptError(f"header shape {shape} exceeds the {MAX_VALUES} values one shard may hold")
         return obj, dtype, shape  # type: ignore[return-value]
 
 
@@ -312,6 +314,7 @@ class Codec(ABC):
 # registry
 
 _REGISTRY: dict[str, type[Codec]] = {}
+MAX_VALUES = 1 << 28  # per K or V tensor of one shard (Klein-4B at 1024x1024: 4096 x 3072 = 2^23.6)
 
 
 def register(cls: type[Codec]) -> type[Codec]:
@@ -375,7 +378,16 @@ def decode_any(data: bytes, ident: ShardId, tables: CodecTables | None = None) -
     codec = obj.header.get("codec")
     if not isinstance(codec, str):
         raise bs.CorruptError("object header names no codec")
-    return get_codec(codec, **obj.header.get("params", {})).decode(data, ident, tables)
+    params = obj.header.get("params", {})
+    if not isinstance(params, dict):
+        raise bs.CorruptError("object header has malformed codec parameters")
+    try:
+        codec_obj = get_codec(codec, **params)
+    except UnknownCodecError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise bs.CorruptError(f"object header has invalid {codec} parameters: {e}") from None
+    return codec_obj.decode(data, ident, tables)
 
 
 # ----------------------------------------------------------------------------------------------

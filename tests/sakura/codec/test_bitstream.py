@@ -142,3 +142,20 @@ def test_header_is_little_endian_and_checksummed(shard_q, ident):
     assert magic == b"SKKV" and version == 1 and kind == bs.KIND_SHARD
     assert len(data) == 24 + hlen + plen
     assert crc == zlib.crc32(data[24:], zlib.crc32(data[:20]))
+
+
+def test_forged_huge_shape_and_bad_params_raise(ident):
+    w = bs.Writer()
+    w.add("key", b"\x00" * 8)
+    huge = w.to_bytes(bs.KIND_SHARD, {"codec": "lossless", "params": {}, "id": ident.to_json(),
+                                      "dtype": "float16", "shape": [1 << 20, 1 << 10, 1 << 10], "tables": None})
+    with pytest.raises(CorruptError, match="exceeds"):
+        get_codec("lossless").decode(huge, ident)
+    bad = w.to_bytes(bs.KIND_SHARD, {"codec": "uniform", "params": {"bitz": 3}, "id": ident.to_json(),
+                                     "dtype": "float16", "shape": [2, 1, 2], "tables": None})
+    with pytest.raises(CorruptError, match="parameters"):
+        decode_any(bad, ident)
+    unknown = w.to_bytes(bs.KIND_SHARD, {"codec": "zip9", "params": {}, "id": ident.to_json(),
+                                         "dtype": "float16", "shape": [2, 1, 2], "tables": None})
+    with pytest.raises(UnknownCodecError):
+        decode_any(unknown, ident)
