@@ -46,12 +46,13 @@ class KVMode(str, Enum):
 
 @dataclass(frozen=True)
 class MiniConfig:
+    # Defaults = the bundled model (see docs/model-card.md for the CPU-throughput trade-off).
     image_size: int = 64          # pixels per side of template, photo and output
-    patch_size: int = 4           # pixels per token side -> (image_size / patch_size)^2 tokens per image
+    patch_size: int = 8           # pixels per token side -> (image_size / patch_size)^2 tokens per image
     channels: int = 3
-    dim: int = 256                # hidden width
-    depth: int = 8                # transformer blocks = attention layers holding template KV
-    heads: int = 8
+    dim: int = 128                # hidden width
+    depth: int = 6                # transformer blocks = attention layers holding template KV
+    heads: int = 4
     mlp_ratio: float = 4.0
     template_timestep: float = 0.0  # fixed modulation timestep of template tokens (Klein uses 0)
     instructions: int = 4         # fixed per-template instructions (0 = none), added to template tokens

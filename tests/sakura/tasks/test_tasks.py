@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sakura.models.mini import MiniConfig
+from sakura.models.mini import MiniConfig, patchify
 from sakura.tasks import (HELDOUT_PHOTOS, TASK_NAMES, TASKS, TRAIN_PHOTOS, get_task, get_template, heldout_photos,
                           key_mask, library_templates, look_transfer, sample_batch, sticker_composite,
                           template_library, texture_blend)
@@ -111,11 +111,22 @@ def test_library_sizes_held_out_and_determinism():
 
 
 def test_templates_are_template_heavy():
-    cfg = MiniConfig()
-    # template tokens per template >= photo tokens: the template is a full image of the same size
-    assert cfg.tokens_per_image >= cfg.tokens_per_image
-    for t in template_library(cfg.image_size):
-        assert t.image.shape[-1] == cfg.image_size
+    """Template tokens (as the model's template KV holds them) >= photo tokens."""
+    from sakura.models.mini import MiniDiT
+
+    tiny_mini = MiniDiT(MiniConfig(image_size=16, patch_size=4, dim=32, depth=2, heads=2)).eval()
+    size = tiny_mini.cfg.image_size
+    for name in TASK_NAMES:
+        t = library_templates(size, task=name)[0]
+        kv = tiny_mini.extract_template_kv(t.image[None], t.instruction)
+        photo_tokens = patchify(heldout_photos(size, 1)[:1], tiny_mini.cfg.patch_size).shape[1]
+        assert kv.num_tokens >= photo_tokens
+
+
+def test_recipe_defaults_are_the_model_defaults():
+    from sakura.training import Recipe
+
+    assert Recipe().model_config() == MiniConfig()
 
 
 def test_instruction_ids_are_distinct_and_fit_the_model():
