@@ -85,3 +85,19 @@ def test_cli_train_writes_weights_card_and_resumes(tmp_path):
     res2 = CliRunner().invoke(app, args)
     assert res2.exit_code == 0, res2.output
     assert "trained 4 steps" in res2.output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_default_model_learns_the_tasks_in_a_short_run(tmp_path):
+    """The bundled config, 300 steps (~10 min on one core): already template-dependent and better
+    than identity on the global tasks. (The full recipe is `sakura train`.)"""
+    from dataclasses import replace
+
+    from sakura.tasks.quality import evaluate_quality
+
+    s = train(replace(Recipe(), steps=300, warmup_steps=50), tmp_path, progress=False)
+    report = evaluate_quality(s.model.eval(), photos_per_source=1, with_ssim=False)
+    for t in report.tasks:
+        assert t.psnr["model"] > t.psnr["swapped"] + 1.0, t.task
+    assert {t.task: t.gain_db for t in report.tasks}["texture"] > 1.0
