@@ -113,9 +113,24 @@ def match(
 def bench(
     out: Path = typer.Option(Path("docs/saeot"), help="Folder for JSON results and plots."),
     synthetic: bool = typer.Option(True, help="Planted-match recovery vs samples."),
+    acts: Optional[Path] = typer.Option(None, help="Activation cache: also bench real layer pairs."),
+    saes: Optional[Path] = typer.Option(None, help="SAEs (layer_<l>/) for --acts."),
+    pairs: str = typer.Option("0:18,9:18", help="Real layer pairs a:b."),
 ) -> None:
-    """Synthetic planted-match recovery for every method (JSON + plot)."""
-    from saeot.bench import planted_recovery, plot_recovery, write_json
+    """Planted-match recovery for every method (synthetic) and, with --acts/--saes, every method on
+    real layer pairs: top-token proxy, agreement, wall time for all pairs (JSON + plots)."""
+    from saeot.bench import planted_recovery, plot_recovery, real_layers_bench, write_json
+
+    if acts is not None:
+        if saes is None:
+            raise typer.BadParameter("--acts needs --saes")
+        prs = [tuple(int(x) for x in p.split(":")) for p in pairs.split(",")]
+        r = real_layers_bench(acts, saes, pairs=prs)
+        write_json(r, out / "real_layers.json")
+        for pr, v in r.items():
+            for m, x in v["methods"].items():
+                typer.echo(f"{pr} {m:>15}: Jaccard {x['top_token_jaccard']:.3f}  {x['seconds']:.1f} s")
+            typer.echo(f"{pr} random-match Jaccard {v['random_jaccard']:.3f}; timing {v['timing']}")
 
     if synthetic:
         for sweep, name in (("k", "planted_recovery"), ("n_tokens", "planted_recovery_tokens")):
