@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from sakura.store.layout import INDEX_PATH, check_name, manifest_relpath
-from sakura.store.manifest import MAX_MANIFEST_BYTES, Manifest, ObjectRef
+from sakura.store.manifest import MAX_MANIFEST_BYTES, Manifest, ObjectRef, Rendition
 
 log = logging.getLogger(__name__)
 
@@ -188,59 +188,80 @@ class TemplateClient:
 
     # ---------------------------------------------------------------------------------- objects
     async def fetch_object(self, ref: ObjectRef, *, on_chunk: Callable[[Chunk], None] | None = None) -> FetchResult:
-        """Fetch one object, resuming with ``Range`` after a dropped connection or read timeout,
-        and verify its size and sha256 against ``ref``.
+        """Fetch one whole object, resuming with ``Range`` after a dropped connection or read
+        timeout, and verify its size and sha256 against ``ref``.
 
         Args:
-            ref: the object (from a manifest: a rendition's, a table's or the template ref's).
+            ref: the object (from a manifest: a table's, the template ref's, a rendition's).
             on_chunk: called with each ``Chunk`` as it arrives (e.g. the bandwidth estimator).
         Raises:
             NotFound, IntegrityError, FetchError; ``asyncio.CancelledError`` if cancelled.
         """
         if not isinstance(ref, ObjectRef):
             raise TypeError(f"fetch_object takes an ObjectRef from a manifest, got {type(ref).__name__}")
+        return await self._fetch(ref, ref.bytes, ref.sha256, b"", on_chunk)
+
+    async def fetch_rendition(self, rendition: Rendition, *, have: bytes = b"",
+                              on_chunk: Callable[[Chunk], None] | None = None) -> FetchResult:
+        """Fetch one rendition's bytes, verified against the rendition's sha256.
+
+        For a layered codec's rung (``rendition.prefix``) only ``bytes=0-(n-1)`` of the object is
+        requested; ``have`` may hold a lower rung's bytes (a prefix of the same object), and then
+        only the missing tail is fetched: the upgrade path. ``FetchResult.data`` is always the
+        whole rendition (``have`` + what was fetched).
+        """
+        if not isinstance(rendition, Rendition):
+            raise TypeError(f"fetch_rendition takes a Rendition from a manifest, got {type(rendition).__name__}")
+        if len(have) > rendition.nbytes:
+            raise ValueError(f"have ({len(have)} bytes) is longer than rendition {rendition.name!r} ({rendition.nbytes})")
+        return await self._fetch(rendition.object, rendition.nbytes, rendition.sha256, bytes(have), on_chunk)
+
+    async def _fetch(self, ref: ObjectRef, stop: int, digest: str, have: bytes,
+                     on_chunk: Callable[[Chunk], None] | None) -> FetchResult:
+        """Bytes ``[0, stop)`` of object ``ref`` whose sha256 must be ``digest``; ``have`` is a
+        prefix already held. Retries resume where the last attempt stopped."""
         s = self._ensure_session()
         url = self._url(ref.path)
-        buf = bytearray()
-        h = hashlib.sha256()
+        whole = stop == ref.bytes
+        buf = bytearray(have)
+        h = hashlib.sha256(have)
         etag: str | None = None
         res = FetchResult(data=b"", t_request=time.monotonic(), t_first_byte=float("nan"), t_done=float("nan"))
         attempt = 0
         last: BaseException | None = None
-        while True:
+        while len(buf) < stop:
             headers = {"Accept": "application/octet-stream", "Accept-Encoding": "identity"}
-            resuming = len(buf) > 0
-            if resuming:
-                headers["Range"] = f"bytes={len(buf)}-"
+            ranged = len(buf) > 0 or not whole
+            if ranged:
+                headers["Range"] = f"bytes={len(buf)}-" if whole else f"bytes={len(buf)}-{stop - 1}"
                 if etag is not None and not etag.startswith("W/"):
                     headers["If-Range"] = etag
             try:
                 async with s.get(url, headers=headers) as r:
                     if r.status == 404:
                         raise NotFound(f"object {ref.sha256}: server has none (404)")
-                    if resuming and r.status == 200:
-                        # Server ignored the Range (or the object changed under If-Range): start over.
+                    if ranged and r.status == 200:
+                        # Server ignored the Range (or the object changed under If-Range): take
+                        # the body from byte 0, keep what we need.
                         buf.clear()
                         h = hashlib.sha256()
                         res.restarts += 1
-                    elif resuming and r.status == 206:
+                    elif ranged and r.status == 206:
                         cr = r.headers.get("Content-Range", "")
                         if not cr.startswith(f"bytes {len(buf)}-") or not cr.endswith(f"/{ref.bytes}"):
-                            raise IntegrityError(f"object {ref.sha256}: resume answered with Content-Range {cr!r}, "
-                                                 f"expected bytes {len(buf)}-.../{ref.bytes}")
-                        res.resumes += 1
+                            raise IntegrityError(f"object {ref.sha256}: asked for bytes {len(buf)}-{stop - 1}, got "
+                                                 f"Content-Range {cr!r} (object has {ref.bytes} bytes)")
+                        if attempt > 0:
+                            res.resumes += 1
                     elif r.status != 200:
                         raise FetchError(f"object {ref.sha256}: HTTP {r.status}")
                     etag = r.headers.get("ETag", etag)
                     t_wait = time.monotonic()
-                    while True:
-                        data = await r.content.read(self.chunk_bytes)
+                    while len(buf) < stop:
+                        data = await r.content.read(min(self.chunk_bytes, stop - len(buf)))
                         if not data:
                             break
                         t_end = time.monotonic()
-                        if len(buf) + len(data) > ref.bytes:
-                            raise IntegrityError(f"object {ref.sha256}: server sent more than the "
-                                                 f"{ref.bytes} bytes the manifest lists")
                         if res.t_first_byte != res.t_first_byte:  # NaN: first byte of the fetch
                             res.t_first_byte = t_end
                         buf += data
@@ -250,20 +271,28 @@ class TemplateClient:
                         if on_chunk is not None:
                             on_chunk(c)
                         t_wait = t_end
-                if len(buf) == ref.bytes:
-                    break
+                    if len(buf) == stop:
+                        if r.status == 206 or whole:
+                            # anything more is a server sending beyond what it announced
+                            if not r.content.at_eof() and await r.content.read(1):
+                                raise IntegrityError(f"object {ref.sha256}: server sent more than the "
+                                                     f"{stop} bytes asked for")
+                        break  # (a 200 for a prefix: leaving the block drops the rest of the body)
                 # aiohttp flags a short body as ClientPayloadError; this guards servers that don't.
-                raise aiohttp.ClientPayloadError(f"body ended at {len(buf)} of {ref.bytes} bytes")
+                raise aiohttp.ClientPayloadError(f"body ended at {len(buf)} of {stop} bytes")
             except _RETRYABLE as e:
                 last = e
                 attempt += 1
                 if attempt > self.max_retries:
                     raise FetchError(f"object {ref.sha256}: gave up after {attempt} attempts at byte "
-                                     f"{len(buf)} of {ref.bytes} ({last!r})") from e
+                                     f"{len(buf)} of {stop} ({last!r})") from e
                 log.debug("object %s: attempt %d failed at byte %d (%r); resuming", ref.sha256[:12], attempt, len(buf), e)
                 await asyncio.sleep(min(1.0, 0.02 * 2**attempt))
         res.t_done = time.monotonic()
-        if h.hexdigest() != ref.sha256:
-            raise IntegrityError(f"object {ref.sha256}: received bytes hash to {h.hexdigest()} (corrupt in transit or on the server)")
+        if h.hexdigest() != digest:
+            raise IntegrityError(f"object {ref.sha256}: bytes [0, {stop}) hash to {h.hexdigest()}, manifest says "
+                                 f"{digest} (corrupt in transit, on the server, or a wrong `have`)")
         res.data = bytes(buf)
+        if res.t_first_byte != res.t_first_byte:
+            res.t_first_byte = res.t_done  # nothing needed fetching
         return res

@@ -11,6 +11,7 @@ from sakura.store.manifest import (
     Manifest,
     ManifestError,
     ObjectRef,
+    Prefix,
     Rendition,
     Shard,
     Table,
@@ -30,7 +31,7 @@ from sakura.store.store import (
 )
 
 __all__ = [
-    "SCHEMA_VERSION", "Manifest", "ManifestError", "ObjectRef", "Rendition", "Shard", "Table", "TemplateRef",
+    "SCHEMA_VERSION", "Manifest", "ManifestError", "ObjectRef", "Prefix", "Rendition", "Shard", "Table", "TemplateRef",
     "RenditionInput", "Store", "StoreError", "StoreStats", "StoreWriter", "TemplateStats", "VerifyReport",
     "atomic_write", "put_object", "sha256_file", "check_name", "check_sha256", "manifest_relpath", "object_relpath",
 ]

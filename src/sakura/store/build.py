@@ -6,7 +6,8 @@ type; building them is not wired yet). For each template:
 1. ``model.extract_template_kv`` -> fp32 KV, stored reference is fp16 (what every codec starts from);
 2. ``sakura.capture.template_importance`` over public calibration photos -> (layers, tokens);
 3. every codec setting of the ladder: fit shared tables once (if the codec uses them), encode
-   every layer's shard, measure its distortion with ``Codec.describe``;
+   every layer's shard, measure its distortion with ``Codec.describe`` (a layered codec gives
+   one rendition per rung, each a byte prefix of the shard's one object);
 4. ``StoreWriter``: one object per rendition, tables as objects, the template reference
    (image + instruction, safetensors) so the phone can compute the KV itself, manifest last.
 
@@ -16,14 +17,16 @@ manifest's ``kv_layout`` carries ``template_fingerprint`` so the runtime can reb
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sakura.store.store import RenditionInput, StoreWriter
 
-#: Default ladder: lossless down to ~1 bit/value (importance-aware), independent objects per rung.
-DEFAULT_LADDER = ("lossless", "uniform:bits=8", "sakura:budget=4.0", "sakura:budget=2.0", "sakura:budget=1.0")
+#: Default ladder: lossless, 8-bit, and the importance-aware layered codec whose rungs (~1, 2 and 4
+#: bits/value) are prefixes of one object per shard (renditions "layered:...#0", "#1", "#2").
+DEFAULT_LADDER = ("lossless", "uniform:bits=8", "layered:budgets=[1.0,2.0,4.0]")
 TEMPLATE_REF_MEDIA_TYPE = "application/x-sakura-mini-template+safetensors"
 
 
@@ -93,23 +96,27 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                     table_names = (rname,)
                 for i, s in enumerate(shards):
                     data = codec.encode(s, ident(i), tables)
-                    d = codec.describe(s, data, ident(i), tables)
-                    encoded[i].append(RenditionInput(
-                        name=rname, codec=codec.name, data=data, params=_jsonable(codec.params),
-                        distortion={"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
-                                    "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
-                                    "dropped_fraction": 1.0 - d.keep_fraction},
-                        tables=table_names))
+                    # A layered codec's object holds every rung; rung l is the prefix ends[l]
+                    # (one object in the store, one Range per rung). Others: one whole object.
+                    ends = codec.level_ends(data) if hasattr(codec, "level_ends") else [None]
+                    for rung, end in enumerate(ends):
+                        d = codec.describe(s, data if end is None else data[:end], ident(i), tables)
+                        encoded[i].append(RenditionInput(
+                            name=rname if end is None else f"{rname}#{rung}", codec=codec.name, data=data,
+                            params=_jsonable(codec.params), prefix_bytes=end, tables=table_names,
+                            distortion={"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
+                                        "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
+                                        "dropped_fraction": 1.0 - d.keep_fraction}))
             for i, s in enumerate(shards):
                 w.add_shard(layer=i, tokens=(0, kv.num_tokens), fp16_bytes=s.fp16_bytes, renditions=encoded[i])
             w.set_kv_layout({"layers": L, "tokens": kv.num_tokens, "heads": kv.heads, "head_dim": kv.head_dim,
                              "dtype": "float16", "template_fingerprint": kv.template_fingerprint,
                              "layout": _jsonable(kv.layout), "instruction": tpl.instruction})
         out.append(w._committed)  # set by commit() on leaving the block
-        total = sum(len(r.data) for rs in encoded for r in rs)
+        total = sum({hashlib.sha256(r.data).digest(): len(r.data) for rs in encoded for r in rs}.values())
         fp16 = sum(s.fp16_bytes for s in shards)
-        log(f"{name}: {L} shards x {len(codecs)} renditions, ladder {total / 1e6:.2f} MB vs fp16 {fp16 / 1e6:.2f} MB "
-            f"({time.perf_counter() - t0:.1f} s)")
+        log(f"{name}: {L} shards x {len(encoded[0])} renditions, ladder {total / 1e6:.2f} MB vs fp16 "
+            f"{fp16 / 1e6:.2f} MB ({time.perf_counter() - t0:.1f} s)")
     return out
 
 

@@ -111,6 +111,28 @@ def _require_obj(d: Any, where: str) -> Mapping[str, Any]:
 
 
 @dataclass(frozen=True)
+class Prefix:
+    """A rendition that is the first ``bytes`` bytes of its object (a progressive/layered codec's
+    rung: one object in the store, one HTTP Range per rung), with the sha256 of that prefix."""
+
+    bytes: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, d: Any, where: str) -> "Prefix":
+        _known_keys(_require_obj(d, where), {"bytes", "sha256"}, where)
+        sha = _get(d, "sha256", where)
+        try:
+            check_sha256(sha, f"{where}.sha256")
+        except ValueError as e:
+            raise _fail(f"{where}.sha256", str(e)) from None
+        return cls(bytes=_int(_get(d, "bytes", where), f"{where}.bytes", lo=1), sha256=sha)
+
+
+@dataclass(frozen=True)
 class Rendition:
     """One encoding of one shard.
 
@@ -118,10 +140,12 @@ class Rendition:
         name: ladder rung, unique within the shard (e.g. ``"fp16"``, ``"int8"``, ``"mix4/2"``).
         codec: codec name as the codec registry knows it.
         params: codec parameters (plain JSON) needed to decode.
-        object: the encoded bytes.
+        object: the object holding the encoded bytes.
         distortion: measured distortion, metric name -> value (e.g. ``{"kv_rel_mse": 1.2e-4}``);
             ``{}`` for lossless.
         tables: names of shared tables (``Manifest.tables``) needed to decode, sent once per model.
+        prefix: if set, the rendition is only the first ``prefix.bytes`` of ``object`` (layered
+            codecs: rung l of a shard is a prefix of the shard's one object).
     """
 
     name: str
@@ -130,9 +154,20 @@ class Rendition:
     params: dict[str, Any] = field(default_factory=dict)
     distortion: dict[str, float] = field(default_factory=dict)
     tables: tuple[str, ...] = ()
+    prefix: Prefix | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this rendition (what a fetch from scratch moves)."""
+        return self.prefix.bytes if self.prefix is not None else self.object.bytes
+
+    @property
+    def sha256(self) -> str:
+        """Digest of exactly this rendition's bytes."""
+        return self.prefix.sha256 if self.prefix is not None else self.object.sha256
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d = {
             "name": self.name,
             "codec": self.codec,
             "params": self.params,
@@ -140,10 +175,14 @@ class Rendition:
             "distortion": self.distortion,
             "tables": list(self.tables),
         }
+        if self.prefix is not None:
+            d["prefix"] = self.prefix.to_json()
+        return d
 
     @classmethod
     def from_json(cls, d: Any, where: str) -> "Rendition":
-        _known_keys(_require_obj(d, where), {"name", "codec", "params", "object", "distortion", "tables"}, where)
+        _known_keys(_require_obj(d, where), {"name", "codec", "params", "object", "distortion", "tables", "prefix"},
+                    where)
         dist = _get(d, "distortion", where)
         if not isinstance(dist, Mapping):
             raise _fail(f"{where}.distortion", "expected an object metric -> number")
@@ -153,13 +192,18 @@ class Rendition:
         tables = _get(d, "tables", where)
         if not isinstance(tables, list):
             raise _fail(f"{where}.tables", "expected a list of table names")
+        obj = ObjectRef.from_json(_get(d, "object", where), f"{where}.object")
+        prefix = Prefix.from_json(d["prefix"], f"{where}.prefix") if d.get("prefix") is not None else None
+        if prefix is not None and prefix.bytes > obj.bytes:
+            raise _fail(f"{where}.prefix.bytes", f"{prefix.bytes} exceeds the object's {obj.bytes} bytes")
         return cls(
-            name=_str(_get(d, "name", where), f"{where}.name", max_len=64),
+            name=_str(_get(d, "name", where), f"{where}.name", max_len=128),
             codec=_str(_get(d, "codec", where), f"{where}.codec", max_len=64),
             params=_params(_get(d, "params", where), f"{where}.params"),
-            object=ObjectRef.from_json(_get(d, "object", where), f"{where}.object"),
+            object=obj,
             distortion={str(k): float(v) for k, v in dist.items()},
             tables=tuple(_str(t, f"{where}.tables[{i}]", max_len=128) for i, t in enumerate(tables)),
+            prefix=prefix,
         )
 
 

@@ -35,6 +35,7 @@ from sakura.store.manifest import (
     Manifest,
     ManifestError,
     ObjectRef,
+    Prefix,
     Rendition,
     Shard,
     Table,
@@ -133,6 +134,9 @@ class RenditionInput:
         data: the encoded bytes.
         distortion: measured distortion, metric -> value (>= 0); ``{}`` for lossless.
         tables: names of shared tables (added with ``StoreWriter.add_table``) needed to decode.
+        prefix_bytes: for a layered codec's rung: the rendition is ``data[:prefix_bytes]`` where
+            ``data`` is the shard's whole layered object (pass the same ``data`` for every rung;
+            it is stored once).
     """
 
     name: str
@@ -141,6 +145,7 @@ class RenditionInput:
     params: Mapping[str, Any] = field(default_factory=dict)
     distortion: Mapping[str, float] = field(default_factory=dict)
     tables: Sequence[str] = ()
+    prefix_bytes: int | None = None
 
 
 class StoreWriter:
@@ -207,12 +212,19 @@ class StoreWriter:
             if missing:  # checked before any write, so a rejected shard leaves no trace in the manifest
                 raise ManifestError(f"manifest field shards[{len(self._shards)}].renditions[{j}].tables: "
                                     f"refers to unknown tables {missing} (add_table() them first)")
+            if r.prefix_bytes is not None and not 1 <= r.prefix_bytes <= memoryview(r.data).nbytes:
+                raise ManifestError(f"manifest field shards[{len(self._shards)}].renditions[{j}].prefix: "
+                                    f"prefix_bytes={r.prefix_bytes} outside [1, {memoryview(r.data).nbytes}]")
         rends = []
         for r in renditions:
             ref = self.put_object(r.data)
+            prefix = None
+            if r.prefix_bytes is not None:
+                prefix = Prefix(bytes=r.prefix_bytes,
+                                sha256=hashlib.sha256(memoryview(r.data)[: r.prefix_bytes]).hexdigest())
             rends.append(Rendition(name=r.name, codec=r.codec, object=ref, params=dict(r.params),
                                    distortion={k: float(v) for k, v in r.distortion.items()},
-                                   tables=tuple(r.tables)))
+                                   tables=tuple(r.tables), prefix=prefix))
         shard = Shard(index=len(self._shards), layer=int(layer), tokens=(int(tokens[0]), int(tokens[1])),
                       fp16_bytes=int(fp16_bytes), renditions=tuple(rends))
         # Round-trip through the reader's validation now, so a bad shard fails here, named.
@@ -391,7 +403,8 @@ class Store:
                 continue
             objs = m.objects()
             referenced.update(o.sha256 for o in objs)
-            ladder = sum(r.object.bytes for s in m.shards for r in s.renditions)
+            # each object once: a layered shard's rungs are prefixes of one object
+            ladder = sum({r.object.sha256: r.object.bytes for s in m.shards for r in s.renditions}.values())
             tables = sum({t.object.sha256: t.object.bytes for t in m.tables}.values())
             templates.append(TemplateStats(
                 model_fingerprint=fp, template_id=tid, shards=len(m.shards),
@@ -436,6 +449,15 @@ class Store:
                     rep.problems.append(f"{rel}: object {o.sha256} is {state}")
                 elif good[o.sha256] != o.bytes:
                     rep.problems.append(f"{rel}: object {o.sha256} has {good[o.sha256]} bytes, manifest says {o.bytes}")
+            for s in m.shards:
+                for r in s.renditions:
+                    if r.prefix is None or r.object.sha256 not in good:
+                        continue
+                    with open(self.object_path(r.object), "rb") as f:
+                        head = f.read(r.prefix.bytes)
+                    if hashlib.sha256(head).hexdigest() != r.prefix.sha256:
+                        rep.problems.append(f"{rel}: shard {s.index} rendition {r.name!r}: prefix of "
+                                            f"{r.prefix.bytes} bytes does not match its sha256")
         idx = self.root / INDEX_PATH
         if idx.exists():
             try:

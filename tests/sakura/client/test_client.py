@@ -250,11 +250,71 @@ def test_client_only_ever_requests_public_objects(store):
         assert headers["User-Agent"] == USER_AGENT
         assert "Cookie" not in headers
         if "Range" in headers:
-            assert re.fullmatch(r"bytes=\d+-", headers["Range"])
+            assert re.fullmatch(r"bytes=\d+-(\d+)?", headers["Range"])
     # and the API has no way to send anything else: public coroutines take ids/ObjectRefs only
     public = {n for n, _ in inspect.getmembers(TemplateClient, inspect.iscoroutinefunction) if not n.startswith("_")}
-    assert public == {"fetch_index", "fetch_manifest", "fetch_object", "close"}
+    assert public == {"fetch_index", "fetch_manifest", "fetch_object", "fetch_rendition", "close"}
     with pytest.raises(TypeError, match="ObjectRef"):
         run(TemplateClient("http://127.0.0.1:1").fetch_object("objects/../../secret"))
+    with pytest.raises(TypeError, match="Rendition"):
+        run(TemplateClient("http://127.0.0.1:1").fetch_rendition({"object": "../../secret"}))
     with pytest.raises(ValueError, match="query"):
         TemplateClient("http://127.0.0.1:1/?photo=1")
+
+
+@pytest.fixture(scope="module")
+def layered(tmp_path_factory):
+    """A store whose one shard has a 3-rung layered rendition: prefixes of one 300 kB object."""
+    import os as _os
+
+    from sakura.store import RenditionInput, StoreWriter
+
+    root = tmp_path_factory.mktemp("layered")
+    data = _os.urandom(300_000)
+    with StoreWriter(root, model_fingerprint=FP, template_id="lay") as w:
+        w.set_template_ref(b"ref", media_type="x/y")
+        w.add_shard(layer=0, tokens=(0, 8), fp16_bytes=400_000, renditions=[
+            RenditionInput(f"layered#{i}", "layered", data, prefix_bytes=n) for i, n in enumerate((50_000, 120_000, 300_000))])
+    return root, data
+
+
+@pytest.fixture(params=["aiohttp", "nginx"])
+def layered_server(request, layered, tmp_path_factory):
+    root, data = layered
+    if request.param == "aiohttp":
+        with serve_in_thread(root) as url:
+            yield url, data
+    else:
+        try:
+            ctx = run_nginx(root, tmp_path_factory.mktemp("nginx-l"))
+            url = ctx.__enter__()
+        except FileNotFoundError as e:
+            pytest.skip(f"{e}; .ci/run installs it")
+        try:
+            yield url, data
+        finally:
+            ctx.__exit__(None, None, None)
+
+
+def test_layered_rungs_fetch_and_upgrade_with_ranges(layered_server):
+    url, data = layered_server
+
+    async def go():
+        async with PacingProxy(_upstream(url), Link(None), cut_after_bytes=40_000) as px:
+            async with TemplateClient(px.url, max_retries=20) as c:
+                m = await c.fetch_manifest(FP, "lay")
+                r0, r1, r2 = m.shards[0].renditions
+                a = await c.fetch_rendition(r0)                 # bytes 0-49999 only
+                b = await c.fetch_rendition(r1, have=a.data)    # upgrade: 50000-119999 only
+                full = await c.fetch_rendition(r2, have=b.data)
+                with pytest.raises(IntegrityError, match="wrong `have`"):
+                    await c.fetch_rendition(r1, have=b"x" * 10)
+                with pytest.raises(ValueError, match="longer"):
+                    await c.fetch_rendition(r0, have=b.data)
+                return a, b, full
+    a, b, full = run(go())
+    assert a.data == data[:50_000] and b.data == data[:120_000] and full.data == data
+    assert sum(ch.nbytes for ch in a.chunks) == 50_000
+    assert sum(ch.nbytes for ch in b.chunks) == 70_000      # only the missing tail moved
+    assert sum(ch.nbytes for ch in full.chunks) == 180_000
+    assert a.resumes >= 1 and full.resumes >= 3              # resumed within bounded ranges too

@@ -12,12 +12,13 @@ import torch
 from sakura.store import Store
 from sakura.store.build import build_store
 
+LADDER = ["lossless", "uniform:bits=8", "layered:budgets=[1.0,2.0]"]
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("built")
-    build_store(root, templates=["look-00"], ladder=["lossless", "uniform:bits=8", "sakura:budget=1.0"],
-                calibration=1, steps=1, log=lambda s: None)
+    build_store(root, templates=["look-00"], ladder=LADDER, calibration=1, steps=1, log=lambda s: None)
     return root
 
 
@@ -36,16 +37,27 @@ def test_build_writes_a_valid_store_that_decodes(built):
     assert st.verify().ok
     (fp, tid), = st.manifest_keys()
     m = st.load_manifest(fp, tid)
-    assert tid == "look-00" and len(m.shards) == 8
-    assert [r.name for r in m.shards[0].renditions] == ["lossless", "uniform:bits=8", "sakura:budget=1.0"]
-    assert m.shards[0].renditions[0].distortion["expected"] == 0.0
-    assert m.shards[0].renditions[1].distortion["expected"] > 0
-    assert m.shards[0].renditions[2].object.bytes < m.shards[0].renditions[1].object.bytes
+    model = load_model("sakura-mini")
+    assert tid == "look-00" and len(m.shards) == model.num_layers
+    names = ["lossless", "uniform:bits=8", "layered:budgets=[1.0,2.0]#0", "layered:budgets=[1.0,2.0]#1"]
+    assert [r.name for r in m.shards[0].renditions] == names
+    lossless, q8, rung0, rung1 = m.shards[0].renditions
+    assert lossless.distortion["expected"] == 0.0 and q8.distortion["expected"] > 0
+    # layered rungs: byte prefixes of one object, cheaper and coarser first
+    assert rung0.object == rung1.object and rung0.prefix is not None
+    assert rung0.nbytes < rung1.nbytes <= rung1.object.bytes < q8.nbytes
+    assert rung0.distortion["expected"] > rung1.distortion["expected"]
+    # a rung decodes from its prefix alone, with the template's shared tables from the store
+    from sakura.codec import CodecTables, get_codec
+    meta = m.kv_layout
+    tbl = m.table(rung0.tables[0])
+    tables = CodecTables.from_bytes(st.read_object(tbl.object), ShardId(fp, meta["template_fingerprint"], -1))
+    prefix = st.read_object(rung0.object)[: rung0.nbytes]
+    dec0 = get_codec("layered").decode(prefix, ShardId(fp, meta["template_fingerprint"], 0), tables)
+    assert tuple(dec0.key.shape) == (meta["tokens"], meta["heads"], meta["head_dim"])
 
     # phone side: compute the KV locally from the template reference in the store ...
     ref = st_load(st.read_object(m.template_ref.object))
-    meta = m.kv_layout
-    model = load_model("sakura-mini")
     assert model.fingerprint() == fp
     local = model.extract_template_kv(ref["image"][None], int(meta["instruction"])).to(torch.float16)
     assert local.template_fingerprint == meta["template_fingerprint"]
@@ -59,6 +71,5 @@ def test_build_writes_a_valid_store_that_decodes(built):
 
 def test_rebuild_is_idempotent(built):
     before = _snapshot(built)
-    build_store(built, templates=["look-00"], ladder=["lossless", "uniform:bits=8", "sakura:budget=1.0"],
-                calibration=1, steps=1, log=lambda s: None)
+    build_store(built, templates=["look-00"], ladder=LADDER, calibration=1, steps=1, log=lambda s: None)
     assert _snapshot(built) == before

@@ -166,3 +166,35 @@ def test_objectref_path():
     assert ref.path == "objects/ab/ab" + "0" * 62
     with pytest.raises(ManifestError):
         ObjectRef("../" + "0" * 61, 3)
+
+
+def test_layered_prefix_renditions(tmp_path):
+    from sakura.store import RenditionInput
+
+    data = bytes(range(256)) * 40  # 10240 bytes: one layered object, three rungs
+    with StoreWriter(tmp_path, model_fingerprint="m", template_id="t") as w:
+        w.set_template_ref(b"ref", media_type="x/y")
+        w.add_shard(layer=0, tokens=(0, 4), fp16_bytes=20000, renditions=[
+            RenditionInput(f"layered#{i}", "layered", data, prefix_bytes=n) for i, n in enumerate((1000, 4000, 10240))])
+        with pytest.raises(ManifestError, match="prefix_bytes=20000 outside"):
+            w.add_shard(layer=1, tokens=(0, 4), fp16_bytes=1, renditions=[RenditionInput("x", "c", data, prefix_bytes=20000)])
+    st = Store(tmp_path)
+    m = st.load_manifest("m", "t")
+    rs = m.shards[0].renditions
+    assert len({r.object.sha256 for r in rs}) == 1            # stored once
+    assert [r.nbytes for r in rs] == [1000, 4000, 10240]
+    assert rs[2].sha256 == rs[2].object.sha256
+    import hashlib
+    assert rs[0].sha256 == hashlib.sha256(data[:1000]).hexdigest()
+    assert st.stats().templates[0].ladder_bytes == 10240      # counted once, not 1000+4000+10240
+    assert st.verify().ok
+    # a manifest whose prefix digest is wrong is caught by verify
+    p = tmp_path / "manifests/m/t.json"
+    d = json.loads(p.read_bytes())
+    d["shards"][0]["renditions"][1]["prefix"]["sha256"] = "0" * 64
+    p.write_bytes(Manifest.from_json(d).to_bytes())
+    rep = Store(tmp_path).verify()
+    assert any("prefix of 4000 bytes does not match" in x for x in rep.problems), rep.problems
+    d["shards"][0]["renditions"][1]["prefix"]["bytes"] = 99999
+    with pytest.raises(ManifestError, match="exceeds the object"):
+        Manifest.from_json(d)
