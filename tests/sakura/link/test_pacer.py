@@ -129,5 +129,6 @@ def test_rtt_and_handshake_delay(troot):
         srv.close()
         return first, second
     first, second = asyncio.run(asyncio.wait_for(go(), 10))
-    assert 0.4 <= first < 0.5, first
-    assert 0.2 <= second < 0.3, second
+    # lower bounds are the emulation; upper bounds leave room for a loaded 2-core CI box
+    assert 0.4 <= first < 0.55, first
+    assert 0.2 <= second < 0.35, second

@@ -50,7 +50,7 @@ def test_serve_plain_and_with_emulated_link(tmp_path):
     proc, url = _serve(tmp_path, "--quiet")
     try:
         dt, body = _get_time(f"{url}/index.json")
-        assert body == want and dt < 0.2
+        assert body == want and dt < 1.0
     finally:
         proc.terminate()
         proc.wait(10)
@@ -59,7 +59,7 @@ def test_serve_plain_and_with_emulated_link(tmp_path):
     try:
         dt, body = _get_time(f"{url}/index.json")
         assert body == want
-        assert 0.3 <= dt < 0.6  # handshake RTT + request RTT through the proxy
+        assert 0.3 <= dt < 0.9  # handshake RTT + request RTT through the proxy (upper bound: loaded CI)
     finally:
         proc.terminate()
         proc.wait(10)
