@@ -10,7 +10,8 @@ from sakura.link.traces import (
     load_mahimahi,
     load_trace,
     traces_root,
+    transfer_fn,
 )
 
 __all__ = ["Link", "PacingProxy", "ProxyStats", "paced", "Trace", "TraceError", "list_traces", "load_5gophers",
-           "load_cooked", "load_mahimahi", "load_trace", "traces_root"]
+           "load_cooked", "load_mahimahi", "load_trace", "traces_root", "transfer_fn"]

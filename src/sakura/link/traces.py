@@ -119,6 +119,24 @@ class Trace:
         return np.diff(c) * 8 / 1e6 / bin_s
 
 
+def transfer_fn(trace: Trace, *, offset_s: float = 0.0, rtt_s: float = 0.0):
+    """A pure ``transfer(t_start_s, nbytes) -> t_end_s`` for schedulers/simulators, matching the
+    ``PacingProxy`` model on a reused connection over an otherwise idle link: the request takes
+    ``rtt/2`` to reach the server, the response's bytes are carried at the trace's capacity from
+    then on (trace time ``offset_s + t``), and the last byte lands ``rtt/2`` later. Times are
+    seconds since the emulation started."""
+    if rtt_s < 0 or offset_s < 0:
+        raise ValueError("rtt_s and offset_s must be >= 0")
+    half = rtt_s / 2
+
+    def transfer(t_start_s: float, nbytes: int) -> float:
+        t_link = offset_s + max(0.0, t_start_s) + half
+        done = trace.time_at(trace.cumulative(t_link) + nbytes) if nbytes > 0 else t_link
+        return done - offset_s + half
+
+    return transfer
+
+
 # ---------------------------------------------------------------------------------- parsers
 def load_mahimahi(path: str | os.PathLike[str]) -> Trace:
     """Mahimahi packet-delivery trace (ms timestamps, one 1500-byte packet each)."""

@@ -132,3 +132,58 @@ def test_rtt_and_handshake_delay(troot):
     # lower bounds are the emulation; upper bounds leave room for a loaded 2-core CI box
     assert 0.4 <= first < 0.55, first
     assert 0.2 <= second < 0.35, second
+
+
+def test_transfer_fn_is_pure_arithmetic():
+    from sakura.link import transfer_fn
+
+    tr = Trace("step", edges=np.array([0.0, 1.0, 2.0]), rate=np.array([1000.0, 3000.0]))
+    f = transfer_fn(tr, offset_s=0.5, rtt_s=0.2)
+    # request lands at trace time 0.6; 400 B at 1000 B/s -> 1.0; +0.1 back -> t = 1.1 - 0.5 = 0.6
+    assert f(0.0, 400) == pytest.approx(0.6)
+    # 1000 B: 400 B by trace 1.0, 600 B at 3000 B/s -> 1.2; t_end = 1.2 - 0.5 + 0.1
+    assert f(0.0, 1000) == pytest.approx(0.8)
+    assert f(0.3, 0) == pytest.approx(0.5)  # an empty body still costs the RTT
+
+
+def test_emulated_fetch_matches_transfer_fn(troot):
+    """The pure prediction the scheduler uses and the emulated link agree: a client fetching
+    objects back to back over one connection through the proxy (Norway 3G, 80 ms RTT)."""
+    from sakura.client import TemplateClient
+    from sakura.link import transfer_fn
+    from sakura.server import serve_in_thread
+    from sakura.store import Store
+    from sakura.store.synthetic import make_synthetic_store
+    import tempfile
+
+    spec, off, rtt = "norway_hsdpa_3g/bus.ljansbakken-oslo-report.2010-09-28_1407CEST.log", 40.0, 0.08
+    tr = load_trace(spec, troot)
+    with tempfile.TemporaryDirectory() as d:
+        make_synthetic_store(d, templates=1, layers=2, tokens=64, width=128)
+        m = Store(d).load_manifest("synthetic-model", "tpl-000")
+        refs = [m.shards[0].renditions[1].object, m.shards[1].renditions[2].object, m.shards[1].renditions[1].object]
+
+        async def go(url):
+            link = Link(tr, offset_s=off, burst_bytes=0)
+            async with PacingProxy(_up(url), link, rtt_s=rtt) as px:
+                async with TemplateClient(px.url) as c:
+                    await c.fetch_object(m.template_ref.object)  # opens the connection (handshake RTT)
+                    out = []
+                    for ref in refs:
+                        t0 = time.monotonic() - link.start
+                        await c.fetch_object(ref)
+                        out.append((t0, time.monotonic() - link.start, ref.bytes))
+                    return out
+        with serve_in_thread(d) as url:
+            got = asyncio.run(asyncio.wait_for(go(url), 30))
+    f = transfer_fn(tr, offset_s=off, rtt_s=rtt)
+    for t0, t1, n in got:
+        want = f(t0, n)
+        # HTTP headers (~250 B each way) and event-loop latency are not in the model
+        print(f"n={n} emulated={t1 - t0:.3f}s predicted={want - t0:.3f}s")
+        assert abs((t1 - t0) - (want - t0)) < 0.1 * (want - t0) + 0.02, (n, t1 - t0, want - t0)
+
+
+def _up(url):
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
