@@ -81,10 +81,9 @@ def build(
     steps: int = typer.Option(4, min=1, help="Sampler steps of the calibration runs."),
 ) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
-    from sakura.store.build import DEFAULT_LADDER, build_store
+    from sakura.store.cli import build_cmd
 
-    build_store(store, model_name=model, templates=template or None, ladder=ladder or DEFAULT_LADDER,
-                calibration=calibration, steps=steps, log=typer.echo)
+    build_cmd(store, model, template, ladder, calibration, steps)
 
 
 @app.command()

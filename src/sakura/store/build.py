@@ -60,6 +60,10 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     from sakura.tasks import get_template, heldout_photos
 
     torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
+    codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
+    names = [s.strip() for s in ladder]  # rendition names as the operator wrote them
+    if len(set(names)) != len(names):
+        raise ValueError(f"ladder has duplicate settings: {names}")
     model = load_model(model_name)
     if not isinstance(model, MiniDiT):
         raise NotImplementedError(f"sakura build supports sakura-mini models only so far, not {model_name!r}")
@@ -68,14 +72,11 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     calib = heldout_photos(size)[:calibration]
     if calib.shape[0] < 1:
         raise ValueError("need at least one calibration photo")
-    codecs = [codec_from_spec(s) for s in ladder]
-    names = [s.strip() for s in ladder]  # rendition names as the operator wrote them
-    if len(set(names)) != len(names):
-        raise ValueError(f"ladder has duplicate settings: {names}")
+    names_in = list(templates) if templates else default_templates()
+    tpls = [get_template(n, size) for n in names_in]  # unknown names fail before any work
     out = []
-    for name in (list(templates) if templates else default_templates()):
+    for name, tpl in zip(names_in, tpls):
         t0 = time.perf_counter()
-        tpl = get_template(name, size)
         kv = model.extract_template_kv(tpl.image[None], tpl.instruction).to(torch.float16)
         imp = template_importance(model, kv, calib, steps=steps, seed=seed)  # (layers, tokens)
         L = kv.num_layers

@@ -39,10 +39,11 @@ def stats_cmd(
             t["ratio_vs_fp16"] = ts.ratio_vs_fp16
         typer.echo(json.dumps(d, indent=1))
         return
-    typer.echo(f"{'model/template':40s} {'shards':>6s} {'rends':>6s} {'ladder':>11s} {'tables':>10s} "
+    w = max([len("model/template")] + [len(t.model_fingerprint) + 1 + len(t.template_id) for t in s.templates])
+    typer.echo(f"{'model/template':{w}s} {'shards':>6s} {'rends':>6s} {'ladder':>11s} {'tables':>10s} "
                f"{'total':>11s} {'fp16 copy':>11s} {'total/fp16':>10s}")
     for t in s.templates:
-        typer.echo(f"{t.model_fingerprint + '/' + t.template_id:40s} {t.shards:6d} {t.renditions:6d} "
+        typer.echo(f"{t.model_fingerprint + '/' + t.template_id:{w}s} {t.shards:6d} {t.renditions:6d} "
                    f"{_human(t.ladder_bytes):>11s} {_human(t.table_bytes):>10s} {_human(t.total_bytes):>11s} "
                    f"{_human(t.fp16_bytes):>11s} {t.ratio_vs_fp16:10.3f}")
     typer.echo(f"objects on disk: {s.object_count} ({_human(s.object_bytes)}, each stored once); "
@@ -89,3 +90,17 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, tr
             raise typer.Exit(2)
     serve_forever(store, host=host, port=port, chunk_bytes=chunk_kib * 1024, trace=trace,
                   trace_offset_s=trace_offset, rtt_s=rtt_ms / 1e3)
+
+
+def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list[str] | None, calibration: int,
+              steps: int) -> None:
+    """Body of `sakura build`: clear one-line errors for bad names/specs instead of tracebacks."""
+    from sakura.store.build import DEFAULT_LADDER, build_store
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
+                    calibration=calibration, steps=steps, log=typer.echo)
+    except (ValueError, KeyError, NotImplementedError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)

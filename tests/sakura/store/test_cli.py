@@ -29,3 +29,11 @@ def test_stats_and_verify(tmp_path):
     assert "PROBLEM" in r.output and "checksum mismatch" in r.output and "FAILED" in r.output
     r = CliRunner().invoke(app, ["store", "verify", str(tmp_path / "nope")])
     assert r.exit_code == 2 and "does not exist" in r.output
+
+
+def test_build_rejects_bad_names_cleanly(tmp_path):
+    r = CliRunner().invoke(app, ["build", str(tmp_path / "s"), "--ladder", "bogus:x=1"])
+    assert r.exit_code == 2 and "unknown codec 'bogus'" in r.output
+    r = CliRunner().invoke(app, ["build", str(tmp_path / "s"), "--template", "no-such-template"])
+    assert r.exit_code == 2 and "no template named" in r.output
+    assert not (tmp_path / "s" / "manifests").exists()
