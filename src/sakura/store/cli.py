@@ -70,6 +70,25 @@ def verify_cmd(store: Path = typer.Argument(..., help="Store directory.")) -> No
         raise typer.Exit(1)
 
 
+@store_app.command("gc")
+def gc_cmd(
+    store: Path = typer.Argument(..., help="Store directory."),
+    min_age_s: float = typer.Option(3600.0, min=0.0, help="Only delete orphans older than this (seconds)."),
+    dry_run: bool = typer.Option(False, help="List what would be deleted."),
+) -> None:
+    """Delete unreferenced objects (e.g. from an interrupted build) older than --min-age-s."""
+    from sakura.store import Store, StoreError
+
+    try:
+        removed = Store(store).gc(min_age_s=min_age_s, dry_run=dry_run)
+    except StoreError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    for name in removed:
+        typer.echo(("would delete " if dry_run else "deleted ") + name)
+    typer.echo(f"{len(removed)} file(s) {'to delete' if dry_run else 'deleted'}")
+
+
 def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, trace: str | None = None,
               trace_offset: float = 0.0, rtt_ms: float = 0.0) -> None:
     """Body of `sakura serve` (kept here so sakura/cli.py stays a thin shell)."""

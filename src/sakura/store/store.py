@@ -470,3 +470,36 @@ class Store:
                     rep.problems.append(f"{INDEX_PATH}: does not list exactly the manifests on disk")
         rep.orphans = sorted(set(good) - referenced)
         return rep
+
+    def gc(self, *, min_age_s: float = 3600.0, dry_run: bool = False) -> list[str]:
+        """Delete objects no manifest refers to (e.g. left by an interrupted build) and stale temp
+        files, if older than ``min_age_s`` seconds: a build in progress writes its objects before
+        its manifest, so young orphans may be about to be referenced. Returns the deleted names.
+        Runs under the writer lock; refuses if any manifest is unreadable (its objects would look
+        like orphans)."""
+        import time as _time
+
+        now = _time.time()
+        removed: list[str] = []
+        with _locked(self.root):
+            referenced: set[str] = set()
+            for fp, tid, path in _scan_manifests(self.root):
+                try:
+                    m = self.load_manifest(fp, tid)
+                except (ManifestError, KeyError) as e:
+                    raise StoreError(f"gc refused: {path} is unreadable ({e}); fix or remove it first") from None
+                referenced.update(o.sha256 for o in m.objects())
+            for p in self._object_files():
+                if p.name not in referenced and now - p.stat().st_mtime >= min_age_s:
+                    removed.append(p.name)
+                    if not dry_run:
+                        p.unlink()
+            tmp = self.root / TMP_DIR
+            if tmp.is_dir():
+                for p in tmp.iterdir():
+                    if now - p.stat().st_mtime >= min_age_s:
+                        removed.append(f"{TMP_DIR}/{p.name}")
+                        if not dry_run:
+                            p.unlink()
+        return removed
+

@@ -198,3 +198,22 @@ def test_layered_prefix_renditions(tmp_path):
     d["shards"][0]["renditions"][1]["prefix"]["bytes"] = 99999
     with pytest.raises(ManifestError, match="exceeds the object"):
         Manifest.from_json(d)
+
+
+def test_gc_removes_only_old_orphans(tmp_path):
+    make_synthetic_store(tmp_path, templates=1, layers=2)
+    st = Store(tmp_path)
+    old = put_object(tmp_path, b"orphan from a crashed build")
+    young = put_object(tmp_path, b"object of a build in progress")
+    past = os.stat(st.object_path(old)).st_mtime - 7200
+    os.utime(st.object_path(old), (past, past))
+    assert st.gc(min_age_s=3600, dry_run=True) == [old.sha256]
+    assert st.object_path(old).exists()
+    assert st.gc(min_age_s=3600) == [old.sha256]
+    assert not st.object_path(old).exists() and st.object_path(young).exists()
+    rep = st.verify()
+    assert rep.ok and rep.orphans == [young.sha256]
+    (tmp_path / "manifests/synthetic-model/tpl-000.json").write_text("{broken")
+    with pytest.raises(Exception, match="gc refused"):
+        st.gc(min_age_s=0)
+    assert st.object_path(young).exists()
