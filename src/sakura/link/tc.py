@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,14 +43,27 @@ class NetnsPair:
     """Two named network namespaces joined by a veth pair; deleted again on exit."""
 
     def __init__(self) -> None:
-        tag = f"{os.getpid() % 100000}"
-        self.server, self.phone = f"sakura-{tag}-srv", f"sakura-{tag}-ph"
-        self.server_dev, self.phone_dev = f"sks{tag}", f"skp{tag}"  # <= 15 chars
+        pid = os.getpid()
+        self.server, self.phone = f"sakura-{pid}-srv", f"sakura-{pid}-ph"
+        self.server_dev, self.phone_dev = f"sks{pid % 100000}", f"skp{pid % 100000}"  # <= 15 chars
+
+    @staticmethod
+    def remove_stale() -> list[str]:
+        """Delete ``sakura-<pid>-*`` namespaces whose creating process is gone (a killed test)."""
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+        gone = []
+        for line in out.splitlines():
+            m = re.match(r"(sakura-(\d+)-(?:srv|ph))\b", line.strip())
+            if m and not os.path.exists(f"/proc/{m.group(2)}"):
+                subprocess.run(["ip", "netns", "del", m.group(1)], capture_output=True, timeout=10)
+                gone.append(m.group(1))
+        return gone
 
     def exec(self, ns: str, *argv: str) -> list[str]:
         return ["ip", "netns", "exec", ns, *argv]
 
     def __enter__(self) -> "NetnsPair":
+        self.remove_stale()
         try:
             _run("ip", "netns", "add", self.server)
             _run("ip", "netns", "add", self.phone)
