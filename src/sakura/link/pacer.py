@@ -91,12 +91,13 @@ class PacingProxy:
         rtt_s: round-trip propagation delay (seconds), half on each direction.
         horizon_s: how far ahead of the link the proxy may read from the server (seconds).
         cut_after_bytes: fault injection; drop each connection after this many downlink bytes.
+        cut_limit: drop at most this many connections (None: every one), e.g. 1 = only the first.
     Use ``async with PacingProxy(...) as proxy: proxy.url`` (or ``await start()`` / ``close()``).
     """
 
     def __init__(self, upstream: tuple[str, int], link: Link, *, rtt_s: float = 0.0, listen_host: str = "127.0.0.1",
                  listen_port: int = 0, horizon_s: float = 0.05, cut_after_bytes: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 cut_limit: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if rtt_s < 0:
             raise ValueError(f"rtt_s must be >= 0, got {rtt_s}")
         self.upstream = upstream
@@ -104,6 +105,7 @@ class PacingProxy:
         self.rtt_s = float(rtt_s)
         self.horizon_s = float(horizon_s)
         self.cut_after_bytes = cut_after_bytes
+        self.cut_limit = cut_limit
         self.listen = (listen_host, listen_port)
         self.clock = clock
         self.stats = ProxyStats()
@@ -221,7 +223,8 @@ class PacingProxy:
             while (item := await q.get()) is not None:
                 t, piece = item
                 await self._sleep_until(t)
-                if self.cut_after_bytes is not None and sent + len(piece) > self.cut_after_bytes:
+                if (self.cut_after_bytes is not None and sent + len(piece) > self.cut_after_bytes
+                        and (self.cut_limit is None or self.stats.cut < self.cut_limit)):
                     piece = piece[: self.cut_after_bytes - sent]
                     cw.write(piece)
                     self.stats.down_bytes += len(piece)

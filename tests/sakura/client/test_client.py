@@ -318,3 +318,29 @@ def test_layered_rungs_fetch_and_upgrade_with_ranges(layered_server):
     assert sum(ch.nbytes for ch in b.chunks) == 70_000      # only the missing tail moved
     assert sum(ch.nbytes for ch in full.chunks) == 180_000
     assert a.resumes >= 1 and full.resumes >= 3              # resumed within bounded ranges too
+
+
+def test_restarts_when_server_ignores_range(store):
+    """A server that ignores Range (always 200, whole body): after a drop the client starts over
+    and still delivers verified bytes."""
+    ref = Store(store).load_manifest(FP, "tpl-000").shards[0].rendition("fp16").object
+    body = (store / ref.path).read_bytes()
+
+    async def whole(request):
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    async def go():
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", whole)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        try:
+            async with PacingProxy((host, port), Link(None), cut_after_bytes=100_000, cut_limit=1) as px:
+                async with TemplateClient(px.url) as c:
+                    return await c.fetch_object(ref)
+        finally:
+            await runner.cleanup()
+    res = run(go())
+    assert res.data == body and res.restarts == 1 and res.resumes == 0

@@ -187,3 +187,34 @@ def test_emulated_fetch_matches_transfer_fn(troot):
 def _up(url):
     host, port = url.removeprefix("http://").split(":")
     return host, int(port)
+
+
+def test_connections_share_one_link():
+    """Two saturating connections through one proxy share the phone's link: together they get
+    the trace's bytes (not twice), each about half."""
+    async def go():
+        srv, port = await _saturating_source()
+        link = Link(const(1_000_000.0))  # 8 Mbit/s
+        got = [0, 0]
+        try:
+            async with PacingProxy(("127.0.0.1", port), link) as px:
+                async def conn(i):
+                    r, w = await asyncio.open_connection("127.0.0.1", px.port)
+                    w.write(b"go")
+                    await w.drain()
+                    end = link.start + 3.5
+                    while (now := time.monotonic()) < end:
+                        try:
+                            b = await asyncio.wait_for(r.read(1 << 16), end - now)
+                        except asyncio.TimeoutError:
+                            break
+                        if time.monotonic() - link.start >= 0.5:
+                            got[i] += len(b)
+                    w.close()
+                await asyncio.gather(conn(0), conn(1))
+        finally:
+            srv.close()
+        return got
+    a, b = asyncio.run(asyncio.wait_for(go(), 20))
+    assert (a + b) == pytest.approx(3_000_000, rel=0.05)
+    assert 0.35 < a / (a + b) < 0.65
