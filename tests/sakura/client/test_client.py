@@ -344,3 +344,47 @@ def test_restarts_when_server_ignores_range(store):
             await runner.cleanup()
     res = run(go())
     assert res.data == body and res.restarts == 1 and res.resumes == 0
+
+
+def test_resume_after_mid_body_stall(store):
+    """The server stalls half-way through the body: the read timeout fires, the client resumes
+    with Range from the byte it had, and the result verifies."""
+    ref = Store(store).load_manifest(FP, "tpl-000").shards[0].rendition("int8").object
+    body = (store / ref.path).read_bytes()
+    seen_ranges = []
+
+    async def handler(r, w):
+        try:
+            while True:
+                head = await r.readuntil(b"\r\n\r\n")
+                rng = re.search(rb"(?i)range: bytes=(\d+)-", head)
+                seen_ranges.append(int(rng.group(1)) if rng else None)
+                if rng is None:  # first request: half the body, then silence
+                    w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: \"e\"\r\n\r\n" % len(body))
+                    w.write(body[: len(body) // 2])
+                    await w.drain()
+                    await asyncio.sleep(30)
+                else:
+                    a = int(rng.group(1))
+                    w.write(b"HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\nContent-Range: bytes %d-%d/%d\r\n"
+                            b"ETag: \"e\"\r\n\r\n" % (len(body) - a, a, len(body) - 1, len(body)))
+                    w.write(body[a:])
+                    await w.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            w.close()
+
+    async def go():
+        srv = await asyncio.start_server(handler, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+        try:
+            async with TemplateClient(url, read_timeout=0.3, max_retries=3) as c:
+                t0 = time.monotonic()
+                res = await c.fetch_object(ref)
+                return res, time.monotonic() - t0
+        finally:
+            srv.close()
+    res, dt = run(go())
+    assert res.data == body and res.resumes == 1
+    assert seen_ranges[:2] == [None, len(body) // 2] and dt < 3.0  # resumed exactly where it stopped
