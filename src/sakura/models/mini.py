@@ -29,7 +29,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -304,22 +304,26 @@ class MiniDiT(nn.Module):
     def _rope(self):
         return self.rope_cos, self.rope_sin
 
-    def template_stream(self, template: torch.Tensor, instruction: torch.Tensor | int = 0
-                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Run the template tokens through every block.
+    def template_layers(self, template: torch.Tensor, instruction: torch.Tensor | int = 0
+                        ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Lazily run the template tokens block by block: yields layer i's (key, value), each
+        (B, Tt, H, D), after computing block i only. A runtime that computes a prefix of the
+        layers on the device and fetches the rest stops iterating early.
 
         template: (B, 3, H, W); instruction: int or (B,) long, the template's fixed instruction id.
-        Returns per layer (key, value), each (B, Tt, H, D).
         """
         cfg = self.cfg
         instr = torch.as_tensor(instruction, dtype=torch.long).expand(template.shape[0])
         x = self.embed(patchify(template, cfg.patch_size)) + self.segment[0] + self.instruction[instr][:, None]
         temb = self._temb(torch.full((template.shape[0],), cfg.template_timestep))
-        kvs = []
         for block in self.blocks:
             x, k, v = block.template_forward(x, temb, self._rope())
-            kvs.append((k, v))
-        return kvs
+            yield k, v
+
+    def template_stream(self, template: torch.Tensor, instruction: torch.Tensor | int = 0
+                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Run the template tokens through every block: per layer (key, value), each (B, Tt, H, D)."""
+        return list(self.template_layers(template, instruction))
 
     def velocity(self, photo: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor,
                  kv_for_layer: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
