@@ -80,6 +80,19 @@ def _replace_out(out, h):
     return (h,) + tuple(out[1:]) if isinstance(out, tuple) else h
 
 
+def _last_logits(lm, task: Task):
+    """(B, V) logits at the last position; asks the model for the last position only (the LM head
+    over a 262k vocabulary at every position would dominate the cost)."""
+    import torch
+
+    mask = torch.ones_like(task.ids)
+    try:
+        out = lm.model(input_ids=task.ids, attention_mask=mask, logits_to_keep=1)
+    except TypeError:  # models without logits_to_keep
+        out = lm.model(input_ids=task.ids, attention_mask=mask)
+    return out.logits[:, -1, :]
+
+
 def logit_metric(logits, task: Task):
     """(B, V) last-position logits -> (B,) logit(answer) - mean logit(other digits)."""
     import torch
@@ -115,7 +128,7 @@ def attribution_graph(lm, saes: dict, task: Task, n_nodes: int = 24, progress: b
 
     hs = [_block_for(lm, l).register_forward_hook(make_hook(l)) for l in layers]
     try:
-        logits = lm.model(input_ids=task.ids, attention_mask=torch.ones_like(task.ids)).logits[:, -1, :]
+        logits = _last_logits(lm, task)
     finally:
         for h in hs:
             h.remove()
@@ -222,7 +235,7 @@ def faithfulness(lm, saes: dict, task: Task, circuit: Circuit, labels: dict[int,
             hooks.append(_block_for(lm, l).register_forward_hook(hook))
     try:
         with torch.no_grad():
-            logits = lm.model(input_ids=task.ids, attention_mask=torch.ones_like(task.ids)).logits[:, -1, :]
+            logits = _last_logits(lm, task)
     finally:
         for h in hooks:
             h.remove()
