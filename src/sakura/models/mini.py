@@ -63,6 +63,9 @@ class MiniConfig:
     # residual stream; an image-valued head does not. "v": predict v directly.
     prediction: str = "x"
     t_min: float = 0.05
+    # x-prediction only: the head predicts the edit as a residual over the user photo,
+    # x_0 = photo + head(...), so an untrained model starts at the identity edit and learns the change.
+    photo_skip: bool = True
 
     def __post_init__(self) -> None:
         if self.prediction not in ("x", "v"):
@@ -349,7 +352,9 @@ class MiniDiT(nn.Module):
         shift, scale = self.ada_out(temb)[:, None].chunk(2, dim=-1)
         x = self.out(modulate(self.norm_out(x[:, n:]), shift, scale))
         out = unpatchify(x, cfg.patch_size, cfg.channels, cfg.image_size)    # (B, 3, H, W)
-        if cfg.prediction == "x":  # out is x_0: v = (x_t - x_0) / t, with t floored at t_min
+        if cfg.prediction == "x":  # out is x_0 (or x_0 - photo): v = (x_t - x_0) / t, t floored at t_min
+            if cfg.photo_skip:
+                out = out + photo
             return (x_t - out) / t.clamp(min=cfg.t_min).view(-1, 1, 1, 1)
         return out
 
