@@ -158,10 +158,16 @@ class TemplateClient:
                         raise FetchError(f"{what}: HTTP {r.status} for {relpath}")
                     if (r.content_length or 0) > MAX_MANIFEST_BYTES:
                         raise FetchError(f"{what}: {r.content_length} bytes is over the manifest limit")
-                    body = await r.content.read(MAX_MANIFEST_BYTES + 1)
-                    if len(body) > MAX_MANIFEST_BYTES:
-                        raise FetchError(f"{what}: body over the {MAX_MANIFEST_BYTES}-byte manifest limit")
-                    return body
+                    # read() returns whatever has arrived, not the whole body: loop to EOF
+                    # (a slow link delivers a manifest in many pieces), capping the size.
+                    body = bytearray()
+                    while chunk := await r.content.read(65536):
+                        body += chunk
+                        if len(body) > MAX_MANIFEST_BYTES:
+                            raise FetchError(f"{what}: body over the {MAX_MANIFEST_BYTES}-byte manifest limit")
+                    if r.content_length is not None and len(body) != r.content_length:
+                        raise aiohttp.ClientPayloadError(f"{what}: body ended at {len(body)} of {r.content_length} bytes")
+                    return bytes(body)
             except _RETRYABLE as e:
                 last = e
                 await asyncio.sleep(min(1.0, 0.05 * 2**attempt))

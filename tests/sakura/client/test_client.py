@@ -388,3 +388,16 @@ def test_resume_after_mid_body_stall(store):
     res, dt = run(go())
     assert res.data == body and res.resumes == 1
     assert seen_ranges[:2] == [None, len(body) // 2] and dt < 3.0  # resumed exactly where it stopped
+
+
+def test_manifest_over_a_slow_link_arrives_whole(ours, store):
+    """A manifest is several kB: over a 200 kbit/s link it arrives in ~1500-byte pieces, and the
+    client must wait for all of them (a regression: it once parsed the first piece)."""
+    async def go():
+        link = Link(Trace("200kbit", edges=np.array([0.0, 1000.0]), rate=np.array([25_000.0])), burst_bytes=0)
+        async with PacingProxy(_upstream(ours), link) as px:
+            async with TemplateClient(px.url) as c:
+                return await c.fetch_manifest(FP, "tpl-000"), await c.fetch_index()
+    m, keys = run(go())
+    assert m.to_bytes() == Store(store).load_manifest(FP, "tpl-000").to_bytes()
+    assert len(m.to_bytes()) > 3000 and len(keys) == 2
