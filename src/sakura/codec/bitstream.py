@@ -6,14 +6,16 @@ Layout of one object (all integers little-endian, explicitly):
     0       4     magic  b"SKKV"
     4       2     format version (u16), currently 1; a newer one raises `VersionError`
     6       1     kind (u8): 1 = shard rendition, 2 = codec tables, 3 = layered refinement
-    7       1     reserved, 0
+    7       1     flags (u8): bit 0 = header is zstd-compressed; other bits must be 0
     8       4     header length H (u32)
     12      8     payload length P (u64)
     20      4     crc32 of bytes [0, 20) + bytes [24, 24 + H + P)
-    24      H     header: UTF-8 JSON object (sorted keys): codec name and parameters, identity
+    24      H     header: UTF-8 JSON object (sorted keys; zstd-compressed when that is smaller,
+                  which matters for small shards): codec name and parameters, identity
                   (model fingerprint, template id, shard index), tensor dtype and shape, and the
-                  section table [{name, dtype, shape, offset, nbytes, zstd}]
-    24+H    P     payload: the sections, back to back
+                  section table [{name, dtype, shape, nbytes, zstd?}] in payload order
+    24+H    P     payload: the sections, back to back (the section table's byte counts must
+                  add up to P exactly)
 
 No pickle, no native byte order: every array section is written and read as an explicit
 little-endian numpy dtype from a small whitelist. Decoding checks, in order: length, magic,
@@ -37,7 +39,8 @@ import numpy as np
 
 MAGIC = b"SKKV"
 FORMAT_VERSION = 1
-_FIXED = struct.Struct("<4sHBBIQI")  # magic, version, kind, reserved, H, P, crc
+_FIXED = struct.Struct("<4sHBBIQI")  # magic, version, kind, flags, H, P, crc
+FLAG_HEADER_ZSTD = 1
 FIXED_SIZE = _FIXED.size  # 24 bytes
 
 KIND_SHARD = 1
@@ -100,9 +103,13 @@ class Object:
 
     def section(self, name: str) -> np.ndarray:
         """Return section `name` as a numpy array of its declared dtype and shape (a copy)."""
+        off = 0
         for s in self.header["sections"]:
-            if s["name"] == name:
-                return _read_section(self.payload, s)
+            if not isinstance(s, dict) or not isinstance(s.get("nbytes"), int) or s["nbytes"] < 0:
+                raise CorruptError(f"malformed section entry {s!r}")
+            if s.get("name") == name:
+                return _read_section(self.payload, s, off)
+            off += s["nbytes"]
         raise CorruptError(f"object has no section {name!r}")
 
     def has(self, name: str) -> bool:
@@ -128,8 +135,10 @@ class Writer:
             import zstandard
 
             raw = zstandard.ZstdCompressor(level=zstd_level).compress(raw)
-        self.sections.append({"name": name, "dtype": dt.str, "shape": [int(s) for s in arr.shape],
-                              "offset": self.offset, "nbytes": len(raw), "zstd": zstd_level is not None})
+        entry = {"name": name, "dtype": dt.str, "shape": [int(s) for s in arr.shape], "nbytes": len(raw)}
+        if zstd_level is not None:
+            entry["zstd"] = True
+        self.sections.append(entry)  # sections are back to back: offsets are implied by order
         self.chunks.append(raw)
         self.offset += len(raw)
 
@@ -137,17 +146,23 @@ class Writer:
         header = dict(header)
         header["sections"] = self.sections
         hbytes = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+        flags = 0
+        import zstandard
+
+        packed = zstandard.ZstdCompressor(level=19).compress(hbytes)
+        if len(packed) < len(hbytes):
+            hbytes, flags = packed, FLAG_HEADER_ZSTD
         payload = b"".join(self.chunks)
-        fixed_wo_crc = _FIXED.pack(MAGIC, FORMAT_VERSION, kind, 0, len(hbytes), len(payload), 0)[:20]
+        fixed_wo_crc = _FIXED.pack(MAGIC, FORMAT_VERSION, kind, flags, len(hbytes), len(payload), 0)[:20]
         crc = zlib.crc32(payload, zlib.crc32(hbytes, zlib.crc32(fixed_wo_crc)))
         return fixed_wo_crc + struct.pack("<I", crc) + hbytes + payload
 
 
-def _read_section(payload: memoryview, s: dict[str, Any]) -> np.ndarray:
+def _read_section(payload: memoryview, s: dict[str, Any], off: int) -> np.ndarray:
     try:
         dt = np.dtype(s["dtype"])
         shape = tuple(int(x) for x in s["shape"])
-        off, n = int(s["offset"]), int(s["nbytes"])
+        n = int(s["nbytes"])
     except (KeyError, TypeError, ValueError) as e:
         raise CorruptError(f"malformed section entry {s!r}: {e}") from None
     if s["dtype"] not in _DTYPES or any(x < 0 for x in shape) or off < 0 or n < 0:
@@ -176,7 +191,7 @@ def read_fixed(data: bytes | memoryview, at: int = 0) -> tuple[int, int, int, in
     mv = memoryview(data)
     if len(mv) - at < FIXED_SIZE:
         raise TruncatedError(f"object truncated: {len(mv) - at} bytes, the fixed header alone is {FIXED_SIZE}")
-    magic, version, kind, _res, hlen, plen, crc = _FIXED.unpack_from(mv, at)
+    magic, version, kind, flags, hlen, plen, crc = _FIXED.unpack_from(mv, at)
     if magic != MAGIC:
         raise CorruptError(f"not a sakura codec object (magic {bytes(magic)!r}, expected {MAGIC!r})")
     if version > FORMAT_VERSION:
@@ -186,6 +201,8 @@ def read_fixed(data: bytes | memoryview, at: int = 0) -> tuple[int, int, int, in
         raise VersionError(f"object has invalid format version {version}")
     if kind not in _KIND_NAMES:
         raise CorruptError(f"unknown object kind {kind}")
+    if flags & ~FLAG_HEADER_ZSTD:
+        raise CorruptError(f"unknown flags {flags:#04x}")
     if hlen > MAX_HEADER:
         raise CorruptError(f"header length {hlen} is implausible")
     return kind, hlen, plen, crc
@@ -207,12 +224,26 @@ def parse(data: bytes | memoryview, at: int = 0, *, whole: bool = True) -> Objec
     got = zlib.crc32(mv[at + FIXED_SIZE:end], zlib.crc32(mv[at:at + 20]))
     if got != crc:
         raise CorruptError(f"checksum mismatch (crc32 {got:08x}, header says {crc:08x}): object is corrupt")
+    hraw = bytes(mv[at + FIXED_SIZE:at + FIXED_SIZE + hlen])
+    if mv[at + 7] & FLAG_HEADER_ZSTD:
+        import zstandard
+
+        try:
+            hraw = zstandard.ZstdDecompressor().decompress(hraw, max_output_size=MAX_HEADER)
+        except zstandard.ZstdError as e:
+            raise CorruptError(f"compressed header does not decompress: {e}") from None
     try:
-        header = json.loads(bytes(mv[at + FIXED_SIZE:at + FIXED_SIZE + hlen]))
+        header = json.loads(hraw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CorruptError(f"header is not valid JSON: {e}") from None
     if not isinstance(header, dict) or not isinstance(header.get("sections"), list):
         raise CorruptError("header lacks a section table")
+    try:
+        total = sum(int(s["nbytes"]) for s in header["sections"])
+    except (KeyError, TypeError, ValueError):
+        raise CorruptError("malformed section table") from None
+    if total != plen:
+        raise CorruptError(f"section table covers {total} bytes, payload has {plen}")
     return Object(kind=kind, header=header, payload=mv[at + FIXED_SIZE + hlen:end], nbytes=end - at)
 
 

@@ -233,8 +233,13 @@ class _ImportanceBase(Codec):
         extra: dict[str, Any] = {"level": level, "levels": len(an.bits), "scale_dtype": an.sdt.str}
         if parent_crc is not None:
             extra["parent_crc"] = parent_crc
-        kind = bs.KIND_SHARD if level == 0 else bs.KIND_LAYER
-        return w.to_bytes(kind, self._header(shard, ident, tables, **extra))
+        if level == 0:
+            return w.to_bytes(bs.KIND_SHARD, self._header(shard, ident, tables, **extra))
+        # refinements carry only what identifies them; parameters come from the base they refine
+        h = self._header(shard, ident, tables, **extra)
+        for k in ("params", "layer", "num_layers", "levels", "scale_dtype"):
+            h.pop(k)
+        return w.to_bytes(bs.KIND_LAYER, h)
 
     def encode_levels(self, shard: Shard, ident: ShardId, tables: CodecTables | None = None) -> list[bytes]:
         """One object per ladder level: [base, refinement 1, ...]."""
