@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/load.py                       # 1, 8, 32 phones against `sakura serve`
     .venv/bin/python benchmarks/load.py --server nginx        # the same store served by stock nginx
     .venv/bin/python benchmarks/load.py --out docs/net_load.json
+    .venv/bin/python benchmarks/load.py --trace mahimahi_cellular/TMobile-LTE-driving.down --rtt-ms 50
 
 The server runs as its own process (`sakura serve`, or nginx), so its memory is measured apart
 from the clients: RSS is sampled from /proc every 50 ms (peak reported). Each phone is a
@@ -11,7 +12,8 @@ consumption order, rotating through the ladder's renditions round by round, veri
 Shard latency = request sent -> last byte verified. Bounded: ``--rounds`` per phone and
 ``--max-seconds`` per concurrency level, whichever ends first. All clients share one Python
 process and the machine's cores with the server, so on a 2-core box the numbers are a floor for
-the server, not its ceiling.
+the server, not its ceiling. With ``--trace`` each phone sits behind its own ``PacingProxy``
+(seeded start offset in the trace), so the server holds many slow streams at once.
 """
 
 from __future__ import annotations
@@ -150,19 +152,41 @@ async def phone(url: str, template: str, rounds: int, deadline: float, lat: list
                 counters.setdefault("first_error", repr(e))
 
 
-async def level(url: str, templates: list[str], n: int, rounds: int, max_s: float) -> dict:
+async def level(url: str, templates: list[str], n: int, rounds: int, max_s: float,
+                trace_spec: str | None = None, rtt_s: float = 0.0, seed: int = 0) -> dict:
     lat: list[float] = []
     counters = {"bytes": 0, "shards": 0, "errors": 0, "resumes": 0}
+    proxies = []
+    urls = [url] * n
+    capacity = None
+    if trace_spec is not None:
+        # every phone behind its own emulated link, each starting at its own seeded trace offset
+        from sakura.link import Link, PacingProxy, load_trace
+
+        tr = load_trace(trace_spec)
+        rng = np.random.default_rng(seed)
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        links = [Link(tr, offset_s=float(rng.uniform(0, tr.period_s))) for _ in range(n)]
+        proxies = [await PacingProxy((host, int(port)), lk, rtt_s=rtt_s).start() for lk in links]
+        urls = [p.url for p in proxies]
     t0 = time.monotonic()
     deadline = t0 + max_s
-    await asyncio.gather(*(phone(url, templates[i % len(templates)], rounds, deadline, lat, counters)
-                           for i in range(n)))
-    wall = time.monotonic() - t0
+    try:
+        await asyncio.gather(*(phone(urls[i], templates[i % len(templates)], rounds, deadline, lat, counters)
+                               for i in range(n)))
+    finally:
+        wall = time.monotonic() - t0
+        for p in proxies:
+            await p.close()
+    if trace_spec is not None:
+        # what the n links could have carried in that time (upper bound for the throughput)
+        capacity = sum(lk.trace.bytes_between(lk.offset_s, lk.offset_s + wall) for lk in links) / wall / 1e6
     a = np.array(lat) if lat else np.array([float("nan")])
     return {"clients": n, "wall_s": wall, "bytes": counters["bytes"], "shards": counters["shards"],
             "throughput_MBps": counters["bytes"] / wall / 1e6, "throughput_Gbps": counters["bytes"] * 8 / wall / 1e9,
             "shard_p50_ms": float(np.percentile(a, 50) * 1e3), "shard_p99_ms": float(np.percentile(a, 99) * 1e3),
             "errors": counters["errors"], "resumes": counters["resumes"],
+            **({"link_capacity_MBps": capacity} if capacity is not None else {}),
             **({"first_error": counters["first_error"]} if "first_error" in counters else {})}
 
 
@@ -176,6 +200,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=1000, help="passes over its template per phone")
     ap.add_argument("--max-seconds", type=float, default=8.0, help="time bound per concurrency level")
+    ap.add_argument("--trace", default=None, help="put every phone behind its own emulated link replaying this "
+                    "trace (seeded start offsets), e.g. mahimahi_cellular/TMobile-LTE-driving.down")
+    ap.add_argument("--rtt-ms", type=float, default=0.0, help="emulated RTT with --trace, ms")
     ap.add_argument("--store", type=Path, default=None, help="reuse/build the store here (default: temp dir)")
     ap.add_argument("--out", type=Path, default=None, help="write results JSON here")
     args = ap.parse_args(argv)
@@ -195,14 +222,16 @@ def main(argv: list[str] | None = None) -> dict:
             for n in [int(x) for x in args.clients.split(",")]:
                 cpu0 = _cpu_s(proc.pid)
                 with RssSampler(proc.pid) as rss:
-                    r = asyncio.run(level(url, templates, n, args.rounds, args.max_seconds))
+                    r = asyncio.run(level(url, templates, n, args.rounds, args.max_seconds,
+                                          args.trace, args.rtt_ms / 1e3))
                 r["server_cpu_s"] = _cpu_s(proc.pid) - cpu0
                 # server CPU per GB served: a figure the client-side bottleneck does not distort
                 r["server_cpu_s_per_GB"] = r["server_cpu_s"] / (r["bytes"] / 1e9) if r["bytes"] else float("nan")
                 r["server_rss_peak_MiB"] = rss.peak / 1024
                 r["server_rss_idle_MiB"] = idle_kib / 1024
                 results.append(r)
-                print(f"{args.server:6s} clients={n:3d}  {r['throughput_MBps']:8.1f} MB/s  "
+                cap = f" (links: {r['link_capacity_MBps']:.1f})" if "link_capacity_MBps" in r else ""
+                print(f"{args.server:6s} clients={n:3d}  {r['throughput_MBps']:8.1f} MB/s{cap}  "
                       f"p50={r['shard_p50_ms']:7.1f} ms  p99={r['shard_p99_ms']:7.1f} ms  shards={r['shards']:5d}  "
                       f"errors={r['errors']}  server CPU {r['server_cpu_s_per_GB']:.2f} s/GB  RSS peak={r['server_rss_peak_MiB']:.1f} MiB "
                       f"(idle {r['server_rss_idle_MiB']:.1f})", flush=True)
