@@ -111,7 +111,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
             return _text(405, f"method {request.method} not allowed: this server is read-only", Allow="GET, HEAD")
         if _suspicious(raw):
             status = 400
-            return _text(400, "bad path: '..', '%', '\\\\', '//' and control characters are not allowed")
+            return _text(400, "bad path: '..', '%', backslash, '//' and control characters are not allowed")
         res = resolve(raw)
         if res is None:
             status = 404
