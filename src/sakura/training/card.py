@@ -97,7 +97,7 @@ tokens attend to everything. The template carries its task's instruction embeddi
 | width / depth / heads | {cfg.dim} / {cfg.depth} / {cfg.heads} (head dim {cfg.head_dim}) |
 | parameters | {desc['parameters']:,} |
 | template KV | {desc['template_kv_values']:,} values = {desc['template_kv_bytes_fp16'] / 1024:.0f} KiB in fp16 per template |
-| objective | rectified flow, x_t = (1-t) x0 + t eps, t ~ U(0,1); the head predicts x0 (`prediction="{cfg.prediction}"`), the sampler uses v = (x_t - x0)/max(t, {cfg.t_min}); training loss = MSE on x0; Euler sampler, {eval_steps} steps in the benchmark |
+| objective | rectified flow, x_t = (1-t) x0 + t eps, t ~ U(0,1); the head predicts x0 (`prediction="{cfg.prediction}"`{', as a residual over the photo' if cfg.photo_skip else ''}), the sampler uses v = (x_t - x0)/max(t, {cfg.t_min}); training loss = MSE on x0; Euler sampler, {eval_steps} steps in the benchmark |
 
 Why this size: `docs/model/tradeoff.md` (measured CPU throughput per configuration).
 
