@@ -110,9 +110,21 @@ app.add_typer(store_app, name="store")
 
 
 @app.command()
-def edit() -> None:
-    """Phone side: edit a local photo with a template streamed from a cache server."""
-    _not_yet("edit")
+def edit(
+    photo: Path = typer.Argument(..., help="Your photo (PNG/JPEG); it never leaves this machine."),
+    server: str = typer.Option(..., help="Cache server base URL, e.g. http://127.0.0.1:8080"),
+    template: str = typer.Option(..., help="Template id as listed by the server, e.g. sticker-00."),
+    out: Path = typer.Option(Path("out/edit.png"), help="Where to write the edited image."),
+    policy: str = typer.Option("sakura", help="sakura (MPC + local fallback) or raw-stream (lossless only)."),
+    steps: int = typer.Option(8, min=1, help="Sampler steps."),
+    seed: int = typer.Option(0, help="Sampler seed."),
+    prior_mbps: float = typer.Option(10.0, min=0.001, help="Bandwidth estimate before the first transfer (Mbit/s)."),
+) -> None:
+    """Phone side: edit a local photo with a template whose KV streams from a cache server."""
+    from sakura.runtime.cli import edit_command
+
+    edit_command(photo=photo, server=server, template=template, out=out, policy=policy, steps=steps, seed=seed,
+                 prior_mbps=prior_mbps, echo=typer.echo)
 
 
 bench_app = typer.Typer(help="Benchmarks: every method on the same model, task, photo and trace, in one run.",
@@ -148,6 +160,39 @@ def bench_quality(
     from sakura.tasks.quality import run_quality_bench
 
     run_quality_bench(model, steps=steps, photos_per_source=photos_per_source, out=out, log=typer.echo)
+
+
+@bench_app.command("e2e")
+def bench_e2e(
+    out: Path = typer.Option(Path("docs/e2e"), help="Folder for e2e_live.json/.md and the timeline plot."),
+    template: str = typer.Option("sticker-00", help="Library template."),
+    photo_index: int = typer.Option(0, min=0, help="Held-out photo index."),
+    trace: str = typer.Option("mahimahi_cellular/TMobile-LTE-short.down", help="Trace under ../shared/traces."),
+    offset_s: float = typer.Option(10.0, min=0.0, help="Start offset into the trace (s)."),
+    rtt_ms: float = typer.Option(40.0, min=0.0, help="Round-trip time added by the link (ms)."),
+    steps: int = typer.Option(8, min=1, help="Sampler steps."),
+) -> None:
+    """Live mode: every method (oracle, on-device, on-device-nocache, raw-stream, cachegen, sakura) on
+    the same template, photo and trace segment, real execution on this machine."""
+    from sakura.bench.e2e import run_live
+
+    run_live(out, template=template, photo_index=photo_index, trace=trace, offset_s=offset_s, rtt_ms=rtt_ms,
+             steps=steps, log=typer.echo)
+
+
+@bench_app.command("profile")
+def bench_profile(
+    out: Path = typer.Option(Path("docs/e2e"), help="Folder for e2e_profile.json/.md and the plot."),
+    offsets_per_trace: int = typer.Option(3, min=1, help="Seeded start offsets per trace."),
+    families: Optional[list[str]] = typer.Option(None, help="Trace families (default: all)."),
+    rtt_ms: float = typer.Option(40.0, min=0.0, help="Round-trip time (ms)."),
+    seed: int = typer.Option(0, help="Seed of the start offsets."),
+) -> None:
+    """Phone-profile mode (EXTRAPOLATED): trace-driven simulation of every method with Klein-4B-sized
+    KV and phone compute, on every trace family; codec figures measured on the mini model."""
+    from sakura.bench.e2e import run_profile
+
+    run_profile(out, offsets_per_trace=offsets_per_trace, families=families, rtt_ms=rtt_ms, seed=seed, log=typer.echo)
 
 
 def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry

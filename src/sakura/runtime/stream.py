@@ -44,15 +44,22 @@ class Policy(Protocol):
 
 @dataclass
 class MPCPolicy:
-    """sakura: MPC lookahead over the ladder with local fallback, re-planned after every shard."""
+    """sakura: MPC lookahead over the ladder with local fallback, re-planned after every shard.
+
+    allowed: rendition names this policy may fetch (None: every rendition in the manifest).
+    """
 
     horizon: int = 3
     max_distortion: float = float("inf")
     distortion_weight_s: float = 0.0
     rtt_s: float = 0.0
+    allowed: tuple[str, ...] | None = None
     name: str = "sakura"
 
     def choose(self, specs, state, bytes_per_s, now_s):
+        if self.allowed is not None:
+            specs = [ShardSpec(tuple(o for o in s.options if o.name in self.allowed), s.compute_s, s.local)
+                     for s in specs]
         return plan_next(specs, state, bytes_per_s, rtt_s=self.rtt_s, horizon=self.horizon,
                          max_distortion=self.max_distortion, distortion_weight_s=self.distortion_weight_s)
 
@@ -271,7 +278,7 @@ def shard_specs(manifest, profile: DeviceProfile, allow_local: bool = True) -> l
 def streamed_edit(model: MiniDiT, photo: torch.Tensor, *, base_url: str, template_id: str,
                   template_image: torch.Tensor, instruction: int, policy: Policy, profile: DeviceProfile,
                   estimator: BandwidthEstimator | None = None, steps: int = 8, seed: int = 0,
-                  queue_depth: int = 2, timeout_s: float = 120.0) -> StreamedEdit:
+                  queue_depth: int = 2, timeout_s: float = 120.0, manifest=None) -> StreamedEdit:
     """Edit `photo` with the template's KV streamed from `base_url`, pipelined with compute.
 
     Args:
@@ -282,6 +289,8 @@ def streamed_edit(model: MiniDiT, photo: torch.Tensor, *, base_url: str, templat
         profile: per-layer compute/decode times the planner assumes.
         estimator: bandwidth estimator (kept across edits by a real app).
         queue_depth: fetched-but-not-decoded shards allowed in flight (bounded memory).
+        manifest: an already fetched `Manifest` (an app fetches manifests with the template
+            gallery); None fetches it first, inside the timed edit.
     """
     from sakura.client import TemplateClient
     from sakura.codec import CodecTables, ShardId, decode_any
@@ -315,7 +324,10 @@ def streamed_edit(model: MiniDiT, photo: torch.Tensor, *, base_url: str, templat
 
     async def fetcher() -> None:
         async with TemplateClient(base_url) as client:
-            m = await client.fetch_manifest(model.fingerprint(), template_id)
+            m = manifest if manifest is not None else await client.fetch_manifest(model.fingerprint(), template_id)
+            if m.template_id != template_id or m.model_fingerprint != model.fingerprint():
+                raise TemplateKVError(f"manifest is for {m.model_fingerprint[:16]}…/{m.template_id}, not this "
+                                      f"model's {template_id}")
             info["manifest_s"] = source.now()
             tfp = m.kv_layout.get("template_fingerprint")
             if tfp != source.template_fingerprint:

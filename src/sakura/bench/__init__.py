@@ -1,0 +1,1 @@
+"""Benchmarks that compare methods end to end (see e2e.py)."""
