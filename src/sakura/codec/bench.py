@@ -554,7 +554,10 @@ def plot(res: dict[str, Any], out_dir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    families = [("sakura", lambda r: r["codec"] == "sakura" and "use_importance" not in r["setting"], "o-"),
+    families = [("sakura", lambda r: r["codec"] == "sakura" and "use_importance" not in r["setting"]
+                 and "key_offset" not in r["setting"], "o-"),
+                ("sakura, keys 2 bits below values", lambda r: r["codec"] == "sakura" and "key_offset=-2" in r["setting"],
+                 "D-"),
                 ("sakura, no importance", lambda r: r["codec"] == "sakura" and "use_importance" in r["setting"], "o:"),
                 ("layered rungs", lambda r: r["codec"] == "layered", "s--"),
                 ("cachegen", lambda r: r["codec"] == "cachegen", "^-"),
