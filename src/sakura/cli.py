@@ -37,7 +37,8 @@ def demo(
     out: Path = typer.Option(Path("out/demo"), help="Folder for the demo's images and report."),
     seed: int = typer.Option(0, help="Random seed for the photo noise and sampler."),
 ) -> None:
-    """End to end on the bundled defaults: capture a template's KV, inject it, edit a photo."""
+    """End to end on the bundled defaults: build a store, serve it behind an emulated LTE link, and
+    edit a photo with every method (oracle, on-device, raw-stream, cachegen, sakura)."""
     from sakura.demo import run_demo
 
     run_demo(out_dir=out, seed=seed)

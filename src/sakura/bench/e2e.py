@@ -154,7 +154,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     from sakura.store.store import Store
 
     manifest = Store(store).load_manifest(model.fingerprint(), template)  # fetched with the gallery, untimed
-    rows = []
+    rows, images = [], {}
     with serve_in_thread(store) as url:
         for method in methods:
             log(f"  {method} ...")
@@ -185,6 +185,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
                 img = res.image
             row.update(_quality(img, reference, truth, region))
             rows.append(row)
+            images[method] = img
     if tmp is not None:
         tmp.cleanup()
     by = {r["method"]: r for r in rows}
@@ -201,6 +202,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     (out_dir / "e2e_live.md").write_text(table)
     log(table)
     _plot_timelines(result, out_dir / "e2e_live_timeline.png")
+    result["images"] = {"photo": photo, "template": timg, "truth": truth, **images}  # not in the JSON
     return result
 
 

@@ -147,6 +147,7 @@ class StreamedTemplateKV:
         self._timeout_s = timeout_s
         self._ready = [threading.Event() for _ in range(self._n)]
         self._slots: list[LayerKV | str | None] = [None] * self._n
+        self._is_local = [False] * self._n
         self._error: BaseException | None = None
         self._local_iter = None
         self.records = [ShardRecord(i, "?") for i in range(self._n)]
@@ -164,8 +165,9 @@ class StreamedTemplateKV:
         self._ready[i].set()
 
     def mark_local(self, i: int) -> None:
-        if any(self._slots[j] != LOCAL for j in range(i)):
+        if not all(self._is_local[:i]):
             raise ValueError(f"shard {i} cannot be local: an earlier shard was fetched")
+        self._is_local[i] = True
         self._slots[i] = LOCAL
         self._ready[i].set()
 

@@ -143,3 +143,19 @@ def test_privacy_nothing_of_the_photo_reaches_the_server(setup):
     lines = [l for l in sent.split(b"\r\n") if l.startswith((b"GET", b"HEAD", b"POST", b"PUT"))]
     assert lines and all(l.startswith(b"GET /") for l in lines)
     assert all(b"/objects/" in l or b"/manifests/" in l or b"/index.json" in l for l in lines)
+
+
+def test_local_prefix_marked_while_compute_runs(setup):
+    """Regression: marking shard i local after the compute stage already consumed shard i-1."""
+    from sakura.runtime.stream import StreamedTemplateKV
+    import time as _time
+
+    model, tpl, photo, _ = setup
+    src = StreamedTemplateKV(model, tpl.image[None], tpl.instruction, _time.perf_counter())
+    src.mark_local(0)
+    src.layer(0)           # computed: the slot now holds KV, not the LOCAL marker
+    src.mark_local(1)      # must still be allowed
+    assert src.layer(1).key.shape[0] == model.cfg.tokens_per_image
+    src.put(2, src.layer(1))
+    with pytest.raises(ValueError, match="earlier shard was fetched"):
+        src.mark_local(3)
