@@ -51,21 +51,6 @@ TASK_NAMES = ("look", "texture", "sticker")
 CALIBRATION = ("camera", "coffee")
 
 
-def _image(name: str, size: int) -> torch.Tensor:
-    """A picture shipped in scikit-image: (1, 3, size, size) in [0, 1], centre crop."""
-    from skimage import data
-    from skimage.transform import resize
-
-    img = getattr(data, name)()
-    if img.ndim == 2:
-        img = np.stack([img] * 3, -1)
-    h, w = img.shape[:2]
-    s = min(h, w)
-    img = img[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s, :3]
-    img = resize(img, (size, size), anti_aliasing=True).astype(np.float32)
-    return torch.from_numpy(img).permute(2, 0, 1)[None].clamp(0, 1)
-
-
 # ----------------------------------------------------------------------------------------------
 # model side
 

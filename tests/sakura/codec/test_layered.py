@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sakura.codec import IdentityError, ShardId, TruncatedError, get_codec
 from sakura.codec.importance import plan_bits
@@ -74,3 +76,42 @@ def test_plan_bits_budget_and_order():
     assert (b2 >= b1).all() and b2.mean() <= 3.0
     even = plan_bits(None, 10, 2.5)
     assert sorted(set(even.tolist())) == [2, 3] and even.mean() == 2.5
+
+
+@settings(max_examples=20, deadline=None)
+@given(T=st.integers(1, 48), H=st.integers(1, 3), D=st.sampled_from([2, 4, 8]), seed=st.integers(0, 10 ** 6),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]), heavy=st.booleans(),
+       budgets=st.sampled_from([[0.5, 2.0], [1.0, 2.5, 6.0], [2.0, 3.0, 4.0, 8.0]]))
+def test_ladder_property(T, H, D, seed, dtype, heavy, budgets):
+    """Any shard: every rung decodes, kept sets and widths only grow, every kept value is within
+    half a step of its rung, incremental upgrades equal full decodes."""
+    g = torch.Generator().manual_seed(seed)
+    k, v = torch.randn(T, H, D, generator=g).to(dtype), torch.randn(T, H, D, generator=g).to(dtype)
+    imp = torch.rand(T, generator=g) ** (8 if heavy else 1)
+    from sakura.codec import Shard
+
+    shard = Shard(k, v, importance=imp)
+    ident = ShardId("m", "t", 0)
+    c = get_codec("layered", budgets=budgets)
+    tables = c.fit_tables([shard])
+    data = c.encode(shard, ident, tables)
+    ends = c.level_ends(data)
+    assert len(ends) == len(budgets)
+    prev_keep, prev_bits, state, start = None, None, None, 0
+    for e in ends:
+        out = c.decode(data[:e], ident, tables)
+        state = c.decode_state(data[:e], ident, tables) if state is None else c.upgrade(state, data[start:e])
+        assert torch.equal(state.result().key, out.key)
+        start = e
+        keep = out.keep
+        if prev_keep is not None:
+            assert bool((keep | ~prev_keep).all())  # nothing kept before is dropped now
+            assert (state.bits >= prev_bits).all()
+        # every kept value is within half a step of its rung's width (values: `bits`, per token)
+        bits = state.bits
+        step = state.scales["v_r"].astype(np.float64) / np.exp2(bits.astype(np.float64))[:, None]  # (T, C)
+        err = (out.value.float() - v.float()).abs().reshape(T, -1).numpy().astype(np.float64)
+        eps = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+        tol = step / 2 * (1 + 1e-4) + eps * np.abs(v.float().reshape(T, -1).numpy()) + 1e-6
+        assert (err[bits > 0] <= tol[bits > 0]).all()
+        prev_keep, prev_bits = keep, bits.copy()
