@@ -332,8 +332,12 @@ def klein_tiny_coverage(specs: list[str]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # targets
 
-def equal_quality_ratio(rows: list[dict[str, Any]], metric: str = "psnr_vs_lossless_db") -> list[dict[str, Any]]:
-    """For each cachegen level, sakura bytes at the same quality (log-bytes interpolation)."""
+def equal_quality_ratio(rows: list[dict[str, Any]], metric: str = "psnr_vs_lossless_db",
+                        with_tables: bool = False) -> list[dict[str, Any]]:
+    """For each cachegen level, sakura bytes at the same quality (log-bytes interpolation);
+    `with_tables` adds each setting's per-template table bytes to its shard bytes."""
+    if with_tables:
+        rows = [dict(r, bytes=r["bytes"] + r.get("table_bytes", 0)) for r in rows]
     cand = sorted([r for r in rows if r["codec"] == "sakura" and "use_importance" not in r["setting"]
                    and r.get(metric) is not None], key=lambda r: r["bytes"])
     sak = []  # Pareto frontier: each point better than every cheaper one (the cloud picks per template)
@@ -447,6 +451,9 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, steps
             "equal_quality_psnr": equal_quality_ratio(rows, "psnr_vs_lossless_db"),
             "equal_quality_attn": equal_quality_ratio(
                 [dict(r, neg_attn=-r["attn_rel_err_mean"]) for r in rows], "neg_attn"),
+            "equal_quality_psnr_with_tables": equal_quality_ratio(rows, "psnr_vs_lossless_db", with_tables=True),
+            "equal_quality_attn_with_tables": equal_quality_ratio(
+                [dict(r, neg_attn=-r["attn_rel_err_mean"]) for r in rows], "neg_attn", with_tables=True),
             "gt_target": gt_target(rows, -0.5),
             "ladder_bytes_with_tables": ladder_bytes,
             "ladder_fraction_of_fp16": ladder_bytes / fp16 if ladder_bytes else None,
@@ -508,6 +515,11 @@ def write_table(res: dict[str, Any], path: Path) -> None:
         for e in t["equal_quality_attn"]:
             lines.append(f"- {e['cachegen']} (err {-e['quality']:.4f}): "
                          + (f"ratio {e['ratio']:.2f}" if e["ratio"] else "not reached"))
+        if "equal_quality_psnr_with_tables" in t:
+            fmt = lambda es: ", ".join(f"{e['ratio']:.2f}" if e["ratio"] else "n/a" for e in es)  # noqa: E731
+            lines += ["", "Counting each setting's per-template table bytes too (L3, L2, L1): equal PSNR "
+                          f"{fmt(t['equal_quality_psnr_with_tables'])}; equal attention error "
+                          f"{fmt(t['equal_quality_attn_with_tables'])}"]
         if t["ladder_fraction_of_fp16"]:
             lines += ["", f"Whole ladder ({res['ladder']}, all rungs + tables): {t['ladder_bytes_with_tables']} B = "
                           f"{t['ladder_fraction_of_fp16']:.3f} of one fp16 copy", ""]

@@ -42,6 +42,8 @@ from .base import (Codec, CodecTables, DecodedShard, Shard, ShardId, as_f32_2d, 
                    register)
 
 ALLOWED_BITS = np.array([0, 2, 3, 4, 5, 6, 7, 8], dtype=np.int32)
+CENTROID_MAX_BITS = 4  # wider bins are small enough that their midpoints are (nearly) unbiased
+CENTROID_LEVELS = 16   # a bin's reconstruction point is stored to 1/16 of the bin (error <= 1/32 bin)
 PER_CHANNEL_MAX_BITS = 5
 
 
@@ -138,6 +140,10 @@ class _ImportanceBase(Codec):
             raise ValueError(f"{self.name}: drop_cost must be > 0")
         if not isinstance(p["key_group"], int) or p["key_group"] < 0:
             raise ValueError(f"{self.name}: key_group must be an int >= 0 (0 = all tokens)")
+        if p["centroids"] not in ("channel", "pooled", "none"):
+            raise ValueError(f"{self.name}: centroids must be 'channel', 'pooled' or 'none'")
+        if not isinstance(p["early_bonus"], (int, float)) or not 0 <= p["early_bonus"] <= 4:
+            raise ValueError(f"{self.name}: early_bonus must be a number in [0, 4]")
         if not isinstance(p["key_offset"], int) or not -6 <= p["key_offset"] <= 6:
             raise ValueError(f"{self.name}: key_offset must be an int in [-6, 6]")
         if p["value_group"] != "head" and (not isinstance(p["value_group"], int) or p["value_group"] < 0):
@@ -161,8 +167,10 @@ class _ImportanceBase(Codec):
         if shard.importance is not None and p["use_importance"]:
             imp = shard.importance.detach().double().numpy()
         bits, prev = [], None
+        # early layers' errors propagate through every later layer (CacheGen gives them more bins)
+        bonus = float(p["early_bonus"]) if shard.layer < round(shard.num_layers / 3) else 0.0
         for b in self._budgets(p):
-            cur = plan_bits(imp, T, b, prev=prev, alpha=p["alpha"], drop_cost=p["drop_cost"],
+            cur = plan_bits(imp, T, min(b + bonus, 8.0), prev=prev, alpha=p["alpha"], drop_cost=p["drop_cost"],
                             allow_drop=p["allow_drop"])
             if not (cur > 0).any():  # keep at least the most important token
                 cur = cur.copy()
@@ -197,6 +205,36 @@ class _ImportanceBase(Codec):
                         else:
                             arrays[name] = cnt
                 prev = cur
+            # reconstruction points: where values actually sit inside each bin (per channel, or
+            # pooled over channels: 1/C of the table bytes)
+            for kv in ("k", "v") if self.params["centroids"] != "none" else ():
+                widths = set()
+                for cur in an.bits:
+                    widths.update(int(b) for b in np.unique(kind_bits(cur, kv, ko)))
+                for b in sorted(w for w in widths if 0 < w <= CENTROID_MAX_BITS):
+                    tok = np.zeros(0, np.int64)
+                    for cur in an.bits:
+                        tok = np.union1d(tok, np.nonzero(kind_bits(cur, kv, ko) == b)[0])
+                    if tok.size == 0:
+                        continue
+                    pos = an.u[kv][tok] * np.float32(1 << b)  # (n, C)
+                    idx = np.minimum(np.floor(pos), (1 << b) - 1).astype(np.int64)
+                    frac = (pos - idx).astype(np.float64)
+                    C = pos.shape[1]
+                    flat = (idx + (np.arange(C) * (1 << b))[None, :]).reshape(-1)
+                    for part, vals in (("csum", frac.reshape(-1)), ("ccnt", np.ones(flat.size))):
+                        name = f"L{shard.layer}.{kv}.{part}{b}"
+                        acc = np.bincount(flat, weights=vals, minlength=C << b).reshape(C, 1 << b)
+                        arrays[name] = arrays[name] + acc if name in arrays else acc
+        for name in [n for n in arrays if ".csum" in n]:
+            cnt = arrays.pop(name.replace(".csum", ".ccnt"))
+            ssum = arrays.pop(name)
+            if self.params["centroids"] == "pooled":
+                cnt, ssum = cnt.sum(0, keepdims=True), ssum.sum(0, keepdims=True)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                c = np.where(cnt > 0, ssum / np.maximum(cnt, 1), 0.5)
+            q = np.clip(np.floor(c * CENTROID_LEVELS), 0, CENTROID_LEVELS - 1)  # 16 sub-bins, centre of each
+            arrays[name.replace(".csum", ".cent")] = q.astype(np.uint8)
         return CodecTables(codec=self.name, arrays=arrays, meta={"params": self.params})
 
     # -- encode -----------------------------------------------------------------------------
@@ -381,16 +419,34 @@ class LayeredState:
         keep = self.bits > 0
         out = []
         ko = int(self.header["params"].get("key_offset", 0))
+        layer = int(self.header.get("layer", 0))
         for kv in ("k", "v"):
-            x = Q.reconstruct(self.idx[kv], kind_bits(self.bits, kv, ko), self.scales[f"{kv}_lo"],
-                              self.scales[f"{kv}_r"])
+            kb = kind_bits(self.bits, kv, ko)
+            x = Q.reconstruct(self.idx[kv], kb, self.scales[f"{kv}_lo"], self.scales[f"{kv}_r"])
+            if self.tables is not None:  # centroid reconstruction where the tables hold it
+                C = x.shape[1]
+                for b in np.unique(kb[keep]):
+                    name = f"L{layer}.{kv}.cent{int(b)}"
+                    if int(b) > CENTROID_MAX_BITS or name not in self.tables.arrays:
+                        continue
+                    cent = self.tables.arrays[name]
+                    if cent.ndim != 2 or cent.shape[0] not in (1, C) or cent.shape[1] != 1 << int(b):
+                        raise bs.CorruptError(f"centroid table {name} has shape {cent.shape}")
+                    sel = np.nonzero(kb == b)[0]
+                    idx = self.idx[kv][sel]
+                    rows = np.arange(C)[None, :] if cent.shape[0] == C else np.zeros((1, 1), np.int64)
+                    if int(cent.max(initial=0)) >= CENTROID_LEVELS:
+                        raise bs.CorruptError(f"centroid table {name} holds values >= {CENTROID_LEVELS}")
+                    delta = (cent[rows, idx].astype(np.float32) + np.float32(0.5)) / np.float32(CENTROID_LEVELS)
+                    step = self.scales[f"{kv}_r"][sel] * np.float32(2.0 ** -int(b))
+                    x[sel] = self.scales[f"{kv}_lo"][sel] + (idx + delta) * step
             x[~keep] = 0.0
             out.append(from_f32_2d(x, self.shape, self.dtype))
         return DecodedShard(out[0], out[1], torch.from_numpy(keep.copy()))
 
 
 _COMMON = {"alpha": 1.0, "drop_cost": 1.0, "allow_drop": True, "use_importance": True,
-           "key_group": 0, "value_group": 0, "key_offset": -1}
+           "key_group": 0, "value_group": 0, "key_offset": -1, "early_bonus": 0.0, "centroids": "channel"}
 
 
 @register

@@ -107,7 +107,8 @@ def test_sakura_uniform_budget_bound(budget, shard):
     for x_t, y_t, mode, g, b in ((shard.key, out.key, "key", 0, max(budget - 1, 2)),
                                  (shard.value, out.value, "value", 0, budget)):
         x = x_t.float().reshape(T, -1).numpy()
-        bound = _nested_bound(x, mode, g, b)
+        # half a step with midpoint reconstruction; one step where tables hold centroids (b <= 4)
+        bound = _nested_bound(x, mode, g, b - 1 if b <= 4 else b)
         err = np.abs(y_t.float().reshape(T, -1).numpy().astype(np.float64) - x)
         assert (err <= bound + _out_tol(y_t.float().reshape(T, -1), y_t.dtype).numpy()).all()
 
@@ -129,16 +130,16 @@ def test_sakura_importance_roundtrip(shard, budget):
     T, H, D = shard.shape
     for x_t, y_t, mode, g in ((shard.key, out.key, "key", 0), (shard.value, out.value, "value", 0)):
         x = x_t.float().reshape(T, -1).numpy()
-        bound = _nested_bound(x, mode, g, 2)
+        bound = _nested_bound(x, mode, g, 1)  # one step at 2 bits (centroid reconstruction)
         y = y_t.float().reshape(T, -1)
         err = np.abs(y.numpy().astype(np.float64) - x)
         ok = err <= bound + _out_tol(y, y_t.dtype).numpy()
         assert ok[keep].all()
         assert (y.numpy()[~keep] == 0).all()
-    # the same object decodes with self-contained histograms too
+    # self-contained objects (own histograms, midpoint reconstruction) keep the same tokens
     data2 = c.encode(shard, ID, None)
     out2 = c.decode(data2, ID, None)
-    assert torch.equal(out2.key, out.key) and torch.equal(out2.keep, out.keep)
+    assert torch.equal(out2.keep, out.keep)
 
 
 @pytest.mark.parametrize("level", [1, 2, 3])
