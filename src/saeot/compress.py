@@ -47,6 +47,16 @@ class Task:
     ids: "object"  # (B, T) torch.long
     answer_ids: np.ndarray  # (B,) token id of the answer digit
     digit_ids: np.ndarray  # (10,) token ids of "0".."9"
+    start: int = 0  # first position that belongs to the prompt text (1 when a BOS is prepended)
+
+    def position_mask(self):
+        """(B, T, 1) float: 1 at prompt positions, 0 at the BOS (an attention sink with huge norm,
+        whose features are left out of the circuit and untouched by the reduction)."""
+        import torch
+
+        m = torch.ones(self.ids.shape + (1,))
+        m[:, :self.start] = 0.0
+        return m
 
 
 def make_task(tokenizer) -> Task:
@@ -63,7 +73,10 @@ def make_task(tokenizer) -> Task:
             raise ValueError(f"digit {d} is not a single token for this tokenizer")
         digit_ids.append(t[0])
     digit_ids = np.array(digit_ids)
-    return Task(torch.tensor(enc), digit_ids[np.array(answers)], digit_ids)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    cls = getattr(tokenizer, "cls_token_id", None)
+    start = 1 if enc[0][0] in {t for t in (bos, cls) if t is not None} else 0
+    return Task(torch.tensor(enc), digit_ids[np.array(answers)], digit_ids, start)
 
 
 def _block_for(lm, layer: int):
@@ -141,6 +154,7 @@ def attribution_graph(lm, saes: dict, task: Task, n_nodes: int = 24, progress: b
         h = store[l].detach()  # (B, T, d)
         B, T, d = h.shape
         a = torch.from_numpy(sae.encode(h.reshape(-1, d).numpy()).toarray())  # (B*T, F)
+        a = a * task.position_mask().reshape(-1, 1)  # BOS features are not circuit nodes
         Wd = torch.from_numpy(sae.W_dec)  # (F, d)
         score = (a * (g.reshape(-1, d) @ Wd.T)).sum(0).numpy()  # (F,)
         top = np.argsort(-np.abs(score), kind="stable")[:n_nodes]
@@ -223,13 +237,14 @@ def faithfulness(lm, saes: dict, task: Task, circuit: Circuit, labels: dict[int,
             We = torch.from_numpy(sae.W_enc)
             be, bd = torch.from_numpy(sae.b_enc), torch.from_numpy(sae.b_dec)
 
-            def hook(_m, _i, out, We=We, be=be, bd=bd, nodes=nodes, Wd=Wd, onehot=onehot, dirs=dirs, sae=sae):
+            def hook(_m, _i, out, We=We, be=be, bd=bd, nodes=nodes, Wd=Wd, onehot=onehot, dirs=dirs, sae=sae,
+                     pm=task.position_mask()):
                 from saeot.sae import _activate
 
                 h = _out_tensor(out)  # (B, T, d)
                 a = _activate((h - bd) @ We + be, sae.architecture, sae.k,
                               None if sae.threshold is None else torch.from_numpy(sae.threshold))[..., nodes]
-                h2 = h - a @ Wd + (a @ onehot) @ dirs
+                h2 = h + pm * (-(a @ Wd) + (a @ onehot) @ dirs)
                 return _replace_out(out, h2)
 
             hooks.append(_block_for(lm, l).register_forward_hook(hook))

@@ -32,6 +32,7 @@ def test_task_prompts():
 def test_identity_supernodes_reproduce_the_model_and_merging_changes_it(setup):
     lm, saes, H = setup
     task = make_task(lm.tokenizer)
+    assert task.start == 1 and task.ids.shape[0] == 55  # [CLS] is left out of the circuit
     circ = attribution_graph(lm, saes, task, n_nodes=10, progress=False)
     assert set(circ.nodes) == {2, 4} and circ.edges[(2, 4)].shape == (10, 10)
     # nodes are the largest |attribution| and attributions are not all zero
