@@ -285,8 +285,9 @@ def sinkhorn_batch(M: np.ndarray, a: np.ndarray, b: np.ndarray, reg: float = 0.0
     M = torch.from_numpy(np.ascontiguousarray(M, dtype=np.float64))
     scale = M.mean(dim=(1, 2), keepdim=True) + 1e-12  # (B, 1, 1)
     Mr = M / (scale * reg)  # (B, n, m) cost in units of the regulariser
-    la = torch.from_numpy(np.log(np.asarray(a, dtype=np.float64)))  # -inf for zero weights
-    lb = torch.from_numpy(np.log(np.asarray(b, dtype=np.float64)))
+    with np.errstate(divide="ignore"):  # -inf for zero weights (padding): those points drop out
+        la = torch.from_numpy(np.log(np.asarray(a, dtype=np.float64)))
+        lb = torch.from_numpy(np.log(np.asarray(b, dtype=np.float64)))
     f = torch.zeros_like(la)
     g = torch.zeros_like(lb)
     err = float("inf")
