@@ -39,6 +39,7 @@ SETTINGS_FULL = (["lossless", "lossless:zstd=true", "uniform:bits=8", "uniform:b
                   "uniform:bits=2", "cachegen:level=3", "cachegen:level=2", "cachegen:level=1"]
                  + [f"sakura:budget={b}" for b in (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)]
                  + [f"sakura:budget={b},key_offset=-2" for b in (3.0, 4.0, 5.0, 6.0)]
+                 + [f"sakura:budget={b},key_scale=\"channel\"" for b in (3.0, 4.0, 5.0)]
                  + [f"sakura:budget={b},use_importance=false" for b in (2.0, 3.0, 4.0)])
 SETTINGS_QUICK = ["lossless", "uniform:bits=4", "cachegen:level=3", "cachegen:level=1", "sakura:budget=2.0",
                   "sakura:budget=4.0"]
@@ -552,9 +553,10 @@ def plot(res: dict[str, Any], out_dir: Path) -> None:
     import matplotlib.pyplot as plt
 
     families = [("sakura", lambda r: r["codec"] == "sakura" and "use_importance" not in r["setting"]
-                 and "key_offset" not in r["setting"], "o-"),
+                 and "key_offset" not in r["setting"] and "key_scale" not in r["setting"], "o-"),
                 ("sakura, keys 2 bits below values", lambda r: r["codec"] == "sakura" and "key_offset=-2" in r["setting"],
                  "D-"),
+                ("sakura, keys per channel", lambda r: r["codec"] == "sakura" and "key_scale" in r["setting"], "x-"),
                 ("sakura, no importance", lambda r: r["codec"] == "sakura" and "use_importance" in r["setting"], "o:"),
                 ("layered rungs", lambda r: r["codec"] == "layered", "s--"),
                 ("cachegen", lambda r: r["codec"] == "cachegen", "^-"),

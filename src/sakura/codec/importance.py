@@ -140,6 +140,8 @@ class _ImportanceBase(Codec):
             raise ValueError(f"{self.name}: drop_cost must be > 0")
         if not isinstance(p["key_group"], int) or p["key_group"] < 0:
             raise ValueError(f"{self.name}: key_group must be an int >= 0 (0 = all tokens)")
+        if p["key_scale"] not in ("channel", "token"):
+            raise ValueError(f"{self.name}: key_scale must be 'channel' or 'token'")
         if p["centroids"] not in ("channel", "pooled", "none"):
             raise ValueError(f"{self.name}: centroids must be 'channel', 'pooled' or 'none'")
         if not isinstance(p["early_bonus"], (int, float)) or not 0 <= p["early_bonus"] <= 4:
@@ -180,7 +182,8 @@ class _ImportanceBase(Codec):
         x = {"k": as_f32_2d(shard.key), "v": as_f32_2d(shard.value)}
         sdt = Q.scale_dtype(np.array([np.abs(x["k"]).max(), np.abs(x["v"]).max()]))
         u, scales = {}, {}
-        for kv, mode, g in (("k", "key", p["key_group"]), ("v", "value", self._vgroup(p, D))):
+        kmode = "key" if p["key_scale"] == "channel" else "value"  # "token": one range per token
+        for kv, mode, g in (("k", kmode, p["key_group"]), ("v", "value", self._vgroup(p, D))):
             lo, r = Q.fit_scales(x[kv], mode, g, sdt)
             scales[f"{kv}_lo"], scales[f"{kv}_r"] = lo, r
             u[kv] = Q.unit(x[kv], Q.expand(lo, mode, g, T, C), Q.expand(r, mode, g, T, C))
@@ -336,7 +339,11 @@ class _ImportanceBase(Codec):
         if not isinstance(ko, int) or not -6 <= ko <= 6:
             raise bs.CorruptError(f"{self.name}: bad key_offset {ko!r}")
         scales = {}
-        for kv, mode, g in (("k", "key", kg), ("v", "value", vg)):
+        kscale = params.get("key_scale", "channel")
+        if kscale not in ("channel", "token"):
+            raise bs.CorruptError(f"{self.name}: bad key_scale {kscale!r}")
+        kmode = "key" if kscale == "channel" else "value"
+        for kv, mode, g in (("k", kmode, kg), ("v", "value", vg)):
             want = (Q.n_groups(T, g), C) if mode == "key" else (T, Q.n_groups(C, g))
             for part in ("lo", "r"):
                 a = obj.section(f"{kv}_{part}")
@@ -446,7 +453,8 @@ class LayeredState:
 
 
 _COMMON = {"alpha": 1.0, "drop_cost": 1.0, "allow_drop": True, "use_importance": True,
-           "key_group": 0, "value_group": 0, "key_offset": -1, "early_bonus": 0.0, "centroids": "channel"}
+           "key_group": 0, "value_group": 0, "key_offset": -1, "early_bonus": 0.0, "centroids": "channel",
+           "key_scale": "token"}
 
 
 @register

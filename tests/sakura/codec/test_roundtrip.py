@@ -97,14 +97,27 @@ def test_uniform_error_bound(bits, shard):
 @SETTINGS
 @given(shard=shards())
 def test_sakura_uniform_budget_bound(budget, shard):
+    _check_sakura_bound(budget, shard, "token")
+
+
+@pytest.mark.parametrize("budget", [3])
+@SETTINGS
+@given(shard=shards())
+def test_sakura_channel_keys_bound(budget, shard):
+    _check_sakura_bound(budget, shard, "channel")
+
+
+def _check_sakura_bound(budget, shard, key_scale):
     """Without importance, every token gets `budget` bits and the nested bound holds."""
-    c = get_codec("sakura", budget=budget, use_importance=False)
+    c = get_codec("sakura", budget=budget, use_importance=False, key_scale=key_scale)
     tables = c.fit_tables([shard])
     out = c.decode(c.encode(shard, ID, tables), ID, tables)
     assert bool(out.keep.all())
     T, H, D = shard.shape
-    # defaults: keys one bit below values (key_offset=-1, never below 2), values per token over all channels
-    for x_t, y_t, mode, g, b in ((shard.key, out.key, "key", 0, max(budget - 1, 2)),
+    # defaults: keys one bit below values (key_offset=-1, never below 2); keys and values both
+    # get one range per token over all channels (key_scale="token", value_group=0)
+    kmode = "value" if key_scale == "token" else "key"
+    for x_t, y_t, mode, g, b in ((shard.key, out.key, kmode, 0, max(budget - 1, 2)),
                                  (shard.value, out.value, "value", 0, budget)):
         x = x_t.float().reshape(T, -1).numpy()
         # half a step with midpoint reconstruction; one step where tables hold centroids (b <= 4)
@@ -128,7 +141,7 @@ def test_sakura_importance_roundtrip(shard, budget):
         imp = shard.importance.numpy()
         assert imp[keep].min() >= imp[~keep].max() - 1e-12
     T, H, D = shard.shape
-    for x_t, y_t, mode, g in ((shard.key, out.key, "key", 0), (shard.value, out.value, "value", 0)):
+    for x_t, y_t, mode, g in ((shard.key, out.key, "value", 0), (shard.value, out.value, "value", 0)):
         x = x_t.float().reshape(T, -1).numpy()
         bound = _nested_bound(x, mode, g, 1)  # one step at 2 bits (centroid reconstruction)
         y = y_t.float().reshape(T, -1)
