@@ -64,3 +64,28 @@ def test_report_renders_in_headless_chromium(demo_out, tmp_path):
 
     img = np.asarray(Image.open(shot).convert("L"))
     assert img.shape[0] >= 800 and img.std() > 10  # not a blank page
+
+
+def test_cli_chain_collect_train_match_report(demo_out, tmp_path):
+    """The individual commands on the demo's tiny-model cache: match (all methods) and report."""
+    run = CliRunner().invoke
+    r = run(app, ["collect", "--out", str(tmp_path / "acts"), "--model", "tiny-random", "--n-tokens", "256",
+                  "--ctx-len", "32", "--layers", "1,3"])
+    assert r.exit_code == 0, r.output
+    r = run(app, ["train-sae", "--acts", str(tmp_path / "acts"), "--out", str(tmp_path / "saes"), "--d-sae", "32",
+                  "--k", "4", "--steps", "30", "--batch-size", "64"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "saes" / "report.json").read_text())
+    assert set(rep) == {"1", "3"} and all(v["l0"] <= 4 for v in rep.values())
+    out = tmp_path / "match.json"
+    r = run(app, ["match", "--acts", str(demo_out / "acts"), "--saes", str(demo_out / "saes"), "--layer-a", "0",
+                  "--layer-b", "4", "--method", "all", "--strategy", "hungarian", "--space", "pca", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    m = json.loads(out.read_text())
+    assert set(m["methods"]) == {"ot", "decoder-cosine", "sae-match", "act-corr"}
+    tg = m["methods"]["ot"]["tgt"]
+    assert len(tg) == len(set(tg)) > 0  # Hungarian: one-to-one
+    r = run(app, ["report", "--acts", str(demo_out / "acts"), "--saes", str(demo_out / "saes"), "--model",
+                  "tiny-random", "--pairs", "2:4", "--out", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "r.html").read_text().count("class='pair'") >= 10
