@@ -90,3 +90,17 @@ def test_topk_sae_learns_sparse_data_and_round_trips_saelens_format(tmp_path):
     (path / "cfg.json").write_text(json.dumps({"architecture": "gated", "d_in": 32, "d_sae": 128}))
     with pytest.raises(ValueError, match="unsupported SAE architecture"):
         load_sae(path)
+
+
+def test_minilm_collection_matches_hidden_states_and_drops_cls(tmp_path):
+    """The bundled MiniLM (BERT encoder): [CLS] is fed but not stored; every layer equals HF's own."""
+    m = load_model("minilm")
+    ch = chunk_corpus(m.tokenizer, n_tokens=2 * 16, ctx_len=16)
+    out = collect_activations(m, ch, tmp_path / "mini", batch_size=2, progress=False)
+    ids = torch.tensor([[m.tokenizer.cls_token_id] + c for c in ch])
+    with torch.no_grad():
+        ref = m.model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True)
+    assert m.n_layers == 7 and m.d_model == 384
+    for l in range(m.n_layers):
+        np.testing.assert_allclose(load_activations(out, l), ref.hidden_states[l][:, 1:].reshape(-1, 384).numpy(),
+                                   atol=1e-5)
