@@ -261,8 +261,8 @@ def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "ex
     return out
 
 
-def sinkhorn_batch(M: np.ndarray, a: np.ndarray, b: np.ndarray, reg: float = 0.05, max_iter: int = 500,
-                   tol: float = 1e-5) -> np.ndarray:
+def sinkhorn_batch(M: np.ndarray, a: np.ndarray, b: np.ndarray, reg: float = 0.05, max_iter: int = 100,
+                   tol: float = 1e-3) -> np.ndarray:
     r"""Batched log-domain Sinkhorn; returns the transport cost of the entropic plan.
 
     Parameters
