@@ -9,8 +9,10 @@ Lagrangian solution is, per token, argmin_b w_t e(b) + lambda b, with lambda fou
 the most-attended tokens get the most bits (+1 bit per 2^(1/alpha)x more importance), the least
 attended are dropped. Without importance every token gets the same width.
 
-Quantisation is the nested quantiser of `quant` (keys per channel over all tokens of the shard,
-values per token per head), so a ladder of budgets b^0 < b^1 < ... is coded as a base layer plus
+Quantisation is the nested quantiser of `quant` with one range per token over all channels for
+keys and values (the same absolute step for every channel, which minimum-MSE allocation asks
+for; `key_scale="channel"` gives KIVI-style per-channel key ranges instead), keys `key_offset`
+bits coarser than values, and per-template centroid reconstruction for widths <= 4. A ladder of budgets b^0 < b^1 < ... is coded as a base layer plus
 refinement layers that each add (b^l_t - b^(l-1)_t) low-order bits per token (or bring a dropped
 token in): the whole ladder is stored once, at the size of its top rung, and a phone that holds
 rung l upgrades by fetching only layer l+1.
