@@ -206,7 +206,7 @@ def load_sae(folder: Path) -> SAE:
         raise ValueError(f"{folder}: topk SAE without k in cfg.json")
     sae = SAE(w["W_enc"].astype(np.float32), w["b_enc"].astype(np.float32), w["W_dec"].astype(np.float32),
               w["b_dec"].astype(np.float32), arch, int(k) if k else None,
-              w.get("threshold", None), cfg)
+              None if w.get("threshold") is None else np.asarray(w["threshold"], dtype=np.float32), cfg)
     if sae.W_dec.shape != (sae.d_sae, sae.d_in):
         raise ValueError(f"{folder}: W_dec shape {sae.W_dec.shape} != (d_sae, d_in) = {(sae.d_sae, sae.d_in)}")
     return sae
