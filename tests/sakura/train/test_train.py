@@ -55,12 +55,13 @@ def test_resume_refuses_a_different_recipe(tmp_path):
 
 
 def test_a_tiny_model_learns(tmp_path):
-    r = Recipe(**{**TINY.__dict__, "steps": 60, "batch_size": 8, "lr": 2e-3, "warmup_steps": 5,
-                  "checkpoint_every": 60})
+    # the photo skip makes step 0 the identity edit (loss ~0.05 here); learning must beat it clearly
+    r = Recipe(**{**TINY.__dict__, "steps": 300, "batch_size": 16, "lr": 2e-3, "warmup_steps": 10,
+                  "checkpoint_every": 300})
     s = train(r, tmp_path, progress=False)
-    first = sum(x[1] for x in s.losses[:10]) / 10
-    last = sum(x[1] for x in s.losses[-10:]) / 10
-    assert last < 0.85 * first
+    first = sum(x[1] for x in s.losses[:20]) / 20
+    last = sum(x[1] for x in s.losses[-20:]) / 20
+    assert last < 0.6 * first   # measured ~0.35-0.42 over seeds 0-2
     m = load_mini(tmp_path / WEIGHTS)
     assert _same_weights(m, s.model.eval())
 
