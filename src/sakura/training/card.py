@@ -73,6 +73,11 @@ def write_model_card(run_dir: str | Path, docs_dir: str | Path = "docs", *, eval
         {**report.to_dict(), "passes_6db": report.passes(6.0), "recipe": asdict(recipe),
          "steps_done": steps_done, "train_seconds": elapsed}, indent=2) + "\n")
 
+    sweep = {s: evaluate_quality(model, steps=s, with_ssim=False) for s in (1, 2, 4, 8, 16)}
+    sweep_rows = "\n".join(
+        f"| {s} | " + " | ".join(f"{t.psnr['model']:.2f}" for t in r.tasks)
+        + "".join(f" | {t.psnr_region['model']:.2f}" for t in r.tasks if t.psnr_region is not None) + " |"
+        for s, r in sweep.items())
     tail = [r[1] for r in losses[-100:]]
     final_loss = sum(tail) / len(tail) if tail else math.nan
     cfg = model.cfg
@@ -150,6 +155,13 @@ Target (model beats identity by >= 6 dB PSNR on every task, in-region too): this
 **{verdict}** it. Figures: `docs/model/quality.json`. Reproduce: `sakura bench quality`.
 
 ![grid](model/grid.png)
+
+Sampler steps (Euler) vs model PSNR (dB) on the same data. The edits are deterministic, so
+a few steps suffice; more steps do not help this model:
+
+| steps | {' | '.join(t.task for t in report.tasks)} | sticker (in region) |
+|---|{'---|' * len(report.tasks)}---|
+{sweep_rows}
 
 ## Reproduce
 `sakura train --out runs/train` (resumable: run it again after an interruption), then

@@ -203,6 +203,7 @@ def train(recipe: Recipe, run_dir: str | os.PathLike, *, resume: bool = True, st
     else:
         state = new_state(recipe)
     end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
+    start_step = state.step
     bar = tqdm(total=recipe.steps, initial=state.step, desc="sakura train", unit="step", disable=not progress,
                dynamic_ncols=True, mininterval=2.0)
     t_mark = time.perf_counter()
@@ -228,7 +229,8 @@ def train(recipe: Recipe, run_dir: str | os.PathLike, *, resume: bool = True, st
         log.warning("interrupted at step %d; checkpoint saved, run the same command to resume", state.step)
         raise
     bar.close()
-    if state.step >= recipe.steps:
+    ran = state.step > start_step
+    if state.step >= recipe.steps and (ran or not (run_dir / WEIGHTS).is_file()):  # don't rewrite a finished run's file
         state.model.eval()
         state.model.invalidate_fingerprint()
         save_mini_weights(state.model, run_dir / WEIGHTS, extra_meta={
