@@ -121,9 +121,11 @@ Augmentation: random square crops (30-100% of the shorter side) resized to {cfg.
 | sticker | 3 | stickers/frames (shapes filled with colours, gradients, stripes or photo crops, optional outline) on a pure-green key | template pixels where not key, photo elsewhere (copies template detail) |
 
 Template library: {PER_TASK} named templates per task, the last {HELD_OUT_PER_TASK} held out (never
-trained on). Held-out templates come from held-out sources: look references graded from held-out
-photos; texture patterns from {', '.join(HELDOUT_TEXTURES)} and the pattern families
-{', '.join(HELDOUT_PATTERNS)}, which training never draws; sticker fills cropped from held-out photos.
+trained on). Held-out templates come from held-out sources where the family has one: look
+references are crops of held-out photos (with unseen random grades); texture patterns are tinted
+crops of {', '.join(HELDOUT_TEXTURES)} or the pattern families {', '.join(HELDOUT_PATTERNS)}, which training
+never draws; sticker fills that are photo crops come from held-out photos (shapes, colours,
+gradients and stripes are unseen draws from the training families).
 Training draws fresh random templates from the training families, and a library training
 template {recipe.library_frac:.0%} of the time. Template tokens = photo tokens = {cfg.tokens_per_image}
 (template-heavy: template tokens >= photo tokens).
@@ -164,13 +166,18 @@ a few steps suffice; more steps do not help this model:
 {sweep_rows}
 
 ## Reproduce
-`sakura train --out runs/train` (resumable: run it again after an interruption), then
-`sakura train --out runs/train --install` copies the weights into `src/sakura/assets/` and
-rewrites this card.
+`sakura train --out runs/train` (resumable: run it again after an interruption; Ctrl-C
+checkpoints the last finished step), then `sakura train --out runs/train --install` copies the
+weights into `src/sakura/assets/` and rewrites this card. Every random draw (init, data, noise,
+t) comes from seeded generators saved in the checkpoint, so an interrupted and resumed run equals
+an uninterrupted one bit for bit on the same machine and thread count (tested); on another CPU,
+floating-point differences can change the weights slightly, not the figures' first digits.
 
 ## Limits
-A tiny model trained for about an hour on CPU: edits are blurrier than the ground truth at
-sharp edges (8x8 patches), and it knows only these three tasks and template families.
+A tiny model trained for {elapsed / 3600:.2f} h on CPU: its edits are blurrier than the ground truth at
+sharp edges (8x8 patches, rank-{cfg.dim} output head) and sticker detail is the weakest; the loss
+was still falling at the last step, so a longer recipe would improve every task. It knows only
+these three tasks and template families.
 """
     path = docs_dir / "model-card.md"
     path.write_text(card)
