@@ -171,7 +171,7 @@ checkpoints the last finished step), then `sakura train --out runs/train --insta
 weights into `src/sakura/assets/` and rewrites this card. Every random draw (init, data, noise,
 t) comes from seeded generators saved in the checkpoint, so an interrupted and resumed run equals
 an uninterrupted one bit for bit on the same machine and thread count (tested); on another CPU,
-floating-point differences can change the weights slightly, not the figures' first digits.
+floating-point differences may change the weights slightly (not tested across CPUs).
 
 ## Limits
 A tiny model trained for {elapsed / 3600:.2f} h on CPU: its edits are blurrier than the ground truth at
