@@ -24,9 +24,12 @@ from typing import Any, Callable, Sequence
 
 from sakura.store.store import RenditionInput, StoreWriter
 
-#: Default ladder: lossless, 8-bit, and the importance-aware layered codec whose rungs (~1, 2 and 4
-#: bits/value) are prefixes of one object per shard (renditions "layered:...#0", "#1", "#2").
-DEFAULT_LADDER = ("lossless", "uniform:bits=8", "layered:budgets=[1.0,2.0,4.0]")
+#: Default ladder: the importance-aware layered codec alone, four rungs (~1.5/2.5/3.5/4.5 bits/value
+#: budgets) stored as one object per shard (rung l = a byte prefix: one Range per rung, upgrades
+#: fetch only the missing bytes). The exact fallback is computing the KV on the phone, so the
+#: store need not keep a lossless copy: this ladder costs about 1/3 of one fp16 copy, tables
+#: included. Add "lossless" / "uniform:bits=8" with --ladder when raw streaming is wanted.
+DEFAULT_LADDER = ("layered:budgets=[1.5,2.5,3.5,4.5]",)
 TEMPLATE_REF_MEDIA_TYPE = "application/x-sakura-mini-template+safetensors"
 
 
