@@ -21,12 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from sakura.fsutil import atomic_write
 
 FORMAT = "sakura.template_kv"
 FORMAT_VERSION = 1
@@ -209,20 +210,7 @@ class TemplateKV:
             "layout": json.dumps(self.layout, sort_keys=True),
             "content_sha256": _content_digest(tensors),
         }
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        blob = save(tensors, metadata=meta)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return atomic_write(path, save(tensors, metadata=meta))
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, model_fingerprint: str | None = None,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
+
+from sakura.fsutil import atomic_write
 
 from .mini import MiniConfig, MiniDiT
 
@@ -15,21 +16,9 @@ def save_mini_weights(model: MiniDiT, path: str | os.PathLike, extra_meta: dict[
     """Atomic write (temp + rename) of the weights and config."""
     from safetensors.torch import save
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     blob = save(state, metadata={"format": "sakura-mini", "config": json.dumps(asdict(model.cfg)), **(extra_meta or {})})
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, blob)
 
 
 def load_mini_weights(path: str | os.PathLike) -> MiniDiT:

@@ -14,7 +14,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from sakura.fsutil import atomic_write
 from sakura.models.mini import MiniConfig, MiniDiT
 from sakura.tasks.library import TASK_NAMES, sample_batch
 
@@ -91,16 +91,7 @@ class TrainState:
 
 
 def _atomic_torch_save(obj: object, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def new_state(recipe: Recipe) -> TrainState:
