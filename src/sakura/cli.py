@@ -15,11 +15,6 @@ app = typer.Typer(
 )
 
 
-def _not_yet(what: str) -> None:
-    typer.echo(f"`sakura {what}` is not built yet (see the README's status table).", err=True)
-    raise typer.Exit(code=3)
-
-
 @app.command()
 def info(
     model: str = typer.Option("sakura-mini", help="Model adapter: sakura-mini, or klein:/path/to/local/folder."),
