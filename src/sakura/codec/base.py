@@ -51,6 +51,9 @@ class Shard:
         layer: index of the layer this shard belongs to (codecs with per-layer settings or
             tables use it, e.g. CacheGen's bins by layer group).
         num_layers: how many layers the model has (for layer-group rules).
+        sensitivity: optional (key, value) floats >= 0: how much the final image's MSE grows per
+            unit of relative MSE in this layer's keys / values (calibrated on public photos, see
+            `sakura.codec.calibrate`); `sakura`/`layered` use it to split bits across layers and K/V.
     """
 
     key: torch.Tensor
@@ -58,6 +61,7 @@ class Shard:
     importance: torch.Tensor | None = None
     layer: int = 0
     num_layers: int = 1
+    sensitivity: tuple[float, float] | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -97,6 +101,11 @@ class Shard:
                                  f"got {getattr(imp, 'shape', type(imp))}")
             if not bool(torch.isfinite(imp).all()) or bool((imp < 0).any()):
                 raise CodecError("shard.importance must be finite and >= 0")
+        if self.sensitivity is not None:
+            sens = self.sensitivity
+            if (not isinstance(sens, (tuple, list)) or len(sens) != 2
+                    or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in sens)):
+                raise CodecError(f"shard.sensitivity must be two finite floats >= 0, got {sens!r}")
         if not (0 <= self.layer < max(self.num_layers, 1)):
             raise CodecError(f"shard.layer={self.layer} outside [0, num_layers={self.num_layers})")
 

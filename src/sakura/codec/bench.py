@@ -40,9 +40,16 @@ SETTINGS_FULL = (["lossless", "lossless:zstd=true", "uniform:bits=8", "uniform:b
                  + [f"sakura:budget={b}" for b in (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)]
                  + [f"sakura:budget={b},key_offset=-2" for b in (3.0, 4.0, 5.0, 6.0)]
                  + [f"sakura:budget={b},key_scale=\"channel\"" for b in (3.0, 4.0, 5.0)]
-                 + [f"sakura:budget={b},use_importance=false" for b in (2.0, 3.0, 4.0)])
+                 + [f"sakura:budget={b},use_importance=false" for b in (2.0, 3.0, 4.0)]
+                 + [f"sakura:budget={b},quantiser=\"ecsq\"" for b in (0.3, 0.4, 0.5, 0.7, 0.85, 1.0, 1.2, 1.4, 1.7, 2.0, 2.5)]
+                 + [f"sakura:budget={b},quantiser=\"ecsq\",allocate=\"none\"" for b in (0.7, 1.0, 1.4, 2.0)]
+                 + [f"sakura:budget={b},quantiser=\"ecsq\",transform=\"dct\""
+                    for b in (0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 0.85, 1.0, 1.2, 1.4, 1.7, 2.0)]
+                 + [f"sakura:budget={b},quantiser=\"ecsq\",transform=\"dct\",allocate=\"none\""
+                    for b in (0.2, 0.5, 1.0)])
 SETTINGS_QUICK = ["lossless", "uniform:bits=4", "cachegen:level=3", "cachegen:level=1", "sakura:budget=2.0",
-                  "sakura:budget=4.0"]
+                  "sakura:budget=4.0", "sakura:budget=1.0,quantiser=\"ecsq\"",
+                  "sakura:budget=0.5,quantiser=\"ecsq\",transform=\"dct\""]
 LADDER = "layered:budgets=[1.5,2.5,3.5,4.5]"
 LADDER_QUICK = "layered:budgets=[1.0,2.0]"
 
@@ -390,6 +397,8 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, steps
     torch.set_num_threads(1)
     out_dir.mkdir(parents=True, exist_ok=True)
     from sakura.capture import template_importance
+
+    from .calibrate import layer_sensitivity
     from sakura.models import LayerKV, TemplateKV
 
     specs = SETTINGS_QUICK if quick else SETTINGS_FULL
@@ -418,7 +427,13 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, steps
         ref_img, cap = capture_queries(model, photos, kv, steps, seed)
         fp32_img = model.edit(photos, template_kv=kv32, steps=steps, seed=seed).image
         ref_gt = batch_psnr(ref_img, gt)
-        shards = [Shard(l.key, l.value, importance=imp[i], layer=i, num_layers=kv.num_layers)
+
+        def calib_edit(layers, kv=kv):  # calibration photos only: never the held-out test photos
+            return model.edit(calib, template_kv=TemplateKV([LayerKV(k, v) for k, v in layers], kv.model_fingerprint,
+                                                            kv.template_fingerprint, kv.layout), steps=steps, seed=seed).image
+
+        sens = layer_sensitivity([(l.key, l.value) for l in kv.layers], calib_edit, seed=seed)
+        shards = [Shard(l.key, l.value, importance=imp[i], layer=i, num_layers=kv.num_layers, sensitivity=sens[i])
                   for i, l in enumerate(kv.layers)]
         ident_of = lambda i, t=kv.template_fingerprint: ShardId(kv.model_fingerprint, t, i)  # noqa: E731
 
@@ -445,6 +460,7 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, steps
             "importance_top10pct_mass": float(np.mean([torch.sort(imp[i], descending=True)[0][: imp.shape[1] // 10].sum()
                                                        / imp[i].sum() for i in range(imp.shape[0])])),
             "importance_template_share": [float(x) for x in imp.sum(1)],
+            "sensitivity_calibration": [list(x) for x in sens],
             "lossless_psnr_vs_gt_db": ref_gt,
             "psnr_fp16_vs_fp32_kv_db": batch_psnr(ref_img, fp32_img),
             "psnr_zero_kv_vs_lossless_db": batch_psnr(zero_img, ref_img),
@@ -461,7 +477,9 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, steps
         }
     # throughput: Klein-4B-sized layer and one mini layer, one thread
     tp_specs = ["lossless", "uniform:bits=8", "uniform:bits=4", "cachegen:level=3", "cachegen:level=1",
-                "sakura:budget=2.0", "sakura:budget=4.0", ladder]
+                "sakura:budget=2.0", "sakura:budget=4.0", "sakura:budget=1.0,quantiser=\"ecsq\"",
+                "sakura:budget=2.0,quantiser=\"ecsq\"", "sakura:budget=0.5,quantiser=\"ecsq\",transform=\"dct\"",
+                "sakura:budget=1.0,quantiser=\"ecsq\",transform=\"dct\"", ladder]
     big, _ = synthetic_layer(throughput_tokens, 24, 128)
     log(f"throughput on a synthetic Klein-4B-sized layer {tuple(big.shape)} fp16, 1 thread")
     results["throughput_klein_sized"] = throughput(tp_specs, big, repeats=2 if quick else 3)

@@ -4,7 +4,8 @@ Layout of one object (all integers little-endian, explicitly):
 
     offset  size  field
     0       4     magic  b"SKKV"
-    4       2     format version (u16), currently 1; a newer one raises `VersionError`
+    4       2     format version (u16), 1, or 2 for `sakura`/`layered` objects with per-layer K/V width
+                                offsets (header `offsets`); a newer one raises `VersionError`
     6       1     kind (u8): 1 = shard rendition, 2 = codec tables, 3 = layered refinement
     7       1     flags (u8): bit 0 = header is zstd-compressed; other bits must be 0
     8       4     header length H (u32)
@@ -38,7 +39,7 @@ from typing import Any, Iterator
 import numpy as np
 
 MAGIC = b"SKKV"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # highest version this build reads; writers use the lowest version that can say what they wrote
 _FIXED = struct.Struct("<4sHBBIQI")  # magic, version, kind, flags, H, P, crc
 FLAG_HEADER_ZSTD = 1
 FIXED_SIZE = _FIXED.size  # 24 bytes
@@ -142,7 +143,7 @@ class Writer:
         self.chunks.append(raw)
         self.offset += len(raw)
 
-    def to_bytes(self, kind: int, header: dict[str, Any]) -> bytes:
+    def to_bytes(self, kind: int, header: dict[str, Any], version: int = 1) -> bytes:
         header = dict(header)
         header["sections"] = self.sections
         hbytes = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
@@ -153,7 +154,7 @@ class Writer:
         if len(packed) < len(hbytes):
             hbytes, flags = packed, FLAG_HEADER_ZSTD
         payload = b"".join(self.chunks)
-        fixed_wo_crc = _FIXED.pack(MAGIC, FORMAT_VERSION, kind, flags, len(hbytes), len(payload), 0)[:20]
+        fixed_wo_crc = _FIXED.pack(MAGIC, version, kind, flags, len(hbytes), len(payload), 0)[:20]
         crc = zlib.crc32(payload, zlib.crc32(hbytes, zlib.crc32(fixed_wo_crc)))
         return fixed_wo_crc + struct.pack("<I", crc) + hbytes + payload
 

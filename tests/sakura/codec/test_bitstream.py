@@ -12,7 +12,8 @@ from sakura.codec import (CodecError, CorruptError, IdentityError, ShardId, Trun
 from sakura.codec import bitstream as bs
 
 SPECS = ["lossless", "lossless:zstd=true", "uniform:bits=4", "sakura:budget=2", "layered:budgets=[1,2,3]",
-         "cachegen:level=2"]
+         "cachegen:level=2", 'sakura:budget=1.0,quantiser="ecsq"',
+         'sakura:budget=1.0,quantiser="ecsq",transform="dct"']
 
 
 def _encode(spec, shard, ident, shared_tables=True):
