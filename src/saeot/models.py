@@ -15,8 +15,6 @@ Model specs (strings accepted by :func:`load_model`):
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,9 +83,9 @@ def _find_modules(model) -> tuple[Any, list]:
 
 
 def _atomic_save_pretrained(model, tok, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-" + target.name))
-    try:
+    from saeot.fsutil import atomic_folder
+
+    with atomic_folder(target) as tmp:
         # GGUF-loaded models are already dequantised to fp32 but flagged as "quantized", so
         # save_pretrained refuses; write the weights and a config without the flag ourselves.
         from safetensors.torch import save_model
@@ -99,12 +97,6 @@ def _atomic_save_pretrained(model, tok, target: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
         save_model(model, str(tmp / "model.safetensors"))
         tok.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def tiny_random_model(seed: int = 0, n_layers: int = 4, d_model: int = 64):

@@ -14,9 +14,6 @@ TopK); standard = relu(pre); jumprelu = pre * (pre > threshold).  Decoding: ``a 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,10 +152,10 @@ def save_sae(sae: SAE, folder: Path) -> Path:
     """Write ``sae`` in the SAELens on-disk format (atomically: temp folder, then rename)."""
     from safetensors.numpy import save_file
 
+    from saeot.fsutil import atomic_folder
+
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-" + folder.name))
-    try:
+    with atomic_folder(folder) as tmp:
         tensors = {"W_enc": sae.W_enc, "b_enc": sae.b_enc, "W_dec": sae.W_dec, "b_dec": sae.b_dec}
         if sae.threshold is not None:
             tensors["threshold"] = sae.threshold
@@ -170,12 +167,6 @@ def save_sae(sae: SAE, folder: Path) -> Path:
         if sae.architecture == "topk":
             cfg["k"] = sae.k
         (tmp / "cfg.json").write_text(json.dumps(cfg, indent=1))
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 
