@@ -50,7 +50,7 @@ def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: 
 
     async def gallery():  # what the template gallery already holds: manifest + template image
         async with TemplateClient(server) as c:
-            m = await c.fetch_manifest(model.fingerprint(), template)
+            m = await c.get_manifest(model.fingerprint(), template)
             ref = await c.fetch_object(m.template_ref.object)
             return m, st_load(ref.data)["image"]
 

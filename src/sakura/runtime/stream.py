@@ -326,7 +326,7 @@ def streamed_edit(model: MiniDiT, photo: torch.Tensor, *, base_url: str, templat
 
     async def fetcher() -> None:
         async with TemplateClient(base_url) as client:
-            m = manifest if manifest is not None else await client.fetch_manifest(model.fingerprint(), template_id)
+            m = manifest if manifest is not None else await client.get_manifest(model.fingerprint(), template_id)
             if m.template_id != template_id or m.model_fingerprint != model.fingerprint():
                 raise TemplateKVError(f"manifest is for {m.model_fingerprint[:16]}…/{m.template_id}, not this "
                                       f"model's {template_id}")

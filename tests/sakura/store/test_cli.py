@@ -22,7 +22,7 @@ def test_stats_and_verify(tmp_path):
     assert d["templates"][0]["ratio_vs_fp16"] > 1  # the synthetic ladder holds fp16 + more
     r = CliRunner().invoke(app, ["store", "verify", str(tmp_path)])
     assert r.exit_code == 0 and r.output.startswith("OK"), r.output
-    m = Store(tmp_path).load_manifest("synthetic-model", "tpl-000")
+    m = Store(tmp_path).get_manifest("synthetic-model", "tpl-000")
     (tmp_path / m.shards[0].renditions[1].object.path).write_bytes(b"tampered")
     r = CliRunner().invoke(app, ["store", "verify", str(tmp_path)])
     assert r.exit_code == 1
