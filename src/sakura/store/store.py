@@ -282,7 +282,7 @@ def _scan_manifests(root: Path) -> list[tuple[str, str, Path]]:
             continue
         for p in sorted(fp_dir.glob("*.json")):
             tid = p.name[: -len(".json")]
-            if NAME_RE.fullmatch(tid):
+            if NAME_RE.fullmatch(tid) and p.is_file():  # a stray directory named *.json is not a manifest
                 out.append((fp_dir.name, tid, p))
     return out
 
@@ -446,6 +446,41 @@ class Store:
         return StoreStats(templates=templates, object_count=len(files), object_bytes=sum(sizes.values()),
                           orphan_count=len(orphans), orphan_bytes=sum(sizes[n] for n in orphans))
 
+    def verify_manifest(self, model_fingerprint: str, template_id: str) -> list[str]:
+        """Problems with one template (``[]`` if it is complete and intact): its manifest validates
+        and every object it references exists with the right size, sha256 and rung-prefix sha256.
+        Re-hashes only this template's objects (what a resumed build checks before skipping it)."""
+        rel = manifest_relpath(model_fingerprint, template_id)
+        try:
+            m = self.get_manifest(model_fingerprint, template_id)
+        except (ManifestError, KeyError) as e:
+            return [f"{rel}: {e}"]
+        problems: list[str] = []
+        good: dict[str, bool] = {}
+        for o in m.objects():
+            p = self.object_path(o)
+            if not p.is_file():
+                problems.append(f"{rel}: object {o.sha256} is missing")
+            elif p.stat().st_size != o.bytes or sha256_file(p) != o.sha256:
+                problems.append(f"{rel}: object {o.sha256} is damaged")
+            else:
+                good[o.sha256] = True
+        problems += self._prefix_problems(m, rel, good)
+        return problems
+
+    def _prefix_problems(self, m: Manifest, rel: str, good: Mapping[str, object]) -> list[str]:
+        out = []
+        for s in m.shards:
+            for r in s.renditions:
+                if r.prefix is None or r.object.sha256 not in good:
+                    continue
+                with open(self.object_path(r.object), "rb") as f:
+                    head = f.read(r.prefix.bytes)
+                if hashlib.sha256(head).hexdigest() != r.prefix.sha256:
+                    out.append(f"{rel}: shard {s.index} rendition {r.name!r}: prefix of "
+                               f"{r.prefix.bytes} bytes does not match its sha256")
+        return out
+
     def verify(self) -> VerifyReport:
         """Re-hash every object, validate every manifest and check every reference resolves to an
         object of the right size and checksum. Problems are listed with the file they concern."""
@@ -477,15 +512,7 @@ class Store:
                     rep.problems.append(f"{rel}: object {o.sha256} is {state}")
                 elif good[o.sha256] != o.bytes:
                     rep.problems.append(f"{rel}: object {o.sha256} has {good[o.sha256]} bytes, manifest says {o.bytes}")
-            for s in m.shards:
-                for r in s.renditions:
-                    if r.prefix is None or r.object.sha256 not in good:
-                        continue
-                    with open(self.object_path(r.object), "rb") as f:
-                        head = f.read(r.prefix.bytes)
-                    if hashlib.sha256(head).hexdigest() != r.prefix.sha256:
-                        rep.problems.append(f"{rel}: shard {s.index} rendition {r.name!r}: prefix of "
-                                            f"{r.prefix.bytes} bytes does not match its sha256")
+            rep.problems += self._prefix_problems(m, str(rel), good)
         idx = self.root / INDEX_PATH
         if idx.exists():
             try:

@@ -37,3 +37,11 @@ def test_build_rejects_bad_names_cleanly(tmp_path):
     r = CliRunner().invoke(app, ["build", str(tmp_path / "s"), "--template", "no-such-template"])
     assert r.exit_code == 2 and "no template named" in r.output
     assert not (tmp_path / "s" / "manifests").exists()
+
+
+def test_build_executor_options_are_checked_before_any_work(tmp_path):
+    r = CliRunner().invoke(app, ["build", str(tmp_path), "--executor", "spark"])
+    assert r.exit_code == 2 and "local or ray" in r.output
+    r = CliRunner().invoke(app, ["build", str(tmp_path), "--address", "127.0.0.1:6379"])  # local + cluster option
+    assert r.exit_code == 2 and "--executor ray" in r.output
+    assert not (tmp_path / "manifests").exists()
