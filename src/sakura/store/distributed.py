@@ -36,13 +36,14 @@ EXECUTORS = ("local", "ray")
 @dataclass(frozen=True)
 class TemplateBuild:
     """Outcome for one template: ``status`` is ``built``, ``skipped`` (manifest already current)
-    or ``failed`` (``error`` says why); ``seconds`` is the task's own wall time; ``worker`` the
-    pid (and node) that ran it."""
+    or ``failed`` (``error`` says why); ``seconds`` / ``cpu_seconds`` are the task's own wall and
+    CPU time; ``worker`` the host:pid that ran it."""
 
     template: str
     status: str
     manifest: str | None = None
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # CPU time of the process that built it (all its threads)
     worker: str = ""
     error: str | None = None
 
@@ -90,9 +91,9 @@ def _build_one(store: str, template: str, opts: dict[str, Any]) -> TemplateBuild
 
     from sakura.store.build import build_store
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     paths = build_store(store, templates=[template], log=lambda _s: None, **opts)
-    return TemplateBuild(template, "built", str(paths[0]), time.perf_counter() - t0,
+    return TemplateBuild(template, "built", str(paths[0]), time.perf_counter() - t0, time.process_time() - c0,
                          worker=f"{socket.gethostname()}:{os.getpid()}")
 
 
