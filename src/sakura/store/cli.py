@@ -89,6 +89,30 @@ def gc_cmd(
     typer.echo(f"{len(removed)} file(s) {'to delete' if dry_run else 'deleted'}")
 
 
+@store_app.command("edge-config")
+def edge_config_cmd(
+    origin: str = typer.Argument(..., help="Origin base URL, http://host:port (sakura serve or an origin nginx)."),
+    port: int = typer.Option(8081, help="Port the edge listens on."),
+    host: str = typer.Option("127.0.0.1", help="Address the edge listens on."),
+    prefix: Path = typer.Option(Path("edge"), help="Folder for the edge's cache, logs and pid."),
+    slice_kib: int = typer.Option(1024, min=4, help="Cache / origin-fetch slice size, KiB (multiple of 4)."),
+    cache_gib: float = typer.Option(10.0, min=0.01, help="Disk cache cap, GiB (LRU beyond it)."),
+    manifest_ttl_s: int = typer.Option(2, min=0, help="Seconds a manifest/index answer is reused (0: not cached)."),
+    workers: int = typer.Option(0, min=0, help="nginx worker processes (0: one per core)."),
+) -> None:
+    """Print an nginx.conf for a caching edge (proxy_cache + slice + cache lock) in front of ORIGIN.
+    Run it with: nginx -p PREFIX -c PREFIX/nginx.conf (docs/scale.md)."""
+    from sakura.server import edge_config
+
+    try:
+        typer.echo(edge_config(origin, port=port, prefix=prefix, host=host, slice_bytes=slice_kib * 1024,
+                               cache_max_bytes=int(cache_gib * (1 << 30)), manifest_ttl_s=manifest_ttl_s,
+                               workers=workers), nl=False)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+
+
 def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, trace: str | None = None,
               trace_offset: float = 0.0, rtt_ms: float = 0.0) -> None:
     """Body of `sakura serve` (kept here so sakura/cli.py stays a thin shell)."""

@@ -199,3 +199,23 @@ def test_corrupt_origin_object_is_caught_by_the_phone(tmp_path, tmp_path_factory
         refs = run(two_phones(edge))
         assert o.log.object_requests()[ref.sha256[:12]] == 1  # the edge cached the bad bytes...
     assert all(len(r) > 0 for r in refs)  # ...and the phone refused them both times
+
+
+def test_edge_config_cli_prints_a_config_nginx_accepts(tmp_path):
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    from sakura.cli import app
+
+    r = CliRunner().invoke(app, ["store", "edge-config", "http://127.0.0.1:8080", "--prefix", str(tmp_path), "--port", "18081"])
+    assert r.exit_code == 0, r.output
+    assert "slice 1048576;" in r.output and "proxy_cache_lock on;" in r.output and "server 127.0.0.1:8080;" in r.output
+    assert CliRunner().invoke(app, ["store", "edge-config", "ftp://x"]).exit_code == 2
+    _need_nginx()
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(r.output)
+    exe = shutil.which("nginx") or "/usr/sbin/nginx"
+    t = subprocess.run([exe, "-t", "-p", str(tmp_path), "-c", str(conf), "-e", str(tmp_path / "error.log")],
+                       capture_output=True, text=True, timeout=30)
+    assert t.returncode == 0, t.stderr
