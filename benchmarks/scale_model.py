@@ -160,6 +160,46 @@ def measure_edge(clients: int = 16, hot_seconds: float = 6.0, objects: int = 256
             "loadavg_1min": os.getloadavg()[0]}
 
 
+def measure_crowd(phones: int = 32) -> dict:
+    """``phones`` TemplateClients fetch one template through a fresh edge at once (default 1 MiB
+    slices, objects < 1 slice): origin requests per object, errors, bytes verified (by the client)."""
+    import shutil
+
+    from sakura.client import TemplateClient
+    from sakura.server import run_edge, serve_in_thread
+    from sakura.server.accesslog import OriginLog
+    from sakura.store.synthetic import make_synthetic_store
+
+    work = Path(tempfile.mkdtemp(prefix="sakura-crowd-bench-"))
+    make_synthetic_store(work / "store", templates=1, layers=6, tokens=256, width=256)
+
+    async def phone(url: str) -> int:
+        async with TemplateClient(url) as c:
+            m = await c.get_manifest("synthetic-model", "tpl-000")
+            n = 0
+            for o in m.objects():
+                n += len(await c.get_object(o))  # sha256-checked by the client
+            return n
+
+    log = OriginLog.sakura()
+    try:
+        with serve_in_thread(work / "store") as origin, run_edge(origin, work / "edge") as edge:
+            async def crowd():
+                return await asyncio.gather(*[phone(edge) for _ in range(phones)], return_exceptions=True)
+            t0 = time.monotonic()
+            res = asyncio.run(crowd())
+            wall = time.monotonic() - t0
+        per_obj = log.object_requests()
+    finally:
+        log.close()
+        shutil.rmtree(work, ignore_errors=True)
+    errors = [repr(r) for r in res if isinstance(r, BaseException)]
+    return {"phones": phones, "objects": len(per_obj), "origin_requests": sum(per_obj.values()),
+            "origin_requests_per_object_max": max(per_obj.values()), "errors": len(errors),
+            "first_error": errors[0] if errors else None,
+            "bytes_verified": sum(r for r in res if isinstance(r, int)), "seconds": wall}
+
+
 # --------------------------------------------------------------------------- 3. the model
 def model(enc: dict, edge: dict, build: dict | None) -> dict:
     rung_bpv = enc["rung_bits_per_value"]
@@ -292,8 +332,12 @@ def main(argv: list[str] | None = None) -> dict:
           f"requests for {edge['objects']} objects); hot {edge['hot']['edge_cpu_s_per_GB']:.2f} CPU-s/GB at "
           f"{edge['hot']['MB_per_s']:.0f} MB/s, {edge['hot']['origin_requests']} origin requests; load "
           f"{edge['loadavg_1min']:.1f}", flush=True)
+    crowd = measure_crowd()
+    print(f"crowd: {crowd['phones']} phones, {crowd['objects']} objects: {crowd['origin_requests']} origin requests "
+          f"(max {crowd['origin_requests_per_object_max']} per object), {crowd['errors']} errors, "
+          f"{crowd['bytes_verified'] / 1e6:.1f} MB sha256-verified in {crowd['seconds']:.1f} s", flush=True)
     build = json.loads(Path(a.build_json).read_text()) if Path(a.build_json).exists() else None
-    res = {"encode": enc, "edge": edge, "model": model(enc, edge, build)}
+    res = {"encode": enc, "edge": edge, "crowd": crowd, "model": model(enc, edge, build)}
     for r in res["model"]["workloads"]:
         e = r["edits"]
         print(f"{r['workload']}: fp16 {r['fp16_bytes'] / 1e6:.0f} MB; per edit "
