@@ -75,11 +75,19 @@ def build(
     ladder: Optional[list[str]] = typer.Option(None, help="Codec spec per rendition (repeatable), e.g. uniform:bits=8."),
     calibration: int = typer.Option(2, min=1, help="Public calibration photos for token importance."),
     steps: int = typer.Option(4, min=1, help="Sampler steps of the calibration runs."),
+    executor: str = typer.Option("local", help="local (this process) or ray (templates spread over a Ray "
+                                 "cluster; resumable: skips templates whose manifest verifies)."),
+    address: Optional[str] = typer.Option(None, help="Existing Ray cluster (ray://host:10001 or host:6379); "
+                                          "default: a local one (--executor ray)."),
+    workers: Optional[int] = typer.Option(None, min=1, help="Concurrent templates on a local Ray cluster "
+                                          "(default: all cores)."),
+    force: bool = typer.Option(False, help="Rebuild templates even if their manifest verifies (--executor ray)."),
 ) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
     from sakura.store.cli import build_cmd
 
-    build_cmd(store, model, template, ladder, calibration, steps)
+    build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
+              workers=workers, force=force)
 
 
 @app.command()

@@ -113,7 +113,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
 
     from sakura.store.store import Store
 
-    manifest = Store(store).load_manifest(model.fingerprint(), template)  # fetched with the gallery, untimed
+    manifest = Store(store).get_manifest(model.fingerprint(), template)  # fetched with the gallery, untimed
     rows, images = [], {}
     with serve_in_thread(store) as url:
         for method in methods:
@@ -260,7 +260,7 @@ def measured_ladder(store: str | Path, template: str) -> dict[str, dict]:
 
     st = Store(store)
     (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
-    m = st.load_manifest(fp, tid)
+    m = st.get_manifest(fp, tid)
     out: dict[str, dict] = {}
     for shard in m.shards:
         for r in shard.renditions:
@@ -278,7 +278,7 @@ def measure_decode_throughput(store: str | Path, template: str, repeats: int = 3
 
     st = Store(store)
     (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
-    m = st.load_manifest(fp, tid)
+    m = st.get_manifest(fp, tid)
     tfp = m.kv_layout["template_fingerprint"]
     tables = {t.name: CodecTables.from_bytes(st.object_path(t.object).read_bytes(), ShardId(fp, tfp, -1))
               for t in m.tables}

@@ -51,7 +51,7 @@ def run_faults(out_dir: str | Path | None = None, *, template: str = "sticker-00
     shutil.copytree(root, corrupt_root)
     st = Store(root)
     (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
-    manifest = st.load_manifest(fp, tid)
+    manifest = st.get_manifest(fp, tid)
     victim = manifest.shards[len(manifest.shards) // 2].renditions[0].object
     vpath = Store(corrupt_root).object_path(victim)
     data = bytearray(vpath.read_bytes())

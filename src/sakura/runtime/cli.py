@@ -58,7 +58,7 @@ def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: 
 
     async def refresh():  # what a gallery screen fetches: manifest + template image
         async with TemplateClient(server, connect_timeout=2.0, read_timeout=5.0, max_retries=1) as c:
-            m = await c.fetch_manifest(fp, template)
+            m = await c.get_manifest(fp, template)
             ref = await c.fetch_object(m.template_ref.object)
             return m, ref.data
 

@@ -303,7 +303,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
         async def get_manifest():
             async with TemplateClient(base_url, connect_timeout=manifest_timeout_s, read_timeout=manifest_timeout_s,
                                       max_retries=0) as c:  # inside the timed edit: fail fast, compute
-                return await asyncio.wait_for(c.fetch_manifest(model_fp, template_id), manifest_timeout_s * 2)
+                return await asyncio.wait_for(c.get_manifest(model_fp, template_id), manifest_timeout_s * 2)
         try:
             manifest = asyncio.run(get_manifest())
         except Exception as e:  # any network or server failure: the device can still compute

@@ -116,7 +116,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             w.set_kv_layout({"layers": L, "tokens": kv.num_tokens, "heads": kv.heads, "head_dim": kv.head_dim,
                              "dtype": "float16", "template_fingerprint": kv.template_fingerprint,
                              "layout": _jsonable(kv.layout), "instruction": tpl.instruction})
-        out.append(w._committed)  # set by commit() on leaving the block
+        out.append(w.committed_path)  # set by commit() on leaving the block
         total = sum({hashlib.sha256(r.data).digest(): len(r.data) for rs in encoded for r in rs}.values())
         fp16 = sum(s.fp16_bytes for s in shards)
         log(f"{name}: {L} shards x {len(encoded[0])} renditions, ladder {total / 1e6:.2f} MB vs fp16 "

@@ -89,6 +89,30 @@ def gc_cmd(
     typer.echo(f"{len(removed)} file(s) {'to delete' if dry_run else 'deleted'}")
 
 
+@store_app.command("edge-config")
+def edge_config_cmd(
+    origin: str = typer.Argument(..., help="Origin base URL, http://host:port (sakura serve or an origin nginx)."),
+    port: int = typer.Option(8081, help="Port the edge listens on."),
+    host: str = typer.Option("127.0.0.1", help="Address the edge listens on."),
+    prefix: Path = typer.Option(Path("edge"), help="Folder for the edge's cache, logs and pid."),
+    slice_kib: int = typer.Option(1024, min=4, help="Cache / origin-fetch slice size, KiB (multiple of 4)."),
+    cache_gib: float = typer.Option(10.0, min=0.01, help="Disk cache cap, GiB (LRU beyond it)."),
+    manifest_ttl_s: int = typer.Option(2, min=0, help="Seconds a manifest/index answer is reused (0: not cached)."),
+    workers: int = typer.Option(0, min=0, help="nginx worker processes (0: one per core)."),
+) -> None:
+    """Print an nginx.conf for a caching edge (proxy_cache + slice + cache lock) in front of ORIGIN.
+    Run it with: nginx -p PREFIX -c PREFIX/nginx.conf (docs/scale.md)."""
+    from sakura.server import edge_config
+
+    try:
+        typer.echo(edge_config(origin, port=port, prefix=prefix, host=host, slice_bytes=slice_kib * 1024,
+                               cache_max_bytes=int(cache_gib * (1 << 30)), manifest_ttl_s=manifest_ttl_s,
+                               workers=workers), nl=False)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+
+
 def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, trace: str | None = None,
               trace_offset: float = 0.0, rtt_ms: float = 0.0) -> None:
     """Body of `sakura serve` (kept here so sakura/cli.py stays a thin shell)."""
@@ -112,14 +136,34 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, tr
 
 
 def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list[str] | None, calibration: int,
-              steps: int) -> None:
-    """Body of `sakura build`: clear one-line errors for bad names/specs instead of tracebacks."""
+              steps: int, *, executor: str = "local", address: str | None = None, workers: int | None = None,
+              force: bool = False) -> None:
+    """Body of `sakura build`: clear one-line errors for bad names/specs instead of tracebacks.
+
+    ``executor="local"`` (default) builds in this process as before; ``"ray"`` spreads templates
+    over a Ray cluster (``sakura.store.distributed``), skipping templates already current; exit 1
+    if any template failed (the others are committed)."""
     from sakura.store.build import DEFAULT_LADDER, build_store
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if executor not in ("local", "ray"):
+        typer.echo(f"error: --executor must be local or ray, got {executor!r}", err=True)
+        raise typer.Exit(2)
+    if executor == "local" and (address or workers or force):
+        typer.echo("error: --address/--workers/--force apply to --executor ray", err=True)
+        raise typer.Exit(2)
     try:
-        build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
-                    calibration=calibration, steps=steps, log=typer.echo)
-    except (ValueError, KeyError, NotImplementedError, FileNotFoundError) as e:
+        if executor == "local":
+            build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
+                        calibration=calibration, steps=steps, log=typer.echo)
+            return
+        from sakura.store.distributed import build_templates
+
+        rep = build_templates(store, templates=templates or None, model_name=model, ladder=ladder or DEFAULT_LADDER,
+                              calibration=calibration, steps=steps, executor="ray", address=address, workers=workers,
+                              force=force, log=typer.echo)
+    except (ValueError, KeyError, NotImplementedError, FileNotFoundError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
+    if not rep.ok:
+        raise typer.Exit(1)

@@ -37,7 +37,7 @@ def setup(tmp_path_factory):
     st = Store(root)
     (fp, tid), = st.manifest_keys()
     with serve_in_thread(root) as url:
-        yield model, tpl, photo, url, st.load_manifest(fp, tid), root
+        yield model, tpl, photo, url, st.get_manifest(fp, tid), root
 
 
 def _edit(setup, policy, *, url=None, manifest=True, bw=1e9, rtt=0.001, **kw):

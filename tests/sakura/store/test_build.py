@@ -36,7 +36,7 @@ def test_build_writes_a_valid_store_that_decodes(built):
     st = Store(built)
     assert st.verify().ok
     (fp, tid), = st.manifest_keys()
-    m = st.load_manifest(fp, tid)
+    m = st.get_manifest(fp, tid)
     model = load_model("sakura-mini")
     assert tid == "look-00" and len(m.shards) == model.num_layers
     names = ["lossless", "uniform:bits=8", "layered:budgets=[1.0,2.0]#0", "layered:budgets=[1.0,2.0]#1"]
@@ -51,13 +51,13 @@ def test_build_writes_a_valid_store_that_decodes(built):
     from sakura.codec import CodecTables, get_codec
     meta = m.kv_layout
     tbl = m.table(rung0.tables[0])
-    tables = CodecTables.from_bytes(st.read_object(tbl.object), ShardId(fp, meta["template_fingerprint"], -1))
-    prefix = st.read_object(rung0.object)[: rung0.nbytes]
+    tables = CodecTables.from_bytes(st.get_object(tbl.object), ShardId(fp, meta["template_fingerprint"], -1))
+    prefix = st.get_object(rung0.object)[: rung0.nbytes]
     dec0 = get_codec("layered").decode(prefix, ShardId(fp, meta["template_fingerprint"], 0), tables)
     assert tuple(dec0.key.shape) == (meta["tokens"], meta["heads"], meta["head_dim"])
 
     # phone side: compute the KV locally from the template reference in the store ...
-    ref = st_load(st.read_object(m.template_ref.object))
+    ref = st_load(st.get_object(m.template_ref.object))
     assert model.fingerprint() == fp
     local = model.extract_template_kv(ref["image"][None], int(meta["instruction"])).to(torch.float16)
     assert local.template_fingerprint == meta["template_fingerprint"]
@@ -65,7 +65,7 @@ def test_build_writes_a_valid_store_that_decodes(built):
     for s in m.shards:
         r = s.rendition("lossless")
         tables = None
-        dec = decode_any(st.read_object(r.object), ShardId(fp, meta["template_fingerprint"], s.index), tables)
+        dec = decode_any(st.get_object(r.object), ShardId(fp, meta["template_fingerprint"], s.index), tables)
         assert torch.equal(dec.key, local.layers[s.index].key) and torch.equal(dec.value, local.layers[s.index].value)
 
 
