@@ -23,7 +23,7 @@ import torch
 from . import bitstream as bs
 from . import entropy as E
 from . import quant as Q
-from .base import (Codec, CodecTables, DecodedShard, Shard, ShardId, as_f32_2d, check_params, from_f32_2d,
+from .base import (Codec, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d,
                    register)
 
 # quality level -> (key bins for the three layer groups, value bins for the two groups)
@@ -66,7 +66,7 @@ class CacheGenCodec(Codec):
             raise ValueError(f"cachegen: level must be one of {sorted(LEVELS)}, got {p['level']!r}")
         super().__init__(**p)
 
-    def _symbols(self, shard: Shard):
+    def _symbols(self, shard: ShardKV):
         shard.validate()
         kb, vb = layer_bins(self.params["level"], shard.layer, shard.num_layers)
         x = {"k": as_f32_2d(shard.key), "v": as_f32_2d(shard.value)}
@@ -76,7 +76,7 @@ class CacheGenCodec(Codec):
             out[kv] = (*_quantise(x[kv], bins, sdt), bins)
         return out, sdt
 
-    def fit_tables(self, shards: Sequence[Shard]) -> CodecTables:
+    def fit_tables(self, shards: Sequence[ShardKV]) -> CodecTables:
         """Symbol counts per (layer, channel) for K and V over all of a template's shards."""
         arrays: dict[str, np.ndarray] = {}
         for shard in shards:
@@ -87,7 +87,7 @@ class CacheGenCodec(Codec):
                 arrays[name] = arrays[name] + cnt if name in arrays else cnt
         return CodecTables(codec=self.name, arrays=arrays, meta={"params": self.params})
 
-    def encode(self, shard: Shard, ident: ShardId, tables: CodecTables | None = None) -> bytes:
+    def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
         syms, sdt = self._symbols(shard)
         w = bs.Writer()
         for kv, (sym, amax, bins) in syms.items():

@@ -8,7 +8,7 @@ symbols; pooled above). Token importance scales the step per token, Delta_t = De
 (b_t the planned width, n the part's nominal width; b_t = 0 drops the token), floored at
 max|x - mu| / 2047 so alphabets stay bounded. Delta is chosen per part, in half-bit steps, by a
 Lagrangian allocation: minimise sum_parts sensitivity x relative MSE at the entropy-coded bits the
-nested quantiser would spend at the same `budget` (sensitivities from `Shard.sensitivity`, else 1).
+nested quantiser would spend at the same `budget` (sensitivities from `ShardKV.sensitivity`, else 1).
 
 At ~1 bit per value this beats the min/max-range nested quantiser on keys by 4-6 dB of relative MSE
 at equal bits on the trained mini model (mean removal + a mid-tread zero level); values gain less.

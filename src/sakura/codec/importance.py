@@ -23,8 +23,8 @@ fitted once per template (`fit_tables`) and shared by all its shards; without ta
 carries its own histograms. Refinement bits (the low-order bits a rung adds) are near-uniform, so
 they are stored bit-packed (ANS saved <0.1% on them and decodes 10x slower).
 
-Calibrated allocation: with `Shard.sensitivity` (image MSE per unit relative MSE of this layer's K
-and V, measured on public calibration photos by `sakura.codec.calibrate`), `fit_tables` picks per
+Calibrated allocation: with `ShardKV.sensitivity` (image MSE per unit relative MSE of this layer's K
+and V, measured on public calibration photos by `sakura.capture.sensitivity`), `fit_tables` picks per
 (layer, K/V) width offsets (nested quantiser; stored as `alloc` in the tables, in the object header
 as `offsets`, format version 2) or per-part ECSQ steps (`quantiser="ecsq"`, see `ecsq`) minimising
 sum sensitivity x relative MSE at the entropy-coded bits of the default widths / of `budget`. `layered`
@@ -48,7 +48,7 @@ from . import bitstream as bs
 from . import ecsq as EQ
 from . import entropy as E
 from . import quant as Q
-from .base import (Codec, CodecTables, DecodedShard, Shard, ShardId, as_f32_2d, check_params, from_f32_2d,
+from .base import (Codec, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d,
                    register)
 
 ALLOWED_BITS = np.array([0, 2, 3, 4, 5, 6, 7, 8], dtype=np.int32)
@@ -246,7 +246,7 @@ class _ImportanceBase(Codec):
     def _vgroup(self, params: dict[str, Any], D: int) -> int:
         return D if params["value_group"] == "head" else int(params["value_group"])
 
-    def _analyse(self, shard: Shard) -> _Analysis:
+    def _analyse(self, shard: ShardKV) -> _Analysis:
         shard.validate()
         T, H, D = shard.shape
         C = H * D
@@ -278,7 +278,7 @@ class _ImportanceBase(Codec):
             u[kv] = Q.unit(x[kv], Q.expand(lo, mode, g, T, C), u_r[kv])
         return _Analysis(u=u, scales=scales, bits=bits, sdt=sdt, u_r=u_r)
 
-    def fit_tables(self, shards: Sequence[Shard]) -> CodecTables:
+    def fit_tables(self, shards: Sequence[ShardKV]) -> CodecTables:
         """Symbol histograms per (layer, K/V, level group) over all of a template's shards; with
         calibrated shard sensitivities (and allocate="sensitivity") also per-layer K/V width offsets."""
         arrays: dict[str, np.ndarray] = {}
@@ -358,7 +358,7 @@ class _ImportanceBase(Codec):
         return CodecTables(codec=self.name, arrays=arrays, meta={"params": self.params})
 
     # -- ecsq -------------------------------------------------------------------------------
-    def _ecsq_plan(self, shards: Sequence[Shard], analyses: list[_Analysis]) -> dict[tuple[int, str], tuple]:
+    def _ecsq_plan(self, shards: Sequence[ShardKV], analyses: list[_Analysis]) -> dict[tuple[int, str], tuple]:
         """Per (layer, K/V): (mean, step, floor, nominal) at `budget` entropy-coded bits per value."""
         use_sens = self.params["allocate"] == "sensitivity" and all(s.sensitivity is not None for s in shards)
         points, sens, parts = {}, {}, {}
@@ -382,11 +382,11 @@ class _ImportanceBase(Codec):
         steps = EQ.allocate(points, sens, budget)
         return {c: (mu, steps[c], fl, nominal) for c, (mu, fl, nominal) in parts.items()}
 
-    def _grid(self, shard: Shard) -> int:
+    def _grid(self, shard: ShardKV) -> int:
         """Side of the token grid the dct transform runs over (0: no transform)."""
         return EQ.grid_side(shard.shape[0]) if self.params["transform"] == "dct" else 0
 
-    def _ecsq_symbols(self, shard: Shard, an: _Analysis, plan: tuple, kv: str):
+    def _ecsq_symbols(self, shard: ShardKV, an: _Analysis, plan: tuple, kv: str):
         mu, step, floor, nominal = plan
         bits = self._ecsq_bits(shard, an)
         keep = bits > 0
@@ -398,12 +398,12 @@ class _ImportanceBase(Codec):
             return np.rint(coef / np.float64(st[0])).astype(np.int32)
         return EQ.symbols(x[keep], mu, st[keep])
 
-    def _ecsq_bits(self, shard: Shard, an: _Analysis) -> np.ndarray:
+    def _ecsq_bits(self, shard: ShardKV, an: _Analysis) -> np.ndarray:
         if self._grid(shard):
             return np.full(shard.shape[0], EQ.REF_BITS, np.int32)
         return an.bits[0]
 
-    def _ecsq_tables(self, shards: Sequence[Shard], analyses: list[_Analysis]) -> CodecTables:
+    def _ecsq_tables(self, shards: Sequence[ShardKV], analyses: list[_Analysis]) -> CodecTables:
         plan = self._ecsq_plan(shards, analyses)
         arrays: dict[str, np.ndarray] = {}
         for shard, an in zip(shards, analyses):
@@ -419,13 +419,13 @@ class _ImportanceBase(Codec):
                 arrays[f"L{shard.layer}.{kv}.e"] = self._ecsq_counts(shard, sym + m, A) * np.uint32(EQ.COUNT_SCALE)
         return CodecTables(codec=self.name, arrays=arrays, meta={"params": self.params})
 
-    def _ecsq_counts(self, shard: Shard, sym: np.ndarray, A: int) -> np.ndarray:
+    def _ecsq_counts(self, shard: ShardKV, sym: np.ndarray, A: int) -> np.ndarray:
         n = self._grid(shard)
         if n:
             return EQ.band_counts(sym, EQ.bands(n), A)
         return E.counts(sym, A, per_channel=A <= EQ.PER_CHANNEL_MAX_ALPHABET)
 
-    def _encode_ecsq(self, shard: Shard, ident: ShardId, tables: CodecTables | None) -> bytes:
+    def _encode_ecsq(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None) -> bytes:
         an = self._analyse(shard)
         T, H, D = shard.shape
         w = bs.Writer()
@@ -524,7 +524,7 @@ class _ImportanceBase(Codec):
         return DecodedShard(out[0], out[1], torch.from_numpy(keep.copy()))
 
     # -- encode -----------------------------------------------------------------------------
-    def _encode_level(self, an: _Analysis, level: int, shard: Shard, ident: ShardId,
+    def _encode_level(self, an: _Analysis, level: int, shard: ShardKV, ident: ShardId,
                       tables: CodecTables | None, parent_crc: int | None) -> bytes:
         T = shard.shape[0]
         prev = an.bits[level - 1] if level > 0 else np.zeros(T, np.int32)
@@ -581,7 +581,7 @@ class _ImportanceBase(Codec):
             return None
         return int(a[layer, 0]), int(a[layer, 1])
 
-    def encode_levels(self, shard: Shard, ident: ShardId, tables: CodecTables | None = None) -> list[bytes]:
+    def encode_levels(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> list[bytes]:
         """One object per ladder level: [base, refinement 1, ...]."""
         an = self._analyse(shard)
         out: list[bytes] = []
@@ -590,7 +590,7 @@ class _ImportanceBase(Codec):
             out.append(self._encode_level(an, level, shard, ident, tables, parent))
         return out
 
-    def encode(self, shard: Shard, ident: ShardId, tables: CodecTables | None = None) -> bytes:
+    def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
         """The whole ladder as back-to-back objects; prefix `level_ends(data)[l]` is rung l."""
         if self.params["quantiser"] == "ecsq":
             return self._encode_ecsq(shard, ident, tables)

@@ -34,12 +34,11 @@ def load_photo(path: Path, size: int):
 
 def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: str, steps: int, seed: int,
                  prior_mbps: float, echo: Callable[[str], None] = print) -> None:
-    from safetensors.torch import load as st_load
-
     from sakura.client import TemplateClient
     from sakura.demo import _save_grid
     from sakura.models import load_model
     from sakura.runtime import BandwidthEstimator
+    from sakura.store.build import decode_template_ref
     from sakura.runtime.stream import FixedPolicy, MPCPolicy, profile_model, streamed_edit
 
     model = load_model("sakura-mini")
@@ -52,7 +51,7 @@ def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: 
         async with TemplateClient(server) as c:
             m = await c.fetch_manifest(model.fingerprint(), template)
             ref = await c.fetch_object(m.template_ref.object)
-            return m, st_load(ref.data)["image"]
+            return m, decode_template_ref(ref.data, m.template_ref.media_type)
 
     manifest, timage = asyncio.run(gallery())
     instruction = int(manifest.kv_layout.get("instruction", 0))

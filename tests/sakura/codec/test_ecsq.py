@@ -1,4 +1,4 @@
-"""`sakura:quantiser="ecsq"` and calibrated per-layer K/V allocation (`Shard.sensitivity`)."""
+"""`sakura:quantiser="ecsq"` and calibrated per-layer K/V allocation (`ShardKV.sensitivity`)."""
 
 from __future__ import annotations
 
