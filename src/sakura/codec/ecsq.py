@@ -104,21 +104,9 @@ def rd_points(x: np.ndarray, mu: np.ndarray) -> list[tuple[float, float, float]]
 
 def allocate(points: dict, sens: dict, budget_bits: float) -> dict:
     """Per part the step minimising sum sens * relMSE subject to total bits <= budget_bits."""
-    keys = sorted(points)
+    from .allocation import allocate_steps
 
-    def pick(lam: float):
-        return {c: min(points[c], key=lambda t: (sens[c] * t[1] + lam * t[2], t[2])) for c in keys}
-
-    lo, hi = -80.0, 40.0
-    best = pick(2.0 ** hi)
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        res = pick(2.0 ** mid)
-        if sum(t[2] for t in res.values()) <= budget_bits:
-            best, hi = res, mid
-        else:
-            lo = mid
-    return {c: t[0] for c, t in best.items()}
+    return allocate_steps(points, sens, budget_bits)
 
 
 # -- spatial transform over the token grid (template tokens are image patches in raster order) ----

@@ -46,51 +46,16 @@ import torch
 
 from . import bitstream as bs
 from . import ecsq as EQ
+from . import progressive as PG
 from . import entropy as E
 from . import quant as Q
+from .allocation import ALLOWED_BITS, allocate_offsets, plan_bits  # noqa: F401  (re-exported)
 from .base import (Codec, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d,
                    register)
 
-ALLOWED_BITS = np.array([0, 2, 3, 4, 5, 6, 7, 8], dtype=np.int32)
 CENTROID_MAX_BITS = 4  # wider bins are small enough that their midpoints are (nearly) unbiased
 CENTROID_LEVELS = 16   # a bin's reconstruction point is stored to 1/16 of the bin (error <= 1/32 bin)
 PER_CHANNEL_MAX_BITS = 5
-
-
-def plan_bits(importance: np.ndarray | None, T: int, budget: float, *, prev: np.ndarray | None = None,
-              alpha: float = 1.0, drop_cost: float = 1.0, allow_drop: bool = True,
-              max_bits: int = 8) -> np.ndarray:
-    """Per-token bit widths (T,) int32 with mean <= budget (when feasible), >= prev token-wise."""
-    allowed = ALLOWED_BITS[(ALLOWED_BITS <= max_bits) & ((ALLOWED_BITS > 0) | allow_drop)]
-    e = np.where(allowed == 0, drop_cost, 3.0 * np.power(4.0, -allowed.astype(np.float64)))  # (J,)
-    if importance is None:
-        w = np.ones(T)
-    else:
-        imp = np.asarray(importance, dtype=np.float64)
-        m = imp.mean()
-        w = (imp / m) ** alpha if m > 0 else np.ones(T)
-    # deterministic tie-break so equal weights split at a budget between two widths
-    w = w * (1.0 + 1e-9 * np.arange(T)[::-1] / max(T, 1)) + 1e-30
-    lo_bits = prev if prev is not None else np.zeros(T, np.int32)
-    invalid = allowed[None, :] < lo_bits[:, None]  # (T, J)
-
-    def assign(lam: float) -> np.ndarray:
-        cost = w[:, None] * e[None, :] + lam * allowed[None, :]
-        cost[invalid] = np.inf
-        return allowed[np.argmin(cost, axis=1)]
-
-    lo, hi = -40.0, 40.0  # log2 lambda; small lambda -> most bits
-    best = assign(2.0 ** hi)
-    if best.mean() > budget:
-        return best  # even the cheapest feasible plan exceeds the budget (e.g. no drops allowed)
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        b = assign(2.0 ** mid)
-        if b.mean() <= budget:
-            best, hi = b, mid
-        else:
-            lo = mid
-    return best.astype(np.int32)
 
 
 def widths(bits: np.ndarray, offset: int, low: int = 2) -> np.ndarray:
@@ -100,14 +65,6 @@ def widths(bits: np.ndarray, offset: int, low: int = 2) -> np.ndarray:
     if offset == 0:
         return bits
     return np.where(bits > 0, np.clip(bits + offset, low, 8), 0).astype(np.int32)
-
-
-def kind_bits(bits: np.ndarray, kv: str, key_offset: int) -> np.ndarray:
-    """Per-token widths for K or V: keys get `key_offset` more (or fewer) bits, never below 2 or
-    above 8; dropped tokens stay dropped. Monotone in `bits`, so ladders stay nested."""
-    if kv == "v" or key_offset == 0:
-        return bits
-    return np.where(bits > 0, np.clip(bits + key_offset, 2, 8), 0).astype(np.int32)
 
 
 @dataclass
@@ -173,34 +130,6 @@ def _rd_points(x: np.ndarray, u: np.ndarray, r: np.ndarray, nominal: int) -> lis
     return out
 
 
-def allocate_offsets(points: dict[tuple[int, str], list[tuple[int, float, float]]],
-                     sens: dict[tuple[int, str], float], base: dict[tuple[int, str], int]) -> dict[tuple[int, str], int]:
-    """Per (layer, K/V) width offsets minimising sum_c sens_c * relMSE_c subject to the entropy-coded
-    bits of the default offsets `base` (Lagrangian, bisection on the multiplier)."""
-    keys = sorted(points)
-    budget = sum(dict((o, b) for o, _e, b in points[c])[base[c]] for c in keys)
-
-    def pick(lam: float) -> dict[tuple[int, str], tuple[int, float]]:
-        res = {}
-        for c in keys:
-            o, _e, b = min(points[c], key=lambda t: (sens[c] * t[1] + lam * t[2], t[2]))
-            res[c] = (o, b)
-        return res
-
-    lo, hi = -60.0, 20.0  # log2 lambda
-    best = {c: base[c] for c in keys}
-    if sum(b for _o, b in pick(2.0 ** hi).values()) > budget:
-        return best
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        res = pick(2.0 ** mid)
-        if sum(b for _o, b in res.values()) <= budget:
-            best, hi = {c: o for c, (o, _b) in res.items()}, mid
-        else:
-            lo = mid
-    return best
-
-
 class _ImportanceBase(Codec):
     uses_tables = True
     supports_layers = True
@@ -228,8 +157,8 @@ class _ImportanceBase(Codec):
             raise ValueError(f"{self.name}: key_offset must be an int in [-6, 6]")
         if p["quantiser"] not in ("nested", "ecsq"):
             raise ValueError(f"{self.name}: quantiser must be 'nested' or 'ecsq'")
-        if p["quantiser"] == "ecsq" and len(budgets) != 1:
-            raise ValueError(f"{self.name}: the ecsq quantiser is not nested; ladders need quantiser='nested'")
+        if p["quantiser"] == "ecsq" and len(budgets) != 1 and self.name != "layered":
+            raise ValueError(f"{self.name}: one budget per rendition (ladders: the layered codec)")
         if p["transform"] not in ("none", "dct") or (p["transform"] == "dct" and p["quantiser"] != "ecsq"):
             raise ValueError(f"{self.name}: transform must be 'none' or 'dct' (dct needs quantiser='ecsq')")
         if p["allocate"] not in ("sensitivity", "none"):
@@ -630,6 +559,10 @@ class _ImportanceBase(Codec):
     def _start(self, piece: bytes, ident: ShardId, tables: CodecTables | None) -> "LayeredState":
         obj, dtype, shape = self._open(piece, ident, tables, kind=bs.KIND_SHARD)
         h = obj.header
+        if h.get("prog") is not None:
+            if h.get("level") != 0:
+                raise bs.CorruptError(f"base object has level {h.get('level')!r}")
+            return PG.start_state(self, obj, piece, ident, tables, dtype, shape)
         T, H, D = shape
         C = H * D
         if h.get("level") != 0:
@@ -667,6 +600,8 @@ class _ImportanceBase(Codec):
 
     def upgrade(self, state: "LayeredState", piece: bytes) -> "LayeredState":
         """Apply the next refinement object to a decoded state (in place; returns it)."""
+        if isinstance(state, PG.ProgressiveState):
+            return state.upgrade(piece)
         obj, dtype, shape = self._open(piece, state.ident, state.tables, kind=bs.KIND_LAYER)
         h = obj.header
         if shape != state.shape or h.get("level") != state.level + 1:
@@ -797,11 +732,32 @@ class LayeredCodec(_ImportanceBase):
     """A ladder of importance-aware rungs at `budgets`, stored once as base + refinement layers."""
 
     name = "layered"
-    # rungs share one set of per-layer offsets; fitted at the base budget they inflate the upper rungs
-    # (measured: whole 4-rung ladder 0.35-0.41 of fp16 instead of 0.32-0.38), so ladders keep uniform widths
+    # nested quantiser: rungs share one set of per-layer offsets; fitted at the base budget they inflate
+    # the upper rungs (measured: whole 4-rung ladder 0.35-0.41 of fp16 instead of 0.32-0.38), so nested
+    # ladders keep uniform widths. quantiser="ecsq": the progressive transform ladder (`progressive`).
     _defaults = {"budgets": [1.0, 2.0, 3.0, 4.0], **_COMMON, "allocate": "none"}
 
     @staticmethod
     def _budgets(p: dict[str, Any]) -> list[float]:
         b = p["budgets"]
         return list(b) if isinstance(b, (list, tuple)) else [b]
+
+    @property
+    def progressive(self) -> bool:
+        return self.params["quantiser"] == "ecsq"
+
+    def fit_tables(self, shards: Sequence[ShardKV]) -> CodecTables:
+        if self.progressive:
+            return PG.fit_tables(self.name, self.params, shards)
+        return super().fit_tables(shards)
+
+    def encode_levels(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> list[bytes]:
+        if self.progressive:
+            return PG.encode_levels(self, shard, ident, tables)
+        return super().encode_levels(shard, ident, tables)
+
+    def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
+        return b"".join(self.encode_levels(shard, ident, tables))
+
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
+        return self.decode_state(data, ident, tables).result()
