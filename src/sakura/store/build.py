@@ -37,7 +37,7 @@ from sakura.store.store import RenditionInput, StoreWriter
 #: rung, upgrades fetch only the missing bytes). The exact fallback is computing the KV on the phone
 #: from the template reference, so the store keeps no lossless copy. Add "lossless" /
 #: "uniform:bits=8" with --ladder when raw streaming is wanted.
-DEFAULT_LADDER = ("layered:budgets=[1.5,2.5,3.5,4.5]",)
+DEFAULT_LADDER = ('layered:budgets=[0.15,0.3,0.6,1.2],quantiser="ecsq",transform="dct",allocate="sensitivity"',)
 #: The reference codec of every shard's ``quality_floor`` (measured even when not in the ladder).
 QUALITY_FLOOR_SPEC = "cachegen:level=3"
 TEMPLATE_REF_MEDIA_TYPE = "image/png"
