@@ -349,6 +349,12 @@ def get_codec(name: str, **params: Any) -> Codec:
 
 def codec_from_spec(spec: str) -> Codec:
     """Parse `name` or `name:k=v,k=v` (values as JSON, else strings), e.g. `uniform:bits=4`."""
+    name, params = parse_spec(spec)
+    return get_codec(name, **params)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """`name:k=v,...` -> (name, the parameters as written, without defaults)."""
     name, _, rest = spec.partition(":")
     params: dict[str, Any] = {}
     if rest:
@@ -360,7 +366,7 @@ def codec_from_spec(spec: str) -> Codec:
                 params[k.strip()] = json.loads(v)
             except json.JSONDecodeError:
                 params[k.strip()] = v
-    return get_codec(name.strip(), **params)
+    return name.strip(), params
 
 
 def _split_top(s: str) -> list[str]:

@@ -110,6 +110,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
 
     from sakura.capture import ShardDistortionProbe, layer_sensitivity, template_importance
     from sakura.codec import ShardId, ShardKV, codec_from_spec
+    from sakura.codec.base import parse_spec
     from sakura.models import load_model
     from sakura.models.kv import LayerKV, TemplateKV
     from sakura.tasks import get_template, heldout_photos
@@ -163,8 +164,11 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                 table_names: tuple[str, ...] = ()
                 if tables is not None:
                     w.add_table(rname, codec=codec.name, data=tables.to_bytes(ShardId(model_fp, kv.template_fingerprint, -1)),
-                                params=_jsonable(codec.params))
+                                params=_jsonable(parse_spec(rname)[1]))
                     table_names = (rname,)
+                # the parameters as the operator wrote them (objects carry everything decoding needs;
+                # all defaults spelled out in every rendition made the manifest larger than the ladder)
+                params = _jsonable(parse_spec(rname)[1])
                 for i, s in enumerate(shards):
                     data = codec.encode(s, ident(i), tables)
                     # A layered codec's object holds every rung; rung l is the prefix ends[l]
@@ -176,7 +180,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                         dec = codec.decode(piece, ident(i), tables)
                         encoded[i].append(RenditionInput(
                             name=rname if end is None else f"{rname}#{rung}", codec=codec.name, data=data,
-                            params=_jsonable(codec.params), prefix_bytes=end, tables=table_names,
+                            params=params, prefix_bytes=end, tables=table_names,
                             distortion={"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
                                         "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
                                         "dropped_fraction": 1.0 - d.keep_fraction,

@@ -320,8 +320,18 @@ class TemplateStats:
 
     @property
     def ratio_vs_fp16(self) -> float:
-        """Whole ladder (``total_bytes``) over one uncompressed fp16 copy: < 1 means the ladder is smaller."""
+        """Objects (``total_bytes``: ladder + tables + template ref) over one uncompressed fp16 copy."""
         return self.total_bytes / self.fp16_bytes if self.fp16_bytes else float("nan")
+
+    @property
+    def whole_bytes(self) -> int:
+        """Everything the template costs on disk: its unique objects plus its manifest file."""
+        return self.total_bytes + self.manifest_bytes
+
+    @property
+    def whole_ratio_vs_fp16(self) -> float:
+        """``whole_bytes`` over one uncompressed fp16 copy of the template KV."""
+        return self.whole_bytes / self.fp16_bytes if self.fp16_bytes else float("nan")
 
 
 @dataclass(frozen=True)
