@@ -134,6 +134,7 @@ class _ImportanceBase(Codec):
     uses_tables = True
     supports_layers = True
     _defaults: dict[str, Any] = {}
+    _ladder = False  # True: several budgets (rungs) per rendition
 
     def __init__(self, **params: Any) -> None:
         p = check_params(params, self._defaults, self.name)
@@ -157,7 +158,7 @@ class _ImportanceBase(Codec):
             raise ValueError(f"{self.name}: key_offset must be an int in [-6, 6]")
         if p["quantiser"] not in ("nested", "ecsq"):
             raise ValueError(f"{self.name}: quantiser must be 'nested' or 'ecsq'")
-        if p["quantiser"] == "ecsq" and len(budgets) != 1 and self.name != "layered":
+        if p["quantiser"] == "ecsq" and len(budgets) != 1 and not self._ladder:
             raise ValueError(f"{self.name}: one budget per rendition (ladders: the layered codec)")
         if p["transform"] not in ("none", "dct") or (p["transform"] == "dct" and p["quantiser"] != "ecsq"):
             raise ValueError(f"{self.name}: transform must be 'none' or 'dct' (dct needs quantiser='ecsq')")
@@ -732,6 +733,7 @@ class LayeredCodec(_ImportanceBase):
     """A ladder of importance-aware rungs at `budgets`, stored once as base + refinement layers."""
 
     name = "layered"
+    _ladder = True
     # nested quantiser: rungs share one set of per-layer offsets; fitted at the base budget they inflate
     # the upper rungs (measured: whole 4-rung ladder 0.35-0.41 of fp16 instead of 0.32-0.38), so nested
     # ladders keep uniform widths. quantiser="ecsq": the progressive transform ladder (`progressive`).
@@ -761,3 +763,19 @@ class LayeredCodec(_ImportanceBase):
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
         return self.decode_state(data, ident, tables).result()
+
+
+@register
+class ProgressiveCodec(LayeredCodec):
+    """The progressive transform ladder (`progressive`): `layered` with quantiser="ecsq",
+    transform="dct" and sensitivity allocation as defaults, four rungs at 0.15/0.3/0.6/1.2 bits per
+    value (entropy-coded, over the template). See `sakura.codec.progressive`."""
+
+    name = "progressive"
+    _defaults = {**LayeredCodec._defaults, "budgets": [0.15, 0.3, 0.6, 1.2], "quantiser": "ecsq",
+                 "transform": "dct", "allocate": "sensitivity"}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        if self.params["quantiser"] != "ecsq":
+            raise ValueError("progressive: quantiser must be 'ecsq' (the nested ladder is `layered`)")

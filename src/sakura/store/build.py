@@ -32,12 +32,12 @@ from typing import Any, Callable, Sequence
 
 from sakura.store.store import RenditionInput, StoreWriter
 
-#: Default ladder: the layered transform coder alone (ECSQ + token-grid DCT coded progressively,
-#: docs/codec.md), four rungs stored as one object per shard (rung l = a byte prefix: one Range per
+#: Default ladder: the progressive transform coder alone (``progressive`` = ECSQ + token-grid DCT
+#: coded by successive refinement, budgets 0.15/0.3/0.6/1.2 bits per value; docs/codec.md), four rungs stored as one object per shard (rung l = a byte prefix: one Range per
 #: rung, upgrades fetch only the missing bytes). The exact fallback is computing the KV on the phone
 #: from the template reference, so the store keeps no lossless copy. Add "lossless" /
 #: "uniform:bits=8" with --ladder when raw streaming is wanted.
-DEFAULT_LADDER = ('layered:budgets=[0.15,0.3,0.6,1.2],quantiser="ecsq",transform="dct",allocate="sensitivity"',)
+DEFAULT_LADDER = ("progressive",)
 #: The reference codec of every shard's ``quality_floor`` (measured even when not in the ladder).
 QUALITY_FLOOR_SPEC = "cachegen:level=3"
 TEMPLATE_REF_MEDIA_TYPE = "image/png"
@@ -155,7 +155,8 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         floors = []
         for i, s in enumerate(shards):
             dec = floor_codec.decode(floor_codec.encode(s, ident(i), floor_tables), ident(i), floor_tables)
-            floors.append({"reference": QUALITY_FLOOR_SPEC, "image_mse": probe.image_mse(i, dec.as_layer_kv())})
+            floors.append({"reference": QUALITY_FLOOR_SPEC,
+                           "image_mse": _rounded({"image_mse": probe.image_mse(i, dec.as_layer_kv())})["image_mse"]})
         with StoreWriter(store, model_fingerprint=model_fp, template_id=name) as w:
             w.set_template_ref(ref_png, media_type=TEMPLATE_REF_MEDIA_TYPE)
             encoded: list[list[RenditionInput]] = [[] for _ in shards]
@@ -178,13 +179,12 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                         piece = data if end is None else data[:end]
                         d = codec.describe(s, piece, ident(i), tables)
                         dec = codec.decode(piece, ident(i), tables)
+                        dist = {"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
+                                "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
+                                "dropped_fraction": 1.0 - d.keep_fraction, **probe.measure(i, dec.as_layer_kv())}
                         encoded[i].append(RenditionInput(
                             name=rname if end is None else f"{rname}#{rung}", codec=codec.name, data=data,
-                            params=params, prefix_bytes=end, tables=table_names,
-                            distortion={"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
-                                        "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
-                                        "dropped_fraction": 1.0 - d.keep_fraction,
-                                        **probe.measure(i, dec.as_layer_kv())}))
+                            params=params, prefix_bytes=end, tables=table_names, distortion=_rounded(dist)))
             for i, s in enumerate(shards):
                 w.add_shard(layer=i, tokens=(0, kv.num_tokens), fp16_bytes=s.fp16_bytes, renditions=encoded[i],
                             quality_floor=floors[i])
@@ -196,6 +196,18 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         fp16 = sum(s.fp16_bytes for s in shards)
         log(f"{name}: {L} shards x {len(encoded[0])} renditions, ladder {ladder_b / 1e3:.1f} kB + template PNG "
             f"{len(ref_png) / 1e3:.1f} kB vs fp16 {fp16 / 1e3:.1f} kB ({time.perf_counter() - t0:.1f} s)")
+    return out
+
+
+def _rounded(dist: dict[str, float]) -> dict[str, float]:
+    """Six significant digits (17 made up a tenth of the manifest); image_psnr_db recomputed from
+    the rounded image_mse so the manifest's consistency check holds exactly."""
+    import math
+
+    out = {k: (v if math.isinf(v) else float(f"{v:.6g}")) for k, v in dist.items()}
+    if "image_mse" in out:
+        mse = out["image_mse"]
+        out["image_psnr_db"] = math.inf if mse == 0 else 10.0 * math.log10(1.0 / mse)
     return out
 
 
