@@ -10,7 +10,6 @@ reference object's bytes, with its media type in ``.ref.type``).
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 
@@ -25,24 +24,17 @@ def default_gallery_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "sakura" / "gallery"
 
 
-def decode_template_ref(data: bytes, media_type: str = "") -> torch.Tensor:
-    """A stored template reference as a (3, S, S) float image in [0, 1].
-
-    Accepts what `sakura build` writes: a PNG/WebP/JPEG image, or a safetensors file holding an
-    ``image`` tensor (older stores)."""
-    if data[:8] == b"\x89PNG\r\n\x1a\n" or data[:4] == b"RIFF" or data[:2] == b"\xff\xd8" or media_type.startswith("image/"):
-        import numpy as np
-        from PIL import Image
-
-        with Image.open(io.BytesIO(data)) as im:
-            arr = np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
-        return torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)
-    from safetensors.torch import load as st_load
+def decode_template_ref(data: bytes, media_type: str) -> torch.Tensor:
+    """A stored template reference as a (3, S, S) float image in [0, 1] (what `sakura build`
+    wrote: an RGB PNG, or the legacy safetensors). Raises ValueError for anything else."""
+    from sakura.store.build import decode_template_ref as decode
 
     try:
-        return st_load(data)["image"].float()
-    except Exception as e:
-        raise ValueError(f"template reference is neither an image nor a safetensors image ({e})") from None
+        return decode(data, media_type)
+    except ValueError:
+        raise
+    except Exception as e:  # a truncated or corrupt image file
+        raise ValueError(f"template reference does not decode ({type(e).__name__}: {e})") from None
 
 
 class Gallery:

@@ -25,7 +25,7 @@ def stats_cmd(
     store: Path = typer.Argument(..., help="Store directory."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Bytes per template: whole rendition ladder (+ tables, template ref) vs one uncompressed fp16 copy."""
+    """Bytes per template: everything it costs (ladder, tables, template ref, manifest) vs one fp16 copy."""
     from sakura.store import Store, StoreError
 
     try:
@@ -37,15 +37,20 @@ def stats_cmd(
         d = asdict(s)
         for t, ts in zip(d["templates"], s.templates):
             t["ratio_vs_fp16"] = ts.ratio_vs_fp16
+            t["whole_bytes"] = ts.whole_bytes
+            t["whole_ratio_vs_fp16"] = ts.whole_ratio_vs_fp16
         typer.echo(json.dumps(d, indent=1))
         return
     w = max([len("model/template")] + [len(t.model_fingerprint) + 1 + len(t.template_id) for t in s.templates])
     typer.echo(f"{'model/template':{w}s} {'shards':>6s} {'rends':>6s} {'ladder':>11s} {'tables':>10s} "
-               f"{'total':>11s} {'fp16 copy':>11s} {'total/fp16':>10s}")
+               f"{'template':>10s} {'manifest':>10s} {'whole':>11s} {'fp16 copy':>11s} {'whole/fp16':>10s}")
     for t in s.templates:
         typer.echo(f"{t.model_fingerprint + '/' + t.template_id:{w}s} {t.shards:6d} {t.renditions:6d} "
-                   f"{_human(t.ladder_bytes):>11s} {_human(t.table_bytes):>10s} {_human(t.total_bytes):>11s} "
-                   f"{_human(t.fp16_bytes):>11s} {t.ratio_vs_fp16:10.3f}")
+                   f"{_human(t.ladder_bytes):>11s} {_human(t.table_bytes):>10s} {_human(t.template_ref_bytes):>10s} "
+                   f"{_human(t.manifest_bytes):>10s} {_human(t.whole_bytes):>11s} "
+                   f"{_human(t.fp16_bytes):>11s} {t.whole_ratio_vs_fp16:10.3f}")
+    typer.echo("whole = ladder + tables + template reference + manifest (everything a template costs), "
+               "each object once")
     typer.echo(f"objects on disk: {s.object_count} ({_human(s.object_bytes)}, each stored once); "
                f"orphans: {s.orphan_count} ({_human(s.orphan_bytes)})")
 

@@ -182,7 +182,7 @@ class StoreWriter:
         return ref
 
     def add_shard(self, *, layer: int, tokens: tuple[int, int], fp16_bytes: int,
-                  renditions: Iterable[RenditionInput]) -> Shard:
+                  renditions: Iterable[RenditionInput], quality_floor: Mapping[str, Any] | None = None) -> Shard:
         """Append the next shard in consumption order; writes each rendition's bytes as an object.
 
         Args:
@@ -190,6 +190,7 @@ class StoreWriter:
             tokens: ``(start, stop)`` template-token range, stop exclusive.
             fp16_bytes: bytes of this shard's K+V as one uncompressed fp16 copy.
             renditions: the ladder for this shard (at least one).
+            quality_floor: optional ``{"reference": codec spec, "image_mse": x}`` (``Shard.quality_floor``).
         """
         renditions = list(renditions)
         known = {t.name for t in self._tables}
@@ -212,7 +213,8 @@ class StoreWriter:
                                    distortion={k: float(v) for k, v in r.distortion.items()},
                                    tables=tuple(r.tables), prefix=prefix))
         shard = Shard(index=len(self._shards), layer=int(layer), tokens=(int(tokens[0]), int(tokens[1])),
-                      fp16_bytes=int(fp16_bytes), renditions=tuple(rends))
+                      fp16_bytes=int(fp16_bytes), renditions=tuple(rends),
+                      quality_floor=dict(quality_floor) if quality_floor is not None else None)
         # Round-trip through the reader's validation now, so a bad shard fails here, named.
         Shard.from_json(shard.to_json(), f"shards[{shard.index}]")
         self._shards.append(shard)
@@ -250,6 +252,11 @@ class StoreWriter:
             _write_index(self.root)
         self._committed = dest
         return dest
+
+    @property
+    def committed_path(self) -> Path | None:
+        """Path of the manifest written by ``commit()`` (also on leaving the ``with`` block), else None."""
+        return self._committed
 
     def __enter__(self) -> "StoreWriter":
         return self
@@ -305,8 +312,18 @@ class TemplateStats:
 
     @property
     def ratio_vs_fp16(self) -> float:
-        """Whole ladder (``total_bytes``) over one uncompressed fp16 copy: < 1 means the ladder is smaller."""
+        """Objects (``total_bytes``: ladder + tables + template ref) over one uncompressed fp16 copy."""
         return self.total_bytes / self.fp16_bytes if self.fp16_bytes else float("nan")
+
+    @property
+    def whole_bytes(self) -> int:
+        """Everything the template costs on disk: its unique objects plus its manifest file."""
+        return self.total_bytes + self.manifest_bytes
+
+    @property
+    def whole_ratio_vs_fp16(self) -> float:
+        """``whole_bytes`` over one uncompressed fp16 copy of the template KV."""
+        return self.whole_bytes / self.fp16_bytes if self.fp16_bytes else float("nan")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sakura.codec import CodecError, Shard, ShardId, codec_from_spec, get_codec
+from sakura.codec import CodecError, ShardKV, ShardId, codec_from_spec, get_codec
 from sakura.codec import quant as Q
 from sakura.codec.cachegen import layer_bins
 
@@ -46,7 +46,7 @@ def shards(draw, allow_drop_importance=True):
     imp = {"none": None, "heavy": torch.distributions.Pareto(1.0, 1.2).sample((T,)),
            "zeros": torch.zeros(T), "uniform": torch.ones(T)}[imp_kind]
     layer = draw(st.integers(0, 7))
-    return Shard(k.to(dtype), v.to(dtype), importance=imp, layer=layer, num_layers=8)
+    return ShardKV(k.to(dtype), v.to(dtype), importance=imp, layer=layer, num_layers=8)
 
 
 def _out_tol(x: torch.Tensor, dtype) -> torch.Tensor:
@@ -181,7 +181,7 @@ def test_cachegen_error_bound(level, shard):
 def test_non_finite_rejected_at_encode(spec, bad):
     k = torch.randn(8, 2, 4)
     k[3, 1, 2] = bad
-    shard = Shard(k, torch.randn(8, 2, 4))
+    shard = ShardKV(k, torch.randn(8, 2, 4))
     c = codec_from_spec(spec)
     with pytest.raises(CodecError, match="NaN/inf"):
         tables = c.fit_tables([shard]) if c.uses_tables else None
@@ -191,13 +191,13 @@ def test_non_finite_rejected_at_encode(spec, bad):
 def test_bad_shards_rejected():
     c = get_codec("uniform")
     with pytest.raises(CodecError, match="shape"):
-        c.encode(Shard(torch.randn(4, 8), torch.randn(4, 8)), ID)
+        c.encode(ShardKV(torch.randn(4, 8), torch.randn(4, 8)), ID)
     with pytest.raises(CodecError, match="dtype"):
-        c.encode(Shard(torch.randn(4, 2, 2).double(), torch.randn(4, 2, 2).double()), ID)
+        c.encode(ShardKV(torch.randn(4, 2, 2).double(), torch.randn(4, 2, 2).double()), ID)
     with pytest.raises(CodecError, match="importance"):
-        c.encode(Shard(torch.randn(4, 2, 2), torch.randn(4, 2, 2), importance=-torch.ones(4)), ID)
+        c.encode(ShardKV(torch.randn(4, 2, 2), torch.randn(4, 2, 2), importance=-torch.ones(4)), ID)
     with pytest.raises(CodecError, match="differ"):
-        c.encode(Shard(torch.randn(4, 2, 2), torch.randn(5, 2, 2)), ID)
+        c.encode(ShardKV(torch.randn(4, 2, 2), torch.randn(5, 2, 2)), ID)
 
 
 def test_pack_roundtrip():

@@ -15,11 +15,13 @@ def test_stats_and_verify(tmp_path):
     make_synthetic_store(tmp_path, templates=2, layers=2)
     r = CliRunner().invoke(app, ["store", "stats", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    assert "synthetic-model/tpl-001" in r.output and "total/fp16" in r.output
+    assert "synthetic-model/tpl-001" in r.output and "whole/fp16" in r.output
     r = CliRunner().invoke(app, ["store", "stats", str(tmp_path), "--json"])
     d = json.loads(r.output)
     assert d["templates"][0]["fp16_bytes"] == 2 * 2 * 64 * 128 * 2
     assert d["templates"][0]["ratio_vs_fp16"] > 1  # the synthetic ladder holds fp16 + more
+    t = d["templates"][0]
+    assert t["whole_bytes"] == t["total_bytes"] + t["manifest_bytes"] and t["whole_ratio_vs_fp16"] > t["ratio_vs_fp16"]
     r = CliRunner().invoke(app, ["store", "verify", str(tmp_path)])
     assert r.exit_code == 0 and r.output.startswith("OK"), r.output
     m = Store(tmp_path).get_manifest("synthetic-model", "tpl-000")
