@@ -108,3 +108,13 @@ def test_every_workload_cites_its_sources():
         assert len(p.source) > 40
     with pytest.raises(KeyError):
         get_workload("nope")
+
+
+def test_docs_workloads_md_is_the_generated_report():
+    """docs/workloads.md is written by `sakura bench workloads`; a stale copy fails here."""
+    from pathlib import Path
+
+    from sakura.bench.workloads import report_markdown
+
+    doc = Path(__file__).resolve().parents[3] / "docs" / "workloads.md"
+    assert doc.read_text() == report_markdown(), "regenerate with `sakura bench workloads`"
