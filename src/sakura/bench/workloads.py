@@ -25,7 +25,7 @@ Units: seconds, FLOPs, FLOP/s, bytes, bits/s.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 # ---------------------------------------------------------------------------------------------
 # sources (cited by key from the dataclasses below)
@@ -308,11 +308,6 @@ def break_even_closed_form(hidden: int, bits_per_value: float, flops: float, wei
                            attention_overhead: float) -> float:
     """SPEC's W* = d x b x F / (P_l x (1 + a)) in bits/s (for checking `break_even_bps`)."""
     return hidden * bits_per_value * flops / (weights_per_layer * (1 + attention_overhead))
-
-
-def variant(w: Workload, **changes) -> Workload:
-    """A copy of `w` with fields replaced (e.g. steps=8); the name says it was changed."""
-    return replace(w, name=w.name + "+" + ",".join(f"{k}={v}" for k, v in changes.items()), **changes)
 
 
 # ---------------------------------------------------------------------------------------------
