@@ -8,17 +8,18 @@ bytes produced per second of wall time (aggregate over the workers). Layered spe
 per rung (`<spec>#<rung>`, the rendition names the store and the runtime use), since a phone
 holding rung l decodes only that prefix.
 
-It also says whether a codec releases the GIL while decoding: a pure-Python counter thread runs
-beside one decode and its rate is compared with its rate alone (1.0 = the decode never blocks
-other Python threads; ~0 = it holds the GIL throughout). Two worker threads can only add
-throughput where the GIL is released.
+Two figures per row: the per-core rate (fp16 bytes per thread-CPU second of one decode: what a
+phone core sustains, and robust to other processes on a shared machine) and the aggregate wall
+rate with 1 and 2 workers. The 2-worker speedup says whether a codec releases the GIL: the worker
+counts alternate round by round and the speedup is taken pairwise, so a steady background load
+hits both alike (each thread gets its own OS share); a decode that holds the GIL gets ~1x, one
+that releases it ~2x. `gil_free_fraction` = speedup - 1.
 
 The synthetic layer has the structure real KV shows (per-channel key offsets, a few outlier key
 channels, per-token value scales, heavy-tailed attention importance from random queries).
 Entropy-coded sizes depend on the data, so the bits/value here are indicative; decode speed
-depends mostly on the symbol count. torch runs one thread per worker. On a shared 2-core machine
-the figures are noisy: each is the best of `rounds` rounds, and the 2-worker rows are measured in
-the same run as the 1-worker rows.
+depends mostly on the symbol count. torch runs one thread per worker. Wall rates on a shared
+2-core machine are noisy (best and median of `rounds` are both kept); the per-core rates are not.
 """
 
 from __future__ import annotations
@@ -88,65 +89,36 @@ class DecodeRate:
     values_per_token: int        # K + V values per token: 2 x heads x head_dim
     bits_per_value: float
     workers: int
-    fp16_bytes_per_s: float      # best round: workers x fp16 bytes of one layer / round wall time
+    fp16_bytes_per_cpu_s: float  # per core: fp16 bytes of one layer / thread CPU seconds of one decode (best)
+    fp16_bytes_per_s: float      # aggregate: workers x fp16 bytes of one layer / round wall time (best round)
     fp16_bytes_per_s_median: float
-    speedup_vs_1_worker: float   # this row's best rate / the 1-worker best rate (same run)
-    gil_free_fraction: float     # Python counter rate during one decode / its rate alone
-
-
-def _gil_free_fraction(decode: Callable[[], object]) -> float:
-    """How much a pure-Python thread can run while `decode` runs on this thread (0..~1)."""
-    stop = threading.Event()
-    count = [0]
-
-    def spin() -> None:
-        n = 0
-        while not stop.is_set():
-            n += 1
-        count[0] = n
-
-    def rate(body: Callable[[], object] | None, seconds: float) -> float:
-        stop.clear()
-        t = threading.Thread(target=spin)
-        t0 = time.perf_counter()
-        t.start()
-        if body is None:
-            time.sleep(seconds)
-        else:
-            body()
-        stop.set()
-        t.join()
-        return count[0] / (time.perf_counter() - t0)
-
-    t0 = time.perf_counter()
-    decode()
-    dur = max(time.perf_counter() - t0, 0.05)
-    # alternate alone / during three times and take the median ratio: the machine is shared
-    ratios = []
-    for _ in range(3):
-        alone = rate(None, dur)
-        during = rate(decode, dur)
-        if alone > 0:
-            ratios.append(during / alone)
-    return statistics.median(ratios) if ratios else float("nan")
+    speedup_vs_1_worker: float   # median over interleaved rounds of this wall rate / the 1-worker wall rate
+    gil_free_fraction: float     # 2-worker speedup - 1, clipped to [0, 1]: the share of a decode that runs in parallel
 
 
 def gil_verdict(fraction: float) -> str:
-    """'releases' (>= 0.7), 'holds' (<= 0.3) or 'partly' the GIL, from `_gil_free_fraction`."""
-    return "releases" if fraction >= 0.7 else "holds" if fraction <= 0.3 else "partly"
+    """'releases' (>= 0.6), 'holds' (<= 0.2) or 'partly' the GIL, from the 2-worker speedup - 1."""
+    return "releases" if fraction >= 0.6 else "holds" if fraction <= 0.2 else "partly"
 
 
-def _rate_rounds(decode: Callable[[], object], fp16_bytes: int, workers: int, rounds: int,
-                 pool: ThreadPoolExecutor) -> list[float]:
-    """fp16 bytes/s per round, each round = one decode per worker, all started together."""
-    rates = []
+def _interleaved_rounds(decode: Callable[[], object], workers: Sequence[int], rounds: int,
+                        pools: dict[int, ThreadPoolExecutor]) -> dict[int, tuple[list[float], list[float]]]:
+    """Per worker count: wall seconds of each round (one decode per worker, started together) and
+    thread CPU seconds of each decode. The worker counts alternate round by round, so a change in
+    the machine's load hits them alike (the wall-time speedup is taken round by round)."""
+    def timed() -> float:
+        c0 = time.thread_time()
+        decode()
+        return time.thread_time() - c0
+
+    out: dict[int, tuple[list[float], list[float]]] = {w: ([], []) for w in workers}
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        futs = [pool.submit(decode) for _ in range(workers)]
-        for f in futs:
-            f.result()
-        rates.append(workers * fp16_bytes / (time.perf_counter() - t0))
-    return rates
+        for w in workers:
+            t0 = time.perf_counter()
+            futs = [pools[w].submit(timed) for _ in range(w)]
+            out[w][1].extend(f.result() for f in futs)
+            out[w][0].append(time.perf_counter() - t0)
+    return out
 
 
 def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKENS, workers: Sequence[int] = WORKERS,
@@ -156,9 +128,9 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
     from sakura.codec import ShardId, codec_from_spec
 
     specs = list(specs) if specs else default_specs()
+    workers = tuple(sorted(set(workers)))
     torch.set_num_threads(1)
     rows: list[DecodeRate] = []
-    gil_of: dict[str, float] = {}  # GIL behaviour does not depend on the layer size: measured at the first
     pools = {w: ThreadPoolExecutor(max_workers=w) for w in workers}
     try:
         for T in tokens:
@@ -176,21 +148,26 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
                         return codec.decode(blob, ident, tables)
 
                     decode()  # warm caches (tables' decoder models), as a phone holding the tables would be
-                    if name not in gil_of:
-                        gil_of[name] = _gil_free_fraction(decode)
-                    gil = gil_of[name]
-                    best1 = None
+                    timing = _interleaved_rounds(decode, workers, rounds, pools)
+                    walls1 = timing[workers[0]][0]
+                    per_w = {}
                     for w in workers:
-                        rates = _rate_rounds(decode, shard.fp16_bytes, w, rounds, pools[w])
-                        best = max(rates)
-                        best1 = best if best1 is None else best1
+                        walls, cpu = timing[w]
+                        rates = [w * shard.fp16_bytes / t for t in walls]
+                        speed = statistics.median((w / t) / (workers[0] / t1) for t, t1 in zip(walls, walls1))
+                        per_w[w] = (rates, cpu, speed)
+                    gil = (min(1.0, max(0.0, per_w[2][2] - 1.0)) if 2 in per_w and workers[0] == 1
+                           else float("nan"))
+                    for w, (rates, cpu, speed) in per_w.items():
                         rows.append(DecodeRate(
                             rendition=name, codec=codec.name, tokens=T, values_per_token=2 * heads * head_dim,
-                            bits_per_value=8 * len(blob) / shard.num_values, workers=w, fp16_bytes_per_s=best,
-                            fp16_bytes_per_s_median=statistics.median(rates), speedup_vs_1_worker=best / best1,
+                            bits_per_value=8 * len(blob) / shard.num_values, workers=w,
+                            fp16_bytes_per_cpu_s=shard.fp16_bytes / max(min(cpu), 1e-9), fp16_bytes_per_s=max(rates),
+                            fp16_bytes_per_s_median=statistics.median(rates), speedup_vs_1_worker=speed,
                             gil_free_fraction=gil))
                         log(f"  {name:<44} T={T:<5} {rows[-1].bits_per_value:6.3f} b/v  workers={w}  "
-                            f"{best / 1e6:8.1f} MB/s fp16  x{best / best1:.2f}  GIL-free {gil:.2f}")
+                            f"{rows[-1].fp16_bytes_per_cpu_s / 1e6:8.1f} MB/CPU-s  {max(rates) / 1e6:8.1f} MB/s wall  "
+                            f"x{speed:.2f}")
     finally:
         for p in pools.values():
             p.shutdown()
@@ -208,24 +185,27 @@ def markdown(result: dict) -> str:
     rows = [DecodeRate(**r) for r in result["rows"]]
     L = ["# Decode rates on Klein-sized layers", "",
          f"Generated by `sakura bench decode` ({result['date']}; {result['machine']['cpus']} CPUs, "
-         f"{result['machine']['platform']}, load average at start {result['machine']['loadavg_at_start']}). "
-         "One synthetic fp16 layer of Klein-4B shape (tokens x 24 heads x 128, K and V) per size; fp16 KV bytes "
-         "produced per second of wall time, summed over the worker threads; best of "
-         f"{result['rounds']} rounds (the machine is shared, so medians are in decode_rates.json). "
-         "`GIL-free` = how fast a pure-Python thread runs during one decode relative to alone (1 = the decode "
-         "releases the GIL, 0 = it holds it). x2 = 2-worker rate / 1-worker rate in the same run.", "",
-         "| rendition | bits/value | tokens | 1 worker MB/s | 2 workers MB/s | x2 | GIL-free |",
-         "|---|---:|---:|---:|---:|---:|---:|"]
+         f"{result['machine']['platform']}, load average at start "
+         f"{', '.join(f'{x:.1f}' for x in result['machine']['loadavg_at_start'] or [])}). "
+         "One synthetic fp16 layer of Klein-4B shape (tokens x 24 heads x 128, K and V) per size. "
+         "**Per core** = fp16 KV bytes per thread-CPU second of one decode (best of "
+         f"{result['rounds']}): the rate one core sustains, insensitive to other processes. **Wall** = fp16 bytes "
+         "per wall second summed over the workers (best round; medians in decode_rates.json), noisy on a "
+         "shared machine. **x2** = 2-worker / 1-worker wall rate, median of rounds that alternate the two "
+         "(a decode holding the GIL gets ~1x, one releasing it ~2x).", "",
+         "| rendition | bits/value | tokens | per core MB/s | wall, 1 worker MB/s | wall, 2 workers MB/s | x2 | GIL |",
+         "|---|---:|---:|---:|---:|---:|---:|---|"]
     by = {}
     for r in rows:
         by.setdefault((r.rendition, r.tokens), {})[r.workers] = r
     for (name, T), ws in by.items():
         r1, r2 = ws.get(1), ws.get(2)
         any_r = r1 or r2
-        L.append(f"| `{name}` | {any_r.bits_per_value:.3f} | {T:,} | "
-                 f"{r1.fp16_bytes_per_s / 1e6:.1f} | " if r1 else f"| `{name}` | {any_r.bits_per_value:.3f} | {T:,} | - | ")
-        L[-1] += (f"{r2.fp16_bytes_per_s / 1e6:.1f} | {r2.speedup_vs_1_worker:.2f} | " if r2 else "- | - | ")
-        L[-1] += f"{any_r.gil_free_fraction:.2f} ({gil_verdict(any_r.gil_free_fraction)}) |"
+        cells = [f"`{name}`", f"{any_r.bits_per_value:.3f}", f"{T:,}", f"{any_r.fp16_bytes_per_cpu_s / 1e6:.1f}",
+                 f"{r1.fp16_bytes_per_s / 1e6:.1f}" if r1 else "-", f"{r2.fp16_bytes_per_s / 1e6:.1f}" if r2 else "-",
+                 f"{r2.speedup_vs_1_worker:.2f}" if r2 else "-",
+                 gil_verdict(any_r.gil_free_fraction) if not math.isnan(any_r.gil_free_fraction) else "-"]
+        L.append("| " + " | ".join(cells) + " |")
     L += ["", "Reproduce: `sakura bench decode` (all specs: `--spec` repeatable, e.g. `--spec cachegen:level=2`). "
           "The simulator reads decode_rates.json through `sakura.bench.decode_rates.load_rates`.", ""]
     return "\n".join(L)
