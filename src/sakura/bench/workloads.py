@@ -310,6 +310,28 @@ def break_even_closed_form(hidden: int, bits_per_value: float, flops: float, wei
     return hidden * bits_per_value * flops / (weights_per_layer * (1 + attention_overhead))
 
 
+def streaming_bound_s(c: WorkloadCosts, link_bps: float, bits_per_value: float, *,
+                      decode_fp16_bytes_per_s: float = math.inf, rtt_s: float = 0.0) -> float:
+    """A lower bound on the latency of any method that fetches a fraction f of the template's layers
+    at `bits_per_value` over a constant-rate link and computes the rest on the phone.
+
+    The phone's work is the oracle's plus (1 - f) of the template: latency >= oracle + (1 - f) T.
+    The last fetched layer arrives after RTT + f x L x max(bytes / W, fp16 bytes / decode rate)
+    (fetch and decode pipelined) and at best it is the last layer of the first pass, after which
+    the other passes and the VAE decoder remain. Minimised over a continuous f (real methods fetch
+    whole layers and meet per-layer deadlines, so they can only be slower). At an infinite rate it
+    is the oracle; with no link it is on-device.
+    """
+    T = c.template_s
+    per_layer_s = max(c.kv_fp16_bytes_per_layer * bits_per_value / 16 * 8 / link_bps,
+                      c.kv_fp16_bytes_per_layer / decode_fp16_bytes_per_s)
+    X = c.layers * per_layer_s                                   # fetching every layer
+    after_first_pass = (c.passes - 1) * c.layers * c.live_layer_s + c.vae_decode_s
+    on_device = c.on_device_s
+    f = min(1.0, max(0.0, (on_device - rtt_s - after_first_pass) / (T + X)))
+    return max(on_device - f * T, rtt_s + f * X + after_first_pass, c.oracle_s)
+
+
 # ---------------------------------------------------------------------------------------------
 # report: docs/workloads.md and the ceilings plot
 
@@ -401,8 +423,86 @@ def report_markdown() -> str:
         for p in PHONES:
             add(f"| {w.name} | {p.name.split(' (')[0]} | "
                 + " | ".join(f"{break_even_bps(w, p, b) / 1e6:.0f}" for b in REPORT_BITS) + " |")
+    add("\n## Where streaming can pay at a given link rate\n")
+    add("`streaming_bound_s`: a lower bound on the latency of any method that fetches some layers' KV at "
+        f"{REGIME_BITS:g} bits/value over a constant-rate link and computes the others, with fetch, decode "
+        f"({REGIME_DECODE_FP16_BPS / 1e6:.0f} MB/s of fp16 KV, one core: docs/decode_rates.md) and compute "
+        f"perfectly overlapped and an RTT of {REGIME_RTT_S * 1e3:.0f} ms (see its docstring). The speedups below "
+        "are on-device (or nocache) latency / that bound: what the best possible streaming method could reach; "
+        "a measured sakura ratio should be read against them. A link of W Mbit/s at "
+        f"{REGIME_BITS:g} bits/value carries {16 / REGIME_BITS:g} x W / 8 MB/s of fp16 KV, so above "
+        f"{REGIME_DECODE_FP16_BPS / 1e6 * 8 / (16 / REGIME_BITS):.0f} Mbit/s one decode core, not the link, is the "
+        "bottleneck (the flat right half of the map): faster decoding (more cores in processes, since the "
+        "entropy decoders hold the GIL, or a GPU decoder) moves that edge right.\n")
+    add("| workload | phone | " + " | ".join(f"{r} Mbit/s vs on-device / vs nocache" for r in REGIME_RATES_MBPS)
+        + " | ceilings |")
+    add("|---|---|" + "---:|" * (len(REGIME_RATES_MBPS) + 1))
+    for w in WORKLOADS:
+        for p in PHONES:
+            cells = []
+            for r in REGIME_RATES_MBPS:
+                g = regime_speedups(w, p, r)
+                cells.append(f"{g['vs on-device']:.2f}x / {g['vs on-device-nocache']:.2f}x")
+            ce = ceilings(workload_costs(w, p))
+            add(f"| {w.name} | {p.name.split(' (')[0]} | " + " | ".join(cells)
+                + f" | {ce['vs on-device']:.2f}x / {ce['vs on-device-nocache']:.2f}x |")
+    add("\n![regimes](workloads_regimes.png)\n")
     add("\n![ceilings](workloads_ceilings.png)\n")
     return "\n".join(L) + "\n"
+
+
+#: For the regime tables and map: 2 bits/value (the importance-aware ladder's middle rungs and
+#: CacheGen's levels sit at 1-2.5), one decode core at 75 MB of fp16 KV per second (docs/decode_rates.md:
+#: the layered ladder's rungs decode at 70-130 MB per CPU-second on this x86 machine; the entropy-coded
+#: decoders hold the GIL, so a second decode thread adds nothing) and a 40 ms RTT.
+REGIME_BITS, REGIME_DECODE_FP16_BPS, REGIME_RTT_S = 2.0, 75e6, 0.040
+REGIME_RATES_MBPS = (10, 50, 200, 1000)
+
+
+def regime_speedups(w: Workload, phone: PhoneLevel, link_mbps: float, *, bits: float = REGIME_BITS,
+                    decode_fp16_bps: float = REGIME_DECODE_FP16_BPS, rtt_s: float = REGIME_RTT_S) -> dict[str, float]:
+    """The most a streaming method can gain at a constant link rate: on-device and on-device-nocache
+    latency / `streaming_bound_s` (a streaming method also has local compute, so never below 1 vs
+    on-device)."""
+    c = workload_costs(w, phone)
+    best = streaming_bound_s(c, link_mbps * 1e6, bits, decode_fp16_bytes_per_s=decode_fp16_bps, rtt_s=rtt_s)
+    return {"vs on-device": c.on_device_s / best, "vs on-device-nocache": c.on_device_nocache_s / best}
+
+
+def plot_regimes(path) -> None:
+    """Per workload: the bound on the speedup vs on-device over link rate x phone FLOP/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rates = np.geomspace(5, 1000, 48)
+    flops = np.geomspace(0.5e12, 20e12, 40)
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6.4), sharex=True, sharey=True)
+    for ax, w in zip(axes.flat, WORKLOADS):
+        z = np.array([[regime_speedups(w, PhoneLevel("", f, ""), r)["vs on-device"] for r in rates] for f in flops])
+        cap = ceilings(workload_costs(w, PHONES[0]))["vs on-device"]
+        im = ax.pcolormesh(rates, flops / 1e12, z, shading="auto", vmin=1.0, vmax=max(1.05, cap), cmap="viridis")
+        cs = ax.contour(rates, flops / 1e12, z, levels=[x for x in (1.05, 1.1, 1.25, 1.5, 2.0) if x < cap],
+                        colors="w", linewidths=0.6)
+        ax.clabel(cs, fontsize=6, fmt="%.2fx")
+        for p in PHONES:
+            ax.axhline(p.effective_flops / 1e12, color="r", lw=0.5, ls="--")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{w.name} (ceiling {cap:.2f}x)", fontsize=8)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    for ax in axes[-1]:
+        ax.set_xlabel("constant link rate (Mbit/s)", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("phone effective TFLOP/s", fontsize=8)
+    fig.suptitle(f"Most any streaming method can gain vs on-device (bound; {REGIME_BITS:g} bits/value, decode "
+                 f"{REGIME_DECODE_FP16_BPS / 1e6:.0f} MB/s fp16, RTT {REGIME_RTT_S * 1e3:.0f} ms); dashed: the three "
+                 "phone levels", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_ceilings(path) -> None:
@@ -443,4 +543,5 @@ def write_report(out_dir="docs", log=print) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "workloads.md").write_text(report_markdown())
     plot_ceilings(out / "workloads_ceilings.png")
-    log(f"wrote {out / 'workloads.md'} and {out / 'workloads_ceilings.png'}")
+    plot_regimes(out / "workloads_regimes.png")
+    log(f"wrote {out / 'workloads.md'}, {out / 'workloads_ceilings.png'} and {out / 'workloads_regimes.png'}")

@@ -118,3 +118,23 @@ def test_docs_workloads_md_is_the_generated_report():
 
     doc = Path(__file__).resolve().parents[3] / "docs" / "workloads.md"
     assert doc.read_text() == report_markdown(), "regenerate with `sakura bench workloads`"
+
+
+@pytest.mark.parametrize("w", WORKLOADS, ids=lambda w: w.name)
+def test_streaming_bound_spans_on_device_to_oracle_and_is_the_minimum_over_splits(w):
+    from sakura.bench.workloads import streaming_bound_s
+
+    c = workload_costs(w, get_phone("~3"))
+    assert math.isclose(streaming_bound_s(c, 1e18, 2.0), c.oracle_s, rel_tol=1e-9)   # free KV: the ceiling
+    assert math.isclose(streaming_bound_s(c, 1.0, 2.0), c.on_device_s, rel_tol=1e-6)  # no link: on-device
+    rates = [5e6, 20e6, 50e6, 100e6, 300e6, 1e9]
+    lat = [streaming_bound_s(c, r, 2.0, decode_fp16_bytes_per_s=200e6, rtt_s=0.05) for r in rates]
+    assert all(a >= b - 1e-12 for a, b in zip(lat, lat[1:]))                           # faster link, never slower
+    assert all(c.oracle_s <= x <= c.on_device_s for x in lat)
+    # the closed-form split is the minimum of the max over a fine grid of splits
+    W, bits, D, rtt = 80e6, 2.0, 150e6, 0.04
+    per_layer = max(c.kv_fp16_bytes_per_layer * bits / 2 / W, c.kv_fp16_bytes_per_layer / D)
+    after = (c.passes - 1) * c.layers * c.live_layer_s + c.vae_decode_s
+    grid = min(max(c.on_device_s - f * c.template_s, rtt + f * c.layers * per_layer + after, c.oracle_s)
+               for f in (i / 10000 for i in range(10001)))
+    assert math.isclose(streaming_bound_s(c, W, bits, decode_fp16_bytes_per_s=D, rtt_s=rtt), grid, rel_tol=1e-3)
