@@ -190,7 +190,8 @@ def bench_workloads(
     out: Path = typer.Option(Path("docs"), help="Folder for workloads.md and workloads_ceilings.png."),
 ) -> None:
     """The named workloads and phone levels with their sources, the ceilings (speedup with free,
-    instant KV) and the break-even bandwidth W*; pure arithmetic, runs in a second."""
+    instant KV), the break-even bandwidth W* and the most streaming can gain per link rate (a bound);
+    pure arithmetic on cited figures, writes workloads.md and two plots."""
     from sakura.bench.workloads import write_report
 
     write_report(out, log=typer.echo)

@@ -194,8 +194,9 @@ WORKLOADS: tuple[Workload, ...] = (
            note="step-distilled, 4 steps, the larger model"),
     _klein("klein4b-base-1024", _KLEIN4B, template_px=(1024,), photo_px=1024, output_px=1024, steps=50,
            cfg_passes=2, note="base (non-distilled) Klein: 50 steps with true CFG (2 passes a step), as the "
-                              "diffusers pipeline defaults; FLUX.1 Kontext (28 steps) and Qwen-Image-Edit "
-                              "(50 steps, true CFG) are in the same regime"),
+                              "diffusers pipeline defaults; FLUX.1 Kontext (28 steps, guidance-distilled: 1 pass "
+                              "a step) and Qwen-Image-Edit (50 steps, true CFG 4.0) also recompute the reference "
+                              "every pass (diffusers 0.42 defaults)"),
     _klein("template1024-out512", _KLEIN4B, template_px=(1024,), photo_px=512, output_px=512,
            note="template-heavy: a 1024^2 template (frame/sticker sheet) applied to a 512^2 edit, 4 steps"),
     _klein("style3x1024-out512", _KLEIN4B, template_px=(1024, 1024, 1024), photo_px=512, output_px=512,
