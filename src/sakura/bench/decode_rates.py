@@ -206,6 +206,20 @@ def markdown(result: dict) -> str:
                  f"{r2.speedup_vs_1_worker:.2f}" if r2 else "-",
                  gil_verdict(any_r.gil_free_fraction) if not math.isnan(any_r.gil_free_fraction) else "-"]
         L.append("| " + " | ".join(cells) + " |")
+    fams: dict[str, list[float]] = {}
+    for r in rows:
+        if r.workers == 1:
+            fams.setdefault(r.codec, []).append(r.fp16_bytes_per_cpu_s)
+    x2 = [r.speedup_vs_1_worker for r in rows if r.workers == 2 and r.codec != "lossless"]
+    L += ["", "Summary (computed from the rows above): per-core rate, median over renditions and sizes: "
+          + ", ".join(f"{c} {statistics.median(v) / 1e6:.0f} MB/s" for c, v in sorted(fams.items())) + "."]
+    if x2:
+        m = statistics.median(x2)
+        verdict = ("a second decode *thread* adds little; parallel decoding needs processes (or a decoder that "
+                   "releases the GIL)" if m < 1.3 else "decoding scales with threads" if m > 1.7
+                   else "a second thread helps partly")
+        L[-1] += (f" Median 2-worker speedup of every codec but lossless: {m:.2f}x "
+                  f"(range {min(x2):.2f}-{max(x2):.2f}x over {len(x2)} rows): {verdict}.")
     L += ["", "Reproduce: `sakura bench decode` (all specs: `--spec` repeatable, e.g. `--spec cachegen:level=2`). "
           "The simulator reads decode_rates.json through `sakura.bench.decode_rates.load_rates`.", ""]
     return "\n".join(L)
