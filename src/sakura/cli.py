@@ -187,14 +187,15 @@ def bench_decode(
 
 @bench_app.command("workloads")
 def bench_workloads(
-    out: Path = typer.Option(Path("docs"), help="Folder for workloads.md and workloads_ceilings.png."),
+    out: Path = typer.Option(Path("docs"), help="Folder for workloads.md and the two plots."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Also draw the ceilings and regime plots (~5 s)."),
 ) -> None:
     """The named workloads and phone levels with their sources, the ceilings (speedup with free,
     instant KV), the break-even bandwidth W* and the most streaming can gain per link rate (a bound);
     pure arithmetic on cited figures, writes workloads.md and two plots."""
     from sakura.bench.workloads import write_report
 
-    write_report(out, log=typer.echo)
+    write_report(out, plots=plots, log=typer.echo)
 
 
 @bench_app.command("e2e")

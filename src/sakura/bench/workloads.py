@@ -537,12 +537,14 @@ def plot_ceilings(path) -> None:
     plt.close(fig)
 
 
-def write_report(out_dir="docs", log=print) -> None:
+def write_report(out_dir="docs", *, plots: bool = True, log=print) -> None:
+    """workloads.md, and with `plots` workloads_ceilings.png and workloads_regimes.png, in `out_dir`."""
     from pathlib import Path
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "workloads.md").write_text(report_markdown())
-    plot_ceilings(out / "workloads_ceilings.png")
-    plot_regimes(out / "workloads_regimes.png")
-    log(f"wrote {out / 'workloads.md'}, {out / 'workloads_ceilings.png'} and {out / 'workloads_regimes.png'}")
+    if plots:
+        plot_ceilings(out / "workloads_ceilings.png")
+        plot_regimes(out / "workloads_regimes.png")
+    log(f"wrote {out / 'workloads.md'}" + (" and the plots workloads_ceilings.png, workloads_regimes.png" if plots else ""))

@@ -61,21 +61,21 @@ def test_interleaved_speedup_tells_a_gil_holding_decode_from_a_releasing_one():
 
     from sakura.bench.decode_rates import _interleaved_rounds
 
-    def holds():  # a fixed amount of bytecode work (~10-30 ms)
+    def holds():  # a fixed amount of bytecode work (~30-60 ms)
         n = 0
-        for i in range(300_000):
+        for i in range(600_000):
             n += i
 
     def releases():
-        time.sleep(0.03)
+        time.sleep(0.04)
 
     pools = {1: ThreadPoolExecutor(1), 2: ThreadPoolExecutor(2)}
     try:
         x2 = {}
         for name, fn in (("holds", holds), ("releases", releases)):
-            t = _interleaved_rounds(fn, (1, 2), 3, pools)
+            t = _interleaved_rounds(fn, (1, 2), 5, pools)
             x2[name] = statistics.median((2 / a) / (1 / b) for a, b in zip(t[2][0], t[1][0]))
     finally:
         for p in pools.values():
             p.shutdown()
-    assert x2["holds"] < 1.3 and x2["releases"] > 1.7, x2
+    assert x2["holds"] < 1.35 and x2["releases"] > 1.6, x2
