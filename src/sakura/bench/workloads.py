@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 SOURCES = {
     "klein-configs": "InvokeAI invokeai/backend/flux2 parameter presets (Klein4B: hidden 3072 = 24 heads x 128, "
                      "5 double + 20 single blocks, mlp_ratio 3; Klein9B: hidden 4096 = 32 x 128, 8 double + 24 "
-                     "single blocks), matching black-forest-labs/FLUX.2-klein-4B and -9B transformer/config.json",
+                     "single blocks); diffusers-format Flux2Transformer2DModel configs for Klein-9B in other public repositories "
+                     "give the same 8 + 24 blocks x 32 heads (8.7e9 weights in the blocks, consistent with '9B')",
     "klein-card": "black-forest-labs/FLUX.2-klein-4B model card and filipstrand/mflux src/mflux/models/flux2/README.md: "
                   "distilled Klein: 4 steps, no CFG; base Klein: 50 steps, guidance > 1; text encoder Qwen3-4B "
                   "(4B) / Qwen3-8B (9B)",
