@@ -25,7 +25,7 @@ Units: seconds, FLOPs, FLOP/s, bytes, bits/s.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # ---------------------------------------------------------------------------------------------
 # sources (cited by key from the dataclasses below)
@@ -367,6 +367,14 @@ def report_markdown() -> str:
     add("- P is counted from the architecture (13 d^2 per token per FLUX.2 block: a double block has separate "
         "image and text weights and a token uses one set). SPEC's 17.5 x b Mbit/s per TFLOP/s divides all 4e9 "
         "weights by 25 layers and assumes 10 % attention; from the config it is ~24 x b at 1,024 template tokens.")
+    w512, fast = get_workload("klein4b-512"), PHONES[-1]
+    short = replace(w512, text_tokens=64)
+    add("- The prompt is padded to 512 tokens in the text encoder and the transformer, as the diffusers pipeline "
+        "does; an app that kept only ~64 prompt tokens would change the klein4b-512 ceilings from "
+        f"{ceilings(workload_costs(w512, fast))['vs on-device']:.2f}x / "
+        f"{ceilings(workload_costs(w512, fast))['vs on-device-nocache']:.2f}x to "
+        f"{ceilings(workload_costs(short, fast))['vs on-device']:.2f}x / "
+        f"{ceilings(workload_costs(short, fast))['vs on-device-nocache']:.2f}x.")
     add("- CFG's negative prompt is encoded once (or cached per app); it adds no text-encoder cost here.")
     add("- Effective FLOP/s come from SD1.x UNet timings (a conv-heavy network, int8/w8a16 on NPUs); a DiT may "
         "run at a different fraction of peak. That is why three levels are given, not one.\n")
