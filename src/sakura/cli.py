@@ -174,9 +174,49 @@ def bench_quality(
     out: Optional[Path] = typer.Option(None, help="Also write quality.json and grid.png to this folder."),
 ) -> None:
     """sakura-mini vs exact ground truth on held-out photos and templates: model, identity, swapped template."""
-    from sakura.tasks.quality import run_quality_bench
+    from sakura.bench.quality import run_quality_bench
 
     run_quality_bench(model, steps=steps, photos_per_source=photos_per_source, out=out, log=typer.echo)
+
+
+@bench_app.command("load", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                   add_help_option=False)
+def bench_load(ctx: typer.Context) -> None:
+    """Server load: N concurrent phones fetching different templates from `sakura serve` or nginx on
+    127.0.0.1 (throughput, shard latency p50/p99, server CPU and RSS). Options: `sakura bench load --help`."""
+    from sakura.bench.load import main as load_main
+
+    res = load_main(list(ctx.args))
+    if any(r["errors"] for r in res["results"]):
+        raise typer.Exit(1)
+
+
+@bench_app.command("decode")
+def bench_decode(
+    out: Path = typer.Option(Path("docs"), help="Folder for decode_rates.json and decode_rates.md."),
+    spec: Optional[list[str]] = typer.Option(None, help="Codec spec (repeatable); default: every codec family "
+                                                        "and the store's ladder, layered specs per rung."),
+    tokens: Optional[list[int]] = typer.Option(None, help="Layer sizes in tokens (repeatable; default 1024 and 4096)."),
+    rounds: int = typer.Option(3, min=1, help="Rounds per measurement (the best is reported)."),
+) -> None:
+    """Decode rates (fp16 KV bytes/s) of every codec on Klein-sized layers, 1 and 2 worker threads,
+    and whether each codec releases the GIL."""
+    from sakura.bench.decode_rates import TOKENS, run
+
+    run(out, specs=spec or None, tokens=tokens or TOKENS, rounds=rounds, log=typer.echo)
+
+
+@bench_app.command("workloads")
+def bench_workloads(
+    out: Path = typer.Option(Path("docs"), help="Folder for workloads.md and the two plots."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Also draw the ceilings and regime plots (~5 s)."),
+) -> None:
+    """The named workloads and phone levels with their sources, the ceilings (speedup with free,
+    instant KV), the break-even bandwidth W* and the most streaming can gain per link rate (a bound);
+    pure arithmetic on cited figures, writes workloads.md and two plots."""
+    from sakura.bench.workloads import write_report
+
+    write_report(out, plots=plots, log=typer.echo)
 
 
 @bench_app.command("e2e")

@@ -191,28 +191,3 @@ def quality_grid(model: MiniDiT, path, *, steps: int = 8, seed: int = 0, per_tas
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def run_quality_bench(model_name: str = "sakura-mini", *, steps: int = 8, photos_per_source: int = 4,
-                      out=None, log=print) -> QualityReport:
-    """`sakura bench quality`: print the table; with `out`, also write quality.json and grid.png."""
-    import json
-    from pathlib import Path
-
-    from sakura.models import load_model
-
-    torch.set_num_threads(1)
-    model = load_model(model_name)
-    if not isinstance(model, MiniDiT):
-        raise ValueError(f"the quality benchmark needs a sakura-mini model, not {model_name!r}")
-    report = evaluate_quality(model, steps=steps, photos_per_source=photos_per_source)
-    log(report.markdown())
-    log(f"model beats identity by >= 6 dB on every task: {report.passes(6.0)}")
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "quality.json").write_text(json.dumps({**report.to_dict(), "model": model.describe(),
-                                                      "passes_6db": report.passes(6.0)}, indent=2) + "\n")
-        quality_grid(model, out / "grid.png", steps=steps)
-        log(f"wrote {out / 'quality.json'} and {out / 'grid.png'}")
-    return report

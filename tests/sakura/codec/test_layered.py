@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sakura.codec import IdentityError, ShardId, TruncatedError, get_codec
@@ -82,6 +82,8 @@ def test_plan_bits_budget_and_order():
 @given(T=st.integers(1, 48), H=st.integers(1, 3), D=st.sampled_from([2, 4, 8]), seed=st.integers(0, 10 ** 6),
        dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]), heavy=st.booleans(),
        budgets=st.sampled_from([[0.5, 2.0], [1.0, 2.5, 6.0], [2.0, 3.0, 4.0, 8.0]]))
+# pinned: bf16 output rounding relative to the decoded value, not the input (failed the tolerance before 18ce49d)
+@example(T=20, H=2, D=2, seed=262070, dtype=torch.bfloat16, heavy=False, budgets=[1.0, 2.5, 6.0])
 def test_ladder_property(T, H, D, seed, dtype, heavy, budgets):
     """Any shard: every rung decodes, kept sets and widths only grow, every kept value is within
     half a step of its rung, incremental upgrades equal full decodes."""

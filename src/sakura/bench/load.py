@@ -1,9 +1,9 @@
 """Load benchmark: N concurrent phones fetching different templates from one server on 127.0.0.1.
 
-    .venv/bin/python benchmarks/load.py                       # 1, 8, 32 phones against `sakura serve`
-    .venv/bin/python benchmarks/load.py --server nginx        # the same store served by stock nginx
-    .venv/bin/python benchmarks/load.py --out docs/net_load.json
-    .venv/bin/python benchmarks/load.py --trace mahimahi_cellular/TMobile-LTE-driving.down --rtt-ms 50
+    sakura bench load                       # 1, 8, 32 phones against `sakura serve`
+    sakura bench load --server nginx        # the same store served by stock nginx
+    sakura bench load --out docs/net_load.json
+    sakura bench load --trace mahimahi_cellular/TMobile-LTE-driving.down --rtt-ms 50
 
 The server runs as its own process (`sakura serve`, or nginx), so its memory is measured apart
 from the clients: RSS is sampled from /proc every 50 ms (peak reported). Each phone is a
@@ -191,7 +191,7 @@ async def level(url: str, templates: list[str], n: int, rounds: int, max_s: floa
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="sakura bench load", description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", default="1,8,32", help="comma-separated concurrency levels")
     ap.add_argument("--server", default="sakura", choices=["sakura", "nginx"])
     ap.add_argument("--templates", type=int, default=32, help="distinct templates in the store")

@@ -6,7 +6,7 @@ load: a long-lived cluster pays this once, not per build), build the same templa
 store, time it, shut the cluster down. Stores of every run are compared file by file (bytes).
 The machine's load average and this build's CPU use are recorded beside every figure.
 
-    python benchmarks/build_scale.py [--workers 1,2] [--rounds 2] [--templates 12] [--out docs/scale_build.json]
+    python -m sakura.bench.build_scale [--workers 1,2] [--rounds 2] [--templates 12] [--out docs/scale_build.json]
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ Measures on this machine, then extrapolates with stated arithmetic:
 3. **Model**: bytes per edit per workload and rung, edits/s one edge serves at 10 Gbit/s (link- and
    CPU-bound), origin egress at a byte hit rate, storage for 10,000 templates x 2 models per
    ladder, build time per template and for the library on N workers (efficiency from
-   ``docs/scale_build.json``, written by benchmarks/build_scale.py).
+   ``docs/scale_build.json``, written by python -m sakura.bench.build_scale).
 
-    python benchmarks/scale_model.py [--out docs/scale_model.json] [--plots docs/scale]
+    python -m sakura.bench.scale_model [--out docs/scale_model.json] [--plots docs/scale]
 """
 
 from __future__ import annotations
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--plots", default=None, help="path prefix for the PNGs (e.g. docs/scale)")
-    ap.add_argument("--build-json", default="docs/scale_build.json", help="benchmarks/build_scale.py output")
+    ap.add_argument("--build-json", default="docs/scale_build.json", help="sakura.bench.build_scale output")
     ap.add_argument("--edge-seconds", type=float, default=6.0)
     ap.add_argument("--edge-clients", type=int, default=16)
     ap.add_argument("--replot", default=None, help="redraw the plots from a saved --out JSON (no measuring)")

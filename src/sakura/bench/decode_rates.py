@@ -1,0 +1,259 @@
+"""`sakura bench decode`: how fast each codec turns bytes back into fp16 KV on Klein-sized layers.
+
+The phone-profile simulator needs decode rates for Klein-sized shards, not for the mini model's
+32 KiB ones (per-call overheads dominate there). This benchmark encodes one synthetic layer of
+Klein-4B shape (tokens x 24 heads x 128 = 3,072 values, K and V, fp16; 1,024 and 4,096 tokens)
+with every codec spec given, then decodes it with 1 and 2 worker threads and reports fp16 KV
+bytes produced per second of wall time (aggregate over the workers). Layered specs are measured
+per rung (`<spec>#<rung>`, the rendition names the store and the runtime use), since a phone
+holding rung l decodes only that prefix.
+
+Two figures per row: the per-core rate (fp16 bytes per thread-CPU second of one decode: what a
+phone core sustains, and robust to other processes on a shared machine) and the aggregate wall
+rate with 1 and 2 workers. The 2-worker speedup says whether a codec releases the GIL: the worker
+counts alternate round by round and the speedup is taken pairwise, so a steady background load
+hits both alike (each thread gets its own OS share); a decode that holds the GIL gets ~1x, one
+that releases it ~2x. `gil_free_fraction` = speedup - 1.
+
+The synthetic layer has the structure real KV shows (per-channel key offsets, a few outlier key
+channels, per-token value scales, heavy-tailed attention importance from random queries).
+Entropy-coded sizes depend on the data, so the bits/value here are indicative; decode speed
+depends mostly on the symbol count. torch runs one thread per worker. Wall rates on a shared
+2-core machine are noisy (best and median of `rounds` are both kept); the per-core rates are not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+KLEIN_HEADS, KLEIN_HEAD_DIM = 24, 128           # FLUX.2-klein-4B: 24 heads x 128 = 3,072 values per token
+TOKENS = (1024, 4096)                            # one 512^2 and one 1024^2 reference image
+WORKERS = (1, 2)
+
+
+def default_specs() -> list[str]:
+    """Every codec family in `sakura.codec`, with the ladders the store and the benchmarks use now
+    (read at call time, so a rerun picks up a changed ladder)."""
+    from sakura.codec import available_codecs
+    from sakura.store.build import DEFAULT_LADDER
+
+    specs = ["lossless", "uniform:bits=8", "uniform:bits=4",
+             "cachegen:level=3", "cachegen:level=2", "cachegen:level=1"]
+    try:
+        from sakura.bench.e2e import CACHEGEN_LEVELS, SAKURA_LADDER
+        specs += list(CACHEGEN_LEVELS) + list(SAKURA_LADDER)
+    except ImportError:  # the simulator is being rewritten; the store's ladder is enough
+        pass
+    specs += list(DEFAULT_LADDER)
+    if "sakura" in available_codecs():
+        specs.append("sakura:budget=2.0")
+    out: list[str] = []
+    for s in specs:
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def klein_layer(tokens: int, *, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_HEAD_DIM, seed: int = 0):
+    """A synthetic fp16 layer of Klein shape with real-KV-like structure -> `sakura.codec.Shard`."""
+    from sakura.codec import Shard
+
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(tokens, heads, head_dim, generator=g) + 1.5 * torch.randn(1, heads, head_dim, generator=g)
+    k[:, :, torch.randint(0, head_dim, (max(1, head_dim // 32),), generator=g)] *= 8.0   # outlier key channels
+    v = torch.randn(tokens, heads, head_dim, generator=g) * (0.5 + torch.rand(tokens, 1, 1, generator=g))
+    q = torch.randn(128, heads, head_dim, generator=g) * 0.3
+    p = torch.softmax(torch.einsum("qhd,thd->hqt", q, k) / math.sqrt(head_dim), dim=-1)  # (H, q, T)
+    return Shard(k.half(), v.half(), importance=p.mean(dim=(0, 1)), layer=5, num_layers=25)
+
+
+@dataclass
+class DecodeRate:
+    """One (rendition, layer size, worker count) measurement."""
+
+    rendition: str               # codec spec, `<spec>#<rung>` for a layered rung
+    codec: str
+    tokens: int
+    values_per_token: int        # K + V values per token: 2 x heads x head_dim
+    bits_per_value: float
+    workers: int
+    fp16_bytes_per_cpu_s: float  # per core: fp16 bytes of one layer / thread CPU seconds of one decode (best)
+    fp16_bytes_per_s: float      # aggregate: workers x fp16 bytes of one layer / round wall time (best round)
+    fp16_bytes_per_s_median: float
+    speedup_vs_1_worker: float   # median over interleaved rounds of this wall rate / the 1-worker wall rate
+    gil_free_fraction: float     # 2-worker speedup - 1, clipped to [0, 1]: the share of a decode that runs in parallel
+
+
+def gil_verdict(fraction: float) -> str:
+    """'releases' (>= 0.6), 'holds' (<= 0.2) or 'partly' the GIL, from the 2-worker speedup - 1."""
+    return "releases" if fraction >= 0.6 else "holds" if fraction <= 0.2 else "partly"
+
+
+def _interleaved_rounds(decode: Callable[[], object], workers: Sequence[int], rounds: int,
+                        pools: dict[int, ThreadPoolExecutor]) -> dict[int, tuple[list[float], list[float]]]:
+    """Per worker count: wall seconds of each round (one decode per worker, started together) and
+    thread CPU seconds of each decode. The worker counts alternate round by round, so a change in
+    the machine's load hits them alike (the wall-time speedup is taken round by round)."""
+    def timed() -> float:
+        c0 = time.thread_time()
+        decode()
+        return time.thread_time() - c0
+
+    out: dict[int, tuple[list[float], list[float]]] = {w: ([], []) for w in workers}
+    for _ in range(rounds):
+        for w in workers:
+            t0 = time.perf_counter()
+            futs = [pools[w].submit(timed) for _ in range(w)]
+            out[w][1].extend(f.result() for f in futs)
+            out[w][0].append(time.perf_counter() - t0)
+    return out
+
+
+def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKENS, workers: Sequence[int] = WORKERS,
+            rounds: int = 3, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_HEAD_DIM,
+            log: Callable[[str], None] = print) -> list[DecodeRate]:
+    """Decode rates for every spec (and every layered rung) x layer size x worker count."""
+    from sakura.codec import ShardId, codec_from_spec
+
+    specs = list(specs) if specs else default_specs()
+    workers = tuple(sorted(set(workers)))
+    torch.set_num_threads(1)
+    rows: list[DecodeRate] = []
+    pools = {w: ThreadPoolExecutor(max_workers=w) for w in workers}
+    try:
+        for T in tokens:
+            shard = klein_layer(T, heads=heads, head_dim=head_dim)
+            ident = ShardId("bench-decode", f"klein-{T}", 5)
+            for spec in specs:
+                codec = codec_from_spec(spec)
+                tables = codec.fit_tables([shard]) if codec.uses_tables else None
+                data = codec.encode(shard, ident, tables)
+                ends = codec.level_ends(data) if hasattr(codec, "level_ends") else [len(data)]
+                named = ([(spec, data)] if len(ends) == 1 and not hasattr(codec, "level_ends")
+                         else [(f"{spec}#{r}", data[:e]) for r, e in enumerate(ends)])
+                for name, blob in named:
+                    def decode(blob=blob):
+                        return codec.decode(blob, ident, tables)
+
+                    decode()  # warm caches (tables' decoder models), as a phone holding the tables would be
+                    timing = _interleaved_rounds(decode, workers, rounds, pools)
+                    walls1 = timing[workers[0]][0]
+                    per_w = {}
+                    for w in workers:
+                        walls, cpu = timing[w]
+                        rates = [w * shard.fp16_bytes / t for t in walls]
+                        speed = statistics.median((w / t) / (workers[0] / t1) for t, t1 in zip(walls, walls1))
+                        per_w[w] = (rates, cpu, speed)
+                    gil = (min(1.0, max(0.0, per_w[2][2] - 1.0)) if 2 in per_w and workers[0] == 1
+                           else float("nan"))
+                    for w, (rates, cpu, speed) in per_w.items():
+                        rows.append(DecodeRate(
+                            rendition=name, codec=codec.name, tokens=T, values_per_token=2 * heads * head_dim,
+                            bits_per_value=8 * len(blob) / shard.num_values, workers=w,
+                            fp16_bytes_per_cpu_s=shard.fp16_bytes / max(min(cpu), 1e-9), fp16_bytes_per_s=max(rates),
+                            fp16_bytes_per_s_median=statistics.median(rates), speedup_vs_1_worker=speed,
+                            gil_free_fraction=gil))
+                        log(f"  {name:<44} T={T:<5} {rows[-1].bits_per_value:6.3f} b/v  workers={w}  "
+                            f"{rows[-1].fp16_bytes_per_cpu_s / 1e6:8.1f} MB/CPU-s  {max(rates) / 1e6:8.1f} MB/s wall  "
+                            f"x{speed:.2f}")
+    finally:
+        for p in pools.values():
+            p.shutdown()
+    return rows
+
+
+def machine() -> dict:
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "torch": torch.__version__, "torch_threads_per_worker": 1,
+            "processor": platform.processor() or platform.machine(),
+            "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None}
+
+
+def markdown(result: dict) -> str:
+    rows = [DecodeRate(**r) for r in result["rows"]]
+    L = ["# Decode rates on Klein-sized layers", "",
+         f"Generated by `sakura bench decode` ({result['date']}; {result['machine']['cpus']} CPUs, "
+         f"{result['machine']['platform']}, load average at start "
+         f"{', '.join(f'{x:.1f}' for x in result['machine']['loadavg_at_start'] or [])}). "
+         "One synthetic fp16 layer of Klein-4B shape (tokens x 24 heads x 128, K and V) per size. "
+         "**Per core** = fp16 KV bytes per thread-CPU second of one decode (best of "
+         f"{result['rounds']}): the rate one core sustains, insensitive to other processes. **Wall** = fp16 bytes "
+         "per wall second summed over the workers (best round; medians in decode_rates.json), noisy on a "
+         "shared machine. **x2** = 2-worker / 1-worker wall rate, median of rounds that alternate the two "
+         "(a decode holding the GIL gets ~1x, one releasing it ~2x).", "",
+         "| rendition | bits/value | tokens | per core MB/s | wall, 1 worker MB/s | wall, 2 workers MB/s | x2 | GIL |",
+         "|---|---:|---:|---:|---:|---:|---:|---|"]
+    by = {}
+    for r in rows:
+        by.setdefault((r.rendition, r.tokens), {})[r.workers] = r
+    for (name, T), ws in by.items():
+        r1, r2 = ws.get(1), ws.get(2)
+        any_r = r1 or r2
+        cells = [f"`{name}`", f"{any_r.bits_per_value:.3f}", f"{T:,}", f"{any_r.fp16_bytes_per_cpu_s / 1e6:.1f}",
+                 f"{r1.fp16_bytes_per_s / 1e6:.1f}" if r1 else "-", f"{r2.fp16_bytes_per_s / 1e6:.1f}" if r2 else "-",
+                 f"{r2.speedup_vs_1_worker:.2f}" if r2 else "-",
+                 gil_verdict(any_r.gil_free_fraction) if not math.isnan(any_r.gil_free_fraction) else "-"]
+        L.append("| " + " | ".join(cells) + " |")
+    fams: dict[str, list[float]] = {}
+    for r in rows:
+        if r.workers == 1:
+            fams.setdefault(r.codec, []).append(r.fp16_bytes_per_cpu_s)
+    x2 = [r.speedup_vs_1_worker for r in rows if r.workers == 2 and r.codec != "lossless"]
+    L += ["", "Summary (computed from the rows above): per-core rate, median over renditions and sizes: "
+          + ", ".join(f"{c} {statistics.median(v) / 1e6:.0f} MB/s" for c, v in sorted(fams.items())) + "."]
+    if x2:
+        m = statistics.median(x2)
+        verdict = ("a second decode *thread* adds little; parallel decoding needs processes (or a decoder that "
+                   "releases the GIL)" if m < 1.3 else "decoding scales with threads" if m > 1.7
+                   else "a second thread helps partly")
+        L[-1] += (f" Median 2-worker speedup of every codec but lossless: {m:.2f}x "
+                  f"(range {min(x2):.2f}-{max(x2):.2f}x over {len(x2)} rows): {verdict}.")
+    L += ["", "Reproduce: `sakura bench decode` (all specs: `--spec` repeatable, e.g. `--spec cachegen:level=2`). "
+          "The simulator reads decode_rates.json through `sakura.bench.decode_rates.load_rates`.", ""]
+    return "\n".join(L)
+
+
+def run(out_dir: str | Path = "docs", *, specs: Sequence[str] | None = None, tokens: Sequence[int] = TOKENS,
+        workers: Sequence[int] = WORKERS, rounds: int = 3, log: Callable[[str], None] = print) -> dict:
+    """Measure and write decode_rates.json and decode_rates.md to `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"decode rates: Klein-sized layers ({', '.join(map(str, tokens))} tokens x {KLEIN_HEADS * KLEIN_HEAD_DIM} "
+        f"values, K+V, fp16), workers {list(workers)}, best of {rounds}")
+    m = machine()
+    rows = measure(specs, tokens=tokens, workers=workers, rounds=rounds, log=log)
+    result = {"mode": "measured on this machine (synthetic Klein-sized layers)", "date": time.strftime("%Y-%m-%d %H:%M"),
+              "machine": m, "rounds": rounds, "tokens": list(tokens), "workers": list(workers),
+              "rows": [asdict(r) for r in rows]}
+    (out / "decode_rates.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "decode_rates.md").write_text(markdown(result))
+    log(f"wrote {out / 'decode_rates.json'} and {out / 'decode_rates.md'}")
+    return result
+
+
+def load_rates(path: str | Path = "docs/decode_rates.json") -> dict[tuple[str, int, int], float]:
+    """{(rendition, tokens, workers): fp16 bytes/s} from a decode_rates.json."""
+    res = json.loads(Path(path).read_text())
+    return {(r["rendition"], r["tokens"], r["workers"]): r["fp16_bytes_per_s"] for r in res["rows"]}
+
+
+def rate_for(rates: dict[tuple[str, int, int], float], rendition: str, tokens: int, workers: int = 1) -> float:
+    """The measured rate of `rendition` at the nearest measured layer size (log scale) and `workers`."""
+    sizes = sorted({t for (n, t, w) in rates if n == rendition and w == workers})
+    if not sizes:
+        raise KeyError(f"no decode rate for {rendition!r} with {workers} worker(s); measured: "
+                       f"{sorted({n for n, _, _ in rates})}")
+    nearest = min(sizes, key=lambda t: abs(math.log(t / tokens)))
+    return rates[(rendition, nearest, workers)]

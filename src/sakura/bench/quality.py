@@ -1,0 +1,38 @@
+"""`sakura bench quality`: the sakura-mini quality benchmark (edits against exact ground truth).
+
+The evaluation itself (`evaluate_quality`, the PSNR/SSIM definitions, the example grid) lives in
+`sakura.tasks.quality`, which training also uses for the model card; this module is the command:
+load a model, run the evaluation, print the table, write quality.json and grid.png.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from sakura.models.mini import MiniDiT
+from sakura.tasks.quality import QualityReport, evaluate_quality, quality_grid
+
+
+def run_quality_bench(model_name: str = "sakura-mini", *, steps: int = 8, photos_per_source: int = 4,
+                      out=None, log=print) -> QualityReport:
+    """`sakura bench quality`: print the table; with `out`, also write quality.json and grid.png."""
+    from sakura.models import load_model
+
+    torch.set_num_threads(1)
+    model = load_model(model_name)
+    if not isinstance(model, MiniDiT):
+        raise ValueError(f"the quality benchmark needs a sakura-mini model, not {model_name!r}")
+    report = evaluate_quality(model, steps=steps, photos_per_source=photos_per_source)
+    log(report.markdown())
+    log(f"model beats identity by >= 6 dB on every task: {report.passes(6.0)}")
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "quality.json").write_text(json.dumps({**report.to_dict(), "model": model.describe(),
+                                                      "passes_6db": report.passes(6.0)}, indent=2) + "\n")
+        quality_grid(model, out / "grid.png", steps=steps)
+        log(f"wrote {out / 'quality.json'} and {out / 'grid.png'}")
+    return report

@@ -1,0 +1,81 @@
+"""Decode-rate benchmark: real codecs on a small layer (the Klein-sized run is `sakura bench decode`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sakura.bench.decode_rates import default_specs, gil_verdict, klein_layer, load_rates, rate_for, run
+
+
+def test_default_specs_cover_every_codec_family_and_the_store_ladder():
+    from sakura.codec import available_codecs
+    from sakura.store.build import DEFAULT_LADDER
+
+    specs = default_specs()
+    families = {s.split(":")[0] for s in specs}
+    assert {"lossless", "uniform", "cachegen", "layered"} <= families
+    assert set(families) <= set(available_codecs())
+    assert all(s in specs for s in DEFAULT_LADDER) and len(specs) == len(set(specs))
+
+
+def test_klein_layer_shape_and_importance():
+    s = klein_layer(64, heads=4, head_dim=16)
+    assert s.shape == (64, 4, 16) and str(s.key.dtype) == "torch.float16"
+    assert abs(float(s.importance.sum()) - 1.0) < 1e-4 and float(s.importance.max()) > 1.2 / 64  # not flat
+
+
+def test_run_writes_rows_for_every_rung_and_worker(tmp_path):
+    res = run(tmp_path, specs=["lossless", "cachegen:level=1", "layered:budgets=[1.0,2.0]"], tokens=[32],
+              workers=(1, 2), rounds=1, log=lambda s: None)
+    names = {r["rendition"] for r in res["rows"]}
+    assert names == {"lossless", "cachegen:level=1", "layered:budgets=[1.0,2.0]#0", "layered:budgets=[1.0,2.0]#1"}
+    assert len(res["rows"]) == 2 * len(names)
+    by = {(r["rendition"], r["workers"]): r for r in res["rows"]}
+    # lossless stores fp16 as is (plus a header); the layered rungs grow; every rate is a real measurement
+    assert 16.0 <= by[("lossless", 1)]["bits_per_value"] < 17.0
+    assert by[("layered:budgets=[1.0,2.0]#0", 1)]["bits_per_value"] < by[("layered:budgets=[1.0,2.0]#1", 1)]["bits_per_value"]
+    assert all(r["fp16_bytes_per_s"] > 0 and r["fp16_bytes_per_s_median"] <= r["fp16_bytes_per_s"] for r in res["rows"])
+    assert all(by[(n, 1)]["speedup_vs_1_worker"] == 1.0 and by[(n, 1)]["fp16_bytes_per_cpu_s"] > 0 for n in names)
+    assert all(0.0 <= r["gil_free_fraction"] <= 1.0 for r in res["rows"])
+    assert json.loads((tmp_path / "decode_rates.json").read_text())["rows"] == res["rows"]
+    md = (tmp_path / "decode_rates.md").read_text()
+    assert "`layered:budgets=[1.0,2.0]#1`" in md and "per core MB/s" in md
+    rates = load_rates(tmp_path / "decode_rates.json")
+    assert rate_for(rates, "lossless", 4096, 2) == by[("lossless", 2)]["fp16_bytes_per_s"]
+    with pytest.raises(KeyError):
+        rate_for(rates, "uniform:bits=3", 32)
+
+
+def test_gil_verdict_thresholds():
+    assert [gil_verdict(x) for x in (0.0, 0.2, 0.4, 0.6, 1.0)] == ["holds", "holds", "partly", "releases", "releases"]
+
+
+def test_interleaved_speedup_tells_a_gil_holding_decode_from_a_releasing_one():
+    """The x2 measure itself: a pure-Python loop (holds the GIL) gains nothing from a second worker,
+    a decode that waits outside the GIL (sleep) doubles."""
+    import statistics
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sakura.bench.decode_rates import _interleaved_rounds
+
+    def holds():  # a fixed amount of bytecode work (~30-60 ms)
+        n = 0
+        for i in range(600_000):
+            n += i
+
+    def releases():
+        time.sleep(0.04)
+
+    pools = {1: ThreadPoolExecutor(1), 2: ThreadPoolExecutor(2)}
+    try:
+        x2 = {}
+        for name, fn in (("holds", holds), ("releases", releases)):
+            t = _interleaved_rounds(fn, (1, 2), 5, pools)
+            x2[name] = statistics.median((2 / a) / (1 / b) for a, b in zip(t[2][0], t[1][0]))
+    finally:
+        for p in pools.values():
+            p.shutdown()
+    assert x2["holds"] < 1.35 and x2["releases"] > 1.6, x2
