@@ -251,17 +251,24 @@ def bench_faults(
 
 @bench_app.command("profile")
 def bench_profile(
-    out: Path = typer.Option(Path("docs/e2e"), help="Folder for e2e_profile.json/.md and the plot."),
-    offsets_per_trace: int = typer.Option(3, min=1, help="Seeded start offsets per trace."),
+    out: Path = typer.Option(Path("docs/e2e"), help="Folder for e2e_profile.json/.md and the plots."),
+    workloads: Optional[list[str]] = typer.Option(None, help="Named workloads (default: all; see docs/workloads.md)."),
+    phones: Optional[list[str]] = typer.Option(None, help="Phone levels by name or TFLOP/s (default: all three)."),
     families: Optional[list[str]] = typer.Option(None, help="Trace families (default: all)."),
+    offsets_per_trace: int = typer.Option(1, min=1, help="Seeded start offsets per trace."),
+    traces_per_family: int = typer.Option(0, min=0, help="Sample this many traces per family (0: every trace)."),
     rtt_ms: float = typer.Option(40.0, min=0.0, help="Round-trip time (ms)."),
+    decode_workers: int = typer.Option(4, min=1, help="Decode workers the phone gives every streaming method."),
+    model: str = typer.Option("sakura-mini", help="Model whose real template KV measures the renditions."),
     seed: int = typer.Option(0, help="Seed of the start offsets."),
 ) -> None:
-    """Phone-profile mode (EXTRAPOLATED): trace-driven simulation of every method with Klein-4B-sized
-    KV and phone compute, on every trace family; codec figures measured on the mini model."""
-    from sakura.bench.e2e import run_profile
+    """Phone profile (EXTRAPOLATED): every method on named workloads x phone levels x every trace family
+    and constant links, through the runtime's own driver; ceilings beside every ratio."""
+    from sakura.bench.profile import run_profile
 
-    run_profile(out, offsets_per_trace=offsets_per_trace, families=families, rtt_ms=rtt_ms, seed=seed, log=typer.echo)
+    run_profile(out, workloads=workloads, phones=phones, families=families, offsets_per_trace=offsets_per_trace,
+                traces_per_family=traces_per_family or None, rtt_ms=rtt_ms, decode_workers=decode_workers,
+                model_name=model, seed=seed, log=typer.echo)
 
 
 def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry

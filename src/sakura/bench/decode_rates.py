@@ -68,7 +68,7 @@ def default_specs() -> list[str]:
 
 def klein_layer(tokens: int, *, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_HEAD_DIM, seed: int = 0):
     """A synthetic fp16 layer of Klein shape with real-KV-like structure -> `sakura.codec.Shard`."""
-    from sakura.codec import Shard
+    from sakura.codec import ShardKV
 
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(tokens, heads, head_dim, generator=g) + 1.5 * torch.randn(1, heads, head_dim, generator=g)
@@ -76,7 +76,7 @@ def klein_layer(tokens: int, *, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_
     v = torch.randn(tokens, heads, head_dim, generator=g) * (0.5 + torch.rand(tokens, 1, 1, generator=g))
     q = torch.randn(128, heads, head_dim, generator=g) * 0.3
     p = torch.softmax(torch.einsum("qhd,thd->hqt", q, k) / math.sqrt(head_dim), dim=-1)  # (H, q, T)
-    return Shard(k.half(), v.half(), importance=p.mean(dim=(0, 1)), layer=5, num_layers=25)
+    return ShardKV(k.half(), v.half(), importance=p.mean(dim=(0, 1)), layer=5, num_layers=25)
 
 
 @dataclass
@@ -140,8 +140,8 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
                 codec = codec_from_spec(spec)
                 tables = codec.fit_tables([shard]) if codec.uses_tables else None
                 data = codec.encode(shard, ident, tables)
-                ends = codec.level_ends(data) if hasattr(codec, "level_ends") else [len(data)]
-                named = ([(spec, data)] if len(ends) == 1 and not hasattr(codec, "level_ends")
+                ends = codec.level_ends(data) if codec.supports_layers else [len(data)]
+                named = ([(spec, data)] if not codec.supports_layers
                          else [(f"{spec}#{r}", data[:e]) for r, e in enumerate(ends)])
                 for name, blob in named:
                     def decode(blob=blob):

@@ -1,30 +1,22 @@
-"""End-to-end benchmark: every method on the same model, task, photo and trace, in one run.
+"""`sakura bench e2e`: every method on the same model, task, photo and trace, live, in one run.
 
-Two modes, and every number says which one it comes from:
-
-* **live** (`run_live`): real execution on this machine. A store is built for the template, served
-  by our HTTP server on 127.0.0.1, and reached through the trace-replaying pacing proxy (fresh
-  link at the same trace offset for every method). The bundled sakura-mini runs the edit for
-  real. Its template KV is small (~200 kB fp16) and its compute fast, so this mode measures the
-  machinery (pipelining, stalls, bytes, quality), not the phone-scale trade-off. The manifest is
-  taken as already on the phone (apps fetch manifests with the template gallery); shared codec
-  tables and shards are fetched inside the timed edit.
-* **phone profile** (`run_profile`): a trace-driven simulation of the same pipeline and the same
-  policies with Klein-4B-sized KV (25 layers x 1,024 tokens x 2 x 3,072 values, 315 MB fp16) and
-  per-step compute scaled from a published phone number (SD1.5 UNet, 62 ms/eval on Snapdragon 8
-  Elite, Qualcomm AI Hub) by FLOPs. Rendition sizes (bits/value), distortions and decode
-  throughputs are the ones measured on the mini model's real KV in this run. It is an
-  extrapolation and is labelled as such everywhere.
+**live** (`run_live`): real execution on this machine. A store is built for the template, served
+by our HTTP server on 127.0.0.1, and reached through the trace-replaying pacing proxy (fresh link
+at the same trace offset for every method). The bundled sakura-mini runs the edit for real. Its
+template KV is small (~200 kB fp16) and its compute fast, so this mode measures the machinery
+(pipelining, stalls, bytes, quality, fallbacks), not the phone-scale trade-off: that is
+`sakura bench profile` (`sakura.bench.profile`), which runs the same driver on a virtual clock.
+The manifest is taken as already on the phone (apps fetch manifests with the template gallery);
+shared codec tables and shards are fetched inside the timed edit.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -210,228 +202,6 @@ def _plot_timelines(result: dict, path: Path) -> None:
         ax.invert_yaxis()
     axes[-1, 0].set_xlabel("ms since photo in (blue fetch, orange decode, green local compute, red stall)")
     fig.suptitle("per-shard timeline, live mode", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-# ---------------------------------------------------------------------------------------------
-# phone profile mode (trace-driven simulation, labelled extrapolation)
-
-
-@dataclass(frozen=True)
-class PhoneProfile:
-    """Klein-4B-sized edit on a Snapdragon-8-Elite-class phone (extrapolated, see module doc).
-
-    FLOPs model: 2 x params x tokens per forward pass (attention adds ~10 %, included below).
-    Phone throughput: SD1.5 UNet, 62 ms/eval at 512x512 (Qualcomm AI Hub) and ~0.68 TFLOP per
-    eval -> ~11 TFLOP/s effective. Klein-4B (4e9 params), 512x512 output: 1,024 image tokens,
-    1,024 template tokens, ~512 text tokens.
-    """
-
-    name: str = "klein-4b-512px @ snapdragon-8-elite (extrapolated)"
-    layers: int = 25
-    template_tokens: int = 1024
-    kv_values_per_token_layer: int = 2 * 3072
-    params: float = 4e9
-    step_tokens: int = 1024 + 512
-    phone_flops: float = 0.68e12 / 0.062
-    attention_overhead: float = 1.10
-    steps: int = 4
-
-    @property
-    def fp16_bytes_per_layer(self) -> int:
-        return self.template_tokens * self.kv_values_per_token_layer * 2
-
-    @property
-    def step_s(self) -> float:
-        """One cached denoising step (template KV resident)."""
-        return 2 * self.params * self.step_tokens * self.attention_overhead / self.phone_flops
-
-    @property
-    def template_s(self) -> float:
-        """Computing the template's KV on the phone (its tokens through every layer once)."""
-        return 2 * self.params * self.template_tokens * self.attention_overhead / self.phone_flops
-
-
-def measured_ladder(store: str | Path, template: str) -> dict[str, dict]:
-    """Per rendition: mean bits/value, mean expected distortion, over the shards of one template."""
-    from sakura.store.store import Store
-
-    st = Store(store)
-    (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
-    m = st.get_manifest(fp, tid)
-    out: dict[str, dict] = {}
-    for shard in m.shards:
-        for r in shard.renditions:
-            d = out.setdefault(r.name, {"codec": r.codec, "bpv": [], "image_mse": []})
-            d["bpv"].append(8 * r.nbytes / (shard.fp16_bytes / 2))
-            d["image_mse"].append(float(r.distortion.get("image_mse", 0.0)))
-    return {k: {"codec": v["codec"], "bits_per_value": statistics.mean(v["bpv"]),
-                "image_mse": statistics.mean(v["image_mse"])} for k, v in out.items()}
-
-
-def measure_decode_throughput(store: str | Path, template: str, repeats: int = 3) -> dict[str, float]:
-    """fp16-KV bytes produced per second of decode, per rendition, on one core of this machine."""
-    from sakura.codec import CodecTables, ShardId, decode_any
-    from sakura.store.store import Store
-
-    st = Store(store)
-    (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
-    m = st.get_manifest(fp, tid)
-    tfp = m.kv_layout["template_fingerprint"]
-    tables = {t.name: CodecTables.from_bytes(st.object_path(t.object).read_bytes(), ShardId(fp, tfp, -1))
-              for t in m.tables}
-    out: dict[str, float] = {}
-    for r_i, r in enumerate(m.shards[0].renditions):
-        total_s, total_b = 0.0, 0
-        for i, shard in enumerate(m.shards):
-            rend = shard.renditions[r_i]
-            data = st.object_path(rend.object).read_bytes()[:rend.nbytes]
-            tbl = tables[rend.tables[0]] if rend.tables else None
-            best = float("inf")
-            for _ in range(repeats):
-                t = time.process_time()
-                decode_any(data, ShardId(fp, tfp, i), tbl)
-                best = min(best, time.process_time() - t)
-            total_s += max(best, 1e-6)
-            total_b += shard.fp16_bytes
-        out[r.name] = total_b / total_s
-    return out
-
-
-def _simulate_method(method: str, prof: PhoneProfile, ladder: dict, decode_bps: dict, link, prior_bps: float,
-                     rtt_s: float, decode_workers: int = 2) -> dict:
-    """One method on one simulated link through the same driver the live runtime uses."""
-    from sakura.runtime import BandwidthEstimator, CacheGenPolicy, FixedPolicy, Route, RttEstimator, SakuraPolicy, ShardSpec
-    from sakura.runtime.sim import simulate_edit
-
-    steps = prof.steps
-    if method == "oracle":
-        return {"latency_s": steps * prof.step_s, "bytes": 0, "stall_s": 0.0, "image_mse": 0.0, "local_shards": 0}
-    if method == "on-device":
-        return {"latency_s": prof.template_s + steps * prof.step_s, "bytes": 0, "stall_s": 0.0, "image_mse": 0.0,
-                "local_shards": prof.layers}
-    if method == "on-device-nocache":
-        return {"latency_s": steps * (prof.template_s + prof.step_s), "bytes": 0, "stall_s": 0.0, "image_mse": 0.0,
-                "local_shards": prof.layers}
-    B = prof.fp16_bytes_per_layer
-    allowed = {"raw-stream": ("lossless",), "cachegen": CACHEGEN_LEVELS, "sakura": sakura_renditions()}[method]
-    routes = tuple(Route(name, int(B * v["bits_per_value"] / 16), B / decode_bps.get(name, 50e6), v["image_mse"])
-                   for name, v in ladder.items() if name in allowed)
-    specs = [ShardSpec(routes, prof.step_s / prof.layers, prof.template_s / prof.layers)] * prof.layers
-    policy = {"raw-stream": FixedPolicy("lossless"),
-              "cachegen": CacheGenPolicy(CACHEGEN_LEVELS, target_s=prof.template_s),
-              "sakura": SakuraPolicy()}[method]
-    res = simulate_edit(specs, policy, link=link, rtt_s=rtt_s, bandwidth=BandwidthEstimator(prior_bps=prior_bps),
-                        rtt=RttEstimator(prior_s=rtt_s), decode_workers=decode_workers)
-    return {"latency_s": res.first_step_s + (steps - 1) * prof.step_s, "bytes": res.bytes, "stall_s": res.stall_s,
-            "image_mse": res.image_mse, "local_shards": res.local_layers}
-
-
-def run_profile(out_dir: str | Path, *, store: str | Path | None = None, template: str = "sticker-00",
-                offsets_per_trace: int = 3, seed: int = 0, rtt_ms: float = 40.0, profile: PhoneProfile = PhoneProfile(),
-                methods: Sequence[str] = METHODS, families: Sequence[str] | None = None,
-                log: Callable[[str], None] = print) -> dict:
-    """Simulate every method on every trace (seeded start offsets) under the phone profile."""
-    import random
-
-    from sakura.link import list_traces, load_trace
-    from sakura.runtime import TraceLink
-    from sakura.store.build import build_store
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = None
-    if store is None:
-        tmp = tempfile.TemporaryDirectory(prefix="sakura-profile-")
-        store = tmp.name
-        build_store(store, templates=[template], ladder=LIVE_LADDER, calibration=2, steps=4, log=log)
-    ladder = measured_ladder(store, template)
-    decode_bps = measure_decode_throughput(store, template)
-    if tmp is not None:
-        tmp.cleanup()
-    rng = random.Random(seed)
-    runs = []
-    specs = list_traces()
-    if families:
-        specs = [s for s in specs if s.split("/")[0] in families]
-    for spec in specs:
-        tr = load_trace(spec)
-        for k in range(offsets_per_trace):
-            offset = rng.uniform(0, max(0.0, tr.period_s - 60.0))
-            prior = max(1.0, (tr.cumulative(offset + 10.0) - tr.cumulative(offset)) / 10.0)  # rate seen before start
-            link = TraceLink(tr, offset_s=offset + 10.0)
-            row = {"trace": spec, "family": spec.split("/")[0], "offset_s": offset + 10.0}
-            for m in methods:
-                row[m] = _simulate_method(m, profile, ladder, decode_bps, link, prior, rtt_ms / 1000)
-            runs.append(row)
-    summary = _profile_summary(runs, methods)
-    result = {"mode": "phone profile (trace-driven simulation, extrapolated; see PhoneProfile)",
-              "profile": {**asdict(profile), "step_s": profile.step_s, "template_s": profile.template_s,
-                          "fp16_kv_bytes": profile.fp16_bytes_per_layer * profile.layers},
-              "ladder_measured_on_mini": ladder, "decode_fp16_bytes_per_s_measured_here": decode_bps,
-              "rtt_ms": rtt_ms, "offsets_per_trace": offsets_per_trace, "seed": seed,
-              "summary": summary, "runs": runs}
-    (out_dir / "e2e_profile.json").write_text(json.dumps(result, indent=2, default=float))
-    table = profile_table(result, methods)
-    (out_dir / "e2e_profile.md").write_text(table)
-    log(table)
-    _plot_profile(result, methods, out_dir / "e2e_profile.png")
-    return result
-
-
-def _profile_summary(runs: list[dict], methods: Sequence[str]) -> dict:
-    fams = sorted({r["family"] for r in runs})
-    out = {}
-    for fam in fams + ["all"]:
-        rs = [r for r in runs if fam == "all" or r["family"] == fam]
-        d = {m: statistics.median(r[m]["latency_s"] for r in rs) for m in methods}
-        ratio = {}
-        for b in methods:
-            if b != "sakura" and "sakura" in methods:
-                # geometric mean of per-run ratios (pairs taken in the same simulated run)
-                ratio[f"{b}/sakura"] = math.exp(statistics.mean(math.log(r[b]["latency_s"] / r["sakura"]["latency_s"])
-                                                                for r in rs))
-        out[fam] = {"runs": len(rs), "median_latency_s": d, "latency_ratio_geomean": ratio}
-    return out
-
-
-def profile_table(result: dict, methods: Sequence[str]) -> str:
-    p = result["profile"]
-    lines = [f"Phone profile (trace-driven simulation, EXTRAPOLATED): {p['name']}; fp16 template KV "
-             f"{p['fp16_kv_bytes'] / 1e6:.0f} MB; cached step {p['step_s']:.2f} s, template compute "
-             f"{p['template_s']:.2f} s, {p['steps']} steps; RTT {result['rtt_ms']} ms; "
-             f"{result['offsets_per_trace']} seeded offsets per trace.", "",
-             "Median latency (s) per trace family:", "",
-             "| family | runs | " + " | ".join(methods) + " |", "|---|---:|" + "---:|" * len(methods)]
-    for fam, s in result["summary"].items():
-        lines.append(f"| {fam} | {s['runs']} | " + " | ".join(f"{s['median_latency_s'][m]:.2f}" for m in methods) + " |")
-    lines += ["", "Latency of each method / sakura (geometric mean of per-run ratios):", "",
-              "| family | " + " | ".join(k for k in result["summary"]["all"]["latency_ratio_geomean"]) + " |",
-              "|---|" + "---:|" * len(result["summary"]["all"]["latency_ratio_geomean"])]
-    for fam, s in result["summary"].items():
-        lines.append(f"| {fam} | " + " | ".join(f"{v:.2f}" for v in s["latency_ratio_geomean"].values()) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _plot_profile(result: dict, methods: Sequence[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fams = [f for f in result["summary"] if f != "all"]
-    fig, ax = plt.subplots(figsize=(8, 3.4))
-    w = 0.8 / len(methods)
-    for j, m in enumerate(methods):
-        ax.bar([i + j * w for i in range(len(fams))], [result["summary"][f]["median_latency_s"][m] for f in fams],
-               width=w, label=m)
-    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(fams))], fams, fontsize=8)
-    ax.set_ylabel("median latency (s)")
-    ax.set_yscale("log")
-    ax.set_title("phone profile (extrapolated): Klein-4B-sized template KV", fontsize=9)
-    ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -213,7 +213,13 @@ def get_workload(name: str) -> Workload:
 
 
 def get_phone(name_or_tflops: str | float) -> PhoneLevel:
-    """A phone level by (a prefix of) its name, e.g. '~11', or the nearest to a TFLOP/s figure."""
+    """A phone level by (a prefix of) its name, e.g. '~11', or the nearest to a TFLOP/s figure
+    (a number, or a string that is one, e.g. '3')."""
+    if isinstance(name_or_tflops, str):
+        try:
+            name_or_tflops = float(name_or_tflops)
+        except ValueError:
+            pass
     if isinstance(name_or_tflops, (int, float)):
         return min(PHONES, key=lambda p: abs(math.log(p.effective_flops / (float(name_or_tflops) * 1e12))))
     for p in PHONES:

@@ -7,7 +7,8 @@ import pytest
 from skimage import io as skio
 from typer.testing import CliRunner
 
-from sakura.bench.e2e import METHODS, run_live, run_profile
+from sakura.bench.e2e import METHODS, run_live
+from sakura.bench.profile import run_profile
 from sakura.cli import app
 from sakura.link import traces_root
 from sakura.server import serve_in_thread
@@ -80,13 +81,29 @@ def test_live_bench_runs_every_method(store, tmp_path):
     assert by["raw-stream"]["bit_exact_vs_lossless"] and by["oracle"]["bit_exact_vs_lossless"]
 
 
-def test_profile_bench_smoke(store, tmp_path):
+def test_profile_bench_smoke(tmp_path):
     if traces_root() is None:
         pytest.skip("real traces not found (SAKURA_TRACES or ../shared/traces)")
-    r = run_profile(tmp_path, store=store, offsets_per_trace=1, families=["mahimahi_cellular"], log=lambda s: None)
-    runs = r["runs"]
-    assert len(runs) == 7
-    for row in runs:
+    # a small measured ladder stand-in: two renditions with the shape the measurement produces
+    ladder = {"model": "sakura-mini", "template": "t", "layers": 6, "floor_image_mse": 1e-4,
+              "renditions": {"lossless": {"codec": "lossless", "bits_per_value": 16.0, "image_mse": 0.0,
+                                          "decode_fp16_bytes_per_cpu_s": 2e9},
+                             "progressive#0": {"codec": "progressive", "bits_per_value": 0.5, "image_mse": 5e-4,
+                                               "decode_fp16_bytes_per_cpu_s": 1e8},
+                             "progressive#1": {"codec": "progressive", "bits_per_value": 1.5, "image_mse": 5e-5,
+                                               "decode_fp16_bytes_per_cpu_s": 1e8},
+                             **{f"cachegen:level={i}": {"codec": "cachegen", "bits_per_value": 1.0 + i,
+                                                        "image_mse": 1e-4 / i, "decode_fp16_bytes_per_cpu_s": 1e8}
+                                for i in (1, 2, 3)}}}
+    r = run_profile(tmp_path, workloads=["klein4b-1024"], phones=["11"], families=["mahimahi_cellular"],
+                    traces_per_family=2, rates_mbps=(10, 1000), ladder=ladder, log=lambda s: None)
+    assert len(r["runs"]) == 4 and (tmp_path / "e2e_profile.md").is_file()
+    for row in r["runs"]:
         # sakura can always fall back to computing locally: never much worse than on-device
         assert row["sakura"]["latency_s"] <= row["on-device"]["latency_s"] * 1.02
         assert row["sakura"]["latency_s"] >= row["oracle"]["latency_s"] - 1e-9
+        # within the quality floor: rung #0 (5e-4 > floor 1e-4) is never fetched
+        assert row["sakura"]["image_mse"] <= 6 * 5e-5 * 1.0001  # rung #1 everywhere at worst
+    fast = [r_ for r_ in r["runs"] if r_["link"] == "constant 1000 Mbit/s"][0]
+    assert fast["sakura"]["latency_s"] < fast["on-device"]["latency_s"]  # streaming pays on a fast link
+    assert (tmp_path / "e2e_profile_heatmap.png").is_file() and (tmp_path / "e2e_profile_cdf.png").is_file()

@@ -1,0 +1,360 @@
+"""`sakura bench profile`: every method on named phone workloads, real traces and constant links,
+through the same driver the live runtime runs (phone profile: trace-driven simulation,
+EXTRAPOLATED, labelled so in every table).
+
+What is real and what is modelled:
+
+* **compute** per layer and the fixed costs (text encoder, VAE) come from `sakura.bench.workloads`
+  (published model shapes and phone figures, each cited);
+* **renditions** (bits/value, image distortion per shard, the CacheGen-L3 quality floor) are
+  measured in this run on the trained model's real template KV (a store built here);
+* **decode** rates are measured in this run on Klein-sized layers (1,024 tokens x 3,072 values)
+  per core; the phone is given `decode_workers` cores for decoding, every streaming method alike;
+* **links** are the measured traces of every family in ../shared/traces (each trace, seeded
+  start offsets) and constant rates; RTT as given;
+* the **policies and the driver** are the runtime's own (`sakura.runtime`), run by the simulated
+  executor, closed loop with the estimators.
+
+Image quality of a streamed method is the PSNR vs the lossless-KV output that its renditions
+imply (per-shard image MSE measured at build time, summed; the mini model's total distortion of
+a uniform plan is spread over the workload's layers, so an all-rung-r plan costs what it costs on
+the mini model).
+
+Per run and workload, the *ceiling* (latency ratio with free, instant KV) is printed beside every
+ratio, and the offline planner (perfect knowledge of the link) is run as the reference for the
+online scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Sequence
+
+METHODS = ("oracle", "on-device", "on-device-nocache", "raw-stream", "cachegen", "sakura", "sakura-meet", "offline")
+BASELINES = ("on-device", "on-device-nocache", "raw-stream", "cachegen")
+CACHEGEN_LEVELS = ("cachegen:level=3", "cachegen:level=2", "cachegen:level=1")
+CACHEGEN_DELTA_LEVELS = ("cachegen:level=3,delta=true", "cachegen:level=2,delta=true", "cachegen:level=1,delta=true")
+DEFAULT_RATES_MBPS = (5, 10, 20, 50, 100, 200, 300, 500, 1000)
+
+
+def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00", *,
+                   log: Callable[[str], None] = print) -> dict:
+    """Build a store for one template with the default ladder + lossless + CacheGen (both variants);
+    returns per rendition {codec, bits_per_value, image_mse (mean per shard)}, the mean quality
+    floor, the model's layer count, and the decode rates of each rendition on a Klein-sized layer."""
+    from sakura.store.build import DEFAULT_LADDER, build_store
+    from sakura.store.store import Store
+
+    ladder = ("lossless",) + tuple(DEFAULT_LADDER) + CACHEGEN_LEVELS + CACHEGEN_DELTA_LEVELS
+    with tempfile.TemporaryDirectory(prefix="sakura-profile-") as root:
+        build_store(root, model_name=model_name, templates=[template], ladder=ladder, calibration=2, steps=4,
+                    log=log)
+        st = Store(root)
+        (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
+        m = st.get_manifest(fp, tid)
+    out: dict[str, dict] = {}
+    for shard in m.shards:
+        for r in shard.renditions:
+            d = out.setdefault(r.name, {"codec": r.codec, "bpv": [], "mse": []})
+            d["bpv"].append(8 * r.nbytes / (shard.fp16_bytes / 2))
+            d["mse"].append(float(r.distortion.get("image_mse", 0.0)))
+    floors = [s.quality_floor["image_mse"] for s in m.shards if getattr(s, "quality_floor", None)]
+    renditions = {k: {"codec": v["codec"], "bits_per_value": statistics.mean(v["bpv"]),
+                      "image_mse": statistics.mean(v["mse"])} for k, v in out.items()}
+    log("measuring decode rates on a Klein-sized layer (1,024 tokens x 3,072 values) ...")
+    rates = _decode_rates(ladder, log=log)
+    for name, r in renditions.items():
+        r["decode_fp16_bytes_per_cpu_s"] = rates.get(name, rates.get(name.split("#")[0], float("nan")))
+    return {"model": model_name, "template": template, "layers": len(m.shards), "renditions": renditions,
+            "floor_image_mse": statistics.mean(floors) if floors else None}
+
+
+def _decode_rates(specs: Sequence[str], log: Callable[[str], None]) -> dict[str, float]:
+    from sakura.bench.decode_rates import measure
+
+    rows = measure(list(specs), tokens=(1024,), workers=(1,), rounds=1, log=lambda s: None)
+    return {r.rendition: r.fp16_bytes_per_cpu_s for r in rows}
+
+
+def workload_specs(costs, ladder: dict, allowed: Sequence[str], *, decode_scale: float = 1.0):
+    """`ShardSpec`s for a workload: per layer its first-pass compute (the user's photo KV and the
+    live tokens, both attending to the template), local template compute, and the allowed
+    renditions scaled to the workload's layer size."""
+    from sakura.runtime import Route, ShardSpec
+
+    B = costs.kv_fp16_bytes_per_layer
+    spread = ladder["layers"] / costs.layers  # the mini model's total distortion over the workload's layers
+    routes = []
+    for name in allowed:
+        r = ladder["renditions"].get(name)
+        if r is None:
+            continue
+        routes.append(Route(name, int(B * r["bits_per_value"] / 16), B / (r["decode_fp16_bytes_per_cpu_s"] * decode_scale),
+                            r["image_mse"] * spread))
+    floor = ladder["floor_image_mse"] * spread if ladder.get("floor_image_mse") else None
+    spec = ShardSpec(tuple(routes), costs.photo_layer_s + costs.live_layer_s, costs.template_layer_s, floor)
+    return [spec] * costs.layers
+
+
+def sakura_renditions(ladder: dict) -> tuple[str, ...]:
+    """What sakura may fetch: the store's default ladder (its rungs)."""
+    from sakura.store.build import DEFAULT_LADDER
+
+    return tuple(n for n in ladder["renditions"] if n.split("#")[0] in DEFAULT_LADDER)
+
+
+def stronger_cachegen(ladder: dict) -> tuple[str, ...]:
+    """CacheGen's levels, from the variant with fewer bytes at level 3 (delta coding or not)."""
+    r = ladder["renditions"]
+    if all(n in r for n in CACHEGEN_DELTA_LEVELS) and \
+            r[CACHEGEN_DELTA_LEVELS[0]]["bits_per_value"] < r[CACHEGEN_LEVELS[0]]["bits_per_value"]:
+        return CACHEGEN_DELTA_LEVELS
+    return CACHEGEN_LEVELS
+
+
+def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, decode_workers: int,
+                methods: Sequence[str] = METHODS) -> dict[str, dict]:
+    """Every method on one link. Latency = work before the transformer (text encoder, VAE
+    encode; fetching starts at once and overlaps with it) + the first pass (where template KV is
+    consumed) + the other passes + VAE decode."""
+    from sakura.runtime import (BandwidthEstimator, CacheGenPolicy, FixedPolicy, MeetInMiddlePolicy, RttEstimator,
+                                SakuraPolicy, offline_plan)
+    from sakura.runtime.plan import PipelineState, evaluate
+    from sakura.runtime.sim import simulate_edit
+
+    pre = costs.text_encoder_s + costs.vae_encode_s
+    post = (costs.passes - 1) * costs.layers * costs.live_layer_s + costs.vae_decode_s
+    out: dict[str, dict] = {}
+    cg = stronger_cachegen(ladder)
+    for m in methods:
+        if m == "oracle":
+            out[m] = {"latency_s": costs.oracle_s, "bytes": 0, "image_mse": 0.0, "local_layers": 0}
+            continue
+        if m == "on-device":
+            out[m] = {"latency_s": costs.on_device_s, "bytes": 0, "image_mse": 0.0, "local_layers": costs.layers}
+            continue
+        if m == "on-device-nocache":
+            out[m] = {"latency_s": costs.on_device_nocache_s, "bytes": 0, "image_mse": 0.0,
+                      "local_layers": costs.layers}
+            continue
+        allowed = {"raw-stream": ("lossless",), "cachegen": cg}.get(m) or sakura_renditions(ladder)
+        specs = workload_specs(costs, ladder, allowed)
+        if m == "offline":
+            st = PipelineState(now=0.0, compute_free=pre, decode_free=(0.0,) * decode_workers)
+            res = offline_plan(specs, link, rtt_s, decode_workers, start=st)
+            # open loop on the same link model: the plan's own evaluation is exact
+            ev = evaluate(specs, st, res.k, res.routes, link, rtt_s)
+            out[m] = {"latency_s": ev.finish_s + post, "bytes": ev.nbytes, "image_mse": ev.image_mse,
+                      "local_layers": ev.local_layers}
+            continue
+        policy = {"raw-stream": FixedPolicy("lossless"),
+                  "cachegen": CacheGenPolicy(cg, target_s=costs.template_s),
+                  "sakura": SakuraPolicy(), "sakura-meet": MeetInMiddlePolicy()}[m]
+        res = simulate_edit(specs, policy, link=link, rtt_s=rtt_s, bandwidth=BandwidthEstimator(prior_bps=prior_bps),
+                            rtt=RttEstimator(prior_s=rtt_s), decode_workers=decode_workers, compute_start_s=pre)
+        out[m] = {"latency_s": res.first_step_s + post, "bytes": res.bytes, "image_mse": res.image_mse,
+                  "local_layers": res.local_layers, "stall_s": res.stall_s}
+    for v in out.values():
+        v["psnr_db"] = math.inf if v["image_mse"] <= 0 else 10 * math.log10(1 / v["image_mse"])
+    return out
+
+
+def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, phones: Sequence[str] | None = None,
+                families: Sequence[str] | None = None, offsets_per_trace: int = 1, traces_per_family: int | None = None,
+                rates_mbps: Sequence[float] = DEFAULT_RATES_MBPS, rtt_ms: float = 40.0, decode_workers: int = 4,
+                seed: int = 0, model_name: str = "sakura-mini", ladder: dict | None = None,
+                log: Callable[[str], None] = print) -> dict:
+    """Every method x workload x phone level x (every trace at seeded offsets + constant links)."""
+    from tqdm import tqdm
+
+    from sakura.bench.workloads import PHONES, WORKLOADS, ceilings, get_phone, get_workload, workload_costs
+    from sakura.link import list_traces, load_trace
+    from sakura.link.traces import constant_trace
+    from sakura.runtime import TraceLink
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    ladder = ladder or measure_ladder(model_name, log=log)
+    wls = [get_workload(w) for w in workloads] if workloads else list(WORKLOADS)
+    phs = [get_phone(p) for p in phones] if phones else list(PHONES)
+    rng = random.Random(seed)
+    links: list[tuple[str, str, object, float]] = []  # (family, name, link, prior bytes/s)
+    specs = list_traces()
+    if families:
+        specs = [s for s in specs if s.split("/")[0] in families]
+    by_family: dict[str, list[str]] = {}
+    for s in specs:
+        by_family.setdefault(s.split("/")[0], []).append(s)
+    for fam, names in sorted(by_family.items()):
+        if traces_per_family:
+            names = sorted(rng.sample(names, min(traces_per_family, len(names))))
+        for name in names:
+            tr = load_trace(name)
+            for _ in range(offsets_per_trace):
+                off = rng.uniform(0, max(0.0, tr.period_s - 120.0)) + 10.0
+                prior = max(1.0, (tr.cumulative(off) - tr.cumulative(off - 10.0)) / 10.0)  # what the phone saw before
+                links.append((fam, name, TraceLink(tr, offset_s=off), prior))
+    for r in rates_mbps:
+        links.append(("constant", f"constant {r:g} Mbit/s", TraceLink(constant_trace(r), 0.0), r * 1e6 / 8))
+    runs = []
+    total = len(wls) * len(phs) * len(links)
+    with tqdm(total=total, desc="profile runs", disable=None) as bar:
+        for w in wls:
+            for ph in phs:
+                costs = workload_costs(w, ph)
+                ceil = ceilings(costs)
+                for fam, name, link, prior in links:
+                    res = run_methods(costs, ladder, link, prior_bps=prior, rtt_s=rtt_ms / 1000,
+                                      decode_workers=decode_workers)
+                    runs.append({"workload": w.name, "phone": ph.name, "family": fam, "link": name,
+                                 "ceiling_vs_on_device": ceil["vs on-device"],
+                                 "ceiling_vs_nocache": ceil["vs on-device-nocache"], **res})
+                    bar.update()
+    result = {"mode": "phone profile (trace-driven simulation through the runtime's driver; EXTRAPOLATED)",
+              "ladder": ladder, "rtt_ms": rtt_ms, "decode_workers": decode_workers, "offsets_per_trace": offsets_per_trace,
+              "seed": seed, "workloads": [asdict(w) for w in wls], "phones": [asdict(p) for p in phs],
+              "wall_s": time.perf_counter() - t_start, "runs": runs}
+    result["summary"] = summarize(runs)
+    (out / "e2e_profile.json").write_text(json.dumps(result, indent=1, default=float))
+    md = profile_markdown(result)
+    (out / "e2e_profile.md").write_text(md)
+    plot_profile(result, out)
+    log(md)
+    return result
+
+
+def _q(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return math.nan
+    i = min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))
+    return xs[i]
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per workload x phone x family: median and p10 of sakura's speedups, the checks the
+    runtime issue sets, and median PSNRs."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["workload"], r["phone"], r["family"]), []).append(r)
+        groups.setdefault((r["workload"], r["phone"], "all"), []).append(r)
+    out = {}
+    for (w, p, fam), rs in groups.items():
+        s = [r["sakura"]["latency_s"] for r in rs]
+        best = [min(r[b]["latency_s"] for b in BASELINES) for r in rs]
+        sp = lambda m: [r[m]["latency_s"] / r["sakura"]["latency_s"] for r in rs]  # noqa: E731
+        gain = [(r["on-device"]["latency_s"] - r["sakura"]["latency_s"]) for r in rs]
+        ogain = [(r["on-device"]["latency_s"] - r["offline"]["latency_s"]) for r in rs]
+        share = [g / o for g, o in zip(gain, ogain) if o > 1e-9]
+        out[f"{w} | {p} | {fam}"] = {
+            "workload": w, "phone": p, "family": fam, "runs": len(rs),
+            "ceiling_vs_on_device": rs[0]["ceiling_vs_on_device"], "ceiling_vs_nocache": rs[0]["ceiling_vs_nocache"],
+            **{f"speedup_vs_{m}": {"median": statistics.median(sp(m)), "p10": _q(sp(m), 0.1)}
+               for m in ("on-device", "on-device-nocache", "cachegen", "raw-stream")},
+            "vs_best_baseline": {"median": statistics.median(b / x for b, x in zip(best, s)),
+                                 "min": min(b / x for b, x in zip(best, s))},
+            "runs_slower_than_best_baseline_by_2pct": sum(x > 1.02 * b for b, x in zip(best, s)),
+            "share_of_offline_gain": {"median": statistics.median(share) if share else math.nan,
+                                      "p10": _q(share, 0.1) if share else math.nan, "runs": len(share)},
+            "vs_offline_p90": _q([r["sakura"]["latency_s"] / r["offline"]["latency_s"] for r in rs], 0.9),
+            "meet_vs_sakura_median": statistics.median(r["sakura-meet"]["latency_s"] / r["sakura"]["latency_s"] for r in rs),
+            "psnr_median_db": {m: statistics.median(r[m]["psnr_db"] for r in rs) for m in ("sakura", "cachegen", "offline")},
+        }
+    return out
+
+
+def profile_markdown(result: dict) -> str:
+    L = result["ladder"]
+    lines = [f"Phone profile: {result['mode']}. RTT {result['rtt_ms']} ms, {result['decode_workers']} decode workers "
+             f"per streaming method, renditions and decode rates measured in this run on {L['model']} "
+             f"(`{L['template']}`), {result['offsets_per_trace']} seeded offset(s) per trace, "
+             f"{len(result['runs'])} runs in {result['wall_s']:.0f} s.", "",
+             "Ratios are other method's latency / sakura's (>1: sakura faster), median (p10) over the family's runs; "
+             "**ceiling** = the ratio with free, instant template KV. PSNR: implied by the renditions used, vs the "
+             "lossless-KV output (inf = exact).", "",
+             "| workload | phone | family | runs | vs on-device (ceiling) | vs nocache (ceiling) | vs cachegen | vs best baseline (min) | "
+             "runs >2% slower than best | share of offline gain (p10) | sakura/offline p90 | meet/sakura | PSNR sakura / cachegen |",
+             "|---|---|---|---:|---|---|---|---|---:|---|---:|---:|---|"]
+    for k, s in result["summary"].items():
+        f = lambda d: f"{d['median']:.2f} ({d['p10']:.2f})"  # noqa: E731
+        ps = s["psnr_median_db"]
+        lines.append(
+            f"| {s['workload']} | {s['phone'].split(' (')[0]} | {s['family']} | {s['runs']} | "
+            f"{f(s['speedup_vs_on-device'])} ({s['ceiling_vs_on_device']:.2f}) | "
+            f"{f(s['speedup_vs_on-device-nocache'])} ({s['ceiling_vs_nocache']:.2f}) | {f(s['speedup_vs_cachegen'])} | "
+            f"{s['vs_best_baseline']['median']:.2f} ({s['vs_best_baseline']['min']:.2f}) | "
+            f"{s['runs_slower_than_best_baseline_by_2pct']} | {s['share_of_offline_gain']['median']:.2f} "
+            f"({s['share_of_offline_gain']['p10']:.2f}) | {s['vs_offline_p90']:.3f} | {s['meet_vs_sakura_median']:.2f} | "
+            f"{_db(ps['sakura'])} / {_db(ps['cachegen'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _db(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.1f}"
+
+
+def plot_profile(result: dict, out: Path) -> None:
+    """Heatmaps (constant rate x phone: sakura vs best baseline, vs cachegen, vs on-device) per
+    workload, and latency CDFs per trace family for one workload and phone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    runs = result["runs"]
+    wls = sorted({r["workload"] for r in runs}, key=[w["name"] for w in result["workloads"]].index)
+    phones = [p["name"] for p in result["phones"]]
+    const = [r for r in runs if r["family"] == "constant"]
+    rates = sorted({float(r["link"].split()[1]) for r in const})
+    if const:
+        comps = (("best baseline", lambda r: min(r[b]["latency_s"] for b in BASELINES)),
+                 ("cachegen", lambda r: r["cachegen"]["latency_s"]), ("on-device", lambda r: r["on-device"]["latency_s"]))
+        fig, axes = plt.subplots(len(wls), 3, figsize=(13, 2.2 * len(wls) + 0.8), squeeze=False)
+        for i, w in enumerate(wls):
+            for j, (name, f) in enumerate(comps):
+                grid = np.full((len(phones), len(rates)), np.nan)
+                for r in const:
+                    if r["workload"] == w:
+                        grid[phones.index(r["phone"]), rates.index(float(r["link"].split()[1]))] = \
+                            f(r) / r["sakura"]["latency_s"]
+                ax = axes[i, j]
+                im = ax.imshow(grid, aspect="auto", cmap="RdYlGn", vmin=0.8, vmax=max(2.0, np.nanmax(grid)))
+                for (a, b), v in np.ndenumerate(grid):
+                    ax.text(b, a, f"{v:.2f}", ha="center", va="center", fontsize=6)
+                ax.set_xticks(range(len(rates)), [f"{x:g}" for x in rates], fontsize=6)
+                ax.set_yticks(range(len(phones)), [p.split(" (")[0] for p in phones], fontsize=6)
+                ax.set_title(f"{w}: {name} / sakura", fontsize=8)
+                if i == len(wls) - 1:
+                    ax.set_xlabel("link (Mbit/s, constant)", fontsize=7)
+                fig.colorbar(im, ax=ax, fraction=0.03)
+        fig.suptitle("phone profile (EXTRAPOLATED): latency ratio vs sakura (>1 = sakura faster)", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "e2e_profile_heatmap.png", dpi=110)
+        plt.close(fig)
+    fams = sorted({r["family"] for r in runs} - {"constant"})
+    if fams:
+        fig, axes = plt.subplots(1, len(fams), figsize=(3.3 * len(fams), 3.0), squeeze=False)
+        w, p = wls[min(len(wls) - 1, 3)], phones[-1]
+        for ax, fam in zip(axes[0], fams):
+            rs = [r for r in runs if r["family"] == fam and r["workload"] == w and r["phone"] == p]
+            for m in ("on-device", "on-device-nocache", "cachegen", "sakura", "offline"):
+                xs = sorted(r[m]["latency_s"] for r in rs)
+                ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=m)
+            ax.set_title(f"{fam} ({len(rs)} runs)", fontsize=8)
+            ax.set_xlabel("latency (s)", fontsize=7)
+            ax.set_xscale("log")
+        axes[0, 0].set_ylabel("CDF")
+        axes[0, 0].legend(fontsize=6)
+        fig.suptitle(f"phone profile (EXTRAPOLATED): {w} on {p.split(' (')[0]}", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "e2e_profile_cdf.png", dpi=110)
+        plt.close(fig)
