@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from .estimator import BandwidthEstimator, RttEstimator
-from .plan import LOCAL, ConstantLink, PipelineState, PlanResult, Route, ShardSpec, plan_split, psnr_from_mse
+from .plan import (LOCAL, ConstantLink, PipelineState, PlanResult, Route, ShardSpec, image_budget, plan_split,
+                   psnr_from_mse)
 
 USE, WAIT = "use", "wait"
 
@@ -148,9 +149,18 @@ class EditDriver:
                              compute_at=self.compute_at, compute_free=max(now, self.compute_free),
                              generator_at=self.generator_at, ready=ready)
 
-    def plan(self, now: float, allow_local: bool = True) -> PlanResult:
+    def plan(self, now: float, allow_local: bool = True, image_floor: bool = False) -> PlanResult:
+        """The plan from now with the current estimates. image_floor: hold the summed image MSE of
+        the streamed shards within the summed per-shard floors (what is already requested
+        counts), instead of holding every shard to its own floor."""
+        budget = None
+        if image_floor and (total := image_budget(self.specs)) is not None:
+            spent = sum(self.routes[r.index].image_mse for r in self.records
+                        if r.index in self.routes and r.status in ("requested", "fetched", "ready")
+                        and r.source in ("", self.routes[r.index].name))
+            budget = max(0.0, total - spent)
         return plan_split(self.specs, self.state(now), ConstantLink(self.bytes_per_s()), self.rtt_s(),
-                          allow_local=allow_local)
+                          allow_local=allow_local, mse_budget=budget)
 
     # ---------------------------------------------------------------------------- requesting
     def start(self, now: float) -> None:
@@ -303,18 +313,27 @@ class EditDriver:
 
 @dataclass
 class SakuraPolicy:
-    """sakura: the plan that finishes soonest within each shard's quality floor (`plan_split`),
+    """sakura: the plan that finishes soonest within the quality floor (`plan_split`),
     re-planned after every shard; layers below the split are computed on the way up while the
-    rest stream in consumption order; a late shard is computed instead (adaptive)."""
+    rest stream in consumption order; a late shard is computed instead (adaptive).
+
+    floor: "image" (default): the image's summed MSE may not exceed what CacheGen level 3 on
+    every shard would give (the sum of the per-shard floors); "shard": every shard on its own.
+    The image floor lets the ladder spend bits where the image needs them (its rate allocation)
+    and lets locally computed layers (exact) leave room for the others.
+    """
 
     name: str = "sakura"
     adaptive: bool = True
+    floor: str = "image"
     k: int = 0
     routes: dict[int, Route] = field(default_factory=dict)
     last_plan: PlanResult | None = None
 
     def replan(self, d: EditDriver, now: float) -> None:
-        res = d.plan(now)
+        if self.floor not in ("image", "shard"):
+            raise ValueError(f"floor must be 'image' or 'shard', got {self.floor!r}")
+        res = d.plan(now, image_floor=self.floor == "image")
         self.k, self.routes, self.last_plan = res.k, dict(res.routes), res
 
     def next_fetch(self, d: EditDriver, now: float) -> tuple[int, Route] | None:

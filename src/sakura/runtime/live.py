@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -118,6 +118,7 @@ class LiveKVSource:
         self._local_layers = local_layers
         self._gen: Iterator[LayerKV] | None = None
         self.decoded: dict[int, LayerKV] = {}
+        self.used: dict[int, LayerKV] = {}   # what the forward pass got, per layer (for reports)
         self.model_fingerprint = model_fingerprint
         self.template_fingerprint = template_fingerprint
         self.on_layer: Callable[[], None] = lambda: None  # wakes the fetch stage (compute moved)
@@ -148,6 +149,7 @@ class LiveKVSource:
         self.on_layer()
         if action.kind == USE:
             assert kv is not None
+            self.used[i] = kv
             return kv
         t = time.perf_counter()
         if self._gen is None:
@@ -160,6 +162,7 @@ class LiveKVSource:
             rec = d.records[i]
             rec.local_s = spent
             rec.delivered = self.clock()
+        self.used[i] = kv  # type: ignore[assignment]
         return kv  # type: ignore[return-value]
 
 
@@ -183,6 +186,7 @@ class StreamedEdit:
     quality_known: bool = True
     timings_s: dict[str, float] = field(default_factory=dict)
     link_idle_s: float = math.nan    # time with nothing in flight between the first request and the last byte
+    used_kv: dict[int, LayerKV] = field(default_factory=dict)  # the KV each layer used (streamed path)
 
     @property
     def bytes_fetched(self) -> int:
@@ -256,7 +260,8 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
                   bandwidth: BandwidthEstimator | None = None, rtt: RttEstimator | None = None,
                   decode_workers: int | None = None, max_inflight: int = 8, steps: int = 8, seed: int = 0,
                   manifest: Any = None, manifest_timeout_s: float = 2.0, allow_fast_path: bool = True,
-                  renditions: Sequence[str] | None = None) -> StreamedEdit:
+                  renditions: Sequence[str] | None = None, specs: Sequence[ShardSpec] | None = None,
+                  decode_pad_s: Mapping[str, float] | None = None) -> StreamedEdit:
     """Edit `photo` with the template's KV streamed from `base_url`, pipelined with compute.
 
     Args:
@@ -272,6 +277,10 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
         allow_fast_path: when the first plan fetches nothing, run the plain on-device edit (no
             threads, so no overhead over on-device).
         renditions: rendition names the policy may fetch (None: every one in the manifest).
+        specs: planner inputs to use instead of the ones derived from `manifest` and `profile`
+            (the time-dilated benchmark emulates a phone's per-layer times).
+        decode_pad_s: per rendition name, the least time a decode takes (the real decode, then a
+            sleep for the rest): emulates a slower decoder in the time-dilated benchmark.
 
     Never raises because of the network: every failure ends in local compute, listed in `events`.
     """
@@ -319,7 +328,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     if problem:
         return on_device(problem)
 
-    specs = shard_specs(manifest, profile)
+    specs = list(specs) if specs is not None else shard_specs(manifest, profile)
     if renditions is not None:
         specs = [replace(s, routes=tuple(r for r in s.routes if r.name in renditions)) for s in specs]
     quality_known = all("image_mse" in r.distortion for s in manifest.shards for r in s.renditions)
@@ -342,8 +351,11 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
 
     def decode(j: int, data: bytes, rendition: Any) -> None:
         try:
+            t = time.monotonic()
             tbl = tables.get(rendition.tables[0]) if rendition.tables else None
             kv = decode_any(data, ShardId(model_fp, tfp, j), tbl).as_layer_kv()
+            if decode_pad_s and rendition.name in decode_pad_s:
+                time.sleep(max(0.0, decode_pad_s[rendition.name] - (time.monotonic() - t)))
             with cond:
                 source.decoded[j] = kv
                 driver.on_decoded(j, clock())
@@ -466,7 +478,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     idle = meter.idle_s if requested else math.nan
     return StreamedEdit(image=out.image, latency_s=latency, records=driver.records, policy=policy.name, events=events,
                         tables_bytes=info["tables_bytes"], manifest_s=manifest_s, image_mse=driver.image_mse(),
-                        quality_known=quality_known, timings_s=out.timings_s, link_idle_s=idle)
+                        quality_known=quality_known, timings_s=out.timings_s, link_idle_s=idle, used_kv=source.used)
 
 
 def _short(e: BaseException, limit: int = 160) -> str:

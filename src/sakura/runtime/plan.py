@@ -195,19 +195,28 @@ def evaluate(specs: Sequence[ShardSpec], state: PipelineState, k: int, routes: M
 
 
 def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel, rtt_s: float, *,
-               allow_local: bool = True, rel_tol: float = 0.01) -> PlanResult:
-    """The plan that finishes soonest within each shard's quality floor; among plans within
-    `rel_tol` of that finish time, the best quality (lowest summed image MSE).
+               allow_local: bool = True, rel_tol: float = 0.01, mse_budget: float | None = None) -> PlanResult:
+    """The plan that finishes soonest within the quality floor; among plans within `rel_tol` of
+    that finish time, the best quality (lowest summed image MSE).
+
+    Quality floor, two kinds: per shard (`ShardSpec.floor_mse`, when `mse_budget` is None), or
+    for the image (`mse_budget`: the summed image MSE of the shards still to be requested may
+    not exceed it; per-shard floors are then ignored, so bits go where the image needs them and
+    layers computed locally leave their share to the others).
 
     Search: every split k (local below, streamed from k up) x every uniform quality rung for the
-    streamed shards (rung i = each shard's i-th best admissible route), then a pass that upgrades
-    individual shards, latest first (they have the most slack), while the finish time stays
-    within tolerance. Shards without an admissible route can only be local.
+    streamed shards (rung i = each shard's i-th best route), made feasible under an image budget
+    by greedy upgrades (largest MSE drop per extra byte first), then a pass that upgrades single
+    shards, latest first (they have the most slack), while the finish time stays within
+    tolerance. Shards without an admissible route can only be local.
     """
     L = len(specs)
     lo = state.compute_at
     pending = [j for j in range(lo, L) if j not in state.ready]
-    adm = {j: specs[j].admissible() for j in pending}
+    if mse_budget is None:
+        adm = {j: specs[j].admissible() for j in pending}
+    else:
+        adm = {j: tuple(sorted(specs[j].routes, key=lambda r: (r.image_mse, r.nbytes))) for j in pending}
     # the split can't be above a shard that has no admissible route... only below it if local
     must_local_upto = max([j + 1 for j in pending if not adm[j]], default=lo)
     if must_local_upto > lo and not allow_local:
@@ -217,11 +226,17 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
     candidates: list[PlanResult] = []
     for k in ks:
         for rung in range(max(1, n_rungs)):
-            routes = {j: adm[j][min(rung, len(adm[j]) - 1)] for j in pending if j >= k}
+            # rung 0 = best quality; higher rungs are cheaper (lists are best-first)
+            routes = {j: adm[j][max(0, len(adm[j]) - 1 - rung)] for j in pending if j >= k}
+            if mse_budget is not None and not _fit_budget(routes, adm, mse_budget):
+                continue
             candidates.append(evaluate(specs, state, k, routes, link, rtt_s))
             if all(j < k for j in pending):
                 break  # nothing to stream: rungs are all the same plan
+    if not candidates:  # nothing streamed fits the image budget: compute what is left
+        return evaluate(specs, state, L, {}, link, rtt_s)
     best_finish = min(c.finish_s for c in candidates)
+    budget_left = math.inf if mse_budget is None else mse_budget
     limit = best_finish + rel_tol * max(best_finish - state.now, 1e-9)
     best = min((c for c in candidates if c.finish_s <= limit), key=lambda c: (c.image_mse, c.finish_s, c.nbytes))
     # per-shard upgrades, latest layer first
@@ -232,6 +247,8 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
                 break
             trial = dict(routes)
             trial[j] = r
+            if sum(x.image_mse for x in trial.values()) > budget_left * (1 + 1e-9):
+                continue
             res = evaluate(specs, state, best.k, trial, link, rtt_s)
             if res.finish_s <= limit:
                 routes, best = trial, res
@@ -239,12 +256,38 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
     return best
 
 
+def _fit_budget(routes: dict[int, Route], adm: Mapping[int, Sequence[Route]], budget: float) -> bool:
+    """Upgrade routes in place (largest image-MSE drop per extra byte first) until their summed
+    MSE is within `budget`; False if even the best routes do not fit."""
+    total = sum(r.image_mse for r in routes.values())
+    while total > budget * (1 + 1e-9):
+        best_j, best_r, best_gain = None, None, -1.0
+        for j, r in routes.items():
+            better = [x for x in adm[j] if x.image_mse < r.image_mse]
+            for x in better:
+                gain = (r.image_mse - x.image_mse) / max(1, x.nbytes - r.nbytes)
+                if gain > best_gain:
+                    best_j, best_r, best_gain = j, x, gain
+        if best_j is None:
+            return False
+        total += best_r.image_mse - routes[best_j].image_mse
+        routes[best_j] = best_r
+    return True
+
+
 def offline_plan(specs: Sequence[ShardSpec], link: LinkModel, rtt_s: float, decode_workers: int = 1,
-                 start: PipelineState | None = None) -> PlanResult:
+                 start: PipelineState | None = None, mse_budget: float | None = None) -> PlanResult:
     """The planner with perfect knowledge of the link (the real trace, not an estimate), run
     once before the edit: the reference that the online scheduler is measured against."""
     st = start or PipelineState(decode_free=(0.0,) * decode_workers)
-    return plan_split(specs, st, link, rtt_s)
+    return plan_split(specs, st, link, rtt_s, mse_budget=mse_budget)
+
+
+def image_budget(specs: Sequence[ShardSpec]) -> float | None:
+    """The image-level quality floor: the summed per-shard floors (None if any is unknown)."""
+    if any(s.floor_mse is None for s in specs):
+        return None
+    return sum(s.floor_mse for s in specs)  # type: ignore[misc]
 
 
 def all_local_s(specs: Sequence[ShardSpec], state: PipelineState | None = None) -> float:

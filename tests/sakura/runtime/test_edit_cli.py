@@ -102,8 +102,8 @@ def test_profile_bench_smoke(tmp_path):
         # sakura can always fall back to computing locally: never much worse than on-device
         assert row["sakura"]["latency_s"] <= row["on-device"]["latency_s"] * 1.02
         assert row["sakura"]["latency_s"] >= row["oracle"]["latency_s"] - 1e-9
-        # within the quality floor: rung #0 (5e-4 > floor 1e-4) is never fetched
-        assert row["sakura"]["image_mse"] <= 6 * 5e-5 * 1.0001  # rung #1 everywhere at worst
+        # within the image quality floor: CacheGen level 3 on every shard (the mini model's 6 x 1e-4 in all)
+        assert row["sakura"]["image_mse"] <= 6 * 1e-4 * (1 + 1e-6)
     fast = [r_ for r_ in r["runs"] if r_["link"] == "constant 1000 Mbit/s"][0]
     assert fast["sakura"]["latency_s"] < fast["on-device"]["latency_s"]  # streaming pays on a fast link
     assert (tmp_path / "e2e_profile_heatmap.png").is_file() and (tmp_path / "e2e_profile_cdf.png").is_file()

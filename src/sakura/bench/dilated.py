@@ -1,0 +1,335 @@
+"""Time-dilated live runs: the real runtime (sockets, threads, decoding, the mini model) on a
+phone workload's time scale divided by D, and the simulator on the same inputs, side by side.
+
+Why: sakura-mini's template KV is ~200 kB and its layers take milliseconds, so a plain live run
+on this CPU says nothing about a phone streaming Klein-sized KV. Here every ratio of the named
+workload is kept while the clock runs D times faster:
+
+* each of the mini model's 6 layers stands for L_w / 6 of the workload's layers: a template
+  layer computed on the device takes ``template_layer_s x L_w/6 / D`` (the real mini compute,
+  then a sleep for the rest); the first pass's forward compute per layer likewise;
+* the text encoder and VAE encode run before the transformer (``pre``), the other passes and
+  the VAE decode after it (``post``), as sleeps of their workload time / D;
+* the link is the trace with time / D and rate x D x beta, where beta = the mini model's fp16
+  bytes per layer / (the workload's x L_w/6): a rendition's real bytes then take as long to
+  arrive, relative to compute, as the workload's would; the RTT is divided by D;
+* decoding a shard takes at least the workload's decode time (per core, measured on a
+  Klein-sized layer) x L_w/6 / D: the real decode, then a sleep.
+
+The simulator (`sakura.runtime.sim`) is given exactly these per-layer times, the scaled link and
+the real rendition sizes; both run the same driver and policies. `validate` reports, per method
+and trace, live vs simulated latency (ratio), in dilated seconds and in phone seconds (x D).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+METHODS = ("oracle", "on-device", "cachegen", "sakura")
+#: a fast and a median 5G trace and an LTE one (../shared/traces)
+DEFAULT_TRACES = ("umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102",
+                  "umn_5gophers/All-Carriers/03-User-Mobility/car-driving-trace-1.csv#Verizon",
+                  "mahimahi_cellular/TMobile-LTE-short.down")
+
+
+def _pad(t0: float, target_s: float) -> None:
+    left = target_s - (time.monotonic() - t0)
+    if left > 0:
+        time.sleep(left)
+
+
+@dataclass(frozen=True)
+class Dilation:
+    """A workload's times for the mini model, divided by D (seconds)."""
+
+    workload: str
+    phone: str
+    D: float
+    layers_per_mini_layer: float
+    beta: float            # live bytes per workload byte
+    local_s: float         # one mini template layer
+    compute_s: float       # one mini layer of the first pass (photo KV + live tokens)
+    pre_s: float           # text encoder + VAE encode
+    post_s: float          # the other passes + VAE decode
+    rtt_s: float
+    oracle_s: float        # the whole edit with the KV resident
+    on_device_s: float
+
+    def decode_s(self, fp16_bytes_per_cpu_s: float) -> float:
+        """Emulated decode of one mini shard on one worker: the workload's layer decode time at
+        this per-core rate, x layers per mini layer, / D (seconds)."""
+        if not fp16_bytes_per_cpu_s or fp16_bytes_per_cpu_s != fp16_bytes_per_cpu_s:
+            return 0.0
+        return self._klein_layer_bytes / fp16_bytes_per_cpu_s * self.layers_per_mini_layer / self.D
+
+    _klein_layer_bytes: int = 0
+
+
+def make_dilation(workload: str, phone: str, D: float, *, mini_layers: int, mini_fp16_bytes_per_layer: int,
+                  rtt_ms: float = 40.0) -> Dilation:
+    from sakura.bench.workloads import get_phone, get_workload, workload_costs
+
+    c = workload_costs(get_workload(workload), get_phone(phone))
+    f = c.layers / mini_layers
+    beta = mini_fp16_bytes_per_layer / (c.kv_fp16_bytes_per_layer * f)
+    post = (c.passes - 1) * c.layers * c.live_layer_s + c.vae_decode_s
+    return Dilation(workload=workload, phone=c.phone, D=D, layers_per_mini_layer=f, beta=beta,
+                    local_s=c.template_layer_s * f / D, compute_s=(c.photo_layer_s + c.live_layer_s) * f / D,
+                    pre_s=(c.text_encoder_s + c.vae_encode_s) / D, post_s=post / D, rtt_s=rtt_ms / 1000 / D,
+                    oracle_s=c.oracle_s / D, on_device_s=c.on_device_s / D,
+                    _klein_layer_bytes=c.kv_fp16_bytes_per_layer)
+
+
+def dilate_trace(trace, dil: Dilation):
+    """The trace with time / D and rate x D x beta (bytes/s)."""
+    from sakura.link.traces import Trace
+
+    return Trace(name=f"{trace.name} (dilated /{dil.D:g})", edges=trace.edges / dil.D, rate=trace.rate * dil.D * dil.beta)
+
+
+class _PaddedSource:
+    """Pads the forward compute of each layer (time between layer requests) to `compute_s`."""
+
+    def __init__(self, inner, compute_s: float):
+        self.inner, self.compute_s = inner, compute_s
+        self.model_fingerprint, self.template_fingerprint = inner.model_fingerprint, inner.template_fingerprint
+        self.num_layers = inner.num_layers
+        self._t: float | None = None
+
+    def layer(self, i: int):
+        if self._t is not None:
+            _pad(self._t, self.compute_s)
+        kv = self.inner.layer(i)
+        self._t = time.monotonic()
+        return kv
+
+    def finish(self) -> None:
+        if self._t is not None:
+            _pad(self._t, self.compute_s)
+
+
+class _LocalSource:
+    """On-device (Klein KV extract mode, first step): each template layer computed when reached."""
+
+    def __init__(self, device: "DilatedDevice", template: torch.Tensor, instruction: int):
+        from sakura.models.kv import LayerKV
+
+        m = device.m
+        self.model_fingerprint = m.fingerprint()
+        self.template_fingerprint = m.template_fingerprint(template, instruction)
+        self.num_layers = m.num_layers
+        self._gen = ((LayerKV(k[0], v[0])) for k, v in device.template_layers(template, instruction))
+        self.used: dict[int, Any] = {}
+
+    def layer(self, i: int):
+        kv = next(self._gen)
+        self.used[i] = kv
+        return kv
+
+
+class DilatedDevice:
+    """sakura-mini at a phone workload's per-layer times / D (see the module doc). Exposes the
+    image-level model API the runtime uses; `edit` runs the first denoising step for real and
+    stands in for the rest with a sleep."""
+
+    def __init__(self, model: Any, dil: Dilation):
+        self.m, self.dil = model, dil
+        self.num_layers, self.cfg = model.num_layers, model.cfg
+        self.last_used: dict[int, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.m, name)
+
+    def template_layers(self, template, instruction=0):
+        it = self.m.template_layers(template, instruction)
+        while True:
+            t = time.monotonic()
+            try:
+                kv = next(it)
+            except StopIteration:
+                return
+            _pad(t, self.dil.local_s)
+            yield kv
+
+    def edit(self, photo, *, template=None, instruction=0, template_kv=None, mode=None, steps=1, seed=0):
+        time.sleep(self.dil.pre_s)  # text encoder + VAE encode; fetching already runs
+        local = None
+        if template_kv is None:
+            local = template_kv = _LocalSource(self, template, instruction)
+        src = _PaddedSource(template_kv, self.dil.compute_s)
+        out = self.m.edit(photo, template_kv=src, steps=1, seed=seed)
+        src.finish()
+        time.sleep(self.dil.post_s)  # the other passes + VAE decode
+        if local is not None:
+            self.last_used = local.used
+        return out
+
+
+def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: float = 40.0,
+                traces: Sequence[str] = DEFAULT_TRACES,
+                offset_s: float = 30.0, template: str = "sticker-00", rtt_ms: float = 40.0, decode_workers: int = 4,
+                store: str | Path | None = None, out_dir: str | Path | None = None, image_steps: int = 8,
+                log: Callable[[str], None] = print) -> dict:
+    """Live (dilated) and simulated runs of every method on each trace; images for the first trace."""
+    from sakura.bench.profile import CACHEGEN_LEVELS
+    from sakura.link import load_trace
+    from sakura.link.pacer import pacer_in_thread
+    from sakura.models import TemplateKV, load_model
+    from sakura.runtime import (BandwidthEstimator, CacheGenPolicy, Route, RttEstimator, SakuraPolicy, ShardSpec,
+                                TraceLink)
+    from sakura.runtime.live import DeviceProfile, streamed_edit
+    from sakura.runtime.sim import simulate_edit
+    from sakura.server import serve_in_thread
+    from sakura.store.build import DEFAULT_LADDER, build_store
+    from sakura.store.store import Store
+    from sakura.tasks import get_task, get_template, heldout_photos
+    from sakura.tasks.quality import psnr_per_image
+
+    torch.set_num_threads(1)
+    model = load_model("sakura-mini")
+    size = model.cfg.image_size
+    tpl = get_template(template, size)
+    photo = heldout_photos(size)[:1]
+    timg = tpl.image[None]
+    tmp = None
+    if store is None:
+        tmp = tempfile.TemporaryDirectory(prefix="sakura-dilated-")
+        store = tmp.name
+    ladder_specs = ("lossless",) + tuple(DEFAULT_LADDER) + CACHEGEN_LEVELS
+    log(f"building the store for {template} ({', '.join(ladder_specs)}) ...")
+    build_store(store, templates=[template], ladder=ladder_specs, calibration=2, steps=4, log=lambda s: None)
+    st = Store(store)
+    (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
+    m = st.get_manifest(fp, tid)
+    dil = make_dilation(workload, phone, D, mini_layers=model.num_layers, mini_fp16_bytes_per_layer=m.shards[0].fp16_bytes,
+                        rtt_ms=rtt_ms)
+    log("measuring decode rates on a Klein-sized layer ...")
+    from sakura.bench.profile import _decode_rates
+
+    rates = _decode_rates(sorted({r.name.split('#')[0] for r in m.shards[0].renditions}), log=log)
+    pad = {r.name: dil.decode_s(rates.get(r.name, rates.get(r.name.split("#")[0], 0.0))) for r in m.shards[0].renditions}
+    floor = [s.quality_floor["image_mse"] if s.quality_floor else None for s in m.shards]
+    allowed = {"sakura": tuple(n for n in pad if n.split("#")[0] in DEFAULT_LADDER), "cachegen": CACHEGEN_LEVELS}
+
+    def specs_for(method: str) -> list:
+        return [ShardSpec(tuple(Route(r.name, r.nbytes, pad[r.name], float(r.distortion.get("image_mse", 0.0)))
+                                for r in s.renditions if r.name in allowed[method]), dil.compute_s, dil.local_s, f)
+                for s, f in zip(m.shards, floor)]
+
+    device = DilatedDevice(model, dil)
+    kv_exact = model.extract_template_kv(timg, tpl.instruction).to(torch.float16)
+    reference = model.edit(photo, template_kv=kv_exact, steps=image_steps).image
+    rows, images = [], {}
+    with serve_in_thread(store) as url:
+        for k, tname in enumerate(traces):
+            tr = dilate_trace(load_trace(tname), dil)
+            off = offset_s / dil.D
+            prior = max(1.0, (tr.cumulative(off) - tr.cumulative(max(0.0, off - 10.0 / dil.D))) / (10.0 / dil.D))
+            for method in METHODS:
+                row: dict[str, Any] = {"trace": tname, "method": method}
+                if method == "oracle":
+                    row.update(live_s=float("nan"), sim_s=dil.oracle_s, image_mse=0.0, live_phone_s=float("nan"),
+                               sim_phone_s=dil.oracle_s * dil.D, live_over_sim=float("nan"))
+                    rows.append(row)
+                    continue
+                if method == "on-device":
+                    t = time.monotonic()
+                    device.edit(photo, template=timg, instruction=tpl.instruction)
+                    live_s = time.monotonic() - t
+                    sim_s = dil.pre_s + model.num_layers * (dil.local_s + dil.compute_s) + dil.post_s
+                    used = device.last_used
+                    row.update(live_s=live_s, sim_s=sim_s, image_mse=0.0, local_layers=model.num_layers)
+                else:
+                    policy = (SakuraPolicy() if method == "sakura"
+                              else CacheGenPolicy(CACHEGEN_LEVELS, target_s=model.num_layers * dil.local_s))
+                    sp = specs_for(method)
+                    with pacer_in_thread(url, tr, off, dil.rtt_s) as purl:
+                        res = streamed_edit(device, photo, base_url=purl, template_id=template, template_image=timg,
+                                            instruction=tpl.instruction, policy=policy,
+                                            profile=DeviceProfile(dil.compute_s, dil.local_s, decode_workers=decode_workers),
+                                            bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
+                                            decode_workers=decode_workers, steps=1, manifest=m, specs=sp,
+                                            renditions=allowed[method], decode_pad_s=pad, allow_fast_path=True)
+                    policy2 = (SakuraPolicy() if method == "sakura"
+                               else CacheGenPolicy(CACHEGEN_LEVELS, target_s=model.num_layers * dil.local_s))
+                    sim = simulate_edit(sp, policy2, link=TraceLink(tr, off), rtt_s=dil.rtt_s,
+                                        bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
+                                        decode_workers=decode_workers, compute_start_s=dil.pre_s)
+                    used = res.used_kv if res.path == "streamed" else device.last_used
+                    row.update(live_s=res.latency_s, sim_s=sim.first_step_s + dil.post_s, image_mse=res.image_mse,
+                               bytes=res.bytes_fetched, local_layers=sum(r.source == "local" for r in res.records),
+                               live_choices=res.choices(), sim_choices=[r.source for r in sim.records],
+                               path=res.path, events=res.events,
+                               timeline=[{"index": r.index, "source": r.source, "t_request": r.t_request,
+                                          "fetch_end": r.fetch_end, "decode_end": r.decode_end, "needed": r.needed,
+                                          "delivered": r.delivered, "local_s": r.local_s} for r in res.records])
+                row["live_phone_s"] = row["live_s"] * dil.D
+                row["sim_phone_s"] = row["sim_s"] * dil.D
+                row["live_over_sim"] = row["live_s"] / row["sim_s"]
+                if k == 0 and used:
+                    kv = TemplateKV(layers=[used[i] for i in range(model.num_layers)], model_fingerprint=model.fingerprint(),
+                                    template_fingerprint=kv_exact.template_fingerprint, layout=kv_exact.layout)
+                    img = model.edit(photo, template_kv=kv, steps=image_steps).image
+                    images[method] = img
+                    row["psnr_vs_lossless_db"] = float(psnr_per_image(img, reference).item())
+                rows.append(row)
+                log(f"  {tname.split('/')[-1][:28]:28s} {method:10s} live {row['live_phone_s']:7.1f} s  "
+                    f"sim {row['sim_phone_s']:7.1f} s  (phone seconds; live/sim {row['live_over_sim']:.3f})")
+    if tmp is not None:
+        tmp.cleanup()
+    from sakura.bench.workloads import ceilings, get_phone, get_workload, workload_costs
+
+    c = workload_costs(get_workload(workload), get_phone(phone))
+    task = get_task(tpl.task)
+    result = {"mode": f"live, time-dilated /{D:g} (real sockets, threads, decoding and model; compute and decode padded "
+                      f"to the workload's times), beside the simulator on the same inputs",
+              "workload": workload, "phone": dil.phone, "D": D, "dilation": {k: getattr(dil, k) for k in
+                                                                              ("local_s", "compute_s", "pre_s", "post_s", "rtt_s", "beta")},
+              "ceilings": ceilings(c), "decode_pad_s": pad, "rows": rows,
+              "agreement": _agreement(rows)}
+    result["images"] = {"photo": photo, "template": timg, "truth": task.ground_truth(photo, timg), "lossless": reference,
+                        **images}
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "dilated.json").write_text(json.dumps({k: v for k, v in result.items() if k != "images"}, indent=1,
+                                                     default=float))
+        (out / "dilated.md").write_text(dilated_markdown(result))
+    return result
+
+
+def _agreement(rows: list[dict]) -> dict:
+    out = {}
+    for m in METHODS[1:]:
+        rs = [abs(r["live_over_sim"] - 1) for r in rows if r["method"] == m and not math.isnan(r["live_s"])]
+        if rs:
+            out[m] = {"max_abs_rel_diff": max(rs), "median_abs_rel_diff": statistics.median(rs), "runs": len(rs)}
+    return out
+
+
+def dilated_markdown(result: dict) -> str:
+    c = result["ceilings"]
+    lines = [f"Workload `{result['workload']}` on {result['phone']}; {result['mode']}. Latencies in phone seconds "
+             f"(dilated seconds x {result['D']:g}). Ceilings (free, instant KV): {c['vs on-device']:.2f}x vs on-device, "
+             f"{c['vs on-device-nocache']:.2f}x vs on-device-nocache.", "",
+             "| trace | method | live (s) | simulated (s) | live / sim | layers local | bytes | PSNR vs lossless-KV (dB) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        live = "-" if math.isnan(r["live_s"]) else f"{r['live_phone_s']:.1f}"
+        ratio = "-" if math.isnan(r["live_s"]) else f"{r['live_over_sim']:.3f}"
+        ps = r.get("psnr_vs_lossless_db")
+        lines.append(f"| {r['trace']} | {r['method']} | {live} | {r['sim_phone_s']:.1f} | {ratio} | "
+                     f"{r.get('local_layers', '-')} | {r.get('bytes', 0)} | {'-' if ps is None else f'{ps:.1f}'} |")
+    lines += ["", "Agreement, |live/sim - 1| per method: " + ", ".join(
+        f"{m}: max {a['max_abs_rel_diff']:.1%}, median {a['median_abs_rel_diff']:.1%} ({a['runs']} traces)"
+        for m, a in result["agreement"].items())]
+    return "\n".join(lines) + "\n"
