@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import os
 import shutil
 
 import aiohttp
@@ -28,7 +29,7 @@ def run(coro, timeout=90):
 
 
 def _need_nginx():
-    if shutil.which("nginx") is None and not any(shutil.os.path.exists(p) for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")):
+    if shutil.which("nginx") is None and not any(os.path.exists(p) for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")):
         pytest.skip("nginx is not installed (Debian: apt-get install nginx-light; .ci/run installs it)")
 
 
