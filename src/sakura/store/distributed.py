@@ -201,7 +201,11 @@ def _run_ray(root: str, todo: list[str], opts: dict[str, Any], report: BuildRepo
     if not ray.is_initialized():
         kw: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
         if address:
-            ray.init(address=address, **kw)
+            try:
+                ray.init(address=address, **kw)
+            except ConnectionError as e:
+                raise ConnectionError(f"{e} (a cluster with token authentication needs RAY_AUTH_MODE=token and its "
+                                      f"token in RAY_AUTH_TOKEN or ~/.ray/auth_token on this machine)") from None
         else:
             ray.init(num_cpus=workers or os.cpu_count() or 1, **kw)
         started = True
