@@ -206,8 +206,8 @@ def _run_ray(root: str, todo: list[str], opts: dict[str, Any], report: BuildRepo
             except ConnectionError as e:
                 raise ConnectionError(f"{e} (a cluster with token authentication needs RAY_AUTH_MODE=token and its "
                                       f"token in RAY_AUTH_TOKEN or ~/.ray/auth_token on this machine)") from None
-        else:
-            ray.init(num_cpus=workers or os.cpu_count() or 1, **kw)
+        else:  # "local": always a new cluster of our own, never one another user left running here
+            ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, **kw)
         started = True
     try:
         cpus = int(ray.cluster_resources().get("CPU", 1))
