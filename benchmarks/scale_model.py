@@ -318,10 +318,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--edge-objects", type=int, default=256, help="1 MiB objects in the edge CPU measurement")
     ap.add_argument("--crowd-phones", type=int, default=32)
     ap.add_argument("--encode-tokens", type=int, default=1024, help="tokens of the synthetic Klein-width layer")
-    ap.add_argument("--replot", default=None, help="redraw the plots from a saved --out JSON (no measuring)")
+    ap.add_argument("--replot", default=None, help="recompute the model and plots from a saved --out JSON (no measuring)")
     a = ap.parse_args(argv)
-    if a.replot:
+    if a.replot:  # recompute the model from saved measurements (+ the current build JSON), redraw
         res = json.loads(Path(a.replot).read_text())
+        build = json.loads(Path(a.build_json).read_text()) if Path(a.build_json).exists() else None
+        res["model"] = model(res["encode"], res["edge"], build)
         res["plots"] = plots(res, a.plots or "docs/scale")
         Path(a.replot).write_text(json.dumps(res, indent=1) + "\n")
         return res
