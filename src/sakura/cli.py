@@ -32,11 +32,12 @@ def demo(
     out: Path = typer.Option(Path("out/demo"), help="Folder for the demo's images and report."),
     seed: int = typer.Option(0, help="Random seed for the photo noise and sampler."),
 ) -> None:
-    """End to end on the bundled defaults: build a store, serve it behind an emulated LTE link, and
-    edit a photo with every method (oracle, on-device, raw-stream, cachegen, sakura)."""
+    """End to end on the bundled defaults: build a store, serve it behind a real 5G trace, and edit a
+    photo with on-device, CacheGen and sakura, live and time-dilated to a workload where streaming can
+    pay (a three-image style template on a ~3.6 TFLOP/s phone), with the simulator beside each."""
     from sakura.demo import run_demo
 
-    run_demo(out_dir=out, seed=seed)
+    run_demo(out_dir=out, seed=seed, log=typer.echo)
 
 
 @app.command()
@@ -247,6 +248,21 @@ def bench_faults(
     from sakura.bench.faults import run_faults
 
     run_faults(out, steps=steps, log=typer.echo)
+
+
+@bench_app.command("dilated")
+def bench_dilated(
+    out: Path = typer.Option(Path("docs/e2e"), help="Folder for dilated.json/.md."),
+    workload: str = typer.Option("style3x1024-out512", help="Named workload (docs/workloads.md)."),
+    phone: str = typer.Option("3", help="Phone level by name or TFLOP/s."),
+    dilation: float = typer.Option(40.0, min=1.0, help="D: the live run is D times faster than the phone."),
+) -> None:
+    """Live, time-dilated: the real runtime at a phone workload's times / D on three real traces, beside
+    the simulator on the same inputs (the simulator's validation)."""
+    from sakura.bench.dilated import dilated_markdown, run_dilated
+
+    r = run_dilated(workload, phone, D=dilation, out_dir=out, log=typer.echo)
+    typer.echo(dilated_markdown(r))
 
 
 @bench_app.command("profile")

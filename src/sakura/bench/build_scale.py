@@ -59,7 +59,7 @@ def run_one(workers: int, names: list[str], store: Path, ladder: list[str], cali
     from sakura.store.distributed import build_templates
 
     t0 = time.perf_counter()
-    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         t_init = time.perf_counter() - t0
         warm = ray.remote(num_cpus=1)(_warm)

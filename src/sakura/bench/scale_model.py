@@ -315,24 +315,29 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--build-json", default="docs/scale_build.json", help="sakura.bench.build_scale output")
     ap.add_argument("--edge-seconds", type=float, default=6.0)
     ap.add_argument("--edge-clients", type=int, default=16)
-    ap.add_argument("--replot", default=None, help="redraw the plots from a saved --out JSON (no measuring)")
+    ap.add_argument("--edge-objects", type=int, default=256, help="1 MiB objects in the edge CPU measurement")
+    ap.add_argument("--crowd-phones", type=int, default=32)
+    ap.add_argument("--encode-tokens", type=int, default=1024, help="tokens of the synthetic Klein-width layer")
+    ap.add_argument("--replot", default=None, help="recompute the model and plots from a saved --out JSON (no measuring)")
     a = ap.parse_args(argv)
-    if a.replot:
+    if a.replot:  # recompute the model from saved measurements (+ the current build JSON), redraw
         res = json.loads(Path(a.replot).read_text())
+        build = json.loads(Path(a.build_json).read_text()) if Path(a.build_json).exists() else None
+        res["model"] = model(res["encode"], res["edge"], build)
         res["plots"] = plots(res, a.plots or "docs/scale")
         Path(a.replot).write_text(json.dumps(res, indent=1) + "\n")
         return res
-    enc = measure_encode()
+    enc = measure_encode(tokens=a.encode_tokens)
     print(f"Klein-sized layer {enc['shape']}: {enc['cpu_s_per_layer']:.2f} CPU-s (fit {enc['fit_s']:.2f}, encode "
           f"{enc['encode_s']:.2f}, distortion per rung {enc['describe_s']:.2f}); rungs "
           f"{[round(b, 3) for b in enc['rung_bits_per_value']]} bit/value; ladder {enc['ladder_fraction_of_fp16']:.3f} "
           f"of fp16 with tables", flush=True)
-    edge = measure_edge(clients=a.edge_clients, hot_seconds=a.edge_seconds)
+    edge = measure_edge(clients=a.edge_clients, hot_seconds=a.edge_seconds, objects=a.edge_objects)
     print(f"edge: cold pass {edge['cold']['edge_cpu_s_per_GB']:.2f} CPU-s/GB ({edge['cold']['origin_requests']} origin "
           f"requests for {edge['objects']} objects); hot {edge['hot']['edge_cpu_s_per_GB']:.2f} CPU-s/GB at "
           f"{edge['hot']['MB_per_s']:.0f} MB/s, {edge['hot']['origin_requests']} origin requests; load "
           f"{edge['loadavg_1min']:.1f}", flush=True)
-    crowd = measure_crowd()
+    crowd = measure_crowd(phones=a.crowd_phones)
     print(f"crowd: {crowd['phones']} phones, {crowd['objects']} objects: {crowd['origin_requests']} origin requests "
           f"(max {crowd['origin_requests_per_object_max']} per object), {crowd['errors']} errors, "
           f"{crowd['bytes_verified'] / 1e6:.1f} MB sha256-verified in {crowd['seconds']:.1f} s", flush=True)

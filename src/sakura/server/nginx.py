@@ -12,8 +12,8 @@ Debian's ``nginx-light``). Objects are cached in fixed ``slice_bytes`` pieces ke
 cache entries as a whole-object GET, and the origin is asked for each slice once:
 ``proxy_cache_lock`` makes concurrent misses of one slice wait for the first request instead of
 all going to the origin. Manifests and ``index.json`` are mutable: they are micro-cached for
-``manifest_ttl_s`` seconds (revalidated with the origin's ETag afterwards), bounding staleness
-after a rebuild while absorbing bursts. The edge never checks content (stock nginx cannot know
+``manifest_ttl_s`` seconds (revalidated with the origin's ETag afterwards; nginx counts whole
+seconds, so a rebuild shows within TTL + 1 s), bounding staleness while absorbing bursts. The edge never checks content (stock nginx cannot know
 the sha256 from a URL): a corrupt origin object is cached and served as is, and the phone's
 sha256 check rejects it (``IntegrityError``); see docs/scale.md.
 """

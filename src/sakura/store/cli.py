@@ -167,7 +167,7 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
         rep = build_templates(store, templates=templates or None, model_name=model, ladder=ladder or DEFAULT_LADDER,
                               calibration=calibration, steps=steps, executor="ray", address=address, workers=workers,
                               force=force, log=typer.echo)
-    except (ValueError, KeyError, NotImplementedError, FileNotFoundError, RuntimeError) as e:
+    except (ValueError, KeyError, NotImplementedError, FileNotFoundError, RuntimeError, ConnectionError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     if not rep.ok:

@@ -6,7 +6,8 @@ last; nothing is sent back but the manifest path. So:
 
 - a rerun skips every template whose manifest is current (same model fingerprint, the requested
   ladder, every referenced object present with the right size, sha256 and rung prefix digests:
-  ``Store.verify_manifest``); ``force=True`` rebuilds anyway (needed after changing calibration
+  ``Store.verify_manifest``, checked by the task itself, so re-hashing a large library is spread
+  over the workers too); ``force=True`` rebuilds anyway (needed after changing calibration
   settings, which the manifest does not record);
 - a killed worker loses no committed work: templates it finished are committed on disk; the one
   it was building has at most orphan objects, and Ray reruns the task (``max_retries``), which
@@ -85,16 +86,22 @@ def manifest_is_current(store: str | os.PathLike[str], model_fingerprint: str, t
     return bool(m.shards) and all({r.name.split("#", 1)[0] for r in s.renditions} == want for s in m.shards)
 
 
-def _build_one(store: str, template: str, opts: dict[str, Any]) -> TemplateBuild:
-    """One template, in whatever process runs it (a Ray worker or this one)."""
+def _build_one(store: str, template: str, opts: dict[str, Any], model_fingerprint: str, force: bool) -> TemplateBuild:
+    """One template, in whatever process runs it (a Ray worker or this one): skipped if its
+    manifest is current (verified here, so a rerun of a large library re-hashes in parallel on
+    the workers, not serially in the driver), else built and committed."""
     import socket
 
+    t0, c0 = time.perf_counter(), time.process_time()
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    if not force and manifest_is_current(store, model_fingerprint, template, opts["ladder"]):
+        return TemplateBuild(template, "skipped", str(Path(store) / "manifests" / model_fingerprint / f"{template}.json"),
+                             time.perf_counter() - t0, time.process_time() - c0, worker=worker)
     from sakura.store.build import build_store
 
-    t0, c0 = time.perf_counter(), time.process_time()
     paths = build_store(store, templates=[template], log=lambda _s: None, **opts)
     return TemplateBuild(template, "built", str(paths[0]), time.perf_counter() - t0, time.process_time() - c0,
-                         worker=f"{socket.gethostname()}:{os.getpid()}")
+                         worker=worker)
 
 
 def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] | None = None,
@@ -134,25 +141,15 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
     t_start = time.perf_counter()
     model_fp = _check_inputs(model_name, names, ladder)  # bad names/specs fail here, not in every task
     report = BuildReport(executor=executor, workers=1)
-    todo = []
-    for n in names:
-        if not force and manifest_is_current(root, model_fp, n, ladder):
-            report.builds.append(TemplateBuild(n, "skipped", str(root / "manifests" / model_fp / f"{n}.json")))
-        else:
-            todo.append(n)
-    if report.builds:
-        log(f"skipping {len(report.builds)} template(s) whose manifest is current: "
-            f"{', '.join(report.by_status('skipped')[:8])}{' ...' if len(report.builds) > 8 else ''}")
-    bar = tqdm(total=len(names), initial=len(names) - len(todo), unit="template", disable=not progress,
-               desc=f"build ({executor})")
+    bar = tqdm(total=len(names), unit="template", disable=not progress, desc=f"build ({executor})")
     try:
-        if executor == "local" or not todo:
-            for n in todo:
-                report.builds.append(_run_local(str(root), n, opts))
+        if executor == "local":
+            for n in names:
+                report.builds.append(_run_local(str(root), n, opts, model_fp, force))
                 bar.update(1)
         else:
-            report.workers = _run_ray(str(root), todo, opts, report, bar, address=address, workers=workers,
-                                      max_retries=max_retries)
+            report.workers = _run_ray(str(root), names, opts, model_fp, force, report, bar, address=address,
+                                      workers=workers, max_retries=max_retries)
     finally:
         bar.close()
     report.seconds = time.perf_counter() - t_start
@@ -161,9 +158,12 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
     for b in report.builds:
         if b.status == "failed":
             log(f"FAILED {b.template}: {b.error}")
-    where = f"{executor}, {report.workers} worker(s)" if todo else "nothing to build"
-    log(f"{len(report.by_status('built'))} built, {len(report.by_status('skipped'))} skipped, "
-        f"{len(report.by_status('failed'))} failed in {report.seconds:.1f} s ({where})")
+    skipped = report.by_status("skipped")
+    if skipped:
+        log(f"skipped {len(skipped)} template(s) whose manifest is current: "
+            f"{', '.join(skipped[:8])}{' ...' if len(skipped) > 8 else ''}")
+    log(f"{len(report.by_status('built'))} built, {len(skipped)} skipped, "
+        f"{len(report.by_status('failed'))} failed in {report.seconds:.1f} s ({executor}, {report.workers} worker(s))")
     return report
 
 
@@ -183,15 +183,15 @@ def _check_inputs(model_name: str, names: Sequence[str], ladder: Sequence[str]) 
     return model.fingerprint()
 
 
-def _run_local(root: str, name: str, opts: dict[str, Any]) -> TemplateBuild:
+def _run_local(root: str, name: str, opts: dict[str, Any], model_fp: str, force: bool) -> TemplateBuild:
     try:
-        return _build_one(root, name, opts)
+        return _build_one(root, name, opts, model_fp, force)
     except Exception as e:  # noqa: BLE001 - one template's failure is reported, the rest still build
         return TemplateBuild(name, "failed", error=f"{type(e).__name__}: {e}")
 
 
-def _run_ray(root: str, todo: list[str], opts: dict[str, Any], report: BuildReport, bar: Any, *,
-             address: str | None, workers: int | None, max_retries: int) -> int:
+def _run_ray(root: str, todo: list[str], opts: dict[str, Any], model_fp: str, force: bool, report: BuildReport,
+             bar: Any, *, address: str | None, workers: int | None, max_retries: int) -> int:
     """Submit one task per template, collect as they finish; returns the cluster's CPU count."""
     try:
         import ray
@@ -201,14 +201,18 @@ def _run_ray(root: str, todo: list[str], opts: dict[str, Any], report: BuildRepo
     if not ray.is_initialized():
         kw: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
         if address:
-            ray.init(address=address, **kw)
-        else:
-            ray.init(num_cpus=workers or os.cpu_count() or 1, **kw)
+            try:
+                ray.init(address=address, **kw)
+            except ConnectionError as e:
+                raise ConnectionError(f"{e} (a cluster with token authentication needs RAY_AUTH_MODE=token and its "
+                                      f"token in RAY_AUTH_TOKEN or ~/.ray/auth_token on this machine)") from None
+        else:  # "local": always a new cluster of our own, never one another user left running here
+            ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, **kw)
         started = True
     try:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         task = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(_build_one)
-        pending = {task.remote(root, n, opts): n for n in todo}
+        pending = {task.remote(root, n, opts, model_fp, force): n for n in todo}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:

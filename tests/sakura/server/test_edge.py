@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import os
 import shutil
 
 import aiohttp
@@ -28,7 +29,7 @@ def run(coro, timeout=90):
 
 
 def _need_nginx():
-    if shutil.which("nginx") is None and not any(shutil.os.path.exists(p) for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")):
+    if shutil.which("nginx") is None and not any(os.path.exists(p) for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx")):
         pytest.skip("nginx is not installed (Debian: apt-get install nginx-light; .ci/run installs it)")
 
 
@@ -219,3 +220,29 @@ def test_edge_config_cli_prints_a_config_nginx_accepts(tmp_path):
     t = subprocess.run([exe, "-t", "-p", str(tmp_path), "-c", str(conf), "-e", str(tmp_path / "error.log")],
                        capture_output=True, text=True, timeout=30)
     assert t.returncode == 0, t.stderr
+
+
+def test_manifests_are_micro_cached_and_a_rebuild_shows_after_the_ttl(tmp_path, tmp_path_factory):
+    _need_nginx()
+    import time
+
+    root = tmp_path / "store"
+    make_synthetic_store(root, templates=1, layers=2, tokens=8, width=8, model_fingerprint=FP)
+
+    def manifest_requests(log):
+        return sum(1 for r in log.requests() if r.kind == "manifest")
+
+    async def get(url):
+        async with TemplateClient(url) as c:
+            return await c.get_manifest(FP, "tpl-000")
+
+    with _start_origin("sakura", root, tmp_path_factory) as o, \
+            run_edge(o.url, tmp_path / "edge", manifest_ttl_s=1) as edge:
+        first = run(get(edge))
+        assert run(get(edge)).to_bytes() == first.to_bytes()
+        assert manifest_requests(o.log) == 1  # the second phone was answered from the micro-cache
+        make_synthetic_store(root, templates=1, layers=3, tokens=8, width=8, model_fingerprint=FP)  # rebuild
+        time.sleep(2.2)  # past the TTL (nginx counts whole seconds: stale for at most TTL + 1 s)
+        new = run(get(edge))
+        assert len(new.shards) == 3 and len(first.shards) == 2
+        assert manifest_requests(o.log) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -217,3 +218,39 @@ def test_gc_removes_only_old_orphans(tmp_path):
     with pytest.raises(Exception, match="gc refused"):
         st.gc(min_age_s=0)
     assert st.object_path(young).exists()
+
+
+def test_commit_updates_the_index_incrementally_and_exactly(tmp_path, monkeypatch):
+    """A commit hashes only its own manifest (a library of thousands would otherwise re-hash every
+    manifest per commit, under the lock), yet the index always lists exactly the manifests on disk."""
+    import sakura.store.store as store_mod
+
+    ids = make_synthetic_store(tmp_path, templates=12, layers=1, tokens=8, width=8)
+    hashed = []
+    real = store_mod.sha256_file
+    monkeypatch.setattr(store_mod, "sha256_file", lambda p: (hashed.append(Path(p)), real(p))[1])
+    make_synthetic_store(tmp_path, templates=13, layers=2, tokens=8, width=8)  # 12 rewritten + 1 new
+    manifests_hashed = [p for p in hashed if "manifests" in p.parts]
+    assert len(manifests_hashed) == 13  # each commit: its own manifest only (not 12 x 13 / 2 + ...)
+    monkeypatch.setattr(store_mod, "sha256_file", real)
+
+    def listed():
+        return [(e["model_fingerprint"], e["template_id"]) for e in json.loads((tmp_path / "index.json").read_bytes())["manifests"]]
+
+    st = Store(tmp_path)
+    assert listed() == st.manifest_keys() and len(listed()) == 13
+    os.unlink(st.manifest_path("synthetic-model", ids[3]))  # removed by hand: dropped at the next commit
+    idx = json.loads((tmp_path / "index.json").read_bytes())
+    idx["manifests"] = [e for e in idx["manifests"] if e["template_id"] != ids[5]]  # an entry lost
+    (tmp_path / "index.json").write_text(json.dumps(idx))
+    make_synthetic_store(tmp_path, templates=1, layers=1, tokens=8, width=8)  # commits tpl-000 only
+    assert listed() == st.manifest_keys() and (("synthetic-model", ids[3]) not in listed())
+    assert ("synthetic-model", ids[5]) in listed()
+    (tmp_path / "index.json").write_text("{not json")  # unreadable: rebuilt from scratch
+    make_synthetic_store(tmp_path, templates=1, layers=1, tokens=8, width=8)
+    assert listed() == st.manifest_keys()
+    rep = st.verify()
+    assert rep.ok, rep.problems
+    for e in json.loads((tmp_path / "index.json").read_bytes())["manifests"]:  # digests are right
+        p = st.manifest_path(e["model_fingerprint"], e["template_id"])
+        assert e["manifest"] == {"sha256": real(p), "bytes": p.stat().st_size}
