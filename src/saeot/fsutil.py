@@ -1,27 +1,9 @@
-"""Atomic folder writes: fill a temp folder beside the target, then rename it into place."""
+"""Atomic folder writes for saeot: the repository's one durable-write helper (``sakura.fsutil``).
 
-from __future__ import annotations
+``with atomic_folder(dst) as tmp: write files into tmp``: on success ``tmp`` replaces ``dst``;
+on error nothing under ``dst`` changes. Kept importable from here so saeot's call sites stay put.
+"""
 
-import contextlib
-import os
-import shutil
-import tempfile
-from pathlib import Path
-from typing import Iterator
+from sakura.fsutil import atomic_folder, atomic_write
 
-
-@contextlib.contextmanager
-def atomic_folder(target: str | os.PathLike) -> Iterator[Path]:
-    """``with atomic_folder(dst) as tmp: write files into tmp`` — on success ``tmp`` replaces
-    ``dst`` (an old ``dst`` is removed first); on error nothing under ``dst`` changes."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-" + target.name))
-    try:
-        yield tmp
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+__all__ = ["atomic_folder", "atomic_write"]

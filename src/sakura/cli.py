@@ -75,11 +75,19 @@ def build(
     ladder: Optional[list[str]] = typer.Option(None, help="Codec spec per rendition (repeatable), e.g. uniform:bits=8."),
     calibration: int = typer.Option(2, min=1, help="Public calibration photos for token importance."),
     steps: int = typer.Option(4, min=1, help="Sampler steps of the calibration runs."),
+    executor: str = typer.Option("local", help="local (this process) or ray (templates spread over a Ray "
+                                 "cluster; resumable: skips templates whose manifest verifies)."),
+    address: Optional[str] = typer.Option(None, help="Existing Ray cluster (ray://host:10001 or host:6379); "
+                                          "default: a local one (--executor ray)."),
+    workers: Optional[int] = typer.Option(None, min=1, help="Concurrent templates on a local Ray cluster "
+                                          "(default: all cores)."),
+    force: bool = typer.Option(False, help="Rebuild templates even if their manifest verifies (--executor ray)."),
 ) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
     from sakura.store.cli import build_cmd
 
-    build_cmd(store, model, template, ladder, calibration, steps)
+    build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
+              workers=workers, force=force)
 
 
 @app.command()
@@ -111,16 +119,29 @@ def edit(
     server: str = typer.Option(..., help="Cache server base URL, e.g. http://127.0.0.1:8080"),
     template: str = typer.Option(..., help="Template id as listed by the server, e.g. sticker-00."),
     out: Path = typer.Option(Path("out/edit.png"), help="Where to write the edited image."),
-    policy: str = typer.Option("sakura", help="sakura (MPC + local fallback) or raw-stream (lossless only)."),
+    policy: str = typer.Option("sakura", help="sakura (plan + local fallback), sakura-meet (compute up, stream "
+                                              "down) or raw-stream (lossless only)."),
     steps: int = typer.Option(8, min=1, help="Sampler steps."),
     seed: int = typer.Option(0, help="Sampler seed."),
     prior_mbps: float = typer.Option(10.0, min=0.001, help="Bandwidth estimate before the first transfer (Mbit/s)."),
+    model: str = typer.Option("sakura-mini", help="On-device model: sakura-mini (or a weights path after ':')."),
+    gallery: Path = typer.Option(None, help="The phone's template gallery cache (default $SAKURA_GALLERY or "
+                                            "~/.cache/sakura/gallery)."),
+    decode_workers: int = typer.Option(0, min=0, help="Decode workers (0: one per core)."),
 ) -> None:
-    """Phone side: edit a local photo with a template whose KV streams from a cache server."""
+    """Phone side: edit a local photo with a template whose KV streams from a cache server.
+
+    The edit always completes: what the link cannot deliver in time is computed on the device, and
+    with the server down a template already in the gallery is computed locally."""
     from sakura.runtime.cli import edit_command
 
-    edit_command(photo=photo, server=server, template=template, out=out, policy=policy, steps=steps, seed=seed,
-                 prior_mbps=prior_mbps, echo=typer.echo)
+    try:
+        edit_command(photo=photo, server=server, template=template, out=out, policy=policy, steps=steps, seed=seed,
+                     prior_mbps=prior_mbps, model_name=model, gallery_dir=gallery, decode_workers=decode_workers or None,
+                     echo=typer.echo)
+    except (ValueError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 bench_app = typer.Typer(help="Benchmarks: every method on the same model, task, photo and trace, in one run.",
@@ -214,6 +235,18 @@ def bench_e2e(
 
     run_live(out, template=template, photo_index=photo_index, trace=trace, offset_s=offset_s, rtt_ms=rtt_ms,
              steps=steps, log=typer.echo)
+
+
+@bench_app.command("faults")
+def bench_faults(
+    out: Path = typer.Option(Path("docs/faults"), help="Folder for faults.json/.md."),
+    steps: int = typer.Option(4, min=1, help="Sampler steps of each edit."),
+) -> None:
+    """Live, loopback: inject each network fault (unreachable, 404/500, resets, corrupt object, stalled
+    link) and show the edit completing with the right image, latency beside on-device's."""
+    from sakura.bench.faults import run_faults
+
+    run_faults(out, steps=steps, log=typer.echo)
 
 
 @bench_app.command("profile")

@@ -1,19 +1,52 @@
-"""Atomic file writes: a crash or Ctrl-C never leaves a half-written file under the final name."""
+"""Atomic, durable file writes: a crash, power loss or Ctrl-C never leaves a half-written file
+(or folder) under the final name, and a completed write survives a crash.
+
+The one helper for the whole repository (the store, checkpoints, KV files, saeot's caches):
+temp file in the same filesystem + fsync + rename + fsync of the folder. The folder fsync is what
+makes the rename itself durable: without it a crash right after ``os.replace`` can leave the old
+name (or no name) on disk although the data blocks were synced.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator
 
 
-def atomic_write(path: str | os.PathLike, content: bytes | Callable[[BinaryIO], None]) -> Path:
-    """Write `content` (bytes, or a function that writes to the open file) to a temp file in the
-    same folder, fsync it, then rename it over `path`. Returns `path`."""
+def fsync_dir(path: str | os.PathLike) -> None:
+    """fsync a directory, so renames and creations inside it are on disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, content: bytes | bytearray | memoryview | Callable[[BinaryIO], None], *,
+                 tmp_dir: str | os.PathLike | None = None, mode: int = 0o644) -> Path:
+    """Write ``content`` (bytes, or a function that writes to the open file) to ``path`` atomically
+    and durably. Returns ``path``.
+
+    Args:
+        path: destination; its folder is created if missing.
+        content: the bytes, or ``fn(f)`` writing to the open binary file.
+        tmp_dir: where the temp file lives (default: ``path``'s folder); must be on the same
+            filesystem as ``path`` (rename is atomic only within one). The store uses ``.tmp/`` so
+            a static server never sees temp files beside the served ones.
+        mode: permission bits of the final file (``mkstemp`` makes 0600; a web server or another
+            user may need to read it).
+
+    Readers see either the old file or the complete new one, never a prefix.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    tdir = Path(tmp_dir) if tmp_dir is not None else path.parent
+    tdir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name[:32] + ".", suffix=".tmp", dir=tdir)
     try:
         with os.fdopen(fd, "wb") as f:
             if callable(content):
@@ -22,8 +55,34 @@ def atomic_write(path: str | os.PathLike, content: bytes | Callable[[BinaryIO], 
                 f.write(content)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
     return path
+
+
+@contextlib.contextmanager
+def atomic_folder(target: str | os.PathLike) -> Iterator[Path]:
+    """``with atomic_folder(dst) as tmp: write files into tmp``: on success ``tmp`` (files fsynced)
+    replaces ``dst`` (an old ``dst`` is removed first) and the parent folder is fsynced; on error
+    nothing under ``dst`` changes."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-" + target.name))
+    try:
+        yield tmp
+        for dirpath, _, files in os.walk(tmp):
+            for name in files:
+                with open(os.path.join(dirpath, name), "rb") as f:
+                    os.fsync(f.fileno())
+            fsync_dir(dirpath)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

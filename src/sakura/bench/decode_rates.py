@@ -46,7 +46,7 @@ WORKERS = (1, 2)
 def default_specs() -> list[str]:
     """Every codec family in `sakura.codec`, with the ladders the store and the benchmarks use now
     (read at call time, so a rerun picks up a changed ladder)."""
-    from sakura.codec import available_codecs
+    from sakura.codec import available_codecs, codec_from_spec
     from sakura.store.build import DEFAULT_LADDER
 
     specs = ["lossless", "uniform:bits=8", "uniform:bits=4",
@@ -59,6 +59,11 @@ def default_specs() -> list[str]:
     specs += list(DEFAULT_LADDER)
     if "sakura" in available_codecs():
         specs.append("sakura:budget=2.0")
+    try:  # CacheGen's token-delta variant, where the codec has it
+        codec_from_spec("cachegen:level=3,delta=true")
+        specs.append("cachegen:level=3,delta=true")
+    except Exception:
+        pass
     out: list[str] = []
     for s in specs:
         if s not in out:
@@ -67,8 +72,8 @@ def default_specs() -> list[str]:
 
 
 def klein_layer(tokens: int, *, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_HEAD_DIM, seed: int = 0):
-    """A synthetic fp16 layer of Klein shape with real-KV-like structure -> `sakura.codec.Shard`."""
-    from sakura.codec import Shard
+    """A synthetic fp16 layer of Klein shape with real-KV-like structure -> `sakura.codec.ShardKV`."""
+    from sakura.codec import ShardKV
 
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(tokens, heads, head_dim, generator=g) + 1.5 * torch.randn(1, heads, head_dim, generator=g)
@@ -76,7 +81,7 @@ def klein_layer(tokens: int, *, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_
     v = torch.randn(tokens, heads, head_dim, generator=g) * (0.5 + torch.rand(tokens, 1, 1, generator=g))
     q = torch.randn(128, heads, head_dim, generator=g) * 0.3
     p = torch.softmax(torch.einsum("qhd,thd->hqt", q, k) / math.sqrt(head_dim), dim=-1)  # (H, q, T)
-    return Shard(k.half(), v.half(), importance=p.mean(dim=(0, 1)), layer=5, num_layers=25)
+    return ShardKV(k.half(), v.half(), importance=p.mean(dim=(0, 1)), layer=5, num_layers=25)
 
 
 @dataclass

@@ -19,17 +19,14 @@ Two modes, and every number says which one it comes from:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import math
 import statistics
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -48,49 +45,11 @@ def sakura_renditions() -> tuple[str, ...]:
 # live mode
 
 
-@contextlib.contextmanager
-def _proxy_in_thread(upstream_url: str, trace, offset_s: float, rtt_s: float) -> Iterator[str]:
-    """The pacing proxy on its own event loop in a daemon thread; yields its URL."""
-    from urllib.parse import urlsplit
-
-    from sakura.link import Link, PacingProxy
-
-    u = urlsplit(upstream_url)
-    loop = asyncio.new_event_loop()
-    box: dict = {}
-    ready = threading.Event()
-
-    def main() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            px = PacingProxy((u.hostname, u.port), Link(trace, offset_s=offset_s), rtt_s=rtt_s)
-            loop.run_until_complete(px.start())
-            box["px"] = px
-        except BaseException as e:
-            box["error"] = e
-            ready.set()
-            return
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(px.close())
-        loop.close()
-
-    th = threading.Thread(target=main, daemon=True, name="sakura-pacer")
-    th.start()
-    ready.wait(30)
-    if "error" in box:
-        raise box["error"]
-    try:
-        yield box["px"].url
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        th.join(30)
-
-
 def _quality(img: torch.Tensor, reference: torch.Tensor, truth: torch.Tensor, region: torch.Tensor | None) -> dict:
     from sakura.tasks.quality import psnr_per_image, ssim_per_image
 
-    q = {"psnr_vs_lossless_db": float(psnr_per_image(img, reference).mean()),
+    q = {"bit_exact_vs_lossless": bool(torch.equal(img, reference)),
+         "psnr_vs_lossless_db": float(psnr_per_image(img, reference).mean()),
          "ssim_vs_lossless": float(ssim_per_image(img, reference).mean()),
          "psnr_vs_truth_db": float(psnr_per_image(img, truth).mean()),
          "ssim_vs_truth": float(ssim_per_image(img, truth).mean())}
@@ -108,9 +67,10 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     Returns {"mode": "live", "rows": [per-method dict], ...}.
     """
     from sakura.link import load_trace
+    from sakura.link.pacer import pacer_in_thread
     from sakura.models import load_model
-    from sakura.runtime import BandwidthEstimator
-    from sakura.runtime.stream import CacheGenPolicy, FixedPolicy, MPCPolicy, profile_model, streamed_edit
+    from sakura.runtime import BandwidthEstimator, CacheGenPolicy, FixedPolicy, RttEstimator, SakuraPolicy
+    from sakura.runtime.live import profile_model, streamed_edit
     from sakura.server import serve_in_thread
     from sakura.store.build import build_store
     from sakura.tasks import get_task, get_template, heldout_photos
@@ -153,7 +113,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
 
     from sakura.store.store import Store
 
-    manifest = Store(store).load_manifest(model.fingerprint(), template)  # fetched with the gallery, untimed
+    manifest = Store(store).get_manifest(model.fingerprint(), template)  # fetched with the gallery, untimed
     rows, images = [], {}
     with serve_in_thread(store) as url:
         for method in methods:
@@ -171,16 +131,18 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
             else:
                 policy = {"raw-stream": FixedPolicy("lossless", name="raw-stream"),
                           "cachegen": CacheGenPolicy(CACHEGEN_LEVELS, target_s=local_template_s),
-                          "sakura": MPCPolicy(rtt_s=rtt_ms / 1000, allowed=sakura_renditions())}[method]
-                with _proxy_in_thread(url, tr, offset_s, rtt_ms / 1000) as purl:
+                          "sakura": SakuraPolicy()}[method]
+                allowed = {"raw-stream": None, "cachegen": CACHEGEN_LEVELS, "sakura": sakura_renditions()}[method]
+                with pacer_in_thread(url, tr, offset_s, rtt_ms / 1000) as purl:
                     res = streamed_edit(model, photo, base_url=purl, template_id=template, template_image=timg,
                                         instruction=tpl.instruction, policy=policy, profile=profile,
-                                        estimator=BandwidthEstimator(prior_bps=prior), steps=steps, seed=seed,
-                                        manifest=manifest)
+                                        bandwidth=BandwidthEstimator(prior_bps=prior),
+                                        rtt=RttEstimator(prior_s=rtt_ms / 1000), steps=steps, seed=seed,
+                                        manifest=manifest, renditions=allowed)
                 b = res.breakdown()
                 row.update(latency_s=res.latency_s, bytes=int(b["bytes"]), stall_s=b["stall_s"],
                            local_shards=int(b["local_shards"]), fetch_s=b["fetch_s"],
-                           choices=[r.choice for r in res.records],
+                           choices=res.choices(), path=res.path, events=res.events,
                            timeline=[asdict(r) for r in res.records])
                 img = res.image
             row.update(_quality(img, reference, truth, region))
@@ -236,10 +198,10 @@ def _plot_timelines(result: dict, path: Path) -> None:
     for ax, r in zip(axes[:, 0], rows):
         for s in r["timeline"]:
             y = s["index"]
-            if s["choice"] == "local":
+            if s["source"] == "local":
                 ax.barh(y, s["local_s"] * 1000, left=s["needed"] * 1000, color="tab:green", height=0.8)
                 continue
-            ax.barh(y, (s["fetch_end"] - s["fetch_start"]) * 1000, left=s["fetch_start"] * 1000, color="tab:blue", height=0.8)
+            ax.barh(y, (s["fetch_end"] - s["t_request"]) * 1000, left=s["t_request"] * 1000, color="tab:blue", height=0.8)
             ax.barh(y, (s["decode_end"] - s["fetch_end"]) * 1000, left=s["fetch_end"] * 1000, color="tab:orange", height=0.8)
             if s["delivered"] > s["needed"]:
                 ax.barh(y, (s["delivered"] - s["needed"]) * 1000, left=s["needed"] * 1000, color="tab:red",
@@ -298,15 +260,15 @@ def measured_ladder(store: str | Path, template: str) -> dict[str, dict]:
 
     st = Store(store)
     (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
-    m = st.load_manifest(fp, tid)
+    m = st.get_manifest(fp, tid)
     out: dict[str, dict] = {}
     for shard in m.shards:
         for r in shard.renditions:
-            d = out.setdefault(r.name, {"codec": r.codec, "bpv": [], "distortion": []})
+            d = out.setdefault(r.name, {"codec": r.codec, "bpv": [], "image_mse": []})
             d["bpv"].append(8 * r.nbytes / (shard.fp16_bytes / 2))
-            d["distortion"].append(float(r.distortion.get("expected", 0.0)))
+            d["image_mse"].append(float(r.distortion.get("image_mse", 0.0)))
     return {k: {"codec": v["codec"], "bits_per_value": statistics.mean(v["bpv"]),
-                "distortion": statistics.mean(v["distortion"])} for k, v in out.items()}
+                "image_mse": statistics.mean(v["image_mse"])} for k, v in out.items()}
 
 
 def measure_decode_throughput(store: str | Path, template: str, repeats: int = 3) -> dict[str, float]:
@@ -316,7 +278,7 @@ def measure_decode_throughput(store: str | Path, template: str, repeats: int = 3
 
     st = Store(store)
     (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
-    m = st.load_manifest(fp, tid)
+    m = st.get_manifest(fp, tid)
     tfp = m.kv_layout["template_fingerprint"]
     tables = {t.name: CodecTables.from_bytes(st.object_path(t.object).read_bytes(), ShardId(fp, tfp, -1))
               for t in m.tables}
@@ -338,47 +300,33 @@ def measure_decode_throughput(store: str | Path, template: str, repeats: int = 3
     return out
 
 
-def _simulate_method(method: str, prof: PhoneProfile, ladder: dict, decode_bps: dict, transfer, prior_bps: float,
-                     rtt_s: float) -> dict:
-    from sakura.runtime import BandwidthEstimator
-    from sakura.runtime.scheduler import LOCAL, Option, PipelineState, ShardSpec, step
-    from sakura.runtime.stream import CacheGenPolicy, FixedPolicy, MPCPolicy
+def _simulate_method(method: str, prof: PhoneProfile, ladder: dict, decode_bps: dict, link, prior_bps: float,
+                     rtt_s: float, decode_workers: int = 2) -> dict:
+    """One method on one simulated link through the same driver the live runtime uses."""
+    from sakura.runtime import BandwidthEstimator, CacheGenPolicy, FixedPolicy, Route, RttEstimator, SakuraPolicy, ShardSpec
+    from sakura.runtime.sim import simulate_edit
 
     steps = prof.steps
     if method == "oracle":
-        return {"latency_s": steps * prof.step_s, "bytes": 0, "stall_s": 0.0, "distortion": 0.0, "local_shards": 0}
+        return {"latency_s": steps * prof.step_s, "bytes": 0, "stall_s": 0.0, "image_mse": 0.0, "local_shards": 0}
     if method == "on-device":
-        return {"latency_s": prof.template_s + steps * prof.step_s, "bytes": 0, "stall_s": 0.0, "distortion": 0.0,
+        return {"latency_s": prof.template_s + steps * prof.step_s, "bytes": 0, "stall_s": 0.0, "image_mse": 0.0,
                 "local_shards": prof.layers}
     if method == "on-device-nocache":
-        return {"latency_s": steps * (prof.template_s + prof.step_s), "bytes": 0, "stall_s": 0.0, "distortion": 0.0,
+        return {"latency_s": steps * (prof.template_s + prof.step_s), "bytes": 0, "stall_s": 0.0, "image_mse": 0.0,
                 "local_shards": prof.layers}
     B = prof.fp16_bytes_per_layer
-    opts = tuple(Option(name, int(B * v["bits_per_value"] / 16), B / decode_bps.get(name, 50e6), v["distortion"])
-                 for name, v in ladder.items())
-    spec = ShardSpec(opts, prof.step_s / prof.layers, Option(LOCAL, local_s=prof.template_s / prof.layers))
-    specs = [spec] * prof.layers
+    allowed = {"raw-stream": ("lossless",), "cachegen": CACHEGEN_LEVELS, "sakura": sakura_renditions()}[method]
+    routes = tuple(Route(name, int(B * v["bits_per_value"] / 16), B / decode_bps.get(name, 50e6), v["image_mse"])
+                   for name, v in ladder.items() if name in allowed)
+    specs = [ShardSpec(routes, prof.step_s / prof.layers, prof.template_s / prof.layers)] * prof.layers
     policy = {"raw-stream": FixedPolicy("lossless"),
               "cachegen": CacheGenPolicy(CACHEGEN_LEVELS, target_s=prof.template_s),
-              "sakura": MPCPolicy(rtt_s=rtt_s, allowed=sakura_renditions())}[method]
-    est = BandwidthEstimator(prior_bps=prior_bps)
-    state = PipelineState()
-    total_b, stall, dist, n_local = 0, 0.0, 0.0, 0
-    for i in range(prof.layers):
-        now = state.link_free
-        choice = policy.choose(specs[i:], PipelineState(now, max(now, state.decode_free), max(now, state.compute_free),
-                                                        state.all_local_so_far),
-                               est.robust_bps() or prior_bps, now)
-        state, timing = step(state, spec, choice, transfer)
-        if choice.is_local:
-            n_local += 1
-        else:
-            est.observe(choice.nbytes, timing.fetch_end - timing.fetch_start)
-        total_b += choice.nbytes
-        stall += timing.stall_s
-        dist += choice.distortion
-    return {"latency_s": state.compute_free + (steps - 1) * prof.step_s, "bytes": total_b, "stall_s": stall,
-            "distortion": dist / prof.layers, "local_shards": n_local}
+              "sakura": SakuraPolicy()}[method]
+    res = simulate_edit(specs, policy, link=link, rtt_s=rtt_s, bandwidth=BandwidthEstimator(prior_bps=prior_bps),
+                        rtt=RttEstimator(prior_s=rtt_s), decode_workers=decode_workers)
+    return {"latency_s": res.first_step_s + (steps - 1) * prof.step_s, "bytes": res.bytes, "stall_s": res.stall_s,
+            "image_mse": res.image_mse, "local_shards": res.local_layers}
 
 
 def run_profile(out_dir: str | Path, *, store: str | Path | None = None, template: str = "sticker-00",
@@ -389,7 +337,7 @@ def run_profile(out_dir: str | Path, *, store: str | Path | None = None, templat
     import random
 
     from sakura.link import list_traces, load_trace
-    from sakura.link.traces import transfer_fn
+    from sakura.runtime import TraceLink
     from sakura.store.build import build_store
 
     out_dir = Path(out_dir)
@@ -413,10 +361,10 @@ def run_profile(out_dir: str | Path, *, store: str | Path | None = None, templat
         for k in range(offsets_per_trace):
             offset = rng.uniform(0, max(0.0, tr.period_s - 60.0))
             prior = max(1.0, (tr.cumulative(offset + 10.0) - tr.cumulative(offset)) / 10.0)  # rate seen before start
-            transfer = transfer_fn(tr, offset_s=offset + 10.0, rtt_s=rtt_ms / 1000)
+            link = TraceLink(tr, offset_s=offset + 10.0)
             row = {"trace": spec, "family": spec.split("/")[0], "offset_s": offset + 10.0}
             for m in methods:
-                row[m] = _simulate_method(m, profile, ladder, decode_bps, transfer, prior, rtt_ms / 1000)
+                row[m] = _simulate_method(m, profile, ladder, decode_bps, link, prior, rtt_ms / 1000)
             runs.append(row)
     summary = _profile_summary(runs, methods)
     result = {"mode": "phone profile (trace-driven simulation, extrapolated; see PhoneProfile)",

@@ -136,7 +136,7 @@ async def phone(url: str, template: str, rounds: int, deadline: float, lat: list
             if time.monotonic() > deadline:
                 return
             try:
-                m = await c.fetch_manifest(FP, template)
+                m = await c.get_manifest(FP, template)
                 for s in m.shards:
                     if time.monotonic() > deadline:
                         return

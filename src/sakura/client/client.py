@@ -18,12 +18,14 @@ import hashlib
 import json
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import aiohttp
 
+from sakura.store.api import StoreIntegrityError, StoreNotFound
 from sakura.store.layout import INDEX_PATH, check_name, manifest_relpath
 from sakura.store.manifest import MAX_MANIFEST_BYTES, Manifest, ObjectRef, Rendition
 
@@ -38,11 +40,13 @@ class FetchError(RuntimeError):
     """A fetch failed for good (after retries); the message says which object and why."""
 
 
-class NotFound(FetchError):
+class NotFound(FetchError, StoreNotFound):
     """The server has no such manifest/object (HTTP 404)."""
 
+    __str__ = StoreNotFound.__str__
 
-class IntegrityError(FetchError):
+
+class IntegrityError(FetchError, StoreIntegrityError):
     """The bytes received do not match the manifest (size or sha256)."""
 
 
@@ -87,7 +91,10 @@ _RETRYABLE = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio
 
 
 class TemplateClient:
-    """Fetches manifests and objects from one cache server (ours or nginx), reusing connections.
+    """Fetches manifests and objects from one cache server (ours, nginx, a caching edge), reusing
+    connections. Implements ``sakura.store.api.AsyncTemplateStore``: ``manifest_keys``,
+    ``get_manifest``, ``get_object``, ``get_rendition``, the local ``Store``'s calls, awaited.
+    ``fetch_object`` / ``fetch_rendition`` are the timed forms (``FetchResult`` with chunks).
 
     Args:
         base_url: ``http://host:port`` (optionally with a path prefix); no query, fragment or
@@ -173,7 +180,7 @@ class TemplateClient:
                 await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
         raise FetchError(f"{what}: gave up after {self.max_retries + 1} attempts ({last!r})")
 
-    async def fetch_index(self) -> list[tuple[str, str]]:
+    async def manifest_keys(self) -> list[tuple[str, str]]:
         """``(model_fingerprint, template_id)`` pairs the server's ``index.json`` lists."""
         body = await self._get_small(INDEX_PATH, "index")
         try:
@@ -183,7 +190,7 @@ class TemplateClient:
         except (ValueError, KeyError, TypeError) as e:
             raise FetchError(f"index.json is malformed: {e}") from None
 
-    async def fetch_manifest(self, model_fingerprint: str, template_id: str) -> Manifest:
+    async def get_manifest(self, model_fingerprint: str, template_id: str) -> Manifest:
         """Fetch and validate one template's manifest (raises ``ManifestError`` if malformed)."""
         rel = manifest_relpath(model_fingerprint, template_id)  # validates both names
         body = await self._get_small(rel, f"manifest {model_fingerprint}/{template_id}")
@@ -192,7 +199,27 @@ class TemplateClient:
             raise FetchError(f"{rel}: manifest is for {m.model_fingerprint}/{m.template_id}")
         return m
 
+    # Old names, kept one release so branches written against them still run.
+    async def fetch_index(self) -> list[tuple[str, str]]:
+        """Deprecated alias of ``manifest_keys``."""
+        warnings.warn("TemplateClient.fetch_index is now manifest_keys", DeprecationWarning, stacklevel=2)
+        return await self.manifest_keys()
+
+    async def fetch_manifest(self, model_fingerprint: str, template_id: str) -> Manifest:
+        """Deprecated alias of ``get_manifest``."""
+        warnings.warn("TemplateClient.fetch_manifest is now get_manifest", DeprecationWarning, stacklevel=2)
+        return await self.get_manifest(model_fingerprint, template_id)
+
     # ---------------------------------------------------------------------------------- objects
+    async def get_object(self, ref: ObjectRef) -> bytes:
+        """The whole object, size and sha256 checked (``fetch_object`` without the timing)."""
+        return (await self.fetch_object(ref)).data
+
+    async def get_rendition(self, rendition: Rendition, *, have: bytes = b"") -> bytes:
+        """A rendition's verified bytes; a rung is one Range request, ``have`` a lower rung
+        already held (``fetch_rendition`` without the timing)."""
+        return (await self.fetch_rendition(rendition, have=have)).data
+
     async def fetch_object(self, ref: ObjectRef, *, on_chunk: Callable[[Chunk], None] | None = None) -> FetchResult:
         """Fetch one whole object, resuming with ``Range`` after a dropped connection or read
         timeout, and verify its size and sha256 against ``ref``.

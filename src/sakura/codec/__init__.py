@@ -5,12 +5,12 @@ Public API (see docs/codec.md):
     Codec.fit_tables(shards) -> CodecTables | None       (cloud, once per template)
     Codec.encode(shard, ident, tables) -> bytes
     Codec.decode(data, ident, tables) -> DecodedShard   (key, value, keep)
-    Codec.describe(shard, data, ident, tables, queries) -> Rendition
+    Codec.describe(shard, data, ident, tables, queries) -> RenditionReport
     decode_any(data, ident, tables)                     (dispatch on the codec named in the header)
 Codecs: lossless, uniform, sakura, layered, cachegen.
 """
 
-from .base import (Codec, CodecTables, DecodedShard, Rendition, Shard, UnknownCodecError, available_codecs,
+from .base import (Codec, CodecTables, DecodedShard, RenditionReport, ShardKV, UnknownCodecError, available_codecs,
                    codec_from_spec, decode_any, get_codec, register)
 from .bitstream import CodecError, CorruptError, IdentityError, ShardId, TruncatedError, VersionError
 from . import lossless as _lossless  # noqa: F401  (registers)
@@ -18,6 +18,6 @@ from . import uniform as _uniform  # noqa: F401
 from . import importance as _importance  # noqa: F401
 from . import cachegen as _cachegen  # noqa: F401
 
-__all__ = ["Codec", "CodecTables", "DecodedShard", "Rendition", "Shard", "ShardId", "UnknownCodecError",
+__all__ = ["Codec", "CodecTables", "DecodedShard", "RenditionReport", "ShardKV", "ShardId", "UnknownCodecError",
            "CodecError", "CorruptError", "IdentityError", "TruncatedError", "VersionError",
            "available_codecs", "codec_from_spec", "decode_any", "get_codec", "register"]

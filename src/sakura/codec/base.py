@@ -41,7 +41,7 @@ class UnknownCodecError(CodecError, KeyError):
 
 
 @dataclass
-class Shard:
+class ShardKV:
     """One shard of template KV to encode.
 
     Args:
@@ -53,7 +53,7 @@ class Shard:
         num_layers: how many layers the model has (for layer-group rules).
         sensitivity: optional (key, value) floats >= 0: how much the final image's MSE grows per
             unit of relative MSE in this layer's keys / values (calibrated on public photos, see
-            `sakura.codec.calibrate`); `sakura`/`layered` use it to split bits across layers and K/V.
+            `sakura.capture.sensitivity`); `sakura`/`layered` use it to split bits across layers and K/V.
     """
 
     key: torch.Tensor
@@ -126,7 +126,7 @@ class DecodedShard:
 
 
 @dataclass(frozen=True)
-class Rendition:
+class RenditionReport:
     """What one encoding of one shard costs and how much it distorts (for manifests and schedulers).
 
     bits_per_value counts every byte of the object (headers, scales, masks) over 2*T*H*D values;
@@ -242,19 +242,19 @@ class Codec(ABC):
     def __repr__(self) -> str:
         return f"<codec {self.spec}>"
 
-    def fit_tables(self, shards: Sequence[Shard]) -> CodecTables | None:
+    def fit_tables(self, shards: Sequence[ShardKV]) -> CodecTables | None:
         """Build the per-template shared tables from all of a template's shards (cloud side)."""
         return None
 
     @abstractmethod
-    def encode(self, shard: Shard, ident: ShardId, tables: CodecTables | None = None) -> bytes:
+    def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
         """Encode `shard` as one object tagged with `ident`. Raises `CodecError` on bad input."""
 
     @abstractmethod
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
         """Decode an object written for `ident`; raises a `CodecError` subclass, never returns garbage."""
 
-    def encode_many(self, shards: Sequence[Shard], idents: Sequence[ShardId],
+    def encode_many(self, shards: Sequence[ShardKV], idents: Sequence[ShardId],
                     tables: CodecTables | None = None) -> list[bytes]:
         return [self.encode(s, i, tables) for s, i in zip(shards, idents, strict=True)]
 
@@ -262,8 +262,8 @@ class Codec(ABC):
                     tables: CodecTables | None = None) -> list[DecodedShard]:
         return [self.decode(d, i, tables) for d, i in zip(datas, idents, strict=True)]
 
-    def describe(self, shard: Shard, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-                 queries: torch.Tensor | None = None) -> Rendition:
+    def describe(self, shard: ShardKV, data: bytes, ident: ShardId, tables: CodecTables | None = None,
+                 queries: torch.Tensor | None = None) -> RenditionReport:
         """Measure a rendition: size, bits per value, and distortion against `shard`.
 
         Args:
@@ -278,7 +278,7 @@ class Codec(ABC):
         if queries is not None:
             attn = attention_rel_error(queries, shard.key, shard.value, dec.key, dec.value, keep)
         w = weighted_rel_error(shard, dec)
-        return Rendition(
+        return RenditionReport(
             codec=self.name, params=dict(self.params), nbytes=len(data), num_values=shard.num_values,
             bits_per_value=8.0 * len(data) / shard.num_values,
             key_rel_err=rel_error(shard.key, dec.key, keep), value_rel_err=rel_error(shard.value, dec.value, keep),
@@ -286,7 +286,7 @@ class Codec(ABC):
             expected_distortion=attn if attn is not None else w)
 
     # -- helpers for subclasses -----------------------------------------------------------------
-    def _header(self, shard: Shard, ident: ShardId, tables: CodecTables | None, **extra: Any) -> dict[str, Any]:
+    def _header(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None, **extra: Any) -> dict[str, Any]:
         h = {"codec": self.name, "params": self.params, "id": ident.to_json(),
              "dtype": DTYPE_NAMES[shard.key.dtype], "shape": list(shard.shape), "layer": shard.layer,
              "num_layers": shard.num_layers, "tables": tables.fingerprint if tables is not None else None}
@@ -349,6 +349,12 @@ def get_codec(name: str, **params: Any) -> Codec:
 
 def codec_from_spec(spec: str) -> Codec:
     """Parse `name` or `name:k=v,k=v` (values as JSON, else strings), e.g. `uniform:bits=4`."""
+    name, params = parse_spec(spec)
+    return get_codec(name, **params)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """`name:k=v,...` -> (name, the parameters as written, without defaults)."""
     name, _, rest = spec.partition(":")
     params: dict[str, Any] = {}
     if rest:
@@ -360,7 +366,7 @@ def codec_from_spec(spec: str) -> Codec:
                 params[k.strip()] = json.loads(v)
             except json.JSONDecodeError:
                 params[k.strip()] = v
-    return get_codec(name.strip(), **params)
+    return name.strip(), params
 
 
 def _split_top(s: str) -> list[str]:

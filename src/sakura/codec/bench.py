@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .base import Codec, Shard, ShardId, codec_from_spec
+from .base import Codec, ShardKV, ShardId, codec_from_spec
 from .metrics import attention_importance, psnr
 
 def _cpu() -> float:
@@ -159,7 +159,7 @@ def batch_psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 # ----------------------------------------------------------------------------------------------
 # running codecs
 
-def _rows_for_setting(spec: str, codec: Codec, shards: list[Shard], tables, datas: list[bytes],
+def _rows_for_setting(spec: str, codec: Codec, shards: list[ShardKV], tables, datas: list[bytes],
                       ident_of: Callable[[int], ShardId], enc_s: float, fit_s: float, *, rung: int | None,
                       evaluate: Callable[[list], dict[str, Any]]) -> dict[str, Any]:
     t0 = _cpu()
@@ -177,7 +177,7 @@ def _rows_for_setting(spec: str, codec: Codec, shards: list[Shard], tables, data
     return row
 
 
-def run_template(spec_list: list[str], ladder: str | None, shards: list[Shard], ident_of,
+def run_template(spec_list: list[str], ladder: str | None, shards: list[ShardKV], ident_of,
                  evaluate: Callable[[list], dict[str, Any]], log: Callable[[str], None]) -> list[dict[str, Any]]:
     rows = []
     for spec in spec_list:
@@ -222,7 +222,7 @@ def _fmt_row(r: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------------------
 # throughput on a Klein-4B-sized layer
 
-def synthetic_layer(T: int, H: int, D: int, seed: int = 0, dtype=torch.float16) -> tuple[Shard, torch.Tensor]:
+def synthetic_layer(T: int, H: int, D: int, seed: int = 0, dtype=torch.float16) -> tuple[ShardKV, torch.Tensor]:
     """Realistic structure: per-channel offsets and a few outlier key channels, per-token value
     scale, heavy-tailed importance from actual softmax attention of random queries."""
     g = torch.Generator().manual_seed(seed)
@@ -232,11 +232,11 @@ def synthetic_layer(T: int, H: int, D: int, seed: int = 0, dtype=torch.float16) 
     v = torch.randn(T, H, D, generator=g) * (0.5 + torch.rand(T, 1, 1, generator=g))
     q = torch.randn(256, H, D, generator=g) * 0.3
     imp = attention_importance(q, k)
-    return Shard(k.to(dtype), v.to(dtype), importance=imp, layer=5, num_layers=25), q
+    return ShardKV(k.to(dtype), v.to(dtype), importance=imp, layer=5, num_layers=25), q
 
 
 def salient_layers(salience: float, *, layers: int = 4, T: int = 256, H: int = 8, D: int = 32,
-                   seed: int = 0) -> list[tuple[Shard, torch.Tensor]]:
+                   seed: int = 0) -> list[tuple[ShardKV, torch.Tensor]]:
     """Mini-shaped synthetic layers whose queries share a direction that some keys align with
     (exponentially distributed alignment, scaled by `salience`): salience 0 gives the flat
     importance an untrained model shows, larger values concentrate attention on few tokens."""
@@ -251,7 +251,7 @@ def salient_layers(salience: float, *, layers: int = 4, T: int = 256, H: int = 8
         v = torch.randn(T, H, D, generator=g) * (0.5 + torch.rand(T, 1, 1, generator=g))
         q = mu * math.sqrt(D) * 0.7 + torch.randn(128, H, D, generator=g) * 0.5
         imp = attention_importance(q, k)
-        out.append((Shard(k.half(), v.half(), importance=imp, layer=layer, num_layers=layers), q))
+        out.append((ShardKV(k.half(), v.half(), importance=imp, layer=layer, num_layers=layers), q))
     return out
 
 
@@ -284,7 +284,7 @@ def salience_sweep(specs: list[str], saliences=(0.0, 0.2, 0.3, 0.5)) -> list[dic
     return res
 
 
-def throughput(specs: list[str], shard: Shard, repeats: int = 3) -> list[dict[str, Any]]:
+def throughput(specs: list[str], shard: ShardKV, repeats: int = 3) -> list[dict[str, Any]]:
     """Best-of-`repeats` encode/decode MB/s of fp16 KV (one layer), per CPU-second of one thread."""
     ident = ShardId("bench", "synthetic", 0)
     out = []
@@ -322,7 +322,7 @@ def klein_tiny_coverage(specs: list[str]) -> dict[str, Any]:
     g = torch.Generator().manual_seed(1)
     ref = KleinReference.from_grid(torch.randn(1, 64, 8, generator=g), 8, 8, slot=0)
     kv = adapter.extract_template_kv(ref)
-    shards = [Shard(l.key.half(), l.value.half(), layer=i, num_layers=kv.num_layers) for i, l in enumerate(kv.layers)]
+    shards = [ShardKV(l.key.half(), l.value.half(), layer=i, num_layers=kv.num_layers) for i, l in enumerate(kv.layers)]
     rows = []
     for spec in specs:
         codec = codec_from_spec(spec)
@@ -398,7 +398,7 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, steps
     out_dir.mkdir(parents=True, exist_ok=True)
     from sakura.capture import template_importance
 
-    from .calibrate import layer_sensitivity
+    from sakura.capture import layer_sensitivity
     from sakura.models import LayerKV, TemplateKV
 
     specs = SETTINGS_QUICK if quick else SETTINGS_FULL
@@ -433,7 +433,7 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, steps
                                                             kv.template_fingerprint, kv.layout), steps=steps, seed=seed).image
 
         sens = layer_sensitivity([(l.key, l.value) for l in kv.layers], calib_edit, seed=seed)
-        shards = [Shard(l.key, l.value, importance=imp[i], layer=i, num_layers=kv.num_layers, sensitivity=sens[i])
+        shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=kv.num_layers, sensitivity=sens[i])
                   for i, l in enumerate(kv.layers)]
         ident_of = lambda i, t=kv.template_fingerprint: ShardId(kv.model_fingerprint, t, i)  # noqa: E731
 

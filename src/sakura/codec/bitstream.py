@@ -4,8 +4,8 @@ Layout of one object (all integers little-endian, explicitly):
 
     offset  size  field
     0       4     magic  b"SKKV"
-    4       2     format version (u16), 1, or 2 for `sakura`/`layered` objects with per-layer K/V width
-                                offsets (header `offsets`); a newer one raises `VersionError`
+    4       2     format version (u16), 1, 2 for `sakura`/`layered` objects with per-layer K/V width
+                                offsets (header `offsets`), 3 for progressive ladders (header `prog`); a newer one raises `VersionError`
     6       1     kind (u8): 1 = shard rendition, 2 = codec tables, 3 = layered refinement
     7       1     flags (u8): bit 0 = header is zstd-compressed; other bits must be 0
     8       4     header length H (u32)
@@ -39,7 +39,7 @@ from typing import Any, Iterator
 import numpy as np
 
 MAGIC = b"SKKV"
-FORMAT_VERSION = 2  # highest version this build reads; writers use the lowest version that can say what they wrote
+FORMAT_VERSION = 3  # highest version this build reads; writers use the lowest version that can say what they wrote
 _FIXED = struct.Struct("<4sHBBIQI")  # magic, version, kind, flags, H, P, crc
 FLAG_HEADER_ZSTD = 1
 FIXED_SIZE = _FIXED.size  # 24 bytes

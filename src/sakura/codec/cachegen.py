@@ -11,6 +11,14 @@ token-delta encoding is omitted, as in LMCache's released encoder. All tokens ar
 
 Per value: MAX = bins // 2 - 1,  sym = round(x / amax_t * MAX) + MAX  in [0, 2 MAX],
 x^ = (sym - MAX) * amax_t / MAX, so |x - x^| <= amax_t / (2 MAX).
+
+`delta=true`: the paper's token-delta variant (CacheGen section 5.1, which LMCache's encoder
+leaves out): tokens are split into groups of `group` consecutive tokens (raster order: template
+tokens are image patches, so a group is a run of horizontal neighbours); the first token of each
+group is an anchor, quantised with 8-bit precision (MAX 127, per-token absmax, one pooled
+histogram per (layer, K/V)); every other token is coded as its delta to the *decoded* anchor, with
+the layer group's bins as above (per-token absmax of the delta, per-(layer, channel) histograms).
+Same bound on deltas: |x - x^| <= amax(delta_t) / (2 MAX).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import torch
 from . import bitstream as bs
 from . import entropy as E
 from . import quant as Q
-from .base import (Codec, CodecTables, DecodedShard, Shard, ShardId, as_f32_2d, check_params, from_f32_2d,
+from .base import (Codec, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d,
                    register)
 
 # quality level -> (key bins for the three layer groups, value bins for the two groups)
@@ -55,43 +63,104 @@ def _quantise(x: np.ndarray, bins: int, sdt: np.dtype) -> tuple[np.ndarray, np.n
     return (np.clip(s, -mx, mx) + mx).astype(np.int32), amax
 
 
+ANCHOR_BINS = 256  # anchors: 8-bit symmetric (MAX 127), per-token absmax
+
+
+def _anchor_rows(T: int, group: int) -> np.ndarray:
+    return np.arange(0, T, group)
+
+
+def _anchor_of(T: int, group: int) -> np.ndarray:
+    """(T,) index into the anchor list of each token's group anchor."""
+    return np.arange(T) // group
+
+
+def _dequantise(sym: np.ndarray, amax: np.ndarray, bins: int) -> np.ndarray:
+    mx = bins // 2 - 1
+    x = (sym - mx).astype(np.float32)
+    x *= (amax.astype(np.float32) / np.float32(mx))[:, None]
+    return x
+
+
 @register
 class CacheGenCodec(Codec):
     name = "cachegen"
     uses_tables = True
 
     def __init__(self, **params: Any) -> None:
-        p = check_params(params, {"level": 3}, self.name)
+        p = check_params(params, {"level": 3, "delta": False, "group": 10}, self.name)
         if p["level"] not in LEVELS:
             raise ValueError(f"cachegen: level must be one of {sorted(LEVELS)}, got {p['level']!r}")
+        if not isinstance(p["delta"], bool):
+            raise ValueError(f"cachegen: delta must be true or false, got {p['delta']!r}")
+        if not isinstance(p["group"], int) or isinstance(p["group"], bool) or not 2 <= p["group"] <= 1024:
+            raise ValueError(f"cachegen: group must be an int in [2, 1024], got {p['group']!r}")
+        if not p["delta"]:  # objects and specs of the plain codec stay as they were
+            p = {"level": p["level"]}
         super().__init__(**p)
 
-    def _symbols(self, shard: Shard):
+    def _symbols(self, shard: ShardKV):
+        """Per K/V: (symbols (T, C), amax (T,), bins, anchor symbols or None). With delta, rows of
+        anchor tokens in `symbols` are unused (zeros) and `anchor` holds their 8-bit symbols."""
         shard.validate()
         kb, vb = layer_bins(self.params["level"], shard.layer, shard.num_layers)
         x = {"k": as_f32_2d(shard.key), "v": as_f32_2d(shard.value)}
         sdt = Q.scale_dtype(np.array([np.abs(x["k"]).max(), np.abs(x["v"]).max()]))
         out = {}
         for kv, bins in (("k", kb), ("v", vb)):
-            out[kv] = (*_quantise(x[kv], bins, sdt), bins)
+            if not self.params.get("delta"):
+                out[kv] = (*_quantise(x[kv], bins, sdt), bins, None)
+                continue
+            anchors = _anchor_rows(x[kv].shape[0], int(self.params["group"]))
+            a_sym, a_amax = _quantise(x[kv][anchors], ANCHOR_BINS, sdt)
+            a_hat = _dequantise(a_sym, a_amax, ANCHOR_BINS)
+            ref = a_hat[_anchor_of(x[kv].shape[0], int(self.params["group"]))]  # (T, C) decoded anchor per token
+            sym, amax = _quantise(x[kv] - ref, bins, sdt)
+            sym[anchors] = bins // 2 - 1  # the zero symbol: anchors carry no delta
+            amax[anchors] = 0
+            out[kv] = (sym, np.concatenate([amax, a_amax]), bins, a_sym)
         return out, sdt
 
-    def fit_tables(self, shards: Sequence[Shard]) -> CodecTables:
+    def fit_tables(self, shards: Sequence[ShardKV]) -> CodecTables:
         """Symbol counts per (layer, channel) for K and V over all of a template's shards."""
         arrays: dict[str, np.ndarray] = {}
         for shard in shards:
             syms, _ = self._symbols(shard)
-            for kv, (sym, _amax, bins) in syms.items():
+            for kv, (sym, _amax, bins, a_sym) in syms.items():
+                rows = self._delta_rows(sym.shape[0])
                 name = f"L{shard.layer}.{kv}.b{bins}"
-                cnt = E.counts(sym, bins - 1, per_channel=True)
+                cnt = E.counts(sym[rows], bins - 1, per_channel=True)
                 arrays[name] = arrays[name] + cnt if name in arrays else cnt
+                if a_sym is not None:
+                    name = f"L{shard.layer}.{kv}.anchor"
+                    cnt = E.counts(a_sym, ANCHOR_BINS - 1, per_channel=False)
+                    arrays[name] = arrays[name] + cnt if name in arrays else cnt
         return CodecTables(codec=self.name, arrays=arrays, meta={"params": self.params})
 
-    def encode(self, shard: Shard, ident: ShardId, tables: CodecTables | None = None) -> bytes:
+    def _delta_rows(self, T: int) -> np.ndarray:
+        """Rows coded with the layer-group bins: all tokens, or (delta) all but the anchors."""
+        if not self.params.get("delta"):
+            return np.arange(T)
+        return np.setdiff1d(np.arange(T), _anchor_rows(T, int(self.params["group"])))
+
+    def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
         syms, sdt = self._symbols(shard)
         w = bs.Writer()
-        for kv, (sym, amax, bins) in syms.items():
-            w.add(f"{kv}_amax", amax)
+        for kv, (sym, amax, bins, a_sym) in syms.items():
+            rows = self._delta_rows(sym.shape[0])
+            sym = sym[rows]
+            w.add(f"{kv}_amax", amax[:shard.shape[0]][rows] if a_sym is not None else amax)
+            if a_sym is not None:
+                w.add(f"{kv}_anchor_amax", amax[shard.shape[0]:])
+                aname = f"L{shard.layer}.{kv}.anchor"
+                if tables is not None:
+                    at = tables.get(aname)
+                    amodels = tables.cached(aname, lambda t=at: E.make_models(t))
+                else:
+                    at = E.counts(a_sym, ANCHOR_BINS - 1, per_channel=False)
+                    w.add(f"ahist.{kv}", at, zstd_level=3)
+                    amodels = E.make_models(at)
+                w.add(f"aans.{kv}", E.encode(a_sym, amodels))
             tname = f"L{shard.layer}.{kv}.b{bins}"
             if tables is not None:
                 table = tables.get(tname)
@@ -102,7 +171,7 @@ class CacheGenCodec(Codec):
                 models = E.make_models(table)
             if len(models) != sym.shape[1]:
                 raise bs.IdentityError(f"codec table {tname} has {len(models)} channels, shard has {sym.shape[1]}")
-            w.add(f"ans.{kv}", E.encode(sym, models))
+            w.add(f"ans.{kv}", E.encode(sym, models) if sym.shape[0] else np.zeros(0, "<u4"))
         kb, vb = syms["k"][2], syms["v"][2]
         return w.to_bytes(bs.KIND_SHARD, self._header(shard, ident, tables, key_bins=kb, value_bins=vb,
                                                       scale_dtype=sdt.str))
@@ -114,13 +183,36 @@ class CacheGenCodec(Codec):
         C = H * D
         layer = int(h.get("layer", 0))
         out = []
+        params = h.get("params", {})
+        delta = isinstance(params, dict) and params.get("delta") is True
+        group = params.get("group") if delta else None
+        if delta and (not isinstance(group, int) or not 2 <= group <= 1024):
+            raise bs.CorruptError(f"cachegen: bad group {group!r}")
+        rows = np.setdiff1d(np.arange(T), _anchor_rows(T, group)) if delta else np.arange(T)
         for kv, bins in (("k", h.get("key_bins")), ("v", h.get("value_bins"))):
             if not isinstance(bins, int) or not 4 <= bins <= 256:
                 raise bs.CorruptError(f"cachegen: bad bins {bins!r}")
             mx = bins // 2 - 1
             amax = obj.section(f"{kv}_amax")
-            if amax.shape != (T,):
-                raise bs.CorruptError(f"cachegen: {kv}_amax has shape {amax.shape}, expected ({T},)")
+            if amax.shape != (rows.size,):
+                raise bs.CorruptError(f"cachegen: {kv}_amax has shape {amax.shape}, expected ({rows.size},)")
+            ref = None
+            if delta:
+                anchors = _anchor_rows(T, group)
+                a_amax = obj.section(f"{kv}_anchor_amax")
+                if a_amax.shape != (anchors.size,):
+                    raise bs.CorruptError(f"cachegen: {kv}_anchor_amax has shape {a_amax.shape}")
+                aname = f"L{layer}.{kv}.anchor"
+                if tables is not None:
+                    at = tables.get(aname)
+                    amodels = tables.cached(aname, lambda t=at: E.make_models(t))
+                else:
+                    at = obj.section(f"ahist.{kv}")
+                    if at.shape != (1, ANCHOR_BINS - 1):
+                        raise bs.CorruptError(f"cachegen: anchor histogram {kv} has shape {at.shape}")
+                    amodels = E.make_models(at)
+                a_hat = _dequantise(E.decode(obj.section(f"aans.{kv}"), amodels, anchors.size, C), a_amax, ANCHOR_BINS)
+                ref = a_hat[_anchor_of(T, group)]  # (T, C)
             if tables is not None:
                 tname = f"L{layer}.{kv}.b{bins}"
                 table = tables.get(tname)
@@ -130,8 +222,11 @@ class CacheGenCodec(Codec):
                 if table.shape != (C, bins - 1):
                     raise bs.CorruptError(f"cachegen: histogram {kv} has shape {table.shape}")
                 models = E.make_models(table)
-            sym = E.decode(obj.section(f"ans.{kv}"), models, T, C)
-            x = (sym - mx).astype(np.float32)
-            x *= (amax.astype(np.float32) / np.float32(mx))[:, None]
+            if not delta:
+                x = _dequantise(E.decode(obj.section(f"ans.{kv}"), models, T, C), amax, bins)
+            else:
+                x = ref.copy()
+                if rows.size:
+                    x[rows] += _dequantise(E.decode(obj.section(f"ans.{kv}"), models, rows.size, C), amax, bins)
             out.append(from_f32_2d(x, shape, dtype))
         return DecodedShard(out[0], out[1], torch.ones(T, dtype=torch.bool))

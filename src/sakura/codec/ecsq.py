@@ -8,7 +8,7 @@ symbols; pooled above). Token importance scales the step per token, Delta_t = De
 (b_t the planned width, n the part's nominal width; b_t = 0 drops the token), floored at
 max|x - mu| / 2047 so alphabets stay bounded. Delta is chosen per part, in half-bit steps, by a
 Lagrangian allocation: minimise sum_parts sensitivity x relative MSE at the entropy-coded bits the
-nested quantiser would spend at the same `budget` (sensitivities from `Shard.sensitivity`, else 1).
+nested quantiser would spend at the same `budget` (sensitivities from `ShardKV.sensitivity`, else 1).
 
 At ~1 bit per value this beats the min/max-range nested quantiser on keys by 4-6 dB of relative MSE
 at equal bits on the trained mini model (mean removal + a mid-tread zero level); values gain less.
@@ -104,21 +104,9 @@ def rd_points(x: np.ndarray, mu: np.ndarray) -> list[tuple[float, float, float]]
 
 def allocate(points: dict, sens: dict, budget_bits: float) -> dict:
     """Per part the step minimising sum sens * relMSE subject to total bits <= budget_bits."""
-    keys = sorted(points)
+    from .allocation import allocate_steps
 
-    def pick(lam: float):
-        return {c: min(points[c], key=lambda t: (sens[c] * t[1] + lam * t[2], t[2])) for c in keys}
-
-    lo, hi = -80.0, 40.0
-    best = pick(2.0 ** hi)
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        res = pick(2.0 ** mid)
-        if sum(t[2] for t in res.values()) <= budget_bits:
-            best, hi = res, mid
-        else:
-            lo = mid
-    return {c: t[0] for c, t in best.items()}
+    return allocate_steps(points, sens, budget_bits)
 
 
 # -- spatial transform over the token grid (template tokens are image patches in raster order) ----

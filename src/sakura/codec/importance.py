@@ -23,8 +23,8 @@ fitted once per template (`fit_tables`) and shared by all its shards; without ta
 carries its own histograms. Refinement bits (the low-order bits a rung adds) are near-uniform, so
 they are stored bit-packed (ANS saved <0.1% on them and decodes 10x slower).
 
-Calibrated allocation: with `Shard.sensitivity` (image MSE per unit relative MSE of this layer's K
-and V, measured on public calibration photos by `sakura.codec.calibrate`), `fit_tables` picks per
+Calibrated allocation: with `ShardKV.sensitivity` (image MSE per unit relative MSE of this layer's K
+and V, measured on public calibration photos by `sakura.capture.sensitivity`), `fit_tables` picks per
 (layer, K/V) width offsets (nested quantiser; stored as `alloc` in the tables, in the object header
 as `offsets`, format version 2) or per-part ECSQ steps (`quantiser="ecsq"`, see `ecsq`) minimising
 sum sensitivity x relative MSE at the entropy-coded bits of the default widths / of `budget`. `layered`
@@ -46,51 +46,16 @@ import torch
 
 from . import bitstream as bs
 from . import ecsq as EQ
+from . import progressive as PG
 from . import entropy as E
 from . import quant as Q
-from .base import (Codec, CodecTables, DecodedShard, Shard, ShardId, as_f32_2d, check_params, from_f32_2d,
+from .allocation import ALLOWED_BITS, allocate_offsets, plan_bits  # noqa: F401  (re-exported)
+from .base import (Codec, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d,
                    register)
 
-ALLOWED_BITS = np.array([0, 2, 3, 4, 5, 6, 7, 8], dtype=np.int32)
 CENTROID_MAX_BITS = 4  # wider bins are small enough that their midpoints are (nearly) unbiased
 CENTROID_LEVELS = 16   # a bin's reconstruction point is stored to 1/16 of the bin (error <= 1/32 bin)
 PER_CHANNEL_MAX_BITS = 5
-
-
-def plan_bits(importance: np.ndarray | None, T: int, budget: float, *, prev: np.ndarray | None = None,
-              alpha: float = 1.0, drop_cost: float = 1.0, allow_drop: bool = True,
-              max_bits: int = 8) -> np.ndarray:
-    """Per-token bit widths (T,) int32 with mean <= budget (when feasible), >= prev token-wise."""
-    allowed = ALLOWED_BITS[(ALLOWED_BITS <= max_bits) & ((ALLOWED_BITS > 0) | allow_drop)]
-    e = np.where(allowed == 0, drop_cost, 3.0 * np.power(4.0, -allowed.astype(np.float64)))  # (J,)
-    if importance is None:
-        w = np.ones(T)
-    else:
-        imp = np.asarray(importance, dtype=np.float64)
-        m = imp.mean()
-        w = (imp / m) ** alpha if m > 0 else np.ones(T)
-    # deterministic tie-break so equal weights split at a budget between two widths
-    w = w * (1.0 + 1e-9 * np.arange(T)[::-1] / max(T, 1)) + 1e-30
-    lo_bits = prev if prev is not None else np.zeros(T, np.int32)
-    invalid = allowed[None, :] < lo_bits[:, None]  # (T, J)
-
-    def assign(lam: float) -> np.ndarray:
-        cost = w[:, None] * e[None, :] + lam * allowed[None, :]
-        cost[invalid] = np.inf
-        return allowed[np.argmin(cost, axis=1)]
-
-    lo, hi = -40.0, 40.0  # log2 lambda; small lambda -> most bits
-    best = assign(2.0 ** hi)
-    if best.mean() > budget:
-        return best  # even the cheapest feasible plan exceeds the budget (e.g. no drops allowed)
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        b = assign(2.0 ** mid)
-        if b.mean() <= budget:
-            best, hi = b, mid
-        else:
-            lo = mid
-    return best.astype(np.int32)
 
 
 def widths(bits: np.ndarray, offset: int, low: int = 2) -> np.ndarray:
@@ -100,14 +65,6 @@ def widths(bits: np.ndarray, offset: int, low: int = 2) -> np.ndarray:
     if offset == 0:
         return bits
     return np.where(bits > 0, np.clip(bits + offset, low, 8), 0).astype(np.int32)
-
-
-def kind_bits(bits: np.ndarray, kv: str, key_offset: int) -> np.ndarray:
-    """Per-token widths for K or V: keys get `key_offset` more (or fewer) bits, never below 2 or
-    above 8; dropped tokens stay dropped. Monotone in `bits`, so ladders stay nested."""
-    if kv == "v" or key_offset == 0:
-        return bits
-    return np.where(bits > 0, np.clip(bits + key_offset, 2, 8), 0).astype(np.int32)
 
 
 @dataclass
@@ -173,38 +130,11 @@ def _rd_points(x: np.ndarray, u: np.ndarray, r: np.ndarray, nominal: int) -> lis
     return out
 
 
-def allocate_offsets(points: dict[tuple[int, str], list[tuple[int, float, float]]],
-                     sens: dict[tuple[int, str], float], base: dict[tuple[int, str], int]) -> dict[tuple[int, str], int]:
-    """Per (layer, K/V) width offsets minimising sum_c sens_c * relMSE_c subject to the entropy-coded
-    bits of the default offsets `base` (Lagrangian, bisection on the multiplier)."""
-    keys = sorted(points)
-    budget = sum(dict((o, b) for o, _e, b in points[c])[base[c]] for c in keys)
-
-    def pick(lam: float) -> dict[tuple[int, str], tuple[int, float]]:
-        res = {}
-        for c in keys:
-            o, _e, b = min(points[c], key=lambda t: (sens[c] * t[1] + lam * t[2], t[2]))
-            res[c] = (o, b)
-        return res
-
-    lo, hi = -60.0, 20.0  # log2 lambda
-    best = {c: base[c] for c in keys}
-    if sum(b for _o, b in pick(2.0 ** hi).values()) > budget:
-        return best
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        res = pick(2.0 ** mid)
-        if sum(b for _o, b in res.values()) <= budget:
-            best, hi = {c: o for c, (o, _b) in res.items()}, mid
-        else:
-            lo = mid
-    return best
-
-
 class _ImportanceBase(Codec):
     uses_tables = True
     supports_layers = True
     _defaults: dict[str, Any] = {}
+    _ladder = False  # True: several budgets (rungs) per rendition
 
     def __init__(self, **params: Any) -> None:
         p = check_params(params, self._defaults, self.name)
@@ -228,8 +158,8 @@ class _ImportanceBase(Codec):
             raise ValueError(f"{self.name}: key_offset must be an int in [-6, 6]")
         if p["quantiser"] not in ("nested", "ecsq"):
             raise ValueError(f"{self.name}: quantiser must be 'nested' or 'ecsq'")
-        if p["quantiser"] == "ecsq" and len(budgets) != 1:
-            raise ValueError(f"{self.name}: the ecsq quantiser is not nested; ladders need quantiser='nested'")
+        if p["quantiser"] == "ecsq" and len(budgets) != 1 and not self._ladder:
+            raise ValueError(f"{self.name}: one budget per rendition (ladders: the layered codec)")
         if p["transform"] not in ("none", "dct") or (p["transform"] == "dct" and p["quantiser"] != "ecsq"):
             raise ValueError(f"{self.name}: transform must be 'none' or 'dct' (dct needs quantiser='ecsq')")
         if p["allocate"] not in ("sensitivity", "none"):
@@ -246,7 +176,7 @@ class _ImportanceBase(Codec):
     def _vgroup(self, params: dict[str, Any], D: int) -> int:
         return D if params["value_group"] == "head" else int(params["value_group"])
 
-    def _analyse(self, shard: Shard) -> _Analysis:
+    def _analyse(self, shard: ShardKV) -> _Analysis:
         shard.validate()
         T, H, D = shard.shape
         C = H * D
@@ -278,7 +208,7 @@ class _ImportanceBase(Codec):
             u[kv] = Q.unit(x[kv], Q.expand(lo, mode, g, T, C), u_r[kv])
         return _Analysis(u=u, scales=scales, bits=bits, sdt=sdt, u_r=u_r)
 
-    def fit_tables(self, shards: Sequence[Shard]) -> CodecTables:
+    def fit_tables(self, shards: Sequence[ShardKV]) -> CodecTables:
         """Symbol histograms per (layer, K/V, level group) over all of a template's shards; with
         calibrated shard sensitivities (and allocate="sensitivity") also per-layer K/V width offsets."""
         arrays: dict[str, np.ndarray] = {}
@@ -358,7 +288,7 @@ class _ImportanceBase(Codec):
         return CodecTables(codec=self.name, arrays=arrays, meta={"params": self.params})
 
     # -- ecsq -------------------------------------------------------------------------------
-    def _ecsq_plan(self, shards: Sequence[Shard], analyses: list[_Analysis]) -> dict[tuple[int, str], tuple]:
+    def _ecsq_plan(self, shards: Sequence[ShardKV], analyses: list[_Analysis]) -> dict[tuple[int, str], tuple]:
         """Per (layer, K/V): (mean, step, floor, nominal) at `budget` entropy-coded bits per value."""
         use_sens = self.params["allocate"] == "sensitivity" and all(s.sensitivity is not None for s in shards)
         points, sens, parts = {}, {}, {}
@@ -382,11 +312,11 @@ class _ImportanceBase(Codec):
         steps = EQ.allocate(points, sens, budget)
         return {c: (mu, steps[c], fl, nominal) for c, (mu, fl, nominal) in parts.items()}
 
-    def _grid(self, shard: Shard) -> int:
+    def _grid(self, shard: ShardKV) -> int:
         """Side of the token grid the dct transform runs over (0: no transform)."""
         return EQ.grid_side(shard.shape[0]) if self.params["transform"] == "dct" else 0
 
-    def _ecsq_symbols(self, shard: Shard, an: _Analysis, plan: tuple, kv: str):
+    def _ecsq_symbols(self, shard: ShardKV, an: _Analysis, plan: tuple, kv: str):
         mu, step, floor, nominal = plan
         bits = self._ecsq_bits(shard, an)
         keep = bits > 0
@@ -398,12 +328,12 @@ class _ImportanceBase(Codec):
             return np.rint(coef / np.float64(st[0])).astype(np.int32)
         return EQ.symbols(x[keep], mu, st[keep])
 
-    def _ecsq_bits(self, shard: Shard, an: _Analysis) -> np.ndarray:
+    def _ecsq_bits(self, shard: ShardKV, an: _Analysis) -> np.ndarray:
         if self._grid(shard):
             return np.full(shard.shape[0], EQ.REF_BITS, np.int32)
         return an.bits[0]
 
-    def _ecsq_tables(self, shards: Sequence[Shard], analyses: list[_Analysis]) -> CodecTables:
+    def _ecsq_tables(self, shards: Sequence[ShardKV], analyses: list[_Analysis]) -> CodecTables:
         plan = self._ecsq_plan(shards, analyses)
         arrays: dict[str, np.ndarray] = {}
         for shard, an in zip(shards, analyses):
@@ -419,13 +349,13 @@ class _ImportanceBase(Codec):
                 arrays[f"L{shard.layer}.{kv}.e"] = self._ecsq_counts(shard, sym + m, A) * np.uint32(EQ.COUNT_SCALE)
         return CodecTables(codec=self.name, arrays=arrays, meta={"params": self.params})
 
-    def _ecsq_counts(self, shard: Shard, sym: np.ndarray, A: int) -> np.ndarray:
+    def _ecsq_counts(self, shard: ShardKV, sym: np.ndarray, A: int) -> np.ndarray:
         n = self._grid(shard)
         if n:
             return EQ.band_counts(sym, EQ.bands(n), A)
         return E.counts(sym, A, per_channel=A <= EQ.PER_CHANNEL_MAX_ALPHABET)
 
-    def _encode_ecsq(self, shard: Shard, ident: ShardId, tables: CodecTables | None) -> bytes:
+    def _encode_ecsq(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None) -> bytes:
         an = self._analyse(shard)
         T, H, D = shard.shape
         w = bs.Writer()
@@ -524,7 +454,7 @@ class _ImportanceBase(Codec):
         return DecodedShard(out[0], out[1], torch.from_numpy(keep.copy()))
 
     # -- encode -----------------------------------------------------------------------------
-    def _encode_level(self, an: _Analysis, level: int, shard: Shard, ident: ShardId,
+    def _encode_level(self, an: _Analysis, level: int, shard: ShardKV, ident: ShardId,
                       tables: CodecTables | None, parent_crc: int | None) -> bytes:
         T = shard.shape[0]
         prev = an.bits[level - 1] if level > 0 else np.zeros(T, np.int32)
@@ -581,7 +511,7 @@ class _ImportanceBase(Codec):
             return None
         return int(a[layer, 0]), int(a[layer, 1])
 
-    def encode_levels(self, shard: Shard, ident: ShardId, tables: CodecTables | None = None) -> list[bytes]:
+    def encode_levels(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> list[bytes]:
         """One object per ladder level: [base, refinement 1, ...]."""
         an = self._analyse(shard)
         out: list[bytes] = []
@@ -590,7 +520,7 @@ class _ImportanceBase(Codec):
             out.append(self._encode_level(an, level, shard, ident, tables, parent))
         return out
 
-    def encode(self, shard: Shard, ident: ShardId, tables: CodecTables | None = None) -> bytes:
+    def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
         """The whole ladder as back-to-back objects; prefix `level_ends(data)[l]` is rung l."""
         if self.params["quantiser"] == "ecsq":
             return self._encode_ecsq(shard, ident, tables)
@@ -630,6 +560,10 @@ class _ImportanceBase(Codec):
     def _start(self, piece: bytes, ident: ShardId, tables: CodecTables | None) -> "LayeredState":
         obj, dtype, shape = self._open(piece, ident, tables, kind=bs.KIND_SHARD)
         h = obj.header
+        if h.get("prog") is not None:
+            if h.get("level") != 0:
+                raise bs.CorruptError(f"base object has level {h.get('level')!r}")
+            return PG.start_state(self, obj, piece, ident, tables, dtype, shape)
         T, H, D = shape
         C = H * D
         if h.get("level") != 0:
@@ -667,6 +601,8 @@ class _ImportanceBase(Codec):
 
     def upgrade(self, state: "LayeredState", piece: bytes) -> "LayeredState":
         """Apply the next refinement object to a decoded state (in place; returns it)."""
+        if isinstance(state, PG.ProgressiveState):
+            return state.upgrade(piece)
         obj, dtype, shape = self._open(piece, state.ident, state.tables, kind=bs.KIND_LAYER)
         h = obj.header
         if shape != state.shape or h.get("level") != state.level + 1:
@@ -797,11 +733,49 @@ class LayeredCodec(_ImportanceBase):
     """A ladder of importance-aware rungs at `budgets`, stored once as base + refinement layers."""
 
     name = "layered"
-    # rungs share one set of per-layer offsets; fitted at the base budget they inflate the upper rungs
-    # (measured: whole 4-rung ladder 0.35-0.41 of fp16 instead of 0.32-0.38), so ladders keep uniform widths
+    _ladder = True
+    # nested quantiser: rungs share one set of per-layer offsets; fitted at the base budget they inflate
+    # the upper rungs (measured: whole 4-rung ladder 0.35-0.41 of fp16 instead of 0.32-0.38), so nested
+    # ladders keep uniform widths. quantiser="ecsq": the progressive transform ladder (`progressive`).
     _defaults = {"budgets": [1.0, 2.0, 3.0, 4.0], **_COMMON, "allocate": "none"}
 
     @staticmethod
     def _budgets(p: dict[str, Any]) -> list[float]:
         b = p["budgets"]
         return list(b) if isinstance(b, (list, tuple)) else [b]
+
+    @property
+    def progressive(self) -> bool:
+        return self.params["quantiser"] == "ecsq"
+
+    def fit_tables(self, shards: Sequence[ShardKV]) -> CodecTables:
+        if self.progressive:
+            return PG.fit_tables(self.name, self.params, shards)
+        return super().fit_tables(shards)
+
+    def encode_levels(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> list[bytes]:
+        if self.progressive:
+            return PG.encode_levels(self, shard, ident, tables)
+        return super().encode_levels(shard, ident, tables)
+
+    def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
+        return b"".join(self.encode_levels(shard, ident, tables))
+
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
+        return self.decode_state(data, ident, tables).result()
+
+
+@register
+class ProgressiveCodec(LayeredCodec):
+    """The progressive transform ladder (`progressive`): `layered` with quantiser="ecsq",
+    transform="dct" and sensitivity allocation as defaults, four rungs at 0.15/0.3/0.6/1.2 bits per
+    value (entropy-coded, over the template). See `sakura.codec.progressive`."""
+
+    name = "progressive"
+    _defaults = {**LayeredCodec._defaults, "budgets": [0.15, 0.3, 0.6, 1.2], "quantiser": "ecsq",
+                 "transform": "dct", "allocate": "sensitivity"}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        if self.params["quantiser"] != "ecsq":
+            raise ValueError("progressive: quantiser must be 'ecsq' (the nested ladder is `layered`)")

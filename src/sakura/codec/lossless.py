@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from . import bitstream as bs
-from .base import Codec, CodecTables, DecodedShard, Shard, ShardId, check_params, register
+from .base import Codec, CodecTables, DecodedShard, ShardKV, ShardId, check_params, register
 
 _INT_VIEW = {torch.float32: (torch.int32, "<u4"), torch.float16: (torch.int16, "<u2"),
              torch.bfloat16: (torch.int16, "<u2")}
@@ -34,7 +34,7 @@ class LosslessCodec(Codec):
             raise ValueError("lossless: zstd must be true/false")
         super().__init__(**p)
 
-    def encode(self, shard: Shard, ident: ShardId, tables: CodecTables | None = None) -> bytes:
+    def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
         shard.validate()
         w = bs.Writer()
         for name, t in (("key", shard.key), ("value", shard.value)):

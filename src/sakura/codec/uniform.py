@@ -15,7 +15,7 @@ import torch
 
 from . import bitstream as bs
 from . import quant as Q
-from .base import Codec, CodecTables, DecodedShard, Shard, ShardId, as_f32_2d, check_params, from_f32_2d, register
+from .base import Codec, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d, register
 
 
 def _check_int(p: dict[str, Any], name: str, lo: int, hi: int, codec: str) -> None:
@@ -35,7 +35,7 @@ class UniformCodec(Codec):
         _check_int(p, "value_group", 0, 1 << 20, self.name)
         super().__init__(**p)
 
-    def encode(self, shard: Shard, ident: ShardId, tables: CodecTables | None = None) -> bytes:
+    def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
         shard.validate()
         T, H, D = shard.shape
         b = self.params["bits"]

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Iterator
 
 from sakura.link.traces import Trace
 
@@ -256,3 +256,42 @@ async def paced(upstream_url: str, trace: Trace | None, *, offset_s: float = 0.0
     link = Link(trace, offset_s=offset_s)
     async with PacingProxy((u.hostname or "127.0.0.1", u.port or 80), link, rtt_s=rtt_s, **kw) as proxy:
         yield proxy
+
+
+@contextlib.contextmanager
+def pacer_in_thread(upstream_url: str, trace, offset_s: float, rtt_s: float) -> Iterator[str]:
+    """The pacing proxy on its own event loop in a daemon thread; yields its URL (for synchronous
+    callers such as benchmarks and tests)."""
+    import threading
+    from urllib.parse import urlsplit
+
+    u = urlsplit(upstream_url)
+    loop = asyncio.new_event_loop()
+    box: dict = {}
+    ready = threading.Event()
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            px = PacingProxy((u.hostname, u.port), Link(trace, offset_s=offset_s), rtt_s=rtt_s)
+            loop.run_until_complete(px.start())
+            box["px"] = px
+        except BaseException as e:
+            box["error"] = e
+            ready.set()
+            return
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(px.close())
+        loop.close()
+
+    th = threading.Thread(target=main, daemon=True, name="sakura-pacer")
+    th.start()
+    ready.wait(30)
+    if "error" in box:
+        raise box["error"]
+    try:
+        yield box["px"].url
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        th.join(30)

@@ -119,6 +119,13 @@ class Trace:
         return np.diff(c) * 8 / 1e6 / bin_s
 
 
+def constant_trace(mbps: float, seconds: float = 3600.0) -> Trace:
+    """A flat link of `mbps` Mbit/s (for constant-rate sweeps and tests)."""
+    if not mbps > 0:
+        raise TraceError(f"mbps must be > 0, got {mbps}")
+    return Trace(name=f"constant-{mbps:g}Mbps", edges=np.array([0.0, float(seconds)]), rate=np.array([mbps * 1e6 / 8]))
+
+
 def transfer_fn(trace: Trace, *, offset_s: float = 0.0, rtt_s: float = 0.0):
     """A pure ``transfer(t_start_s, nbytes) -> t_end_s`` for schedulers/simulators, matching the
     ``PacingProxy`` model on a reused connection over an otherwise idle link: the request takes

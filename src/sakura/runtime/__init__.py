@@ -1,7 +1,11 @@
-"""Phone-side runtime pieces: bandwidth estimation and per-shard rendition scheduling (pure)."""
+"""Phone-side runtime: estimators, the pure pipeline model and planner, the shared edit driver,
+and its two executors (live: sockets, threads, the real model; sim: a virtual clock and link)."""
 
-from .estimator import BandwidthEstimator
-from .scheduler import LOCAL, Option, PipelineState, ShardSpec, Timeline, constant_rate, plan_next, simulate, step
+from .driver import CacheGenPolicy, EditDriver, FixedPolicy, LayerAction, MeetInMiddlePolicy, SakuraPolicy, ShardRecord
+from .estimator import BandwidthEstimator, RttEstimator
+from .plan import (LOCAL, ConstantLink, PipelineState, PlanResult, Route, ShardSpec, TraceLink, evaluate,
+                   offline_plan, plan_split, psnr_from_mse)
 
-__all__ = ["BandwidthEstimator", "LOCAL", "Option", "PipelineState", "ShardSpec", "Timeline", "constant_rate",
-           "plan_next", "simulate", "step"]
+__all__ = ["BandwidthEstimator", "CacheGenPolicy", "ConstantLink", "EditDriver", "FixedPolicy", "LOCAL", "LayerAction",
+           "MeetInMiddlePolicy", "PipelineState", "PlanResult", "Route", "RttEstimator", "SakuraPolicy", "ShardRecord",
+           "ShardSpec", "TraceLink", "evaluate", "offline_plan", "plan_split", "psnr_from_mse"]

@@ -33,33 +33,56 @@ def load_photo(path: Path, size: int):
 
 
 def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: str, steps: int, seed: int,
-                 prior_mbps: float, echo: Callable[[str], None] = print) -> None:
-    from safetensors.torch import load as st_load
+                 prior_mbps: float, model_name: str = "sakura-mini", gallery_dir: Path | None = None,
+                 decode_workers: int | None = None, echo: Callable[[str], None] = print) -> None:
+    """Edit `photo` with `template`, streaming what pays from `server` and computing the rest.
 
+    The manifest and template image are fetched first and kept in the phone's gallery
+    (`sakura.runtime.gallery`); with the server down, a template seen before still edits, on the
+    device. Raises ValueError / FileNotFoundError with a one-line reason for bad input."""
     from sakura.client import TemplateClient
     from sakura.demo import _save_grid
     from sakura.models import load_model
-    from sakura.runtime import BandwidthEstimator
-    from sakura.runtime.stream import FixedPolicy, MPCPolicy, profile_model, streamed_edit
+    from sakura.runtime import BandwidthEstimator, FixedPolicy, MeetInMiddlePolicy, SakuraPolicy
+    from sakura.runtime.gallery import Gallery, decode_template_ref
+    from sakura.runtime.live import NO_MANIFEST, _short, profile_model, streamed_edit
 
-    model = load_model("sakura-mini")
-    img = load_photo(photo, model.cfg.image_size)
-    policies = {"sakura": MPCPolicy(), "raw-stream": FixedPolicy("lossless", name="raw-stream")}
+    policies = {"sakura": SakuraPolicy, "sakura-meet": MeetInMiddlePolicy,
+                "raw-stream": lambda: FixedPolicy("lossless", name="raw-stream")}
     if policy not in policies:
         raise ValueError(f"policy must be one of {sorted(policies)}, got {policy!r}")
+    model = load_model(model_name)
+    img = load_photo(photo, model.cfg.image_size)
+    gallery = Gallery(gallery_dir)
+    fp = model.fingerprint()
 
-    async def gallery():  # what the template gallery already holds: manifest + template image
-        async with TemplateClient(server) as c:
-            m = await c.fetch_manifest(model.fingerprint(), template)
+    async def refresh():  # what a gallery screen fetches: manifest + template image
+        async with TemplateClient(server, connect_timeout=2.0, read_timeout=5.0, max_retries=1) as c:
+            m = await c.get_manifest(fp, template)
             ref = await c.fetch_object(m.template_ref.object)
-            return m, st_load(ref.data)["image"]
+            return m, ref.data
 
-    manifest, timage = asyncio.run(gallery())
-    instruction = int(manifest.kv_layout.get("instruction", 0))
+    manifest, timage = None, None
+    try:
+        manifest, ref = asyncio.run(refresh())
+        gallery.put(fp, template, manifest.to_bytes(), ref, manifest.template_ref.media_type)
+        timage = decode_template_ref(ref, manifest.template_ref.media_type)
+    except Exception as e:
+        manifest, timage = gallery.manifest(fp, template), gallery.template_image(fp, template)
+        if timage is None:
+            raise ValueError(f"cannot get template {template!r} from {server} ({_short(e)}), and it is not in the "
+                             f"gallery at {gallery.root}") from None
+        echo(f"server unavailable ({_short(e, 100)}); using the gallery's copy of {template}")
+    instruction = int(manifest.kv_layout.get("instruction", 0)) if manifest is not None else 0
+    if manifest is None:
+        echo("no manifest cached: computing the template on the device")
+    prof = profile_model(model, repeats=1)
+    if decode_workers:
+        prof.decode_workers = decode_workers
     res = streamed_edit(model, img, base_url=server, template_id=template, template_image=timage[None],
-                        instruction=instruction, policy=policies[policy], profile=profile_model(model),
-                        estimator=BandwidthEstimator(prior_bps=prior_mbps * 1e6 / 8), steps=steps, seed=seed,
-                        manifest=manifest)
+                        instruction=instruction, policy=policies[policy](), profile=prof,
+                        bandwidth=BandwidthEstimator(prior_bps=prior_mbps * 1e6 / 8), steps=steps, seed=seed,
+                        manifest=manifest if manifest is not None else NO_MANIFEST, allow_fast_path=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     from skimage import io as skio
 
@@ -67,7 +90,13 @@ def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: 
     side = out.with_name(out.stem + ".compare.png")
     _save_grid(side, [img, timage[None], res.image], ["photo", "template", "edit"])
     b = res.breakdown()
-    echo(f"edited in {1000 * b['latency_s']:.0f} ms: {int(b['bytes'])} B fetched, {int(b['local_shards'])} of "
-         f"{len(res.records)} shards computed locally, stall {1000 * b['stall_s']:.0f} ms")
-    echo("choices: " + ", ".join(r.choice for r in res.records))
+    echo(f"edited in {1000 * b['latency_s']:.0f} ms ({res.path}): {int(b['bytes'])} B fetched, "
+         f"{int(b['local_shards'])} of {len(res.records)} layers computed on the device, stall {1000 * b['stall_s']:.0f} ms")
+    echo("layers: " + ", ".join(f"{r.index}:{r.source}" for r in res.records))
+    if res.path == "streamed":
+        q = f"{res.implied_psnr_db:.1f} dB" if res.quality_known else "unknown (manifest has no image distortions)"
+        echo(f"image PSNR vs the lossless-KV edit implied by the renditions used: {q}")
+    for e in res.events:
+        echo("event: " + e)
     echo(f"wrote {out} and {side}")
+

@@ -1,9 +1,21 @@
-"""Bandwidth estimation from the phone's own transfers (no probing traffic).
+"""Link estimation from the phone's own transfers (no probing traffic). Pure: no clock is read.
 
-RobustMPC-style: the prediction is the harmonic mean of the last `window` throughput samples
-(harmonic, because one fast burst must not hide slow periods), and the robust estimate divides it
-by (1 + the largest relative prediction error seen over the last `window` samples), so the
-scheduler plans conservatively after the link has surprised it.
+Two quantities, measured separately because they mix badly:
+
+* **throughput** (bytes/s), from a fetch's *first byte to last byte*: the request's round trip
+  is not in it, so a fast link is not mistaken for a slow one (a 64 kB shard at 1 Gbit/s takes
+  0.5 ms to carry but 40 ms to request; a sample over request-to-last-byte reads ~13 Mbit/s);
+* **round trip** (seconds), from request to first byte, kept as the minimum of recent samples:
+  a request queued behind another transfer can only look slower than the path, never faster.
+
+The planner then charges one RTT to an idle link's first request and none to requests issued
+ahead (see `sakura.runtime.plan`), instead of adding the RTT to every shard twice.
+
+RobustMPC-style discount: the prediction is the harmonic mean of the last `window` throughput
+samples (harmonic, because one fast burst must not hide slow periods); each new sample is scored
+against the prediction the planner actually used before it arrived (the prior, for the first
+sample) and the robust estimate divides the prediction by (1 + the largest recent relative
+error), so the scheduler plans conservatively after the link has surprised it.
 """
 
 from __future__ import annotations
@@ -16,12 +28,12 @@ class BandwidthEstimator:
 
     Args:
         window: how many recent samples (and prediction errors) to keep.
-        prior_bps: estimate (bytes/s) to use before any sample arrives, or None.
-        min_sample_bytes: samples smaller than this are merged into the next one (tiny transfers
-            measure latency, not throughput).
+        prior_bps: estimate (bytes/s) before any sample (e.g. what the phone measured last time).
+        min_sample_bytes: samples carrying fewer bytes are merged into the next one (a handful of
+            bytes measures scheduling noise, not the link).
     """
 
-    def __init__(self, window: int = 5, prior_bps: float | None = None, min_sample_bytes: int = 16_384):
+    def __init__(self, window: int = 5, prior_bps: float | None = None, min_sample_bytes: int = 8_192):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         if prior_bps is not None and not prior_bps > 0:
@@ -34,8 +46,12 @@ class BandwidthEstimator:
         self._pending_bytes = 0
         self._pending_s = 0.0
 
+    @property
+    def samples(self) -> int:
+        return len(self._samples)
+
     def observe(self, nbytes: int, seconds: float) -> None:
-        """Record that `nbytes` arrived over `seconds` of transfer time."""
+        """Record that `nbytes` were carried in `seconds` of first-byte-to-last-byte time."""
         if nbytes < 0 or seconds < 0:
             raise ValueError(f"observe needs nbytes >= 0 and seconds >= 0, got {nbytes}, {seconds}")
         self._pending_bytes += nbytes
@@ -49,6 +65,15 @@ class BandwidthEstimator:
             self._errors.append(abs(predicted - actual) / actual)
         self._samples.append(actual)
 
+    def observe_fetch(self, nbytes: int, first_chunk_bytes: int, t_first_byte: float, t_last_byte: float) -> None:
+        """A completed fetch: the bytes after the first chunk over first-to-last-byte time.
+
+        The first chunk's bytes arrived *at* t_first_byte, so they carry no duration; counting
+        them would over-estimate short transfers."""
+        if t_last_byte < t_first_byte:
+            raise ValueError("t_last_byte must be >= t_first_byte")
+        self.observe(max(0, nbytes - first_chunk_bytes), t_last_byte - t_first_byte)
+
     def predict_bps(self) -> float | None:
         """Harmonic mean of recent samples (bytes/s), or the prior, or None."""
         if not self._samples:
@@ -61,3 +86,27 @@ class BandwidthEstimator:
         if p is None:
             return None
         return p / (1.0 + (max(self._errors) if self._errors else 0.0))
+
+
+class RttEstimator:
+    """Round trip (seconds): the minimum of the last `window` request-to-first-byte samples.
+
+    Args:
+        prior_s: estimate before any sample (seconds).
+    """
+
+    def __init__(self, window: int = 8, prior_s: float = 0.05):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if prior_s < 0:
+            raise ValueError(f"prior_s must be >= 0, got {prior_s}")
+        self.prior_s = prior_s
+        self._samples: deque[float] = deque(maxlen=window)
+
+    def observe(self, t_request: float, t_first_byte: float) -> None:
+        if t_first_byte < t_request:
+            raise ValueError("t_first_byte must be >= t_request")
+        self._samples.append(t_first_byte - t_request)
+
+    def rtt_s(self) -> float:
+        return min(self._samples) if self._samples else self.prior_s

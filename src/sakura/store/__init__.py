@@ -3,7 +3,10 @@
 Public API (what ``sakura build``, the server and the phone runtime use)::
 
     from sakura.store import StoreWriter, RenditionInput, Store, Manifest, ObjectRef
+    from sakura.store import TemplateStore, AsyncTemplateStore   # the one read interface (api.py)
 """
+
+from sakura.store.api import AsyncTemplateStore, StoreIntegrityError, StoreNotFound, TemplateStore
 
 from sakura.store.layout import check_name, check_sha256, manifest_relpath, object_relpath
 from sakura.store.manifest import (
@@ -20,6 +23,8 @@ from sakura.store.manifest import (
 from sakura.store.store import (
     RenditionInput,
     Store,
+    ObjectDamaged,
+    ObjectMissing,
     StoreError,
     StoreStats,
     StoreWriter,
@@ -31,6 +36,7 @@ from sakura.store.store import (
 )
 
 __all__ = [
+    "TemplateStore", "AsyncTemplateStore", "StoreNotFound", "StoreIntegrityError", "ObjectMissing", "ObjectDamaged",
     "SCHEMA_VERSION", "Manifest", "ManifestError", "ObjectRef", "Prefix", "Rendition", "Shard", "Table", "TemplateRef",
     "RenditionInput", "Store", "StoreError", "StoreStats", "StoreWriter", "TemplateStats", "VerifyReport",
     "atomic_write", "put_object", "sha256_file", "check_name", "check_sha256", "manifest_relpath", "object_relpath",

@@ -1,15 +1,22 @@
-"""`sakura build`: capture template KV, score token importance, encode the ladder, write the store.
+"""`sakura build`: capture template KV, measure what each rendition does to the image, write the store.
 
-Cloud side, for the bundled sakura-mini model (the Klein adapter's templates are a different
-type; building them is not wired yet). For each template:
+Cloud side, for any model with the bundled models' image-level API (``load_model(name)``:
+``extract_template_kv(image[None], instruction)``, ``edit(photos, template_kv=, steps=, seed=)``,
+``fingerprint()``, ``cfg.image_size``). For each template:
 
-1. ``model.extract_template_kv`` -> fp32 KV, stored reference is fp16 (what every codec starts from);
-2. ``sakura.capture.template_importance`` over public calibration photos -> (layers, tokens);
-3. every codec setting of the ladder: fit shared tables once (if the codec uses them), encode
-   every layer's shard, measure its distortion with ``Codec.describe`` (a layered codec gives
-   one rendition per rung, each a byte prefix of the shard's one object);
-4. ``StoreWriter``: one object per rendition, tables as objects, the template reference
-   (image + instruction, safetensors) so the phone can compute the KV itself, manifest last.
+1. the template image is stored as a lossless 8-bit PNG (the template reference the phone computes
+   the KV from, ``local``); the KV is captured from exactly that PNG's pixels, stored as fp16 (what
+   every codec starts from);
+2. on public calibration photos (``sakura.capture``): attention-mass token importance and per-layer
+   K/V sensitivities (the codec splits bits across layers and K/V by them);
+3. every codec setting of the ladder: fit shared tables once, encode every layer's shard (a layered
+   codec gives one rendition per rung, each a byte prefix of the shard's one object) and record
+   its distortion: the codec's KV errors plus the manifest contract's ``image_mse`` /
+   ``image_psnr_db``: the calibration edits with only that shard replaced by the decoded
+   rendition, all other shards lossless, against the all-lossless edit (docs/codec.md);
+4. per shard the same image measurement for CacheGen level 3 (``quality_floor``), whether or not
+   CacheGen is in the ladder;
+5. ``StoreWriter``: objects, tables, template reference, manifest last.
 
 Codec objects are tagged with ``ShardId(model_fingerprint, template_fingerprint, shard)``; the
 manifest's ``kv_layout`` carries ``template_fingerprint`` so the runtime can rebuild that id.
@@ -18,19 +25,24 @@ manifest's ``kv_layout`` carries ``template_fingerprint`` so the runtime can reb
 from __future__ import annotations
 
 import hashlib
+import io
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sakura.store.store import RenditionInput, StoreWriter
 
-#: Default ladder: the importance-aware layered codec alone, four rungs (~1.5/2.5/3.5/4.5 bits/value
-#: budgets) stored as one object per shard (rung l = a byte prefix: one Range per rung, upgrades
-#: fetch only the missing bytes). The exact fallback is computing the KV on the phone, so the
-#: store need not keep a lossless copy: this ladder costs about 1/3 of one fp16 copy, tables
-#: included. Add "lossless" / "uniform:bits=8" with --ladder when raw streaming is wanted.
-DEFAULT_LADDER = ("layered:budgets=[1.5,2.5,3.5,4.5]",)
-TEMPLATE_REF_MEDIA_TYPE = "application/x-sakura-mini-template+safetensors"
+#: Default ladder: the progressive transform coder alone (``progressive`` = ECSQ + token-grid DCT
+#: coded by successive refinement, budgets 0.15/0.3/0.6/1.2 bits per value; docs/codec.md), four rungs stored as one object per shard (rung l = a byte prefix: one Range per
+#: rung, upgrades fetch only the missing bytes). The exact fallback is computing the KV on the phone
+#: from the template reference, so the store keeps no lossless copy. Add "lossless" /
+#: "uniform:bits=8" with --ladder when raw streaming is wanted.
+DEFAULT_LADDER = ("progressive",)
+#: The reference codec of every shard's ``quality_floor`` (measured even when not in the ladder).
+QUALITY_FLOOR_SPEC = "cachegen:level=3"
+TEMPLATE_REF_MEDIA_TYPE = "image/png"
+#: Stores built before the PNG reference kept (3, S, S) fp32 pixels in safetensors; still readable.
+LEGACY_TEMPLATE_REF_MEDIA_TYPE = "application/x-sakura-mini-template+safetensors"
 
 
 def default_templates() -> list[str]:
@@ -40,26 +52,67 @@ def default_templates() -> list[str]:
     return [f"{t}-00" for t in TASK_NAMES]
 
 
+def encode_template_ref(image) -> bytes:
+    """(3, S, S) float image in [0, 1] -> lossless 8-bit RGB PNG bytes (deterministic: no metadata).
+
+    Pixels are rounded to 8 bits; the library's templates already are 8-bit, so this is exact for
+    them (``decode_template_ref(encode_template_ref(x)) == x``)."""
+    import numpy as np
+    from PIL import Image
+
+    if image.ndim != 3 or image.shape[0] != 3:
+        raise ValueError(f"template image must be (3, S, S), got {tuple(image.shape)}")
+    px = (image.detach().float().clamp(0, 1).permute(1, 2, 0).numpy() * 255.0).round().astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(px, mode="RGB").save(buf, format="PNG", optimize=True, compress_level=9)
+    return buf.getvalue()
+
+
+def decode_template_ref(data: bytes, media_type: str = TEMPLATE_REF_MEDIA_TYPE):
+    """Template reference bytes -> (3, S, S) float32 image in [0, 1] (PNG, or the legacy safetensors)."""
+    import numpy as np
+    import torch
+
+    if media_type == LEGACY_TEMPLATE_REF_MEDIA_TYPE:
+        from safetensors.torch import load as st_load
+
+        return st_load(data)["image"]
+    if media_type != TEMPLATE_REF_MEDIA_TYPE:
+        raise ValueError(f"unknown template reference media type {media_type!r}")
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        if im.format != "PNG" or im.mode != "RGB":
+            raise ValueError(f"template reference is {im.format} {im.mode}, expected an RGB PNG")
+        px = np.asarray(im, dtype=np.uint8)
+    return torch.from_numpy(px.astype(np.float32) / np.float32(255.0)).permute(2, 0, 1).contiguous()
+
+
 def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates: Sequence[str] | None = None,
                 ladder: Sequence[str] = DEFAULT_LADDER, calibration: int = 2, steps: int = 4, seed: int = 0,
                 log: Callable[[str], None] = print) -> list[Path]:
     """Build (or idempotently rebuild) one manifest per template; returns the manifest paths.
 
+    Callable per template (``templates=["look-00"]``): templates are independent.
+
     Args:
         store: store directory (created if missing).
-        model_name: ``sakura-mini`` or ``sakura-mini:/path/weights.safetensors``.
+        model_name: anything ``sakura.models.load_model`` takes (``sakura-mini``,
+            ``sakura-mini:/path/weights.safetensors``, other models with the same image-level API).
         templates: library template names (``sakura.tasks.template_library``); default one per task.
-        ladder: codec specs (``sakura.codec.codec_from_spec``), one rendition each.
-        calibration: number of public calibration photos (held-out sources) for importance.
-        steps, seed: sampler run that produces the calibration queries.
+        ladder: codec specs (``sakura.codec.codec_from_spec``), one rendition each (a layered
+            codec: one per rung).
+        calibration: number of public calibration photos (held-out sources) for importance,
+            sensitivities and the image distortion of every rendition.
+        steps, seed: sampler run of the calibration edits.
     """
     import torch
-    from safetensors.torch import save as st_save
 
-    from sakura.capture import template_importance
-    from sakura.codec import Shard, ShardId, codec_from_spec
+    from sakura.capture import ShardDistortionProbe, layer_sensitivity, template_importance
+    from sakura.codec import ShardId, ShardKV, codec_from_spec
+    from sakura.codec.base import parse_spec
     from sakura.models import load_model
-    from sakura.models.mini import MiniDiT
+    from sakura.models.kv import LayerKV, TemplateKV
     from sakura.tasks import get_template, heldout_photos
 
     torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
@@ -67,10 +120,12 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     names = [s.strip() for s in ladder]  # rendition names as the operator wrote them
     if len(set(names)) != len(names):
         raise ValueError(f"ladder has duplicate settings: {names}")
+    floor_codec = codec_from_spec(QUALITY_FLOOR_SPEC)
     model = load_model(model_name)
-    if not isinstance(model, MiniDiT):
-        raise NotImplementedError(f"sakura build supports sakura-mini models only so far, not {model_name!r}")
-    size = model.cfg.image_size
+    for attr in ("extract_template_kv", "edit", "fingerprint"):
+        if not callable(getattr(model, attr, None)):
+            raise TypeError(f"model {model_name!r} has no {attr}(): sakura build needs the image-level edit API")
+    size = int(model.cfg.image_size)
     model_fp = model.fingerprint()
     calib = heldout_photos(size)[:calibration]
     if calib.shape[0] < 1:
@@ -80,47 +135,79 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     out = []
     for name, tpl in zip(names_in, tpls):
         t0 = time.perf_counter()
-        kv = model.extract_template_kv(tpl.image[None], tpl.instruction).to(torch.float16)
+        ref_png = encode_template_ref(tpl.image)
+        image = decode_template_ref(ref_png)  # capture from exactly what the phone will have
+        kv = model.extract_template_kv(image[None], tpl.instruction).to(torch.float16)
         imp = template_importance(model, kv, calib, steps=steps, seed=seed)  # (layers, tokens)
+
+        def calib_edit(layers, kv=kv):
+            return model.edit(calib, template_kv=TemplateKV([LayerKV(k, v) for k, v in layers], kv.model_fingerprint,
+                                                            kv.template_fingerprint, kv.layout),
+                              steps=steps, seed=seed).image
+
+        sens = layer_sensitivity([(l.key, l.value) for l in kv.layers], calib_edit, seed=seed)
+        probe = ShardDistortionProbe(model, kv, calib, steps=steps, seed=seed)
         L = kv.num_layers
-        shards = [Shard(l.key, l.value, importance=imp[i], layer=i, num_layers=L) for i, l in enumerate(kv.layers)]
+        shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=L, sensitivity=sens[i])
+                  for i, l in enumerate(kv.layers)]
         ident = lambda i: ShardId(model_fp, kv.template_fingerprint, i)  # noqa: E731
+        floor_tables = floor_codec.fit_tables(shards) if floor_codec.uses_tables else None
+        floors = []
+        for i, s in enumerate(shards):
+            dec = floor_codec.decode(floor_codec.encode(s, ident(i), floor_tables), ident(i), floor_tables)
+            floors.append({"reference": QUALITY_FLOOR_SPEC,
+                           "image_mse": _rounded({"image_mse": probe.image_mse(i, dec.as_layer_kv())})["image_mse"]})
         with StoreWriter(store, model_fingerprint=model_fp, template_id=name) as w:
-            # One tensor, no metadata: safetensors orders a metadata map nondeterministically,
-            # which would break idempotent rebuilds. Instruction etc. live in kv_layout.
-            ref = st_save({"image": tpl.image.contiguous().to(torch.float32)})  # (3, S, S) in [0, 1]
-            w.set_template_ref(ref, media_type=TEMPLATE_REF_MEDIA_TYPE)
+            w.set_template_ref(ref_png, media_type=TEMPLATE_REF_MEDIA_TYPE)
             encoded: list[list[RenditionInput]] = [[] for _ in shards]
             for rname, codec in zip(names, codecs):
                 tables = codec.fit_tables(shards) if codec.uses_tables else None
                 table_names: tuple[str, ...] = ()
                 if tables is not None:
                     w.add_table(rname, codec=codec.name, data=tables.to_bytes(ShardId(model_fp, kv.template_fingerprint, -1)),
-                                params=dict(codec.params))
+                                params=_jsonable(parse_spec(rname)[1]))
                     table_names = (rname,)
+                # the parameters as the operator wrote them (objects carry everything decoding needs;
+                # all defaults spelled out in every rendition made the manifest larger than the ladder)
+                params = _jsonable(parse_spec(rname)[1])
                 for i, s in enumerate(shards):
                     data = codec.encode(s, ident(i), tables)
                     # A layered codec's object holds every rung; rung l is the prefix ends[l]
                     # (one object in the store, one Range per rung). Others: one whole object.
-                    ends = codec.level_ends(data) if hasattr(codec, "level_ends") else [None]
+                    ends = codec.level_ends(data) if codec.supports_layers else [None]
                     for rung, end in enumerate(ends):
-                        d = codec.describe(s, data if end is None else data[:end], ident(i), tables)
+                        piece = data if end is None else data[:end]
+                        d = codec.describe(s, piece, ident(i), tables)
+                        dec = codec.decode(piece, ident(i), tables)
+                        dist = {"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
+                                "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
+                                "dropped_fraction": 1.0 - d.keep_fraction, **probe.measure(i, dec.as_layer_kv())}
                         encoded[i].append(RenditionInput(
                             name=rname if end is None else f"{rname}#{rung}", codec=codec.name, data=data,
-                            params=_jsonable(codec.params), prefix_bytes=end, tables=table_names,
-                            distortion={"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
-                                        "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
-                                        "dropped_fraction": 1.0 - d.keep_fraction}))
+                            params=params, prefix_bytes=end, tables=table_names, distortion=_rounded(dist)))
             for i, s in enumerate(shards):
-                w.add_shard(layer=i, tokens=(0, kv.num_tokens), fp16_bytes=s.fp16_bytes, renditions=encoded[i])
+                w.add_shard(layer=i, tokens=(0, kv.num_tokens), fp16_bytes=s.fp16_bytes, renditions=encoded[i],
+                            quality_floor=floors[i])
             w.set_kv_layout({"layers": L, "tokens": kv.num_tokens, "heads": kv.heads, "head_dim": kv.head_dim,
                              "dtype": "float16", "template_fingerprint": kv.template_fingerprint,
                              "layout": _jsonable(kv.layout), "instruction": tpl.instruction})
-        out.append(w._committed)  # set by commit() on leaving the block
-        total = sum({hashlib.sha256(r.data).digest(): len(r.data) for rs in encoded for r in rs}.values())
+        out.append(w.committed_path)
+        ladder_b = sum({hashlib.sha256(r.data).digest(): len(r.data) for rs in encoded for r in rs}.values())
         fp16 = sum(s.fp16_bytes for s in shards)
-        log(f"{name}: {L} shards x {len(encoded[0])} renditions, ladder {total / 1e6:.2f} MB vs fp16 "
-            f"{fp16 / 1e6:.2f} MB ({time.perf_counter() - t0:.1f} s)")
+        log(f"{name}: {L} shards x {len(encoded[0])} renditions, ladder {ladder_b / 1e3:.1f} kB + template PNG "
+            f"{len(ref_png) / 1e3:.1f} kB vs fp16 {fp16 / 1e3:.1f} kB ({time.perf_counter() - t0:.1f} s)")
+    return out
+
+
+def _rounded(dist: dict[str, float]) -> dict[str, float]:
+    """Six significant digits (17 made up a tenth of the manifest); image_psnr_db recomputed from
+    the rounded image_mse so the manifest's consistency check holds exactly."""
+    import math
+
+    out = {k: (v if math.isinf(v) else float(f"{v:.6g}")) for k, v in dist.items()}
+    if "image_mse" in out:
+        mse = out["image_mse"]
+        out["image_psnr_db"] = math.inf if mse == 0 else 10.0 * math.log10(1.0 / mse)
     return out
 
 

@@ -25,7 +25,7 @@ def stats_cmd(
     store: Path = typer.Argument(..., help="Store directory."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Bytes per template: whole rendition ladder (+ tables, template ref) vs one uncompressed fp16 copy."""
+    """Bytes per template: everything it costs (ladder, tables, template ref, manifest) vs one fp16 copy."""
     from sakura.store import Store, StoreError
 
     try:
@@ -37,15 +37,20 @@ def stats_cmd(
         d = asdict(s)
         for t, ts in zip(d["templates"], s.templates):
             t["ratio_vs_fp16"] = ts.ratio_vs_fp16
+            t["whole_bytes"] = ts.whole_bytes
+            t["whole_ratio_vs_fp16"] = ts.whole_ratio_vs_fp16
         typer.echo(json.dumps(d, indent=1))
         return
     w = max([len("model/template")] + [len(t.model_fingerprint) + 1 + len(t.template_id) for t in s.templates])
     typer.echo(f"{'model/template':{w}s} {'shards':>6s} {'rends':>6s} {'ladder':>11s} {'tables':>10s} "
-               f"{'total':>11s} {'fp16 copy':>11s} {'total/fp16':>10s}")
+               f"{'template':>10s} {'manifest':>10s} {'whole':>11s} {'fp16 copy':>11s} {'whole/fp16':>10s}")
     for t in s.templates:
         typer.echo(f"{t.model_fingerprint + '/' + t.template_id:{w}s} {t.shards:6d} {t.renditions:6d} "
-                   f"{_human(t.ladder_bytes):>11s} {_human(t.table_bytes):>10s} {_human(t.total_bytes):>11s} "
-                   f"{_human(t.fp16_bytes):>11s} {t.ratio_vs_fp16:10.3f}")
+                   f"{_human(t.ladder_bytes):>11s} {_human(t.table_bytes):>10s} {_human(t.template_ref_bytes):>10s} "
+                   f"{_human(t.manifest_bytes):>10s} {_human(t.whole_bytes):>11s} "
+                   f"{_human(t.fp16_bytes):>11s} {t.whole_ratio_vs_fp16:10.3f}")
+    typer.echo("whole = ladder + tables + template reference + manifest (everything a template costs), "
+               "each object once")
     typer.echo(f"objects on disk: {s.object_count} ({_human(s.object_bytes)}, each stored once); "
                f"orphans: {s.orphan_count} ({_human(s.orphan_bytes)})")
 
@@ -89,6 +94,30 @@ def gc_cmd(
     typer.echo(f"{len(removed)} file(s) {'to delete' if dry_run else 'deleted'}")
 
 
+@store_app.command("edge-config")
+def edge_config_cmd(
+    origin: str = typer.Argument(..., help="Origin base URL, http://host:port (sakura serve or an origin nginx)."),
+    port: int = typer.Option(8081, help="Port the edge listens on."),
+    host: str = typer.Option("127.0.0.1", help="Address the edge listens on."),
+    prefix: Path = typer.Option(Path("edge"), help="Folder for the edge's cache, logs and pid."),
+    slice_kib: int = typer.Option(1024, min=4, help="Cache / origin-fetch slice size, KiB (multiple of 4)."),
+    cache_gib: float = typer.Option(10.0, min=0.01, help="Disk cache cap, GiB (LRU beyond it)."),
+    manifest_ttl_s: int = typer.Option(2, min=0, help="Seconds a manifest/index answer is reused (0: not cached)."),
+    workers: int = typer.Option(0, min=0, help="nginx worker processes (0: one per core)."),
+) -> None:
+    """Print an nginx.conf for a caching edge (proxy_cache + slice + cache lock) in front of ORIGIN.
+    Run it with: nginx -p PREFIX -c PREFIX/nginx.conf (docs/scale.md)."""
+    from sakura.server import edge_config
+
+    try:
+        typer.echo(edge_config(origin, port=port, prefix=prefix, host=host, slice_bytes=slice_kib * 1024,
+                               cache_max_bytes=int(cache_gib * (1 << 30)), manifest_ttl_s=manifest_ttl_s,
+                               workers=workers), nl=False)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+
+
 def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, trace: str | None = None,
               trace_offset: float = 0.0, rtt_ms: float = 0.0) -> None:
     """Body of `sakura serve` (kept here so sakura/cli.py stays a thin shell)."""
@@ -112,14 +141,34 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, tr
 
 
 def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list[str] | None, calibration: int,
-              steps: int) -> None:
-    """Body of `sakura build`: clear one-line errors for bad names/specs instead of tracebacks."""
+              steps: int, *, executor: str = "local", address: str | None = None, workers: int | None = None,
+              force: bool = False) -> None:
+    """Body of `sakura build`: clear one-line errors for bad names/specs instead of tracebacks.
+
+    ``executor="local"`` (default) builds in this process as before; ``"ray"`` spreads templates
+    over a Ray cluster (``sakura.store.distributed``), skipping templates already current; exit 1
+    if any template failed (the others are committed)."""
     from sakura.store.build import DEFAULT_LADDER, build_store
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if executor not in ("local", "ray"):
+        typer.echo(f"error: --executor must be local or ray, got {executor!r}", err=True)
+        raise typer.Exit(2)
+    if executor == "local" and (address or workers or force):
+        typer.echo("error: --address/--workers/--force apply to --executor ray", err=True)
+        raise typer.Exit(2)
     try:
-        build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
-                    calibration=calibration, steps=steps, log=typer.echo)
-    except (ValueError, KeyError, NotImplementedError, FileNotFoundError) as e:
+        if executor == "local":
+            build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
+                        calibration=calibration, steps=steps, log=typer.echo)
+            return
+        from sakura.store.distributed import build_templates
+
+        rep = build_templates(store, templates=templates or None, model_name=model, ladder=ladder or DEFAULT_LADDER,
+                              calibration=calibration, steps=steps, executor="ray", address=address, workers=workers,
+                              force=force, log=typer.echo)
+    except (ValueError, KeyError, NotImplementedError, FileNotFoundError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
+    if not rep.ok:
+        raise typer.Exit(1)

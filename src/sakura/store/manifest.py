@@ -104,6 +104,47 @@ class ObjectRef:
         return cls(sha256=sha, bytes=_int(_get(d, "bytes", where), f"{where}.bytes"))
 
 
+#: Image-level distortion keys of a rendition (docs/codec.md): mean per-pixel MSE (pixels in [0, 1])
+#: of the calibration edits with only this shard replaced by the rendition, against the lossless-KV
+#: edit, and 10 log10(1 / image_mse) (inf when image_mse is 0; null in the JSON).
+IMAGE_MSE = "image_mse"
+IMAGE_PSNR = "image_psnr_db"
+
+
+def _distortion(dist: Any, where: str) -> dict[str, float]:
+    """Validate a rendition's distortion map: finite numbers >= 0; the image keys come together,
+    image_mse in [0, 1] and image_psnr_db = 10 log10(1 / image_mse) (null/inf iff image_mse is 0)."""
+    if not isinstance(dist, Mapping):
+        raise _fail(where, "expected an object metric -> number")
+    out: dict[str, float] = {}
+    for k, v in dist.items():
+        if k == IMAGE_PSNR and (v is None or (isinstance(v, float) and math.isinf(v) and v > 0)):
+            out[k] = math.inf
+            continue
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise _fail(f"{where}.{k}", f"expected a finite number >= 0, got {v!r}")
+        out[str(k)] = float(v)
+    if (IMAGE_MSE in out) != (IMAGE_PSNR in out):
+        raise _fail(where, f"{IMAGE_MSE!r} and {IMAGE_PSNR!r} must be given together")
+    if IMAGE_MSE in out:
+        mse, psnr = out[IMAGE_MSE], out[IMAGE_PSNR]
+        if mse > 1.0:
+            raise _fail(f"{where}.{IMAGE_MSE}", f"expected a per-pixel MSE in [0, 1], got {mse!r}")
+        want = math.inf if mse == 0.0 else 10.0 * math.log10(1.0 / mse)
+        if math.isinf(want) != math.isinf(psnr) or (not math.isinf(want) and abs(psnr - want) > 1e-6 * max(1.0, want)):
+            raise _fail(f"{where}.{IMAGE_PSNR}", f"{psnr!r} is not 10 log10(1 / {IMAGE_MSE}) = {want!r}")
+    return out
+
+
+def _quality_floor(d: Any, where: str) -> dict[str, Any]:
+    """A shard's quality floor: {"reference": codec spec, "image_mse": MSE in [0, 1]}."""
+    _known_keys(_require_obj(d, where), {"reference", "image_mse"}, where)
+    mse = _get(d, "image_mse", where)
+    if not isinstance(mse, (int, float)) or isinstance(mse, bool) or not math.isfinite(mse) or not 0 <= mse <= 1:
+        raise _fail(f"{where}.image_mse", f"expected a per-pixel MSE in [0, 1], got {mse!r}")
+    return {"reference": _str(_get(d, "reference", where), f"{where}.reference", max_len=128), "image_mse": float(mse)}
+
+
 def _require_obj(d: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(d, Mapping):
         raise _fail(where or "<root>", f"expected an object, got {type(d).__name__}")
@@ -172,7 +213,8 @@ class Rendition:
             "codec": self.codec,
             "params": self.params,
             "object": self.object.to_json(),
-            "distortion": self.distortion,
+            # strict JSON has no infinity: a lossless rendition's image_psnr_db (inf) is written as null
+            "distortion": {k: (None if k == IMAGE_PSNR and math.isinf(v) else v) for k, v in self.distortion.items()},
             "tables": list(self.tables),
         }
         if self.prefix is not None:
@@ -183,12 +225,7 @@ class Rendition:
     def from_json(cls, d: Any, where: str) -> "Rendition":
         _known_keys(_require_obj(d, where), {"name", "codec", "params", "object", "distortion", "tables", "prefix"},
                     where)
-        dist = _get(d, "distortion", where)
-        if not isinstance(dist, Mapping):
-            raise _fail(f"{where}.distortion", "expected an object metric -> number")
-        for k, v in dist.items():
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise _fail(f"{where}.distortion.{k}", f"expected a finite number >= 0, got {v!r}")
+        dist = _distortion(_get(d, "distortion", where), f"{where}.distortion")
         tables = _get(d, "tables", where)
         if not isinstance(tables, list):
             raise _fail(f"{where}.tables", "expected a list of table names")
@@ -201,7 +238,7 @@ class Rendition:
             codec=_str(_get(d, "codec", where), f"{where}.codec", max_len=64),
             params=_params(_get(d, "params", where), f"{where}.params"),
             object=obj,
-            distortion={str(k): float(v) for k, v in dist.items()},
+            distortion=dist,
             tables=tuple(_str(t, f"{where}.tables[{i}]", max_len=128) for i, t in enumerate(tables)),
             prefix=prefix,
         )
@@ -218,6 +255,9 @@ class Shard:
         fp16_bytes: size in bytes of this shard's K+V as one uncompressed fp16 copy (the baseline
             for storage accounting).
         renditions: the ladder, at least one.
+        quality_floor: optional ``{"reference": codec spec, "image_mse": x}``: the image MSE (same
+            measurement as a rendition's ``image_mse``) of a reference codec on this shard, e.g.
+            ``cachegen:level=3``, whether or not that codec is in the stored ladder.
     """
 
     index: int
@@ -225,6 +265,7 @@ class Shard:
     tokens: tuple[int, int]
     fp16_bytes: int
     renditions: tuple[Rendition, ...]
+    quality_floor: dict[str, Any] | None = None
 
     def rendition(self, name: str) -> Rendition:
         for r in self.renditions:
@@ -239,11 +280,13 @@ class Shard:
             "tokens": list(self.tokens),
             "fp16_bytes": self.fp16_bytes,
             "renditions": [r.to_json() for r in self.renditions],
+            **({"quality_floor": dict(self.quality_floor)} if self.quality_floor is not None else {}),
         }
 
     @classmethod
     def from_json(cls, d: Any, where: str) -> "Shard":
-        _known_keys(_require_obj(d, where), {"index", "layer", "tokens", "fp16_bytes", "renditions"}, where)
+        _known_keys(_require_obj(d, where), {"index", "layer", "tokens", "fp16_bytes", "renditions", "quality_floor"},
+                    where)
         tok = _get(d, "tokens", where)
         if not (isinstance(tok, list) and len(tok) == 2):
             raise _fail(f"{where}.tokens", f"expected [start, stop], got {tok!r}")
@@ -259,6 +302,8 @@ class Shard:
             tokens=(t0, t1),
             fp16_bytes=_int(_get(d, "fp16_bytes", where), f"{where}.fp16_bytes"),
             renditions=tuple(Rendition.from_json(r, f"{where}.renditions[{i}]") for i, r in enumerate(rends)),
+            quality_floor=(_quality_floor(d["quality_floor"], f"{where}.quality_floor")
+                           if d.get("quality_floor") is not None else None),
         )
 
 

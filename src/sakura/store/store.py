@@ -14,11 +14,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from sakura import fsutil
+from sakura.store.api import StoreIntegrityError, StoreNotFound
 from sakura.store.layout import (
     INDEX_PATH,
     LOCK_FILE,
@@ -51,6 +53,14 @@ class StoreError(RuntimeError):
     """The store on disk is unusable or inconsistent; the message names the file."""
 
 
+class ObjectMissing(StoreError, StoreNotFound):
+    """An object (or manifest) the caller asked for is not in the store."""
+
+
+class ObjectDamaged(StoreError, StoreIntegrityError):
+    """An object on disk does not match its reference (size or sha256)."""
+
+
 # ------------------------------------------------------------------------------- low-level I/O
 def sha256_file(path: Path) -> str:
     """sha256 hex digest of a file, read in 1 MiB steps."""
@@ -61,37 +71,13 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(root: Path, relpath: str, data: bytes | bytearray | memoryview) -> Path:
-    """Write ``data`` to ``root/relpath`` atomically: temp file in ``root/.tmp`` + fsync + rename.
+    """Write ``data`` to ``root/relpath`` atomically and durably (``sakura.fsutil.atomic_write``:
+    temp file in ``root/.tmp`` + fsync + chmod 0644 + rename + directory fsync).
 
     Readers (and HTTP servers) see either the old file or the complete new one, never a prefix.
     """
-    dest = root / relpath
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmpdir = root / TMP_DIR
-    tmpdir.mkdir(exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=tmpdir, prefix="w-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; static servers may run as another user
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(dest.parent)
-    return dest
+    return fsutil.atomic_write(root / relpath, data, tmp_dir=root / TMP_DIR, mode=0o644)
 
 
 @contextlib.contextmanager
@@ -196,7 +182,7 @@ class StoreWriter:
         return ref
 
     def add_shard(self, *, layer: int, tokens: tuple[int, int], fp16_bytes: int,
-                  renditions: Iterable[RenditionInput]) -> Shard:
+                  renditions: Iterable[RenditionInput], quality_floor: Mapping[str, Any] | None = None) -> Shard:
         """Append the next shard in consumption order; writes each rendition's bytes as an object.
 
         Args:
@@ -204,6 +190,7 @@ class StoreWriter:
             tokens: ``(start, stop)`` template-token range, stop exclusive.
             fp16_bytes: bytes of this shard's K+V as one uncompressed fp16 copy.
             renditions: the ladder for this shard (at least one).
+            quality_floor: optional ``{"reference": codec spec, "image_mse": x}`` (``Shard.quality_floor``).
         """
         renditions = list(renditions)
         known = {t.name for t in self._tables}
@@ -226,7 +213,8 @@ class StoreWriter:
                                    distortion={k: float(v) for k, v in r.distortion.items()},
                                    tables=tuple(r.tables), prefix=prefix))
         shard = Shard(index=len(self._shards), layer=int(layer), tokens=(int(tokens[0]), int(tokens[1])),
-                      fp16_bytes=int(fp16_bytes), renditions=tuple(rends))
+                      fp16_bytes=int(fp16_bytes), renditions=tuple(rends),
+                      quality_floor=dict(quality_floor) if quality_floor is not None else None)
         # Round-trip through the reader's validation now, so a bad shard fails here, named.
         Shard.from_json(shard.to_json(), f"shards[{shard.index}]")
         self._shards.append(shard)
@@ -246,8 +234,14 @@ class StoreWriter:
         Manifest.from_bytes(m.to_bytes())  # the exact bytes we write must pass the reader
         return m
 
+    @property
+    def committed_path(self) -> Path | None:
+        """The manifest file once ``commit()`` ran (leaving the ``with`` block commits), else None."""
+        return self._committed
+
     def commit(self) -> Path:
-        """Write the manifest (atomically, after all objects) and update ``index.json``."""
+        """Write the manifest (atomically, after all objects) and update ``index.json``; returns the
+        manifest's path (also ``committed_path`` afterwards)."""
         m = self.manifest()
         data = m.to_bytes()
         rel = manifest_relpath(self.model_fingerprint, self.template_id)
@@ -258,6 +252,11 @@ class StoreWriter:
             _write_index(self.root)
         self._committed = dest
         return dest
+
+    @property
+    def committed_path(self) -> Path | None:
+        """Path of the manifest written by ``commit()`` (also on leaving the ``with`` block), else None."""
+        return self._committed
 
     def __enter__(self) -> "StoreWriter":
         return self
@@ -290,7 +289,7 @@ def _scan_manifests(root: Path) -> list[tuple[str, str, Path]]:
             continue
         for p in sorted(fp_dir.glob("*.json")):
             tid = p.name[: -len(".json")]
-            if NAME_RE.fullmatch(tid):
+            if NAME_RE.fullmatch(tid) and p.is_file():  # a stray directory named *.json is not a manifest
                 out.append((fp_dir.name, tid, p))
     return out
 
@@ -313,8 +312,18 @@ class TemplateStats:
 
     @property
     def ratio_vs_fp16(self) -> float:
-        """Whole ladder (``total_bytes``) over one uncompressed fp16 copy: < 1 means the ladder is smaller."""
+        """Objects (``total_bytes``: ladder + tables + template ref) over one uncompressed fp16 copy."""
         return self.total_bytes / self.fp16_bytes if self.fp16_bytes else float("nan")
+
+    @property
+    def whole_bytes(self) -> int:
+        """Everything the template costs on disk: its unique objects plus its manifest file."""
+        return self.total_bytes + self.manifest_bytes
+
+    @property
+    def whole_ratio_vs_fp16(self) -> float:
+        """``whole_bytes`` over one uncompressed fp16 copy of the template KV."""
+        return self.whole_bytes / self.fp16_bytes if self.fp16_bytes else float("nan")
 
 
 @dataclass(frozen=True)
@@ -341,7 +350,11 @@ class VerifyReport:
 
 
 class Store:
-    """Read side of a store directory: validated manifests, objects, accounting, verification."""
+    """Read side of a store directory: validated manifests, objects, accounting, verification.
+
+    Implements ``sakura.store.api.TemplateStore`` (``manifest_keys``, ``get_manifest``,
+    ``get_object``, ``get_rendition``): the same calls the phone's ``TemplateClient`` answers
+    over HTTP."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -355,11 +368,12 @@ class Store:
     def manifest_path(self, model_fingerprint: str, template_id: str) -> Path:
         return self.root / manifest_relpath(model_fingerprint, template_id)
 
-    def load_manifest(self, model_fingerprint: str, template_id: str) -> Manifest:
-        """Read and validate one manifest; ``KeyError`` if absent, ``ManifestError`` if malformed."""
+    def get_manifest(self, model_fingerprint: str, template_id: str) -> Manifest:
+        """Read and validate one manifest; ``ObjectMissing`` (a ``KeyError``) if absent,
+        ``ManifestError`` if malformed."""
         p = self.manifest_path(model_fingerprint, template_id)
         if not p.is_file():
-            raise KeyError(f"no manifest for model {model_fingerprint!r}, template {template_id!r} in {self.root}")
+            raise ObjectMissing(f"no manifest for model {model_fingerprint!r}, template {template_id!r} in {self.root}")
         m = Manifest.from_bytes(p.read_bytes(), source=str(p))
         if (m.model_fingerprint, m.template_id) != (model_fingerprint, template_id):
             raise ManifestError(f"{p}: names model {m.model_fingerprint!r} / template {m.template_id!r}, "
@@ -370,19 +384,50 @@ class Store:
         sha = ref.sha256 if isinstance(ref, ObjectRef) else ref
         return self.root / ObjectRef(sha, 0).path
 
-    def read_object(self, ref: ObjectRef, *, verify: bool = True) -> bytes:
-        """Whole object bytes; with ``verify`` checks size and sha256 against ``ref``."""
+    def get_object(self, ref: ObjectRef, *, verify: bool = True) -> bytes:
+        """Whole object bytes; with ``verify`` checks size and sha256 against ``ref``
+        (``ObjectDamaged`` on a mismatch, ``ObjectMissing`` if there is no such file)."""
+        return self._read(ref, ref.bytes, ref.sha256, b"", verify=verify)
+
+    def get_rendition(self, rendition: Rendition, *, have: bytes = b"") -> bytes:
+        """A rendition's bytes, verified against its own sha256: for a layered rung the object's
+        first ``rendition.nbytes`` bytes (only ``[len(have), nbytes)`` is read; ``have`` must be a
+        lower rung of the same object, checked by the same digest)."""
+        if not isinstance(rendition, Rendition):
+            raise TypeError(f"get_rendition takes a Rendition from a manifest, got {type(rendition).__name__}")
+        if len(have) > rendition.nbytes:
+            raise ValueError(f"have ({len(have)} bytes) is longer than rendition {rendition.name!r} ({rendition.nbytes})")
+        return self._read(rendition.object, rendition.nbytes, rendition.sha256, bytes(have))
+
+    def _read(self, ref: ObjectRef, stop: int, digest: str, have: bytes, *, verify: bool = True) -> bytes:
+        """Bytes ``[0, stop)`` of object ``ref`` (``have`` already held), sha256 must be ``digest``."""
         p = self.object_path(ref)
         try:
-            data = p.read_bytes()
+            with open(p, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(len(have))
+                data = have + f.read(stop - len(have))
         except FileNotFoundError:
-            raise StoreError(f"object {ref.sha256} is missing from {self.root}") from None
+            raise ObjectMissing(f"object {ref.sha256} is missing from {self.root}") from None
         if verify:
-            if len(data) != ref.bytes:
-                raise StoreError(f"object {ref.sha256}: {len(data)} bytes on disk, manifest says {ref.bytes}")
-            if hashlib.sha256(data).hexdigest() != ref.sha256:
-                raise StoreError(f"object {ref.sha256}: checksum mismatch (file {p} is damaged)")
+            if size != ref.bytes:
+                raise ObjectDamaged(f"object {ref.sha256}: {size} bytes on disk, manifest says {ref.bytes}")
+            if hashlib.sha256(data).hexdigest() != digest:
+                what = "" if stop == ref.bytes else f" bytes [0, {stop})"
+                raise ObjectDamaged(f"object {ref.sha256}{what}: checksum mismatch (file {p} is damaged, "
+                                    f"or a wrong `have`)")
         return data
+
+    # Old names, kept one release so branches written against them still run; use get_*.
+    def load_manifest(self, model_fingerprint: str, template_id: str) -> Manifest:
+        """Deprecated alias of ``get_manifest``."""
+        warnings.warn("Store.load_manifest is now Store.get_manifest", DeprecationWarning, stacklevel=2)
+        return self.get_manifest(model_fingerprint, template_id)
+
+    def read_object(self, ref: ObjectRef, *, verify: bool = True) -> bytes:
+        """Deprecated alias of ``get_object``."""
+        warnings.warn("Store.read_object is now Store.get_object", DeprecationWarning, stacklevel=2)
+        return self.get_object(ref, verify=verify)
 
     def _object_files(self) -> list[Path]:
         odir = self.root / OBJECT_DIR
@@ -397,7 +442,7 @@ class Store:
         referenced: set[str] = set()
         for fp, tid, path in _scan_manifests(self.root):
             try:
-                m = self.load_manifest(fp, tid)
+                m = self.get_manifest(fp, tid)
             except (ManifestError, KeyError) as e:
                 log.warning("stats: skipping %s: %s", path, e)
                 continue
@@ -417,6 +462,41 @@ class Store:
         orphans = [n for n in sizes if n not in referenced]
         return StoreStats(templates=templates, object_count=len(files), object_bytes=sum(sizes.values()),
                           orphan_count=len(orphans), orphan_bytes=sum(sizes[n] for n in orphans))
+
+    def verify_manifest(self, model_fingerprint: str, template_id: str) -> list[str]:
+        """Problems with one template (``[]`` if it is complete and intact): its manifest validates
+        and every object it references exists with the right size, sha256 and rung-prefix sha256.
+        Re-hashes only this template's objects (what a resumed build checks before skipping it)."""
+        rel = manifest_relpath(model_fingerprint, template_id)
+        try:
+            m = self.get_manifest(model_fingerprint, template_id)
+        except (ManifestError, KeyError) as e:
+            return [f"{rel}: {e}"]
+        problems: list[str] = []
+        good: dict[str, bool] = {}
+        for o in m.objects():
+            p = self.object_path(o)
+            if not p.is_file():
+                problems.append(f"{rel}: object {o.sha256} is missing")
+            elif p.stat().st_size != o.bytes or sha256_file(p) != o.sha256:
+                problems.append(f"{rel}: object {o.sha256} is damaged")
+            else:
+                good[o.sha256] = True
+        problems += self._prefix_problems(m, rel, good)
+        return problems
+
+    def _prefix_problems(self, m: Manifest, rel: str, good: Mapping[str, object]) -> list[str]:
+        out = []
+        for s in m.shards:
+            for r in s.renditions:
+                if r.prefix is None or r.object.sha256 not in good:
+                    continue
+                with open(self.object_path(r.object), "rb") as f:
+                    head = f.read(r.prefix.bytes)
+                if hashlib.sha256(head).hexdigest() != r.prefix.sha256:
+                    out.append(f"{rel}: shard {s.index} rendition {r.name!r}: prefix of "
+                               f"{r.prefix.bytes} bytes does not match its sha256")
+        return out
 
     def verify(self) -> VerifyReport:
         """Re-hash every object, validate every manifest and check every reference resolves to an
@@ -438,7 +518,7 @@ class Store:
             rep.checked_manifests += 1
             rel = path.relative_to(self.root)
             try:
-                m = self.load_manifest(fp, tid)
+                m = self.get_manifest(fp, tid)
             except (ManifestError, KeyError) as e:
                 rep.problems.append(f"{rel}: {e}")
                 continue
@@ -449,15 +529,7 @@ class Store:
                     rep.problems.append(f"{rel}: object {o.sha256} is {state}")
                 elif good[o.sha256] != o.bytes:
                     rep.problems.append(f"{rel}: object {o.sha256} has {good[o.sha256]} bytes, manifest says {o.bytes}")
-            for s in m.shards:
-                for r in s.renditions:
-                    if r.prefix is None or r.object.sha256 not in good:
-                        continue
-                    with open(self.object_path(r.object), "rb") as f:
-                        head = f.read(r.prefix.bytes)
-                    if hashlib.sha256(head).hexdigest() != r.prefix.sha256:
-                        rep.problems.append(f"{rel}: shard {s.index} rendition {r.name!r}: prefix of "
-                                            f"{r.prefix.bytes} bytes does not match its sha256")
+            rep.problems += self._prefix_problems(m, str(rel), good)
         idx = self.root / INDEX_PATH
         if idx.exists():
             try:
@@ -485,7 +557,7 @@ class Store:
             referenced: set[str] = set()
             for fp, tid, path in _scan_manifests(self.root):
                 try:
-                    m = self.load_manifest(fp, tid)
+                    m = self.get_manifest(fp, tid)
                 except (ManifestError, KeyError) as e:
                     raise StoreError(f"gc refused: {path} is unreadable ({e}); fix or remove it first") from None
                 referenced.update(o.sha256 for o in m.objects())

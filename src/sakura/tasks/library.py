@@ -48,7 +48,9 @@ def template_library(size: int) -> tuple[LibraryTemplate, ...]:
         for i in range(PER_TASK):
             held = i >= PER_TASK - HELD_OUT_PER_TASK
             gen = torch.Generator().manual_seed(_seed("sakura-library", name, i))
-            img = task.make_template("heldout" if held else "train", size, gen)
+            # 8-bit, like every published template image: the store keeps it as a lossless PNG, and
+            # the KV the cloud captures from it is exactly what a phone computes from that PNG
+            img = (task.make_template("heldout" if held else "train", size, gen) * 255.0).round() / 255.0
             label = f"{name}-h{i - (PER_TASK - HELD_OUT_PER_TASK)}" if held else f"{name}-{i:02d}"
             out.append(LibraryTemplate(label, name, img, task.instruction, held))
     return tuple(out)

@@ -69,11 +69,11 @@ def test_fetch_everything_with_connection_reuse(server, store):
     async def go():
         async with PacingProxy(_upstream(server), Link(None)) as px:
             async with TemplateClient(px.url, max_connections=1) as c:
-                keys = await c.fetch_index()
+                keys = await c.manifest_keys()
                 assert keys == Store(store).manifest_keys()
                 for fp, tid in keys:
-                    m = await c.fetch_manifest(fp, tid)
-                    assert m.to_bytes() == Store(store).load_manifest(fp, tid).to_bytes()
+                    m = await c.get_manifest(fp, tid)
+                    assert m.to_bytes() == Store(store).get_manifest(fp, tid).to_bytes()
                     for ref in m.objects():
                         seen: list[Chunk] = []
                         res = await c.fetch_object(ref, on_chunk=seen.append)
@@ -89,7 +89,7 @@ def test_fetch_everything_with_connection_reuse(server, store):
 
 
 def test_resume_after_dropped_connections(server, store):
-    m = Store(store).load_manifest(FP, "tpl-000")
+    m = Store(store).get_manifest(FP, "tpl-000")
     ref = m.shards[0].rendition("fp16").object  # 256 KiB
 
     async def go():
@@ -104,7 +104,7 @@ def test_resume_after_dropped_connections(server, store):
 
 
 def test_gives_up_after_max_retries(ours, store):
-    ref = Store(store).load_manifest(FP, "tpl-000").shards[0].rendition("fp16").object
+    ref = Store(store).get_manifest(FP, "tpl-000").shards[0].rendition("fp16").object
 
     async def go():
         async with PacingProxy(_upstream(ours), Link(None), cut_after_bytes=30_000) as px:
@@ -117,7 +117,7 @@ def test_gives_up_after_max_retries(ours, store):
 def test_integrity_error_on_corrupt_server_copy(store, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(store, bad)
-    ref = Store(bad).load_manifest(FP, "tpl-000").shards[1].rendition("int8").object
+    ref = Store(bad).get_manifest(FP, "tpl-000").shards[1].rendition("int8").object
     p = bad / ref.path
     data = bytearray(p.read_bytes())
     data[1234] ^= 1
@@ -140,11 +140,11 @@ def test_not_found_and_bad_manifest(ours, tmp_path):
     async def go(url):
         async with TemplateClient(url) as c:
             with pytest.raises(NotFound):
-                await c.fetch_manifest(FP, "no-such-template")
+                await c.get_manifest(FP, "no-such-template")
             with pytest.raises(ValueError, match="template id"):
-                await c.fetch_manifest(FP, "../../etc/passwd")
+                await c.get_manifest(FP, "../../etc/passwd")
             with pytest.raises(ManifestError, match="schema_version"):
-                await c.fetch_manifest(FP, "tpl-000")
+                await c.get_manifest(FP, "tpl-000")
     with serve_in_thread(bad) as url:
         run(go(url))
 
@@ -160,7 +160,7 @@ def test_read_timeout_on_stalled_server():
         try:
             async with TemplateClient(url, read_timeout=0.3, max_retries=1) as c:
                 with pytest.raises(FetchError, match="gave up"):
-                    await c.fetch_manifest(FP, "tpl-000")
+                    await c.get_manifest(FP, "tpl-000")
         finally:
             srv.close()
         return time.monotonic() - t0
@@ -170,7 +170,7 @@ def test_read_timeout_on_stalled_server():
 def test_cancel_abandoned_fetch_closes_connection(ours, store):
     """A fetch over a 1 Mbit/s link is abandoned after 0.3 s: the task ends promptly, the
     connection is closed (the proxy sees it go), and the client keeps working."""
-    m = Store(store).load_manifest(FP, "tpl-000")
+    m = Store(store).get_manifest(FP, "tpl-000")
     big = m.shards[0].rendition("fp16").object      # 256 KiB: ~2 s at 1 Mbit/s
     small = m.template_ref.object
 
@@ -200,7 +200,7 @@ def test_cancel_abandoned_fetch_closes_connection(ours, store):
 
 def test_chunk_timing_measures_the_link(ours, store):
     """Chunk reports give the bandwidth estimator the link's rate (8 Mbit/s here) within 10%."""
-    ref = Store(store).load_manifest(FP, "tpl-001").shards[2].rendition("fp16").object
+    ref = Store(store).get_manifest(FP, "tpl-001").shards[2].rendition("fp16").object
 
     async def go():
         link = Link(Trace("8mbit", edges=np.array([0.0, 1000.0]), rate=np.array([1_000_000.0])))
@@ -234,8 +234,8 @@ def test_client_only_ever_requests_public_objects(store):
         try:
             async with PacingProxy(_upstream(url), Link(None), cut_after_bytes=100_000) as px:
                 async with TemplateClient(px.url) as c:
-                    for fp, tid in await c.fetch_index():
-                        m = await c.fetch_manifest(fp, tid)
+                    for fp, tid in await c.manifest_keys():
+                        m = await c.get_manifest(fp, tid)
                         for ref in m.objects():
                             await c.fetch_object(ref)
         finally:
@@ -253,9 +253,14 @@ def test_client_only_ever_requests_public_objects(store):
             assert re.fullmatch(r"bytes=\d+-(\d+)?", headers["Range"])
     # and the API has no way to send anything else: public coroutines take ids/ObjectRefs only
     public = {n for n, _ in inspect.getmembers(TemplateClient, inspect.iscoroutinefunction) if not n.startswith("_")}
-    assert public == {"fetch_index", "fetch_manifest", "fetch_object", "fetch_rendition", "close"}
+    assert public == {"manifest_keys", "get_manifest", "get_object", "get_rendition",  # the store API
+                      "fetch_object", "fetch_rendition",  # timed forms
+                      "fetch_index", "fetch_manifest",  # deprecated aliases
+                      "close"}
     with pytest.raises(TypeError, match="ObjectRef"):
         run(TemplateClient("http://127.0.0.1:1").fetch_object("objects/../../secret"))
+    with pytest.raises(TypeError, match="ObjectRef"):
+        run(TemplateClient("http://127.0.0.1:1").get_object("objects/../../secret"))
     with pytest.raises(TypeError, match="Rendition"):
         run(TemplateClient("http://127.0.0.1:1").fetch_rendition({"object": "../../secret"}))
     with pytest.raises(ValueError, match="query"):
@@ -302,7 +307,7 @@ def test_layered_rungs_fetch_and_upgrade_with_ranges(layered_server):
     async def go():
         async with PacingProxy(_upstream(url), Link(None), cut_after_bytes=40_000) as px:
             async with TemplateClient(px.url, max_retries=20) as c:
-                m = await c.fetch_manifest(FP, "lay")
+                m = await c.get_manifest(FP, "lay")
                 r0, r1, r2 = m.shards[0].renditions
                 a = await c.fetch_rendition(r0)                 # bytes 0-49999 only
                 b = await c.fetch_rendition(r1, have=a.data)    # upgrade: 50000-119999 only
@@ -323,7 +328,7 @@ def test_layered_rungs_fetch_and_upgrade_with_ranges(layered_server):
 def test_restarts_when_server_ignores_range(store):
     """A server that ignores Range (always 200, whole body): after a drop the client starts over
     and still delivers verified bytes."""
-    ref = Store(store).load_manifest(FP, "tpl-000").shards[0].rendition("fp16").object
+    ref = Store(store).get_manifest(FP, "tpl-000").shards[0].rendition("fp16").object
     body = (store / ref.path).read_bytes()
 
     async def whole(request):
@@ -349,7 +354,7 @@ def test_restarts_when_server_ignores_range(store):
 def test_resume_after_mid_body_stall(store):
     """The server stalls half-way through the body: the read timeout fires, the client resumes
     with Range from the byte it had, and the result verifies."""
-    ref = Store(store).load_manifest(FP, "tpl-000").shards[0].rendition("int8").object
+    ref = Store(store).get_manifest(FP, "tpl-000").shards[0].rendition("int8").object
     body = (store / ref.path).read_bytes()
     seen_ranges = []
 
@@ -397,7 +402,7 @@ def test_manifest_over_a_slow_link_arrives_whole(ours, store):
         link = Link(Trace("200kbit", edges=np.array([0.0, 1000.0]), rate=np.array([25_000.0])), burst_bytes=0)
         async with PacingProxy(_upstream(ours), link) as px:
             async with TemplateClient(px.url) as c:
-                return await c.fetch_manifest(FP, "tpl-000"), await c.fetch_index()
+                return await c.get_manifest(FP, "tpl-000"), await c.manifest_keys()
     m, keys = run(go())
-    assert m.to_bytes() == Store(store).load_manifest(FP, "tpl-000").to_bytes()
+    assert m.to_bytes() == Store(store).get_manifest(FP, "tpl-000").to_bytes()
     assert len(m.to_bytes()) > 3000 and len(keys) == 2

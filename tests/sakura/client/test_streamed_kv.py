@@ -33,7 +33,7 @@ def test_lossless_kv_streamed_over_emulated_link_is_exact(tmp_path):
         host, port = url.removeprefix("http://").rsplit(":", 1)
         async with PacingProxy((host, int(port)), Link(trace, offset_s=20.0), rtt_s=0.04) as px:
             async with TemplateClient(px.url) as c:
-                m = await c.fetch_manifest(fp, "look-00")
+                m = await c.get_manifest(fp, "look-00")
                 lossless = [(await c.fetch_rendition(s.rendition("lossless"))).data for s in m.shards]
                 rung = [(await c.fetch_rendition(s.rendition(f"{ladder[1]}#0"))).data for s in m.shards]
                 tbl = await c.fetch_object(m.table(ladder[1]).object)

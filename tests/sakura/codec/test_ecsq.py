@@ -1,4 +1,4 @@
-"""`sakura:quantiser="ecsq"` and calibrated per-layer K/V allocation (`Shard.sensitivity`)."""
+"""`sakura:quantiser="ecsq"` and calibrated per-layer K/V allocation (`ShardKV.sensitivity`)."""
 
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def test_ecsq_objects_are_version_2_and_robust():
     other = c.fit_tables([make_shard(seed=5)[0]])
     with pytest.raises(CodecError):
         c.decode(data, ID, other)
-    with pytest.raises(ValueError):
-        get_codec("layered", budgets=[1.0, 2.0], quantiser="ecsq")
+    with pytest.raises(ValueError):  # one budget per sakura rendition; ladders are `layered`
+        get_codec("sakura", budget=[1.0, 2.0], quantiser="ecsq")
 
 
 def test_ecsq_rate_follows_budget():

@@ -90,9 +90,9 @@ def test_ladder_property(T, H, D, seed, dtype, heavy, budgets):
     g = torch.Generator().manual_seed(seed)
     k, v = torch.randn(T, H, D, generator=g).to(dtype), torch.randn(T, H, D, generator=g).to(dtype)
     imp = torch.rand(T, generator=g) ** (8 if heavy else 1)
-    from sakura.codec import Shard
+    from sakura.codec import ShardKV
 
-    shard = Shard(k, v, importance=imp)
+    shard = ShardKV(k, v, importance=imp)
     ident = ShardId("m", "t", 0)
     c = get_codec("layered", budgets=budgets)
     tables = c.fit_tables([shard])

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sakura.codec import CodecError, Shard, ShardId, codec_from_spec, get_codec
+from sakura.codec import CodecError, ShardKV, ShardId, codec_from_spec, get_codec
 from sakura.codec import quant as Q
 from sakura.codec.cachegen import layer_bins
 
@@ -17,7 +17,7 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 OUT_EPS = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 
 
-def build_shard(T: int, H: int, D: int, dtype, kind: str, seed: int, imp_kind: str = "none", layer: int = 0) -> Shard:
+def build_shard(T: int, H: int, D: int, dtype, kind: str, seed: int, imp_kind: str = "none", layer: int = 0) -> ShardKV:
     """One shard as `shards()` draws it (a plain function so failures can be pinned with @example)."""
     g = torch.Generator().manual_seed(seed)
     k, v = torch.randn(T, H, D, generator=g), torch.randn(T, H, D, generator=g)
@@ -38,7 +38,7 @@ def build_shard(T: int, H: int, D: int, dtype, kind: str, seed: int, imp_kind: s
         k, v = k * 1e-6, v * 1e-6
     imp = {"none": None, "heavy": torch.distributions.Pareto(1.0, 1.2).sample((T,)),
            "zeros": torch.zeros(T), "uniform": torch.ones(T)}[imp_kind]
-    return Shard(k.to(dtype), v.to(dtype), importance=imp, layer=layer, num_layers=8)
+    return ShardKV(k.to(dtype), v.to(dtype), importance=imp, layer=layer, num_layers=8)
 
 
 @st.composite
@@ -188,7 +188,7 @@ def test_cachegen_error_bound(level, shard):
 def test_non_finite_rejected_at_encode(spec, bad):
     k = torch.randn(8, 2, 4)
     k[3, 1, 2] = bad
-    shard = Shard(k, torch.randn(8, 2, 4))
+    shard = ShardKV(k, torch.randn(8, 2, 4))
     c = codec_from_spec(spec)
     with pytest.raises(CodecError, match="NaN/inf"):
         tables = c.fit_tables([shard]) if c.uses_tables else None
@@ -198,13 +198,13 @@ def test_non_finite_rejected_at_encode(spec, bad):
 def test_bad_shards_rejected():
     c = get_codec("uniform")
     with pytest.raises(CodecError, match="shape"):
-        c.encode(Shard(torch.randn(4, 8), torch.randn(4, 8)), ID)
+        c.encode(ShardKV(torch.randn(4, 8), torch.randn(4, 8)), ID)
     with pytest.raises(CodecError, match="dtype"):
-        c.encode(Shard(torch.randn(4, 2, 2).double(), torch.randn(4, 2, 2).double()), ID)
+        c.encode(ShardKV(torch.randn(4, 2, 2).double(), torch.randn(4, 2, 2).double()), ID)
     with pytest.raises(CodecError, match="importance"):
-        c.encode(Shard(torch.randn(4, 2, 2), torch.randn(4, 2, 2), importance=-torch.ones(4)), ID)
+        c.encode(ShardKV(torch.randn(4, 2, 2), torch.randn(4, 2, 2), importance=-torch.ones(4)), ID)
     with pytest.raises(CodecError, match="differ"):
-        c.encode(Shard(torch.randn(4, 2, 2), torch.randn(5, 2, 2)), ID)
+        c.encode(ShardKV(torch.randn(4, 2, 2), torch.randn(5, 2, 2)), ID)
 
 
 def test_pack_roundtrip():

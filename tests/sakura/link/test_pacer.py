@@ -160,7 +160,7 @@ def test_emulated_fetch_matches_transfer_fn(troot):
     tr = load_trace(spec, troot)
     with tempfile.TemporaryDirectory() as d:
         make_synthetic_store(d, templates=1, layers=2, tokens=64, width=128)
-        m = Store(d).load_manifest("synthetic-model", "tpl-000")
+        m = Store(d).get_manifest("synthetic-model", "tpl-000")
         refs = [m.shards[0].renditions[1].object, m.shards[1].renditions[2].object, m.shards[1].renditions[1].object]
 
         async def go(url):

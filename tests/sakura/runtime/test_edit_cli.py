@@ -30,14 +30,27 @@ def test_edit_command_writes_image(store, tmp_path):
     skio.imsave(str(photo), (np.random.default_rng(0).random((90, 120, 3)) * 255).astype("uint8"))
     out = tmp_path / "edited.png"
     with serve_in_thread(store) as url:
-        res = runner.invoke(app, ["edit", str(photo), "--server", url, "--template", "sticker-00",
-                                  "--out", str(out), "--steps", "2", "--policy", "raw-stream"])
+            res = runner.invoke(app, ["edit", str(photo), "--server", url, "--template", "sticker-00", "--out", str(out),
+                                  "--steps", "2", "--policy", "raw-stream", "--gallery", str(tmp_path / "gallery")])
     assert res.exit_code == 0, res.output
     img = skio.imread(str(out))
     assert img.shape[:2] == (64, 64)
-    assert "0 of 6 shards computed locally" in res.output  # raw-stream fetches every shard
-    assert res.output.count("lossless") == 6
+    assert "0 of 6 layers computed on the device" in res.output  # raw-stream fetches every shard
+    assert res.output.count(":lossless") == 6
     assert (tmp_path / "edited.compare.png").is_file()
+    # the server is gone now: the gallery kept the template, so the edit completes on the device
+    out2 = tmp_path / "offline.png"
+    res = runner.invoke(app, ["edit", str(photo), "--server", url, "--template", "sticker-00", "--out", str(out2),
+                              "--steps", "2", "--gallery", str(tmp_path / "gallery")])
+    assert res.exit_code == 0, res.output
+    assert "using the gallery's copy" in res.output and "6 of 6 layers computed on the device" in res.output
+    # same photo, same seed: the on-device edit differs from the lossless-KV one by fp16 rounding only
+    a, b = skio.imread(str(out)).astype(int), skio.imread(str(out2)).astype(int)
+    assert np.abs(a - b).max() <= 2
+    # and a template the gallery never saw is a clear error, not a traceback
+    res = runner.invoke(app, ["edit", str(photo), "--server", url, "--template", "look-00", "--out", str(out2),
+                              "--gallery", str(tmp_path / "gallery")])
+    assert res.exit_code == 2 and "not in the gallery" in res.output
 
 
 def test_edit_command_rejects_bad_inputs(store, tmp_path):
@@ -45,9 +58,11 @@ def test_edit_command_rejects_bad_inputs(store, tmp_path):
     bad.write_bytes(b"hello")
     with serve_in_thread(store) as url:
         res = runner.invoke(app, ["edit", str(bad), "--server", url, "--template", "sticker-00"])
-        assert res.exit_code != 0 and "not a readable image" in str(res.exception)
+        assert res.exit_code == 2 and "not a readable image" in res.output
         res = runner.invoke(app, ["edit", str(tmp_path / "missing.png"), "--server", url, "--template", "sticker-00"])
-        assert res.exit_code != 0 and "no such photo" in str(res.exception)
+        assert res.exit_code == 2 and "no such photo" in res.output
+        res = runner.invoke(app, ["edit", str(bad), "--server", url, "--template", "sticker-00", "--policy", "fastest"])
+        assert res.exit_code == 2 and "policy must be one of" in res.output
 
 
 def test_live_bench_runs_every_method(store, tmp_path):
@@ -60,7 +75,9 @@ def test_live_bench_runs_every_method(store, tmp_path):
     assert by["oracle"]["bytes"] == 0
     assert (tmp_path / "e2e_live.md").is_file() and (tmp_path / "e2e_live_timeline.png").is_file()
     saved = json.loads((tmp_path / "e2e_live.json").read_text())
-    assert saved["latency_ratios"]["raw-stream/sakura"] > 0
+    assert set(saved["latency_ratios"]) >= {"on-device/sakura", "cachegen/sakura"}
+    # raw-stream moves lossless KV: its image is the oracle's up to nothing at all
+    assert by["raw-stream"]["bit_exact_vs_lossless"] and by["oracle"]["bit_exact_vs_lossless"]
 
 
 def test_profile_bench_smoke(store, tmp_path):
@@ -70,8 +87,6 @@ def test_profile_bench_smoke(store, tmp_path):
     runs = r["runs"]
     assert len(runs) == 7
     for row in runs:
-        # the oracle is the floor, nocache pays the template every step
-        assert row["oracle"]["latency_s"] <= min(row[m]["latency_s"] for m in METHODS) + 1e-9
-        assert row["on-device-nocache"]["latency_s"] > row["on-device"]["latency_s"]
-        # sakura may always fall back to computing locally, so it is never much worse than on-device
-        assert row["sakura"]["latency_s"] <= row["on-device"]["latency_s"] * 1.05
+        # sakura can always fall back to computing locally: never much worse than on-device
+        assert row["sakura"]["latency_s"] <= row["on-device"]["latency_s"] * 1.02
+        assert row["sakura"]["latency_s"] >= row["oracle"]["latency_s"] - 1e-9

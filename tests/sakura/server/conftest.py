@@ -18,7 +18,7 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def manifest(store):
-    return Store(store).load_manifest("synthetic-model", "tpl-000")
+    return Store(store).get_manifest("synthetic-model", "tpl-000")
 
 
 async def raw_request(host: str, port: int, data: bytes, *, read_limit: int = 1 << 22, timeout: float = 5.0) -> bytes:

@@ -180,7 +180,7 @@ def test_oversized_headers_and_disconnects_do_not_hurt_others(store, manifest, s
 
 def test_many_concurrent_clients(store):
     st = Store(store)
-    refs = [o for k in st.manifest_keys() for o in st.load_manifest(*k).objects()]
+    refs = [o for k in st.manifest_keys() for o in st.get_manifest(*k).objects()]
 
     async def go():
         async with running_server(store) as url:

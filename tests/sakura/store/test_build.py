@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sakura.store import Store
-from sakura.store.build import build_store
+from sakura.store.build import QUALITY_FLOOR_SPEC, build_store, decode_template_ref, encode_template_ref
 
 LADDER = ["lossless", "uniform:bits=8", "layered:budgets=[1.0,2.0]"]
 
@@ -28,15 +28,13 @@ def _snapshot(root):
 
 
 def test_build_writes_a_valid_store_that_decodes(built):
-    from safetensors.torch import load as st_load
-
     from sakura.codec import ShardId, decode_any
     from sakura.models import load_model
 
     st = Store(built)
     assert st.verify().ok
     (fp, tid), = st.manifest_keys()
-    m = st.load_manifest(fp, tid)
+    m = st.get_manifest(fp, tid)
     model = load_model("sakura-mini")
     assert tid == "look-00" and len(m.shards) == model.num_layers
     names = ["lossless", "uniform:bits=8", "layered:budgets=[1.0,2.0]#0", "layered:budgets=[1.0,2.0]#1"]
@@ -51,21 +49,22 @@ def test_build_writes_a_valid_store_that_decodes(built):
     from sakura.codec import CodecTables, get_codec
     meta = m.kv_layout
     tbl = m.table(rung0.tables[0])
-    tables = CodecTables.from_bytes(st.read_object(tbl.object), ShardId(fp, meta["template_fingerprint"], -1))
-    prefix = st.read_object(rung0.object)[: rung0.nbytes]
+    tables = CodecTables.from_bytes(st.get_object(tbl.object), ShardId(fp, meta["template_fingerprint"], -1))
+    prefix = st.get_object(rung0.object)[: rung0.nbytes]
     dec0 = get_codec("layered").decode(prefix, ShardId(fp, meta["template_fingerprint"], 0), tables)
     assert tuple(dec0.key.shape) == (meta["tokens"], meta["heads"], meta["head_dim"])
 
     # phone side: compute the KV locally from the template reference in the store ...
-    ref = st_load(st.read_object(m.template_ref.object))
+    assert m.template_ref.media_type == "image/png"
+    ref = decode_template_ref(st.get_object(m.template_ref.object), m.template_ref.media_type)
     assert model.fingerprint() == fp
-    local = model.extract_template_kv(ref["image"][None], int(meta["instruction"])).to(torch.float16)
+    local = model.extract_template_kv(ref[None], int(meta["instruction"])).to(torch.float16)
     assert local.template_fingerprint == meta["template_fingerprint"]
     # ... and it equals the lossless rendition streamed from the store, bit for bit
     for s in m.shards:
         r = s.rendition("lossless")
         tables = None
-        dec = decode_any(st.read_object(r.object), ShardId(fp, meta["template_fingerprint"], s.index), tables)
+        dec = decode_any(st.get_object(r.object), ShardId(fp, meta["template_fingerprint"], s.index), tables)
         assert torch.equal(dec.key, local.layers[s.index].key) and torch.equal(dec.value, local.layers[s.index].value)
 
 
@@ -73,3 +72,36 @@ def test_rebuild_is_idempotent(built):
     before = _snapshot(built)
     build_store(built, templates=["look-00"], ladder=LADDER, calibration=1, steps=1, log=lambda s: None)
     assert _snapshot(built) == before
+
+
+def test_manifest_records_image_distortion_and_quality_floor(built):
+    """The runtime's contract: per rendition image_mse / image_psnr_db through the edit; per shard
+    CacheGen L3's image MSE. Lossless is exact (0, inf); the rungs get better rung by rung."""
+    import math
+
+    st = Store(built)
+    (fp, tid), = st.manifest_keys()
+    m = st.load_manifest(fp, tid)
+    for s in m.shards:
+        lossless, q8, rung0, rung1 = s.renditions
+        assert lossless.distortion["image_mse"] == 0.0 and math.isinf(lossless.distortion["image_psnr_db"])
+        for r in (q8, rung0, rung1):
+            mse = r.distortion["image_mse"]
+            assert 0.0 < mse < 0.05
+            assert r.distortion["image_psnr_db"] == pytest.approx(10 * math.log10(1 / mse))
+        assert rung0.distortion["image_mse"] > rung1.distortion["image_mse"]
+        assert s.quality_floor["reference"] == QUALITY_FLOOR_SPEC == "cachegen:level=3"
+        assert 0.0 < s.quality_floor["image_mse"] < 0.05
+    # the JSON holds null for the lossless PSNR (strict JSON has no infinity)
+    import json
+    raw = json.loads(st.manifest_path(fp, tid).read_text())
+    assert raw["shards"][0]["renditions"][0]["distortion"]["image_psnr_db"] is None
+
+
+def test_template_ref_png_is_lossless_for_library_templates():
+    from sakura.tasks import get_template
+
+    img = get_template("sticker-00", 64).image
+    data = encode_template_ref(img)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < img.numel() * 4 / 2
+    assert torch.equal(decode_template_ref(data), img)

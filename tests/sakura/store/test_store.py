@@ -37,13 +37,13 @@ def test_roundtrip_and_layout(tmp_path):
     ids = make_synthetic_store(tmp_path, templates=2, layers=3)
     st = Store(tmp_path)
     assert st.manifest_keys() == [("synthetic-model", i) for i in ids]
-    m = st.load_manifest("synthetic-model", ids[0])
+    m = st.get_manifest("synthetic-model", ids[0])
     assert [s.index for s in m.shards] == [0, 1, 2]
     assert [r.name for r in m.shards[0].renditions] == ["fp16", "int8", "mix4/2"]
     # every object is a plain file at objects/<2 hex>/<sha256>, content hashes to its name
     for o in m.objects():
         assert (tmp_path / "objects" / o.sha256[:2] / o.sha256).is_file()
-        assert len(st.read_object(o)) == o.bytes
+        assert len(st.get_object(o)) == o.bytes
     # manifest bytes are canonical: parse + re-encode is identity
     raw = (tmp_path / "manifests" / "synthetic-model" / f"{ids[0]}.json").read_bytes()
     assert Manifest.from_bytes(raw).to_bytes() == raw
@@ -63,7 +63,7 @@ def test_rebuild_is_idempotent(tmp_path):
 def test_damaged_object_is_repaired_on_rebuild_and_caught_by_verify(tmp_path):
     make_synthetic_store(tmp_path, templates=1, layers=2)
     st = Store(tmp_path)
-    m = st.load_manifest("synthetic-model", "tpl-000")
+    m = st.get_manifest("synthetic-model", "tpl-000")
     victim = st.object_path(m.shards[1].renditions[0].object)
     data = bytearray(victim.read_bytes())
     data[10] ^= 0xFF
@@ -73,7 +73,7 @@ def test_damaged_object_is_repaired_on_rebuild_and_caught_by_verify(tmp_path):
     assert any(victim.name in p and "checksum mismatch" in p for p in rep.problems), rep.problems
     assert any("is damaged" in p for p in rep.problems)
     with pytest.raises(Exception, match="checksum mismatch"):
-        st.read_object(m.shards[1].renditions[0].object)
+        st.get_object(m.shards[1].renditions[0].object)
     make_synthetic_store(tmp_path, templates=1, layers=2)  # rebuild rewrites the damaged object
     assert Store(tmp_path).verify().ok
 
@@ -82,7 +82,7 @@ def test_verify_reports_missing_object_and_orphans(tmp_path):
     make_synthetic_store(tmp_path, templates=1, layers=2)
     st = Store(tmp_path)
     orphan = put_object(tmp_path, b"left behind by a crashed build")
-    m = st.load_manifest("synthetic-model", "tpl-000")
+    m = st.get_manifest("synthetic-model", "tpl-000")
     os.unlink(st.object_path(m.template_ref.object))
     rep = st.verify()
     assert rep.orphans == [orphan.sha256]
@@ -179,7 +179,7 @@ def test_layered_prefix_renditions(tmp_path):
         with pytest.raises(ManifestError, match="prefix_bytes=20000 outside"):
             w.add_shard(layer=1, tokens=(0, 4), fp16_bytes=1, renditions=[RenditionInput("x", "c", data, prefix_bytes=20000)])
     st = Store(tmp_path)
-    m = st.load_manifest("m", "t")
+    m = st.get_manifest("m", "t")
     rs = m.shards[0].renditions
     assert len({r.object.sha256 for r in rs}) == 1            # stored once
     assert [r.nbytes for r in rs] == [1000, 4000, 10240]

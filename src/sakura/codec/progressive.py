@@ -1,0 +1,681 @@
+"""The progressive transform ladder: `layered:quantiser="ecsq"[,transform="dct"]`.
+
+The same representation as `sakura:quantiser="ecsq",transform="dct"` (per-channel mean removed,
+orthonormal 2-D DCT over the n x n token grid, one step per (layer, K/V) part, band-context ANS),
+coded by successive refinement so that every rung refines the previous one and rung l is a byte
+prefix of the shard's one object.
+
+Quantiser: a dead-zone uniform quantiser, magnitude index q = floor(|c| / step), reconstruction
+sign(c) (q + 1/2) step for q > 0, else 0. Steps halve from rung to rung per part
+(step_l = step_0 2^-k_l, k_l >= k_(l-1) planes), and floor(|c| 2^m / step) >> m == floor(|c| / step)
+exactly in floating point, so the indices are nested: a rung that adds m planes to a part sends,
+per coefficient,
+
+- already significant (q > 0): its m new low-order magnitude bits, bit-packed (near-uniform: ANS
+  would gain ~nothing and decode 10x slower);
+- not yet significant (q = 0): its new index in [0, 2^m) with ANS, one histogram per DCT band
+  u+v (2n-1 contexts; the histogram tables are per template, fitted once), plus one raw sign bit
+  if it became significant.
+
+Rung 0 codes the signed index of every coefficient with band-context ANS (the ECSQ path's coder).
+Error bound in the coefficient domain at rung l: |c - c^| <= step_l / 2 where q > 0, < step_l where
+q = 0; the transform is orthonormal, so the squared error of the KV is the coefficients'.
+
+Rate allocation (`allocation.allocate_steps`): `budgets` are entropy-coded bits per value at each
+rung, over the whole template. Rung 0's steps are chosen per part in half-bit steps by the
+Lagrangian that minimises sum sensitivity x relative MSE at budget 0 (sensitivities from
+`ShardKV.sensitivity` with `allocate="sensitivity"`, else 1); rung l adds whole planes per part by
+the same Lagrangian, never fewer than rung l-1 had. Token importance is not used (all tokens kept).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from . import bitstream as bs
+from . import ecsq as EQ
+from . import entropy as E
+from . import quant as Q
+from .allocation import allocate_steps, allocate_planes
+from .base import CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, from_f32_2d
+
+FORMAT_VERSION = 3      # progressive objects need a reader that knows the `prog` header
+MAX_PLANES = 12         # refinement planes beyond rung 0's step, per part
+PARTS = ("k", "v")
+
+
+@dataclass
+class PartPlan:
+    """Per (layer, K/V) part: channel mean (C,), rung-0 step, cumulative planes per rung."""
+
+    mean: np.ndarray
+    step0: float
+    planes: list[int]          # planes[0] == 0, non-decreasing
+
+
+# ---------------------------------------------------------------------------------------------
+# analysis
+
+def _grid(T: int, transform: str) -> int:
+    return EQ.grid_side(T) if transform == "dct" else 0
+
+
+def _bands(T: int, n: int) -> np.ndarray:
+    return EQ.bands(n) if n else np.zeros(T, np.int64)
+
+
+def coefficients(x: np.ndarray, mean: np.ndarray, n: int) -> np.ndarray:
+    """(T, C) values -> (T, C) float64 coefficients (DCT over the token grid if n, else identity)."""
+    y = x.astype(np.float64) - mean.astype(np.float64)[None, :]
+    return EQ.forward(y, n) if n else y
+
+
+def _deadzone_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float) -> tuple[float, float]:
+    """(relative MSE, band-context entropy bits) of the dead-zone quantiser at `step`."""
+    a = np.abs(c)
+    q = np.floor(a / step)
+    rec = np.where(q > 0, (q + 0.5) * step, 0.0)
+    err = float(((a - rec) ** 2).sum())
+    s = (np.sign(c) * q).astype(np.int64)
+    return err / energy, EQ.band_entropy_bits(s, band)
+
+
+def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: str,
+               use_sensitivity: bool) -> dict[tuple[int, str], PartPlan]:
+    """Steps and planes of every (layer, K/V) part for a ladder at `budgets` bits per value."""
+    sdt = Q.scale_dtype(np.array([max(float(s.key.abs().max()), float(s.value.abs().max())) for s in shards]))
+    total_values = sum(s.num_values for s in shards)
+    fine: dict = {}
+    coarse_pts: dict = {}
+    sens: dict = {}
+    means: dict = {}
+    for s in shards:
+        T = s.shape[0]
+        n = _grid(T, transform)
+        band = _bands(T, n)
+        for j, kv in enumerate(PARTS):
+            part = (s.layer, kv)
+            x = as_f32_2d(s.key if kv == "k" else s.value)
+            mu = EQ.part_mean(x, sdt)
+            c = coefficients(x, mu, n)
+            energy = float((x.astype(np.float64) ** 2).sum()) + 1e-30
+            sigma = math.sqrt(float((c ** 2).mean())) or 1.0
+            floor = max(float(np.abs(c).max(initial=0.0)) / EQ.MAX_SYM, 1e-30)
+            pts = []
+            for jj in EQ.STEP_GRID:
+                step = float(np.float32(max(sigma * 2.0 ** (-jj / 2.0), floor)))
+                pts.append((step,) + _deadzone_rd(c, band, step, energy))
+            fine[part] = pts
+            sens[part] = float(s.sensitivity[j]) if use_sensitivity else 1.0
+            means[part] = (mu, c, band, energy)
+    step0 = allocate_steps(fine, sens, budgets[0] * total_values)
+    for part, (mu, c, band, energy) in means.items():
+        coarse_pts[part] = [(k,) + _deadzone_rd(c, band, step0[part] * 2.0 ** -k, energy) for k in range(MAX_PLANES + 1)]
+    planes = {part: [0] for part in means}
+    for b in budgets[1:]:
+        prev = {part: planes[part][-1] for part in means}
+        ks = allocate_planes(coarse_pts, sens, b * total_values, prev)
+        if all(ks[part] == prev[part] for part in means):
+            # the budget step is finer than one plane anywhere: refine the part whose next plane
+            # buys the most weighted distortion per bit, so that no rung is empty
+            def gain(part):
+                pts = coarse_pts[part]
+                k = prev[part]
+                if k >= MAX_PLANES:
+                    return -1.0
+                return sens[part] * (pts[k][1] - pts[k + 1][1]) / max(pts[k + 1][2] - pts[k][2], 1e-9)
+            best = max(means, key=gain)
+            if gain(best) >= 0:
+                ks[best] = prev[best] + 1
+        for part in means:
+            planes[part].append(ks[part])
+    return {part: PartPlan(means[part][0], float(step0[part]), planes[part]) for part in means}
+
+
+# ---------------------------------------------------------------------------------------------
+# layout: token rows sorted by DCT band, so every band is one contiguous run of the flat (T*C,) array
+
+BIG_BAND = 16384   # coefficients per band (mean) from which symbols are coded several at a time
+
+
+@dataclass(frozen=True)
+class Layout:
+    T: int
+    C: int
+    grid: int
+    perm: np.ndarray      # (T,) row order (stable sort by band)
+    starts: np.ndarray    # (nb + 1,) flat offsets of each band's run
+
+    @property
+    def nbands(self) -> int:
+        return self.starts.size - 1
+
+    @property
+    def big(self) -> bool:
+        """Grouped coding (rung 0: four ternary symbols per ANS symbol, refinements up to 4 bits per
+        symbol): 2-4x fewer ANS symbols, which is what decode time is made of at Klein sizes, for
+        larger tables (per band 82 / 16 entries), which only pay off on large shards."""
+        return self.T * self.C >= BIG_BAND * self.nbands
+
+    @staticmethod
+    def of(T: int, C: int, grid: int) -> "Layout":
+        band = _bands(T, grid)
+        perm = np.argsort(band, kind="stable")
+        rows = np.searchsorted(band[perm], np.arange(int(band.max()) + 2))
+        return Layout(T, C, grid, perm, rows.astype(np.int64) * C)
+
+    def band_counts(self, mask: np.ndarray) -> np.ndarray:
+        """(nb,) number of True in each band's run of a flat (T*C,) mask."""
+        return np.array([np.count_nonzero(mask[a:b]) for a, b in zip(self.starts[:-1], self.starts[1:])], np.int64)
+
+    def to_flat(self, c: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(c[self.perm]).reshape(-1)
+
+    def from_flat(self, flat: np.ndarray) -> np.ndarray:
+        out = np.empty((self.T, self.C), flat.dtype)
+        out[self.perm] = flat.reshape(self.T, self.C)
+        return out
+
+
+def group_size(m: int, big: bool) -> int:
+    """Refinement symbols of m bits are coded g at a time (alphabet 2^(m g) <= 16) in big layouts."""
+    return max(1, 4 // m) if big and m <= 4 else 1
+
+
+def group(vals: np.ndarray, m: int, g: int) -> np.ndarray:
+    """(n,) ints < 2^m -> (ceil(n/g),) ints < 2^(m g), zero-padded."""
+    if g == 1:
+        return vals.astype(np.int32)
+    pad = (-vals.size) % g
+    v = np.concatenate([vals, np.zeros(pad, vals.dtype)]).reshape(-1, g).astype(np.int32)
+    return (v << (m * np.arange(g, dtype=np.int32))[None, :]).sum(axis=1, dtype=np.int32)
+
+
+def ungroup(sym: np.ndarray, m: int, g: int, n: int) -> np.ndarray:
+    if g == 1:
+        return sym[:n]
+    if m == 1 and g <= 8:  # one bit per value: numpy's bit unpacking is ~5x faster than shifts
+        return np.unpackbits(sym.astype(np.uint8)[:, None], axis=1, count=g, bitorder="little").reshape(-1)[:n]
+    v = (sym[:, None] >> (m * np.arange(g, dtype=np.int32))[None, :]) & ((1 << m) - 1)
+    return v.reshape(-1)[:n]
+
+
+QUAD_ESC = 81  # rung-0 quad symbol: 0..80 = four values in {-1, 0, 1} (base 3), 81 = escape
+_QUAD_LUT = ((np.arange(82)[:, None] // 3 ** np.arange(4)[None, :]) % 3 - 1).astype(np.int32)  # (82, 4); row 81: escape
+
+
+def quads(vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Signed (n,) rung-0 indices -> (ceil(n/4),) quad symbols and the escaped quads' values (4k,)."""
+    pad = (-vals.size) % 4
+    v = np.concatenate([vals, np.zeros(pad, vals.dtype)]).reshape(-1, 4)
+    small = (np.abs(v) <= 1).all(axis=1)
+    sym = np.where(small, ((v + 1) * 3 ** np.arange(4)[None, :]).sum(axis=1), QUAD_ESC).astype(np.int32)
+    return sym, v[~small].reshape(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# symbols per rung (encoder side, in the band-sorted flat order)
+
+@dataclass
+class Stream:
+    """One ANS stream over the bands: per band its symbols; `table` names it ("e0", "e0q", "e2")."""
+
+    table: str
+    alphabet: int
+    per_band: list[np.ndarray]
+
+
+@dataclass
+class RungSymbols:
+    m: int                              # planes added (0: nothing; rung 0: 0)
+    streams: list[Stream]
+    low: np.ndarray | None = None       # (n_sig,) m-bit refinements of significant coefficients
+    signs: np.ndarray | None = None     # (n_new,) 1 = negative, for newly significant ones
+    m0: int = 0                         # rung 0: symbol offset (alphabet 2 m0 + 1)
+
+
+def rung_symbols(flat: np.ndarray, lay: Layout, step0: float, planes: list[int], m0: int | None = None
+                 ) -> list[RungSymbols]:
+    """Every rung's symbols for one part. m0: rung-0 offset (>= the part's max |index|; default that)."""
+    a = np.abs(flat)
+    neg = flat < 0
+    q = np.floor(a / step0).astype(np.int64)
+    m0 = max(1, int(q.max(initial=0))) if m0 is None else m0
+    signed = np.where(neg, -q, q)
+    bands = [signed[lay.starts[b]:lay.starts[b + 1]] for b in range(lay.nbands)]
+    if lay.big:
+        qs = [quads(v) for v in bands]
+        base = [Stream("e0q", QUAD_ESC + 1, [x[0] for x in qs]), Stream("e0", 2 * m0 + 1, [x[1] + m0 for x in qs])]
+    else:
+        base = [Stream("e0", 2 * m0 + 1, [v + m0 for v in bands])]
+    out = [RungSymbols(0, base, m0=m0)]
+    for l in range(1, len(planes)):
+        m = planes[l] - planes[l - 1]
+        if m == 0:
+            out.append(RungSymbols(0, []))
+            continue
+        qn = np.floor(a / (step0 * 2.0 ** -planes[l])).astype(np.int64)
+        sig = q > 0
+        insig = ~sig
+        newi = qn[insig]
+        offs = np.concatenate([[0], np.cumsum(lay.band_counts(insig))])
+        g = group_size(m, lay.big)
+        per_band = [group(newi[offs[b]:offs[b + 1]], m, g) for b in range(lay.nbands)]
+        out.append(RungSymbols(m, [Stream(f"e{l}", 1 << (m * g), per_band)], low=qn[sig] - (q[sig] << m),
+                               signs=neg[insig][newi > 0].astype(np.uint8)))
+        q = qn
+    return out
+
+
+def _band_hist(per_band: list[np.ndarray], A: int) -> np.ndarray:
+    return np.stack([np.bincount(s, minlength=A)[:A] for s in per_band]).astype(np.uint32)
+
+
+# ---------------------------------------------------------------------------------------------
+# tables
+
+def fit_tables(codec: str, params: dict[str, Any], shards: Sequence[ShardKV]) -> CodecTables:
+    """Per part: channel mean, plan [step0, planes...], and per rung and stream the band histograms
+    (uint8 log-counts). The rung-0 alphabet is the widest over the template's shards of that layer."""
+    budgets = [float(b) for b in params["budgets"]]
+    use_sens = params["allocate"] == "sensitivity" and all(s.sensitivity is not None for s in shards)
+    plans = plan_parts(shards, budgets, params["transform"], use_sens)
+    arrays: dict[str, np.ndarray] = {}
+    for s in shards:
+        T, H, D = s.shape
+        lay = Layout.of(T, H * D, _grid(T, params["transform"]))
+        for kv in PARTS:
+            p = plans[(s.layer, kv)]
+            pre = f"L{s.layer}.{kv}"
+            arrays[f"{pre}.mean"] = p.mean
+            arrays[f"{pre}.plan"] = np.array([p.step0] + p.planes, np.float64)
+            flat = lay.to_flat(coefficients(as_f32_2d(s.key if kv == "k" else s.value), p.mean, lay.grid))
+            for rs in rung_symbols(flat, lay, p.step0, p.planes):
+                for st in rs.streams:
+                    arrays[f"{pre}.{st.table}"] = pack_counts(_band_hist(st.per_band, st.alphabet))
+    return CodecTables(codec=codec, arrays=arrays, meta={"params": params})
+
+
+def pack_counts(cnt: np.ndarray) -> np.ndarray:
+    """Counts -> uint8 log-counts round(8 log2(1 + n)) (~9% precision: costs <1% of the coded bytes,
+    and tables shrink 2-4x against uint32 counts)."""
+    return np.minimum(np.round(8.0 * np.log2(1.0 + cnt.astype(np.float64))), 255).astype(np.uint8)
+
+
+def unpack_counts(lc: np.ndarray) -> np.ndarray:
+    """uint8 log-counts -> counts for the ANS models (x COUNT_SCALE so the +1 smoothing is small)."""
+    return (np.exp2(lc.astype(np.float64) / 8.0) - 1.0) * EQ.COUNT_SCALE
+
+
+def _models_of(table: np.ndarray) -> list:
+    return E.make_models(unpack_counts(table))
+
+
+# ---------------------------------------------------------------------------------------------
+# the payload of one object: byte chunks in a fixed order, behind a u32 length table (one section:
+# a section entry in the JSON header costs ~50 bytes, a lot against a mini model's rung objects)
+
+def pack_chunks(chunks: list[bytes]) -> np.ndarray:
+    head = np.array([len(chunks)] + [len(c) for c in chunks], "<u4").tobytes()
+    return np.frombuffer(head + b"".join(chunks), np.uint8)
+
+
+class Chunks:
+    """Reader over `pack_chunks` output; every read checks bounds and raises `CorruptError`."""
+
+    def __init__(self, buf: np.ndarray) -> None:
+        b = buf.tobytes()
+        if len(b) < 4:
+            raise bs.CorruptError("progressive payload too short")
+        n = int(np.frombuffer(b[:4], "<u4")[0])
+        if n > 64 or len(b) < 4 + 4 * n:
+            raise bs.CorruptError("progressive payload has a bad chunk table")
+        lens = np.frombuffer(b[4:4 + 4 * n], "<u4").astype(np.int64)
+        if 4 + 4 * n + int(lens.sum()) != len(b):
+            raise bs.CorruptError("progressive payload chunk lengths do not add up")
+        self._b, self._lens, self._i, self._at = b, lens, 0, 4 + 4 * n
+
+    def next(self, dtype: str = "|u1", shape: tuple[int, ...] | None = None) -> np.ndarray:
+        if self._i >= self._lens.size:
+            raise bs.CorruptError("progressive payload has too few chunks")
+        n = int(self._lens[self._i])
+        raw = self._b[self._at:self._at + n]
+        self._i += 1
+        self._at += n
+        dt = np.dtype(dtype)
+        if n % dt.itemsize:
+            raise bs.CorruptError(f"chunk of {n} bytes is not a whole number of {dtype}")
+        a = np.frombuffer(raw, dt)
+        if shape is not None:
+            if a.size != int(np.prod(shape)):
+                raise bs.CorruptError(f"chunk has {a.size} values, expected shape {shape}")
+            a = a.reshape(shape)
+        return a
+
+    def done(self) -> None:
+        if self._i != self._lens.size:
+            raise bs.CorruptError("progressive payload has unread chunks")
+
+
+# ---------------------------------------------------------------------------------------------
+# encode
+
+def _ans_streams(streams: list[Stream], models: list[list]) -> tuple[bytes, bytes]:
+    """All streams of one rung of one part in one ANS coder, band-major (band 0's streams first);
+    all-zero (stream, band) pairs are skipped and flagged. -> (words, packed flags)."""
+    enc = E._constriction().stream.stack.AnsCoder()
+    nb = len(streams[0].per_band)
+    nz = np.array([[bool(s.per_band[b].size and s.per_band[b].any()) for b in range(nb)] for s in streams], np.uint8)
+    for b in range(nb - 1, -1, -1):
+        for j in range(len(streams) - 1, -1, -1):
+            if nz[j, b]:
+                enc.encode_reverse(np.ascontiguousarray(streams[j].per_band[b], dtype=np.int32), models[j][b])
+    return enc.get_compressed().astype("<u4").tobytes(), np.packbits(nz.reshape(-1)).tobytes()
+
+
+def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | None) -> list[bytes]:
+    """One object per rung: [base, refinement 1, ...] (rung l = the first l+1 objects)."""
+    shard.validate()
+    p = codec.params
+    T, H, D = shard.shape
+    C = H * D
+    lay = Layout.of(T, C, _grid(T, p["transform"]))
+    levels = len(p["budgets"])
+    if tables is None:
+        use_sens = p["allocate"] == "sensitivity" and shard.sensitivity is not None
+        plans = plan_parts([shard], [float(b) for b in p["budgets"]], p["transform"], use_sens)
+    else:
+        plans = {}
+        for kv in PARTS:
+            pre = f"L{shard.layer}.{kv}"
+            mu, plan = tables.get(f"{pre}.mean"), tables.get(f"{pre}.plan")
+            if mu.shape != (C,) or plan.shape != (1 + levels,):
+                raise bs.IdentityError(f"codec tables for layer {shard.layer} do not fit this shard or ladder")
+            plans[(shard.layer, kv)] = PartPlan(mu, float(plan[0]), [int(x) for x in plan[1:]])
+    chunks: list[list[bytes]] = [[] for _ in range(levels)]
+    own: list[list[int]] = [[] for _ in range(levels)]
+    info: dict[str, Any] = {}
+    for kv in PARTS:
+        pl = plans[(shard.layer, kv)]
+        pre = f"L{shard.layer}.{kv}"
+        flat = lay.to_flat(coefficients(as_f32_2d(shard.key if kv == "k" else shard.value), pl.mean, lay.grid))
+        m0 = None
+        if tables is not None and f"{pre}.e0" in tables.arrays:  # use the table's rung-0 alphabet if wide enough
+            need = max(1, int(np.floor(np.abs(flat).max(initial=0.0) / pl.step0)))
+            width = (tables.arrays[f"{pre}.e0"].shape[1] - 1) // 2
+            m0 = width if need <= width else None
+        rungs = rung_symbols(flat, lay, pl.step0, pl.planes, m0)
+        if tables is None:
+            chunks[0].append(np.asarray(pl.mean).astype(pl.mean.dtype.newbyteorder("<")).tobytes())
+        for l, rs in enumerate(rungs):
+            if l > 0 and rs.m == 0:
+                continue
+            models, own_here = [], 0
+            for st in rs.streams:
+                table = tables.arrays.get(f"{pre}.{st.table}") if tables is not None else None
+                if table is not None and table.shape == (lay.nbands, st.alphabet):
+                    models.append(tables.cached(f"{pre}.{st.table}", lambda t=table: _models_of(t)))
+                else:  # no tables, or symbols beyond the table's alphabet: carry the histograms
+                    own_here = 1
+                    models.append(None)
+            if own_here:
+                hists = [pack_counts(_band_hist(st.per_band, st.alphabet)) for st in rs.streams]
+                chunks[l] += [h.tobytes() for h in hists]
+                models = [_models_of(h) for h in hists]
+            own[l].append(own_here)
+            words, nz = _ans_streams(rs.streams, models)
+            chunks[l] += [words, nz]
+            if l == 0:
+                info[kv] = {"step": pl.step0, "planes": pl.planes, "m0": rs.m0, "grid": lay.grid,
+                            "mean": pl.mean.dtype.newbyteorder("<").str}
+            else:
+                chunks[l] += [Q.pack(rs.low, rs.m).tobytes() if rs.low.size else b"",
+                              np.packbits(rs.signs).tobytes() if rs.signs.size else b""]
+    out: list[bytes] = []
+    for l in range(levels):
+        w = bs.Writer()
+        w.add("p", pack_chunks(chunks[l]))
+        if l == 0:
+            h = codec._header(shard, ident, tables, levels=levels, prog=info, level=0, own=own[0])
+            h["params"] = {k: p[k] for k in ("budgets", "quantiser", "transform", "allocate")}
+            out.append(w.to_bytes(bs.KIND_SHARD, h, FORMAT_VERSION))
+        else:  # bound to its base by the parent's checksum; the base carries identity and shape
+            out.append(w.to_bytes(bs.KIND_LAYER, {"level": l, "own": own[l], "parent_crc": zlib.crc32(out[-1])},
+                                  FORMAT_VERSION))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# decode
+
+class _Bands:
+    """Decoder over one rung of one part: `get(stream j, band b, n)` in band-major order."""
+
+    def __init__(self, words: np.ndarray, nz: np.ndarray, models: list[list]) -> None:
+        try:
+            self.dec = E._constriction().stream.stack.AnsCoder(np.ascontiguousarray(words, dtype=np.uint32))
+        except (ValueError, RuntimeError) as e:
+            raise bs.CorruptError(f"entropy-coded data does not decode: {e}") from None
+        self.nz, self.models = nz, models
+
+    def get(self, j: int, b: int, n: int) -> np.ndarray | None:
+        if not self.nz[j, b] or n == 0:
+            return None
+        try:
+            return self.dec.decode(self.models[j][b], int(n))
+        except (ValueError, RuntimeError, AssertionError) as e:
+            raise bs.CorruptError(f"entropy-coded data does not decode: {e}") from None
+
+    def finish(self) -> None:
+        if not self.dec.is_empty():
+            raise bs.CorruptError("entropy-coded data has leftover bits: wrong tables or corrupt object")
+
+
+@dataclass
+class ProgressiveState:
+    """Decoded magnitudes/signs of a shard at some rung; `upgrade` adds the next rung in place."""
+
+    codec: Any
+    ident: ShardId
+    tables: CodecTables | None
+    dtype: torch.dtype
+    shape: tuple[int, int, int]
+    header: dict[str, Any]
+    level: int = -1
+    last_crc: int = 0
+    mag: dict[str, np.ndarray] = field(default_factory=dict)   # flat (T*C,) int32, band-sorted
+    neg: dict[str, np.ndarray] = field(default_factory=dict)   # flat (T*C,) bool
+    mean: dict[str, np.ndarray] = field(default_factory=dict)
+    layout: Layout | None = None
+
+    def _part(self, kv: str) -> tuple[float, list[int], int, int]:
+        e = self.header["prog"][kv]
+        return float(e["step"]), [int(x) for x in e["planes"]], int(e["m0"]), int(e["grid"])
+
+    def _streams_models(self, rd: Chunks, own: Any, i: int, names: list[tuple[str, int]]) -> list[list]:
+        if not isinstance(own, list) or i >= len(own) or own[i] not in (0, 1):
+            raise bs.CorruptError(f"{self.codec.name}: object does not say where its histograms are")
+        layer = int(self.header.get("layer", 0))
+        kv = PARTS[i]
+        nb = self.layout.nbands
+        out = []
+        if own[i] or self.tables is None:
+            for _name, A in names:
+                out.append(_models_of(rd.next("|u1", (nb, A))))
+            return out
+        for name, A in names:
+            full = f"L{layer}.{kv}.{name}"
+            t = self.tables.get(full)
+            if t.shape != (nb, A) or t.dtype != np.uint8:
+                raise bs.CorruptError(f"{self.codec.name}: table {full} has shape {t.shape}, expected {(nb, A)}")
+            out.append(self.tables.cached(full, lambda t=t: _models_of(t)))
+        return out
+
+    def _reader(self, rd: Chunks, models: list[list]) -> _Bands:
+        words = rd.next("<u4")
+        nflags = len(models) * self.layout.nbands
+        raw = rd.next("|u1")
+        if raw.size != (nflags + 7) // 8:
+            raise bs.CorruptError(f"{self.codec.name}: band flags malformed")
+        nz = np.unpackbits(raw, count=nflags).astype(bool).reshape(len(models), self.layout.nbands)
+        return _Bands(words, nz, models)
+
+    def start(self, obj: bs.Object, crc: int) -> None:
+        T, H, D = self.shape
+        C = H * D
+        prog = self.header.get("prog")
+        if not isinstance(prog, dict) or set(prog) != set(PARTS):
+            raise bs.CorruptError(f"{self.codec.name}: progressive header missing")
+        levels = self.header.get("levels")
+        layer = self.header.get("layer", 0)
+        rd = Chunks(obj.section("p"))
+        for i, kv in enumerate(PARTS):
+            try:
+                step, planes, m0, n = self._part(kv)
+                mean_dt = np.dtype(prog[kv]["mean"])
+            except (KeyError, TypeError, ValueError):
+                raise bs.CorruptError(f"{self.codec.name}: bad progressive header {prog.get(kv)!r}") from None
+            if (not (math.isfinite(step) and step > 0) or not 1 <= m0 <= 1 << 16 or len(planes) != levels
+                    or planes[0] != 0 or any(b < a for a, b in zip(planes, planes[1:])) or planes[-1] > MAX_PLANES
+                    or not (n == 0 or n * n == T) or mean_dt.str not in ("<f2", "<f4")):
+                raise bs.CorruptError(f"{self.codec.name}: bad progressive header {prog[kv]!r}")
+            if self.layout is None or self.layout.grid != n:
+                self.layout = Layout.of(T, C, n)
+            lay = self.layout
+            mu = self.tables.get(f"L{layer}.{kv}.mean") if self.tables is not None else rd.next(mean_dt.str, (C,))
+            if mu.shape != (C,) or mu.dtype.kind != "f":
+                raise bs.CorruptError(f"{self.codec.name}: {kv} mean has shape {mu.shape}")
+            self.mean[kv] = mu
+            names = [("e0q", QUAD_ESC + 1), ("e0", 2 * m0 + 1)] if lay.big else [("e0", 2 * m0 + 1)]
+            bands = self._reader(rd, self._streams_models(rd, obj.header.get("own"), i, names))
+            q = np.zeros(T * C, np.int32)
+            for b in range(lay.nbands):
+                a, e = int(lay.starts[b]), int(lay.starts[b + 1])
+                if lay.big:
+                    nq = -(-(e - a) // 4)
+                    sym = bands.get(0, b, nq)
+                    if sym is None:
+                        continue
+                    vals = _QUAD_LUT[sym]                                 # (nq, 4); symbols < 82 by the model
+                    esc = np.flatnonzero(sym == QUAD_ESC)  # (index assignment: ~20x faster than a bool mask)
+                    if esc.size:
+                        ev = bands.get(1, b, 4 * esc.size)
+                        vals[esc] = (ev.reshape(-1, 4) - m0) if ev is not None else 0
+                    q[a:e] = vals.reshape(-1)[:e - a]
+                else:
+                    sym = bands.get(0, b, e - a)
+                    if sym is not None:
+                        q[a:e] = sym - m0
+            bands.finish()
+            self.neg[kv] = q < 0
+            self.mag[kv] = np.abs(q)
+        rd.done()
+        self.level, self.last_crc = 0, crc
+
+    def upgrade(self, piece: bytes) -> "ProgressiveState":
+        """Apply the next rung's object (in place; returns self). Mismatches raise `IdentityError`."""
+        obj = bs.parse(piece)
+        if obj.kind != bs.KIND_LAYER:
+            raise bs.IdentityError(f"expected a refinement object, got kind {obj.kind}")
+        h = obj.header
+        if h.get("level") != self.level + 1:
+            raise bs.IdentityError(f"refinement object is level {h.get('level')!r}; expected {self.level + 1}")
+        if h.get("parent_crc") != self.last_crc:
+            raise bs.IdentityError("refinement object does not refine this base (parent checksum differs)")
+        l = self.level + 1
+        lay = self.layout
+        rd = Chunks(obj.section("p"))
+        own = h.get("own")
+        j = 0
+        for kv in PARTS:
+            step, planes, _m0, _n = self._part(kv)
+            if l >= len(planes):
+                raise bs.CorruptError(f"{self.codec.name}: refinement level {l} beyond the ladder's {len(planes)}")
+            m = planes[l] - planes[l - 1]
+            if m == 0:
+                continue
+            g = group_size(m, lay.big)
+            mag, neg = self.mag[kv], self.neg[kv]
+            insig = mag == 0
+            counts = lay.band_counts(insig)
+            n_ins = int(counts.sum())
+            if not isinstance(own, list) or j >= len(own):
+                raise bs.CorruptError(f"{self.codec.name}: object does not say where its histograms are")
+            models = self._streams_models(rd, [own[j]] * 2, PARTS.index(kv), [(f"e{l}", 1 << (m * g))])
+            j += 1
+            bands = self._reader(rd, models)
+            newi = np.zeros(n_ins, np.int32)
+            at = 0
+            for b in range(lay.nbands):
+                sym = bands.get(0, b, -(-int(counts[b]) // g))
+                if sym is not None:
+                    newi[at:at + counts[b]] = ungroup(sym, m, g, int(counts[b]))
+                at += int(counts[b])
+            bands.finish()
+            raw = rd.next()
+            nsig = mag.size - n_ins
+            if raw.size * 8 < nsig * m:
+                raise bs.CorruptError(f"refinement bits {kv} too short")
+            became = newi > 0
+            nb_new = int(np.count_nonzero(became))
+            sraw = rd.next()
+            if sraw.size * 8 < nb_new:
+                raise bs.CorruptError(f"sign bits {kv} too short")
+            # insignificant magnitudes are 0, so shifting everything and OR-ing one array of new
+            # low bits (significant) / new indices (insignificant) updates both in two passes
+            # (index assignment throughout: numpy's bool-mask assignment is ~20x slower here)
+            iins = np.flatnonzero(insig)
+            add = np.empty(mag.size, np.int32)
+            if nsig:
+                add[np.flatnonzero(~insig)] = Q.unpack(raw, m, nsig)
+            add[iins] = newi
+            mag <<= m
+            mag |= add
+            if nb_new:  # insignificant coefficients had no sign yet (neg False there)
+                neg[iins[np.flatnonzero(became)]] = np.unpackbits(sraw, count=nb_new).astype(bool)
+        rd.done()
+        self.level, self.last_crc = l, zlib.crc32(piece)
+        return self
+
+    def result(self) -> DecodedShard:
+        T, H, D = self.shape
+        out = []
+        lay = self.layout
+        for kv in PARTS:
+            step, planes, _m0, n = self._part(kv)
+            st = np.float32(step * 2.0 ** -planes[self.level])
+            mag = self.mag[kv]
+            # (mag + 1/2) step where mag > 0, else 0; negative where flagged
+            c = mag.astype(np.float32)
+            c += np.float32(0.5)
+            c[np.flatnonzero(mag == 0)] = 0.0
+            c *= st
+            c[np.flatnonzero(self.neg[kv])] *= -1.0
+            x = lay.from_flat(c)
+            x = inverse_f32(x, n) if n else x
+            x += self.mean[kv].astype(np.float32)[None, :]
+            out.append(from_f32_2d(x, self.shape, self.dtype))
+        return DecodedShard(out[0], out[1], torch.ones(T, dtype=torch.bool))
+
+
+def inverse_f32(c: np.ndarray, n: int) -> np.ndarray:
+    """(T, C) coefficients -> (T, C) tokens: inverse orthonormal 2-D DCT over the n x n grid, float32
+    matmuls (the decoder's; float64 einsum was a third of the decode time at Klein sizes)."""
+    d = torch.from_numpy(EQ.dct_matrix(n).astype(np.float32))               # (n, n)
+    g = torch.from_numpy(np.ascontiguousarray(c, dtype=np.float32)).reshape(n, n, -1)  # (u, v, C)
+    t = (d.t() @ g.reshape(n, -1)).reshape(n, n, -1)                       # (i, v, C)
+    x = torch.matmul(d.t()[None], t)                                       # (i, j, C)
+    return x.reshape(n * n, -1).numpy()
+
+
+def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: CodecTables | None, dtype,
+                shape) -> ProgressiveState:
+    st = ProgressiveState(codec=codec, ident=ident, tables=tables, dtype=dtype, shape=shape, header=obj.header)
+    st.start(obj, zlib.crc32(piece))
+    return st

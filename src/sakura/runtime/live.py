@@ -1,0 +1,482 @@
+"""The live executor: the `EditDriver` on real sockets, threads, decoders and the model.
+
+    fetch stage (asyncio thread)      decode pool (threads)        compute (caller's thread)
+    driver.next_requests() ──► GET    decode_any() ──► KV slot ◄── model.edit(...) calls
+    overlapped, several in flight     one shard per worker          source.layer(i): driver.at_layer
+    chunk timing ──► estimators                                     USE / LOCAL / WAIT(deadline)
+
+Stages share one lock and condition; the driver holds every decision. The model pulls layer i
+exactly when its forward pass reaches layer i, through `LiveKVSource` (a `TemplateKVSource`).
+A layer computed locally runs the template generator (`model.template_layers`) forward from
+wherever it stands, so fetched and local layers mix in any order and a failed, corrupt or late
+shard is always replaced by local compute: an edit never fails because the network did.
+
+Only public template objects are requested: `TemplateClient` has no method that can carry the
+photo or the prompt, and this module never hands it either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from sakura.models.kv import LayerKV, TemplateKVError
+
+from .driver import USE, WAIT, EditDriver, Policy, ShardRecord
+from .estimator import BandwidthEstimator, RttEstimator
+from .plan import LOCAL, Route, ShardSpec, psnr_from_mse
+
+
+# ---------------------------------------------------------------------------------------------
+# what the planner assumes about this device
+
+
+@dataclass
+class DeviceProfile:
+    """Per-layer times the planner assumes (seconds), measured by `profile_model` or scaled to a
+    phone. decode_bytes_per_s: fp16-KV bytes one decode worker produces per second, per codec
+    name (the codec's name before ':'), else `default_decode_bytes_per_s`."""
+
+    compute_s: float
+    local_s: float
+    decode_bytes_per_s: dict[str, float] = field(default_factory=dict)
+    default_decode_bytes_per_s: float = 80e6
+    decode_workers: int = 1
+
+    def decode_s(self, codec: str, fp16_bytes: int) -> float:
+        rate = self.decode_bytes_per_s.get(codec.split(":")[0], self.default_decode_bytes_per_s)
+        return fp16_bytes / rate
+
+
+def default_decode_workers() -> int:
+    """What the device has: one decode worker per core the process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def profile_model(model: Any, repeats: int = 3) -> DeviceProfile:
+    """Measure this machine's per-layer forward compute (photo+target stream, one step) and
+    per-layer template compute, median of `repeats` runs."""
+    size = model.cfg.image_size
+    g = torch.Generator().manual_seed(0)
+    tmpl, photo = torch.rand(1, 3, size, size, generator=g), torch.rand(1, 3, size, size, generator=g)
+    comp, loc = [], []
+    with torch.no_grad():
+        for _ in range(repeats):
+            t = time.perf_counter()
+            kv = model.extract_template_kv(tmpl)
+            loc.append((time.perf_counter() - t) / model.num_layers)
+            t = time.perf_counter()
+            model.edit(photo, template_kv=kv, steps=1)
+            comp.append((time.perf_counter() - t) / model.num_layers)
+    return DeviceProfile(compute_s=sorted(comp)[len(comp) // 2], local_s=sorted(loc)[len(loc) // 2],
+                         decode_workers=default_decode_workers())
+
+
+def shard_specs(manifest: Any, profile: DeviceProfile) -> list[ShardSpec]:
+    """Planner inputs from a manifest: every rendition with its size, decode time and measured
+    image distortion (``image_mse``, recorded at build time), and each shard's quality floor
+    (``quality_floor.image_mse``: CacheGen level 3 on that shard). A manifest without image
+    distortions gives routes of unknown quality (treated as exact) and no floor."""
+    specs = []
+    for shard in manifest.shards:
+        routes = tuple(Route(r.name, r.nbytes, profile.decode_s(r.codec, shard.fp16_bytes),
+                             float(r.distortion.get("image_mse", 0.0))) for r in shard.renditions)
+        floor = getattr(shard, "quality_floor", None) or {}
+        specs.append(ShardSpec(routes, profile.compute_s, profile.local_s,
+                               float(floor["image_mse"]) if "image_mse" in floor else None))
+    return specs
+
+
+#: Pass as `manifest=` when the phone has none (server down and not cached): the edit runs on the device.
+NO_MANIFEST = object()
+
+
+# ---------------------------------------------------------------------------------------------
+# the KV source the model pulls from
+
+
+class LiveKVSource:
+    """A `TemplateKVSource` whose `layer(i)` asks the driver and then uses the fetched KV,
+    computes the layer (catching the local generator up), or waits until a deadline."""
+
+    def __init__(self, driver: EditDriver, cond: threading.Condition, clock: Callable[[], float],
+                 local_layers: Callable[[], Iterator[LayerKV]], model_fingerprint: str, template_fingerprint: str):
+        self.driver = driver
+        self.cond = cond
+        self.clock = clock
+        self._local_layers = local_layers
+        self._gen: Iterator[LayerKV] | None = None
+        self.decoded: dict[int, LayerKV] = {}
+        self.model_fingerprint = model_fingerprint
+        self.template_fingerprint = template_fingerprint
+        self.on_layer: Callable[[], None] = lambda: None  # wakes the fetch stage (compute moved)
+
+    @property
+    def num_layers(self) -> int:
+        return self.driver.L
+
+    def layer(self, i: int) -> LayerKV:
+        d = self.driver
+        with self.cond:
+            now = self.clock()
+            action = d.at_layer(i, now)
+            while action.kind == WAIT:
+                rec = d.records[i]
+                if rec.status == "ready":
+                    action = d.on_ready_while_waiting(i, now)
+                    break
+                if rec.status in ("failed", "cancelled"):
+                    action = d.at_layer(i, now)
+                    continue
+                if now >= action.deadline:
+                    action = d.on_wait_expired(i, now)
+                    break
+                self.cond.wait(timeout=min(action.deadline - now, 0.5))
+                now = self.clock()
+            kv = self.decoded.get(i) if action.kind == USE else None
+        self.on_layer()
+        if action.kind == USE:
+            assert kv is not None
+            return kv
+        t = time.perf_counter()
+        if self._gen is None:
+            self._gen = self._local_layers()
+        with torch.no_grad():
+            for _ in range(action.catch_up):
+                kv = next(self._gen)
+        spent = time.perf_counter() - t
+        with self.cond:
+            rec = d.records[i]
+            rec.local_s = spent
+            rec.delivered = self.clock()
+        return kv  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------
+# the result
+
+
+@dataclass
+class StreamedEdit:
+    """Result of `streamed_edit`. Times in seconds since the edit started (photo in)."""
+
+    image: torch.Tensor
+    latency_s: float
+    records: list[ShardRecord]
+    policy: str
+    events: list[str] = field(default_factory=list)
+    tables_bytes: int = 0
+    manifest_s: float = 0.0
+    path: str = "streamed"           # "streamed" | "on-device" (the plan needed no fetch)
+    image_mse: float = 0.0           # expected, from the build-time distortions of the KV used
+    quality_known: bool = True
+    timings_s: dict[str, float] = field(default_factory=dict)
+    link_idle_s: float = math.nan    # time with nothing in flight between the first request and the last byte
+
+    @property
+    def bytes_fetched(self) -> int:
+        return sum(r.nbytes for r in self.records)
+
+    @property
+    def stall_s(self) -> float:
+        return sum(r.stall_s for r in self.records)
+
+    @property
+    def implied_psnr_db(self) -> float:
+        """Image PSNR vs the lossless-KV output that the chosen renditions imply."""
+        return psnr_from_mse(self.image_mse)
+
+    def breakdown(self) -> dict[str, float]:
+        fetched = [r for r in self.records if r.fetch_end == r.fetch_end]
+        local = sum(r.local_s for r in self.records)
+        return {
+            "latency_s": self.latency_s,
+            "manifest_s": self.manifest_s,
+            "fetch_s": sum(r.fetch_end - r.t_request for r in fetched),
+            "local_compute_s": local,
+            "stall_s": self.stall_s,
+            "compute_s": self.timings_s.get("denoise", 0.0) - self.stall_s - local,
+            "bytes": float(self.bytes_fetched + self.tables_bytes),
+            "local_shards": float(sum(r.source == LOCAL for r in self.records)),
+        }
+
+    def choices(self) -> list[str]:
+        return [r.source or "?" for r in self.records]
+
+
+# ---------------------------------------------------------------------------------------------
+# the runtime
+
+
+class _LinkMeter:
+    """Link-level throughput across overlapped transfers: bytes that arrived between the last
+    completed fetch (or the first byte after an idle gap) and this one's last byte."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[float, int]] = []   # (arrival time, bytes)
+        self.active_first: dict[int, float] = {}     # shard -> its first byte time
+        self.last_done = -math.inf
+        self.idle_s = 0.0
+        self._idle_since: float | None = None
+        self._inflight = 0
+
+    def request(self, now: float) -> None:
+        if self._inflight == 0 and self._idle_since is not None:
+            self.idle_s += max(0.0, now - self._idle_since)
+            self._idle_since = None
+        self._inflight += 1
+
+    def done(self, now: float) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._idle_since = now
+
+    def sample(self, j: int, t_last: float) -> tuple[int, float]:
+        first = self.active_first.pop(j, t_last)
+        a = max(self.last_done, min([first] + list(self.active_first.values())))
+        self.last_done = t_last
+        n = sum(b for t, b in self.chunks if a < t <= t_last)
+        self.chunks = [(t, b) for t, b in self.chunks if t > t_last]
+        return n, max(0.0, t_last - a)
+
+
+def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id: str,
+                  template_image: torch.Tensor, instruction: int, policy: Policy, profile: DeviceProfile,
+                  bandwidth: BandwidthEstimator | None = None, rtt: RttEstimator | None = None,
+                  decode_workers: int | None = None, max_inflight: int = 8, steps: int = 8, seed: int = 0,
+                  manifest: Any = None, manifest_timeout_s: float = 2.0, allow_fast_path: bool = True,
+                  renditions: Sequence[str] | None = None) -> StreamedEdit:
+    """Edit `photo` with the template's KV streamed from `base_url`, pipelined with compute.
+
+    Args:
+        model: the on-device model (sakura-mini or flux2-mini; its fingerprint selects the manifest).
+        photo: (1, 3, H, W) in [0, 1]. Never leaves this function.
+        template_image, instruction: the template as the gallery holds it (for local compute).
+        policy: `SakuraPolicy` (default), `MeetInMiddlePolicy`, `CacheGenPolicy`, `FixedPolicy`.
+        profile: per-layer compute and decode rates the planner assumes.
+        bandwidth, rtt: the phone's estimators (kept across edits by a real app).
+        decode_workers: decode pool size (default: `profile.decode_workers`).
+        manifest: an already fetched `Manifest` (apps fetch manifests with the gallery); None
+            fetches it inside the timed edit, and a manifest that cannot be had means on-device.
+        allow_fast_path: when the first plan fetches nothing, run the plain on-device edit (no
+            threads, so no overhead over on-device).
+        renditions: rendition names the policy may fetch (None: every one in the manifest).
+
+    Never raises because of the network: every failure ends in local compute, listed in `events`.
+    """
+    from sakura.client import TemplateClient
+    from sakura.codec import CodecTables, ShardId, decode_any
+
+    bandwidth = bandwidth or BandwidthEstimator(prior_bps=1e6)
+    rtt = rtt or RttEstimator()
+    workers = decode_workers or profile.decode_workers
+    t0 = time.monotonic()
+    clock = lambda: time.monotonic() - t0  # noqa: E731
+    events: list[str] = []
+    model_fp = model.fingerprint()
+    tfp = model.template_fingerprint(template_image, instruction)
+
+    def on_device(why: str, records: list[ShardRecord] | None = None) -> StreamedEdit:
+        if why:
+            events.append(f"{clock() * 1000:.0f} ms: {why}; computing the template on the device")
+        out = model.edit(photo, template=template_image, instruction=instruction, mode="extract", steps=steps, seed=seed)
+        recs = records or [ShardRecord(j, source=LOCAL) for j in range(model.num_layers)]
+        for r in recs:
+            r.source = LOCAL
+        return StreamedEdit(image=out.image, latency_s=clock(), records=recs, policy=policy.name, events=events,
+                            path="on-device", timings_s=out.timings_s)
+
+    if manifest is NO_MANIFEST:
+        return on_device("no manifest for this template (server down, not in the gallery)")
+    if manifest is None:
+        async def get_manifest():
+            async with TemplateClient(base_url, connect_timeout=manifest_timeout_s, read_timeout=manifest_timeout_s,
+                                      max_retries=0) as c:  # inside the timed edit: fail fast, compute
+                return await asyncio.wait_for(c.get_manifest(model_fp, template_id), manifest_timeout_s * 2)
+        try:
+            manifest = asyncio.run(get_manifest())
+        except Exception as e:  # any network or server failure: the device can still compute
+            return on_device(f"manifest unavailable ({_short(e)})")
+    manifest_s = clock()
+    problem = None
+    if manifest.template_id != template_id or manifest.model_fingerprint != model_fp:
+        problem = f"manifest is for {manifest.model_fingerprint[:16]}…/{manifest.template_id}"
+    elif manifest.kv_layout.get("template_fingerprint") != tfp:
+        problem = "manifest's template fingerprint differs from the gallery image's"
+    elif len(manifest.shards) != model.num_layers:
+        problem = f"manifest has {len(manifest.shards)} shards, the model has {model.num_layers} layers"
+    if problem:
+        return on_device(problem)
+
+    specs = shard_specs(manifest, profile)
+    if renditions is not None:
+        specs = [replace(s, routes=tuple(r for r in s.routes if r.name in renditions)) for s in specs]
+    quality_known = all("image_mse" in r.distortion for s in manifest.shards for r in s.renditions)
+    driver = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt, decode_workers=workers, max_inflight=max_inflight)
+    driver.start(clock())
+    if allow_fast_path and getattr(policy, "k", None) == driver.L:
+        res = on_device("", driver.records)
+        res.manifest_s = manifest_s
+        return res
+
+    cond = threading.Condition()
+    local_layers = lambda: (LayerKV(k[0], v[0]) for k, v in model.template_layers(template_image, instruction))  # noqa: E731
+    source = LiveKVSource(driver, cond, clock, local_layers, model_fp, tfp)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sakura-decode")
+    meter = _LinkMeter()
+    stop = threading.Event()
+    info = {"tables_bytes": 0}
+    loop_box: dict[str, Any] = {}
+    tables: dict[str, Any] = {}
+
+    def decode(j: int, data: bytes, rendition: Any) -> None:
+        try:
+            tbl = tables.get(rendition.tables[0]) if rendition.tables else None
+            kv = decode_any(data, ShardId(model_fp, tfp, j), tbl).as_layer_kv()
+            with cond:
+                source.decoded[j] = kv
+                driver.on_decoded(j, clock())
+                cond.notify_all()
+        except Exception as e:
+            with cond:
+                driver.on_decode_failed(j, _short(e), clock())
+                cond.notify_all()
+
+    async def fetch_stage() -> None:
+        kick = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop_box["kick"] = lambda: loop.call_soon_threadsafe(kick.set)
+        source.on_layer = loop_box["kick"]
+        table_locks: dict[str, asyncio.Lock] = {}
+        tasks: dict[int, asyncio.Task] = {}
+
+        async def ensure_tables(client: TemplateClient, rendition: Any) -> None:
+            for name in rendition.tables:
+                lock = table_locks.setdefault(name, asyncio.Lock())
+                async with lock:
+                    if name not in tables:
+                        res = await client.fetch_object(manifest.table(name).object)
+                        tables[name] = CodecTables.from_bytes(res.data, ShardId(model_fp, tfp, -1))
+                        info["tables_bytes"] += len(res.data)
+
+        async def fetch_one(client: TemplateClient, j: int, route: Route) -> None:
+            rendition = manifest.shards[j].rendition(route.name)
+            first = {"seen": False}
+
+            def on_chunk(c: Any) -> None:
+                t_end = c.t_end - t0
+                with cond:
+                    meter.chunks.append((t_end, c.nbytes))
+                    if not first["seen"]:
+                        first["seen"] = True
+                        meter.active_first[j] = t_end
+                        driver.on_first_byte(j, t_req, t_end)
+                    got[0] += c.nbytes
+                    driver.on_progress(j, rendition.nbytes - got[0], t_end)
+
+            got = [0]
+            try:
+                await ensure_tables(client, rendition)
+                with cond:
+                    t_req = clock()
+                    meter.request(t_req)
+                try:
+                    res = await client.fetch_rendition(rendition, on_chunk=on_chunk)
+                finally:
+                    with cond:
+                        meter.done(clock())
+                with cond:
+                    t_last = res.t_done - t0
+                    n, s = meter.sample(j, t_last)
+                    if driver.records[j].status == "requested":
+                        driver.on_fetched(j, len(res.data), t_last, sample_bytes=n, sample_s=s)
+                        pool.submit(decode, j, res.data, rendition)
+                    cond.notify_all()
+            except asyncio.CancelledError:
+                with cond:
+                    meter.active_first.pop(j, None)
+                raise
+            except Exception as e:  # FetchError, IntegrityError, table decode errors...
+                with cond:
+                    meter.active_first.pop(j, None)
+                    driver.on_fetch_failed(j, _short(e), clock())
+                    cond.notify_all()
+            finally:
+                kick.set()
+
+        async with TemplateClient(base_url, max_connections=max_inflight) as client:
+            while not stop.is_set():
+                with cond:
+                    reqs, wake = driver.next_requests(clock())
+                    cancel = driver.to_cancel()
+                for j in cancel:
+                    t = tasks.pop(j, None)
+                    if t is not None and not t.done():
+                        t.cancel()
+                for j, route in reqs:
+                    tasks[j] = asyncio.create_task(fetch_one(client, j, route))
+                kick.clear()
+                timeout = 0.25 if wake is None else max(0.0, min(0.25, wake - clock()))
+                try:
+                    await asyncio.wait_for(kick.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+            for t in tasks.values():
+                t.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+    def fetch_thread() -> None:
+        try:
+            asyncio.run(fetch_stage())
+        except BaseException as e:  # the client itself failed: every pending shard goes local
+            with cond:
+                for r in driver.records:
+                    if r.status in ("pending", "requested"):
+                        driver.on_fetch_failed(r.index, f"fetch stage: {type(e).__name__}: {e}", clock())
+                        r.status = "failed"
+                cond.notify_all()
+
+    th = threading.Thread(target=fetch_thread, name="sakura-fetch", daemon=True)
+    th.start()
+    try:
+        out = model.edit(photo, template_kv=source, steps=steps, seed=seed)
+    finally:
+        stop.set()
+        if "kick" in loop_box:
+            try:
+                loop_box["kick"]()
+            except RuntimeError:
+                pass  # loop already closed
+        th.join(timeout=10.0)
+        pool.shutdown(wait=False, cancel_futures=True)
+    latency = clock()
+    events.extend(driver.events)
+    requested = [r for r in driver.records if r.t_request == r.t_request]
+    idle = meter.idle_s if requested else math.nan
+    return StreamedEdit(image=out.image, latency_s=latency, records=driver.records, policy=policy.name, events=events,
+                        tables_bytes=info["tables_bytes"], manifest_s=manifest_s, image_mse=driver.image_mse(),
+                        quality_known=quality_known, timings_s=out.timings_s, link_idle_s=idle)
+
+
+def _short(e: BaseException, limit: int = 160) -> str:
+    """One line naming an error: its type and the start of its message."""
+    msg = " ".join(str(e).split())
+    return f"{type(e).__name__}: {msg[:limit]}{'…' if len(msg) > limit else ''}"
+
+
+def check_manifest_for(model: Any, manifest: Any, template_id: str) -> None:
+    """Raise `TemplateKVError` if `manifest` is not for this model and template."""
+    if manifest.template_id != template_id or manifest.model_fingerprint != model.fingerprint():
+        raise TemplateKVError(f"manifest is for {manifest.model_fingerprint[:16]}…/{manifest.template_id}, "
+                              f"not this model's {template_id}")

@@ -1,0 +1,257 @@
+"""How a template's KV reaches the forward pass: the pipeline model and the planners. Pure.
+
+The edit's first denoising step consumes template KV layer by layer (later steps reuse it). Each
+layer's KV comes by one *route*: a fetched rendition (link -> decode worker -> forward pass) or
+local compute. Resources, each modelled as the runtime runs them:
+
+* **link**: requests are issued ahead (several in flight), so bytes flow back to back; only a
+  request issued to an *idle* link waits a round trip before its first byte. First in, first
+  out: ``start = max(link_free, t_request + rtt)``, ``end = link.deliver(start, nbytes)``.
+* **decode pool**: ``workers`` identical workers; a shard goes to the first free one.
+* **compute**: serial. Layer j's forward compute (``compute_s``) starts when the compute unit is
+  free and layer j's KV is ready; waiting is a *stall*.
+* **local generator**: computes template layers in order from the template image (a template
+  layer needs the hidden state entering it). It sits at layer ``g``; producing layer j locally
+  costs ``(j - g + 1) * local_s`` (catching up over skipped layers) and leaves it at j + 1. So a
+  local prefix costs ``local_s`` per layer, and a late fallback after streamed layers costs the
+  catch-up — always possible, since the template image is on the phone.
+
+A *plan* is a split ``k`` (layers < k local, on the way up) and a route for each layer >= k
+that is not already in flight. `plan_split` searches plans with the current estimates;
+`evaluate` plays one through the model. Nothing here reads a clock: every decision is testable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Protocol, Sequence
+
+LOCAL = "local"
+
+
+@dataclass(frozen=True)
+class Route:
+    """One way to obtain a shard's KV.
+
+    name: rendition name (``layered:...#2``, ``cachegen:level=3``) or ``LOCAL``.
+    nbytes: bytes on the wire (0 for local).
+    decode_s: seconds on one decode worker.
+    image_mse: expected contribution to the output image's MSE vs the lossless-KV output
+        (pixels in [0, 1]; measured at build time with only this shard degraded). 0 = exact.
+    """
+
+    name: str
+    nbytes: int = 0
+    decode_s: float = 0.0
+    image_mse: float = 0.0
+
+    @property
+    def is_local(self) -> bool:
+        return self.name == LOCAL
+
+
+LOCAL_ROUTE = Route(LOCAL)
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One layer's shard in consumption order.
+
+    routes: fetchable renditions. compute_s: the layer's forward compute in the first step
+    (live tokens; seconds). local_s: computing this template layer on the phone (seconds).
+    floor_mse: quality floor, the largest image_mse a route may have (None: no floor known).
+    """
+
+    routes: tuple[Route, ...]
+    compute_s: float
+    local_s: float
+    floor_mse: float | None = None
+
+    def admissible(self) -> tuple[Route, ...]:
+        """Routes within the quality floor, best quality first (then fewest bytes)."""
+        ok = [r for r in self.routes if self.floor_mse is None or r.image_mse <= self.floor_mse * (1 + 1e-9)]
+        return tuple(sorted(ok, key=lambda r: (r.image_mse, r.nbytes)))
+
+
+class LinkModel(Protocol):
+    def deliver(self, t_start: float, nbytes: int) -> float:
+        """When the last of `nbytes` has arrived if they start flowing at `t_start` (seconds)."""
+
+
+@dataclass(frozen=True)
+class ConstantLink:
+    """A link of fixed rate (bytes/s)."""
+
+    bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if not self.bytes_per_s > 0:
+            raise ValueError(f"bytes_per_s must be > 0, got {self.bytes_per_s}")
+
+    def deliver(self, t_start: float, nbytes: int) -> float:
+        return t_start + nbytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class TraceLink:
+    """A measured trace (`sakura.link.Trace`) replayed from `offset_s`: the link's capacity at
+    plan time t is the trace's at offset_s + t."""
+
+    trace: object
+    offset_s: float = 0.0
+
+    def deliver(self, t_start: float, nbytes: int) -> float:
+        if nbytes <= 0:
+            return t_start
+        t = self.offset_s + max(0.0, t_start)
+        return self.trace.time_at(self.trace.cumulative(t) + nbytes) - self.offset_s  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class PipelineState:
+    """Where the pipeline stands (seconds on the plan's clock).
+
+    now: the decision time. link_free: when the link has carried everything requested so far.
+    decode_free: when each decode worker is next free. compute_at: the next layer the forward
+    pass will process, at compute_free. generator_at: next layer the local generator computes.
+    ready: expected KV-ready time of shards already requested (layer -> seconds).
+    """
+
+    now: float = 0.0
+    link_free: float = 0.0
+    decode_free: tuple[float, ...] = (0.0,)
+    compute_at: int = 0
+    compute_free: float = 0.0
+    generator_at: int = 0
+    ready: Mapping[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class PlanResult:
+    """A plan played through the pipeline model."""
+
+    k: int
+    routes: dict[int, Route]
+    finish_s: float            # when the first step's forward pass leaves the last layer
+    stall_s: float
+    image_mse: float           # sum over streamed shards (errors of different layers add, to first order)
+    nbytes: int
+    ready: dict[int, float]    # expected ready time per streamed shard
+    local_layers: int
+
+    @property
+    def image_psnr_db(self) -> float:
+        return psnr_from_mse(self.image_mse)
+
+
+def psnr_from_mse(mse: float) -> float:
+    """PSNR (dB) of images in [0, 1] with this MSE (inf if exact)."""
+    return math.inf if mse <= 0 else 10.0 * math.log10(1.0 / mse)
+
+
+def evaluate(specs: Sequence[ShardSpec], state: PipelineState, k: int, routes: Mapping[int, Route],
+             link: LinkModel, rtt_s: float) -> PlanResult:
+    """Play a plan: layers in [compute_at, k) local, the rest streamed. Shards already in
+    `state.ready` keep their times; every other streamed layer needs a route in `routes`
+    (requested now, in layer order). Returns finish time, stall, bytes and quality."""
+    L = len(specs)
+    ready = dict(state.ready)
+    link_free = state.link_free
+    workers = sorted(state.decode_free)
+    nbytes, mse = 0, 0.0
+    for j in range(max(k, state.compute_at), L):
+        if j in ready:
+            continue
+        r = routes.get(j)
+        if r is None or r.is_local:
+            raise ValueError(f"layer {j} is to be streamed but has no fetch route")
+        start = max(link_free, state.now + rtt_s)
+        end = link.deliver(start, r.nbytes)
+        link_free = end
+        w = workers[0]
+        done = max(end, w) + r.decode_s
+        workers[0] = done
+        workers.sort()
+        ready[j] = done
+        nbytes += r.nbytes
+    t, stall, g, n_local = state.compute_free, 0.0, state.generator_at, 0
+    for j in range(state.compute_at, L):
+        spec = specs[j]
+        if j < k:
+            t += (j - g + 1) * spec.local_s + spec.compute_s
+            g = j + 1
+            n_local += 1
+            continue
+        r_t = ready[j]
+        if r_t > t:
+            stall += r_t - t
+            t = r_t
+        t += spec.compute_s
+        if j in routes:
+            mse += routes[j].image_mse
+    return PlanResult(k, {j: r for j, r in routes.items() if j >= k}, t, stall, mse, nbytes,
+                      {j: v for j, v in ready.items() if j >= k}, n_local)
+
+
+def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel, rtt_s: float, *,
+               allow_local: bool = True, rel_tol: float = 0.01) -> PlanResult:
+    """The plan that finishes soonest within each shard's quality floor; among plans within
+    `rel_tol` of that finish time, the best quality (lowest summed image MSE).
+
+    Search: every split k (local below, streamed from k up) x every uniform quality rung for the
+    streamed shards (rung i = each shard's i-th best admissible route), then a pass that upgrades
+    individual shards, latest first (they have the most slack), while the finish time stays
+    within tolerance. Shards without an admissible route can only be local.
+    """
+    L = len(specs)
+    lo = state.compute_at
+    pending = [j for j in range(lo, L) if j not in state.ready]
+    adm = {j: specs[j].admissible() for j in pending}
+    # the split can't be above a shard that has no admissible route... only below it if local
+    must_local_upto = max([j + 1 for j in pending if not adm[j]], default=lo)
+    if must_local_upto > lo and not allow_local:
+        raise ValueError("a shard has no rendition within its quality floor and local compute is not allowed")
+    ks = range(max(lo, must_local_upto), L + 1) if allow_local else [lo]
+    n_rungs = max((len(a) for a in adm.values()), default=1)
+    candidates: list[PlanResult] = []
+    for k in ks:
+        for rung in range(max(1, n_rungs)):
+            routes = {j: adm[j][min(rung, len(adm[j]) - 1)] for j in pending if j >= k}
+            candidates.append(evaluate(specs, state, k, routes, link, rtt_s))
+            if all(j < k for j in pending):
+                break  # nothing to stream: rungs are all the same plan
+    best_finish = min(c.finish_s for c in candidates)
+    limit = best_finish + rel_tol * max(best_finish - state.now, 1e-9)
+    best = min((c for c in candidates if c.finish_s <= limit), key=lambda c: (c.image_mse, c.finish_s, c.nbytes))
+    # per-shard upgrades, latest layer first
+    routes = dict(best.routes)
+    for j in sorted(routes, reverse=True):
+        for r in adm[j]:
+            if r.image_mse >= routes[j].image_mse:
+                break
+            trial = dict(routes)
+            trial[j] = r
+            res = evaluate(specs, state, best.k, trial, link, rtt_s)
+            if res.finish_s <= limit:
+                routes, best = trial, res
+                break
+    return best
+
+
+def offline_plan(specs: Sequence[ShardSpec], link: LinkModel, rtt_s: float, decode_workers: int = 1,
+                 start: PipelineState | None = None) -> PlanResult:
+    """The planner with perfect knowledge of the link (the real trace, not an estimate), run
+    once before the edit: the reference that the online scheduler is measured against."""
+    st = start or PipelineState(decode_free=(0.0,) * decode_workers)
+    return plan_split(specs, st, link, rtt_s)
+
+
+def all_local_s(specs: Sequence[ShardSpec], state: PipelineState | None = None) -> float:
+    """Finish time of the first step with every remaining layer computed locally."""
+    st = state or PipelineState()
+    return evaluate(specs, st, len(specs), {}, ConstantLink(1.0), 0.0).finish_s
+
+
+def with_floor(specs: Sequence[ShardSpec], floors: Sequence[float | None]) -> list[ShardSpec]:
+    return [replace(s, floor_mse=f) for s, f in zip(specs, floors)]

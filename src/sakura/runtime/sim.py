@@ -1,0 +1,128 @@
+"""The simulated executor: the same `EditDriver` as the live runtime, on a virtual clock, link,
+decode pool and compute unit (discrete events). Used by the phone-profile benchmark.
+
+The link is first in, first out with one round trip before the first byte of a request to an
+idle link (`sakura.runtime.plan`); a request the driver cancels still occupies the link (a
+conservative model of a transfer that was already under way). Compute is serial: layer j's
+forward compute starts when the compute unit is free and the driver has answered USE or LOCAL.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .driver import USE, WAIT, EditDriver, LayerAction, Policy, ShardRecord
+from .estimator import BandwidthEstimator, RttEstimator
+from .plan import LinkModel, ShardSpec
+
+# event kinds, in the order they are handled when simultaneous (data before decisions)
+_FETCHED, _DECODED, _DEADLINE, _WAKE, _COMPUTE = range(5)
+
+
+@dataclass
+class SimulatedEdit:
+    """The first denoising step of one simulated edit (seconds since it started)."""
+
+    first_step_s: float
+    records: list[ShardRecord]
+    events: list[str] = field(default_factory=list)
+    decisions: list[tuple[int, str]] = field(default_factory=list)   # (layer, source) in order
+    requests: list[tuple[int, str]] = field(default_factory=list)    # (layer, route) in issue order
+    link_busy_s: float = 0.0
+    image_mse: float = 0.0
+
+    @property
+    def bytes(self) -> int:
+        return sum(r.nbytes for r in self.records)
+
+    @property
+    def stall_s(self) -> float:
+        return sum(r.stall_s for r in self.records)
+
+    @property
+    def local_layers(self) -> int:
+        return sum(r.source == "local" for r in self.records)
+
+
+def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel, rtt_s: float,
+                  bandwidth: BandwidthEstimator, rtt: RttEstimator | None = None, decode_workers: int = 1,
+                  max_inflight: int = 8, compute_start_s: float = 0.0) -> SimulatedEdit:
+    """Play one edit's first step. `link` and `rtt_s` are the truth; the driver only sees what
+    its estimators learn from the transfers. compute_start_s: when the forward pass reaches
+    layer 0 (work before the transformer, e.g. the text encoder, overlaps with fetching)."""
+    d = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt or RttEstimator(prior_s=rtt_s),
+                   decode_workers=decode_workers, max_inflight=max_inflight)
+    L = len(specs)
+    heap: list = []
+    seq = itertools.count()
+    push = lambda t, kind, data=None: heapq.heappush(heap, (t, kind, next(seq), data))  # noqa: E731
+    link_free = 0.0
+    busy = 0.0
+    workers = [0.0] * decode_workers
+    requests: list[tuple[int, str]] = []
+    decisions: list[tuple[int, str]] = []
+    waiting: tuple[int, float] | None = None  # (layer, deadline) the compute is blocked on
+    finish = None
+
+    def issue(now: float) -> None:
+        nonlocal link_free, busy
+        reqs, wake = d.next_requests(now)
+        for j, route in reqs:
+            start = max(link_free, now + rtt_s)
+            end = link.deliver(start, route.nbytes)
+            busy += end - start
+            link_free = end
+            requests.append((j, route.name))
+            d.on_first_byte(j, now, start)
+            push(end, _FETCHED, (j, route.nbytes, start))
+        if wake is not None:
+            push(max(wake, now), _WAKE)
+
+    def act(j: int, a: LayerAction, now: float) -> None:
+        nonlocal waiting, finish
+        if a.kind == WAIT:
+            waiting = (j, a.deadline)
+            if a.deadline < float("inf"):
+                push(a.deadline, _DEADLINE, j)
+            return
+        waiting = None
+        decisions.append((j, d.records[j].source))
+        spec = specs[j]
+        t = now + (a.catch_up * spec.local_s if a.kind != USE else 0.0) + spec.compute_s
+        if a.kind != USE:
+            d.records[j].local_s = a.catch_up * spec.local_s
+            d.records[j].delivered = now + d.records[j].local_s
+        if j + 1 < L:
+            push(t, _COMPUTE, j + 1)
+        else:
+            finish = t
+
+    d.start(0.0)
+    issue(0.0)
+    push(compute_start_s, _COMPUTE, 0)
+    while heap and finish is None:
+        now, kind, _, data = heapq.heappop(heap)
+        if kind == _FETCHED:
+            j, nbytes, start = data
+            if d.records[j].status == "requested":
+                d.on_fetched(j, nbytes, now, sample_bytes=nbytes, sample_s=now - start)
+                w = min(range(decode_workers), key=lambda i: workers[i])
+                workers[w] = max(now, workers[w]) + d.routes[j].decode_s
+                push(workers[w], _DECODED, j)
+        elif kind == _DECODED:
+            d.on_decoded(data, now)
+            if waiting is not None and waiting[0] == data and d.records[data].status == "ready":
+                act(data, d.on_ready_while_waiting(data, now), now)
+        elif kind == _DEADLINE:
+            if waiting is not None and waiting[0] == data and now >= waiting[1]:
+                act(data, d.on_wait_expired(data, now), now)
+        elif kind == _COMPUTE:
+            act(data, d.at_layer(data, now), now)
+        issue(now)
+    if finish is None:
+        raise RuntimeError("simulation ended before the forward pass finished (a shard never arrived)")
+    return SimulatedEdit(first_step_s=finish, records=d.records, events=d.events, decisions=decisions,
+                         requests=requests, link_busy_s=busy, image_mse=d.image_mse())

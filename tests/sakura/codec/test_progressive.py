@@ -1,0 +1,154 @@
+"""The progressive transform ladder (`layered:quantiser="ecsq"[,transform="dct"]`): every rung refines
+the previous one's coefficients, rung l is a byte prefix, upgrades equal full decodes, the per-
+coefficient error bound holds at every rung, and damaged or mismatched objects raise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sakura.codec import CodecError, IdentityError, ShardId, ShardKV, get_codec
+from sakura.codec import ecsq as EQ
+from sakura.codec import progressive as PG
+
+from .conftest import make_shard
+
+ID = ShardId("m", "t", 3)
+
+
+def _smooth_shard(T=64, H=4, D=16, seed=0, dtype=torch.float32, layer=0, num_layers=2) -> ShardKV:
+    """Neighbouring tokens correlate (a blurred random field over the token grid), as image KV does."""
+    g = torch.Generator().manual_seed(seed)
+    n = int(round(T ** 0.5))
+    field = torch.randn(2, H * D, n, n, generator=g)
+    field = torch.nn.functional.avg_pool2d(field, 3, 1, 1) * 3 + 0.3 * torch.randn(2, H * D, n, n, generator=g)
+    kv = field.reshape(2, H * D, T).permute(0, 2, 1).reshape(2, T, H, D)
+    return ShardKV((kv[0] + 2.0).to(dtype), kv[1].to(dtype), layer=layer, num_layers=num_layers)
+
+
+def _coef(x: torch.Tensor, mean: np.ndarray, n: int) -> np.ndarray:
+    flat = x.float().reshape(x.shape[0], -1).numpy()
+    return PG.coefficients(flat, mean, n)
+
+
+@pytest.mark.parametrize("transform", ["dct", "none"])
+@pytest.mark.parametrize("with_tables", [True, False])
+def test_rungs_are_prefixes_nested_and_bounded(transform, with_tables):
+    shard = _smooth_shard()
+    c = get_codec("layered", budgets=[0.3, 0.6, 1.2, 2.4], quantiser="ecsq", transform=transform)
+    tables = c.fit_tables([shard]) if with_tables else None
+    data = c.encode(shard, ID, tables)
+    ends = c.level_ends(data)
+    assert len(ends) == 4 and ends[-1] == len(data) and ends == sorted(ends)
+    state, prev, errs = None, 0, []
+    for l, e in enumerate(ends):
+        full = c.decode(data[:e], ID, tables)
+        state = c.decode_state(data[:e], ID, tables) if state is None else c.upgrade(state, data[prev:e])
+        inc = state.result()
+        assert torch.equal(full.key, inc.key) and torch.equal(full.value, inc.value) and bool(full.keep.all())
+        prev = e
+        # per-coefficient bound: |c - c^| <= step_l / 2 where significant, < step_l where not
+        for kv, x, xh in (("k", shard.key, full.key), ("v", shard.value, full.value)):
+            step0, planes, _m0, n = state._part(kv) if l == len(ends) - 1 else c.decode_state(
+                data[:e], ID, tables)._part(kv)
+            st = step0 * 2.0 ** -planes[l]
+            mean = state.mean[kv].astype(np.float64)
+            err = np.abs(_coef(x, mean, n) - _coef(xh, mean, n))
+            assert err.max() <= st * (1 + 1e-4) + 1e-5, (l, kv, err.max(), st)
+        errs.append(float(((full.key - shard.key) ** 2).sum() + ((full.value - shard.value) ** 2).sum()))
+    assert all(b < a for a, b in zip(errs, errs[1:])), errs
+
+
+def test_rate_follows_budgets_and_dct_helps_smooth_kv():
+    shard = _smooth_shard(T=256, H=4, D=16)
+    sizes = {}
+    for tr in ("dct", "none"):
+        c = get_codec("layered", budgets=[0.5, 1.0, 2.0], quantiser="ecsq", transform=tr)
+        tables = c.fit_tables([shard])
+        data = c.encode(shard, ID, tables)
+        ends = c.level_ends(data)
+        bpv = [8 * e / shard.num_values for e in ends]
+        assert bpv == sorted(bpv) and bpv[-1] < 2.0 * 1.6, bpv
+        dec = c.decode(data, ID, tables)
+        sizes[tr] = (len(data), float(((dec.value - shard.value) ** 2).mean()))
+    # at equal budgets the transform ladder is at least as accurate (smooth field)
+    assert sizes["dct"][1] < sizes["none"][1]
+
+
+def test_big_layout_groups_symbols_and_escapes():
+    """A layout with >= BIG_BAND coefficients per band codes rung 0 in quads (with escapes for
+    |index| > 1) and refinements several bits per symbol; it decodes exactly like the rest."""
+    g = torch.Generator().manual_seed(3)
+    T, H, D = 16, 7, 1024
+    assert PG.Layout.of(T, H * D, 4).big
+    k = torch.randn(T, H, D, generator=g)
+    k[:, 0, :8] *= 40.0  # escapes
+    v = torch.randn(T, H, D, generator=g)
+    shard = ShardKV(k, v, layer=0, num_layers=1)
+    c = get_codec("layered", budgets=[0.5, 1.0, 2.0], quantiser="ecsq", transform="dct")
+    tables = c.fit_tables([shard])
+    data = c.encode(shard, ID, tables)
+    ends = c.level_ends(data)
+    state = c.decode_state(data[:ends[0]], ID, tables)
+    for a, b in zip(ends, ends[1:]):
+        c.upgrade(state, data[a:b])
+    full = c.decode(data, ID, tables)
+    assert torch.equal(state.result().key, full.key)
+    rel = float(((full.key - k) ** 2).sum() / (k ** 2).sum())
+    assert rel < 0.2  # iid Gaussian at ~2 bits per value (the bound below is the real check)
+    st = c.decode_state(data, ID, tables)
+    step0, planes, _m0, n = st._part("k")
+    err = np.abs(_coef(k, st.mean["k"].astype(np.float64), n) - _coef(full.key, st.mean["k"].astype(np.float64), n))
+    assert err.max() <= step0 * 2.0 ** -planes[-1] * (1 + 1e-4) + 1e-5
+
+
+def test_damaged_or_mismatched_objects_raise():
+    shard = _smooth_shard(dtype=torch.float16)
+    c = get_codec("layered", budgets=[0.3, 1.0], quantiser="ecsq", transform="dct")
+    tables = c.fit_tables([shard])
+    data = c.encode(shard, ID, tables)
+    ends = c.level_ends(data)
+    for n in range(0, len(data), max(1, len(data) // 60)):
+        if n in ends:
+            continue
+        with pytest.raises(CodecError):
+            c.decode(data[:n], ID, tables)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        bad = bytearray(data)
+        i = int(rng.integers(0, len(bad)))
+        bad[i] ^= 1 << int(rng.integers(0, 8))
+        with pytest.raises(CodecError):
+            c.decode(bytes(bad), ID, tables)
+    with pytest.raises(IdentityError):
+        c.decode(data, ShardId("m", "other", 3), tables)
+    other = _smooth_shard(seed=9, dtype=torch.float16)
+    with pytest.raises(CodecError):
+        c.decode(data, ID, c.fit_tables([other]))
+    od = c.encode(other, ID, tables)
+    state = c.decode_state(data[:ends[0]], ID, tables)
+    with pytest.raises(IdentityError, match="parent"):
+        c.upgrade(state, od[c.level_ends(od)[0]:])
+    assert struct_version(data) == PG.FORMAT_VERSION == 3
+
+
+def struct_version(data: bytes) -> int:
+    import struct
+
+    return struct.unpack_from("<H", data, 4)[0]
+
+
+def test_sensitivity_allocation_protects_the_sensitive_part():
+    """Two layers alike; layer 1's values are 100x as sensitive: they get the smaller error."""
+    a = _smooth_shard(seed=1, layer=0)
+    b = _smooth_shard(seed=1, layer=1)
+    a.sensitivity, b.sensitivity = (1.0, 1.0), (1.0, 100.0)
+    c = get_codec("layered", budgets=[0.3, 0.8], quantiser="ecsq", transform="dct", allocate="sensitivity")
+    tables = c.fit_tables([a, b])
+    da = c.decode(c.encode(a, ShardId("m", "t", 0), tables), ShardId("m", "t", 0), tables)
+    db = c.decode(c.encode(b, ShardId("m", "t", 1), tables), ShardId("m", "t", 1), tables)
+    ea = float(((da.value - a.value) ** 2).mean())
+    eb = float(((db.value - b.value) ** 2).mean())
+    assert eb < ea / 2, (ea, eb)
+    assert EQ.grid_side(64) == 8

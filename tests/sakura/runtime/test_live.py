@@ -1,0 +1,279 @@
+"""The live runtime end to end on loopback: real store, HTTP server, client, codec, model forward
+pass, and faults injected for real. Streamed lossless KV must give the bit-identical image, and
+no fault may stop an edit from completing with the on-device image."""
+
+import asyncio
+import contextlib
+import threading
+import time
+
+import pytest
+import torch
+
+from sakura.link.faults import fault_proxy_in_thread
+from sakura.link.pacer import pacer_in_thread
+from sakura.link.traces import constant_trace
+from sakura.models import load_model
+from sakura.runtime import (BandwidthEstimator, FixedPolicy, MeetInMiddlePolicy, RttEstimator, SakuraPolicy)
+from sakura.runtime.live import DeviceProfile, profile_model, shard_specs, streamed_edit
+from sakura.runtime.sim import simulate_edit
+from sakura.server import serve_in_thread
+from sakura.store.build import build_store
+from sakura.store.store import Store
+from sakura.tasks import get_template, heldout_photos
+from sakura.tasks.quality import psnr_per_image
+
+LADDER = ["lossless", "layered:budgets=[1.0,2.0]"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("store")
+    build_store(root, templates=["sticker-00"], ladder=LADDER, calibration=1, steps=1, log=lambda s: None)
+    model = load_model("sakura-mini")
+    tpl = get_template("sticker-00", model.cfg.image_size)
+    photo = heldout_photos(model.cfg.image_size)[:1]
+    st = Store(root)
+    (fp, tid), = st.manifest_keys()
+    with serve_in_thread(root) as url:
+        yield model, tpl, photo, url, st.get_manifest(fp, tid), root
+
+
+def _edit(setup, policy, *, url=None, manifest=True, bw=1e9, rtt=0.001, **kw):
+    model, tpl, photo, base, m, _ = setup
+    kw.setdefault("profile", DeviceProfile(compute_s=0.002, local_s=0.002))
+    return streamed_edit(model, photo, base_url=url or base, template_id="sticker-00", template_image=tpl.image[None],
+                         instruction=tpl.instruction, policy=policy, bandwidth=BandwidthEstimator(prior_bps=bw),
+                         rtt=RttEstimator(prior_s=rtt), steps=2, manifest=m if manifest else None, **kw)
+
+
+def _on_device(setup):
+    model, tpl, photo, *_ = setup
+    return model.edit(photo, template=tpl.image[None], instruction=tpl.instruction, steps=2).image
+
+
+def _lossless_kv_edit(setup):
+    model, tpl, photo, *_ = setup
+    kv = model.extract_template_kv(tpl.image[None], tpl.instruction).to(torch.float16)
+    return model.edit(photo, template_kv=kv, steps=2).image
+
+
+def test_raw_stream_is_bit_exact(setup):
+    model, tpl, photo, *_ = setup
+    res = _edit(setup, FixedPolicy("lossless"))
+    local = model.extract_template_kv(tpl.image[None], tpl.instruction).to(torch.float16)
+    assert torch.equal(res.image, model.edit(photo, template_kv=local, steps=2).image)
+    assert res.choices() == ["lossless"] * 6 and res.path == "streamed"
+    assert res.bytes_fetched == sum(r.nbytes for r in res.records) > 0
+
+
+def test_all_local_plan_takes_the_on_device_path(setup):
+    """A hopeless link: the first plan fetches nothing, so the edit is the plain on-device one."""
+    res = _edit(setup, SakuraPolicy(), bw=1e2, rtt=0.5)
+    assert res.path == "on-device" and res.bytes_fetched == 0
+    assert torch.equal(res.image, _on_device(setup))
+
+
+def test_fast_link_streams_within_the_quality_floor(setup):
+    m = setup[4]
+    if not all("image_mse" in r.distortion for s in m.shards for r in s.renditions):
+        pytest.skip("this build records no image distortions")
+    res = _edit(setup, SakuraPolicy(), profile=DeviceProfile(compute_s=0.002, local_s=0.05))
+    assert res.path == "streamed" and res.bytes_fetched > 0 and res.quality_known
+    assert any(c != "local" for c in res.choices())
+    for r, shard in zip(res.records, m.shards):
+        if r.source != "local" and shard.quality_floor:
+            assert shard.rendition(r.source).distortion["image_mse"] <= shard.quality_floor["image_mse"] * (1 + 1e-9)
+    # the implied PSNR is what the edit gets, to within the first-order model (errors add)
+    got = psnr_per_image(res.image, _lossless_kv_edit(setup)).item()
+    assert abs(got - res.implied_psnr_db) < 3 or (got > 45 and res.implied_psnr_db > 45)
+
+
+@pytest.mark.parametrize("fault", ["unreachable", "manifest-500", "shards-500", "reset-always", "stall", "corrupt"])
+def test_every_fault_ends_with_the_on_device_image(setup, fault, tmp_path):
+    model, tpl, photo, url, m, root = setup
+    want = _on_device(setup)
+    kw = dict(renditions=("lossless",), allow_fast_path=False, profile=DeviceProfile(compute_s=0.002, local_s=0.05))
+    t = time.monotonic()
+    if fault == "unreachable":
+        res = _edit(setup, SakuraPolicy(), url="http://127.0.0.1:9", manifest=False, **kw)
+    elif fault == "manifest-500":
+        with fault_proxy_in_thread(url, "http500") as (purl, _):
+            res = _edit(setup, SakuraPolicy(), url=purl, manifest=False, **kw)
+    elif fault == "shards-500":
+        with fault_proxy_in_thread(url, "http500") as (purl, _):
+            res = _edit(setup, SakuraPolicy(), url=purl, **kw)
+    elif fault == "reset-always":
+        with fault_proxy_in_thread(url, "reset-always", after_bytes=1500) as (purl, px):
+            res = _edit(setup, SakuraPolicy(), url=purl, **kw)
+        assert px.triggered > 0
+    elif fault == "stall":
+        with fault_proxy_in_thread(url, "stall", after_bytes=20_000) as (purl, px):
+            res = _edit(setup, SakuraPolicy(), url=purl, **kw)
+        assert px.triggered > 0
+    else:
+        import shutil
+
+        bad = tmp_path / "store"
+        shutil.copytree(root, bad)
+        obj = Store(bad).object_path(m.shards[2].renditions[0].object)
+        data = bytearray(obj.read_bytes())
+        data[100] ^= 0xFF
+        obj.chmod(0o644)
+        obj.write_bytes(bytes(data))
+        with serve_in_thread(bad) as burl:
+            res = _edit(setup, SakuraPolicy(), url=burl, **kw)
+        assert res.records[2].source == "local" and any("IntegrityError" in e for e in res.events)
+    elapsed = time.monotonic() - t
+    # the right image: on-device's up to the fp16 rounding of stored KV (~80 dB)
+    assert psnr_per_image(res.image, want).item() > 60
+    if fault in ("unreachable", "manifest-500"):
+        assert res.path == "on-device" and torch.equal(res.image, want)
+    if fault != "reset-always":
+        assert res.events, "the report must say what happened"
+    assert elapsed < 15  # bounded by deadlines from the estimates, not a 120 s timeout
+
+
+def test_link_does_not_idle_between_shards(setup):
+    """Through the pacer at 100 Mbit/s with a 40 ms RTT, requests are issued ahead: the link is
+    idle for far less than one RTT per shard (serial requests would idle 5 RTTs here)."""
+    _, _, _, url, *_ = setup
+    with pacer_in_thread(url, constant_trace(100), 0.0, 0.040) as purl:
+        res = _edit(setup, FixedPolicy("lossless"), url=purl, bw=100e6 / 8, rtt=0.04)
+    assert res.choices() == ["lossless"] * 6
+    assert res.link_idle_s < 0.040
+
+
+class SlowDevice:
+    """sakura-mini with a phone's per-layer times added (sleeps): template layers take `local_s`
+    more, each forward layer `compute_s` more, so decisions are clear-cut on a loaded CPU."""
+
+    def __init__(self, model, local_s, compute_s):
+        self.m, self.local_s, self.compute_s = model, local_s, compute_s
+        self.num_layers, self.cfg = model.num_layers, model.cfg
+
+    def __getattr__(self, name):
+        return getattr(self.m, name)
+
+    def template_layers(self, *a):
+        for kv in self.m.template_layers(*a):
+            time.sleep(self.local_s)
+            yield kv
+
+    def edit(self, photo, template_kv=None, **kw):
+        if template_kv is None:
+            return self.m.edit(photo, **kw)
+        dev = self
+
+        class Slow:
+            model_fingerprint, template_fingerprint = template_kv.model_fingerprint, template_kv.template_fingerprint
+            num_layers = template_kv.num_layers
+
+            def layer(self, i):
+                if i > 0:
+                    time.sleep(dev.compute_s)  # layer i-1's forward compute
+                return template_kv.layer(i)
+
+        return self.m.edit(photo, template_kv=Slow(), **kw)
+
+
+@pytest.mark.parametrize("mbps", [0.1, 100])
+def test_live_and_simulated_runs_take_the_same_decisions(setup, mbps):
+    model, tpl, photo, url, m, _ = setup
+    slow = SlowDevice(model, local_s=0.20, compute_s=0.03)
+    prof = DeviceProfile(compute_s=0.03 + 0.003, local_s=0.20 + 0.003, decode_workers=2)
+    kw = dict(bw=mbps * 1e6 / 8, rtt=0.04, renditions=("lossless",), allow_fast_path=False, profile=prof)
+    with pacer_in_thread(url, constant_trace(mbps), 0.0, 0.040) as purl:
+        live = streamed_edit(slow, photo, base_url=purl, template_id="sticker-00", template_image=tpl.image[None],
+                             instruction=tpl.instruction, policy=SakuraPolicy(), manifest=m, steps=1,
+                             bandwidth=BandwidthEstimator(prior_bps=kw["bw"]), rtt=RttEstimator(prior_s=0.04),
+                             renditions=kw["renditions"], allow_fast_path=False, profile=prof)
+    from dataclasses import replace
+
+    specs = [replace(s, routes=tuple(r for r in s.routes if r.name == "lossless")) for s in shard_specs(m, prof)]
+    from sakura.runtime import ConstantLink
+
+    sim = simulate_edit(specs, SakuraPolicy(), link=ConstantLink(mbps * 1e6 / 8), rtt_s=0.04,
+                        bandwidth=BandwidthEstimator(prior_bps=kw["bw"]), rtt=RttEstimator(prior_s=0.04), decode_workers=2)
+    assert live.choices() == [r.source for r in sim.records]
+    assert [r.index for r in live.records if r.route] == [j for j, _ in sim.requests]
+    assert len(set(live.choices())) == 1  # the two links are clear-cut: all fetched, or all local
+    assert live.choices()[0] == ("lossless" if mbps == 100 else "local")
+
+
+def test_meet_in_the_middle_live(setup):
+    res = _edit(setup, MeetInMiddlePolicy(), profile=DeviceProfile(compute_s=0.002, local_s=0.05))
+    s = res.choices()
+    assert s[-1] != "local"
+    first = next((i for i, c in enumerate(s) if c != "local"), len(s))
+    assert all(c != "local" for c in s[first:])
+
+
+class RecordingProxy:
+    """A TCP relay on 127.0.0.1 that keeps every byte the phone sends towards the server."""
+
+    def __init__(self, upstream_port):
+        self.upstream_port = upstream_port
+        self.sent = bytearray()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+
+    async def _pipe(self, r, w, record):
+        try:
+            while data := await r.read(65536):
+                if record:
+                    self.sent += data
+                w.write(data)
+                await w.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            w.close()
+
+    async def _client(self, cr, cw):
+        ur, uw = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        await asyncio.gather(self._pipe(cr, uw, True), self._pipe(ur, cw, False))
+
+    def run(self):
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._client, "127.0.0.1", 0))
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.ready.set()
+        self.loop.run_forever()
+
+    @contextlib.contextmanager
+    def running(self):
+        th = threading.Thread(target=self.run, daemon=True)
+        th.start()
+        self.ready.wait(10)
+        try:
+            yield f"http://127.0.0.1:{self.port}"
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            th.join(10)
+
+
+def test_privacy_nothing_of_the_photo_reaches_the_server(setup):
+    model, tpl, _, url, *_ = setup
+    # a marker photo: a recognisable byte pattern in every encoding we could plausibly leak
+    marker = torch.full((1, 3, model.cfg.image_size, model.cfg.image_size), 0.123456789)
+    proxy = RecordingProxy(int(url.rsplit(":", 1)[1]))
+    with proxy.running() as purl:
+        res = streamed_edit(model, marker, base_url=purl, template_id="sticker-00", template_image=tpl.image[None],
+                            instruction=tpl.instruction, policy=FixedPolicy("lossless"),
+                            profile=DeviceProfile(compute_s=0.001, local_s=0.001), steps=1)
+    sent = bytes(proxy.sent)
+    assert res.bytes_fetched > 0 and len(sent) > 0  # the phone did talk to the server
+    raw = marker.numpy().tobytes()
+    for pattern in (raw[:16], marker.half().numpy().tobytes()[:16], b"0.123456", b"0.12345679"):
+        assert pattern not in sent
+    # every request line is a GET of a public object, manifest or index
+    lines = [l for l in sent.split(b"\r\n") if l.startswith((b"GET", b"HEAD", b"POST", b"PUT"))]
+    assert lines and all(l.startswith(b"GET /") for l in lines)
+    assert all(b"/objects/" in l or b"/manifests/" in l or b"/index.json" in l for l in lines)
+
+
+def test_profile_model_measures_positive_times(setup):
+    prof = profile_model(setup[0], repeats=1)
+    assert prof.compute_s > 0 and prof.local_s > 0 and prof.decode_workers >= 1
