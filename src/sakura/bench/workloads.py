@@ -463,10 +463,10 @@ def report_markdown() -> str:
 
 
 #: For the regime tables and map: 2 bits/value (the importance-aware ladder's middle rungs and
-#: CacheGen's levels sit at 1-2.5), one decode core at 75 MB of fp16 KV per second (docs/decode_rates.md:
-#: the layered ladder's rungs decode at 70-130 MB per CPU-second on this x86 machine; the entropy-coded
-#: decoders hold the GIL, so a second decode thread adds nothing) and a 40 ms RTT.
-REGIME_BITS, REGIME_DECODE_FP16_BPS, REGIME_RTT_S = 2.0, 75e6, 0.040
+#: CacheGen's levels sit at 1-2.5), one decode core at 70 MB of fp16 KV per second (docs/decode_rates.md:
+#: the importance-aware codecs -- layered, progressive, sakura -- decode at 46-122 MB per CPU-second on this
+#: x86 machine, medians 63-74; they hold the GIL, so a second decode thread adds nothing) and a 40 ms RTT.
+REGIME_BITS, REGIME_DECODE_FP16_BPS, REGIME_RTT_S = 2.0, 70e6, 0.040
 REGIME_RATES_MBPS = (10, 50, 200, 1000)
 
 
