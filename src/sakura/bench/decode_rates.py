@@ -46,7 +46,7 @@ WORKERS = (1, 2)
 def default_specs() -> list[str]:
     """Every codec family in `sakura.codec`, with the ladders the store and the benchmarks use now
     (read at call time, so a rerun picks up a changed ladder)."""
-    from sakura.codec import available_codecs
+    from sakura.codec import available_codecs, codec_from_spec
     from sakura.store.build import DEFAULT_LADDER
 
     specs = ["lossless", "uniform:bits=8", "uniform:bits=4",
@@ -59,6 +59,11 @@ def default_specs() -> list[str]:
     specs += list(DEFAULT_LADDER)
     if "sakura" in available_codecs():
         specs.append("sakura:budget=2.0")
+    try:  # CacheGen's token-delta variant, where the codec has it
+        codec_from_spec("cachegen:level=3,delta=true")
+        specs.append("cachegen:level=3,delta=true")
+    except Exception:
+        pass
     out: list[str] = []
     for s in specs:
         if s not in out:
@@ -67,7 +72,7 @@ def default_specs() -> list[str]:
 
 
 def klein_layer(tokens: int, *, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_HEAD_DIM, seed: int = 0):
-    """A synthetic fp16 layer of Klein shape with real-KV-like structure -> `sakura.codec.Shard`."""
+    """A synthetic fp16 layer of Klein shape with real-KV-like structure -> `sakura.codec.ShardKV`."""
     from sakura.codec import ShardKV
 
     g = torch.Generator().manual_seed(seed)
@@ -140,8 +145,8 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
                 codec = codec_from_spec(spec)
                 tables = codec.fit_tables([shard]) if codec.uses_tables else None
                 data = codec.encode(shard, ident, tables)
-                ends = codec.level_ends(data) if codec.supports_layers else [len(data)]
-                named = ([(spec, data)] if not codec.supports_layers
+                ends = codec.level_ends(data) if hasattr(codec, "level_ends") else [len(data)]
+                named = ([(spec, data)] if len(ends) == 1 and not hasattr(codec, "level_ends")
                          else [(f"{spec}#{r}", data[:e]) for r, e in enumerate(ends)])
                 for name, blob in named:
                     def decode(blob=blob):

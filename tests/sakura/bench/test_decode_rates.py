@@ -73,7 +73,7 @@ def test_interleaved_speedup_tells_a_gil_holding_decode_from_a_releasing_one():
     try:
         x2 = {}
         for name, fn in (("holds", holds), ("releases", releases)):
-            t = _interleaved_rounds(fn, (1, 2), 5, pools)
+            t = _interleaved_rounds(fn, (1, 2), 7, pools)
             x2[name] = statistics.median((2 / a) / (1 / b) for a, b in zip(t[2][0], t[1][0]))
     finally:
         for p in pools.values():

@@ -17,7 +17,7 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 OUT_EPS = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 
 
-def build_shard(T: int, H: int, D: int, dtype, kind: str, seed: int, imp_kind: str = "none", layer: int = 0) -> Shard:
+def build_shard(T: int, H: int, D: int, dtype, kind: str, seed: int, imp_kind: str = "none", layer: int = 0) -> ShardKV:
     """One shard as `shards()` draws it (a plain function so failures can be pinned with @example)."""
     g = torch.Generator().manual_seed(seed)
     k, v = torch.randn(T, H, D, generator=g), torch.randn(T, H, D, generator=g)
