@@ -145,8 +145,8 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
                 codec = codec_from_spec(spec)
                 tables = codec.fit_tables([shard]) if codec.uses_tables else None
                 data = codec.encode(shard, ident, tables)
-                ends = codec.level_ends(data) if hasattr(codec, "level_ends") else [len(data)]
-                named = ([(spec, data)] if len(ends) == 1 and not hasattr(codec, "level_ends")
+                ends = codec.level_ends(data) if codec.supports_layers else [len(data)]
+                named = ([(spec, data)] if not codec.supports_layers
                          else [(f"{spec}#{r}", data[:e]) for r, e in enumerate(ends)])
                 for name, blob in named:
                     def decode(blob=blob):
