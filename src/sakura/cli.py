@@ -250,6 +250,18 @@ def bench_faults(
     run_faults(out, steps=steps, log=typer.echo)
 
 
+@bench_app.command("link")
+def bench_link(
+    out: Path = typer.Option(Path("docs/e2e"), help="Folder for link.json/.md."),
+    rtt_ms: float = typer.Option(40.0, min=0.0, help="Round-trip time (ms)."),
+) -> None:
+    """Live: the runtime's fetch stage through the pacer at 10, 100 and 1,000 Mbit/s: link idle time
+    between shards and the throughput estimate after three shards vs the true rate."""
+    from sakura.bench.linkcheck import link_markdown, run_link_check
+
+    typer.echo(link_markdown(run_link_check(rtt_ms=rtt_ms, out_dir=out, log=typer.echo)))
+
+
 @bench_app.command("dilated")
 def bench_dilated(
     out: Path = typer.Option(Path("docs/e2e"), help="Folder for dilated.json/.md."),

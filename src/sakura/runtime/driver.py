@@ -117,7 +117,13 @@ class EditDriver:
 
     # ----------------------------------------------------------------------------- estimates
     def bytes_per_s(self) -> float:
+        """The rate the planner plans with: the robust (discounted) estimate."""
         return self.bw.robust_bps() or 1e5
+
+    def timing_bytes_per_s(self) -> float:
+        """The rate used to time requests issued ahead: the undiscounted prediction. Erring fast
+        only sends a request a little early; erring slow leaves the link idle."""
+        return self.bw.predict_bps() or 1e5
 
     def rtt_s(self) -> float:
         return self.rtt.rtt_s()
@@ -175,7 +181,7 @@ class EditDriver:
         rtt = self.rtt_s()
         while len(self.inflight()) < self.max_inflight:
             lf = self.link_free(now)
-            ahead = 1.25 * rtt + 1e-6  # issue the next one ~an RTT before the link drains
+            ahead = 1.5 * rtt + 1e-6  # issue the next one an RTT and a half before the link drains
             if self.inflight() and lf - now > ahead:
                 return out, lf - ahead + 1e-9
             nxt = self.policy.next_fetch(self, now)
@@ -187,7 +193,7 @@ class EditDriver:
                 raise RuntimeError(f"policy {self.policy.name} asked for shard {j} twice")
             start = max(lf, now + rtt)
             r.status, r.route, r.t_request = "requested", route.name, now
-            r.exp_end = start + route.nbytes / self.bytes_per_s()
+            r.exp_end = start + route.nbytes / self.timing_bytes_per_s()
             self.routes[j] = route
             out.append((j, route))
         return out, None
@@ -201,7 +207,7 @@ class EditDriver:
         """Bytes are arriving for shard j: refine when it will end; the link is alive."""
         r = self.records[j]
         if r.status == "requested":
-            r.exp_end = now + remaining_bytes / self.bytes_per_s()
+            r.exp_end = now + remaining_bytes / self.timing_bytes_per_s()
         self.link_suspect = False
 
     def on_fetched(self, j: int, nbytes: int, now: float, *, sample_bytes: int, sample_s: float) -> float:

@@ -343,13 +343,8 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     local_layers = lambda: (LayerKV(k[0], v[0]) for k, v in model.template_layers(template_image, instruction))  # noqa: E731
     source = LiveKVSource(driver, cond, clock, local_layers, model_fp, tfp)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sakura-decode")
-    meter = _LinkMeter()
-    stop = threading.Event()
-    info = {"tables_bytes": 0}
-    loop_box: dict[str, Any] = {}
-    tables: dict[str, Any] = {}
 
-    def decode(j: int, data: bytes, rendition: Any) -> None:
+    def decode(j: int, data: bytes, rendition: Any, tables: dict[str, Any]) -> None:
         try:
             t = time.monotonic()
             tbl = tables.get(rendition.tables[0]) if rendition.tables else None
@@ -365,11 +360,83 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
                 driver.on_decode_failed(j, _short(e), clock())
                 cond.notify_all()
 
-    async def fetch_stage() -> None:
+    stage = FetchStage(base_url, manifest, driver, cond, clock, t0, max_inflight=max_inflight,
+                       on_fetched=lambda j, data, rend: pool.submit(decode, j, data, rend, stage.tables),
+                       decode_table=lambda blob: CodecTables.from_bytes(blob, ShardId(model_fp, tfp, -1)))
+    source.on_layer = stage.kick
+    stage.start()
+    try:
+        out = model.edit(photo, template_kv=source, steps=steps, seed=seed)
+    finally:
+        stage.stop()
+        pool.shutdown(wait=False, cancel_futures=True)
+    latency = clock()
+    events.extend(driver.events)
+    requested = [r for r in driver.records if r.t_request == r.t_request]
+    idle = stage.meter.idle_s if requested else math.nan
+    return StreamedEdit(image=out.image, latency_s=latency, records=driver.records, policy=policy.name, events=events,
+                        tables_bytes=stage.tables_bytes, manifest_s=manifest_s, image_mse=driver.image_mse(),
+                        quality_known=quality_known, timings_s=out.timings_s, link_idle_s=idle, used_kv=source.used)
+
+
+class FetchStage:
+    """The fetch stage on its own thread and event loop: issues the driver's requests (ahead,
+    several in flight on one connection pool), feeds chunk timing to the driver's estimators and
+    hands each completed shard to `on_fetched(layer, bytes, rendition)` (from the loop's thread).
+
+    It needs no model: a link check runs it alone. Thread-safe entry points: `kick` (something
+    changed: ask the driver again), `stop`.
+    """
+
+    def __init__(self, base_url: str, manifest: Any, driver: EditDriver, cond: threading.Condition,
+                 clock: Callable[[], float], t0: float, *, max_inflight: int = 8,
+                 on_fetched: Callable[[int, bytes, Any], None], decode_table: Callable[[bytes], Any] = lambda b: b):
+        self.base_url, self.manifest, self.driver, self.cond, self.clock, self.t0 = base_url, manifest, driver, cond, clock, t0
+        self.max_inflight = max_inflight
+        self.warm_connections = min(2, max_inflight - 1)
+        self.on_fetched, self.decode_table = on_fetched, decode_table
+        self.meter = _LinkMeter()
+        self.tables: dict[str, Any] = {}
+        self.tables_bytes = 0
+        self._stop = threading.Event()
+        self._kick: Callable[[], None] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="sakura-fetch", daemon=True)
+        self._thread.start()
+
+    def kick(self) -> None:
+        if self._kick is not None:
+            try:
+                self._kick()
+            except RuntimeError:
+                pass  # loop already closed
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self.kick()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as e:  # the client itself failed: every pending shard goes local
+            with self.cond:
+                for r in self.driver.records:
+                    if r.status in ("pending", "requested"):
+                        self.driver.on_fetch_failed(r.index, f"fetch stage: {_short(e)}", self.clock())
+                        r.status = "failed"
+                self.cond.notify_all()
+
+    async def _run(self) -> None:
+        from sakura.client import TemplateClient
+
+        cond, driver, clock = self.cond, self.driver, self.clock
         kick = asyncio.Event()
         loop = asyncio.get_running_loop()
-        loop_box["kick"] = lambda: loop.call_soon_threadsafe(kick.set)
-        source.on_layer = loop_box["kick"]
+        self._kick = lambda: loop.call_soon_threadsafe(kick.set)
         table_locks: dict[str, asyncio.Lock] = {}
         tasks: dict[int, asyncio.Task] = {}
 
@@ -377,58 +444,63 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
             for name in rendition.tables:
                 lock = table_locks.setdefault(name, asyncio.Lock())
                 async with lock:
-                    if name not in tables:
-                        res = await client.fetch_object(manifest.table(name).object)
-                        tables[name] = CodecTables.from_bytes(res.data, ShardId(model_fp, tfp, -1))
-                        info["tables_bytes"] += len(res.data)
+                    if name not in self.tables:
+                        res = await client.fetch_object(self.manifest.table(name).object)
+                        self.tables[name] = self.decode_table(res.data)
+                        self.tables_bytes += len(res.data)
 
         async def fetch_one(client: TemplateClient, j: int, route: Route) -> None:
-            rendition = manifest.shards[j].rendition(route.name)
+            rendition = self.manifest.shards[j].rendition(route.name)
             first = {"seen": False}
+            got = [0]
+            t_req = clock()
 
             def on_chunk(c: Any) -> None:
-                t_end = c.t_end - t0
+                t_end = c.t_end - self.t0
                 with cond:
-                    meter.chunks.append((t_end, c.nbytes))
+                    self.meter.chunks.append((t_end, c.nbytes))
                     if not first["seen"]:
                         first["seen"] = True
-                        meter.active_first[j] = t_end
+                        self.meter.active_first[j] = t_end
                         driver.on_first_byte(j, t_req, t_end)
                     got[0] += c.nbytes
                     driver.on_progress(j, rendition.nbytes - got[0], t_end)
 
-            got = [0]
             try:
                 await ensure_tables(client, rendition)
                 with cond:
                     t_req = clock()
-                    meter.request(t_req)
+                    self.meter.request(t_req)
                 try:
                     res = await client.fetch_rendition(rendition, on_chunk=on_chunk)
                 finally:
                     with cond:
-                        meter.done(clock())
+                        self.meter.done(clock())
                 with cond:
-                    t_last = res.t_done - t0
-                    n, s = meter.sample(j, t_last)
+                    t_last = res.t_done - self.t0
+                    n, s = self.meter.sample(j, t_last)
                     if driver.records[j].status == "requested":
                         driver.on_fetched(j, len(res.data), t_last, sample_bytes=n, sample_s=s)
-                        pool.submit(decode, j, res.data, rendition)
+                        self.on_fetched(j, res.data, rendition)
                     cond.notify_all()
             except asyncio.CancelledError:
                 with cond:
-                    meter.active_first.pop(j, None)
+                    self.meter.active_first.pop(j, None)
                 raise
             except Exception as e:  # FetchError, IntegrityError, table decode errors...
                 with cond:
-                    meter.active_first.pop(j, None)
+                    self.meter.active_first.pop(j, None)
                     driver.on_fetch_failed(j, _short(e), clock())
                     cond.notify_all()
             finally:
                 kick.set()
 
-        async with TemplateClient(base_url, max_connections=max_inflight) as client:
-            while not stop.is_set():
+        async with TemplateClient(self.base_url, max_connections=self.max_inflight) as client:
+            # Open a second and third connection now, alongside the first request: a request
+            # issued ahead while another transfer runs needs a free connection, and a new one
+            # costs a handshake round trip (as a phone keeps its CDN connections warm).
+            warm = [asyncio.create_task(_swallow(client.manifest_keys())) for _ in range(self.warm_connections)]
+            while not self._stop.is_set():
                 with cond:
                     reqs, wake = driver.next_requests(clock())
                     cancel = driver.to_cancel()
@@ -444,41 +516,16 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
                     await asyncio.wait_for(kick.wait(), timeout)
                 except asyncio.TimeoutError:
                     pass
-            for t in tasks.values():
+            for t in list(tasks.values()) + warm:
                 t.cancel()
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            await asyncio.gather(*tasks.values(), *warm, return_exceptions=True)
 
-    def fetch_thread() -> None:
-        try:
-            asyncio.run(fetch_stage())
-        except BaseException as e:  # the client itself failed: every pending shard goes local
-            with cond:
-                for r in driver.records:
-                    if r.status in ("pending", "requested"):
-                        driver.on_fetch_failed(r.index, f"fetch stage: {type(e).__name__}: {e}", clock())
-                        r.status = "failed"
-                cond.notify_all()
 
-    th = threading.Thread(target=fetch_thread, name="sakura-fetch", daemon=True)
-    th.start()
+async def _swallow(coro) -> None:
     try:
-        out = model.edit(photo, template_kv=source, steps=steps, seed=seed)
-    finally:
-        stop.set()
-        if "kick" in loop_box:
-            try:
-                loop_box["kick"]()
-            except RuntimeError:
-                pass  # loop already closed
-        th.join(timeout=10.0)
-        pool.shutdown(wait=False, cancel_futures=True)
-    latency = clock()
-    events.extend(driver.events)
-    requested = [r for r in driver.records if r.t_request == r.t_request]
-    idle = meter.idle_s if requested else math.nan
-    return StreamedEdit(image=out.image, latency_s=latency, records=driver.records, policy=policy.name, events=events,
-                        tables_bytes=info["tables_bytes"], manifest_s=manifest_s, image_mse=driver.image_mse(),
-                        quality_known=quality_known, timings_s=out.timings_s, link_idle_s=idle, used_kv=source.used)
+        await coro
+    except Exception:  # a warm-up request that fails costs nothing: the shard requests report errors
+        pass
 
 
 def _short(e: BaseException, limit: int = 160) -> str:
