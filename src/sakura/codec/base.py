@@ -47,7 +47,9 @@ class ShardKV:
     Args:
         key: (tokens, heads, head_dim) tensor, float32/float16/bfloat16.
         value: (tokens, heads, head_dim) tensor, same shape and dtype as `key`.
-        importance: optional (tokens,) float tensor >= 0 (need not sum to 1).
+        importance: optional (tokens,) float tensor >= 0 (need not sum to 1), or (2, tokens): keys'
+            and values' own (e.g. `sakura.capture.token_sensitivity`); codecs with one per-token
+            weight use their sum.
         layer: index of the layer this shard belongs to (codecs with per-layer settings or
             tables use it, e.g. CacheGen's bins by layer group).
         num_layers: how many layers the model has (for layer-group rules).
@@ -96,8 +98,9 @@ class ShardKV:
                              f"{tuple(self.value.shape)} {self.value.dtype} differ")
         if self.importance is not None:
             imp = self.importance
-            if not isinstance(imp, torch.Tensor) or tuple(imp.shape) != (self.key.shape[0],):
-                raise CodecError(f"shard.importance must be a tensor of shape ({self.key.shape[0]},), "
+            T = self.key.shape[0]
+            if not isinstance(imp, torch.Tensor) or tuple(imp.shape) not in ((T,), (2, T)):
+                raise CodecError(f"shard.importance must be a tensor of shape ({T},) or (2, {T}), "
                                  f"got {getattr(imp, 'shape', type(imp))}")
             if not bool(torch.isfinite(imp).all()) or bool((imp < 0).any()):
                 raise CodecError("shard.importance must be finite and >= 0")

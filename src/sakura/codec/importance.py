@@ -184,6 +184,7 @@ class _ImportanceBase(Codec):
         imp = None
         if shard.importance is not None and p["use_importance"]:
             imp = shard.importance.detach().double().numpy()
+            imp = imp.sum(axis=0) if imp.ndim == 2 else imp
         bits, prev = [], None
         # early layers' errors propagate through every later layer (CacheGen gives them more bins)
         bonus = float(p["early_bonus"]) if shard.layer < round(shard.num_layers / 3) else 0.0
@@ -737,7 +738,17 @@ class LayeredCodec(_ImportanceBase):
     # nested quantiser: rungs share one set of per-layer offsets; fitted at the base budget they inflate
     # the upper rungs (measured: whole 4-rung ladder 0.35-0.41 of fp16 instead of 0.32-0.38), so nested
     # ladders keep uniform widths. quantiser="ecsq": the progressive transform ladder (`progressive`).
-    _defaults = {"budgets": [1.0, 2.0, 3.0, 4.0], **_COMMON, "allocate": "none"}
+    _defaults = {"budgets": [1.0, 2.0, 3.0, 4.0], **_COMMON, "allocate": "none", "weighting": "none", "gamma": 1.0}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        p = self.params
+        if p["weighting"] not in ("none", "importance"):
+            raise ValueError(f"{self.name}: weighting must be 'none' or 'importance'")
+        if p["weighting"] != "none" and p["quantiser"] != "ecsq":
+            raise ValueError(f"{self.name}: weighting needs quantiser='ecsq' (the nested ladder uses importance itself)")
+        if not isinstance(p["gamma"], (int, float)) or isinstance(p["gamma"], bool) or not 0 <= p["gamma"] <= 2:
+            raise ValueError(f"{self.name}: gamma must be a number in [0, 2]")
 
     @staticmethod
     def _budgets(p: dict[str, Any]) -> list[float]:
@@ -752,6 +763,12 @@ class LayeredCodec(_ImportanceBase):
         if self.progressive:
             return PG.fit_tables(self.name, self.params, shards)
         return super().fit_tables(shards)
+
+    def fit_library_tables(self, templates: Sequence[Sequence[ShardKV]]) -> CodecTables:
+        """One table set for a whole template library (per model), progressive ladders only."""
+        if not self.progressive:
+            raise ValueError(f"{self.name}: per-model tables need quantiser='ecsq'")
+        return PG.fit_library_tables(self.name, self.params, templates)
 
     def encode_levels(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> list[bytes]:
         if self.progressive:
