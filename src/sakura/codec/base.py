@@ -21,7 +21,7 @@ import json
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -218,11 +218,23 @@ class CodecTables:
 # ----------------------------------------------------------------------------------------------
 # the interface
 
+class LayerState(Protocol):
+    """A layered codec's decoded shard at some rung (`Codec.decode_state`)."""
+
+    level: int
+
+    def upgrade(self, piece: bytes) -> "LayerState": ...
+
+    def result(self) -> DecodedShard: ...
+
+
 class Codec(ABC):
     """Encode shards to self-describing bytes and back.
 
     Subclasses set `name`, validate their parameters in `__init__`, and implement `encode` and
     `decode`. Codecs that need shared tables set `uses_tables = True` and implement `fit_tables`.
+    Layered codecs set `supports_layers = True` and implement `start_state`; `level_ends`,
+    `decode_state` and `upgrade` then work on their ladders (other codecs raise NotImplementedError).
     Decoding takes parameters from the object's header, so any instance of a codec decodes any
     object of that codec.
     """
@@ -256,6 +268,46 @@ class Codec(ABC):
     @abstractmethod
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
         """Decode an object written for `ident`; raises a `CodecError` subclass, never returns garbage."""
+
+    # -- layered codecs (supports_layers): a ladder of rungs in one object, rung l a byte prefix ----
+    def level_ends(self, data: bytes) -> list[int]:
+        """Byte offsets where each rung's objects end: rung l is ``data[:ends[l]]``."""
+        self._require_layers("level_ends")
+        return [end for _start, end in bs.split_objects(data)]
+
+    def decode_state(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> "LayerState":
+        """Decode every complete rung in `data` into a state that `upgrade` can refine; a partial
+        trailing object raises `TruncatedError`."""
+        self._require_layers("decode_state")
+        st = None
+        at = 0
+        mv = memoryview(data)
+        while at < len(mv):
+            _kind, hlen, plen, _ = bs.read_fixed(mv, at)
+            end = at + bs.FIXED_SIZE + hlen + plen
+            if end > len(mv):
+                raise bs.TruncatedError(f"level object at byte {at} truncated: needs {end - at} bytes, "
+                                        f"{len(mv) - at} present")
+            piece = bytes(mv[at:end])
+            st = self.start_state(piece, ident, tables) if st is None else st.upgrade(piece)
+            at = end
+        if st is None:
+            raise bs.TruncatedError("empty object")
+        return st
+
+    def upgrade(self, state: "LayerState", piece: bytes) -> "LayerState":
+        """Apply the next rung's object to a decoded state (in place; returns it). A piece that does
+        not refine this state raises `IdentityError`."""
+        self._require_layers("upgrade")
+        return state.upgrade(piece)
+
+    def start_state(self, piece: bytes, ident: ShardId, tables: CodecTables | None) -> "LayerState":
+        """Decode a ladder's base object (layered codecs implement this)."""
+        raise NotImplementedError(f"codec {self.name!r} has no layers")
+
+    def _require_layers(self, op: str) -> None:
+        if not self.supports_layers:
+            raise NotImplementedError(f"codec {self.name!r} is not layered (supports_layers is False): no {op}")
 
     def encode_many(self, shards: Sequence[ShardKV], idents: Sequence[ShardId],
                     tables: CodecTables | None = None) -> list[bytes]:
