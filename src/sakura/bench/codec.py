@@ -114,7 +114,7 @@ def run_template(model, tpl, photos: torch.Tensor, gt: torch.Tensor, calib: torc
         t0 = _cpu()
         decs = [codec.decode(d, ident(i), tables) for i, d in enumerate(datas)]
         dec_s = _cpu() - t0
-        img = edit([d.as_layer_kv() for d in decs])
+        img = edit([LayerKV(d.key, d.value, d.keep_mask) for d in decs])
         nbytes = sum(len(d) for d in datas)
         row = {"setting": name, "family": family, "codec": codec.name, "rung": rung, "bytes": nbytes,
                "table_bytes": table_bytes, "bytes_with_tables": nbytes + table_bytes,
@@ -365,6 +365,7 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, templ
         storage: bool = True, seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
     torch.set_num_threads(1)
     out_dir.mkdir(parents=True, exist_ok=True)
+    import sakura.store.build  # noqa: F401  (loaded now: a long run must not pick up later edits halfway)
     from sakura.capture import calibration_photos
     from sakura.tasks import TASK_NAMES, get_task, heldout_photos, library_templates
 

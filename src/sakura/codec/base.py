@@ -121,11 +121,11 @@ class DecodedShard:
     value: torch.Tensor
     keep: torch.Tensor
 
-    def as_layer_kv(self):
-        """The model-side `LayerKV` (keep=None when every token is kept)."""
-        from sakura.models.kv import LayerKV
-
-        return LayerKV(self.key, self.value, None if bool(self.keep.all()) else self.keep)
+    @property
+    def keep_mask(self) -> torch.Tensor | None:
+        """`keep`, or None when every token is kept (what attention masking takes:
+        ``LayerKV(d.key, d.value, d.keep_mask)``)."""
+        return None if bool(self.keep.all()) else self.keep
 
 
 @dataclass(frozen=True)

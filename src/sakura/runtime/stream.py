@@ -319,7 +319,7 @@ def streamed_edit(model: MiniDiT, photo: torch.Tensor, *, base_url: str, templat
                         tables[name] = CodecTables.from_bytes(table_blobs[name], ShardId(model.fingerprint(), tfp, -1))
                     tbl = tables[name]
                 dec = decode_any(data, ShardId(model.fingerprint(), tfp, i), tbl)
-                source.put(i, dec.as_layer_kv())
+                source.put(i, LayerKV(dec.key, dec.value, dec.keep_mask))
             except BaseException as e:  # surfaced to the compute stage, never swallowed
                 source.fail(e)
                 return

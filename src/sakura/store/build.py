@@ -156,7 +156,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         for i, s in enumerate(shards):
             dec = floor_codec.decode(floor_codec.encode(s, ident(i), floor_tables), ident(i), floor_tables)
             floors.append({"reference": QUALITY_FLOOR_SPEC,
-                           "image_mse": _rounded({"image_mse": probe.image_mse(i, dec.as_layer_kv())})["image_mse"]})
+                           "image_mse": _rounded({"image_mse": probe.image_mse(i, LayerKV(dec.key, dec.value, dec.keep_mask))})["image_mse"]})
         with StoreWriter(store, model_fingerprint=model_fp, template_id=name) as w:
             w.set_template_ref(ref_png, media_type=TEMPLATE_REF_MEDIA_TYPE)
             encoded: list[list[RenditionInput]] = [[] for _ in shards]
@@ -181,7 +181,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                         dec = codec.decode(piece, ident(i), tables)
                         dist = {"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
                                 "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
-                                "dropped_fraction": 1.0 - d.keep_fraction, **probe.measure(i, dec.as_layer_kv())}
+                                "dropped_fraction": 1.0 - d.keep_fraction, **probe.measure(i, LayerKV(dec.key, dec.value, dec.keep_mask))}
                         encoded[i].append(RenditionInput(
                             name=rname if end is None else f"{rname}#{rung}", codec=codec.name, data=data,
                             params=params, prefix_bytes=end, tables=table_names, distortion=_rounded(dist)))
