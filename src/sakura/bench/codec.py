@@ -38,9 +38,10 @@ def _cpu() -> float:
 
 
 CACHEGEN = [f"cachegen:level={l}" for l in (3, 2, 1)] + [f"cachegen:level={l},delta=true" for l in (3, 2, 1)]
-SAKURA = [f'sakura:budget={b},quantiser="ecsq",transform="dct"' for b in (0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0, 1.4)]
+SAKURA = [f'sakura:budget={b},quantiser="ecsq",transform="dct"' for b in (0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0)]
 LADDERS = {  # name -> (spec, importance source for ShardKV.importance, tables: "template" | "model")
     "progressive": ("progressive", None, "template"),
+    "progressive, low budgets": ("progressive:budgets=[0.07,0.15,0.3,0.6]", None, "template"),
     "progressive+sensitivity": ('progressive:weighting="importance"', "sensitivity", "template"),
     "progressive+attention": ('progressive:weighting="importance"', "attention", "template"),
     "progressive, per-model tables": ("progressive", None, "model"),
@@ -402,13 +403,13 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, templ
         names = [t["template"] for task in results["tasks"].values() for t in task["templates"]]
         results["storage"] = store_whole(model_name, names, log)
     big = synthetic_layer(throughput_tokens, 24, 128)
-    tp = ["progressive", SAKURA[4], "cachegen:level=3", "cachegen:level=3,delta=true"]
+    tp = ["progressive", SAKURA[6], "cachegen:level=3", "cachegen:level=3,delta=true"]
     log(f"throughput on a synthetic Klein-4B-sized layer {tuple(big.shape)} fp16, 1 thread")
     results["throughput_klein_sized"] = throughput(tp[:1] if quick else tp, big, repeats=2 if quick else 3)
     results["decode_workers"] = worker_scaling("progressive", big, workers=(1, 2) if quick else (1, 2, 4),
                                                layers=2 if quick else 8)
     if klein:
-        results["klein_tiny"] = klein_tiny_coverage(["lossless", "cachegen:level=2", "progressive", SAKURA[3]])
+        results["klein_tiny"] = klein_tiny_coverage(["lossless", "cachegen:level=2", "progressive", SAKURA[5]])
     results["summary"] = summarise(results)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=float))
     write_table(results, out_dir / "table.md")
@@ -498,7 +499,8 @@ def plot(res: dict[str, Any], out_dir: Path) -> None:
     tasks = list(res["tasks"])
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
     styles = {"cachegen": "^-", "cachegen+delta": "v-", "sakura": "o-", "progressive": "s-",
-              "progressive+sensitivity": "s--", "progressive+attention": "s:", "progressive, per-model tables": "D-"}
+              "progressive+sensitivity": "s--", "progressive+attention": "s:", "progressive, per-model tables": "D-",
+              "progressive, low budgets": "s-."}
     for ax, task in zip(axes[0], tasks):
         tt = res["tasks"][task]["templates"][0]
         for fam, style in styles.items():

@@ -82,7 +82,7 @@ def ecsq_tables(codec, shards: Sequence[ShardKV], analyses: list[N.NestedAnalysi
             arrays[f"L{shard.layer}.{kv}.q"] = np.array([pl[1], pl[2], pl[3]], np.float64)
             # counts x COUNT_SCALE: the +1 smoothing of the ANS models then costs 1/COUNT_SCALE as
             # much (64 tokens per channel against up to 33 symbols: +1 alone cost ~10-20% of bytes)
-            arrays[f"L{shard.layer}.{kv}.e"] = ecsq_counts(codec, shard, sym + m, A) * np.uint32(EQ.COUNT_SCALE)
+            arrays[f"L{shard.layer}.{kv}.e"] = E.pack_counts(ecsq_counts(codec, shard, sym + m, A))
     return CodecTables(codec=codec.name, arrays=arrays, meta={"params": codec.params})
 
 
@@ -120,7 +120,7 @@ def encode(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | None) ->
             rows_ok = table.shape[0] == 2 * n - 1 if n else table.shape[0] in (1, H * D)
             if m <= (table.shape[1] - 1) // 2 and rows_ok:
                 m = (table.shape[1] - 1) // 2
-                models, own = tables.cached(tname, lambda t=table: E.make_models(t)), False
+                models, own = tables.cached(tname, lambda t=table: E.table_models(t, EQ.COUNT_SCALE)), False
         if models is None:  # no tables, or symbols beyond the table's alphabet: carry a histogram
             if m > 1 << 16:
                 raise bs.CodecError(f"{codec.name}: ecsq symbols up to {m}; tables do not fit this shard")
@@ -179,7 +179,7 @@ def decode(codec, obj: bs.Object, dtype, shape, tables: CodecTables | None) -> D
             table = tables.get(tname)
             if table.ndim != 2 or table.shape[1] != 2 * m + 1 or table.shape[0] not in rows:
                 raise bs.CorruptError(f"{codec.name}: table {tname} does not match the object")
-            models = tables.cached(tname, lambda t=table: E.make_models(t))
+            models = tables.cached(tname, lambda t=table: E.table_models(t, EQ.COUNT_SCALE))
         st = EQ.token_steps(step, floor, bits, nominal)
         if n:
             sym = EQ.ans_decode_bands(obj.section(f"ans.{kv}"), EQ.bands(n), models, C) - m

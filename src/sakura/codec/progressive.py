@@ -369,19 +369,11 @@ def fit_library_tables(codec: str, params: dict[str, Any], templates: Sequence[S
     return CodecTables(codec=codec, arrays=arrays, meta=meta)
 
 
-def pack_counts(cnt: np.ndarray) -> np.ndarray:
-    """Counts -> uint8 log-counts round(8 log2(1 + n)) (~9% precision: costs <1% of the coded bytes,
-    and tables shrink 2-4x against uint32 counts)."""
-    return np.minimum(np.round(8.0 * np.log2(1.0 + cnt.astype(np.float64))), 255).astype(np.uint8)
-
-
-def unpack_counts(lc: np.ndarray) -> np.ndarray:
-    """uint8 log-counts -> counts for the ANS models (x COUNT_SCALE so the +1 smoothing is small)."""
-    return (np.exp2(lc.astype(np.float64) / 8.0) - 1.0) * EQ.COUNT_SCALE
+pack_counts = E.pack_counts
 
 
 def _models_of(table: np.ndarray) -> list:
-    return E.make_models(unpack_counts(table))
+    return E.table_models(table, EQ.COUNT_SCALE)
 
 
 # ---------------------------------------------------------------------------------------------
