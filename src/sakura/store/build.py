@@ -7,9 +7,9 @@ Cloud side, for any model with the bundled models' image-level API (``load_model
 1. the template image is stored as a lossless 8-bit PNG (the template reference the phone computes
    the KV from, ``local``); the KV is captured from exactly that PNG's pixels, stored as fp16 (what
    every codec starts from);
-2. on public calibration photos (``sakura.capture``): per-token K/V sensitivity of the image
-   (``ShardKV.importance``) and per-layer K/V sensitivities (the codec splits bits across layers and
-   K/V by them);
+2. on public calibration photos (``sakura.capture``): per-layer K/V sensitivities (the codec splits
+   bits across layers and K/V by them) and attention-mass token importance (the nested ladder's
+   per-token widths; the default progressive ladder does not use it);
 3. every codec setting of the ladder: fit shared tables once, encode every layer's shard (a layered
    codec gives one rendition per rung, each a byte prefix of the shard's one object) and record
    its distortion: the codec's KV errors plus the manifest contract's ``image_mse`` /
@@ -110,7 +110,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     """
     import torch
 
-    from sakura.capture import ShardDistortionProbe, calibration_photos, layer_sensitivity, token_sensitivity
+    from sakura.capture import ShardDistortionProbe, calibration_photos, layer_sensitivity, template_importance
     from sakura.codec import ShardId, ShardKV, codec_from_spec
     from sakura.codec.base import parse_spec
     from sakura.models import load_model
@@ -138,7 +138,10 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         ref_png = encode_template_ref(tpl.image)
         image = decode_template_ref(ref_png)  # capture from exactly what the phone will have
         kv = model.extract_template_kv(image[None], tpl.instruction).to(torch.float16)
-        imp = token_sensitivity(model, kv, calib, steps=steps, seed=seed)  # (layers, 2, tokens): K, V
+        # token importance for codecs that use it (the nested ladder's widths): attention mass. The
+        # gradient sensitivity (sakura.capture.token_sensitivity) measured no better there and worse
+        # as progressive-ladder weighting (docs/codec.md), so the default ladder ignores importance.
+        imp = template_importance(model, kv, calib, steps=steps, seed=seed)  # (layers, tokens)
 
         def calib_edit(layers, kv=kv):
             return model.edit(calib, template_kv=TemplateKV([LayerKV(k, v) for k, v in layers], kv.model_fingerprint,
