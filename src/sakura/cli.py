@@ -154,17 +154,21 @@ app.add_typer(bench_app, name="bench")
 def bench_codec(
     out: Path = typer.Option(Path("docs/codec"), help="Folder for results.json, table.md and the RD plots."),
     model: str = typer.Option("sakura-mini", help="sakura-mini or sakura-mini:/path/weights.safetensors."),
-    tasks: int = typer.Option(3, min=1, max=3, help="How many templates (tasks) to run."),
+    tasks: int = typer.Option(3, min=1, max=3, help="How many tasks to run."),
+    templates: int = typer.Option(4, min=1, max=4, help="Held-out templates per task."),
+    photos: int = typer.Option(6, min=1, help="Held-out test photos."),
     steps: int = typer.Option(8, min=1, help="Sampling steps of each edit."),
     quick: bool = typer.Option(False, help="A few settings only (smoke test)."),
     klein: bool = typer.Option(True, help="Also run a tiny random FLUX.2 for shape coverage."),
+    storage: bool = typer.Option(True, help="Also build a store of the templates and report what each costs whole."),
     throughput_tokens: int = typer.Option(1024, min=16, help="Tokens of the Klein-sized throughput layer."),
 ) -> None:
-    """Codec rate-distortion: bits/value, attention-output error, image PSNR, encode/decode MB/s."""
-    from sakura.codec.bench import run
+    """Codec rate-distortion on held-out templates and photos: bytes (tables included), image PSNR/SSIM
+    vs CacheGen (both variants), whole-template storage, decode MB/s and worker scaling."""
+    from sakura.bench.codec import run
 
-    run(out, model_name=model, tasks=tasks, steps=steps, quick=quick, klein=klein,
-        throughput_tokens=throughput_tokens, log=typer.echo)
+    run(out, model_name=model, tasks=tasks, templates_per_task=templates, photos=photos, steps=steps, quick=quick,
+        klein=klein, storage=storage, throughput_tokens=throughput_tokens, log=typer.echo)
 
 
 @bench_app.command("quality")

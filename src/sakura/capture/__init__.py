@@ -2,13 +2,18 @@
 
 - `template_importance` (attention.py): attention mass each template token receives.
 - `layer_sensitivity` (sensitivity.py): image MSE per unit relative MSE of each layer's K and V.
+- `token_sensitivity` (sensitivity.py): image MSE per unit squared error of each token's K / V
+  (gradient, Hutchinson estimate): what `importance` means for the codec.
+- `calibration_photos` (calibration.py): crops of public training photos.
 - `ShardDistortionProbe` (distortion.py): image MSE of one shard's decoded rendition, all other
   shards lossless (the manifest's `image_mse` / `image_psnr_db`).
 Calibration photos are public images chosen by the operator, never a user's photo.
 """
 
 from .attention import template_importance
+from .calibration import CALIBRATION_SOURCES, calibration_photos
 from .distortion import ShardDistortionProbe, psnr_db
-from .sensitivity import layer_sensitivity
+from .sensitivity import layer_sensitivity, token_sensitivity
 
-__all__ = ["ShardDistortionProbe", "layer_sensitivity", "psnr_db", "template_importance"]
+__all__ = ["CALIBRATION_SOURCES", "ShardDistortionProbe", "calibration_photos", "layer_sensitivity", "psnr_db",
+           "template_importance", "token_sensitivity"]

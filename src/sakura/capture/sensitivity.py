@@ -35,3 +35,43 @@ def layer_sensitivity(layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
             sens.append(mse / eps ** 2)
         out.append((sens[0], sens[1]))
     return out
+
+
+def token_sensitivity(model, template_kv, photos: torch.Tensor, *, steps: int = 4, seed: int = 0,
+                      probes: int = 8, probe_seed: int = 0) -> torch.Tensor:
+    """Per layer, K/V and token: how much the edited images move per unit squared error of that
+    token's keys (values), i.e. the squared Frobenius norm of the Jacobian d image / d KV_t, divided
+    by the image's pixel count (so it is image MSE per unit of squared KV error of token t).
+
+    Hutchinson estimate: for random image-space probes r ~ N(0, I), E ||J^T r||^2 = ||J||_F^2, and
+    J^T r is one backward pass of <r, image> through the edit. `probes` backward passes give every
+    token of every layer at once (the model needs a differentiable `edit`: the bundled models'
+    `edit` is wrapped in no_grad, whose undecorated function is used).
+
+    Args:
+        model: model with the image-level `edit` API.
+        template_kv: the template's lossless KV (`TemplateKV`).
+        photos: (N, 3, S, S) public calibration photos in [0, 1].
+
+    Returns:
+        (layers, 2, tokens) float32 >= 0; [:, 0] keys, [:, 1] values.
+    """
+    from sakura.models.kv import LayerKV, TemplateKV
+
+    edit = getattr(type(model).edit, "__wrapped__", type(model).edit)
+    leaves = [(l.key.detach().float().clone().requires_grad_(True), l.value.detach().float().clone().requires_grad_(True))
+              for l in template_kv.layers]
+    kv = TemplateKV([LayerKV(k, v) for k, v in leaves], template_kv.model_fingerprint,
+                    template_kv.template_fingerprint, template_kv.layout)
+    g = torch.Generator().manual_seed(probe_seed)
+    acc = torch.zeros(len(leaves), 2, template_kv.num_tokens)
+    with torch.enable_grad():
+        img = edit(model, photos, template_kv=kv, steps=steps, seed=seed).image  # (N, 3, S, S)
+        for p in range(probes):
+            r = torch.randn(img.shape, generator=g)
+            grads = torch.autograd.grad((img * r).sum(), [t for pair in leaves for t in pair],
+                                        retain_graph=p < probes - 1)
+            for i in range(len(leaves)):
+                for j in range(2):
+                    acc[i, j] += grads[2 * i + j].pow(2).sum(dim=(1, 2))  # (T,)
+    return acc / (probes * img.numel())

@@ -15,7 +15,7 @@ from .base import (Codec, CodecTables, DecodedShard, RenditionReport, ShardKV, U
 from .bitstream import CodecError, CorruptError, IdentityError, ShardId, TruncatedError, VersionError
 from . import lossless as _lossless  # noqa: F401  (registers)
 from . import uniform as _uniform  # noqa: F401
-from . import importance as _importance  # noqa: F401
+from . import sakura as _sakura  # noqa: F401
 from . import cachegen as _cachegen  # noqa: F401
 
 __all__ = ["Codec", "CodecTables", "DecodedShard", "RenditionReport", "ShardKV", "ShardId", "UnknownCodecError",

@@ -21,7 +21,7 @@ import json
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -47,7 +47,9 @@ class ShardKV:
     Args:
         key: (tokens, heads, head_dim) tensor, float32/float16/bfloat16.
         value: (tokens, heads, head_dim) tensor, same shape and dtype as `key`.
-        importance: optional (tokens,) float tensor >= 0 (need not sum to 1).
+        importance: optional (tokens,) float tensor >= 0 (need not sum to 1), or (2, tokens): keys'
+            and values' own (e.g. `sakura.capture.token_sensitivity`); codecs with one per-token
+            weight use their sum.
         layer: index of the layer this shard belongs to (codecs with per-layer settings or
             tables use it, e.g. CacheGen's bins by layer group).
         num_layers: how many layers the model has (for layer-group rules).
@@ -96,8 +98,9 @@ class ShardKV:
                              f"{tuple(self.value.shape)} {self.value.dtype} differ")
         if self.importance is not None:
             imp = self.importance
-            if not isinstance(imp, torch.Tensor) or tuple(imp.shape) != (self.key.shape[0],):
-                raise CodecError(f"shard.importance must be a tensor of shape ({self.key.shape[0]},), "
+            T = self.key.shape[0]
+            if not isinstance(imp, torch.Tensor) or tuple(imp.shape) not in ((T,), (2, T)):
+                raise CodecError(f"shard.importance must be a tensor of shape ({T},) or (2, {T}), "
                                  f"got {getattr(imp, 'shape', type(imp))}")
             if not bool(torch.isfinite(imp).all()) or bool((imp < 0).any()):
                 raise CodecError("shard.importance must be finite and >= 0")
@@ -118,11 +121,11 @@ class DecodedShard:
     value: torch.Tensor
     keep: torch.Tensor
 
-    def as_layer_kv(self):
-        """The model-side `LayerKV` (keep=None when every token is kept)."""
-        from sakura.models.kv import LayerKV
-
-        return LayerKV(self.key, self.value, None if bool(self.keep.all()) else self.keep)
+    @property
+    def keep_mask(self) -> torch.Tensor | None:
+        """`keep`, or None when every token is kept (what attention masking takes:
+        ``LayerKV(d.key, d.value, d.keep_mask)``)."""
+        return None if bool(self.keep.all()) else self.keep
 
 
 @dataclass(frozen=True)
@@ -215,11 +218,23 @@ class CodecTables:
 # ----------------------------------------------------------------------------------------------
 # the interface
 
+class LayerState(Protocol):
+    """A layered codec's decoded shard at some rung (`Codec.decode_state`)."""
+
+    level: int
+
+    def upgrade(self, piece: bytes) -> "LayerState": ...
+
+    def result(self) -> DecodedShard: ...
+
+
 class Codec(ABC):
     """Encode shards to self-describing bytes and back.
 
     Subclasses set `name`, validate their parameters in `__init__`, and implement `encode` and
     `decode`. Codecs that need shared tables set `uses_tables = True` and implement `fit_tables`.
+    Layered codecs set `supports_layers = True` and implement `start_state`; `level_ends`,
+    `decode_state` and `upgrade` then work on their ladders (other codecs raise NotImplementedError).
     Decoding takes parameters from the object's header, so any instance of a codec decodes any
     object of that codec.
     """
@@ -253,6 +268,46 @@ class Codec(ABC):
     @abstractmethod
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
         """Decode an object written for `ident`; raises a `CodecError` subclass, never returns garbage."""
+
+    # -- layered codecs (supports_layers): a ladder of rungs in one object, rung l a byte prefix ----
+    def level_ends(self, data: bytes) -> list[int]:
+        """Byte offsets where each rung's objects end: rung l is ``data[:ends[l]]``."""
+        self._require_layers("level_ends")
+        return [end for _start, end in bs.split_objects(data)]
+
+    def decode_state(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> "LayerState":
+        """Decode every complete rung in `data` into a state that `upgrade` can refine; a partial
+        trailing object raises `TruncatedError`."""
+        self._require_layers("decode_state")
+        st = None
+        at = 0
+        mv = memoryview(data)
+        while at < len(mv):
+            _kind, hlen, plen, _ = bs.read_fixed(mv, at)
+            end = at + bs.FIXED_SIZE + hlen + plen
+            if end > len(mv):
+                raise bs.TruncatedError(f"level object at byte {at} truncated: needs {end - at} bytes, "
+                                        f"{len(mv) - at} present")
+            piece = bytes(mv[at:end])
+            st = self.start_state(piece, ident, tables) if st is None else st.upgrade(piece)
+            at = end
+        if st is None:
+            raise bs.TruncatedError("empty object")
+        return st
+
+    def upgrade(self, state: "LayerState", piece: bytes) -> "LayerState":
+        """Apply the next rung's object to a decoded state (in place; returns it). A piece that does
+        not refine this state raises `IdentityError`."""
+        self._require_layers("upgrade")
+        return state.upgrade(piece)
+
+    def start_state(self, piece: bytes, ident: ShardId, tables: CodecTables | None) -> "LayerState":
+        """Decode a ladder's base object (layered codecs implement this)."""
+        raise NotImplementedError(f"codec {self.name!r} has no layers")
+
+    def _require_layers(self, op: str) -> None:
+        if not self.supports_layers:
+            raise NotImplementedError(f"codec {self.name!r} is not layered (supports_layers is False): no {op}")
 
     def encode_many(self, shards: Sequence[ShardKV], idents: Sequence[ShardId],
                     tables: CodecTables | None = None) -> list[bytes]:

@@ -192,7 +192,6 @@ class CacheGenCodec(Codec):
         for kv, bins in (("k", h.get("key_bins")), ("v", h.get("value_bins"))):
             if not isinstance(bins, int) or not 4 <= bins <= 256:
                 raise bs.CorruptError(f"cachegen: bad bins {bins!r}")
-            mx = bins // 2 - 1
             amax = obj.section(f"{kv}_amax")
             if amax.shape != (rows.size,):
                 raise bs.CorruptError(f"cachegen: {kv}_amax has shape {amax.shape}, expected ({rows.size},)")

@@ -28,12 +28,13 @@ def weighted_rel_error(shard: "ShardKV", dec: "DecodedShard") -> float:
     """
     T = shard.key.shape[0]
     w = shard.importance.float() if shard.importance is not None else torch.ones(T)
+    wk, wv = (w[0], w[1]) if w.ndim == 2 else (w, w)  # (2, T): keys' and values' own weights
     k, v = shard.key.float().reshape(T, -1), shard.value.float().reshape(T, -1)
     keep = dec.keep.reshape(T, 1)
     kh = torch.where(keep, dec.key.float().reshape(T, -1), torch.zeros(()))
     vh = torch.where(keep, dec.value.float().reshape(T, -1), torch.zeros(()))
-    num = (w * (((k - kh) ** 2).sum(1) + ((v - vh) ** 2).sum(1))).sum()
-    den = (w * ((k ** 2).sum(1) + (v ** 2).sum(1))).sum()
+    num = (wk * ((k - kh) ** 2).sum(1) + wv * ((v - vh) ** 2).sum(1)).sum()
+    den = (wk * (k ** 2).sum(1) + wv * (v ** 2).sum(1)).sum()
     return float(torch.sqrt(num / den)) if float(den) > 0 else float(torch.sqrt(num))
 
 

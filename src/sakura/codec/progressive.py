@@ -70,10 +70,37 @@ def _bands(T: int, n: int) -> np.ndarray:
     return EQ.bands(n) if n else np.zeros(T, np.int64)
 
 
-def coefficients(x: np.ndarray, mean: np.ndarray, n: int) -> np.ndarray:
-    """(T, C) values -> (T, C) float64 coefficients (DCT over the token grid if n, else identity)."""
+def coefficients(x: np.ndarray, mean: np.ndarray, n: int, scale: np.ndarray | None = None) -> np.ndarray:
+    """(T, C) values -> (T, C) float64 coefficients (DCT over the token grid if n, else identity);
+    `scale` (T,) multiplies each token's mean-removed values first (importance weighting)."""
     y = x.astype(np.float64) - mean.astype(np.float64)[None, :]
+    if scale is not None:
+        y *= scale.astype(np.float64)[:, None]
     return EQ.forward(y, n) if n else y
+
+
+SCALE_STEPS_PER_OCTAVE = 16
+MAX_SCALE_OCTAVES = 3
+
+
+def token_scales(shard: ShardKV, kv: str, weighting: str, gamma: float) -> np.ndarray | None:
+    """uint8 codes of per-token weights s_t = (w_t / geomean w)^(gamma/2), w = the shard's importance
+    for K (row 0) or V (row 1) (or its one row), clipped to 2^+-3, 1/16 octave steps; None without
+    weighting. Coding s_t y_t makes token t's error ~ 1/s_t^2: minimum sum_t w_t MSE_t at gamma = 1."""
+    if weighting == "none" or shard.importance is None:
+        return None
+    imp = shard.importance.detach().double().numpy()
+    w = imp[0 if kv == "k" else 1] if imp.ndim == 2 else imp
+    lw = np.log2(np.maximum(w, 1e-30))
+    lw -= lw[w > 0].mean() if (w > 0).any() else 0.0
+    oct_ = np.clip(0.5 * gamma * lw, -MAX_SCALE_OCTAVES, MAX_SCALE_OCTAVES)
+    return (np.round(oct_ * SCALE_STEPS_PER_OCTAVE) + 128).astype(np.uint8)
+
+
+def scales_of(codes: np.ndarray | None) -> np.ndarray | None:
+    if codes is None:
+        return None
+    return np.exp2((codes.astype(np.float64) - 128.0) / SCALE_STEPS_PER_OCTAVE)
 
 
 def _deadzone_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float) -> tuple[float, float]:
@@ -87,7 +114,7 @@ def _deadzone_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float) ->
 
 
 def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: str,
-               use_sensitivity: bool) -> dict[tuple[int, str], PartPlan]:
+               use_sensitivity: bool, weighting: str = "none", gamma: float = 1.0) -> dict[tuple[int, str], PartPlan]:
     """Steps and planes of every (layer, K/V) part for a ladder at `budgets` bits per value."""
     sdt = Q.scale_dtype(np.array([max(float(s.key.abs().max()), float(s.value.abs().max())) for s in shards]))
     total_values = sum(s.num_values for s in shards)
@@ -103,8 +130,10 @@ def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: s
             part = (s.layer, kv)
             x = as_f32_2d(s.key if kv == "k" else s.value)
             mu = EQ.part_mean(x, sdt)
-            c = coefficients(x, mu, n)
-            energy = float((x.astype(np.float64) ** 2).sum()) + 1e-30
+            sc = scales_of(token_scales(s, kv, weighting, gamma))
+            c = coefficients(x, mu, n, sc)
+            xs = x if sc is None else x * sc.astype(np.float32)[:, None]
+            energy = float((xs.astype(np.float64) ** 2).sum()) + 1e-30
             sigma = math.sqrt(float((c ** 2).mean())) or 1.0
             floor = max(float(np.abs(c).max(initial=0.0)) / EQ.MAX_SYM, 1e-30)
             pts = []
@@ -282,39 +311,69 @@ def _band_hist(per_band: list[np.ndarray], A: int) -> np.ndarray:
 
 def fit_tables(codec: str, params: dict[str, Any], shards: Sequence[ShardKV]) -> CodecTables:
     """Per part: channel mean, plan [step0, planes...], and per rung and stream the band histograms
-    (uint8 log-counts). The rung-0 alphabet is the widest over the template's shards of that layer."""
+    (uint8 log-counts), from one template's shards."""
+    return fit_library_tables(codec, params, [list(shards)])
+
+
+def fit_library_tables(codec: str, params: dict[str, Any], templates: Sequence[Sequence[ShardKV]]) -> CodecTables:
+    """Tables for a template library (per model; one template: per template). Each template's plan
+    is allocated on its own; the library's plan per part takes the median rung-0 step (in log) and
+    the median planes, its mean the mean of the templates' means; the histograms are then counted
+    over every template coded with that plan (rung-0 alphabet: the widest needed)."""
     budgets = [float(b) for b in params["budgets"]]
-    use_sens = params["allocate"] == "sensitivity" and all(s.sensitivity is not None for s in shards)
-    plans = plan_parts(shards, budgets, params["transform"], use_sens)
-    arrays: dict[str, np.ndarray] = {}
-    for s in shards:
-        T, H, D = s.shape
-        lay = Layout.of(T, H * D, _grid(T, params["transform"]))
-        for kv in PARTS:
-            p = plans[(s.layer, kv)]
-            pre = f"L{s.layer}.{kv}"
-            arrays[f"{pre}.mean"] = p.mean
-            arrays[f"{pre}.plan"] = np.array([p.step0] + p.planes, np.float64)
-            flat = lay.to_flat(coefficients(as_f32_2d(s.key if kv == "k" else s.value), p.mean, lay.grid))
-            for rs in rung_symbols(flat, lay, p.step0, p.planes):
+    wt, gm = params.get("weighting", "none"), float(params.get("gamma", 1.0))
+    per_tpl = []
+    for shards in templates:
+        use_sens = params["allocate"] == "sensitivity" and all(s.sensitivity is not None for s in shards)
+        per_tpl.append(plan_parts(shards, budgets, params["transform"], use_sens, wt, gm))
+    plans: dict[tuple[int, str], PartPlan] = {}
+    for part in per_tpl[0]:
+        ps = [pt[part] for pt in per_tpl if part in pt]
+        if len(ps) == 1:
+            plans[part] = ps[0]
+            continue
+        mean = np.mean(np.stack([p.mean.astype(np.float64) for p in ps]), 0).astype(ps[0].mean.dtype)
+        step0 = float(np.exp2(np.median(np.log2([p.step0 for p in ps]))))
+        planes = [int(x) for x in np.round(np.median(np.array([p.planes for p in ps]), 0))]
+        planes = [planes[0]] + [max(a, b) for a, b in zip(planes, planes[1:])]  # keep them non-decreasing
+        plans[part] = PartPlan(mean, float(np.float32(step0)), planes)
+    counts: dict[str, np.ndarray] = {}
+    m0s: dict[tuple[int, str], int] = {}
+    rungs_of: dict[tuple[int, str], list] = {}
+    for shards in templates:  # pass 1: the rung-0 alphabet every template needs
+        for s in shards:
+            T, H, D = s.shape
+            lay = Layout.of(T, H * D, _grid(T, params["transform"]))
+            for kv in PARTS:
+                p = plans[(s.layer, kv)]
+                sc = scales_of(token_scales(s, kv, wt, gm))
+                flat = lay.to_flat(coefficients(as_f32_2d(s.key if kv == "k" else s.value), p.mean, lay.grid, sc))
+                need = max(1, int(np.floor(np.abs(flat).max(initial=0.0) / p.step0)))
+                m0s[(s.layer, kv)] = max(m0s.get((s.layer, kv), 1), need)
+                rungs_of.setdefault((s.layer, kv), []).append((flat, lay))
+    for part, items in rungs_of.items():  # pass 2: histograms with the library's plan and alphabet
+        p = plans[part]
+        pre = f"L{part[0]}.{part[1]}"
+        for flat, lay in items:
+            for rs in rung_symbols(flat, lay, p.step0, p.planes, m0s[part]):
                 for st in rs.streams:
-                    arrays[f"{pre}.{st.table}"] = pack_counts(_band_hist(st.per_band, st.alphabet))
-    return CodecTables(codec=codec, arrays=arrays, meta={"params": params})
+                    h = _band_hist(st.per_band, st.alphabet).astype(np.float64)
+                    key = f"{pre}.{st.table}"
+                    counts[key] = counts[key] + h if key in counts and counts[key].shape == h.shape else h
+    arrays: dict[str, np.ndarray] = {}
+    for (layer, kv), p in plans.items():
+        arrays[f"L{layer}.{kv}.mean"] = p.mean
+        arrays[f"L{layer}.{kv}.plan"] = np.array([p.step0] + p.planes, np.float64)
+    arrays.update({k: pack_counts(v) for k, v in counts.items()})
+    meta = {"params": params} if len(templates) == 1 else {"params": params, "library_templates": len(templates)}
+    return CodecTables(codec=codec, arrays=arrays, meta=meta)
 
 
-def pack_counts(cnt: np.ndarray) -> np.ndarray:
-    """Counts -> uint8 log-counts round(8 log2(1 + n)) (~9% precision: costs <1% of the coded bytes,
-    and tables shrink 2-4x against uint32 counts)."""
-    return np.minimum(np.round(8.0 * np.log2(1.0 + cnt.astype(np.float64))), 255).astype(np.uint8)
-
-
-def unpack_counts(lc: np.ndarray) -> np.ndarray:
-    """uint8 log-counts -> counts for the ANS models (x COUNT_SCALE so the +1 smoothing is small)."""
-    return (np.exp2(lc.astype(np.float64) / 8.0) - 1.0) * EQ.COUNT_SCALE
+pack_counts = E.pack_counts
 
 
 def _models_of(table: np.ndarray) -> list:
-    return E.make_models(unpack_counts(table))
+    return E.table_models(table, EQ.COUNT_SCALE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,9 +446,10 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
     C = H * D
     lay = Layout.of(T, C, _grid(T, p["transform"]))
     levels = len(p["budgets"])
+    wt, gm = p.get("weighting", "none"), float(p.get("gamma", 1.0))
     if tables is None:
         use_sens = p["allocate"] == "sensitivity" and shard.sensitivity is not None
-        plans = plan_parts([shard], [float(b) for b in p["budgets"]], p["transform"], use_sens)
+        plans = plan_parts([shard], [float(b) for b in p["budgets"]], p["transform"], use_sens, wt, gm)
     else:
         plans = {}
         for kv in PARTS:
@@ -404,7 +464,11 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
     for kv in PARTS:
         pl = plans[(shard.layer, kv)]
         pre = f"L{shard.layer}.{kv}"
-        flat = lay.to_flat(coefficients(as_f32_2d(shard.key if kv == "k" else shard.value), pl.mean, lay.grid))
+        codes = token_scales(shard, kv, wt, gm)
+        flat = lay.to_flat(coefficients(as_f32_2d(shard.key if kv == "k" else shard.value), pl.mean, lay.grid,
+                                        scales_of(codes)))
+        if codes is not None:
+            chunks[0].append(codes.tobytes())
         m0 = None
         if tables is not None and f"{pre}.e0" in tables.arrays:  # use the table's rung-0 alphabet if wide enough
             need = max(1, int(np.floor(np.abs(flat).max(initial=0.0) / pl.step0)))
@@ -433,7 +497,7 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
             chunks[l] += [words, nz]
             if l == 0:
                 info[kv] = {"step": pl.step0, "planes": pl.planes, "m0": rs.m0, "grid": lay.grid,
-                            "mean": pl.mean.dtype.newbyteorder("<").str}
+                            "mean": pl.mean.dtype.newbyteorder("<").str, "scaled": codes is not None}
             else:
                 chunks[l] += [Q.pack(rs.low, rs.m).tobytes() if rs.low.size else b"",
                               np.packbits(rs.signs).tobytes() if rs.signs.size else b""]
@@ -443,7 +507,7 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
         w.add("p", pack_chunks(chunks[l]))
         if l == 0:
             h = codec._header(shard, ident, tables, levels=levels, prog=info, level=0, own=own[0])
-            h["params"] = {k: p[k] for k in ("budgets", "quantiser", "transform", "allocate")}
+            h["params"] = {k: p[k] for k in ("budgets", "quantiser", "transform", "allocate") if k in p}
             out.append(w.to_bytes(bs.KIND_SHARD, h, FORMAT_VERSION))
         else:  # bound to its base by the parent's checksum; the base carries identity and shape
             out.append(w.to_bytes(bs.KIND_LAYER, {"level": l, "own": own[l], "parent_crc": zlib.crc32(out[-1])},
@@ -492,6 +556,7 @@ class ProgressiveState:
     mag: dict[str, np.ndarray] = field(default_factory=dict)   # flat (T*C,) int32, band-sorted
     neg: dict[str, np.ndarray] = field(default_factory=dict)   # flat (T*C,) bool
     mean: dict[str, np.ndarray] = field(default_factory=dict)
+    scale: dict[str, np.ndarray | None] = field(default_factory=dict)   # per-token weights (T,) or None
     layout: Layout | None = None
 
     def _part(self, kv: str) -> tuple[float, list[int], int, int]:
@@ -552,6 +617,10 @@ class ProgressiveState:
             if mu.shape != (C,) or mu.dtype.kind != "f":
                 raise bs.CorruptError(f"{self.codec.name}: {kv} mean has shape {mu.shape}")
             self.mean[kv] = mu
+            scaled = prog[kv].get("scaled", False)
+            if not isinstance(scaled, bool):
+                raise bs.CorruptError(f"{self.codec.name}: bad progressive header {prog[kv]!r}")
+            self.scale[kv] = scales_of(rd.next("|u1", (T,))) if scaled else None
             names = [("e0q", QUAD_ESC + 1), ("e0", 2 * m0 + 1)] if lay.big else [("e0", 2 * m0 + 1)]
             bands = self._reader(rd, self._streams_models(rd, obj.header.get("own"), i, names))
             q = np.zeros(T * C, np.int32)
@@ -659,6 +728,8 @@ class ProgressiveState:
             c[np.flatnonzero(self.neg[kv])] *= -1.0
             x = lay.from_flat(c)
             x = inverse_f32(x, n) if n else x
+            if self.scale.get(kv) is not None:
+                x /= self.scale[kv].astype(np.float32)[:, None]
             x += self.mean[kv].astype(np.float32)[None, :]
             out.append(from_f32_2d(x, self.shape, self.dtype))
         return DecodedShard(out[0], out[1], torch.ones(T, dtype=torch.bool))

@@ -348,7 +348,8 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
         try:
             t = time.monotonic()
             tbl = tables.get(rendition.tables[0]) if rendition.tables else None
-            kv = decode_any(data, ShardId(model_fp, tfp, j), tbl).as_layer_kv()
+            dec = decode_any(data, ShardId(model_fp, tfp, j), tbl)
+            kv = LayerKV(dec.key, dec.value, dec.keep_mask)
             if decode_pad_s and rendition.name in decode_pad_s:
                 time.sleep(max(0.0, decode_pad_s[rendition.name] - (time.monotonic() - t)))
             with cond:

@@ -7,8 +7,9 @@ Cloud side, for any model with the bundled models' image-level API (``load_model
 1. the template image is stored as a lossless 8-bit PNG (the template reference the phone computes
    the KV from, ``local``); the KV is captured from exactly that PNG's pixels, stored as fp16 (what
    every codec starts from);
-2. on public calibration photos (``sakura.capture``): attention-mass token importance and per-layer
-   K/V sensitivities (the codec splits bits across layers and K/V by them);
+2. on public calibration photos (``sakura.capture``): per-layer K/V sensitivities (the codec splits
+   bits across layers and K/V by them) and attention-mass token importance (the nested ladder's
+   per-token widths; the default progressive ladder does not use it);
 3. every codec setting of the ladder: fit shared tables once, encode every layer's shard (a layered
    codec gives one rendition per rung, each a byte prefix of the shard's one object) and record
    its distortion: the codec's KV errors plus the manifest contract's ``image_mse`` /
@@ -102,18 +103,19 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         templates: library template names (``sakura.tasks.template_library``); default one per task.
         ladder: codec specs (``sakura.codec.codec_from_spec``), one rendition each (a layered
             codec: one per rung).
-        calibration: number of public calibration photos (held-out sources) for importance,
-            sensitivities and the image distortion of every rendition.
+        calibration: number of public calibration photos (crops of training sources,
+            ``sakura.capture.calibration_photos``) for token and layer sensitivities and the image
+            distortion of every rendition.
         steps, seed: sampler run of the calibration edits.
     """
     import torch
 
-    from sakura.capture import ShardDistortionProbe, layer_sensitivity, template_importance
+    from sakura.capture import ShardDistortionProbe, calibration_photos, layer_sensitivity, template_importance
     from sakura.codec import ShardId, ShardKV, codec_from_spec
     from sakura.codec.base import parse_spec
     from sakura.models import load_model
     from sakura.models.kv import LayerKV, TemplateKV
-    from sakura.tasks import get_template, heldout_photos
+    from sakura.tasks import get_template
 
     torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
     codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
@@ -127,9 +129,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             raise TypeError(f"model {model_name!r} has no {attr}(): sakura build needs the image-level edit API")
     size = int(model.cfg.image_size)
     model_fp = model.fingerprint()
-    calib = heldout_photos(size)[:calibration]
-    if calib.shape[0] < 1:
-        raise ValueError("need at least one calibration photo")
+    calib = calibration_photos(size, calibration)  # public training photos, never the held-out test ones
     names_in = list(templates) if templates else default_templates()
     tpls = [get_template(n, size) for n in names_in]  # unknown names fail before any work
     out = []
@@ -138,6 +138,9 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         ref_png = encode_template_ref(tpl.image)
         image = decode_template_ref(ref_png)  # capture from exactly what the phone will have
         kv = model.extract_template_kv(image[None], tpl.instruction).to(torch.float16)
+        # token importance for codecs that use it (the nested ladder's widths): attention mass. The
+        # gradient sensitivity (sakura.capture.token_sensitivity) measured no better there and worse
+        # as progressive-ladder weighting (docs/codec.md), so the default ladder ignores importance.
         imp = template_importance(model, kv, calib, steps=steps, seed=seed)  # (layers, tokens)
 
         def calib_edit(layers, kv=kv):
@@ -156,7 +159,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         for i, s in enumerate(shards):
             dec = floor_codec.decode(floor_codec.encode(s, ident(i), floor_tables), ident(i), floor_tables)
             floors.append({"reference": QUALITY_FLOOR_SPEC,
-                           "image_mse": _rounded({"image_mse": probe.image_mse(i, dec.as_layer_kv())})["image_mse"]})
+                           "image_mse": _rounded({"image_mse": probe.image_mse(i, LayerKV(dec.key, dec.value, dec.keep_mask))})["image_mse"]})
         with StoreWriter(store, model_fingerprint=model_fp, template_id=name) as w:
             w.set_template_ref(ref_png, media_type=TEMPLATE_REF_MEDIA_TYPE)
             encoded: list[list[RenditionInput]] = [[] for _ in shards]
@@ -181,7 +184,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                         dec = codec.decode(piece, ident(i), tables)
                         dist = {"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
                                 "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
-                                "dropped_fraction": 1.0 - d.keep_fraction, **probe.measure(i, dec.as_layer_kv())}
+                                "dropped_fraction": 1.0 - d.keep_fraction, **probe.measure(i, LayerKV(dec.key, dec.value, dec.keep_mask))}
                         encoded[i].append(RenditionInput(
                             name=rname if end is None else f"{rname}#{rung}", codec=codec.name, data=data,
                             params=params, prefix_bytes=end, tables=table_names, distortion=_rounded(dist)))

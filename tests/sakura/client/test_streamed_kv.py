@@ -46,7 +46,7 @@ def test_lossless_kv_streamed_over_emulated_link_is_exact(tmp_path):
     tfp = meta["template_fingerprint"]
 
     def as_kv(decs):
-        return TemplateKV([d.as_layer_kv() for d in decs], fp, tfp, meta["layout"])
+        return TemplateKV([LayerKV(d.key, d.value, d.keep_mask) for d in decs], fp, tfp, meta["layout"])
 
     streamed = as_kv([decode_any(d, ShardId(fp, tfp, i)) for i, d in enumerate(lossless)])
     tpl = get_template("look-00", model.cfg.image_size)

@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sakura.codec import IdentityError, ShardId, TruncatedError, get_codec
-from sakura.codec.importance import plan_bits
+from sakura.codec.allocation import plan_bits
 from sakura.codec.metrics import attention_rel_error
 
 from .conftest import make_shard

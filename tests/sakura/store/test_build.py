@@ -105,3 +105,32 @@ def test_template_ref_png_is_lossless_for_library_templates():
     data = encode_template_ref(img)
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < img.numel() * 4 / 2
     assert torch.equal(decode_template_ref(data), img)
+
+
+def test_manifest_validates_image_distortion_and_quality_floor(built):
+    """The image keys are validated on read: both or neither, MSE in [0, 1], PSNR consistent."""
+    import json
+
+    from sakura.store import ManifestError
+    from sakura.store.manifest import Manifest
+
+    st = Store(built)
+    (fp, tid), = st.manifest_keys()
+    good = json.loads(st.manifest_path(fp, tid).read_text())
+    Manifest.from_json(good)
+    bads = []
+    for edit in (lambda d: d.pop("image_psnr_db"),
+                 lambda d: d.update(image_mse=1.5, image_psnr_db=10 * __import__("math").log10(1 / 1.5)),
+                 lambda d: d.update(image_psnr_db=d["image_psnr_db"] + 1.0),
+                 lambda d: d.update(image_psnr_db=None)):
+        bad = json.loads(json.dumps(good))
+        edit(bad["shards"][1]["renditions"][2]["distortion"])
+        bads.append(bad)
+    for qf in ({"reference": "cachegen:level=3"}, {"reference": "", "image_mse": 0.1},
+               {"reference": "cachegen:level=3", "image_mse": -1}, {"reference": "x", "image_mse": 0.1, "extra": 1}):
+        bad = json.loads(json.dumps(good))
+        bad["shards"][0]["quality_floor"] = qf
+        bads.append(bad)
+    for bad in bads:
+        with pytest.raises(ManifestError):
+            Manifest.from_json(bad)
