@@ -34,10 +34,13 @@ def test_demo_end_to_end(tmp_path):
     res = runner.invoke(app, ["demo", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["injected_kv_equals_in_sequence_bit_exact"] is True
-    assert summary["raw_stream_equals_oracle"] is True
-    assert (tmp_path / "demo.png").stat().st_size > 1000
-    assert summary["bytes"]["raw-stream"] > 0 and summary["bytes"]["oracle"] == 0
+    assert summary["injected_kv_equals_in_sequence_torch_equal"] is True
+    for f in ("demo.png", "timeline.png", "regimes.png", "demo.md"):
+        assert (tmp_path / f).stat().st_size > 500, f
+    lat = summary["latency_phone_s"]
+    # the workload's ceiling holds: nothing beats free, instant KV by more than timing noise
+    assert lat["sakura"] >= lat["on-device"] / summary["ceilings"]["vs on-device"] * 0.9
+    assert summary["psnr_vs_lossless_db"]["sakura"] > 25
 
 
 def test_info_rejects_unknown_model():

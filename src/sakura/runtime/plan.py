@@ -28,6 +28,10 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
 LOCAL = "local"
+#: Seconds of score per second of predicted stall (0: latency only). Tried at 0.5 and 1 on the phone
+#: profile's LTE/3G/broadband traces, hoping plans with slack would ride out a varying link: no
+#: fewer losing runs and no more gain than 0 (what bounds the loss is the wait deadline), so 0.
+STALL_WEIGHT = 0.0
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,8 @@ def evaluate(specs: Sequence[ShardSpec], state: PipelineState, k: int, routes: M
 
 
 def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel, rtt_s: float, *,
-               allow_local: bool = True, rel_tol: float = 0.01, mse_budget: float | None = None) -> PlanResult:
+               allow_local: bool = True, rel_tol: float = 0.01, mse_budget: float | None = None,
+               stall_weight: float = STALL_WEIGHT) -> PlanResult:
     """The plan that finishes soonest within the quality floor; among plans within `rel_tol` of
     that finish time, the best quality (lowest summed image MSE).
 
@@ -235,10 +240,11 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
                 break  # nothing to stream: rungs are all the same plan
     if not candidates:  # nothing streamed fits the image budget: compute what is left
         return evaluate(specs, state, L, {}, link, rtt_s)
-    best_finish = min(c.finish_s for c in candidates)
+    score = lambda c: c.finish_s + stall_weight * c.stall_s  # noqa: E731
+    best_score = min(score(c) for c in candidates)
     budget_left = math.inf if mse_budget is None else mse_budget
-    limit = best_finish + rel_tol * max(best_finish - state.now, 1e-9)
-    best = min((c for c in candidates if c.finish_s <= limit), key=lambda c: (c.image_mse, c.finish_s, c.nbytes))
+    limit = best_score + rel_tol * max(best_score - state.now, 1e-9)
+    best = min((c for c in candidates if score(c) <= limit), key=lambda c: (c.image_mse, score(c), c.nbytes))
     # per-shard upgrades, latest layer first
     routes = dict(best.routes)
     for j in sorted(routes, reverse=True):
@@ -250,7 +256,7 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
             if sum(x.image_mse for x in trial.values()) > budget_left * (1 + 1e-9):
                 continue
             res = evaluate(specs, state, best.k, trial, link, rtt_s)
-            if res.finish_s <= limit:
+            if score(res) <= limit:
                 routes, best = trial, res
                 break
     return best

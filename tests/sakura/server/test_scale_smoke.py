@@ -1,9 +1,8 @@
-"""Tiny run of benchmarks/scale_model.py: every measurement path (encode, edge CPU, crowd) and the
+"""Tiny run of sakura.bench.scale_model: every measurement path (encode, edge CPU, crowd) and the
 model + plots, on small sizes."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
@@ -15,9 +14,7 @@ REPO = Path(__file__).resolve().parents[3]
 def test_scale_model_smoke(tmp_path):
     if shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists():
         pytest.skip("nginx is not installed (Debian: apt-get install nginx-light; .ci/run installs it)")
-    spec = importlib.util.spec_from_file_location("sakura_scale_model", REPO / "benchmarks" / "scale_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import sakura.bench.scale_model as mod
     res = mod.main(["--encode-tokens", "64", "--edge-objects", "8", "--edge-seconds", "0.5", "--edge-clients", "2",
                     "--crowd-phones", "4", "--build-json", str(tmp_path / "none.json"),
                     "--out", str(tmp_path / "m.json"), "--plots", str(tmp_path / "scale")])
