@@ -143,6 +143,7 @@ class StreamedTemplateKV:
         self.template_fingerprint = model.template_fingerprint(template_image, instruction)
         self._n = model.num_layers
         self._image, self._instruction = template_image, instruction
+        self.instruction = instruction  # models whose prompt is not part of the KV (flux2-mini) read it
         self._t0 = t0
         self._timeout_s = timeout_s
         self._ready = [threading.Event() for _ in range(self._n)]

@@ -47,7 +47,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
 
     Args:
         store: store directory (created if missing).
-        model_name: ``sakura-mini`` or ``sakura-mini:/path/weights.safetensors``.
+        model_name: ``sakura-mini`` / ``flux2-mini``, optionally ``:/path/weights.safetensors``.
         templates: library template names (``sakura.tasks.template_library``); default one per task.
         ladder: codec specs (``sakura.codec.codec_from_spec``), one rendition each.
         calibration: number of public calibration photos (held-out sources) for importance.
@@ -58,8 +58,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
 
     from sakura.capture import template_importance
     from sakura.codec import Shard, ShardId, codec_from_spec
-    from sakura.models import load_model
-    from sakura.models.mini import MiniDiT
+    from sakura.models import ImageTemplateEditModel, load_model
     from sakura.tasks import get_template, heldout_photos
 
     torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
@@ -68,8 +67,9 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     if len(set(names)) != len(names):
         raise ValueError(f"ladder has duplicate settings: {names}")
     model = load_model(model_name)
-    if not isinstance(model, MiniDiT):
-        raise NotImplementedError(f"sakura build supports sakura-mini models only so far, not {model_name!r}")
+    if not isinstance(model, ImageTemplateEditModel):  # sakura-mini, flux2-mini; not yet klein:/folder
+        raise NotImplementedError(f"sakura build supports image-level models (sakura-mini, flux2-mini) only so far, "
+                                  f"not {model_name!r}")
     size = model.cfg.image_size
     model_fp = model.fingerprint()
     calib = heldout_photos(size)[:calibration]

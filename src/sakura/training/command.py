@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from .loop import WEIGHTS, Recipe, train
+from .loop import Recipe, train
 
 
 def train_command(out: Path, *, overrides: dict, resume: bool = True, install: bool = False,
@@ -20,7 +20,7 @@ def train_command(out: Path, *, overrides: dict, resume: bool = True, install: b
     """
     import torch
 
-    from sakura.models import MINI_WEIGHTS
+    from sakura.models import ASSETS
 
     torch.set_num_threads(threads)
     recipe = replace(Recipe(), **{k: v for k, v in overrides.items() if v is not None})
@@ -31,7 +31,8 @@ def train_command(out: Path, *, overrides: dict, resume: bool = True, install: b
     if state.step < recipe.steps:
         log(f"stopped at step {state.step} of {recipe.steps}; run the same command to resume")
         return
-    log(f"trained {state.step} steps in {state.elapsed_s / 3600:.2f} h; weights: {out / WEIGHTS}")
+    weights = out / recipe.weights_name
+    log(f"trained {state.step} steps in {state.elapsed_s / 3600:.2f} h; weights: {weights}")
 
     from .card import write_model_card
 
@@ -39,8 +40,9 @@ def train_command(out: Path, *, overrides: dict, resume: bool = True, install: b
     card = write_model_card(out, out, eval_steps=eval_steps, command=cmd)
     log(f"model card: {card}")
     if install:
-        MINI_WEIGHTS.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out / WEIGHTS, MINI_WEIGHTS)
+        asset = ASSETS / recipe.weights_name
+        asset.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(weights, asset)
         card = write_model_card(out, docs, eval_steps=eval_steps, command=cmd)
-        log(f"installed weights at {MINI_WEIGHTS}; model card: {card}")
+        log(f"installed weights at {asset}; model card: {card}")
     log((out / "model" / "quality.json").read_text())
