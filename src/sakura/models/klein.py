@@ -335,18 +335,69 @@ class KleinAdapter:
         self._fingerprint: str | None = None
         cfg = transformer.config
         self.heads, self.head_dim = cfg.num_attention_heads, cfg.attention_head_dim
+        self.text_encoder_out_layers: tuple[int, ...] = (9, 18, 27)
+        self.max_sequence_length = 512
 
     @classmethod
-    def from_pretrained(cls, folder: str, **kw) -> "KleinAdapter":
-        """Load a Klein KV pipeline from a local folder (the user's own download; never a hub)."""
+    def from_pretrained(cls, folder: str, *, text_encoder_out_layers: tuple[int, ...] | None = None,
+                        max_sequence_length: int = 512, **kw) -> "KleinAdapter":
+        """Load a Klein KV pipeline from a local folder (the user's own download; never a hub).
+
+        text_encoder_out_layers: hidden-state indices of the text encoder stacked into the prompt
+        embedding; default diffusers' (9, 18, 27) for an encoder with at least 27 layers, else
+        three evenly spaced ones ending at the last (so tiny test pipelines load too).
+        """
         from pathlib import Path
 
         from diffusers import Flux2KleinKVPipeline
 
         if not Path(folder).is_dir():
             raise FileNotFoundError(f"{folder}: not a local folder with a FLUX.2 Klein pipeline")
-        pipe = Flux2KleinKVPipeline.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32)
-        return cls(pipe.transformer, pipeline=pipe, **kw)
+        pipe = Flux2KleinKVPipeline.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+        adapter = cls(pipe.transformer, pipeline=pipe, **kw)
+        if text_encoder_out_layers is None and pipe.text_encoder is not None:
+            n = pipe.text_encoder.config.num_hidden_layers
+            text_encoder_out_layers = (9, 18, 27) if n >= 27 else (max(1, n // 3), max(1, 2 * n // 3), n)
+        adapter.text_encoder_out_layers = tuple(text_encoder_out_layers or (9, 18, 27))
+        adapter.max_sequence_length = max_sequence_length
+        return adapter
+
+    # -- pixels and prompts (needs the pipeline's VAE / text encoder) -----------------------------
+    def _need_pipeline(self, what: str):
+        if self.pipeline is None:
+            raise ValueError(f"{what} needs the VAE and text encoder: load the adapter with KleinAdapter.from_pretrained")
+        return self.pipeline
+
+    @torch.no_grad()
+    def encode_prompt(self, prompt: str) -> torch.Tensor:
+        """The prompt as the transformer consumes it: (1, max_sequence_length, joint_attention_dim)."""
+        pipe = self._need_pipeline("encode_prompt")
+        embeds, _ = pipe.encode_prompt(prompt, device=torch.device("cpu"), max_sequence_length=self.max_sequence_length,
+                                       text_encoder_out_layers=self.text_encoder_out_layers)
+        return embeds.float()
+
+    @torch.no_grad()
+    def encode_image(self, image: torch.Tensor, slot: int) -> KleinReference:
+        """An image (1, 3, H, W) in [0, 1] as a reference in `slot` (0 = template, 1 = user photo):
+        VAE latents, 2x2-patchified, batch-norm normalised and packed, as diffusers' pipeline does."""
+        pipe = self._need_pipeline("encode_image")
+        if image.ndim != 4 or image.shape[:2] != (1, 3):
+            raise ValueError(f"image must be (1, 3, H, W) in [0, 1], got {tuple(image.shape)}")
+        lat = pipe._encode_vae_image(image.float() * 2 - 1, generator=None)      # (1, 4*C, h, w)
+        _, _, h, w = lat.shape
+        return KleinReference.from_grid(pipe._pack_latents(lat), h, w, slot=slot)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Packed latents (1, h*w, C) of a (h, w) grid -> image (1, 3, H, W) in [0, 1]."""
+        pipe = self._need_pipeline("decode")
+        h, w = grid
+        lat = latents.reshape(1, h, w, -1).permute(0, 3, 1, 2)                  # (1, C, h, w)
+        bn = pipe.vae.bn
+        lat = lat * torch.sqrt(bn.running_var.view(1, -1, 1, 1) + pipe.vae.config.batch_norm_eps) \
+            + bn.running_mean.view(1, -1, 1, 1)
+        image = pipe.vae.decode(pipe._unpatchify_latents(lat), return_dict=False)[0]
+        return (image / 2 + 0.5).clamp(0, 1)
 
     # -- identity -------------------------------------------------------------------------------
     @property
