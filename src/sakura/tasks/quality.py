@@ -1,4 +1,4 @@
-"""The sakura-mini quality benchmark: edits against exact ground truth, per task.
+"""The quality benchmark (sakura-mini, flux2-mini): edits against exact ground truth, per task.
 
 On held-out photos (`heldout_photos`) and held-out library templates, for every task:
   model      the model with the template's lossless KV injected (extract once, inject)
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from sakura.models.mini import MiniDiT
+from sakura.models.base import ImageTemplateEditModel
 
 from .edits import TASKS, get_task
 from .library import TASK_NAMES, library_templates
@@ -106,14 +106,14 @@ class QualityReport:
 
 
 @torch.no_grad()
-def edit_with_template(model: MiniDiT, photos: torch.Tensor, template: torch.Tensor, instruction: int,
+def edit_with_template(model: ImageTemplateEditModel, photos: torch.Tensor, template: torch.Tensor, instruction: int,
                        *, steps: int, seed: int) -> torch.Tensor:
     """Lossless-KV edit: extract the template KV once, inject it. photos: (B, 3, S, S) -> (B, 3, S, S)."""
     kv = model.extract_template_kv(template[None] if template.ndim == 3 else template, instruction)
     return model.edit(photos, template_kv=kv, steps=steps, seed=seed).image
 
 
-def evaluate_quality(model: MiniDiT, *, steps: int = 8, seed: int = 0, photos_per_source: int = 4,
+def evaluate_quality(model: ImageTemplateEditModel, *, steps: int = 8, seed: int = 0, photos_per_source: int = 4,
                      tasks: tuple[str, ...] = TASK_NAMES, with_ssim: bool = True) -> QualityReport:
     """Score `model` on held-out photos x held-out templates for every task (see module doc)."""
     size = model.cfg.image_size
@@ -150,7 +150,7 @@ def evaluate_quality(model: MiniDiT, *, steps: int = 8, seed: int = 0, photos_pe
 
 
 @torch.no_grad()
-def quality_grid(model: MiniDiT, path, *, steps: int = 8, seed: int = 0, per_task: int = 2) -> None:
+def quality_grid(model: ImageTemplateEditModel, path, *, steps: int = 8, seed: int = 0, per_task: int = 2) -> None:
     """Save a PNG grid: one row per example, columns photo | template | ground truth | model |
     swapped template's output. Held-out photos and held-out templates only."""
     import matplotlib
@@ -187,7 +187,7 @@ def quality_grid(model: MiniDiT, path, *, steps: int = 8, seed: int = 0, per_tas
                 ax.set_ylabel(label, fontsize=8)
             if c == 3:
                 ax.set_xlabel(f"{p:.1f} dB", fontsize=8)
-    fig.suptitle("sakura-mini on held-out photos and held-out templates", fontsize=10)
+    fig.suptitle(f"{model.describe()['model']} on held-out photos and held-out templates", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -203,8 +203,8 @@ def run_quality_bench(model_name: str = "sakura-mini", *, steps: int = 8, photos
 
     torch.set_num_threads(1)
     model = load_model(model_name)
-    if not isinstance(model, MiniDiT):
-        raise ValueError(f"the quality benchmark needs a sakura-mini model, not {model_name!r}")
+    if not isinstance(model, ImageTemplateEditModel):
+        raise ValueError(f"the quality benchmark needs an image-level model (sakura-mini, flux2-mini), not {model_name!r}")
     report = evaluate_quality(model, steps=steps, photos_per_source=photos_per_source)
     log(report.markdown())
     log(f"model beats identity by >= 6 dB on every task: {report.passes(6.0)}")

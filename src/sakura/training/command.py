@@ -11,7 +11,7 @@ from .loop import Recipe, train
 
 
 def train_command(out: Path, *, overrides: dict, resume: bool = True, install: bool = False,
-                  docs: Path = Path("docs"), eval_steps: int = 8, threads: int = 1,
+                  docs: Path = Path("docs"), eval_steps: int = 8, eval_photos: int = 4, threads: int = 1,
                   log: Callable[[str], None] = print) -> None:
     """Train (or resume) in `out`, then evaluate and write out/model-card.md (+ out/model/*.png).
 
@@ -34,15 +34,15 @@ def train_command(out: Path, *, overrides: dict, resume: bool = True, install: b
     weights = out / recipe.weights_name
     log(f"trained {state.step} steps in {state.elapsed_s / 3600:.2f} h; weights: {weights}")
 
-    from .card import write_model_card
+    from .card import card_paths, write_model_card
 
     cmd = "sakura train" + "".join(f" --{k.replace('_', '-')} {v}" for k, v in overrides.items() if v is not None)
-    card = write_model_card(out, out, eval_steps=eval_steps, command=cmd)
+    card = write_model_card(out, out, eval_steps=eval_steps, command=cmd, photos_per_source=eval_photos)
     log(f"model card: {card}")
     if install:
         asset = ASSETS / recipe.weights_name
         asset.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(weights, asset)
-        card = write_model_card(out, docs, eval_steps=eval_steps, command=cmd)
+        card = write_model_card(out, docs, eval_steps=eval_steps, command=cmd, photos_per_source=eval_photos)
         log(f"installed weights at {asset}; model card: {card}")
-    log((out / "model" / "quality.json").read_text())
+    log((card_paths(recipe.model, out)[1] / "quality.json").read_text())
