@@ -43,6 +43,12 @@ def train_command(out: Path, *, overrides: dict, resume: bool = True, install: b
         asset = ASSETS / recipe.weights_name
         asset.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(weights, asset)
-        card = write_model_card(out, docs, eval_steps=eval_steps, command=cmd, photos_per_source=eval_photos)
-        log(f"installed weights at {asset}; model card: {card}")
+        # the card just written for `out` is the docs card: copy it and its figures, don't re-evaluate
+        src_card, src_figs = card_paths(recipe.model, out)
+        dst_card, dst_figs = card_paths(recipe.model, docs)
+        dst_figs.mkdir(parents=True, exist_ok=True)
+        for f in src_figs.iterdir():
+            shutil.copyfile(f, dst_figs / f.name)
+        shutil.copyfile(src_card, dst_card)
+        log(f"installed weights at {asset}; model card: {dst_card}")
     log((card_paths(recipe.model, out)[1] / "quality.json").read_text())
