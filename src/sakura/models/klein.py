@@ -29,13 +29,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from diffusers.models.transformers.transformer_flux2 import (
     Flux2Transformer2DModel,
+    _blend_double_block_mods,
+    _blend_single_block_mods,
     _get_qkv_projections,
     apply_rotary_emb,
     dispatch_attention_fn,
@@ -270,6 +272,46 @@ def _kv_attention(query, key, value, num_txt: int, num_ref: int, mode: str | Non
     return torch.cat([out_txt_img[:, :r0], out_ref, out_txt_img[:, r0:]], dim=1)
 
 
+def reference_layers(transformer: Flux2Transformer2DModel, hidden: torch.Tensor, ids: torch.Tensor,
+                     prompt_embeds: torch.Tensor, txt_ids: torch.Tensor, timestep: torch.Tensor, num_ref: int,
+                     ref_fixed_timestep: float = 0.0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Lazily run diffusers' "extract" forward block by block: yields layer i's reference K/V
+    (B, num_ref, H, D) after computing blocks 0..i only.
+
+    The same operations, in the same order and on the same shapes, as
+    `Flux2Transformer2DModel.forward(..., kv_cache_mode="extract")` up to each block, so the K/V are
+    bit-identical to the ones that forward captures (tested). Needs the Sakura processors installed.
+    hidden: (B, num_ref + image tokens, in_channels) = [reference | image]; ids: matching RoPE ids.
+    """
+    tr = transformer
+    slot = _Slot(num_template_tokens=num_ref)
+    num_txt = prompt_embeds.shape[1]
+    timestep = timestep.to(hidden.dtype) * 1000
+    temb = tr.time_guidance_embed(timestep, None)
+    mod_img = tr.double_stream_modulation_img(temb)
+    mod_txt = tr.double_stream_modulation_txt(temb)
+    mod_single = tr.single_stream_modulation(temb)
+    ref_temb = tr.time_guidance_embed(torch.full_like(timestep, ref_fixed_timestep * 1000), None)
+    mod_img = _blend_double_block_mods(mod_img, tr.double_stream_modulation_img(ref_temb), num_ref, hidden.shape[1])
+    ref_single = tr.single_stream_modulation(ref_temb)
+    x = tr.x_embedder(hidden)
+    enc = tr.context_embedder(prompt_embeds)
+    rope_img, rope_txt = tr.pos_embed(ids), tr.pos_embed(txt_ids)
+    rope = (torch.cat([rope_txt[0], rope_img[0]], dim=0), torch.cat([rope_txt[1], rope_img[1]], dim=0))
+    kw = {"sakura": slot, "kv_cache": None, "kv_cache_mode": "extract", "num_ref_tokens": num_ref}
+    for block in tr.transformer_blocks:
+        enc, x = block(hidden_states=x, encoder_hidden_states=enc, temb_mod_img=mod_img, temb_mod_txt=mod_txt,
+                       image_rotary_emb=rope, joint_attention_kwargs=kw)
+        yield slot.captured[-1]
+    x = torch.cat([enc, x], dim=1)
+    mod_single = _blend_single_block_mods(mod_single, ref_single, num_txt, num_ref, x.shape[1])
+    kw_single = {**kw, "num_txt_tokens": num_txt}
+    for block in tr.single_transformer_blocks:
+        x = block(hidden_states=x, encoder_hidden_states=None, temb_mod=mod_single, image_rotary_emb=rope,
+                  joint_attention_kwargs=kw_single)
+        yield slot.captured[-1]
+
+
 class SakuraKleinAttnProcessor:
     """Double-stream block processor: diffusers' KV processor plus keep masks and isolation."""
 
@@ -452,18 +494,24 @@ class KleinAdapter:
                           layout={"kind": "klein", "tokens": int(template.latents.shape[1]), "slot_ids": "positions"},
                           positions=template.ids.clone())
 
-    @torch.no_grad()
-    def extract_template_kv(self, template: KleinReference) -> TemplateKV:
-        """The template reference's K/V in every layer (one extract forward with 1-token stand-ins
-        for text and image: reference tokens never attend to them)."""
+    def template_layers(self, template: KleinReference) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Lazily compute the template reference's K/V: yields layer i's (key, value) (1, Tt, H, D)
+        after running blocks 0..i only (one 1-token stand-in each for text and image: reference
+        tokens never attend to them). A runtime computing a prefix of layers locally stops early."""
         self._check_ref(template, "template")
         c = self.transformer.config
         img = torch.zeros(1, 1, c.in_channels)
-        txt = torch.zeros(1, 1, c.joint_attention_dim)
-        slot = _Slot(num_template_tokens=template.latents.shape[1], isolate=self.isolate_template)
-        self._forward(torch.cat([template.latents, img], 1), torch.cat([template.ids, latent_ids(1, 1)]), txt,
-                      text_ids(1), torch.zeros(1), mode="extract", num_ref=template.latents.shape[1], slot=slot)
-        return self._wrap(template, slot.captured)
+        yield from reference_layers(self.transformer, torch.cat([template.latents, img], 1),
+                                    torch.cat([template.ids, latent_ids(1, 1)]), torch.zeros(1, 1, c.joint_attention_dim),
+                                    text_ids(1), torch.zeros(1), num_ref=template.latents.shape[1])
+
+    def template_stream(self, template: KleinReference) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return list(self.template_layers(template))
+
+    @torch.no_grad()
+    def extract_template_kv(self, template: KleinReference) -> TemplateKV:
+        """The template reference's K/V in every layer (`template_layers`, all of them)."""
+        return self._wrap(template, self.template_stream(template))
 
     @torch.no_grad()
     def edit(self, photo: KleinReference | None = None, *, template: KleinReference | None = None,
