@@ -100,7 +100,7 @@ Recipe (`sakura.training.Recipe`, the same loop and seeding as sakura-mini; `--m
 ```
 
 - steps run: **{steps_done} of {recipe.steps}** ({steps_done * recipe.batch_size:,} examples), wall time {elapsed / 3600:.2f} h
-  on the shared 2-core CPU (1 torch thread, nice 5, while other engineers' jobs ran: load average 6-10);
+  on the shared 2-core CPU (1 torch thread, nice 5, beside other engineers' jobs);
 - final training loss (mean of the last 100 steps): {final_loss:.4f}; {said['loss']};
 - loss curve: `docs/{fig}/loss.png`.
 

@@ -35,5 +35,25 @@ def test_bundled_edits_follow_the_template(model):
         out_a = edit_with_template(model, photos, a.image, a.instruction, steps=4, seed=0)
         out_b = edit_with_template(model, photos, b.image, b.instruction, steps=4, seed=0)
         gt_a = task.ground_truth(photos, a.image[None])
-        assert float(psnr_per_image(out_a, gt_a).mean()) > float(psnr_per_image(out_b, gt_a).mean()) + 1.0, name
-        assert float(psnr_per_image(out_a, gt_a).mean()) > float(psnr_per_image(photos, gt_a).mean()) + 1.0, name
+        assert float(psnr_per_image(out_a, gt_a).mean()) > float(psnr_per_image(out_b, gt_a).mean()) + 3.0, name
+        assert float(psnr_per_image(out_a, gt_a).mean()) > float(psnr_per_image(photos, gt_a).mean()) + 3.0, name
+
+
+def test_exactness_on_the_trained_model(model, tmp_path):
+    """On the trained weights: lossless KV injected (after a round trip through disk) gives the same
+    image as the template computed in the sequence (max abs diff 0.0), and both equal diffusers' own
+    extract/cached loop with its stock KV processors. (Streamed: test_flux2mini_pipeline.py.)"""
+    from sakura.models import TemplateKV
+
+    from ..models.test_flux2mini import diffusers_loop
+
+    tpl = library_templates(model.cfg.image_size, task="sticker", held_out=True)[0]
+    template, photo = tpl.image[None], heldout_photos(model.cfg.image_size, 1)[:1]
+    ext = model.edit(photo, template=template, instruction=tpl.instruction, mode="extract", steps=3, seed=1)
+    noc = model.edit(photo, template=template, instruction=tpl.instruction, mode="nocache", steps=3, seed=1).image
+    kv = TemplateKV.load(model.extract_template_kv(template, tpl.instruction).save(tmp_path / "t.kv"),
+                         model_fingerprint=model.fingerprint())
+    inj = model.edit(photo, template_kv=kv, steps=3, seed=1).image
+    assert float((inj - ext.image).abs().max()) == 0.0 and torch.equal(inj, noc)
+    noise = torch.randn(photo.shape, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(inj, diffusers_loop(model, template, tpl.instruction, photo, 3, noise))
