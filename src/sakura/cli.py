@@ -53,19 +53,23 @@ def train(
     depth: Optional[int] = typer.Option(None, help="Transformer blocks."),
     heads: Optional[int] = typer.Option(None, help="Attention heads."),
     checkpoint_every: Optional[int] = typer.Option(None, min=1, help="Steps between checkpoints."),
+    model: Optional[str] = typer.Option(None, help="Network: sakura-mini (default) or flux2-mini (diffusers' FLUX.2 transformer)."),
+    double_layers: Optional[int] = typer.Option(None, min=0, help="flux2-mini: double-stream blocks among --depth."),
     resume: bool = typer.Option(True, "--resume/--fresh", help="Continue from out/checkpoint.pt when present."),
-    install: bool = typer.Option(False, help="Copy the weights into the package assets and write docs/model-card.md."),
+    install: bool = typer.Option(False, help="Copy the weights into the package assets and write the model card into --docs."),
     docs: Path = typer.Option(Path("docs"), help="Docs folder for --install."),
     eval_steps: int = typer.Option(8, min=1, help="Sampler steps in the quality evaluation."),
+    eval_photos: int = typer.Option(4, min=1, help="Crops per held-out photo source in the card's quality evaluation."),
     threads: int = typer.Option(1, min=1, help="torch threads (1 is fastest on a shared 2-core machine)."),
 ) -> None:
-    """Train the bundled mini model from scratch (reproduces the shipped weights); resumable."""
+    """Train a bundled model from scratch (reproduces the shipped weights); resumable."""
     from sakura.training.command import train_command
 
     train_command(out, overrides=dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, image_size=image_size,
                                       patch_size=patch_size, dim=dim, depth=depth, heads=heads,
-                                      checkpoint_every=checkpoint_every),
-                  resume=resume, install=install, docs=docs, eval_steps=eval_steps, threads=threads, log=typer.echo)
+                                      checkpoint_every=checkpoint_every, model=model, double_layers=double_layers),
+                  resume=resume, install=install, docs=docs, eval_steps=eval_steps, eval_photos=eval_photos,
+                  threads=threads, log=typer.echo)
 
 
 @app.command()
@@ -173,12 +177,12 @@ def bench_codec(
 
 @bench_app.command("quality")
 def bench_quality(
-    model: str = typer.Option("sakura-mini", help="sakura-mini or sakura-mini:/path/weights.safetensors."),
+    model: str = typer.Option("sakura-mini", help="sakura-mini or flux2-mini (optionally :/path/weights.safetensors)."),
     steps: int = typer.Option(8, min=1, help="Sampler steps of each edit."),
     photos_per_source: int = typer.Option(4, min=1, help="Crops per held-out photo source."),
     out: Optional[Path] = typer.Option(None, help="Also write quality.json and grid.png to this folder."),
 ) -> None:
-    """sakura-mini vs exact ground truth on held-out photos and templates: model, identity, swapped template."""
+    """A model vs exact ground truth on held-out photos and templates: model, identity, swapped template."""
     from sakura.bench.quality import run_quality_bench
 
     run_quality_bench(model, steps=steps, photos_per_source=photos_per_source, out=out, log=typer.echo)

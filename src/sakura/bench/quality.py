@@ -1,4 +1,4 @@
-"""`sakura bench quality`: the sakura-mini quality benchmark (edits against exact ground truth).
+"""`sakura bench quality`: a model's quality benchmark (sakura-mini or flux2-mini) (edits against exact ground truth).
 
 The evaluation itself (`evaluate_quality`, the PSNR/SSIM definitions, the example grid) lives in
 `sakura.tasks.quality`, which training also uses for the model card; this module is the command:
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from sakura.models.mini import MiniDiT
+from sakura.models import ImageTemplateEditModel
 from sakura.tasks.quality import QualityReport, evaluate_quality, quality_grid
 
 
@@ -23,8 +23,8 @@ def run_quality_bench(model_name: str = "sakura-mini", *, steps: int = 8, photos
 
     torch.set_num_threads(1)
     model = load_model(model_name)
-    if not isinstance(model, MiniDiT):
-        raise ValueError(f"the quality benchmark needs a sakura-mini model, not {model_name!r}")
+    if not isinstance(model, ImageTemplateEditModel):
+        raise ValueError(f"the quality benchmark needs an image-level model (sakura-mini, flux2-mini), not {model_name!r}")
     report = evaluate_quality(model, steps=steps, photos_per_source=photos_per_source)
     log(report.markdown())
     log(f"model beats identity by >= 6 dB on every task: {report.passes(6.0)}")

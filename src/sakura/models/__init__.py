@@ -1,7 +1,9 @@
 """Model adapters: DiTs whose template KV can be captured (extract) or injected (cached).
 
 `load_model(name)` is the registry: "sakura-mini" (the bundled model; its shipped weights when
-present) or "klein:/path/to/local/folder" (FLUX.2 Klein through diffusers, weights from disk).
+present), "flux2-mini" (the bundled FLUX.2-architecture model: diffusers' `Flux2Transformer2DModel`
+trained here, same image-level API as sakura-mini) or "klein:/path/to/local/folder" (FLUX.2 Klein
+through diffusers, weights from disk).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .base import TemplateEditModel
+from .base import ImageTemplateEditModel, TemplateEditModel
 from .kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource
 from .mini import EditOutput, KVMode, MiniConfig, MiniDiT
 
@@ -17,9 +19,11 @@ log = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 MINI_WEIGHTS = ASSETS / "sakura-mini.safetensors"
+FLUX2_MINI_WEIGHTS = ASSETS / "flux2-mini.safetensors"
+MODEL_NAMES = ("sakura-mini", "flux2-mini")
 
-__all__ = ["EditOutput", "KVMode", "LayerKV", "MiniConfig", "MiniDiT", "TemplateEditModel", "TemplateKV",
-           "TemplateKVError", "TemplateKVSource", "load_mini", "load_model"]
+__all__ = ["EditOutput", "ImageTemplateEditModel", "KVMode", "LayerKV", "MiniConfig", "MiniDiT", "TemplateEditModel", "TemplateKV",
+           "TemplateKVError", "TemplateKVSource", "load_flux2_mini", "load_mini", "load_model"]
 
 
 def load_mini(weights: str | Path | None = None, *, allow_random: bool = True) -> MiniDiT:
@@ -42,15 +46,38 @@ def load_mini(weights: str | Path | None = None, *, allow_random: bool = True) -
     return MiniDiT(MiniConfig()).eval()
 
 
+def load_flux2_mini(weights: str | Path | None = None, *, allow_random: bool = True):
+    """The bundled flux2-mini (a `Flux2MiniDiT`) with its shipped weights (or `weights`), in eval mode.
+
+    With no weights file present and `allow_random`, returns a seeded random init and logs a warning.
+    """
+    from .flux2mini import Flux2MiniConfig, Flux2MiniDiT, load_flux2_mini_weights
+
+    path = Path(weights) if weights is not None else FLUX2_MINI_WEIGHTS
+    if path.is_file():
+        return load_flux2_mini_weights(path)
+    if weights is not None or not allow_random:
+        raise FileNotFoundError(f"flux2-mini weights not found at {path}")
+    log.warning("no bundled flux2-mini weights at %s; using a seeded random init", path)
+    import torch
+
+    torch.manual_seed(0)
+    return Flux2MiniDiT(Flux2MiniConfig()).eval()
+
+
 def load_model(name: str = "sakura-mini") -> TemplateEditModel:
-    """Resolve a model name: "sakura-mini", "sakura-mini:/path/weights.safetensors", "klein:/folder"."""
+    """Resolve a model name: "sakura-mini[:/path/weights.safetensors]", "flux2-mini[:/path/weights]",
+    "klein:/folder"."""
     kind, _, arg = name.partition(":")
     if kind == "sakura-mini":
         return load_mini(arg or None)
+    if kind == "flux2-mini":
+        return load_flux2_mini(arg or None)
     if kind == "klein":
         if not arg:
             raise ValueError("klein needs a local folder: klein:/path/to/FLUX.2-klein")
         from .klein import KleinAdapter
 
         return KleinAdapter.from_pretrained(arg)
-    raise ValueError(f"unknown model {name!r}; expected 'sakura-mini[:weights]' or 'klein:/path'")
+    raise ValueError(f"unknown model {name!r}; expected 'sakura-mini[:weights]', 'flux2-mini[:weights]' "
+                     f"or 'klein:/path'")

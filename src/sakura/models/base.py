@@ -8,7 +8,7 @@ It knows nothing about networks, codecs or stores: a streaming runtime hands it 
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
 
@@ -39,3 +39,33 @@ class TemplateEditModel(Protocol):
 
     def describe(self) -> dict[str, object]:
         """Config, parameter count, template-KV size and fingerprint, for `sakura info`."""
+
+
+@runtime_checkable
+class ImageTemplateEditModel(TemplateEditModel, Protocol):
+    """A `TemplateEditModel` that works on images and instruction ids, as the store, the streaming
+    runtime, capture and the benchmarks drive it. Implemented by `MiniDiT` (sakura-mini) and
+    `Flux2MiniDiT` (flux2-mini); check with `isinstance(model, ImageTemplateEditModel)` rather than
+    against one class.
+
+    Images are (B, 3, S, S) float in [0, 1] with S = `cfg.image_size`; a template is an image plus
+    its fixed instruction id; template K/V per layer are (B, tokens, heads, head_dim).
+    """
+
+    cfg: Any  # has .image_size (pixels per side), .heads, .head_dim, .tokens_per_image
+
+    def template_fingerprint(self, template: torch.Tensor, instruction: int = 0) -> str: ...
+
+    def extract_template_kv(self, template: torch.Tensor, instruction: int = 0) -> TemplateKV: ...
+
+    def template_layers(self, template: torch.Tensor, instruction: Any = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Lazily compute the template's layers: yields layer i's (key, value) after computing
+        blocks 0..i only, so a runtime can compute a prefix on the device and fetch the rest."""
+
+    def template_stream(self, template: torch.Tensor, instruction: Any = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """All layers' (key, value), in consumption order."""
+
+    def velocity(self, photo: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, kv_for_layer: Any,
+                 probe: Any = None) -> torch.Tensor:
+        """One denoiser evaluation with the template K/V from kv_for_layer(i) -> (key, value, keep),
+        called when the forward pass reaches layer i (the runtime's per-layer compute profile)."""

@@ -26,16 +26,18 @@ they are stored in `TemplateKV.positions` and checked on injection.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from diffusers.models.transformers.transformer_flux2 import (
-    Flux2KVCache,
     Flux2Transformer2DModel,
+    _blend_double_block_mods,
+    _blend_single_block_mods,
     _get_qkv_projections,
     apply_rotary_emb,
     dispatch_attention_fn,
@@ -89,22 +91,100 @@ class KleinEditOutput:
         return self.latents
 
 
+class LazyTemplateLayers:
+    """A template's per-layer K/V pulled from a `TemplateKVSource` only when the forward pass
+    reaches that layer (the first `kv(i)` call), then kept for later denoising steps.
+
+    fetch(i) -> (key, value, keep): key/value (Tt, H, D) or (1, Tt, H, D), keep (Tt,) bool or None.
+    batch: the sequence batch size the K/V are expanded to.
+    """
+
+    def __init__(self, fetch, num_layers: int, batch: int = 1):
+        self._fetch = fetch
+        self._batch = batch
+        self._resident: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None] = [None] * num_layers
+
+    @classmethod
+    def from_source(cls, source: TemplateKVSource, *, tokens: int | None, heads: int, head_dim: int,
+                    batch: int = 1, tokens_from: str = "the model") -> "LazyTemplateLayers":
+        def fetch(i: int):
+            layer = source.layer(i)  # may block until a streamed shard has arrived
+            layer.check(f"template KV layer {i} (token count from {tokens_from})", tokens=tokens, heads=heads,
+                        head_dim=head_dim)
+            return layer.key, layer.value, layer.keep
+        return cls(fetch, source.num_layers, batch)
+
+    @classmethod
+    def from_pairs(cls, pairs, batch: int = 1) -> "LazyTemplateLayers":
+        """Already-resident (key, value) pairs (1, Tt, H, D), e.g. captured at an extract step."""
+        return cls(lambda i: (pairs[i][0], pairs[i][1], None), len(pairs), batch)
+
+    def _load(self, i: int):
+        if self._resident[i] is None:
+            k, v, keep = self._fetch(i)
+            k, v = (k if k.ndim == 4 else k[None]).float(), (v if v.ndim == 4 else v[None]).float()
+            self._resident[i] = (k.expand(self._batch, -1, -1, -1), v.expand(self._batch, -1, -1, -1), keep)
+        return self._resident[i]
+
+    def kv(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v, _ = self._load(i)
+        return k, v
+
+    def keep(self, i: int) -> torch.Tensor | None:
+        return self._load(i)[2]
+
+    def cache(self, num_double: int, num_single: int) -> "_LazyKVCache":
+        return _LazyKVCache(self, num_double, num_single)
+
+
+class _LazyCacheLayer:
+    """Stands in for diffusers' per-layer cache in "cached" mode; `get()` pulls the layer lazily."""
+
+    def __init__(self, lazy: LazyTemplateLayers, index: int):
+        self._lazy, self._index = lazy, index
+
+    def get(self):
+        return self._lazy.kv(self._index)
+
+
+class _LazyKVCache:
+    """Duck-types `Flux2KVCache` for diffusers' forward (get_double / get_single / num_ref_tokens)."""
+
+    def __init__(self, lazy: LazyTemplateLayers, num_double: int, num_single: int, num_ref_tokens: int = 0):
+        self._lazy, self._num_double = lazy, num_double
+        self.num_ref_tokens = num_ref_tokens
+
+    def get_double(self, i: int) -> _LazyCacheLayer:
+        return _LazyCacheLayer(self._lazy, i)
+
+    def get_single(self, i: int) -> _LazyCacheLayer:
+        return _LazyCacheLayer(self._lazy, self._num_double + i)
+
+
+# A probe receives, per layer, the attention probabilities that non-template queries (text, photo,
+# target) give the template keys: (B, heads, queries, template_tokens). Used to score importance.
+AttentionProbe = Callable[[int, torch.Tensor], None]
+
+
 class _Slot:
     """Per-forward state shared with the processors: which layer is next, what to inject."""
 
     def __init__(self, num_template_tokens: int = 0, isolate: bool = True,
-                 inject: list | None = None, keep: list | None = None):
+                 inject: LazyTemplateLayers | None = None, probe: AttentionProbe | None = None):
         self.layer = 0
         self.num_template_tokens = num_template_tokens  # template tokens at the start of the ref segment
         self.isolate = isolate
-        self.inject = inject      # per layer (k, v) (B, Tt, H, D) of a template NOT in the sequence
-        self.keep = keep          # per layer (Tt,) bool or None, over the template part of the refs
+        self.inject = inject      # template K/V NOT in the sequence (extract) or of the cache (cached)
+        self.probe = probe
         self.captured: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def next_layer(self) -> int:
         i = self.layer
         self.layer += 1
         return i
+
+    def keep_for(self, layer: int) -> torch.Tensor | None:
+        return self.inject.keep(layer) if self.inject is not None else None
 
 
 def _ref_mask(keep: torch.Tensor | None, n_before: int, n_after: int, device) -> torch.Tensor | None:
@@ -123,6 +203,17 @@ def _attend(q, k, v, mask):
     return out.transpose(1, 2)
 
 
+def _attend_probed(q, k, v, mask, t0: int, t1: int, report) -> torch.Tensor:
+    """Explicit softmax attention that hands the probabilities on keys [t0, t1) to `report`."""
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)       # (B, H, S, D)
+    logits = (qh @ kh.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    p = logits.softmax(-1)
+    report(p[..., t0:t1])
+    return (p @ vh).transpose(1, 2)
+
+
 def _kv_attention(query, key, value, num_txt: int, num_ref: int, mode: str | None, cache_layer, slot: _Slot | None):
     """Attention for one layer. query/key/value: (B, S, H, D), after QK-norm and RoPE.
 
@@ -135,22 +226,28 @@ def _kv_attention(query, key, value, num_txt: int, num_ref: int, mode: str | Non
     if slot is None:
         slot = _Slot()
     layer = slot.next_layer()
-    keep = slot.keep[layer] if slot.keep is not None else None
 
     if mode == "cached":
-        k_ref, v_ref = cache_layer.get()
+        k_ref, v_ref = cache_layer.get()  # a lazy cache pulls the template layer here, not earlier
+        keep = slot.keep_for(layer)
         n_extra = k_ref.shape[1] - (keep.shape[0] if keep is not None else 0)
         k_all = torch.cat([key[:, :num_txt], k_ref, key[:, num_txt:]], dim=1)
         v_all = torch.cat([value[:, :num_txt], v_ref, value[:, num_txt:]], dim=1)
         mask = _ref_mask(keep, num_txt, n_extra + key.shape[1] - num_txt, query.device)
+        if slot.probe is not None:
+            n_t = keep.shape[0] if keep is not None else k_ref.shape[1]
+            return _attend_probed(query, k_all, v_all, mask, num_txt, num_txt + n_t,
+                                  lambda p: slot.probe(layer, p))
         return _attend(query, k_all, v_all, mask)
 
     # extract
     r0, r1 = num_txt, num_txt + num_ref
     q_ref, k_ref, v_ref = query[:, r0:r1], key[:, r0:r1], value[:, r0:r1]
     nt = slot.num_template_tokens
+    keep = None
     if slot.inject is not None:  # template not in the sequence: its K/V come from the cache source
-        k_t, v_t = slot.inject[layer]
+        k_t, v_t = slot.inject.kv(layer)
+        keep = slot.keep_for(layer)
         k_ref, v_ref = torch.cat([k_t, k_ref], dim=1), torch.cat([v_t, v_ref], dim=1)
         nt = k_t.shape[1]
     if cache_layer is not None:
@@ -173,6 +270,46 @@ def _kv_attention(query, key, value, num_txt: int, num_ref: int, mode: str | Non
     else:
         out_ref = _attend(q_ref, k_ref, v_ref, ref_mask)
     return torch.cat([out_txt_img[:, :r0], out_ref, out_txt_img[:, r0:]], dim=1)
+
+
+def reference_layers(transformer: Flux2Transformer2DModel, hidden: torch.Tensor, ids: torch.Tensor,
+                     prompt_embeds: torch.Tensor, txt_ids: torch.Tensor, timestep: torch.Tensor, num_ref: int,
+                     ref_fixed_timestep: float = 0.0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Lazily run diffusers' "extract" forward block by block: yields layer i's reference K/V
+    (B, num_ref, H, D) after computing blocks 0..i only.
+
+    The same operations, in the same order and on the same shapes, as
+    `Flux2Transformer2DModel.forward(..., kv_cache_mode="extract")` up to each block, so the K/V are
+    bit-identical to the ones that forward captures (tested). Needs the Sakura processors installed.
+    hidden: (B, num_ref + image tokens, in_channels) = [reference | image]; ids: matching RoPE ids.
+    """
+    tr = transformer
+    slot = _Slot(num_template_tokens=num_ref)
+    num_txt = prompt_embeds.shape[1]
+    timestep = timestep.to(hidden.dtype) * 1000
+    temb = tr.time_guidance_embed(timestep, None)
+    mod_img = tr.double_stream_modulation_img(temb)
+    mod_txt = tr.double_stream_modulation_txt(temb)
+    mod_single = tr.single_stream_modulation(temb)
+    ref_temb = tr.time_guidance_embed(torch.full_like(timestep, ref_fixed_timestep * 1000), None)
+    mod_img = _blend_double_block_mods(mod_img, tr.double_stream_modulation_img(ref_temb), num_ref, hidden.shape[1])
+    ref_single = tr.single_stream_modulation(ref_temb)
+    x = tr.x_embedder(hidden)
+    enc = tr.context_embedder(prompt_embeds)
+    rope_img, rope_txt = tr.pos_embed(ids), tr.pos_embed(txt_ids)
+    rope = (torch.cat([rope_txt[0], rope_img[0]], dim=0), torch.cat([rope_txt[1], rope_img[1]], dim=0))
+    kw = {"sakura": slot, "kv_cache": None, "kv_cache_mode": "extract", "num_ref_tokens": num_ref}
+    for block in tr.transformer_blocks:
+        enc, x = block(hidden_states=x, encoder_hidden_states=enc, temb_mod_img=mod_img, temb_mod_txt=mod_txt,
+                       image_rotary_emb=rope, joint_attention_kwargs=kw)
+        yield slot.captured[-1]
+    x = torch.cat([enc, x], dim=1)
+    mod_single = _blend_single_block_mods(mod_single, ref_single, num_txt, num_ref, x.shape[1])
+    kw_single = {**kw, "num_txt_tokens": num_txt}
+    for block in tr.single_transformer_blocks:
+        x = block(hidden_states=x, encoder_hidden_states=None, temb_mod=mod_single, image_rotary_emb=rope,
+                  joint_attention_kwargs=kw_single)
+        yield slot.captured[-1]
 
 
 class SakuraKleinAttnProcessor:
@@ -240,18 +377,69 @@ class KleinAdapter:
         self._fingerprint: str | None = None
         cfg = transformer.config
         self.heads, self.head_dim = cfg.num_attention_heads, cfg.attention_head_dim
+        self.text_encoder_out_layers: tuple[int, ...] = (9, 18, 27)
+        self.max_sequence_length = 512
 
     @classmethod
-    def from_pretrained(cls, folder: str, **kw) -> "KleinAdapter":
-        """Load a Klein KV pipeline from a local folder (the user's own download; never a hub)."""
+    def from_pretrained(cls, folder: str, *, text_encoder_out_layers: tuple[int, ...] | None = None,
+                        max_sequence_length: int = 512, **kw) -> "KleinAdapter":
+        """Load a Klein KV pipeline from a local folder (the user's own download; never a hub).
+
+        text_encoder_out_layers: hidden-state indices of the text encoder stacked into the prompt
+        embedding; default diffusers' (9, 18, 27) for an encoder with at least 27 layers, else
+        three evenly spaced ones ending at the last (so tiny test pipelines load too).
+        """
         from pathlib import Path
 
         from diffusers import Flux2KleinKVPipeline
 
         if not Path(folder).is_dir():
             raise FileNotFoundError(f"{folder}: not a local folder with a FLUX.2 Klein pipeline")
-        pipe = Flux2KleinKVPipeline.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32)
-        return cls(pipe.transformer, pipeline=pipe, **kw)
+        pipe = Flux2KleinKVPipeline.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+        adapter = cls(pipe.transformer, pipeline=pipe, **kw)
+        if text_encoder_out_layers is None and pipe.text_encoder is not None:
+            n = pipe.text_encoder.config.num_hidden_layers
+            text_encoder_out_layers = (9, 18, 27) if n >= 27 else (max(1, n // 3), max(1, 2 * n // 3), n)
+        adapter.text_encoder_out_layers = tuple(text_encoder_out_layers or (9, 18, 27))
+        adapter.max_sequence_length = max_sequence_length
+        return adapter
+
+    # -- pixels and prompts (needs the pipeline's VAE / text encoder) -----------------------------
+    def _need_pipeline(self, what: str):
+        if self.pipeline is None:
+            raise ValueError(f"{what} needs the VAE and text encoder: load the adapter with KleinAdapter.from_pretrained")
+        return self.pipeline
+
+    @torch.no_grad()
+    def encode_prompt(self, prompt: str) -> torch.Tensor:
+        """The prompt as the transformer consumes it: (1, max_sequence_length, joint_attention_dim)."""
+        pipe = self._need_pipeline("encode_prompt")
+        embeds, _ = pipe.encode_prompt(prompt, device=torch.device("cpu"), max_sequence_length=self.max_sequence_length,
+                                       text_encoder_out_layers=self.text_encoder_out_layers)
+        return embeds.float()
+
+    @torch.no_grad()
+    def encode_image(self, image: torch.Tensor, slot: int) -> KleinReference:
+        """An image (1, 3, H, W) in [0, 1] as a reference in `slot` (0 = template, 1 = user photo):
+        VAE latents, 2x2-patchified, batch-norm normalised and packed, as diffusers' pipeline does."""
+        pipe = self._need_pipeline("encode_image")
+        if image.ndim != 4 or image.shape[:2] != (1, 3):
+            raise ValueError(f"image must be (1, 3, H, W) in [0, 1], got {tuple(image.shape)}")
+        lat = pipe._encode_vae_image(image.float() * 2 - 1, generator=None)      # (1, 4*C, h, w)
+        _, _, h, w = lat.shape
+        return KleinReference.from_grid(pipe._pack_latents(lat), h, w, slot=slot)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Packed latents (1, h*w, C) of a (h, w) grid -> image (1, 3, H, W) in [0, 1]."""
+        pipe = self._need_pipeline("decode")
+        h, w = grid
+        lat = latents.reshape(1, h, w, -1).permute(0, 3, 1, 2)                  # (1, C, h, w)
+        bn = pipe.vae.bn
+        lat = lat * torch.sqrt(bn.running_var.view(1, -1, 1, 1) + pipe.vae.config.batch_norm_eps) \
+            + bn.running_mean.view(1, -1, 1, 1)
+        image = pipe.vae.decode(pipe._unpatchify_latents(lat), return_dict=False)[0]
+        return (image / 2 + 0.5).clamp(0, 1)
 
     # -- identity -------------------------------------------------------------------------------
     @property
@@ -306,18 +494,24 @@ class KleinAdapter:
                           layout={"kind": "klein", "tokens": int(template.latents.shape[1]), "slot_ids": "positions"},
                           positions=template.ids.clone())
 
-    @torch.no_grad()
-    def extract_template_kv(self, template: KleinReference) -> TemplateKV:
-        """The template reference's K/V in every layer (one extract forward with 1-token stand-ins
-        for text and image: reference tokens never attend to them)."""
+    def template_layers(self, template: KleinReference) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Lazily compute the template reference's K/V: yields layer i's (key, value) (1, Tt, H, D)
+        after running blocks 0..i only (one 1-token stand-in each for text and image: reference
+        tokens never attend to them). A runtime computing a prefix of layers locally stops early."""
         self._check_ref(template, "template")
         c = self.transformer.config
         img = torch.zeros(1, 1, c.in_channels)
-        txt = torch.zeros(1, 1, c.joint_attention_dim)
-        slot = _Slot(num_template_tokens=template.latents.shape[1], isolate=self.isolate_template)
-        self._forward(torch.cat([template.latents, img], 1), torch.cat([template.ids, latent_ids(1, 1)]), txt,
-                      text_ids(1), torch.zeros(1), mode="extract", num_ref=template.latents.shape[1], slot=slot)
-        return self._wrap(template, slot.captured)
+        yield from reference_layers(self.transformer, torch.cat([template.latents, img], 1),
+                                    torch.cat([template.ids, latent_ids(1, 1)]), torch.zeros(1, 1, c.joint_attention_dim),
+                                    text_ids(1), torch.zeros(1), num_ref=template.latents.shape[1])
+
+    def template_stream(self, template: KleinReference) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return list(self.template_layers(template))
+
+    @torch.no_grad()
+    def extract_template_kv(self, template: KleinReference) -> TemplateKV:
+        """The template reference's K/V in every layer (`template_layers`, all of them)."""
+        return self._wrap(template, self.template_stream(template))
 
     @torch.no_grad()
     def edit(self, photo: KleinReference | None = None, *, template: KleinReference | None = None,
@@ -341,11 +535,12 @@ class KleinAdapter:
             if template_kv is None:
                 raise ValueError("mode 'injected' needs template_kv")
             self.check_template_kv(template_kv)
-            n_tmpl = template_kv.layer(0).num_tokens
+            # The token count comes from the positions the KV carries, so no layer is read before
+            # the forward pass reaches it; a source without positions gives its layer 0 early.
             positions = getattr(template_kv, "positions", None)
-            if positions is not None and tuple(positions.shape) != (n_tmpl, 4):
-                raise TemplateKVError(f"template KV positions have shape {tuple(positions.shape)}, "
-                                      f"expected ({n_tmpl}, 4) for its {n_tmpl} tokens")
+            n_tmpl = int(positions.shape[0]) if positions is not None else template_kv.layer(0).num_tokens
+            if positions is not None and (positions.ndim != 2 or positions.shape[1] != 4):
+                raise TemplateKVError(f"template KV positions have shape {tuple(positions.shape)}, expected (tokens, 4)")
         else:
             if template is None:
                 raise ValueError(f"mode {mode.value!r} needs the template reference")
@@ -371,21 +566,19 @@ class KleinAdapter:
         timings = {"template": 0.0, "denoise": 0.0}
         user = photo.latents if photo is not None else latents[:, :0]
         user_ids = photo.ids if photo is not None else ids[:0]
-        inject = keep = None
+        inject = None
         if mode is KVMode.INJECTED:
-            inject, keep = [], []
-            t0 = time.perf_counter()
-            for i in range(self.num_layers):
-                layer = template_kv.layer(i)
-                layer.check(f"template KV layer {i}", tokens=n_tmpl, heads=self.heads, head_dim=self.head_dim)
-                inject.append((layer.key.float()[None], layer.value.float()[None]))
-                keep.append(layer.keep)
-            if getattr(template_kv, "positions", None) is not None and photo is not None:
-                if torch.equal(template_kv.positions, photo.ids[: n_tmpl]):
-                    raise TemplateKVError("the photo reference uses the template's reference slot")
-            timings["template"] += time.perf_counter() - t0
+            # layer i is pulled from the source when the forward pass reaches layer i (lazy), so a
+            # streaming runtime overlaps fetching later layers with computing earlier ones
+            inject = LazyTemplateLayers.from_source(
+                template_kv, tokens=n_tmpl, heads=self.heads, head_dim=self.head_dim,
+                tokens_from="its positions" if positions is not None else "its layer 0")
+            if positions is not None and photo is not None and torch.equal(positions, photo.ids[:n_tmpl]):
+                raise TemplateKVError("the photo reference uses the template's reference slot")
 
-        cache: Flux2KVCache | None = None
+        n_double = len(self.transformer.transformer_blocks)
+        n_single = len(self.transformer.single_transformer_blocks)
+        cache = None
         captured = None
         for i, t in enumerate(timesteps):
             timestep = (t.expand(1) / 1000).to(latents.dtype)
@@ -401,19 +594,14 @@ class KleinAdapter:
                     captured = self._wrap(template, slot.captured)
             elif cache is None and mode is KVMode.INJECTED and photo is not None:
                 # step 0 with an injected template: the user's reference runs in the sequence once
-                slot = _Slot(inject=inject, keep=keep, isolate=self.isolate_template)
+                slot = _Slot(inject=inject, isolate=self.isolate_template)
                 noise_pred, cache = self._forward(torch.cat([user, latents], 1), torch.cat([user_ids, ids]),
                                                   prompt_embeds, txt_ids, timestep, mode="extract",
                                                   num_ref=user.shape[1], slot=slot)
             else:
                 if cache is None:  # injected, no user reference: the template KV is the whole cache
-                    cache = Flux2KVCache(len(self.transformer.transformer_blocks),
-                                         len(self.transformer.single_transformer_blocks))
-                    layers = cache.double_block_caches + cache.single_block_caches
-                    for lc, (k, v) in zip(layers, inject):
-                        lc.store(k, v)
-                    cache.num_ref_tokens = n_tmpl
-                slot = _Slot(keep=keep if mode is KVMode.INJECTED else None)
+                    cache = _LazyKVCache(inject, n_double, n_single, num_ref_tokens=n_tmpl)
+                slot = _Slot(inject=inject if mode is KVMode.INJECTED else None)
                 noise_pred = self._forward(latents, ids, prompt_embeds, txt_ids, timestep, mode="cached",
                                            cache=cache, slot=slot)[0]
             latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]

@@ -98,8 +98,8 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
 
     Args:
         store: store directory (created if missing).
-        model_name: anything ``sakura.models.load_model`` takes (``sakura-mini``,
-            ``sakura-mini:/path/weights.safetensors``, other models with the same image-level API).
+        model_name: ``sakura-mini`` / ``flux2-mini``, optionally ``:/path/weights.safetensors``
+            (any model with the image-level edit API, ``sakura.models.ImageTemplateEditModel``).
         templates: library template names (``sakura.tasks.template_library``); default one per task.
         ladder: codec specs (``sakura.codec.codec_from_spec``), one rendition each (a layered
             codec: one per rung).
@@ -113,7 +113,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     from sakura.capture import ShardDistortionProbe, calibration_photos, layer_sensitivity, template_importance
     from sakura.codec import ShardId, ShardKV, codec_from_spec
     from sakura.codec.base import parse_spec
-    from sakura.models import load_model
+    from sakura.models import ImageTemplateEditModel, load_model
     from sakura.models.kv import LayerKV, TemplateKV
     from sakura.tasks import get_template
 
@@ -124,9 +124,9 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         raise ValueError(f"ladder has duplicate settings: {names}")
     floor_codec = codec_from_spec(QUALITY_FLOOR_SPEC)
     model = load_model(model_name)
-    for attr in ("extract_template_kv", "edit", "fingerprint"):
-        if not callable(getattr(model, attr, None)):
-            raise TypeError(f"model {model_name!r} has no {attr}(): sakura build needs the image-level edit API")
+    if not isinstance(model, ImageTemplateEditModel):  # sakura-mini, flux2-mini; not yet klein:/folder
+        raise NotImplementedError(f"sakura build supports image-level models (sakura-mini, flux2-mini) only so far, "
+                                  f"not {model_name!r}")
     size = int(model.cfg.image_size)
     model_fp = model.fingerprint()
     calib = calibration_photos(size, calibration)  # public training photos, never the held-out test ones

@@ -9,14 +9,60 @@ from pathlib import Path
 
 import torch
 
-from sakura.models.mini_io import load_mini_weights
 from sakura.tasks import HELDOUT_PHOTOS, TASK_NAMES, TRAIN_PHOTOS
 from sakura.tasks.edits import HELDOUT_PATTERNS, TRAIN_PATTERNS
 from sakura.tasks.library import HELD_OUT_PER_TASK, PER_TASK
 from sakura.tasks.photos import HELDOUT_TEXTURES, TRAIN_TEXTURES
 from sakura.tasks.quality import evaluate_quality, quality_grid
 
-from .loop import CHECKPOINT, WEIGHTS, Recipe
+from .loop import CHECKPOINT, Recipe, load_weights
+
+#: Where each model's card and figures go, relative to the docs folder.
+CARD_PATHS = {"sakura-mini": ("model-card.md", "model"), "flux2-mini": ("model-card-flux2.md", "model-flux2")}
+
+
+def card_paths(model: str, docs_dir: str | Path) -> tuple[Path, Path]:
+    """(card file, figure folder) of `model` under docs_dir."""
+    card, figs = CARD_PATHS[model]
+    return Path(docs_dir) / card, Path(docs_dir) / figs
+
+
+def loss_trend(losses: list[list[float]], frac: float = 0.1) -> tuple[float, float]:
+    """Mean training loss over the second-to-last and the last `frac` of the steps."""
+    vals = [r[1] for r in losses]
+    n = max(1, int(len(vals) * frac))
+    last, prev = vals[-n:], vals[-2 * n:-n] or vals[-n:]
+    return sum(prev) / len(prev), sum(last) / len(last)
+
+
+def conclusions(report, sweep: dict, losses: list[list[float]], eval_steps: int) -> dict[str, str]:
+    """The card's sentences that state a finding, computed from the measured numbers (never fixed text)."""
+    out = {}
+    out["verdict"] = "meets" if report.passes(6.0) else "does NOT meet"
+    failing = [t.task for t in report.tasks if t.gain_db < 6.0]
+    failing += [f"{t.task} (in region)" for t in report.tasks if t.gain_region_db is not None and t.gain_region_db < 6.0]
+    out["failing"] = f" (short of +6 dB: {', '.join(failing)})" if failing else ""
+    swapped_lower = [t.task for t in report.tasks if t.psnr["swapped"] < t.psnr["model"]]
+    out["swapped"] = ("the swapped template scores lower than the intended one on every task, so the edits follow the template"
+                      if len(swapped_lower) == len(report.tasks) else
+                      f"the swapped template scores lower only on {', '.join(swapped_lower) or 'no task'}: "
+                      "elsewhere the output does not follow the template")
+    mean = {s: sum(t.psnr["model"] for t in r.tasks) / len(r.tasks) for s, r in sweep.items()}
+    best = max(mean, key=mean.get)
+    top = max(mean)
+    d_more = mean[top] - mean[eval_steps] if top in mean and eval_steps in mean else float("nan")
+    out["steps"] = (f"mean model PSNR over the tasks is highest at {best} steps ({mean[best]:.2f} dB); "
+                    f"going from {eval_steps} to {top} steps changes it by {d_more:+.2f} dB")
+    weakest = min(report.tasks, key=lambda t: t.gain_db)
+    out["weakest"] = f"{weakest.task} gains the least over identity ({weakest.gain_db:+.2f} dB)"
+    prev, last = loss_trend(losses)
+    change = (last - prev) / prev if prev > 0 else 0.0
+    out["loss"] = (f"the training loss was still falling at the end ({prev:.4f} -> {last:.4f} over the last two "
+                   f"tenths of the run, {100 * change:+.1f}%), so a longer recipe would likely improve it"
+                   if change < -0.02 else
+                   f"the training loss had flattened by the end ({prev:.4f} -> {last:.4f} over the last two tenths "
+                   f"of the run, {100 * change:+.1f}%)")
+    return out
 
 
 def loss_plot(losses: list[list[float]], path: Path, window: int = 50) -> None:
@@ -53,27 +99,33 @@ def loss_plot(losses: list[list[float]], path: Path, window: int = 50) -> None:
 
 
 def write_model_card(run_dir: str | Path, docs_dir: str | Path = "docs", *, eval_steps: int = 8,
-                     command: str = "sakura train", note: str = "") -> Path:
-    """Evaluate the run's weights and write docs_dir/model-card.md plus docs_dir/model/{loss.png,
-    grid.png, quality.json}. Returns the card's path."""
+                     command: str = "sakura train", note: str = "", weights: str | Path | None = None,
+                     photos_per_source: int = 4) -> Path:
+    """Evaluate the run's weights and write the model's card plus its figures (loss.png, grid.png,
+    quality.json): docs_dir/model-card.md + docs_dir/model/ for sakura-mini,
+    docs_dir/model-card-flux2.md + docs_dir/model-flux2/ for flux2-mini. Returns the card's path.
+
+    weights: evaluate this file instead of the run's final weights (e.g. a run cut short).
+    """
     run_dir, docs_dir = Path(run_dir), Path(docs_dir)
-    fig_dir = docs_dir / "model"
-    fig_dir.mkdir(parents=True, exist_ok=True)
     ck = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)
     recipe = Recipe.from_dict(json.loads(ck["recipe"]))
+    card_path, fig_dir = card_paths(recipe.model, docs_dir)
+    fig_dir.mkdir(parents=True, exist_ok=True)
     losses = ck["losses"].tolist()
     steps_done, elapsed = int(ck["step"]), float(ck["elapsed_s"])
-    model = load_mini_weights(run_dir / WEIGHTS)
+    model = load_weights(weights if weights is not None else run_dir / recipe.weights_name)
     desc = model.describe()
 
     loss_plot(losses, fig_dir / "loss.png")
-    report = evaluate_quality(model, steps=eval_steps)
+    report = evaluate_quality(model, steps=eval_steps, photos_per_source=photos_per_source)
     quality_grid(model, fig_dir / "grid.png", steps=eval_steps)
     (fig_dir / "quality.json").write_text(json.dumps(
         {**report.to_dict(), "passes_6db": report.passes(6.0), "recipe": asdict(recipe),
          "steps_done": steps_done, "train_seconds": elapsed}, indent=2) + "\n")
 
-    sweep = {s: evaluate_quality(model, steps=s, with_ssim=False) for s in (1, 2, 4, 8, 16)}
+    sweep = {s: evaluate_quality(model, steps=s, with_ssim=False, photos_per_source=photos_per_source)
+             for s in (1, 2, 4, 8, 16)}
     sweep_rows = "\n".join(
         f"| {s} | " + " | ".join(f"{t.psnr['model']:.2f}" for t in r.tasks)
         + "".join(f" | {t.psnr_region['model']:.2f}" for t in r.tasks if t.psnr_region is not None) + " |"
@@ -81,7 +133,16 @@ def write_model_card(run_dir: str | Path, docs_dir: str | Path = "docs", *, eval
     tail = [r[1] for r in losses[-100:]]
     final_loss = sum(tail) / len(tail) if tail else math.nan
     cfg = model.cfg
-    verdict = ("meets" if report.passes(6.0) else "does NOT meet")
+    said = conclusions(report, sweep, losses, eval_steps)
+    if recipe.model == "flux2-mini":
+        from .card_flux2 import flux2_card
+
+        card = flux2_card(model=model, desc=desc, recipe=recipe, report=report, sweep_rows=sweep_rows, said=said,
+                          steps_done=steps_done, elapsed=elapsed, final_loss=final_loss, eval_steps=eval_steps,
+                          command=command, note=note, fig=fig_dir.name)
+        card_path.write_text(card)
+        return card_path
+    verdict = said["verdict"]
     card = f"""# sakura-mini model card
 
 The bundled editing model (`src/sakura/assets/sakura-mini.safetensors`), trained by this project
@@ -154,12 +215,12 @@ For the sticker task the PSNR inside the edited (non-key) region is also given.
 {report.markdown()}
 
 Target (model beats identity by >= 6 dB PSNR on every task, in-region too): this model
-**{verdict}** it. Figures: `docs/model/quality.json`. Reproduce: `sakura bench quality`.
+**{verdict}** it{said['failing']}; {said['swapped']}. Figures: `docs/model/quality.json`.
+Reproduce: `sakura bench quality`.
 
 ![grid](model/grid.png)
 
-Sampler steps (Euler) vs model PSNR (dB) on the same data. The edits are deterministic, so
-a few steps suffice; more steps do not help this model:
+Sampler steps (Euler) vs model PSNR (dB) on the same data; {said['steps']}:
 
 | steps | {' | '.join(t.task for t in report.tasks)} | sticker (in region) |
 |---|{'---|' * len(report.tasks)}---|
@@ -175,10 +236,8 @@ floating-point differences may change the weights slightly (not tested across CP
 
 ## Limits
 A tiny model trained for {elapsed / 3600:.2f} h on CPU: its edits are blurrier than the ground truth at
-sharp edges (8x8 patches, rank-{cfg.dim} output head) and sticker detail is the weakest; the loss
-was still falling at the last step, so a longer recipe would improve every task. It knows only
-these three tasks and template families.
+sharp edges (8x8 patches, rank-{cfg.dim} output head); {said['weakest']}; {said['loss']}.
+It knows only these three tasks and template families.
 """
-    path = docs_dir / "model-card.md"
-    path.write_text(card)
-    return path
+    card_path.write_text(card)
+    return card_path

@@ -1,4 +1,7 @@
-"""`sakura train`: rectified-flow training of sakura-mini on the three template-defined tasks.
+"""`sakura train`: rectified-flow training of sakura-mini or flux2-mini on the three template-defined tasks.
+
+One recipe serves both models (`Recipe.model`): the same data, tasks, split, objective, optimizer,
+schedule and seeding; only the network differs.
 
 Seeded and resumable: every random draw (init, data, noise, t) comes from generators whose
 states are checkpointed with the model and optimizer, so a run interrupted and resumed gives the
@@ -29,6 +32,12 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"
 WEIGHTS = "sakura-mini.safetensors"
+MODELS = ("sakura-mini", "flux2-mini")
+
+
+def weights_name(model: str) -> str:
+    """File name of a run's final weights (and of the bundled asset): "<model>.safetensors"."""
+    return f"{model}.safetensors"
 
 
 @dataclass(frozen=True)
@@ -54,10 +63,37 @@ class Recipe:
     library_frac: float = 0.25    # share of examples using a library (training) template
     seed: int = 0
     checkpoint_every: int = 100
+    # Which network: "sakura-mini" (MiniDiT) or "flux2-mini" (diffusers' Flux2Transformer2DModel;
+    # `depth` = double_layers + single_layers blocks, `double_layers` of them double-stream).
+    model: str = "sakura-mini"
+    double_layers: int = 2
 
-    def model_config(self) -> MiniConfig:
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+
+    def model_config(self):
+        if self.model == "flux2-mini":
+            from sakura.models.flux2mini import Flux2MiniConfig
+
+            if not 0 <= self.double_layers <= self.depth:
+                raise ValueError(f"double_layers {self.double_layers} must be in [0, depth={self.depth}]")
+            return Flux2MiniConfig(image_size=self.image_size, patch_size=self.patch_size, dim=self.dim,
+                                   heads=self.heads, double_layers=self.double_layers,
+                                   single_layers=self.depth - self.double_layers)
         return MiniConfig(image_size=self.image_size, patch_size=self.patch_size, dim=self.dim,
                           depth=self.depth, heads=self.heads)
+
+    def build_model(self) -> torch.nn.Module:
+        if self.model == "flux2-mini":
+            from sakura.models.flux2mini import Flux2MiniDiT
+
+            return Flux2MiniDiT(self.model_config())
+        return MiniDiT(self.model_config())
+
+    @property
+    def weights_name(self) -> str:
+        return weights_name(self.model)
 
     def lr_at(self, step: int) -> float:
         """Learning rate for optimizer step `step` (0-based)."""
@@ -81,7 +117,7 @@ class TrainState:
     """What a checkpoint holds besides the recipe. losses: per step [step, loss, loss per task...]
     (a task absent from a batch logs NaN)."""
 
-    model: MiniDiT
+    model: torch.nn.Module        # MiniDiT or Flux2MiniDiT
     optimizer: torch.optim.Optimizer
     data_gen: torch.Generator
     noise_gen: torch.Generator
@@ -96,7 +132,7 @@ def _atomic_torch_save(obj: object, path: Path) -> None:
 
 def new_state(recipe: Recipe) -> TrainState:
     torch.manual_seed(recipe.seed)
-    model = MiniDiT(recipe.model_config())
+    model = recipe.build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.99), weight_decay=recipe.weight_decay)
     data_gen = torch.Generator().manual_seed(recipe.seed * 1_000_003 + 1)
     noise_gen = torch.Generator().manual_seed(recipe.seed * 1_000_003 + 2)
@@ -173,17 +209,36 @@ def train_step(recipe: Recipe, state: TrainState) -> list[float]:
     return row
 
 
+def save_weights(model: torch.nn.Module, path: Path, extra_meta: dict[str, str]) -> Path:
+    from sakura.models.flux2mini import Flux2MiniDiT, save_flux2_mini_weights
+    from sakura.models.mini_io import save_mini_weights
+
+    if isinstance(model, Flux2MiniDiT):
+        return save_flux2_mini_weights(model, path, extra_meta)
+    return save_mini_weights(model, path, extra_meta)
+
+
+def load_weights(path: str | os.PathLike) -> torch.nn.Module:
+    """Load a run's (or the bundled) weights of either model, by the format in the file."""
+    from sakura.models.flux2mini import load_flux2_mini_weights
+    from sakura.models.mini_io import load_mini_weights
+
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        fmt = (f.metadata() or {}).get("format")
+    return load_flux2_mini_weights(path) if fmt == "flux2-mini" else load_mini_weights(path)
+
+
 def train(recipe: Recipe, run_dir: str | os.PathLike, *, resume: bool = True, stop_after: int | None = None,
           progress: bool = True, on_step: Callable[[TrainState], None] | None = None) -> TrainState:
     """Train (or resume) in `run_dir`; writes checkpoint.pt every `checkpoint_every` steps and at
-    the end, and the final weights to run_dir/sakura-mini.safetensors.
+    the end, and the final weights to run_dir/<model>.safetensors.
 
     stop_after: stop once this many steps are done (checkpointing first), as an interruption
     would; a later call resumes. Ctrl-C also checkpoints the last finished step before exiting.
     """
     from tqdm import tqdm
-
-    from sakura.models.mini_io import save_mini_weights
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -195,7 +250,7 @@ def train(recipe: Recipe, run_dir: str | os.PathLike, *, resume: bool = True, st
         state = new_state(recipe)
     end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
     start_step = state.step
-    bar = tqdm(total=recipe.steps, initial=state.step, desc="sakura train", unit="step", disable=not progress,
+    bar = tqdm(total=recipe.steps, initial=state.step, desc=f"sakura train {recipe.model}", unit="step", disable=not progress,
                dynamic_ncols=True, mininterval=2.0)
     t_mark = time.perf_counter()
     try:
@@ -221,10 +276,10 @@ def train(recipe: Recipe, run_dir: str | os.PathLike, *, resume: bool = True, st
         raise
     bar.close()
     ran = state.step > start_step
-    if state.step >= recipe.steps and (ran or not (run_dir / WEIGHTS).is_file()):  # don't rewrite a finished run's file
+    if state.step >= recipe.steps and (ran or not (run_dir / recipe.weights_name).is_file()):  # don't rewrite a finished run's file
         state.model.eval()
         state.model.invalidate_fingerprint()
-        save_mini_weights(state.model, run_dir / WEIGHTS, extra_meta={
+        save_weights(state.model, run_dir / recipe.weights_name, extra_meta={
             "recipe": json.dumps(asdict(recipe), sort_keys=True), "steps": str(state.step),
             "train_seconds": f"{state.elapsed_s:.0f}"})
     return state

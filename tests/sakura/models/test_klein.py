@@ -165,3 +165,33 @@ def test_bad_inputs(tiny):
         adapter.edit(ref(2, slot=1), template_kv=short, prompt_embeds=p, grid=(4, 4))
     with pytest.raises(ValueError, match="mode"):
         adapter.edit(template=template, mode="cahced", prompt_embeds=p)
+
+
+def test_template_layers_is_lazy_and_bit_identical_to_the_extract_forward(tiny):
+    from sakura.models.klein import _Slot
+
+    adapter = KleinAdapter(copy.deepcopy(tiny))
+    template = ref(1, slot=0)
+    log = []
+    tr = adapter.transformer
+    blocks = list(tr.transformer_blocks) + list(tr.single_transformer_blocks)
+    hooks = [b.register_forward_pre_hook(lambda m, a, i=i: log.append(i)) for i, b in enumerate(blocks)]
+    try:
+        with torch.no_grad():
+            gen = adapter.template_layers(template)
+            first = next(gen)
+            assert log == [0]
+            layers = [first] + list(gen)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert log == list(range(adapter.num_layers))
+    # diffusers' own extract forward with the same stand-ins captures the same K/V bit for bit
+    c = tr.config
+    slot = _Slot(num_template_tokens=GRID * GRID)
+    with torch.no_grad():
+        adapter._forward(torch.cat([template.latents, torch.zeros(1, 1, C)], 1),
+                         torch.cat([template.ids, latent_ids(1, 1)]), torch.zeros(1, 1, c.joint_attention_dim),
+                         text_ids(1), torch.zeros(1), mode="extract", num_ref=GRID * GRID, slot=slot)
+    for (k, v), (k2, v2) in zip(layers, slot.captured):
+        assert torch.equal(k, k2) and torch.equal(v, v2)

@@ -102,3 +102,60 @@ def test_default_model_learns_the_tasks_in_a_short_run(tmp_path):
     for t in report.tasks:
         assert t.psnr["model"] > t.psnr["swapped"] + 1.0, t.task
     assert {t.task: t.gain_db for t in report.tasks}["texture"] > 1.0
+
+
+FLUX2_TINY = Recipe(model="flux2-mini", image_size=16, patch_size=4, dim=32, depth=3, double_layers=1, heads=2,
+                    steps=4, batch_size=2, warmup_steps=1, checkpoint_every=2)
+
+
+def test_flux2_mini_shares_the_loop_seeded_and_resumable(tmp_path):
+    from sakura.models import load_model
+    from sakura.models.flux2mini import Flux2MiniDiT
+
+    full = train(FLUX2_TINY, tmp_path / "full", progress=False)
+    train(FLUX2_TINY, tmp_path / "part", progress=False, stop_after=2)
+    resumed = train(FLUX2_TINY, tmp_path / "part", progress=False)
+    assert isinstance(full.model, Flux2MiniDiT) and _same_weights(full.model, resumed.model)
+    assert [r[1] for r in full.losses] == [r[1] for r in resumed.losses]
+    m = load_model(f"flux2-mini:{tmp_path / 'full' / 'flux2-mini.safetensors'}")
+    assert _same_weights(m, full.model.eval())
+    with pytest.raises(ValueError, match="model"):
+        Recipe(model="flux3")
+
+
+@pytest.mark.slow
+def test_cli_train_flux2_mini_writes_its_own_card(tmp_path):
+    """Slow (~30 s on the shared machine: the card's step sweep runs ~2,000 tiny forward passes)."""
+    from sakura.cli import app
+
+    args = ["train", "--model", "flux2-mini", "--out", str(tmp_path), "--steps", "2", "--batch-size", "2",
+            "--image-size", "16", "--patch-size", "4", "--dim", "32", "--depth", "3", "--double-layers", "1",
+            "--heads", "2", "--eval-steps", "1", "--eval-photos", "1"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "flux2-mini.safetensors").is_file() and not (tmp_path / WEIGHTS).exists()
+    card = (tmp_path / "model-card-flux2.md").read_text()
+    assert "Flux2Transformer2DModel" in card and "steps run: **2 of 2**" in card
+    assert "1 double-stream + 2 single-stream blocks" in card
+    q = json.loads((tmp_path / "model-flux2" / "quality.json").read_text())
+    assert {t["task"] for t in q["tasks"]} == {"look", "texture", "sticker"}
+    # the card's conclusions follow the measured numbers: an untrained model fails the target
+    assert ("does NOT meet" in card) == (not q["passes_6db"])
+
+
+def test_card_conclusions_follow_the_numbers():
+    from sakura.tasks.quality import QualityReport, TaskQuality
+    from sakura.training.card import conclusions
+
+    def report(model_psnr, swapped):
+        return QualityReport([TaskQuality("look", 4, ["a"], psnr={"model": model_psnr, "identity": 14.0,
+                                                                   "swapped": swapped})], steps=8, seed=0, photos=4)
+
+    falling = [[i, 0.1 - 0.0005 * i] for i in range(100)]
+    flat = [[i, 0.05] for i in range(100)]
+    good = conclusions(report(25.0, 12.0), {1: report(24.0, 0), 8: report(25.0, 0), 16: report(24.5, 0)}, falling, 8)
+    bad = conclusions(report(16.0, 17.0), {1: report(16.5, 0), 8: report(16.0, 0), 16: report(16.2, 0)}, flat, 8)
+    assert good["verdict"] == "meets" and bad["verdict"] == "does NOT meet" and "look" in bad["failing"]
+    assert "still falling" in good["loss"] and "flattened" in bad["loss"]
+    assert "every task" in good["swapped"] and "does not follow" in bad["swapped"]
+    assert "highest at 8 steps" in good["steps"] and "highest at 1 steps" in bad["steps"]

@@ -1,0 +1,116 @@
+"""The real-folder path of FLUX.2 Klein: a complete tiny Klein KV pipeline (transformer, VAE,
+Qwen3 text encoder and tokenizer, scheduler; all built in code, random weights) written with
+`save_pretrained`, loaded by `load_model("klein:/folder")` exactly as a user's download would be,
+then pixels -> template KV -> injected edit -> pixels. Also: the Klein adapter pulls injected
+layer i only when its forward pass reaches layer i."""
+
+import pytest
+import torch
+
+from sakura.models import KVMode, TemplateKV, load_model
+
+torch_grid = 4  # latent grid side: 16 px / VAE factor 2 / 2x2 patchify
+
+
+def write_tiny_klein_folder(folder):
+    from diffusers import AutoencoderKLFlux2, Flux2KleinKVPipeline, Flux2Transformer2DModel
+    from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import Qwen2TokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    # byte-level tokenizer with Qwen's chat markers and no merges: every byte is a token
+    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
+    for s in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
+        vocab[s] = len(vocab)
+    tok = Qwen2TokenizerFast(vocab=vocab, merges=[], pad_token="<|endoftext|>", eos_token="<|im_end|>", unk_token=None)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    text = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(vocab), hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
+                                        head_dim=8, max_position_embeddings=64))
+    vae = AutoencoderKLFlux2(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+                             up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4,
+                             norm_num_groups=4, sample_size=16)
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=2,
+                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
+                                          timestep_guidance_channels=32, mlp_ratio=2.0, axes_dims_rope=(4, 4, 4, 4),
+                                          guidance_embeds=False)
+    with torch.no_grad():  # a fresh Flux2 block is close to the identity; make every path matter
+        for p in transformer.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    sched = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, shift_terminal=None)
+    pipe = Flux2KleinKVPipeline(scheduler=sched, vae=vae, text_encoder=text, tokenizer=tok, transformer=transformer)
+    pipe.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def klein_folder(tmp_path_factory):
+    return write_tiny_klein_folder(tmp_path_factory.mktemp("klein"))
+
+
+def test_load_model_from_a_saved_klein_folder_extracts_and_injects(klein_folder, tmp_path):
+    adapter = load_model(f"klein:{klein_folder}")
+    assert adapter.describe()["double_layers"] == 1 and adapter.num_layers == 3
+    g = torch.Generator().manual_seed(0)
+    template_px, photo_px = torch.rand(1, 3, 16, 16, generator=g), torch.rand(1, 3, 16, 16, generator=g)
+    template = adapter.encode_image(template_px, slot=0)
+    photo = adapter.encode_image(photo_px, slot=1)
+    assert template.latents.shape == (1, torch_grid * torch_grid, 16)
+    prompt = adapter.encode_prompt("add the sticker")
+    assert prompt.shape == (1, adapter.max_sequence_length, 48)
+    assert not torch.equal(prompt, adapter.encode_prompt("grade it like the reference"))
+
+    kv = adapter.extract_template_kv(template)
+    kv = TemplateKV.load(kv.save(tmp_path / "t.kv"), model_fingerprint=adapter.fingerprint())
+    ext = adapter.edit(photo, template=template, mode=KVMode.EXTRACT, prompt_embeds=prompt, steps=2, seed=1)
+    inj = adapter.edit(photo, template_kv=kv, prompt_embeds=prompt, steps=2, seed=1)
+    assert torch.allclose(ext.latents, inj.latents, atol=1e-5)
+    image = adapter.decode(inj.latents, (torch_grid, torch_grid))
+    assert image.shape == (1, 3, 16, 16) and bool(((image >= 0) & (image <= 1)).all())
+    other = adapter.edit(photo, template=adapter.encode_image(photo_px.flip(-1), slot=0), prompt_embeds=prompt,
+                         steps=2, seed=1)
+    assert (other.latents - ext.latents).abs().max() > 1e-4  # the template matters
+
+    # a second load of the same folder has the same fingerprint (a store keyed by it stays valid)
+    assert load_model(f"klein:{klein_folder}").fingerprint() == adapter.fingerprint()
+
+
+class RecordingSource:
+    def __init__(self, kv, log):
+        self.kv, self.log = kv, log
+        self.model_fingerprint, self.template_fingerprint = kv.model_fingerprint, kv.template_fingerprint
+        self.positions = kv.positions
+
+    @property
+    def num_layers(self):
+        return self.kv.num_layers
+
+    def layer(self, i):
+        self.log.append(("layer", i))
+        return self.kv.layer(i)
+
+
+@pytest.mark.parametrize("with_photo", [False, True])
+def test_klein_injection_pulls_each_layer_when_its_block_runs(klein_folder, with_photo):
+    adapter = load_model(f"klein:{klein_folder}")
+    tr = adapter.transformer
+    g = torch.Generator().manual_seed(0)
+    template = adapter.encode_image(torch.rand(1, 3, 16, 16, generator=g), slot=0)
+    photo = adapter.encode_image(torch.rand(1, 3, 16, 16, generator=g), slot=1) if with_photo else None
+    prompt = torch.randn(1, 6, 48, generator=g)
+    kv = adapter.extract_template_kv(template)
+    log = []
+    blocks = list(tr.transformer_blocks) + list(tr.single_transformer_blocks)
+    hooks = [b.register_forward_pre_hook(lambda m, a, i=i: log.append(("block", i))) for i, b in enumerate(blocks)]
+    try:
+        out = adapter.edit(photo, template_kv=RecordingSource(kv, log), prompt_embeds=prompt, steps=2)
+    finally:
+        for h in hooks:
+            h.remove()
+    n = adapter.num_layers
+    assert [e for e in log if e[0] == "layer"] == [("layer", i) for i in range(n)]
+    assert log[:2 * n] == [x for i in range(n) for x in (("block", i), ("layer", i))]
+    assert torch.equal(out.latents, adapter.edit(photo, template_kv=kv, prompt_embeds=prompt, steps=2).latents)
