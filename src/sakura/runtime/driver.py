@@ -265,12 +265,11 @@ class EditDriver:
             return self._local(j, now, "late" if r.status != "pending" else "")
         if not self.policy.adaptive:
             return LayerAction(WAIT)
-        # Expected sooner than computing it: wait, for about what the estimate says (twice it,
-        # or it plus two RTTs, and at least one layer's local compute so timer noise does not
-        # abandon a shard that is on time), never longer than computing it would take. After a
-        # deadline passes with no bytes since, the link is suspect and later layers go local at
-        # once, so a link that dies costs one deadline, not one per layer.
-        wait = max(2 * (e - now), (e - now) + 2 * self.rtt_s(), self.specs[j].local_s)
+        # Expected sooner than computing it: wait for about what the estimate says (twice it, or
+        # it plus two RTTs), never longer than computing it would take. After a deadline passes
+        # with no bytes since, the link is suspect and later layers go local at once, so a link
+        # that dies costs one deadline, not one per layer.
+        wait = max(2 * (e - now), (e - now) + 2 * self.rtt_s())
         return LayerAction(WAIT, deadline=now + min(local_cost, wait))
 
     def policy_route(self, j: int) -> Route | None:
