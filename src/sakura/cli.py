@@ -31,13 +31,14 @@ def info(
 def demo(
     out: Path = typer.Option(Path("out/demo"), help="Folder for the demo's images and report."),
     seed: int = typer.Option(0, help="Random seed for the photo noise and sampler."),
+    model: str = typer.Option("sakura-mini", help="On-device model: sakura-mini or flux2-mini."),
 ) -> None:
     """End to end on the bundled defaults: build a store, serve it behind a real 5G trace, and edit a
     photo with on-device, CacheGen and sakura, live and time-dilated to a workload where streaming can
     pay (a three-image style template on a ~3.6 TFLOP/s phone), with the simulator beside each."""
     from sakura.demo import run_demo
 
-    run_demo(out_dir=out, seed=seed, log=typer.echo)
+    run_demo(out_dir=out, seed=seed, model_name=model, log=typer.echo)
 
 
 @app.command()
@@ -237,13 +238,14 @@ def bench_e2e(
     offset_s: float = typer.Option(10.0, min=0.0, help="Start offset into the trace (s)."),
     rtt_ms: float = typer.Option(40.0, min=0.0, help="Round-trip time added by the link (ms)."),
     steps: int = typer.Option(8, min=1, help="Sampler steps."),
+    model: str = typer.Option("sakura-mini", help="On-device model: sakura-mini or flux2-mini."),
 ) -> None:
     """Live mode: every method (oracle, on-device, on-device-nocache, raw-stream, cachegen, sakura) on
     the same template, photo and trace segment, real execution on this machine."""
     from sakura.bench.e2e import run_live
 
     run_live(out, template=template, photo_index=photo_index, trace=trace, offset_s=offset_s, rtt_ms=rtt_ms,
-             steps=steps, log=typer.echo)
+             steps=steps, model_name=model, log=typer.echo)
 
 
 @bench_app.command("faults")
@@ -276,12 +278,13 @@ def bench_dilated(
     workload: str = typer.Option("style3x1024-out512", help="Named workload (docs/workloads.md)."),
     phone: str = typer.Option("3", help="Phone level by name or TFLOP/s."),
     dilation: float = typer.Option(40.0, min=1.0, help="D: the live run is D times faster than the phone."),
+    model: str = typer.Option("sakura-mini", help="Model whose real KV and forward pass run: sakura-mini or flux2-mini."),
 ) -> None:
     """Live, time-dilated: the real runtime at a phone workload's times / D on three real traces, beside
     the simulator on the same inputs (the simulator's validation)."""
     from sakura.bench.dilated import dilated_markdown, run_dilated
 
-    r = run_dilated(workload, phone, D=dilation, out_dir=out, log=typer.echo)
+    r = run_dilated(workload, phone, D=dilation, out_dir=out, model_name=model, log=typer.echo)
     typer.echo(dilated_markdown(r))
 
 

@@ -70,7 +70,8 @@ def _timeline(path: Path, result: dict) -> None:
 
 def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "sticker-00",
              workload: str = "style3x1024-out512", phone: str = "3", D: float = 40.0,
-             trace: str = "umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102", log=print) -> dict:
+             trace: str = "umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102",
+             model_name: str = "sakura-mini", log=print) -> dict:
     from sakura.bench.dilated import run_dilated
     from sakura.bench.profile import DEFAULT_RATES_MBPS, plot_profile, run_methods
     from sakura.bench.workloads import PHONES, ceilings, get_phone, get_workload, workload_costs
@@ -82,7 +83,7 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
-    model = load_model("sakura-mini")
+    model = load_model(model_name)
     tpl = get_template(template, model.cfg.image_size)
     kv = model.extract_template_kv(tpl.image[None], tpl.instruction)
     loaded = TemplateKV.load(kv.save(out_dir / f"{template}.kv.safetensors"), model_fingerprint=model.fingerprint(),
@@ -94,7 +95,7 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
     log(f"injected KV == in-sequence edit (torch.equal): {same}")
 
     res = run_dilated(workload, phone, D=D, traces=(trace,), template=template, store=out_dir / "store",
-                      out_dir=out_dir, image_steps=steps, log=log)
+                      out_dir=out_dir, image_steps=steps, model_name=model_name, log=log)
     im = res.pop("images")
     _save_grid(out_dir / "demo.png", [im["photo"], im["template"], im["truth"], im["lossless"]] +
                [im[m] for m in ("on-device", "cachegen", "sakura") if m in im],
@@ -119,7 +120,7 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
     c = workload_costs(w, get_phone(phone))
     ceil = ceilings(c)
     by = {r["method"]: r for r in res["rows"] if r["trace"] == trace}
-    lines = [f"sakura demo: {workload} on {c.phone}, live time-dilated /{D:g} on `{trace}` (real sockets, threads, "
+    lines = [f"sakura demo ({model_name}): {workload} on {c.phone}, live time-dilated /{D:g} on `{trace}` (real sockets, threads, "
              f"decoding, model; times in phone seconds). Ceilings with free, instant KV: {ceil['vs on-device']:.2f}x vs "
              f"on-device, {ceil['vs on-device-nocache']:.2f}x vs on-device-nocache.", "",
              "| method | live (s) | simulated (s) | on-device / method | layers computed here | PSNR vs lossless KV (dB) |",

@@ -178,7 +178,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                 traces: Sequence[str] = DEFAULT_TRACES,
                 offset_s: float = 30.0, template: str = "sticker-00", rtt_ms: float = 40.0, decode_workers: int = 4,
                 store: str | Path | None = None, out_dir: str | Path | None = None, image_steps: int = 8,
-                log: Callable[[str], None] = print) -> dict:
+                model_name: str = "sakura-mini", log: Callable[[str], None] = print) -> dict:
     """Live (dilated) and simulated runs of every method on each trace; images for the first trace."""
     from sakura.bench.profile import CACHEGEN_LEVELS
     from sakura.link import load_trace
@@ -195,7 +195,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     from sakura.tasks.quality import psnr_per_image
 
     torch.set_num_threads(1)
-    model = load_model("sakura-mini")
+    model = load_model(model_name)
     size = model.cfg.image_size
     tpl = get_template(template, size)
     photo = heldout_photos(size)[:1]
@@ -206,7 +206,8 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
         store = tmp.name
     ladder_specs = ("lossless",) + tuple(DEFAULT_LADDER) + CACHEGEN_LEVELS
     log(f"building the store for {template} ({', '.join(ladder_specs)}) ...")
-    build_store(store, templates=[template], ladder=ladder_specs, calibration=2, steps=4, log=lambda s: None)
+    build_store(store, model_name=model_name, templates=[template], ladder=ladder_specs, calibration=2, steps=4,
+                log=lambda s: None)
     st = Store(store)
     (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
     m = st.get_manifest(fp, tid)
@@ -290,7 +291,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
 
     c = workload_costs(get_workload(workload), get_phone(phone))
     task = get_task(tpl.task)
-    result = {"mode": f"live, time-dilated /{D:g} (real sockets, threads, decoding and model; compute and decode padded "
+    result = {"model": model_name, "mode": f"live, time-dilated /{D:g} (real sockets, threads, decoding and model; compute and decode padded "
                       f"to the workload's times), beside the simulator on the same inputs",
               "workload": workload, "phone": dil.phone, "D": D, "dilation": {k: getattr(dil, k) for k in
                                                                               ("local_s", "compute_s", "pre_s", "post_s", "rtt_s", "beta")},

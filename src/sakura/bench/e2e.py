@@ -53,7 +53,7 @@ def _quality(img: torch.Tensor, reference: torch.Tensor, truth: torch.Tensor, re
 def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: int = 0,
              trace: str = "mahimahi_cellular/TMobile-LTE-short.down", offset_s: float = 10.0, rtt_ms: float = 40.0,
              steps: int = 8, seed: int = 0, methods: Sequence[str] = METHODS, store: str | Path | None = None,
-             log: Callable[[str], None] = print) -> dict:
+             model_name: str = "sakura-mini", log: Callable[[str], None] = print) -> dict:
     """Run every method once on the same template, photo and trace segment; write JSON + table.
 
     Returns {"mode": "live", "rows": [per-method dict], ...}.
@@ -74,7 +74,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     tr = load_trace(trace)
-    model = load_model("sakura-mini")
+    model = load_model(model_name)
     size = model.cfg.image_size
     tpl = get_template(template, size)
     task = get_task(tpl.task)
@@ -91,7 +91,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
         tmp = tempfile.TemporaryDirectory(prefix="sakura-e2e-")
         store = tmp.name
     log(f"building store for {template} ({len(LIVE_LADDER)} codec settings) ...")
-    build_store(store, templates=[template], ladder=LIVE_LADDER, calibration=2, steps=4, log=log)
+    build_store(store, model_name=model_name, templates=[template], ladder=LIVE_LADDER, calibration=2, steps=4, log=log)
     profile = profile_model(model)
     # the phone's estimate before the edit: mean rate over the 10 s of trace before the start
     prior = max(1.0, (tr.cumulative(offset_s) - tr.cumulative(max(0.0, offset_s - 10.0))) / min(10.0, max(offset_s, 1e-9))) \
@@ -148,7 +148,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
                  ("sakura", "on-device"), ("sakura", "oracle")):
         if a in by and b in by:
             ratios[f"{b}/{a}"] = by[b]["latency_s"] / by[a]["latency_s"]
-    result = {"mode": "live", "template": template, "photo_index": photo_index, "trace": trace, "offset_s": offset_s,
+    result = {"mode": "live", "model": model_name, "template": template, "photo_index": photo_index, "trace": trace, "offset_s": offset_s,
               "rtt_ms": rtt_ms, "steps": steps, "prior_bps": prior, "fp16_kv_bytes": kv.nbytes,
               "profile": asdict(profile), "rows": rows, "latency_ratios": ratios}
     (out_dir / "e2e_live.json").write_text(json.dumps(result, indent=2, default=float))
