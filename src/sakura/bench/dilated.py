@@ -103,6 +103,7 @@ class _PaddedSource:
         self.inner, self.compute_s = inner, compute_s
         self.model_fingerprint, self.template_fingerprint = inner.model_fingerprint, inner.template_fingerprint
         self.num_layers = inner.num_layers
+        self.instruction = getattr(inner, "instruction", None)
         self._t: float | None = None
 
     def layer(self, i: int):
@@ -127,6 +128,7 @@ class _LocalSource:
         self.model_fingerprint = m.fingerprint()
         self.template_fingerprint = m.template_fingerprint(template, instruction)
         self.num_layers = m.num_layers
+        self.instruction = instruction
         self._gen = ((LayerKV(k[0], v[0])) for k, v in device.template_layers(template, instruction))
         self.used: dict[int, Any] = {}
 

@@ -161,7 +161,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
 
 
 def live_table(result: dict) -> str:
-    lines = [f"Live (real execution on this machine, CPU, 1 thread): sakura-mini, template `{result['template']}`, "
+    lines = [f"Live (real execution on this machine, CPU, 1 thread): {result.get('model', 'sakura-mini')}, template `{result['template']}`, "
              f"held-out photo {result['photo_index']}, trace `{result['trace']}` from {result['offset_s']} s, "
              f"RTT {result['rtt_ms']} ms, {result['steps']} steps; fp16 template KV {result['fp16_kv_bytes']} B.", "",
              "| method | latency (ms) | stall (ms) | bytes | local shards | PSNR vs lossless (dB) | PSNR vs truth (dB) |",

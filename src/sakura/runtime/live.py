@@ -111,7 +111,8 @@ class LiveKVSource:
     computes the layer (catching the local generator up), or waits until a deadline."""
 
     def __init__(self, driver: EditDriver, cond: threading.Condition, clock: Callable[[], float],
-                 local_layers: Callable[[], Iterator[LayerKV]], model_fingerprint: str, template_fingerprint: str):
+                 local_layers: Callable[[], Iterator[LayerKV]], model_fingerprint: str, template_fingerprint: str,
+                 instruction: int | None = None):
         self.driver = driver
         self.cond = cond
         self.clock = clock
@@ -121,6 +122,7 @@ class LiveKVSource:
         self.used: dict[int, LayerKV] = {}   # what the forward pass got, per layer (for reports)
         self.model_fingerprint = model_fingerprint
         self.template_fingerprint = template_fingerprint
+        self.instruction = instruction  # flux2-mini takes the template's instruction as prompt tokens
         self.on_layer: Callable[[], None] = lambda: None  # wakes the fetch stage (compute moved)
 
     @property
@@ -341,7 +343,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
 
     cond = threading.Condition()
     local_layers = lambda: (LayerKV(k[0], v[0]) for k, v in model.template_layers(template_image, instruction))  # noqa: E731
-    source = LiveKVSource(driver, cond, clock, local_layers, model_fp, tfp)
+    source = LiveKVSource(driver, cond, clock, local_layers, model_fp, tfp, instruction)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sakura-decode")
 
     def decode(j: int, data: bytes, rendition: Any, tables: dict[str, Any]) -> None:
