@@ -134,3 +134,24 @@ def test_manifest_validates_image_distortion_and_quality_floor(built):
     for bad in bads:
         with pytest.raises(ManifestError):
             Manifest.from_json(bad)
+
+
+def test_default_ladder_fits_its_lowest_rung_to_the_template(tmp_path):
+    """`progressive` without budgets: the build picks the lowest rung by calibration (here an
+    unreachable target forces the top budget alone, a trivial one the cheapest candidate)."""
+    from sakura.store.build import BASE_RUNG_BUDGETS
+
+    for target, want in ((200.0, [1.0]), (0.0, None)):
+        root = tmp_path / str(target)
+        build_store(root, templates=["look-00"], ladder=["progressive"], calibration=1, steps=1, base_psnr_db=target,
+                    log=lambda s: None)
+        st = Store(root)
+        (fp, tid), = st.manifest_keys()
+        m = st.load_manifest(fp, tid)
+        budgets = m.tables[0].params["budgets"]
+        assert [r.name for r in m.shards[0].renditions] == [f"progressive#{i}" for i in range(len(budgets))]
+        if want is not None:
+            assert budgets == want
+        else:
+            assert budgets[0] == BASE_RUNG_BUDGETS[0] and budgets[-1] == 1.0 and budgets == sorted(budgets)
+            assert len(budgets) == 3
