@@ -523,7 +523,8 @@ def plot(res: dict[str, Any], out_dir: Path) -> None:
 # the default ladder as `sakura build` stores it
 
 def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_per_task: int = 4, photos: int = 6,
-                 steps: int = 8, seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
+                 steps: int = 8, seed: int = 0, tasks: tuple[str, ...] | None = None,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
     """Build the held-out templates with `sakura build`'s defaults, then read every rung back from
     the store (prefix + shared tables, as a phone would) and edit the held-out photos with it:
     what each template costs whole (`sakura store stats`) and how far each rung's edit is from the
@@ -540,7 +541,7 @@ def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_pe
     model, label = load_bench_model(model_name)
     size = int(model.cfg.image_size)
     test = heldout_photos(size, n_per_source=max(1, -(-photos // 3)))[:photos]
-    tpls = [t for task in TASK_NAMES for t in library_templates(size, task=task, held_out=True)[:templates_per_task]]
+    tpls = [t for task in (tasks or TASK_NAMES) for t in library_templates(size, task=task, held_out=True)[:templates_per_task]]
     res: dict[str, Any] = {"model": label, "ladder": list(B.DEFAULT_LADDER), "base_psnr_db": B.BASE_RUNG_PSNR_DB,
                            "photos": int(test.shape[0]), "steps": steps, "templates": {}}
     with tempfile.TemporaryDirectory() as d:

@@ -46,6 +46,8 @@ DEFAULT_LADDER = ("progressive",)
 BASE_RUNG_PSNR_DB = 38.0
 #: Candidate lowest-rung budgets (entropy-coded bits per value), tried cheapest first.
 BASE_RUNG_BUDGETS = (0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0)
+#: Single-rung budgets tried when even the top budget misses the target (hard templates: sticker).
+MAX_SINGLE_RUNG_BUDGETS = (1.4, 2.0)
 #: The reference codec of every shard's ``quality_floor`` (measured even when not in the ladder).
 QUALITY_FLOOR_SPEC = "cachegen:level=3"
 TEMPLATE_REF_MEDIA_TYPE = "image/png"
@@ -115,10 +117,11 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             distortion of every rendition.
         steps, seed: sampler run of the calibration edits.
         base_psnr_db: for a ``progressive`` ladder without explicit budgets, the lowest rung's
-            budget is the smallest (of ``BASE_RUNG_BUDGETS``) whose calibration edits reach this
-            image PSNR against the lossless-KV edits, and the rungs run geometrically from it to
-            the top budget (``progressive``'s default 1.2 bits per value, which sets the storage);
-            None keeps the codec's default budgets.
+            budget is the smallest (of ``BASE_RUNG_BUDGETS``, the top, then
+            ``MAX_SINGLE_RUNG_BUDGETS``) whose calibration edits reach this image PSNR against the
+            lossless-KV edits; rungs run geometrically from it to the top budget (``progressive``'s
+            default 1.0 bit per value, which sets the storage), or it is the only rung when it is
+            the top or above. None keeps the codec's default budgets.
     """
     import torch
 
@@ -224,8 +227,8 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
 
 def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log):
     """A progressive ladder whose lowest rung reaches `base_psnr_db` on the calibration edits:
-    -> (codec with budgets, manifest params). Tries `BASE_RUNG_BUDGETS` cheapest first; the top
-    budget stays the codec's (it sets what the template costs in storage)."""
+    -> (codec with budgets, manifest params). Tries `BASE_RUNG_BUDGETS` below the codec's top
+    budget cheapest first, then the top, then `MAX_SINGLE_RUNG_BUDGETS` (one rung)."""
     import math
 
     import numpy as np
@@ -238,17 +241,19 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log):
     ref = edit([LayerKV(s.key, s.value) for s in shards]).double()
     ident = lambda i: ShardId("calibration", "ladder", i)  # noqa: E731
     base, got = top, None
-    for b in [x for x in BASE_RUNG_BUDGETS if x < top]:
+    # cheapest first; a template the top budget cannot serve at the target gets a single rung above
+    # it (up to MAX_SINGLE_RUNG_BUDGETS[-1]: storage stays under 1/4 of fp16, docs/codec.md)
+    for b in [x for x in BASE_RUNG_BUDGETS if x < top] + [top] + [x for x in MAX_SINGLE_RUNG_BUDGETS if x > top]:
+        base = b
         trial = get_codec(codec.name, **{**codec.params, "budgets": [b]})
         tables = trial.fit_tables(shards)
         decs = [trial.decode(trial.encode(s, ident(i), tables), ident(i), tables) for i, s in enumerate(shards)]
         mse = float((edit([LayerKV(d.key, d.value, d.keep_mask) for d in decs]).double() - ref).pow(2).mean())
         got = math.inf if mse == 0 else 10 * math.log10(1 / mse)
         if got >= base_psnr_db:
-            base = b
             break
     n = rungs if base <= top / 2 else (2 if base < top else 1)
-    budgets = [float(f"{x:.3g}") for x in np.geomspace(base, top, n)] if n > 1 else [top]
+    budgets = [float(f"{x:.3g}") for x in np.geomspace(base, top, n)] if n > 1 else [base]
     log(f"  ladder budgets {budgets} (lowest rung: {got if got is not None else float('nan'):.1f} dB vs lossless "
         f"on the calibration photos at budget {base}, target {base_psnr_db} dB)")
     return get_codec(codec.name, **{**codec.params, "budgets": budgets}), {"budgets": budgets}

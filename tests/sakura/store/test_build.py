@@ -141,7 +141,7 @@ def test_default_ladder_fits_its_lowest_rung_to_the_template(tmp_path):
     unreachable target forces the top budget alone, a trivial one the cheapest candidate)."""
     from sakura.store.build import BASE_RUNG_BUDGETS
 
-    for target, want in ((200.0, [1.0]), (0.0, None)):
+    for target, want in ((200.0, [2.0]), (0.0, None)):
         root = tmp_path / str(target)
         build_store(root, templates=["look-00"], ladder=["progressive"], calibration=1, steps=1, base_psnr_db=target,
                     log=lambda s: None)
