@@ -167,11 +167,17 @@ def bench_codec(
     klein: bool = typer.Option(True, help="Also run a tiny random FLUX.2 for shape coverage."),
     storage: bool = typer.Option(True, help="Also build a store of the templates and report what each costs whole."),
     throughput_tokens: int = typer.Option(1024, min=16, help="Tokens of the Klein-sized throughput layer."),
+    ladder_check: bool = typer.Option(False, help="Only build the templates with `sakura build`'s defaults and "
+                                                  "check every rung read back from the store (ladder_check.md)."),
 ) -> None:
     """Codec rate-distortion on held-out templates and photos: bytes (tables included), image PSNR/SSIM
     vs CacheGen (both variants), whole-template storage, decode MB/s and worker scaling."""
+    from sakura.bench.codec import ladder_check as check
     from sakura.bench.codec import run
 
+    if ladder_check:
+        check(out, model_name=model, templates_per_task=templates, photos=photos, steps=steps, log=typer.echo)
+        return
     run(out, model_name=model, tasks=tasks, templates_per_task=templates, photos=photos, steps=steps, quick=quick,
         klein=klein, storage=storage, throughput_tokens=throughput_tokens, log=typer.echo)
 

@@ -517,3 +517,85 @@ def plot(res: dict[str, Any], out_dir: Path) -> None:
     fig.tight_layout()
     fig.savefig(out_dir / "rd_psnr.png", dpi=110)
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+# the default ladder as `sakura build` stores it
+
+def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_per_task: int = 4, photos: int = 6,
+                 steps: int = 8, seed: int = 0, tasks: tuple[str, ...] | None = None,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Build the held-out templates with `sakura build`'s defaults, then read every rung back from
+    the store (prefix + shared tables, as a phone would) and edit the held-out photos with it:
+    what each template costs whole (`sakura store stats`) and how far each rung's edit is from the
+    lossless-KV edit's PSNR against ground truth."""
+    import sakura.store.build as B
+    from sakura.codec import CodecTables, decode_any
+    from sakura.models.kv import LayerKV, TemplateKV
+    from sakura.store import Store
+    from sakura.tasks import TASK_NAMES, get_task, heldout_photos, library_templates
+    from sakura.tasks.quality import psnr_per_image
+
+    torch.set_num_threads(1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model, label = load_bench_model(model_name)
+    size = int(model.cfg.image_size)
+    test = heldout_photos(size, n_per_source=max(1, -(-photos // 3)))[:photos]
+    tpls = [t for task in (tasks or TASK_NAMES) for t in library_templates(size, task=task, held_out=True)[:templates_per_task]]
+    res: dict[str, Any] = {"model": label, "ladder": list(B.DEFAULT_LADDER), "base_psnr_db": B.BASE_RUNG_PSNR_DB,
+                           "photos": int(test.shape[0]), "steps": steps, "templates": {}}
+    with tempfile.TemporaryDirectory() as d:
+        B.build_store(d, model_name=model_name, templates=[t.name for t in tpls], log=log)
+        st = Store(d)
+        stats = {t.template_id: t for t in st.stats().templates}
+        fp = model.fingerprint()
+        for tpl in tpls:
+            m = st.load_manifest(fp, tpl.name)
+            tfp = m.kv_layout["template_fingerprint"]
+            kv = model.extract_template_kv(tpl.image[None], tpl.instruction).to(torch.float16)
+            assert kv.template_fingerprint == tfp
+
+            def edit(layers):
+                return model.edit(test, template_kv=TemplateKV(layers, fp, tfp, kv.layout), steps=steps, seed=seed).image
+
+            gt = get_task(tpl.task).ground_truth(test, tpl.image[None])
+            ref = edit(list(kv.layers))
+            ref_gt = float(psnr_per_image(ref, gt).mean())
+            tables = {t.name: CodecTables.from_bytes(st.read_object(t.object), ShardId(fp, tfp, -1)) for t in m.tables}
+            rungs = []
+            for r in range(len(m.shards[0].renditions)):
+                layers = []
+                nbytes = 0
+                for s in m.shards:
+                    rend = s.renditions[r]
+                    data = st.read_object(rend.object)[:rend.nbytes]
+                    nbytes += rend.nbytes
+                    dec = decode_any(data, ShardId(fp, tfp, s.index), tables[rend.tables[0]] if rend.tables else None)
+                    layers.append(LayerKV(dec.key, dec.value, dec.keep_mask))
+                img = edit(layers)
+                rungs.append({"rendition": m.shards[0].renditions[r].name, "bytes": nbytes,
+                              "psnr_vs_lossless_db": float(psnr_per_image(img, ref).mean()),
+                              "delta_psnr_vs_gt_db": float(psnr_per_image(img, gt).mean()) - ref_gt,
+                              "manifest_image_psnr_db_sum": 10 * math.log10(1 / max(sum(
+                                  s.renditions[r].distortion["image_mse"] for s in m.shards), 1e-30))})
+            t = stats[tpl.name]
+            res["templates"][tpl.name] = {
+                "budgets": m.tables[0].params.get("budgets") if m.tables else None, "rungs": rungs,
+                "lossless_psnr_vs_gt_db": ref_gt, "ladder": t.ladder_bytes, "tables": t.table_bytes,
+                "template_ref": t.template_ref_bytes, "manifest": t.manifest_bytes, "fp16": t.fp16_bytes,
+                "objects_ratio_vs_fp16": t.ratio_vs_fp16, "whole_ratio_vs_fp16": t.whole_ratio_vs_fp16}
+            log(f"{tpl.name}: budgets {res['templates'][tpl.name]['budgets']}, lowest rung "
+                f"{rungs[0]['delta_psnr_vs_gt_db']:+.2f} dB vs GT ({rungs[0]['psnr_vs_lossless_db']:.1f} dB vs lossless), "
+                f"whole {t.whole_ratio_vs_fp16:.3f} of fp16 (objects {t.ratio_vs_fp16:.3f})")
+    (out_dir / "ladder_check.json").write_text(json.dumps(res, indent=1, default=float))
+    lines = [f"`sakura build` default ladder {res['ladder']} (lowest rung fitted to {res['base_psnr_db']} dB vs lossless "
+             f"on the calibration photos), {res['photos']} held-out photos, {steps} steps; rungs read back from the store.", "",
+             "| template | budgets | lowest rung ΔPSNR vs GT (dB) | per rung PSNR vs lossless (dB) | ladder | tables | PNG | "
+             "manifest | objects / fp16 | whole / fp16 |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for name, t in res["templates"].items():
+        lines.append(f"| {name} | {t['budgets']} | {t['rungs'][0]['delta_psnr_vs_gt_db']:+.2f} | "
+                     + ", ".join(f"{r['psnr_vs_lossless_db']:.1f}" for r in t["rungs"])
+                     + f" | {t['ladder']} | {t['tables']} | {t['template_ref']} | {t['manifest']} | "
+                       f"{t['objects_ratio_vs_fp16']:.3f} | {t['whole_ratio_vs_fp16']:.3f} |")
+    (out_dir / "ladder_check.md").write_text("\n".join(lines) + "\n")
+    return res

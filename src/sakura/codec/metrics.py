@@ -64,9 +64,3 @@ def attention_importance(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     qf, kf = q.float().transpose(0, 1), k.float().transpose(0, 1)
     p = torch.softmax(qf @ kf.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1)  # (H, n, tokens)
     return p.mean(dim=(0, 1))
-
-
-def psnr(a: torch.Tensor, b: torch.Tensor, data_range: float = 2.0) -> float:
-    """PSNR in dB between images (default range 2 for images in [-1, 1])."""
-    mse = float(((a.float() - b.float()) ** 2).mean())
-    return float("inf") if mse == 0 else 10.0 * math.log10(data_range ** 2 / mse)

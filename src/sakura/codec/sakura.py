@@ -166,11 +166,11 @@ class LayeredCodec(_SakuraBase):
 @register
 class ProgressiveCodec(LayeredCodec):
     """The progressive transform ladder (`progressive`): `layered` with quantiser="ecsq",
-    transform="dct" and sensitivity allocation as defaults, four rungs at 0.15/0.3/0.6/1.2 bits per
-    value (entropy-coded, over the template). See `sakura.codec.progressive`."""
+    transform="dct" and sensitivity allocation as defaults, three rungs at 0.25/0.5/1.0 bits per
+    value (entropy-coded, over the template; `sakura build` moves the lowest rung per template). See `sakura.codec.progressive`."""
 
     name = "progressive"
-    _defaults = {**LayeredCodec._defaults, "budgets": [0.15, 0.3, 0.6, 1.2], "quantiser": "ecsq",
+    _defaults = {**LayeredCodec._defaults, "budgets": [0.25, 0.5, 1.0], "quantiser": "ecsq",
                  "transform": "dct", "allocate": "sensitivity"}
 
     def __init__(self, **params: Any) -> None:

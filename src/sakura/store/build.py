@@ -34,11 +34,20 @@ from typing import Any, Callable, Sequence
 from sakura.store.store import RenditionInput, StoreWriter
 
 #: Default ladder: the progressive transform coder alone (``progressive`` = ECSQ + token-grid DCT
-#: coded by successive refinement, budgets 0.15/0.3/0.6/1.2 bits per value; docs/codec.md), four rungs stored as one object per shard (rung l = a byte prefix: one Range per
+#: coded by successive refinement, top rung 1.0 bit per value, the lowest fitted per template to
+#: ``BASE_RUNG_PSNR_DB``; docs/codec.md), three rungs stored as one object per shard (rung l = a byte prefix: one Range per
 #: rung, upgrades fetch only the missing bytes). The exact fallback is computing the KV on the phone
 #: from the template reference, so the store keeps no lossless copy. Add "lossless" /
 #: "uniform:bits=8" with --ladder when raw streaming is wanted.
 DEFAULT_LADDER = ("progressive",)
+#: The lowest rung of the default ladder must reach this image PSNR vs the lossless-KV edit on the
+#: calibration photos. On the 12 held-out templates (docs/codec.md) >= 36-37 dB vs lossless kept the
+#: edit within 0.5 dB of the lossless edit's PSNR against ground truth; 38 leaves a margin.
+BASE_RUNG_PSNR_DB = 38.0
+#: Candidate lowest-rung budgets (entropy-coded bits per value), tried cheapest first.
+BASE_RUNG_BUDGETS = (0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0)
+#: Single-rung budgets tried when even the top budget misses the target (hard templates: sticker).
+MAX_SINGLE_RUNG_BUDGETS = (1.4, 2.0)
 #: The reference codec of every shard's ``quality_floor`` (measured even when not in the ladder).
 QUALITY_FLOOR_SPEC = "cachegen:level=3"
 TEMPLATE_REF_MEDIA_TYPE = "image/png"
@@ -91,7 +100,7 @@ def decode_template_ref(data: bytes, media_type: str = TEMPLATE_REF_MEDIA_TYPE):
 
 def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates: Sequence[str] | None = None,
                 ladder: Sequence[str] = DEFAULT_LADDER, calibration: int = 2, steps: int = 4, seed: int = 0,
-                log: Callable[[str], None] = print) -> list[Path]:
+                base_psnr_db: float | None = BASE_RUNG_PSNR_DB, log: Callable[[str], None] = print) -> list[Path]:
     """Build (or idempotently rebuild) one manifest per template; returns the manifest paths.
 
     Callable per template (``templates=["look-00"]``): templates are independent.
@@ -107,6 +116,12 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             ``sakura.capture.calibration_photos``) for token and layer sensitivities and the image
             distortion of every rendition.
         steps, seed: sampler run of the calibration edits.
+        base_psnr_db: for a ``progressive`` ladder without explicit budgets, the lowest rung's
+            budget is the smallest (of ``BASE_RUNG_BUDGETS``, the top, then
+            ``MAX_SINGLE_RUNG_BUDGETS``) whose calibration edits reach this image PSNR against the
+            lossless-KV edits; rungs run geometrically from it to the top budget (``progressive``'s
+            default 1.0 bit per value, which sets the storage), or it is the only rung when it is
+            the top or above. None keeps the codec's default budgets.
     """
     import torch
 
@@ -149,6 +164,11 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                               steps=steps, seed=seed).image
 
         sens = layer_sensitivity([(l.key, l.value) for l in kv.layers], calib_edit, seed=seed)
+
+        def calib_edit_layers(layers, kv=kv):
+            return model.edit(calib, template_kv=TemplateKV(layers, kv.model_fingerprint, kv.template_fingerprint,
+                                                            kv.layout), steps=steps, seed=seed).image
+
         probe = ShardDistortionProbe(model, kv, calib, steps=steps, seed=seed)
         L = kv.num_layers
         shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=L, sensitivity=sens[i])
@@ -164,15 +184,17 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             w.set_template_ref(ref_png, media_type=TEMPLATE_REF_MEDIA_TYPE)
             encoded: list[list[RenditionInput]] = [[] for _ in shards]
             for rname, codec in zip(names, codecs):
+                params = _jsonable(parse_spec(rname)[1])
+                if base_psnr_db is not None and codec.name == "progressive" and "budgets" not in params:
+                    codec, params = _fit_ladder_to_template(codec, shards, calib_edit_layers, base_psnr_db, log)
                 tables = codec.fit_tables(shards) if codec.uses_tables else None
                 table_names: tuple[str, ...] = ()
                 if tables is not None:
+                    # the parameters as the operator wrote them, plus what the build chose (objects carry
+                    # everything decoding needs; all defaults spelled out made the manifest larger than the ladder)
                     w.add_table(rname, codec=codec.name, data=tables.to_bytes(ShardId(model_fp, kv.template_fingerprint, -1)),
-                                params=_jsonable(parse_spec(rname)[1]))
+                                params=params)
                     table_names = (rname,)
-                # the parameters as the operator wrote them (objects carry everything decoding needs;
-                # all defaults spelled out in every rendition made the manifest larger than the ladder)
-                params = _jsonable(parse_spec(rname)[1])
                 for i, s in enumerate(shards):
                     data = codec.encode(s, ident(i), tables)
                     # A layered codec's object holds every rung; rung l is the prefix ends[l]
@@ -187,7 +209,8 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                                 "dropped_fraction": 1.0 - d.keep_fraction, **probe.measure(i, LayerKV(dec.key, dec.value, dec.keep_mask))}
                         encoded[i].append(RenditionInput(
                             name=rname if end is None else f"{rname}#{rung}", codec=codec.name, data=data,
-                            params=params, prefix_bytes=end, tables=table_names, distortion=_rounded(dist)))
+                            params=params if not table_names else {}, prefix_bytes=end, tables=table_names,
+                            distortion=_rounded(dist)))  # (a ladder's parameters are on its table entry, once)
             for i, s in enumerate(shards):
                 w.add_shard(layer=i, tokens=(0, kv.num_tokens), fp16_bytes=s.fp16_bytes, renditions=encoded[i],
                             quality_floor=floors[i])
@@ -200,6 +223,40 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         log(f"{name}: {L} shards x {len(encoded[0])} renditions, ladder {ladder_b / 1e3:.1f} kB + template PNG "
             f"{len(ref_png) / 1e3:.1f} kB vs fp16 {fp16 / 1e3:.1f} kB ({time.perf_counter() - t0:.1f} s)")
     return out
+
+
+def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log):
+    """A progressive ladder whose lowest rung reaches `base_psnr_db` on the calibration edits:
+    -> (codec with budgets, manifest params). Tries `BASE_RUNG_BUDGETS` below the codec's top
+    budget cheapest first, then the top, then `MAX_SINGLE_RUNG_BUDGETS` (one rung)."""
+    import math
+
+    import numpy as np
+
+    from sakura.codec import ShardId, get_codec
+    from sakura.models.kv import LayerKV
+
+    top = float(codec.params["budgets"][-1])
+    rungs = len(codec.params["budgets"])
+    ref = edit([LayerKV(s.key, s.value) for s in shards]).double()
+    ident = lambda i: ShardId("calibration", "ladder", i)  # noqa: E731
+    base, got = top, None
+    # cheapest first; a template the top budget cannot serve at the target gets a single rung above
+    # it (up to MAX_SINGLE_RUNG_BUDGETS[-1]: storage stays under 1/4 of fp16, docs/codec.md)
+    for b in [x for x in BASE_RUNG_BUDGETS if x < top] + [top] + [x for x in MAX_SINGLE_RUNG_BUDGETS if x > top]:
+        base = b
+        trial = get_codec(codec.name, **{**codec.params, "budgets": [b]})
+        tables = trial.fit_tables(shards)
+        decs = [trial.decode(trial.encode(s, ident(i), tables), ident(i), tables) for i, s in enumerate(shards)]
+        mse = float((edit([LayerKV(d.key, d.value, d.keep_mask) for d in decs]).double() - ref).pow(2).mean())
+        got = math.inf if mse == 0 else 10 * math.log10(1 / mse)
+        if got >= base_psnr_db:
+            break
+    n = rungs if base <= top / 2 else (2 if base < top else 1)
+    budgets = [float(f"{x:.3g}") for x in np.geomspace(base, top, n)] if n > 1 else [base]
+    log(f"  ladder budgets {budgets} (lowest rung: {got if got is not None else float('nan'):.1f} dB vs lossless "
+        f"on the calibration photos at budget {base}, target {base_psnr_db} dB)")
+    return get_codec(codec.name, **{**codec.params, "budgets": budgets}), {"budgets": budgets}
 
 
 def _rounded(dist: dict[str, float]) -> dict[str, float]:

@@ -134,3 +134,54 @@ def test_manifest_validates_image_distortion_and_quality_floor(built):
     for bad in bads:
         with pytest.raises(ManifestError):
             Manifest.from_json(bad)
+
+
+def test_default_ladder_fits_its_lowest_rung_to_the_template(tmp_path):
+    """`progressive` without budgets: the build picks the lowest rung by calibration and names the
+    rungs progressive#0.. (a trivial target: the cheapest candidate, three rungs up to the top)."""
+    from sakura.store.build import BASE_RUNG_BUDGETS
+
+    build_store(tmp_path, templates=["look-00"], ladder=["progressive"], calibration=1, steps=1, base_psnr_db=0.0,
+                log=lambda s: None)
+    st = Store(tmp_path)
+    (fp, tid), = st.manifest_keys()
+    m = st.load_manifest(fp, tid)
+    budgets = m.tables[0].params["budgets"]
+    assert budgets[0] == BASE_RUNG_BUDGETS[0] and budgets[-1] == 1.0 and budgets == sorted(budgets) and len(budgets) == 3
+    assert [r.name for r in m.shards[0].renditions] == [f"progressive#{i}" for i in range(3)]
+
+
+def test_ladder_search_climbs_to_a_single_rung_when_the_top_misses():
+    """The search itself, on small smooth shards with a cheap stand-in for the edit (the decoded
+    values themselves): an unreachable target ends at one rung at the largest budget; a target
+    between rungs picks the first budget that reaches it."""
+    import math
+
+    from sakura.codec import ShardKV, get_codec
+    from sakura.store.build import BASE_RUNG_BUDGETS, MAX_SINGLE_RUNG_BUDGETS, _fit_ladder_to_template
+
+    g = torch.Generator().manual_seed(0)
+    field = torch.nn.functional.avg_pool2d(torch.randn(12, 64, 8, 8, generator=g), 3, 1, 1) * 3
+    kv = field.reshape(6, 2, 64, 64).permute(0, 1, 3, 2).reshape(6, 2, 64, 4, 16)
+    shards = [ShardKV(kv[i, 0], kv[i, 1], layer=i, num_layers=6) for i in range(6)]
+
+    def edit(layers):  # an "image" that is the KV itself
+        return torch.stack([torch.cat([l.key.reshape(-1), l.value.reshape(-1)]) for l in layers]) * 0.01
+
+    codec = get_codec("progressive")
+    c, params = _fit_ladder_to_template(codec, shards, edit, 1000.0, lambda s: None)
+    assert params["budgets"] == [MAX_SINGLE_RUNG_BUDGETS[-1]] and c.params["budgets"] == [2.0]
+    ref = edit([s for s in shards])
+    psnrs = {}
+    for b in BASE_RUNG_BUDGETS:
+        t = get_codec("progressive", budgets=[b])
+        tables = t.fit_tables(shards)
+        from sakura.codec import ShardId
+        decs = [t.decode(t.encode(s, ShardId("c", "l", i), tables), ShardId("c", "l", i), tables)
+                for i, s in enumerate(shards)]
+        mse = float((edit(decs) - ref).pow(2).mean())
+        psnrs[b] = 10 * math.log10(1 / mse)
+    mid = sorted(psnrs.values())[len(psnrs) // 2]
+    want = min(b for b, p in psnrs.items() if p >= mid)
+    _c, params = _fit_ladder_to_template(codec, shards, edit, mid, lambda s: None)
+    assert params["budgets"][0] == want and params["budgets"][-1] in (1.0, want)
