@@ -24,13 +24,18 @@ import torch
 
 METHODS = ("oracle", "on-device", "on-device-nocache", "raw-stream", "cachegen", "sakura")
 CACHEGEN_LEVELS = ("cachegen:level=3", "cachegen:level=2", "cachegen:level=1")
-SAKURA_LADDER = ("lossless", "uniform:bits=8", "layered:budgets=[1.0,2.0,3.0]")
+#: What the live benchmark's store holds: raw-stream's lossless copy, the default (progressive)
+#: ladder sakura streams, and CacheGen's levels.
+SAKURA_LADDER = ("lossless", "progressive")
 LIVE_LADDER = SAKURA_LADDER + CACHEGEN_LEVELS
 
 
-def sakura_renditions() -> tuple[str, ...]:
-    """The rendition names the sakura policy may use (layered rungs are `<spec>#<rung>`)."""
-    return ("lossless", "uniform:bits=8") + tuple(f"layered:budgets=[1.0,2.0,3.0]#{i}" for i in range(3))
+def sakura_renditions(manifest=None) -> tuple[str, ...] | None:
+    """The rendition names the sakura policy may use: the progressive ladder's rungs
+    (`progressive#<rung>`, 1-3 per template, so read from the manifest when given)."""
+    if manifest is None:
+        return tuple(f"progressive#{i}" for i in range(8))
+    return tuple(r.name for r in manifest.shards[0].renditions if r.name.split("#")[0] == "progressive")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,7 +129,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
                 policy = {"raw-stream": FixedPolicy("lossless", name="raw-stream"),
                           "cachegen": CacheGenPolicy(CACHEGEN_LEVELS, target_s=local_template_s),
                           "sakura": SakuraPolicy()}[method]
-                allowed = {"raw-stream": None, "cachegen": CACHEGEN_LEVELS, "sakura": sakura_renditions()}[method]
+                allowed = {"raw-stream": None, "cachegen": CACHEGEN_LEVELS, "sakura": sakura_renditions(manifest)}[method]
                 with pacer_in_thread(url, tr, offset_s, rtt_ms / 1000) as purl:
                     res = streamed_edit(model, photo, base_url=purl, template_id=template, template_image=timg,
                                         instruction=tpl.instruction, policy=policy, profile=profile,
