@@ -52,7 +52,7 @@ def train_sae(
 ) -> None:
     """Train a TopK SAE per layer; print and save FVU / L0 / dead features per layer."""
     from saeot.collect import load_activations, load_manifest
-    from saeot.sae import sae_report, save_sae, train_topk_sae
+    from saeot.sae import sae_metadata, sae_report, save_sae, train_topk_sae
 
     man = load_manifest(acts)
     todo = man["layers"] if _layers(layers) is None else _layers(layers)
@@ -61,7 +61,7 @@ def train_sae(
         X = load_activations(acts, l)
         n_train = int(0.9 * len(X))  # last 10% held out for the report
         sae = train_topk_sae(X[:n_train], d_sae, k, steps=steps, batch_size=batch_size, lr=lr,
-                             cfg={"model_name": man["model"], "hook_name": f"resid_layer_{l}", "hook_layer": l})
+                             cfg=sae_metadata(man["model"], l))
         save_sae(sae, out / f"layer_{l}")
         rep = sae_report(sae, X[n_train:])
         rep["dead_frac_train"] = sae_report(sae, X[:n_train])["dead_frac"]

@@ -172,7 +172,7 @@ def attribution_graph(lm, saes: dict, task: Task, n_nodes: int = 24, progress: b
         A1 = acts_full[l1][:, circuit.nodes[l1]]  # (B*T, n1)
         h2 = store[l2]  # (B, T, d), depends on store[l1]
         for jj, j in enumerate(tqdm(circuit.nodes[l2], disable=not progress, desc=f"edges {l1}->{l2}")):
-            pre = (h2 - torch.from_numpy(sae2.b_dec)) @ torch.from_numpy(sae2.W_enc[:, j])  # (B, T)
+            pre = sae2.pre_activations(h2.reshape(-1, h2.shape[-1]))[:, j].reshape(h2.shape[:2])  # (B, T)
             active = (acts_full[l2][:, j] > 0).reshape(pre.shape).float()
             (g1,) = torch.autograd.grad((pre * active).sum(), [store[l1]], retain_graph=True)
             E[:, jj] = (A1 * (g1.reshape(-1, g1.shape[-1]) @ D1.T)).sum(0).numpy()
@@ -234,16 +234,10 @@ def faithfulness(lm, saes: dict, task: Task, circuit: Circuit, labels: dict[int,
             onehot = torch.zeros(len(nodes), S, dtype=torch.float32)
             onehot[torch.arange(len(nodes)), torch.from_numpy(lab)] = 1.0
             dirs = (onehot * w[:, None]).T @ Wd / (onehot * w[:, None]).sum(0)[:, None]  # (S, d)
-            We = torch.from_numpy(sae.W_enc)
-            be, bd = torch.from_numpy(sae.b_enc), torch.from_numpy(sae.b_dec)
 
-            def hook(_m, _i, out, We=We, be=be, bd=bd, nodes=nodes, Wd=Wd, onehot=onehot, dirs=dirs, sae=sae,
-                     pm=task.position_mask()):
-                from saeot.sae import _activate
-
+            def hook(_m, _i, out, nodes=nodes, Wd=Wd, onehot=onehot, dirs=dirs, sae=sae, pm=task.position_mask()):
                 h = _out_tensor(out)  # (B, T, d)
-                a = _activate((h - bd) @ We + be, sae.architecture, sae.k,
-                              None if sae.threshold is None else torch.from_numpy(sae.threshold))[..., nodes]
+                a = sae.encode_torch(h)[..., nodes]  # as the SAE's config encodes (b_dec, normalisation)
                 h2 = h + pm * (-(a @ Wd) + (a @ onehot) @ dirs)
                 return _replace_out(out, h2)
 

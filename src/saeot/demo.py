@@ -23,7 +23,7 @@ def run_demo(out: Path, model: str = "gemma3-270m", n_tokens: int = 4096, ctx_le
     from saeot.models import load_model
     from saeot.pipeline import compare_methods, layer_pair
     from saeot.report import pair_rows, write_report
-    from saeot.sae import load_sae, sae_report, save_sae, train_topk_sae
+    from saeot.sae import load_sae, sae_metadata, sae_report, save_sae, train_topk_sae
 
     out = Path(out)
     t_all = time.perf_counter()
@@ -46,7 +46,7 @@ def run_demo(out: Path, model: str = "gemma3-270m", n_tokens: int = 4096, ctx_le
             sae = load_sae(folder)
         else:
             sae = train_topk_sae(X, d_sae, k_sae, steps=steps, batch_size=512, lr=1e-3,
-                                 cfg={"model_name": model, "hook_name": f"resid_layer_{l}", "hook_layer": l})
+                                 cfg=sae_metadata(model, l))
             save_sae(sae, folder)
         saes[l] = sae
         sae_rep[l] = sae_report(sae, X)
