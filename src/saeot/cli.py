@@ -19,6 +19,56 @@ def _layers(s: str | None) -> list[int] | None:
     return None if s in (None, "", "all") else [int(x) for x in s.split(",")]
 
 
+def _fail(msg: str) -> None:
+    """One clear line on stderr, exit status 2 (bad usage), before any data or model is loaded."""
+    typer.echo(f"saeot: error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def _check_choice(option: str, value: str, choices) -> None:
+    if value not in choices:
+        _fail(f"{option} {value!r} is not one of {', '.join(choices)}")
+
+
+def _check_positive(option: str, value: int | None, allow_zero: bool = False) -> None:
+    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+        _fail(f"{option} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _check_int_list(option: str, value: str | None, allow_all: bool = True) -> None:
+    if value in (None, "", "all") and allow_all:
+        return
+    try:
+        xs = [int(x) for x in str(value).split(",")]
+    except ValueError:
+        _fail(f"{option} must be comma-separated integers{' or all' if allow_all else ''}, got {value!r}")
+    if any(x < 0 for x in xs):
+        _fail(f"{option} must be >= 0, got {value!r}")
+
+
+def _check_pairs(option: str, value: str) -> list[tuple[int, int]]:
+    try:
+        prs = [tuple(int(x) for x in p.split(":")) for p in value.split(",")]
+    except ValueError:
+        prs = []
+    if not prs or any(len(p) != 2 or min(p) < 0 for p in prs):
+        _fail(f"{option} must look like 0:18,9:18, got {value!r}")
+    return prs
+
+
+def _check_folder(option: str, path: Path, what: str) -> None:
+    if not Path(path).exists():
+        _fail(f"{option} {path} does not exist ({what})")
+
+
+# option choices, kept here (no heavy imports) so bad values fail before anything loads
+SOLVER_CHOICES = ("exact", "sinkhorn", "sinkhorn-debiased", "sliced")
+STRATEGY_CHOICES = ("nn", "hungarian", "mutual")
+SPACE_CHOICES = ("reference", "linear", "pca")
+METHOD_CHOICES = ("ot", "decoder-cosine", "sae-match", "act-corr", "all")
+TASK_CHOICES = ("addition", "successor")
+
+
 @app.command()
 def collect(
     out: Path = typer.Option(Path("runs/acts"), help="Cache folder (resumable)."),
@@ -29,6 +79,9 @@ def collect(
     batch_size: int = typer.Option(8, help="Chunks per forward pass / shard."),
 ) -> None:
     """Collect residual-stream activations over the bundled corpus into a safetensors cache."""
+    _check_int_list("--layers", layers)
+    for opt, v in (("--n-tokens", n_tokens), ("--ctx-len", ctx_len), ("--batch-size", batch_size)):
+        _check_positive(opt, v)
     from saeot.collect import collect_activations
     from saeot.corpus import chunk_corpus
     from saeot.models import load_model
@@ -49,8 +102,15 @@ def train_sae(
     steps: int = typer.Option(1000, help="Adam steps."),
     batch_size: int = typer.Option(1024),
     lr: float = typer.Option(1e-3),
+    aux_k: int = typer.Option(-1, help="AuxK: dead features used to model the residual (-1 = min(d_sae/2, 4k), 0 = off)."),
 ) -> None:
-    """Train a TopK SAE per layer; print and save FVU / L0 / dead features per layer."""
+    """Train a TopK SAE (with AuxK) per layer; print and save FVU / L0 / dead features per layer."""
+    _check_int_list("--layers", layers)
+    for opt, v in (("--d-sae", d_sae), ("--k", k), ("--steps", steps), ("--batch-size", batch_size)):
+        _check_positive(opt, v)
+    if k > d_sae:
+        _fail(f"--k {k} must be <= --d-sae {d_sae}")
+    _check_folder("--acts", acts, "run `saeot collect`")
     from saeot.collect import load_activations, load_manifest
     from saeot.sae import sae_metadata, sae_report, save_sae, train_topk_sae
 
@@ -61,7 +121,7 @@ def train_sae(
         X = load_activations(acts, l)
         n_train = int(0.9 * len(X))  # last 10% held out for the report
         sae = train_topk_sae(X[:n_train], d_sae, k, steps=steps, batch_size=batch_size, lr=lr,
-                             cfg=sae_metadata(man["model"], l))
+                             aux_k=None if aux_k < 0 else aux_k, cfg=sae_metadata(man["model"], l))
         save_sae(sae, out / f"layer_{l}")
         rep = sae_report(sae, X[n_train:])
         rep["dead_frac_train"] = sae_report(sae, X[:n_train])["dead_frac"]
@@ -78,14 +138,24 @@ def match(
     layer_a: int = typer.Option(0, help="Source layer."),
     layer_b: int = typer.Option(18, help="Target layer."),
     method: str = typer.Option("ot", help="ot, decoder-cosine, sae-match, act-corr, or 'all'."),
-    solver: str = typer.Option("exact", help="OT solver: exact, sinkhorn, sliced."),
-    strategy: str = typer.Option("nn", help="nn or hungarian."),
+    solver: str = typer.Option("exact", help="OT solver: exact, sinkhorn, sinkhorn-debiased, sliced."),
+    strategy: str = typer.Option("nn", help="nn, hungarian, or mutual (mutual nearest neighbours only)."),
     space: str = typer.Option("reference", help="Reference space: reference, linear, pca."),
     k: int = typer.Option(32, help="Top-k support size."),
     candidates: int = typer.Option(32, help="Pre-filter: candidates per feature (0 = all pairs)."),
+    n_jobs: int = typer.Option(0, help="Processes for exact W2 (0 = one per core)."),
     out: Path = typer.Option(Path("runs/match.json")),
 ) -> None:
     """Match features of layer A to layer B with one or all methods; write pairs, scores, timings."""
+    _check_choice("--method", method, METHOD_CHOICES)
+    _check_choice("--solver", solver, SOLVER_CHOICES)
+    _check_choice("--strategy", strategy, STRATEGY_CHOICES)
+    _check_choice("--space", space, SPACE_CHOICES)
+    _check_positive("--k", k)
+    _check_positive("--candidates", candidates, allow_zero=True)
+    _check_positive("--n-jobs", n_jobs, allow_zero=True)
+    _check_folder("--acts", acts, "run `saeot collect`")
+    _check_folder("--saes", saes, "run `saeot train-sae`")
     from saeot.collect import load_activations
     from saeot.methods import METHODS
     from saeot.pipeline import compare_methods, layer_pair
@@ -96,7 +166,7 @@ def match(
     tokens = load_activations(acts, "tokens")
     methods = METHODS if method == "all" else (method,)
     res = compare_methods(A, B, tokens, methods=methods, strategy=strategy, solver=solver,
-                          candidates=candidates or None, progress=True)
+                          candidates=candidates or None, progress=True, n_jobs=n_jobs or None)
     doc = {"layer_a": layer_a, "layer_b": layer_b, "space": space, "k": k, "solver": solver, "strategy": strategy,
            "methods": {n: {"seconds": r.seconds, "evaluated_pairs": r.evaluated, "top_token_jaccard": r.proxy,
                            "n_matched": int(len(r.matching.src)),
@@ -123,8 +193,8 @@ def bench(
 
     if acts is not None:
         if saes is None:
-            raise typer.BadParameter("--acts needs --saes")
-        prs = [tuple(int(x) for x in p.split(":")) for p in pairs.split(",")]
+            _fail("--acts needs --saes")
+        prs = _check_pairs("--pairs", pairs)
         r = real_layers_bench(acts, saes, pairs=prs)
         write_json(r, out / "real_layers.json")
         for pr, v in r.items():
@@ -148,9 +218,28 @@ def compress(
     model: str = typer.Option("gemma3-270m"),
     layers: str = typer.Option("9,18", help="Circuit layers (>= 1), each with an SAE in --saes."),
     n_nodes: int = typer.Option(24, help="Circuit features per layer."),
+    counts: str = typer.Option("", help="Supernodes per layer to evaluate, e.g. 24,18,12,6,3,1 (default: n, 3n/4, n/2, n/4, n/8, 1)."),
+    k: int = typer.Option(32, help="Top-k support size of the OT distributions."),
+    solver: str = typer.Option("exact", help="OT solver for within-layer distances: exact, sinkhorn, sinkhorn-debiased, sliced."),
+    seeds: int = typer.Option(3, help="Random-grouping seeds."),
+    task: str = typer.Option("addition", help="addition (a+b<=9, 4-shot) or successor (next digit, 4-shot)."),
     out: Path = typer.Option(Path("runs/compress")),
 ) -> None:
-    """Circuit compression on single-digit addition: attribution graph -> supernodes -> faithfulness."""
+    """Circuit compression: attribution graph -> supernodes -> faithfulness, with paired tests."""
+    _check_int_list("--layers", layers, allow_all=False)
+    _check_positive("--n-nodes", n_nodes)
+    _check_positive("--k", k)
+    _check_positive("--seeds", seeds)
+    _check_choice("--solver", solver, SOLVER_CHOICES)
+    _check_choice("--task", task, TASK_CHOICES)
+    if counts:
+        _check_int_list("--counts", counts, allow_all=False)
+        if any(int(c) < 1 or int(c) > n_nodes for c in counts.split(",")):
+            _fail(f"--counts must be in 1..--n-nodes ({n_nodes}), got {counts!r}")
+    if any(int(l) < 1 for l in layers.split(",")):
+        _fail("--layers for compression must be >= 1 (block outputs)")
+    _check_folder("--acts", acts, "run `saeot collect`")
+    _check_folder("--saes", saes, "run `saeot train-sae`")
     from saeot.bench import write_json
     from saeot.collect import load_activations
     from saeot.compress import plot_faithfulness, run_compression
@@ -160,7 +249,9 @@ def compress(
     lm = load_model(model)
     ls = _layers(layers)
     res = run_compression(lm, {l: load_sae(saes / f"layer_{l}") for l in ls},
-                          {l: load_activations(acts, l) for l in ls}, n_nodes=n_nodes)
+                          {l: load_activations(acts, l) for l in ls}, n_nodes=n_nodes,
+                          counts=[int(c) for c in counts.split(",")] if counts else None, k=k, solver=solver,
+                          seeds=tuple(range(seeds)), task=task)
     write_json(res, out / "compression.json")
     plot_faithfulness(res, out / "faithfulness.png")
     typer.echo(f"unmodified: {res['clean']}")
@@ -177,12 +268,22 @@ def demo(
     d_sae: int = typer.Option(1024, help="Features per SAE."),
     steps: int = typer.Option(400, help="SAE training steps per layer."),
     n_nodes: int = typer.Option(16, help="Circuit features per layer for compression."),
+    solver: str = typer.Option("exact", help="OT solver: exact, sinkhorn, sinkhorn-debiased, sliced."),
+    k: int = typer.Option(32, help="Top-k support size."),
+    candidates: int = typer.Option(32, help="Pre-filter: candidates per feature (0 = all pairs)."),
+    task: str = typer.Option("addition", help="Compression task: addition or successor."),
 ) -> None:
-    """End to end on the bundled defaults (~10 min on 2 cores): collect, train, match, compress, report."""
+    """End to end on the bundled defaults: collect, train, match, compress, report (measured time in docs/saeot.md)."""
+    for opt, v in (("--n-tokens", n_tokens), ("--d-sae", d_sae), ("--steps", steps), ("--n-nodes", n_nodes),
+                   ("--k", k)):
+        _check_positive(opt, v)
+    _check_positive("--candidates", candidates, allow_zero=True)
+    _check_choice("--solver", solver, SOLVER_CHOICES)
+    _check_choice("--task", task, TASK_CHOICES)
     from saeot.demo import run_demo
 
-    run_demo(out, model=model, n_tokens=n_tokens, d_sae=d_sae, steps=steps, n_nodes=n_nodes,
-             log=lambda m: typer.echo(m))
+    run_demo(out, model=model, n_tokens=n_tokens, d_sae=d_sae, steps=steps, n_nodes=n_nodes, k=k, solver=solver,
+             candidates=candidates or None, task=task, log=lambda m: typer.echo(m))
 
 
 @app.command()
@@ -191,12 +292,25 @@ def report(
     saes: Path = typer.Option(Path("runs/saes")),
     model: str = typer.Option("gemma3-270m", help="Model whose tokenizer decodes the contexts."),
     pairs: str = typer.Option("0:18,9:18", help="Layer pairs a:b to show."),
+    solver: str = typer.Option("exact", help="OT solver: exact, sinkhorn, sinkhorn-debiased, sliced."),
+    strategy: str = typer.Option("nn", help="nn, hungarian or mutual."),
+    k: int = typer.Option(32, help="Top-k support size."),
+    candidates: int = typer.Option(32, help="Pre-filter: candidates per feature (0 = all pairs)."),
+    n_pairs: int = typer.Option(20, help="Matched pairs shown per layer pair."),
     compression: Optional[Path] = typer.Option(None, help="compression.json from `saeot compress`."),
     out: Path = typer.Option(Path("runs/report.html")),
 ) -> None:
     """Write a static HTML report: matched pairs with top contexts and every method's scores."""
-    from transformers import AutoTokenizer  # noqa: F401  (tokenizer comes with the model spec)
-
+    prs = _check_pairs("--pairs", pairs)
+    _check_choice("--solver", solver, SOLVER_CHOICES)
+    _check_choice("--strategy", strategy, STRATEGY_CHOICES)
+    _check_positive("--k", k)
+    _check_positive("--candidates", candidates, allow_zero=True)
+    _check_positive("--n-pairs", n_pairs)
+    _check_folder("--acts", acts, "run `saeot collect`")
+    _check_folder("--saes", saes, "run `saeot train-sae`")
+    if compression is not None:
+        _check_folder("--compression", compression, "run `saeot compress`")
     from saeot.collect import load_activations
     from saeot.models import load_model
     from saeot.pipeline import compare_methods, layer_pair
@@ -206,20 +320,21 @@ def report(
     tok = load_model(model).tokenizer
     tokens, chunk = load_activations(acts, "tokens"), load_activations(acts, "chunk")
     sections, summary = [], []
-    for pr in pairs.split(","):
-        la, lb = (int(x) for x in pr.split(":"))
-        A, B = layer_pair(acts, load_sae(saes / f"layer_{la}"), load_sae(saes / f"layer_{lb}"), la, lb)
-        res = compare_methods(A, B, tokens)
+    for la, lb in prs:
+        A, B = layer_pair(acts, load_sae(saes / f"layer_{la}"), load_sae(saes / f"layer_{lb}"), la, lb, k=k)
+        res = compare_methods(A, B, tokens, strategy=strategy, solver=solver, candidates=candidates or None)
         for m, r in res.items():
-            summary.append({"pair": pr, "method": m, "matched": int(len(r.matching.src)),
+            summary.append({"pair": f"{la}:{lb}", "method": m, "matched": int(len(r.matching.src)),
                             "top-token Jaccard": r.proxy, "seconds": r.seconds})
-        methods, rows = pair_rows(A, B, res)
+        methods, rows = pair_rows(A, B, res, n_pairs=n_pairs)
         sections.append({"title": f"Layer {la} → layer {lb}", "layer_a": la, "layer_b": lb,
                          "methods": methods, "rows": rows})
     comp = json.loads(compression.read_text()) if compression else None
     plots = [compression.parent / "faithfulness.png"] if compression else []
     write_report(out, title=f"saeot report: {model}", tokens=tokens, chunk=chunk, decode=tok.decode,
-                 pairs=sections, summary=summary, compression=comp, plots=plots)
+                 pairs=sections, summary=summary, compression=comp, plots=plots,
+                 notes=f"OT: {solver} W2 over top-{k} distributions, {candidates or 'all'} candidates per feature; "
+                       f"matching: {strategy}.")
     typer.echo(f"wrote {out}")
 
 

@@ -55,13 +55,13 @@ class MethodResult:
 
 def compare_methods(A: LayerFeatures, B: LayerFeatures, tokens: np.ndarray, *, methods=METHODS,
                     strategy: str = "nn", solver: str = "exact", candidates: int | None = 32,
-                    only_alive: bool = True, progress: bool = False) -> dict[str, MethodResult]:
+                    only_alive: bool = True, progress: bool = False, **solver_kw) -> dict[str, MethodResult]:
     """Every method on the same layer pair: matching, wall time and the top-token proxy."""
     out = {}
     alive_a = A.dists.alive
     for name in methods:
         t0 = time.perf_counter()
-        r = distance_matrix(name, A, B, solver=solver, candidates=candidates, progress=progress)
+        r = distance_matrix(name, A, B, solver=solver, candidates=candidates, progress=progress, **solver_kw)
         D = r.D.copy()
         if only_alive:
             D[~alive_a] = np.inf

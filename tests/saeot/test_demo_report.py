@@ -25,9 +25,11 @@ def test_demo_writes_report_and_figures(demo_out):
     assert fig["layers"] == [0, 2, 4]
     assert set(fig["pairs"]) == {"0->4", "2->4"}
     for pf in fig["pairs"].values():
-        assert set(pf) == {"ot", "decoder-cosine", "sae-match", "act-corr"}
-        assert pf["ot"]["agree_with_ot"] == 1.0
-        assert 0.0 <= pf["ot"]["top_token_jaccard"] <= 1.0
+        assert set(pf) == {"ot", "decoder-cosine", "sae-match", "act-corr", "random_match_jaccard"}
+    # OT matches features whose top contexts share tokens far more often than a random match does
+    # (this proxy is circular for OT -- see docs -- so it checks the plumbing, not the method)
+    for pf in fig["pairs"].values():
+        assert pf["ot"]["top_token_jaccard"] > 2 * pf["random_match_jaccard"] + 0.02, pf
     for l, rep in fig["sae"].items():
         assert 0 <= rep["fvu"] < 1.0 and rep["l0"] <= 16
     comp = fig["compression"]
@@ -89,3 +91,19 @@ def test_cli_chain_collect_train_match_report(demo_out, tmp_path):
                   "tiny-random", "--pairs", "2:4", "--out", str(tmp_path / "r.html")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "r.html").read_text().count("class='pair'") >= 10
+
+
+def test_bad_options_fail_fast_with_one_line(tmp_path):
+    """A bad option is reported before any data or model is loaded (the folders do not exist)."""
+    run = CliRunner().invoke
+    missing = str(tmp_path / "nowhere")
+    for args, what in ((["match", "--solver", "emd", "--acts", missing], "--solver 'emd'"),
+                       (["match", "--strategy", "greedy", "--acts", missing], "--strategy 'greedy'"),
+                       (["report", "--pairs", "0-18", "--acts", missing], "--pairs"),
+                       (["compress", "--counts", "99", "--n-nodes", "8", "--acts", missing], "--counts"),
+                       (["demo", "--task", "poetry", "--out", missing], "--task 'poetry'")):
+        r = run(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        lines = [l for l in r.output.splitlines() if l.strip()]
+        assert len(lines) == 1 and what in lines[0] and lines[0].startswith("saeot: error:"), r.output
+    assert not (tmp_path / "nowhere").exists()
