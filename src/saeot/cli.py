@@ -211,6 +211,31 @@ def bench(
                 typer.echo(f"{n:>15} NN acc vs {sweep}={r['ks']}: " + " ".join(f"{x:.2f}" for x in v["nn"]))
 
 
+@app.command("bench-speed")
+def bench_speed(
+    acts: Path = typer.Option(Path("runs/acts")),
+    saes: Path = typer.Option(Path("runs/saes")),
+    layer_a: int = typer.Option(9),
+    layer_b: int = typer.Option(18),
+    k: int = typer.Option(32, help="Top-k support size."),
+    candidates: int = typer.Option(32, help="Candidates per feature for the exact solver."),
+    recall_sources: int = typer.Option(24, help="Sources whose exact NN is found by brute force (recall)."),
+    legacy: str = typer.Option("0b04a39", help="Git revision whose solvers are timed side by side ('' = none)."),
+    out: Path = typer.Option(Path("docs/saeot/speed.json")),
+) -> None:
+    """Wall time of all-pairs OT between two layers: sliced, exact on candidates, PCA-64, per core, legacy."""
+    for opt, v in (("--k", k), ("--candidates", candidates), ("--recall-sources", recall_sources)):
+        _check_positive(opt, v)
+    _check_folder("--acts", acts, "run `saeot collect`")
+    _check_folder("--saes", saes, "run `saeot train-sae`")
+    from saeot.bench import speed_bench, write_json
+
+    r = speed_bench(acts, saes, layer_a, layer_b, k=k, candidates=candidates, recall_sources=recall_sources,
+                    legacy_rev=legacy or None, log=typer.echo)
+    write_json(r, out)
+    typer.echo(f"wrote {out}")
+
+
 @app.command()
 def compress(
     acts: Path = typer.Option(Path("runs/acts")),

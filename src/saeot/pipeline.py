@@ -26,6 +26,9 @@ def layer_pair(acts_dir: Path, sae_a: SAE, sae_b: SAE, layer_a: int, layer_b: in
     Hb = load_activations(acts_dir, layer_b)
     Href = Hb if ref_layer is None or ref_layer == layer_b else load_activations(acts_dir, ref_layer)
     Za, Zb = reference_embeddings(Ha, Hb, space, H_ref=Href, n_components=n_components)
+    # float32 once, so that both layers' measures index the very same array when the space is shared
+    Za32 = np.ascontiguousarray(Za, dtype=np.float32)
+    Za, Zb = Za32, (Za32 if Zb is Za else np.ascontiguousarray(Zb, dtype=np.float32))
     A = LayerFeatures(W_dec=sae_a.W_dec, acts=sae_a.encode(Ha), Z=Za, W_enc=sae_a.W_enc, k=k)
     B = LayerFeatures(W_dec=sae_b.W_dec, acts=sae_b.encode(Hb), Z=Zb, W_enc=sae_b.W_enc, k=k)
     return A, B

@@ -103,7 +103,7 @@ def measures(dist: FeatureDistributions, Z: np.ndarray, dtype=np.float32) -> Mea
     idx = dist.index.copy()
     first = np.where(idx[:, :1] >= 0, idx[:, :1], 0)  # (F, 1)
     idx = np.where(idx >= 0, idx, first)  # pad with the first support point
-    Zc = np.ascontiguousarray(Z, dtype=dtype)
+    Zc = np.ascontiguousarray(Z, dtype=dtype)  # no copy if Z already is: layers that share Z share Zc
     return Measures(X=Zc[idx], w=dist.weight.astype(np.float64), Z=Zc, index=idx)
 
 
@@ -113,13 +113,30 @@ def _sqdist(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.maximum(M, 0.0)
 
 
-def _batch_costs(Xa: np.ndarray, Xb: np.ndarray) -> np.ndarray:
-    """(B, k, d), (B, k', d) -> (B, k, k') squared distances; float32 batched matmul, float64 out."""
+def _batch_costs(Xa: np.ndarray, Xb: np.ndarray, ia: np.ndarray | None = None, ib: np.ndarray | None = None
+                 ) -> np.ndarray:
+    """(B, k, d), (B, k', d) -> (B, k, k') squared distances; float32 batched matmul, float64 out.
+
+    ``ia``, ``ib`` (B, k), (B, k'): token indices of the points when both sides index the same
+    embedding; equal indices are the same point, so their cost is set to exactly 0 (the float32
+    expansion |x|^2 + |y|^2 - 2 x.y leaves ~1e-7 |x|^2 there, i.e. W2 ~ 3e-4 between identical
+    measures).
+    """
     Xa = Xa.astype(np.float32, copy=False)
     Xb = Xb.astype(np.float32, copy=False)
     M = (np.einsum("bkd,bkd->bk", Xa, Xa)[:, :, None] + np.einsum("bld,bld->bl", Xb, Xb)[:, None, :]
          - 2.0 * np.matmul(Xa, Xb.transpose(0, 2, 1)))
-    return np.maximum(M, 0.0).astype(np.float64)
+    M = np.maximum(M, 0.0).astype(np.float64)
+    if ia is not None and ib is not None:
+        M[ia[:, :, None] == ib[:, None, :]] = 0.0
+    return M
+
+
+def _shared_index(ma: "Measures", mb: "Measures"):
+    """(index_a, index_b) when both measures index the same token embedding, else (None, None)."""
+    if ma.index is not None and mb.index is not None and ma.Z is not None and ma.Z is mb.Z:
+        return ma.index, mb.index
+    return None, None
 
 
 def _emd_cost(a: np.ndarray, b: np.ndarray, M: np.ndarray) -> float:
@@ -166,9 +183,10 @@ def w2_exact(x: np.ndarray, a: np.ndarray, y: np.ndarray, b: np.ndarray) -> floa
 def _exact_block(ma: Measures, mb: Measures, pairs: np.ndarray, batch: int = 2048) -> np.ndarray:
     """W2 of ``pairs`` (P, 2) (all alive), cost matrices in float32 batches, one C solve each."""
     out = np.empty(len(pairs))
+    xa, xb = _shared_index(ma, mb)
     for s in range(0, len(pairs), batch):
         i, j = pairs[s:s + batch, 0], pairs[s:s + batch, 1]
-        M = _batch_costs(ma.X[i], mb.X[j])  # (B, k, k')
+        M = _batch_costs(ma.X[i], mb.X[j], None if xa is None else xa[i], None if xb is None else xb[j])  # (B, k, k')
         wa, wb = ma.w[i], mb.w[j]
         for r in range(len(i)):
             ka, kb = wa[r] > 0, wb[r] > 0
@@ -359,7 +377,8 @@ def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "ex
     for s in tqdm(range(0, len(it), batch_size), disable=not progress, desc=f"{solver} W2", unit="batch"):
         sel = it[s:s + batch_size]
         i, j = pairs[sel, 0], pairs[sel, 1]
-        M = _batch_costs(ma.X[i], mb.X[j])  # (B, k, k')
+        xa, xb = _shared_index(ma, mb)
+        M = _batch_costs(ma.X[i], mb.X[j], None if xa is None else xa[i], None if xb is None else xb[j])
         eps = reg * M.mean(axis=(1, 2))  # (B,) one epsilon per pair, shared by the debiasing terms
         r = sinkhorn_batch(M, ma.w[i], mb.w[j], eps=eps, max_iter=max_iter, tol=tol, warn=False)
         bad += int((~r.converged).sum())
@@ -367,9 +386,11 @@ def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "ex
         if solver == "sinkhorn":
             out[sel] = np.sqrt(np.maximum(r.cost, 0.0))
             continue
-        ra = sinkhorn_batch(_batch_costs(ma.X[i], ma.X[i]), ma.w[i], ma.w[i], eps=eps, max_iter=max_iter,
+        sa = None if ma.index is None else ma.index[i]
+        sb = None if mb.index is None else mb.index[j]
+        ra = sinkhorn_batch(_batch_costs(ma.X[i], ma.X[i], sa, sa), ma.w[i], ma.w[i], eps=eps, max_iter=max_iter,
                             tol=tol, warn=False)
-        rb = sinkhorn_batch(_batch_costs(mb.X[j], mb.X[j]), mb.w[j], mb.w[j], eps=eps, max_iter=max_iter,
+        rb = sinkhorn_batch(_batch_costs(mb.X[j], mb.X[j], sb, sb), mb.w[j], mb.w[j], eps=eps, max_iter=max_iter,
                             tol=tol, warn=False)
         bad += int((~ra.converged).sum() + (~rb.converged).sum())
         worst = max(worst, float(ra.marginal_error.max(initial=0.0)), float(rb.marginal_error.max(initial=0.0)))

@@ -181,8 +181,7 @@ def test_exact_in_worker_processes_equals_in_process():
     np.testing.assert_array_equal(one, two)
     ref = np.array([w2_exact(m.X[i].astype(np.float64), m.w[i], m.X[j].astype(np.float64), m.w[j])
                     for i, j in pairs[:50]])
-    # float32 cost matrices: ~1e-6 relative, and up to ~1e-3 absolute near W2 = 0 (sqrt of cancellation)
-    np.testing.assert_allclose(one[:50], ref, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(one[:50], ref, rtol=1e-5, atol=1e-6)
 
 
 def test_mutual_nearest_neighbours():
