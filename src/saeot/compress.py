@@ -197,7 +197,7 @@ def attribution_graph(lm, saes: dict, task: Task, n_nodes: int = 24, progress: b
         A1 = acts_full[l1][:, circuit.nodes[l1]]  # (B*T, n1)
         h2 = store[l2]  # (B, T, d), depends on store[l1]
         for jj, j in enumerate(tqdm(circuit.nodes[l2], disable=not progress, desc=f"edges {l1}->{l2}")):
-            pre = sae2.pre_activations(h2.reshape(-1, h2.shape[-1]))[:, j].reshape(h2.shape[:2])  # (B, T)
+            pre = sae2.pre_activations(h2.reshape(-1, h2.shape[-1]), [j])[:, 0].reshape(h2.shape[:2])  # (B, T)
             active = (acts_full[l2][:, j] > 0).reshape(pre.shape).float()
             (g1,) = torch.autograd.grad((pre * active).sum(), [store[l1]], retain_graph=True)
             E[:, jj] = (A1 * (g1.reshape(-1, g1.shape[-1]) @ D1.T)).sum(0).numpy()

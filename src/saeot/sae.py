@@ -153,18 +153,20 @@ class SAE:
             return x * s, lambda y: y / s
         return x, (lambda y: y)
 
-    def pre_activations(self, x):
-        """torch (b, d_in) float32 -> (b, d_sae) encoder pre-activations (before the nonlinearity)."""
+    def pre_activations(self, x, features=None):
+        """torch (b, d_in) float32 -> (b, d_sae) encoder pre-activations (before the nonlinearity);
+        only the columns ``features`` (an index array) if given."""
         import torch
 
+        cols = slice(None) if features is None else np.atleast_1d(features)
         x, _ = self._normalise_in(x)
-        We = torch.from_numpy(np.ascontiguousarray(self.W_enc, np.float32))
-        be = torch.from_numpy(self.b_enc.astype(np.float32))
+        We = torch.from_numpy(np.ascontiguousarray(self.W_enc[:, cols], np.float32))
+        be = torch.from_numpy(np.ascontiguousarray(self.b_enc[cols], np.float32))
         if self.apply_b_dec_to_input:
             x = x - torch.from_numpy(self.b_dec.astype(np.float32))
         pre = x @ We + be
         if self.architecture == "topk" and self.rescale_acts_by_decoder_norm:
-            pre = pre * torch.from_numpy(np.linalg.norm(self.W_dec, axis=1).astype(np.float32))
+            pre = pre * torch.from_numpy(np.linalg.norm(self.W_dec[cols], axis=1).astype(np.float32))
         return pre
 
     def encode_torch(self, x):
