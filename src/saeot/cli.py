@@ -254,7 +254,12 @@ def evaluate(
                                            lm=lm, n_eval=n_eval, n_intervene=n_intervene, k=k, candidates=candidates,
                                            log=typer.echo)
         write_json(res, out)  # after every pair: a partial result survives an interruption
-    typer.echo(f"wrote {out}")
+    from saeot.evaluate import markdown_summary
+
+    md = markdown_summary(res)
+    out.with_suffix(".md").write_text(md + "\n")
+    typer.echo(md)
+    typer.echo(f"wrote {out} and {out.with_suffix('.md')}")
 
 
 @app.command("bench-speed")

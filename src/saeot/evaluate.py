@@ -311,3 +311,32 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
             f"{m}: judge {v['nn'].get('semantic_judge', {}).get('mean', float('nan')):.3f} "
             f"jacc {v['nn']['held_out_jaccard']['mean']:.3f}" for m, v in res["methods"].items()))
     return out
+
+
+def _fmt(ci: dict | None) -> str:
+    if not ci or ci.get("n", 0) == 0:
+        return "n/a"
+    return f"{ci['mean']:.3f} [{ci['lo']:.3f}, {ci['hi']:.3f}]"
+
+
+def markdown_summary(res: dict) -> str:
+    """Markdown tables of an ``evaluate`` result ({pair: evaluate_pair(...)}): per pair and
+    setting, every method x strategy with 95% CIs, hub statistics, intervention scores."""
+    lines = []
+    for pair, ev in res.items():
+        for setting, st in ev["settings"].items():
+            lines.append(f"\n**{pair}, {setting} tokens** (fit {ev['fit_tokens']} tokens, judged on "
+                         f"{ev['held_tokens']} held-out tokens)\n")
+            lines.append("| method | strategy | sources | MiniLM judge | held-out Jaccard | distinct targets "
+                         "(max in-degree) | intervention rel. effect | intervention hit@10 |")
+            lines.append("|---|---|---|---|---|---|---|---|")
+            inter = st.get("intervention", {}).get("methods", {})
+            for m, by in st["methods"].items():
+                for s, r in by.items():
+                    h = r.get("hubs") or {}
+                    iv = inter.get(m, {}).get(s, {})
+                    lines.append(f"| {m} | {s} | {r['evaluated_sources']} | {_fmt(r.get('semantic_judge'))} | "
+                                 f"{_fmt(r['held_out_jaccard'])} | "
+                                 f"{h.get('distinct_targets', '-')} ({h.get('max_in_degree', '-')}) | "
+                                 f"{_fmt(iv.get('relative_effect'))} | {_fmt(iv.get('hit_at_10'))} |")
+    return "\n".join(lines)

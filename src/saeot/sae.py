@@ -259,7 +259,7 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
     k : int         active features per token
     steps : int     optimiser steps (each a random batch of ``batch_size`` rows)
     aux_k : int     default min(d_sae // 2, 4 k); 0 = no AuxK
-    dead_after_tokens : int   default min(n, 10 * d_sae) tokens without firing
+    dead_after_tokens : int   default min(n / 4, 2 d_sae) tokens without firing
     log : list, optional      appended with {"step", "mse", "aux", "dead_frac"} every 100 steps
 
     Returns
@@ -275,7 +275,7 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
     if k > d_sae:
         raise ValueError(f"k={k} > d_sae={d_sae}")
     aux_k = min(d_sae // 2, 4 * k) if aux_k is None else int(aux_k)
-    dead_after = min(n, 10 * d_sae) if dead_after_tokens is None else int(dead_after_tokens)
+    dead_after = min(n // 4, 2 * d_sae) if dead_after_tokens is None else int(dead_after_tokens)
     scale = float(np.sqrt((X.astype(np.float64) ** 2).sum(1).mean() / d)) or 1.0
     Xt = torch.from_numpy(X / scale)
     g = torch.Generator().manual_seed(seed)
@@ -326,7 +326,8 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
     wd = W_dec.detach().numpy() * scale
     bd = b_dec.detach().numpy() * scale
     info = {"d_in": d, "d_sae": d_sae, "k": k, "architecture": "topk", "train_steps": steps,
-            "train_tokens_seen": steps * bs, "normalization_scale": scale, "aux_k": aux_k, "aux_coef": aux_coef}
+            "train_tokens_seen": steps * bs, "normalization_scale": scale, "aux_k": aux_k, "aux_coef": aux_coef,
+            "dead_after_tokens": dead_after}
     info.update(cfg or {})
     return SAE(we.astype(np.float32), b_enc.detach().numpy().astype(np.float32), wd.astype(np.float32),
                bd.astype(np.float32), "topk", k, None, info)
@@ -336,7 +337,8 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
 METADATA_KEYS = ("model_name", "hook_name", "hook_head_index", "hook_layer", "prepend_bos", "dataset_path",
                  "context_size", "model_class_name", "model_from_pretrained_kwargs", "seqpos_slice",
                  "exclude_special_tokens", "neuronpedia_id", "sae_lens_training_version", "sae_lens_version",
-                 "train_steps", "train_tokens_seen", "normalization_scale", "aux_k", "aux_coef", "saeot_layer")
+                 "train_steps", "train_tokens_seen", "normalization_scale", "aux_k", "aux_coef", "saeot_layer",
+                 "dead_after_tokens")
 
 
 def save_sae(sae: SAE, folder: Path) -> Path:
