@@ -189,6 +189,14 @@ def _legacy_wasserstein(rev: str):
     return mod
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (robust to a shared, loaded machine)."""
+    import resource
+
+    return time.process_time() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime \
+        + resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
+
+
 def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int = 18, k: int = 32,
                 candidates: int = 32, recall_sources: int = 24, legacy_rev: str | None = "0b04a39",
                 legacy_exact_sample: int = 20_000, n_jobs: int | None = None, seed: int = 0,
@@ -216,14 +224,16 @@ def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int =
         res: dict = {"dim": int(A.Z.shape[1]), "alive": [int(ma.alive.sum()), int(mb.alive.sum())]}
         for solver in ("sliced", "exact"):  # warm-up: imports and first-call costs are not timed
             pairwise_w2(ma.subset(np.arange(8)), mb.subset(np.arange(8)), solver, candidates=None)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu()
         pairwise_w2(ma, mb, "sliced")
         res["sliced_all_pairs_s"] = time.perf_counter() - t0
+        res["sliced_all_pairs_cpu_s"] = _cpu() - c0
         log(f"[{space}] sliced all pairs: {res['sliced_all_pairs_s']:.1f} s")
         for jobs in sorted({1, n_jobs or default_jobs()}):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu()
             r = pairwise_w2(ma, mb, "exact", candidates=candidates, n_jobs=jobs)
             res[f"exact_candidates_s_jobs{jobs}"] = time.perf_counter() - t0
+            res[f"exact_candidates_cpu_s_jobs{jobs}"] = _cpu() - c0  # this process + its workers
             res["exact_candidates_stages"] = r.seconds
             res["exact_candidate_pairs"] = r.evaluated
             log(f"[{space}] exact on {r.evaluated} candidate pairs, {jobs} process(es): "
@@ -242,6 +252,12 @@ def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int =
         cand = candidate_pairs(P, candidates)
         cset = set(map(tuple, cand.tolist()))
         res["candidate_recall"] = float(np.mean([(int(i), int(j)) in cset for i, j in zip(src, true_nn)]))
+        res["candidate_recall_by_c"] = {}
+        for c in (8, 16, 32, 64):
+            cs = set(map(tuple, candidate_pairs(P, c).tolist()))
+            res["candidate_recall_by_c"][c] = {"recall": float(np.mean([(int(i), int(j)) in cs
+                                                                         for i, j in zip(src, true_nn)])),
+                                               "pairs": len(cs)}
         res["candidate_nn_equals_true_nn"] = float(np.mean(np.argmin(r.D[src], 1) == true_nn))
         res["recall_sources"] = int(len(src))
         res["true_nn"] = true_nn.tolist()
@@ -257,14 +273,16 @@ def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int =
             leg = _legacy_wasserstein(legacy_rev)
             if leg is not None:
                 la, lb = leg.measures(A.dists, A.Z.astype(np.float64)), leg.measures(B.dists, B.Z.astype(np.float64))
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), _cpu()
                 leg.pairwise_w2(la, lb, "sliced")
                 res["legacy_sliced_all_pairs_s"] = time.perf_counter() - t0
+                res["legacy_sliced_all_pairs_cpu_s"] = _cpu() - c0
                 sel = cand[rng.choice(len(cand), min(legacy_exact_sample, len(cand)), replace=False)]
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), _cpu()
                 leg.w2_pairs(la, lb, sel, "exact")
                 dt = time.perf_counter() - t0
                 res["legacy_exact_candidates_s_extrapolated"] = dt / len(sel) * len(cand)
+                res["legacy_exact_candidates_cpu_s_extrapolated"] = (_cpu() - c0) / len(sel) * len(cand)
                 res["legacy_exact_timed_pairs"] = int(len(sel))
                 log(f"[legacy {legacy_rev}] sliced {res['legacy_sliced_all_pairs_s']:.1f} s; exact on candidates "
                     f"{res['legacy_exact_candidates_s_extrapolated']:.1f} s (extrapolated from {len(sel)} pairs)")
