@@ -330,10 +330,11 @@ def compress(
                           seeds=tuple(range(seeds)), task=task)
     write_json(res, out / "compression.json")
     plot_faithfulness(res, out / "faithfulness.png")
-    typer.echo(f"unmodified: {res['clean']}")
-    for m, r in res["methods"].items():
-        typer.echo(f"{m:>15}: " + "  ".join(f"S={S}: acc {x['accuracy']:.2f} ld {x['logit_diff']:.2f}"
-                                            for S, x in zip(res["counts"], r)))
+    from saeot.compress import markdown_table
+
+    md = markdown_table(res)
+    (out / "compression.md").write_text(md + "\n")
+    typer.echo(md)
 
 
 @app.command()

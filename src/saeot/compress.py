@@ -439,3 +439,27 @@ def plot_faithfulness(res: dict, path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def markdown_table(res: dict) -> str:
+    """Faithfulness per supernode count for every grouping, with OT's paired tests against each
+    baseline (Wilcoxon on per-prompt logit difference, exact McNemar on correctness)."""
+    names = list(res["methods"])
+    head = "| supernodes / layer | " + " | ".join(f"{n} acc / logit diff" for n in names) + " | " + " | ".join(
+        f"OT vs {b}: d logit diff (p) ; d acc (p)" for b in res.get("paired", {})) + " |"
+    lines = [f"Task {res.get('task', 'addition')}, {res.get('n_prompts', '?')} prompts, unmodified accuracy "
+             f"{res['clean']['accuracy']:.3f}, logit diff {res['clean']['logit_diff']:.2f}; circuit "
+             f"{res['n_nodes']} features at each of layers {res['layers']}.", "", head,
+             "|" + "---|" * (1 + len(names) + len(res.get("paired", {})))]
+    for c, S in enumerate(res["counts"]):
+        cells = []
+        for n in names:
+            x = res["methods"][n][c]
+            sd = f" (seed sd {x['seed_std_accuracy']:.3f})" if "seed_std_accuracy" in x else ""
+            cells.append(f"{x['accuracy']:.3f} / {x['logit_diff']:.2f}{sd}")
+        for b, tests in res.get("paired", {}).items():
+            t = tests[c]
+            cells.append(f"{t['logit_diff_delta']:+.2f} ({t['p_logit_diff_wilcoxon']:.2g}) ; "
+                         f"{t['accuracy_delta']:+.3f} ({t['p_accuracy_mcnemar']:.2g})")
+        lines.append(f"| {S} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

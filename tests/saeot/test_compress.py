@@ -93,6 +93,10 @@ def test_run_compression_end_to_end(setup):
     for r in res["methods"].values():
         assert r[0]["logit_diff"] == pytest.approx(res["clean"]["logit_diff"], abs=1e-4)  # S = n: exact
         assert len(r[0]["per_prompt_logit_diff"]) == 45
+    from saeot.compress import markdown_table
+
+    md = markdown_table(res)
+    assert "OT vs random" in md and md.count("\n| ") == 1 + len(res["counts"])
     # S = n: identical per-prompt results, so the paired tests find nothing
     for b, tests in res["paired"].items():
         assert tests[0]["p_logit_diff_wilcoxon"] > 0.5 and tests[0]["a_only_correct"] == tests[0]["b_only_correct"] == 0
