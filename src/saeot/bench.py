@@ -165,3 +165,166 @@ def real_layers_bench(acts_dir: Path, saes_dir: Path, pairs=((0, 18), (9, 18)), 
             "random_jaccard": float(top_token_overlap(A, B, tokens, rand).mean()),
             "agreement": agree, "timing": timing}
     return out
+
+
+def _legacy_wasserstein(rev: str):
+    """The wasserstein module as of git revision ``rev`` (for side-by-side timing), or None."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    try:
+        src = subprocess.run(["git", "show", f"{rev}:src/saeot/wasserstein.py"], capture_output=True, text=True,
+                             check=True, cwd=Path(__file__).resolve().parents[2]).stdout
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return None
+    path = Path(tempfile.mkdtemp()) / "legacy_wasserstein.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("legacy_wasserstein", path)
+    mod = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules["legacy_wasserstein"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (robust to a shared, loaded machine)."""
+    import resource
+
+    return time.process_time() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime \
+        + resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
+
+
+def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int = 18, k: int = 32,
+                candidates: int = 32, recall_sources: int = 24, legacy_rev: str | None = "0b04a39",
+                legacy_exact_sample: int = 20_000, n_jobs: int | None = None, seed: int = 0,
+                log=print) -> dict:
+    """All-pairs OT between two layers' SAE features, every variant timed in one run (same load).
+
+    Variants: sliced (all pairs) and exact on pre-filtered candidates, in the full reference
+    space and in its PCA-64 projection, in one process and one per core; the code of
+    ``legacy_rev`` (POT ``emd2`` per pair in float64, old sliced embedding) side by side.
+    Candidate recall: for ``recall_sources`` random alive sources, the exact W2 nearest neighbour
+    over *all* targets (brute force) is in the candidate set or not.
+    """
+    from saeot.pipeline import layer_pair
+    from saeot.sae import load_sae
+    from saeot.wasserstein import (_exact_parallel, candidate_pairs, default_jobs, measures, nearest_w2,
+                                   pairwise_w2, sliced_proxy)
+
+    rng = np.random.default_rng(seed)
+    sa, sb = load_sae(Path(saes_dir) / f"layer_{layer_a}"), load_sae(Path(saes_dir) / f"layer_{layer_b}")
+    out: dict = {"layers": [layer_a, layer_b], "k": k, "candidates": candidates, "cores": default_jobs(),
+                 "spaces": {}}
+    for space in ("reference", "pca"):
+        A, B = layer_pair(acts_dir, sa, sb, layer_a, layer_b, space=space, k=k, n_components=64)
+        ma, mb = measures(A.dists, A.Z), measures(B.dists, B.Z)
+        res: dict = {"dim": int(A.Z.shape[1]), "alive": [int(ma.alive.sum()), int(mb.alive.sum())]}
+        for solver in ("sliced", "exact"):  # warm-up: imports and first-call costs are not timed
+            pairwise_w2(ma.subset(np.arange(8)), mb.subset(np.arange(8)), solver, candidates=None)
+        t0, c0 = time.perf_counter(), _cpu()
+        pairwise_w2(ma, mb, "sliced")
+        res["sliced_all_pairs_s"] = time.perf_counter() - t0
+        res["sliced_all_pairs_cpu_s"] = _cpu() - c0
+        log(f"[{space}] sliced all pairs: {res['sliced_all_pairs_s']:.1f} s")
+        for jobs in sorted({1, n_jobs or default_jobs()}):
+            t0, c0 = time.perf_counter(), _cpu()
+            r = pairwise_w2(ma, mb, "exact", candidates=candidates, n_jobs=jobs)
+            res[f"exact_candidates_s_jobs{jobs}"] = time.perf_counter() - t0
+            res[f"exact_candidates_cpu_s_jobs{jobs}"] = _cpu() - c0  # this process + its workers
+            res["exact_candidates_stages"] = r.seconds
+            res["exact_candidate_pairs"] = r.evaluated
+            log(f"[{space}] exact on {r.evaluated} candidate pairs, {jobs} process(es): "
+                f"{res[f'exact_candidates_s_jobs{jobs}']:.1f} s")
+        # candidate recall against brute-force exact NN
+        alive_a, alive_b = np.flatnonzero(ma.alive), np.flatnonzero(mb.alive)
+        src = np.random.default_rng(seed).choice(alive_a, min(recall_sources, len(alive_a)), replace=False)
+        pairs = np.stack([np.repeat(src, len(alive_b)), np.tile(alive_b, len(src))], 1)
+        t0 = time.perf_counter()
+        full = _exact_parallel(ma, mb, pairs, n_jobs).reshape(len(src), len(alive_b))
+        res["brute_force_s_per_source"] = (time.perf_counter() - t0) / len(src)
+        true_nn = alive_b[np.argmin(full, 1)]
+        P = sliced_proxy(ma, mb)
+        P[~ma.alive] = np.inf
+        P[:, ~mb.alive] = np.inf
+        cand = candidate_pairs(P, candidates)
+        cset = set(map(tuple, cand.tolist()))
+        res["candidate_recall"] = float(np.mean([(int(i), int(j)) in cset for i, j in zip(src, true_nn)]))
+        res["candidate_recall_by_c"] = {}
+        for c in (8, 16, 32, 64):
+            cs = set(map(tuple, candidate_pairs(P, c).tolist()))
+            res["candidate_recall_by_c"][c] = {"recall": float(np.mean([(int(i), int(j)) in cs
+                                                                         for i, j in zip(src, true_nn)])),
+                                               "pairs": len(cs)}
+        res["candidate_nn_equals_true_nn"] = float(np.mean(np.argmin(r.D[src], 1) == true_nn))
+        res["recall_sources"] = int(len(src))
+        res["true_nn"] = true_nn.tolist()
+        res["recall_src"] = src.tolist()
+        t0 = time.perf_counter()
+        nn, _, evaluated = nearest_w2(ma.subset(src), mb)
+        res["pruned_exact_nn_s_per_source"] = (time.perf_counter() - t0) / len(src)
+        res["pruned_exact_nn_evaluated_fraction"] = evaluated / (len(src) * len(alive_b))
+        res["pruned_nn_equals_brute_force"] = float(np.mean(nn == true_nn))
+        log(f"[{space}] candidate recall {res['candidate_recall']:.2f} on {len(src)} sources; pruned exact NN "
+            f"evaluates {res['pruned_exact_nn_evaluated_fraction']:.0%} of pairs")
+        if space == "reference" and legacy_rev:
+            leg = _legacy_wasserstein(legacy_rev)
+            if leg is not None:
+                la, lb = leg.measures(A.dists, A.Z.astype(np.float64)), leg.measures(B.dists, B.Z.astype(np.float64))
+                t0, c0 = time.perf_counter(), _cpu()
+                leg.pairwise_w2(la, lb, "sliced")
+                res["legacy_sliced_all_pairs_s"] = time.perf_counter() - t0
+                res["legacy_sliced_all_pairs_cpu_s"] = _cpu() - c0
+                sel = cand[rng.choice(len(cand), min(legacy_exact_sample, len(cand)), replace=False)]
+                t0, c0 = time.perf_counter(), _cpu()
+                leg.w2_pairs(la, lb, sel, "exact")
+                dt = time.perf_counter() - t0
+                res["legacy_exact_candidates_s_extrapolated"] = dt / len(sel) * len(cand)
+                res["legacy_exact_candidates_cpu_s_extrapolated"] = (_cpu() - c0) / len(sel) * len(cand)
+                res["legacy_exact_timed_pairs"] = int(len(sel))
+                log(f"[legacy {legacy_rev}] sliced {res['legacy_sliced_all_pairs_s']:.1f} s; exact on candidates "
+                    f"{res['legacy_exact_candidates_s_extrapolated']:.1f} s (extrapolated from {len(sel)} pairs)")
+                del la, lb
+        out["spaces"][space] = res
+        del ma, mb, A, B
+    # does PCA-64 change the nearest neighbours? (same sources, brute force in both spaces)
+    ref, pca = out["spaces"]["reference"], out["spaces"]["pca"]
+    out["pca_true_nn_agreement"] = float(np.mean(np.array(ref["true_nn"]) == np.array(pca["true_nn"])))
+    return out
+
+
+def disjoint_recovery(seeds=range(6), n_features: int = 64, n_tokens: int = 4000, k: int = 32, margin: float = 0.5,
+                      drift: float = 1.5, progress: bool = True) -> dict:
+    """Planted-match recovery when the two layers see *disjoint* tokens (and, for contrast, the
+    same tokens).  Truth is known; per method and matching strategy: accuracy with a bootstrap CI
+    over (seed, feature).  Activation correlation needs shared tokens: chance on disjoint ones."""
+    from tqdm.auto import tqdm
+
+    from saeot.evaluate import bootstrap_ci
+
+    names = ["ot-exact", "ot-sinkhorn-debiased", "ot-sliced", "decoder-cosine", "sae-match", "act-corr"]
+    out = {"params": {"n_features": n_features, "n_tokens": n_tokens, "k": k, "margin": margin, "drift": drift,
+                      "seeds": list(seeds), "chance": 1.0 / n_features}, "settings": {}}
+    for disjoint in (False, True):
+        hits = {n: {"nn": [], "hungarian": []} for n in names}
+        for seed in tqdm(list(seeds), disable=not progress, desc=f"planted, disjoint={disjoint}"):
+            pp = planted_pair(n_features=n_features, n_tokens=n_tokens, k=k, margin=margin, drift=drift, seed=seed,
+                              disjoint=disjoint)
+            for n in names:
+                if n == "act-corr" and disjoint:
+                    rng = np.random.default_rng(seed)  # undefined without shared tokens: a random match
+                    D = rng.random((n_features, n_features))
+                elif n.startswith("ot-"):
+                    D = distance_matrix("ot", pp.A, pp.B, solver=n[3:], candidates=None).D
+                else:
+                    D = distance_matrix(n, pp.A, pp.B).D
+                for s in ("nn", "hungarian"):
+                    m = match(D, s)
+                    ok = np.zeros(n_features)
+                    ok[m.src] = (pp.perm[m.src] == m.tgt)
+                    hits[n][s].extend(ok.tolist())
+        out["settings"]["disjoint" if disjoint else "shared"] = {
+            n: {s: bootstrap_ci(v) for s, v in hs.items()} for n, hs in hits.items()}
+    return out

@@ -19,6 +19,56 @@ def _layers(s: str | None) -> list[int] | None:
     return None if s in (None, "", "all") else [int(x) for x in s.split(",")]
 
 
+def _fail(msg: str) -> None:
+    """One clear line on stderr, exit status 2 (bad usage), before any data or model is loaded."""
+    typer.echo(f"saeot: error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def _check_choice(option: str, value: str, choices) -> None:
+    if value not in choices:
+        _fail(f"{option} {value!r} is not one of {', '.join(choices)}")
+
+
+def _check_positive(option: str, value: int | None, allow_zero: bool = False) -> None:
+    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+        _fail(f"{option} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _check_int_list(option: str, value: str | None, allow_all: bool = True) -> None:
+    if value in (None, "", "all") and allow_all:
+        return
+    try:
+        xs = [int(x) for x in str(value).split(",")]
+    except ValueError:
+        _fail(f"{option} must be comma-separated integers{' or all' if allow_all else ''}, got {value!r}")
+    if any(x < 0 for x in xs):
+        _fail(f"{option} must be >= 0, got {value!r}")
+
+
+def _check_pairs(option: str, value: str) -> list[tuple[int, int]]:
+    try:
+        prs = [tuple(int(x) for x in p.split(":")) for p in value.split(",")]
+    except ValueError:
+        prs = []
+    if not prs or any(len(p) != 2 or min(p) < 0 for p in prs):
+        _fail(f"{option} must look like 0:18,9:18, got {value!r}")
+    return prs
+
+
+def _check_folder(option: str, path: Path, what: str) -> None:
+    if not Path(path).exists():
+        _fail(f"{option} {path} does not exist ({what})")
+
+
+# option choices, kept here (no heavy imports) so bad values fail before anything loads
+SOLVER_CHOICES = ("exact", "sinkhorn", "sinkhorn-debiased", "sliced")
+STRATEGY_CHOICES = ("nn", "hungarian", "mutual")
+SPACE_CHOICES = ("reference", "linear", "pca")
+METHOD_CHOICES = ("ot", "decoder-cosine", "sae-match", "act-corr", "all")
+TASK_CHOICES = ("addition", "successor")
+
+
 @app.command()
 def collect(
     out: Path = typer.Option(Path("runs/acts"), help="Cache folder (resumable)."),
@@ -29,6 +79,9 @@ def collect(
     batch_size: int = typer.Option(8, help="Chunks per forward pass / shard."),
 ) -> None:
     """Collect residual-stream activations over the bundled corpus into a safetensors cache."""
+    _check_int_list("--layers", layers)
+    for opt, v in (("--n-tokens", n_tokens), ("--ctx-len", ctx_len), ("--batch-size", batch_size)):
+        _check_positive(opt, v)
     from saeot.collect import collect_activations
     from saeot.corpus import chunk_corpus
     from saeot.models import load_model
@@ -49,10 +102,17 @@ def train_sae(
     steps: int = typer.Option(1000, help="Adam steps."),
     batch_size: int = typer.Option(1024),
     lr: float = typer.Option(1e-3),
+    aux_k: int = typer.Option(-1, help="AuxK: dead features used to model the residual (-1 = min(d_sae/2, 4k), 0 = off)."),
 ) -> None:
-    """Train a TopK SAE per layer; print and save FVU / L0 / dead features per layer."""
+    """Train a TopK SAE (with AuxK) per layer; print and save FVU / L0 / dead features per layer."""
+    _check_int_list("--layers", layers)
+    for opt, v in (("--d-sae", d_sae), ("--k", k), ("--steps", steps), ("--batch-size", batch_size)):
+        _check_positive(opt, v)
+    if k > d_sae:
+        _fail(f"--k {k} must be <= --d-sae {d_sae}")
+    _check_folder("--acts", acts, "run `saeot collect`")
     from saeot.collect import load_activations, load_manifest
-    from saeot.sae import sae_report, save_sae, train_topk_sae
+    from saeot.sae import sae_metadata, sae_report, save_sae, train_topk_sae
 
     man = load_manifest(acts)
     todo = man["layers"] if _layers(layers) is None else _layers(layers)
@@ -61,7 +121,7 @@ def train_sae(
         X = load_activations(acts, l)
         n_train = int(0.9 * len(X))  # last 10% held out for the report
         sae = train_topk_sae(X[:n_train], d_sae, k, steps=steps, batch_size=batch_size, lr=lr,
-                             cfg={"model_name": man["model"], "hook_name": f"resid_layer_{l}", "hook_layer": l})
+                             aux_k=None if aux_k < 0 else aux_k, cfg=sae_metadata(man["model"], l))
         save_sae(sae, out / f"layer_{l}")
         rep = sae_report(sae, X[n_train:])
         rep["dead_frac_train"] = sae_report(sae, X[:n_train])["dead_frac"]
@@ -78,14 +138,24 @@ def match(
     layer_a: int = typer.Option(0, help="Source layer."),
     layer_b: int = typer.Option(18, help="Target layer."),
     method: str = typer.Option("ot", help="ot, decoder-cosine, sae-match, act-corr, or 'all'."),
-    solver: str = typer.Option("exact", help="OT solver: exact, sinkhorn, sliced."),
-    strategy: str = typer.Option("nn", help="nn or hungarian."),
+    solver: str = typer.Option("exact", help="OT solver: exact, sinkhorn, sinkhorn-debiased, sliced."),
+    strategy: str = typer.Option("nn", help="nn, hungarian, or mutual (mutual nearest neighbours only)."),
     space: str = typer.Option("reference", help="Reference space: reference, linear, pca."),
     k: int = typer.Option(32, help="Top-k support size."),
     candidates: int = typer.Option(32, help="Pre-filter: candidates per feature (0 = all pairs)."),
+    n_jobs: int = typer.Option(0, help="Processes for exact W2 (0 = one per core)."),
     out: Path = typer.Option(Path("runs/match.json")),
 ) -> None:
     """Match features of layer A to layer B with one or all methods; write pairs, scores, timings."""
+    _check_choice("--method", method, METHOD_CHOICES)
+    _check_choice("--solver", solver, SOLVER_CHOICES)
+    _check_choice("--strategy", strategy, STRATEGY_CHOICES)
+    _check_choice("--space", space, SPACE_CHOICES)
+    _check_positive("--k", k)
+    _check_positive("--candidates", candidates, allow_zero=True)
+    _check_positive("--n-jobs", n_jobs, allow_zero=True)
+    _check_folder("--acts", acts, "run `saeot collect`")
+    _check_folder("--saes", saes, "run `saeot train-sae`")
     from saeot.collect import load_activations
     from saeot.methods import METHODS
     from saeot.pipeline import compare_methods, layer_pair
@@ -96,7 +166,7 @@ def match(
     tokens = load_activations(acts, "tokens")
     methods = METHODS if method == "all" else (method,)
     res = compare_methods(A, B, tokens, methods=methods, strategy=strategy, solver=solver,
-                          candidates=candidates or None, progress=True)
+                          candidates=candidates or None, progress=True, n_jobs=n_jobs or None)
     doc = {"layer_a": layer_a, "layer_b": layer_b, "space": space, "k": k, "solver": solver, "strategy": strategy,
            "methods": {n: {"seconds": r.seconds, "evaluated_pairs": r.evaluated, "top_token_jaccard": r.proxy,
                            "n_matched": int(len(r.matching.src)),
@@ -116,15 +186,26 @@ def bench(
     acts: Optional[Path] = typer.Option(None, help="Activation cache: also bench real layer pairs."),
     saes: Optional[Path] = typer.Option(None, help="SAEs (layer_<l>/) for --acts."),
     pairs: str = typer.Option("0:18,9:18", help="Real layer pairs a:b."),
+    disjoint: bool = typer.Option(True, help="Planted recovery when the layers see disjoint tokens (with CIs)."),
+    seeds: int = typer.Option(4, help="Seeds for the disjoint-token benchmark."),
 ) -> None:
     """Planted-match recovery for every method (synthetic) and, with --acts/--saes, every method on
     real layer pairs: top-token proxy, agreement, wall time for all pairs (JSON + plots)."""
-    from saeot.bench import planted_recovery, plot_recovery, real_layers_bench, write_json
+    _check_positive("--seeds", seeds)
+    from saeot.bench import disjoint_recovery, planted_recovery, plot_recovery, real_layers_bench, write_json
+
+    if disjoint:
+        r = disjoint_recovery(seeds=range(seeds))
+        write_json(r, out / "planted_disjoint.json")
+        for st, v in r["settings"].items():
+            for n, x in v.items():
+                typer.echo(f"{st:>8} {n:>20}: NN {x['nn']['mean']:.2f} [{x['nn']['lo']:.2f}, {x['nn']['hi']:.2f}]  "
+                           f"Hungarian {x['hungarian']['mean']:.2f} [{x['hungarian']['lo']:.2f}, {x['hungarian']['hi']:.2f}]")
 
     if acts is not None:
         if saes is None:
-            raise typer.BadParameter("--acts needs --saes")
-        prs = [tuple(int(x) for x in p.split(":")) for p in pairs.split(",")]
+            _fail("--acts needs --saes")
+        prs = _check_pairs("--pairs", pairs)
         r = real_layers_bench(acts, saes, pairs=prs)
         write_json(r, out / "real_layers.json")
         for pr, v in r.items():
@@ -142,15 +223,99 @@ def bench(
 
 
 @app.command()
+def evaluate(
+    acts: Path = typer.Option(Path("runs/acts")),
+    saes: Path = typer.Option(Path("runs/saes")),
+    model: str = typer.Option("gemma3-270m", help="Model (contexts' text and interventions)."),
+    pairs: str = typer.Option("9:10,9:18,0:18", help="Layer pairs a:b."),
+    n_eval: int = typer.Option(128, help="Source features judged per pair (random, alive)."),
+    n_intervene: int = typer.Option(32, help="Source features ablated per pair (0 = no interventions)."),
+    k: int = typer.Option(32, help="Top-k support size."),
+    candidates: int = typer.Option(32, help="OT candidates per feature."),
+    out: Path = typer.Option(Path("docs/saeot/evaluation.json")),
+) -> None:
+    """Non-circular matching evaluation: held-out contexts (MiniLM judge, token Jaccard), disjoint
+    corpora, interventions, NN / Hungarian / mutual-NN, hub statistics, bootstrap CIs."""
+    prs = _check_pairs("--pairs", pairs)
+    for opt, v in (("--n-eval", n_eval), ("--k", k), ("--candidates", candidates)):
+        _check_positive(opt, v)
+    _check_positive("--n-intervene", n_intervene, allow_zero=True)
+    _check_folder("--acts", acts, "run `saeot collect`")
+    _check_folder("--saes", saes, "run `saeot train-sae`")
+    from saeot.bench import write_json
+    from saeot.evaluate import evaluate_pair
+    from saeot.models import load_model
+    from saeot.sae import load_sae
+
+    lm = load_model(model)
+    res = {}
+    for la, lb in prs:
+        res[f"{la}->{lb}"] = evaluate_pair(acts, load_sae(saes / f"layer_{la}"), load_sae(saes / f"layer_{lb}"), la, lb,
+                                           lm=lm, n_eval=n_eval, n_intervene=n_intervene, k=k, candidates=candidates,
+                                           log=typer.echo)
+        write_json(res, out)  # after every pair: a partial result survives an interruption
+    from saeot.evaluate import markdown_summary
+
+    md = markdown_summary(res)
+    out.with_suffix(".md").write_text(md + "\n")
+    typer.echo(md)
+    typer.echo(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+@app.command("bench-speed")
+def bench_speed(
+    acts: Path = typer.Option(Path("runs/acts")),
+    saes: Path = typer.Option(Path("runs/saes")),
+    layer_a: int = typer.Option(9),
+    layer_b: int = typer.Option(18),
+    k: int = typer.Option(32, help="Top-k support size."),
+    candidates: int = typer.Option(32, help="Candidates per feature for the exact solver."),
+    recall_sources: int = typer.Option(24, help="Sources whose exact NN is found by brute force (recall)."),
+    legacy: str = typer.Option("0b04a39", help="Git revision whose solvers are timed side by side ('' = none)."),
+    out: Path = typer.Option(Path("docs/saeot/speed.json")),
+) -> None:
+    """Wall time of all-pairs OT between two layers: sliced, exact on candidates, PCA-64, per core, legacy."""
+    for opt, v in (("--k", k), ("--candidates", candidates), ("--recall-sources", recall_sources)):
+        _check_positive(opt, v)
+    _check_folder("--acts", acts, "run `saeot collect`")
+    _check_folder("--saes", saes, "run `saeot train-sae`")
+    from saeot.bench import speed_bench, write_json
+
+    r = speed_bench(acts, saes, layer_a, layer_b, k=k, candidates=candidates, recall_sources=recall_sources,
+                    legacy_rev=legacy or None, log=typer.echo)
+    write_json(r, out)
+    typer.echo(f"wrote {out}")
+
+
+@app.command()
 def compress(
     acts: Path = typer.Option(Path("runs/acts")),
     saes: Path = typer.Option(Path("runs/saes")),
     model: str = typer.Option("gemma3-270m"),
     layers: str = typer.Option("9,18", help="Circuit layers (>= 1), each with an SAE in --saes."),
     n_nodes: int = typer.Option(24, help="Circuit features per layer."),
+    counts: str = typer.Option("", help="Supernodes per layer to evaluate, e.g. 24,18,12,6,3,1 (default: n, 3n/4, n/2, n/4, n/8, 1)."),
+    k: int = typer.Option(32, help="Top-k support size of the OT distributions."),
+    solver: str = typer.Option("exact", help="OT solver for within-layer distances: exact, sinkhorn, sinkhorn-debiased, sliced."),
+    seeds: int = typer.Option(3, help="Random-grouping seeds."),
+    task: str = typer.Option("addition", help="addition (a+b<=9, 4-shot) or successor (next digit, 4-shot)."),
     out: Path = typer.Option(Path("runs/compress")),
 ) -> None:
-    """Circuit compression on single-digit addition: attribution graph -> supernodes -> faithfulness."""
+    """Circuit compression: attribution graph -> supernodes -> faithfulness, with paired tests."""
+    _check_int_list("--layers", layers, allow_all=False)
+    _check_positive("--n-nodes", n_nodes)
+    _check_positive("--k", k)
+    _check_positive("--seeds", seeds)
+    _check_choice("--solver", solver, SOLVER_CHOICES)
+    _check_choice("--task", task, TASK_CHOICES)
+    if counts:
+        _check_int_list("--counts", counts, allow_all=False)
+        if any(int(c) < 1 or int(c) > n_nodes for c in counts.split(",")):
+            _fail(f"--counts must be in 1..--n-nodes ({n_nodes}), got {counts!r}")
+    if any(int(l) < 1 for l in layers.split(",")):
+        _fail("--layers for compression must be >= 1 (block outputs)")
+    _check_folder("--acts", acts, "run `saeot collect`")
+    _check_folder("--saes", saes, "run `saeot train-sae`")
     from saeot.bench import write_json
     from saeot.collect import load_activations
     from saeot.compress import plot_faithfulness, run_compression
@@ -160,13 +325,16 @@ def compress(
     lm = load_model(model)
     ls = _layers(layers)
     res = run_compression(lm, {l: load_sae(saes / f"layer_{l}") for l in ls},
-                          {l: load_activations(acts, l) for l in ls}, n_nodes=n_nodes)
+                          {l: load_activations(acts, l) for l in ls}, n_nodes=n_nodes,
+                          counts=[int(c) for c in counts.split(",")] if counts else None, k=k, solver=solver,
+                          seeds=tuple(range(seeds)), task=task)
     write_json(res, out / "compression.json")
     plot_faithfulness(res, out / "faithfulness.png")
-    typer.echo(f"unmodified: {res['clean']}")
-    for m, r in res["methods"].items():
-        typer.echo(f"{m:>15}: " + "  ".join(f"S={S}: acc {x['accuracy']:.2f} ld {x['logit_diff']:.2f}"
-                                            for S, x in zip(res["counts"], r)))
+    from saeot.compress import markdown_table
+
+    md = markdown_table(res)
+    (out / "compression.md").write_text(md + "\n")
+    typer.echo(md)
 
 
 @app.command()
@@ -177,12 +345,22 @@ def demo(
     d_sae: int = typer.Option(1024, help="Features per SAE."),
     steps: int = typer.Option(400, help="SAE training steps per layer."),
     n_nodes: int = typer.Option(16, help="Circuit features per layer for compression."),
+    solver: str = typer.Option("exact", help="OT solver: exact, sinkhorn, sinkhorn-debiased, sliced."),
+    k: int = typer.Option(32, help="Top-k support size."),
+    candidates: int = typer.Option(32, help="Pre-filter: candidates per feature (0 = all pairs)."),
+    task: str = typer.Option("addition", help="Compression task: addition or successor."),
 ) -> None:
-    """End to end on the bundled defaults (~10 min on 2 cores): collect, train, match, compress, report."""
+    """End to end on the bundled defaults: collect, train, match, compress, report (measured time in docs/saeot.md)."""
+    for opt, v in (("--n-tokens", n_tokens), ("--d-sae", d_sae), ("--steps", steps), ("--n-nodes", n_nodes),
+                   ("--k", k)):
+        _check_positive(opt, v)
+    _check_positive("--candidates", candidates, allow_zero=True)
+    _check_choice("--solver", solver, SOLVER_CHOICES)
+    _check_choice("--task", task, TASK_CHOICES)
     from saeot.demo import run_demo
 
-    run_demo(out, model=model, n_tokens=n_tokens, d_sae=d_sae, steps=steps, n_nodes=n_nodes,
-             log=lambda m: typer.echo(m))
+    run_demo(out, model=model, n_tokens=n_tokens, d_sae=d_sae, steps=steps, n_nodes=n_nodes, k=k, solver=solver,
+             candidates=candidates or None, task=task, log=lambda m: typer.echo(m))
 
 
 @app.command()
@@ -191,12 +369,25 @@ def report(
     saes: Path = typer.Option(Path("runs/saes")),
     model: str = typer.Option("gemma3-270m", help="Model whose tokenizer decodes the contexts."),
     pairs: str = typer.Option("0:18,9:18", help="Layer pairs a:b to show."),
+    solver: str = typer.Option("exact", help="OT solver: exact, sinkhorn, sinkhorn-debiased, sliced."),
+    strategy: str = typer.Option("nn", help="nn, hungarian or mutual."),
+    k: int = typer.Option(32, help="Top-k support size."),
+    candidates: int = typer.Option(32, help="Pre-filter: candidates per feature (0 = all pairs)."),
+    n_pairs: int = typer.Option(20, help="Matched pairs shown per layer pair."),
     compression: Optional[Path] = typer.Option(None, help="compression.json from `saeot compress`."),
     out: Path = typer.Option(Path("runs/report.html")),
 ) -> None:
     """Write a static HTML report: matched pairs with top contexts and every method's scores."""
-    from transformers import AutoTokenizer  # noqa: F401  (tokenizer comes with the model spec)
-
+    prs = _check_pairs("--pairs", pairs)
+    _check_choice("--solver", solver, SOLVER_CHOICES)
+    _check_choice("--strategy", strategy, STRATEGY_CHOICES)
+    _check_positive("--k", k)
+    _check_positive("--candidates", candidates, allow_zero=True)
+    _check_positive("--n-pairs", n_pairs)
+    _check_folder("--acts", acts, "run `saeot collect`")
+    _check_folder("--saes", saes, "run `saeot train-sae`")
+    if compression is not None:
+        _check_folder("--compression", compression, "run `saeot compress`")
     from saeot.collect import load_activations
     from saeot.models import load_model
     from saeot.pipeline import compare_methods, layer_pair
@@ -206,20 +397,21 @@ def report(
     tok = load_model(model).tokenizer
     tokens, chunk = load_activations(acts, "tokens"), load_activations(acts, "chunk")
     sections, summary = [], []
-    for pr in pairs.split(","):
-        la, lb = (int(x) for x in pr.split(":"))
-        A, B = layer_pair(acts, load_sae(saes / f"layer_{la}"), load_sae(saes / f"layer_{lb}"), la, lb)
-        res = compare_methods(A, B, tokens)
+    for la, lb in prs:
+        A, B = layer_pair(acts, load_sae(saes / f"layer_{la}"), load_sae(saes / f"layer_{lb}"), la, lb, k=k)
+        res = compare_methods(A, B, tokens, strategy=strategy, solver=solver, candidates=candidates or None)
         for m, r in res.items():
-            summary.append({"pair": pr, "method": m, "matched": int(len(r.matching.src)),
+            summary.append({"pair": f"{la}:{lb}", "method": m, "matched": int(len(r.matching.src)),
                             "top-token Jaccard": r.proxy, "seconds": r.seconds})
-        methods, rows = pair_rows(A, B, res)
+        methods, rows = pair_rows(A, B, res, n_pairs=n_pairs)
         sections.append({"title": f"Layer {la} → layer {lb}", "layer_a": la, "layer_b": lb,
                          "methods": methods, "rows": rows})
     comp = json.loads(compression.read_text()) if compression else None
     plots = [compression.parent / "faithfulness.png"] if compression else []
     write_report(out, title=f"saeot report: {model}", tokens=tokens, chunk=chunk, decode=tok.decode,
-                 pairs=sections, summary=summary, compression=comp, plots=plots)
+                 pairs=sections, summary=summary, compression=comp, plots=plots,
+                 notes=f"OT: {solver} W2 over top-{k} distributions, {candidates or 'all'} candidates per feature; "
+                       f"matching: {strategy}.")
     typer.echo(f"wrote {out}")
 
 

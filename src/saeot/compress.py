@@ -31,6 +31,31 @@ import numpy as np
 FEWSHOT = ((3, 5), (2, 4), (7, 1), (0, 6))
 
 
+TASKS = ("addition", "successor")
+
+
+def successor_prompts() -> tuple[list[str], list[int]]:
+    """Next digit, 4-shot: ``"3->4\n7->8\n1->2\n5->6\n{a}->"`` for a in 0..8, with five different
+    example sets (45 prompts); the answer is a + 1."""
+    prompts, answers = [], []
+    rng = np.random.default_rng(0)
+    for v in range(5):
+        for a in range(9):
+            shots = [int(x) for x in rng.choice([d for d in range(9) if d != a], 4, replace=False)]
+            head = "".join(f"{x}->{x + 1}\n" for x in shots)
+            prompts.append(f"{head}{a}->")
+            answers.append(a + 1)
+    return prompts, answers
+
+
+def task_prompts(task: str = "addition") -> tuple[list[str], list[int]]:
+    if task == "addition":
+        return addition_prompts()
+    if task == "successor":
+        return successor_prompts()
+    raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+
+
 def addition_prompts(shots=FEWSHOT) -> tuple[list[str], list[int]]:
     """All single-digit problems a + b <= 9 (55), 4-shot; returns (prompts, answers)."""
     head = "".join(f"{a}+{b}={a + b}\n" for a, b in shots)
@@ -59,13 +84,13 @@ class Task:
         return m
 
 
-def make_task(tokenizer) -> Task:
+def make_task(tokenizer, task: str = "addition") -> Task:
     import torch
 
-    prompts, answers = addition_prompts()
+    prompts, answers = task_prompts(task)
     enc = [tokenizer(p)["input_ids"] for p in prompts]
     if len({len(e) for e in enc}) != 1:
-        raise ValueError("addition prompts tokenise to different lengths; this tokenizer is unsupported")
+        raise ValueError(f"{task} prompts tokenise to different lengths; this tokenizer is unsupported")
     digit_ids = []
     for d in range(10):
         t = tokenizer(str(d), add_special_tokens=False)["input_ids"]
@@ -172,7 +197,7 @@ def attribution_graph(lm, saes: dict, task: Task, n_nodes: int = 24, progress: b
         A1 = acts_full[l1][:, circuit.nodes[l1]]  # (B*T, n1)
         h2 = store[l2]  # (B, T, d), depends on store[l1]
         for jj, j in enumerate(tqdm(circuit.nodes[l2], disable=not progress, desc=f"edges {l1}->{l2}")):
-            pre = (h2 - torch.from_numpy(sae2.b_dec)) @ torch.from_numpy(sae2.W_enc[:, j])  # (B, T)
+            pre = sae2.pre_activations(h2.reshape(-1, h2.shape[-1]), [j])[:, 0].reshape(h2.shape[:2])  # (B, T)
             active = (acts_full[l2][:, j] > 0).reshape(pre.shape).float()
             (g1,) = torch.autograd.grad((pre * active).sum(), [store[l1]], retain_graph=True)
             E[:, jj] = (A1 * (g1.reshape(-1, g1.shape[-1]) @ D1.T)).sum(0).numpy()
@@ -234,16 +259,10 @@ def faithfulness(lm, saes: dict, task: Task, circuit: Circuit, labels: dict[int,
             onehot = torch.zeros(len(nodes), S, dtype=torch.float32)
             onehot[torch.arange(len(nodes)), torch.from_numpy(lab)] = 1.0
             dirs = (onehot * w[:, None]).T @ Wd / (onehot * w[:, None]).sum(0)[:, None]  # (S, d)
-            We = torch.from_numpy(sae.W_enc)
-            be, bd = torch.from_numpy(sae.b_enc), torch.from_numpy(sae.b_dec)
 
-            def hook(_m, _i, out, We=We, be=be, bd=bd, nodes=nodes, Wd=Wd, onehot=onehot, dirs=dirs, sae=sae,
-                     pm=task.position_mask()):
-                from saeot.sae import _activate
-
+            def hook(_m, _i, out, nodes=nodes, Wd=Wd, onehot=onehot, dirs=dirs, sae=sae, pm=task.position_mask()):
                 h = _out_tensor(out)  # (B, T, d)
-                a = _activate((h - bd) @ We + be, sae.architecture, sae.k,
-                              None if sae.threshold is None else torch.from_numpy(sae.threshold))[..., nodes]
+                a = sae.encode_torch(h)[..., nodes]  # as the SAE's config encodes (b_dec, normalisation)
                 h2 = h + pm * (-(a @ Wd) + (a @ onehot) @ dirs)
                 return _replace_out(out, h2)
 
@@ -255,17 +274,25 @@ def faithfulness(lm, saes: dict, task: Task, circuit: Circuit, labels: dict[int,
         for h in hooks:
             h.remove()
     pred = logits.argmax(-1).numpy()
-    return {"accuracy": float((pred == task.answer_ids).mean()),
-            "logit_diff": float(logit_metric(logits, task).mean())}
+    ld = logit_metric(logits, task).numpy()
+    correct = pred == task.answer_ids
+    return {"accuracy": float(correct.mean()), "logit_diff": float(ld.mean()),
+            "per_prompt_logit_diff": ld.astype(float).tolist(), "per_prompt_correct": correct.astype(int).tolist()}
+
+
+GROUPINGS = ("ot", "decoder-cosine", "co-activation", "random")
 
 
 def within_layer_distances(sae, H_corpus: np.ndarray, H_task: np.ndarray, nodes: np.ndarray, method: str,
-                           k: int = 32) -> np.ndarray:
+                           k: int = 32, solver: str = "exact") -> np.ndarray:
     """(n, n) distances between a layer's circuit features.
 
     ``ot``: W2 between their top-k distributions over corpus + task tokens, in the layer's own
     (normalised) hidden-state space (both features live in the same layer, so the reference
     layer is the layer itself).  ``decoder-cosine``: 1 - cosine of decoder rows.
+    ``co-activation``: 1 - Pearson correlation of their activations over the same corpus + task
+    tokens (groups features that fire together; merging is exact when members fire in fixed
+    proportion).
     """
     from saeot.distributions import feature_distributions
     from saeot.space import reference_embeddings
@@ -275,52 +302,99 @@ def within_layer_distances(sae, H_corpus: np.ndarray, H_task: np.ndarray, nodes:
         Wd = sae.W_dec[nodes].astype(np.float64)
         Wd = Wd / np.linalg.norm(Wd, axis=1, keepdims=True)
         return 1.0 - Wd @ Wd.T
-    if method != "ot":
-        raise ValueError(f"unknown within-layer distance {method!r}; expected 'ot' or 'decoder-cosine'")
+    if method not in ("ot", "co-activation"):
+        raise ValueError(f"unknown within-layer distance {method!r}; expected 'ot', 'decoder-cosine' or 'co-activation'")
     H = np.concatenate([H_corpus, H_task], 0).astype(np.float32)  # (n_tok, d)
     acts = sae.encode(H)[:, nodes]  # (n_tok, n) sparse
+    if method == "co-activation":
+        a = acts.toarray().astype(np.float64)
+        sd = a.std(0)
+        C = np.corrcoef(a, rowvar=False) if (sd > 0).all() else np.nan_to_num(np.corrcoef(a, rowvar=False))
+        D = 1.0 - C
+        D[sd == 0] = np.inf
+        D[:, sd == 0] = np.inf
+        return D
     Z, _ = reference_embeddings(None, H, "reference")
     m = measures(feature_distributions(acts, k), Z)
-    return pairwise_w2(m, m, "exact", candidates=None).D
+    return pairwise_w2(m, m, solver, candidates=None).D
+
+
+def paired_tests(a: dict, b: dict) -> dict:
+    """Paired comparison across prompts of two faithfulness results (same prompts, same count):
+    Wilcoxon signed-rank on per-prompt logit difference, exact McNemar (binomial) on correctness.
+    Returns mean differences (a - b) and two-sided p-values (1.0 where the two are identical)."""
+    from scipy.stats import binomtest, wilcoxon
+
+    la, lb = np.asarray(a["per_prompt_logit_diff"]), np.asarray(b["per_prompt_logit_diff"])
+    ca, cb = np.asarray(a["per_prompt_correct"]), np.asarray(b["per_prompt_correct"])
+    d = la - lb
+    p_ld = float(wilcoxon(d).pvalue) if np.any(d != 0) else 1.0
+    n01, n10 = int(((ca == 1) & (cb == 0)).sum()), int(((ca == 0) & (cb == 1)).sum())
+    p_acc = float(binomtest(n01, n01 + n10, 0.5).pvalue) if n01 + n10 else 1.0
+    return {"logit_diff_delta": float(d.mean()), "p_logit_diff_wilcoxon": p_ld,
+            "accuracy_delta": float(ca.mean() - cb.mean()), "a_only_correct": n01, "b_only_correct": n10,
+            "p_accuracy_mcnemar": p_acc}
+
+
+def _mean_runs(runs: list[dict]) -> dict:
+    """Average of several faithfulness results (random seeds), per prompt too; plus the seed spread."""
+    out = {kk: float(np.mean([r[kk] for r in runs])) for kk in ("accuracy", "logit_diff")}
+    out["per_prompt_logit_diff"] = np.mean([r["per_prompt_logit_diff"] for r in runs], 0).tolist()
+    # a prompt counts as correct for the average of seeds when most seeds get it right
+    out["per_prompt_correct"] = (np.mean([r["per_prompt_correct"] for r in runs], 0) > 0.5).astype(int).tolist()
+    out["seed_std_accuracy"] = float(np.std([r["accuracy"] for r in runs]))
+    out["seed_std_logit_diff"] = float(np.std([r["logit_diff"] for r in runs]))
+    out["seeds"] = [{kk: r[kk] for kk in ("accuracy", "logit_diff")} for r in runs]
+    return out
 
 
 def run_compression(lm, saes: dict, corpus_hidden: dict, n_nodes: int = 24, counts=None,
-                    seeds=(0, 1, 2), k: int = 32, progress: bool = True) -> dict:
-    """Attribution graph, supernodes by every grouping, faithfulness vs supernode count.
+                    seeds=(0, 1, 2), k: int = 32, progress: bool = True, solver: str = "exact",
+                    task: str = "addition", groupings=GROUPINGS) -> dict:
+    """Attribution graph, supernodes by every grouping, faithfulness vs supernode count, paired tests.
 
     Parameters
     ----------
     saes : {layer: SAE};  corpus_hidden : {layer: (n_tokens, d) corpus hidden states}
     counts : supernodes per layer to evaluate (default n, 3n/4, n/2, n/4, n/8, 1)
+    solver : OT solver for the within-layer W2 distances
+    task : "addition" or "successor"
 
     Returns
     -------
     dict with ``clean`` (unmodified model), ``counts``, per-method lists of
-    {accuracy, logit_diff} per count, the circuit, and supernode graphs for the report.
+    {accuracy, logit_diff, per-prompt values} per count, ``paired`` tests of OT against every
+    baseline per count, the circuit, and supernode graphs for the report.
     """
-    task = make_task(lm.tokenizer)
-    circuit = attribution_graph(lm, saes, task, n_nodes=n_nodes, progress=progress)
+    the_task = make_task(lm.tokenizer, task)
+    circuit = attribution_graph(lm, saes, the_task, n_nodes=n_nodes, progress=progress)
     n = n_nodes
     counts = counts or sorted({n, max(1, 3 * n // 4), max(1, n // 2), max(1, n // 4), max(1, n // 8), 1}, reverse=True)
-    dists = {m: {l: within_layer_distances(saes[l], corpus_hidden[l], circuit.task_hidden[l], circuit.nodes[l], m, k)
-                 for l in circuit.layers} for m in ("ot", "decoder-cosine")}
-    out = {"clean": faithfulness(lm, saes, task, circuit, None), "counts": counts, "n_nodes": n,
-           "layers": circuit.layers, "methods": {}, "graphs": {}}
+    dist_methods = [m for m in groupings if m != "random"]
+    dists = {m: {l: within_layer_distances(saes[l], corpus_hidden[l], circuit.task_hidden[l], circuit.nodes[l], m, k,
+                                           solver=solver)
+                 for l in circuit.layers} for m in dist_methods}
+    out = {"task": task, "clean": faithfulness(lm, saes, the_task, circuit, None), "counts": counts, "n_nodes": n,
+           "layers": circuit.layers, "n_prompts": int(the_task.ids.shape[0]), "solver": solver, "k": k,
+           "seeds": list(seeds), "methods": {}, "graphs": {}}
     from tqdm.auto import tqdm
 
-    for name in ("ot", "decoder-cosine", "random"):
+    for name in groupings:
         res = []
         for S in tqdm(counts, disable=not progress, desc=f"faithfulness {name}"):
             if name == "random":
-                runs = [faithfulness(lm, saes, task, circuit,
+                runs = [faithfulness(lm, saes, the_task, circuit,
                                      {l: random_groups(n, S, seed + 97 * l) for l in circuit.layers}) for seed in seeds]
-                res.append({kk: float(np.mean([r[kk] for r in runs])) for kk in runs[0]})
+                res.append(_mean_runs(runs))
             else:
                 labels = {l: cluster(dists[name][l], S) for l in circuit.layers}
-                res.append(faithfulness(lm, saes, task, circuit, labels))
+                res.append(faithfulness(lm, saes, the_task, circuit, labels))
                 if name == "ot" and S == counts[len(counts) // 2]:
                     out["graphs"] = supernode_graph(circuit, labels)
         out["methods"][name] = res
+    if "ot" in out["methods"]:
+        out["paired"] = {b: [paired_tests(o, r) for o, r in zip(out["methods"]["ot"], out["methods"][b])]
+                         for b in out["methods"] if b != "ot"}
     out["circuit"] = {str(l): {"nodes": circuit.nodes[l].tolist(), "scores": circuit.scores[l].tolist()}
                       for l in circuit.layers}
     return out
@@ -365,3 +439,27 @@ def plot_faithfulness(res: dict, path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def markdown_table(res: dict) -> str:
+    """Faithfulness per supernode count for every grouping, with OT's paired tests against each
+    baseline (Wilcoxon on per-prompt logit difference, exact McNemar on correctness)."""
+    names = list(res["methods"])
+    head = "| supernodes / layer | " + " | ".join(f"{n} acc / logit diff" for n in names) + " | " + " | ".join(
+        f"OT vs {b}: d logit diff (p) ; d acc (p)" for b in res.get("paired", {})) + " |"
+    lines = [f"Task {res.get('task', 'addition')}, {res.get('n_prompts', '?')} prompts, unmodified accuracy "
+             f"{res['clean']['accuracy']:.3f}, logit diff {res['clean']['logit_diff']:.2f}; circuit "
+             f"{res['n_nodes']} features at each of layers {res['layers']}.", "", head,
+             "|" + "---|" * (1 + len(names) + len(res.get("paired", {})))]
+    for c, S in enumerate(res["counts"]):
+        cells = []
+        for n in names:
+            x = res["methods"][n][c]
+            sd = f" (seed sd {x['seed_std_accuracy']:.3f})" if "seed_std_accuracy" in x else ""
+            cells.append(f"{x['accuracy']:.3f} / {x['logit_diff']:.2f}{sd}")
+        for b, tests in res.get("paired", {}).items():
+            t = tests[c]
+            cells.append(f"{t['logit_diff_delta']:+.2f} ({t['p_logit_diff_wilcoxon']:.2g}) ; "
+                         f"{t['accuracy_delta']:+.3f} ({t['p_accuracy_mcnemar']:.2g})")
+        lines.append(f"| {S} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

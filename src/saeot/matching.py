@@ -7,7 +7,8 @@ from typing import Literal
 
 import numpy as np
 
-Strategy = Literal["nn", "hungarian"]
+Strategy = Literal["nn", "hungarian", "mutual"]
+STRATEGIES = ("nn", "hungarian", "mutual")
 
 
 @dataclass
@@ -43,7 +44,8 @@ def match(D: np.ndarray, strategy: Strategy = "nn", threshold: float | None = No
         Distances, lower = more similar; ``inf`` = not a candidate.
     strategy : {"nn", "hungarian"}
         ``nn``: each source to its nearest target (targets may repeat).  ``hungarian``: one-to-one
-        assignment minimising the total distance (scipy ``linear_sum_assignment``).
+        assignment minimising the total distance (scipy ``linear_sum_assignment``).  ``mutual``:
+        only pairs that are each other's nearest neighbour (one-to-one, usually fewer pairs).
     threshold : float, optional
         Drop pairs whose distance exceeds it.
 
@@ -69,8 +71,13 @@ def match(D: np.ndarray, strategy: Strategy = "nn", threshold: float | None = No
         finite = np.isfinite(D)
         big = (np.abs(D[finite]).max() + 1.0) * max(D.shape) if finite.any() else 1.0
         src, tgt = linear_sum_assignment(np.where(finite, D, big))
+    elif strategy == "mutual":
+        tgt = np.argmin(D, axis=1)
+        back = np.argmin(D, axis=0)  # (Fb,) nearest source of every target
+        src = np.flatnonzero(back[tgt] == np.arange(D.shape[0]))
+        tgt = tgt[src]
     else:
-        raise ValueError(f"unknown strategy {strategy!r}; expected 'nn' or 'hungarian'")
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
     dist = D[src, tgt]
     keep = np.isfinite(dist)
     if threshold is not None:

@@ -137,8 +137,9 @@ def distance_matrix(method: str, A: LayerFeatures, B: LayerFeatures, *, solver: 
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
     t0 = time.perf_counter()
     if method == "ot":
-        ma = measures(A.dists, A.Z)
-        mb = measures(B.dists, B.Z)
+        Za = np.ascontiguousarray(A.Z, dtype=np.float32)
+        ma = measures(A.dists, Za)
+        mb = measures(B.dists, Za if B.Z is A.Z else B.Z)  # one shared array: equal tokens cost exactly 0
         return pairwise_w2(ma, mb, solver, candidates=candidates, prefilter=prefilter,
                            progress=progress, **solver_kw)
     if method == "decoder-cosine":

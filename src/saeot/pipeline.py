@@ -26,6 +26,9 @@ def layer_pair(acts_dir: Path, sae_a: SAE, sae_b: SAE, layer_a: int, layer_b: in
     Hb = load_activations(acts_dir, layer_b)
     Href = Hb if ref_layer is None or ref_layer == layer_b else load_activations(acts_dir, ref_layer)
     Za, Zb = reference_embeddings(Ha, Hb, space, H_ref=Href, n_components=n_components)
+    # float32 once, so that both layers' measures index the very same array when the space is shared
+    Za32 = np.ascontiguousarray(Za, dtype=np.float32)
+    Za, Zb = Za32, (Za32 if Zb is Za else np.ascontiguousarray(Zb, dtype=np.float32))
     A = LayerFeatures(W_dec=sae_a.W_dec, acts=sae_a.encode(Ha), Z=Za, W_enc=sae_a.W_enc, k=k)
     B = LayerFeatures(W_dec=sae_b.W_dec, acts=sae_b.encode(Hb), Z=Zb, W_enc=sae_b.W_enc, k=k)
     return A, B
@@ -55,13 +58,13 @@ class MethodResult:
 
 def compare_methods(A: LayerFeatures, B: LayerFeatures, tokens: np.ndarray, *, methods=METHODS,
                     strategy: str = "nn", solver: str = "exact", candidates: int | None = 32,
-                    only_alive: bool = True, progress: bool = False) -> dict[str, MethodResult]:
+                    only_alive: bool = True, progress: bool = False, **solver_kw) -> dict[str, MethodResult]:
     """Every method on the same layer pair: matching, wall time and the top-token proxy."""
     out = {}
     alive_a = A.dists.alive
     for name in methods:
         t0 = time.perf_counter()
-        r = distance_matrix(name, A, B, solver=solver, candidates=candidates, progress=progress)
+        r = distance_matrix(name, A, B, solver=solver, candidates=candidates, progress=progress, **solver_kw)
         D = r.D.copy()
         if only_alive:
             D[~alive_a] = np.inf

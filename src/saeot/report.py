@@ -123,7 +123,7 @@ def write_report(path: Path, *, title: str, tokens: np.ndarray, chunk: np.ndarra
                             + (" ✓" if row["agree"].get(m) else "") for m in sec["methods"])
             h.append(f"<div class='scores'>distances — {sc} (✓ = that method's own nearest neighbour too)</div></div>")
     if compression:
-        h.append("<h2>Circuit compression (single-digit addition)</h2>")
+        h.append(f"<h2>Circuit compression ({html.escape(str(compression.get('task', 'addition')))})</h2>")
         h.append(f"<p>Unmodified model: accuracy {compression['clean']['accuracy']:.3f}, "
                  f"logit difference {compression['clean']['logit_diff']:.3f}. Circuit: "
                  f"{compression['n_nodes']} features per layer at layers {compression['layers']}.</p>")

@@ -36,7 +36,7 @@ class PlantedPair:
 
 def planted_pair(n_features: int = 64, n_tokens: int = 2000, d: int = 32, *, margin: float = 1.0,
                  spurious: float = 0.5, keep: float = 0.8, drift: float = 1.0, k: int = 16,
-                 seed: int = 0) -> PlantedPair:
+                 seed: int = 0, disjoint: bool = False) -> PlantedPair:
     """Generate a :class:`PlantedPair` (see module docstring for the model).
 
     Parameters
@@ -50,6 +50,9 @@ def planted_pair(n_features: int = 64, n_tokens: int = 2000, d: int = 32, *, mar
     drift : float             decoder drift between the layers
     k : int                   top-k support size for the OT distributions
     seed : int
+    disjoint : bool
+        Layer B sees its own ``n_tokens`` fresh tokens (same concepts, new draws), so no token is
+        seen by both layers; ``B.Z`` embeds B's tokens.  Activation correlation is then undefined.
 
     Returns
     -------
@@ -77,6 +80,10 @@ def planted_pair(n_features: int = 64, n_tokens: int = 2000, d: int = 32, *, mar
         return acts
 
     acts_a = layer_acts(np.arange(F), 1.0)
+    concept_a, Z_b = concept, Z
+    if disjoint:  # fresh tokens for layer B: same concept centres, new concepts and noise draws
+        concept = rng.integers(0, F, n_tokens)
+        Z_b = mu[concept] + rng.standard_normal((n_tokens, d)) / np.sqrt(d)
     acts_b = layer_acts(perm, keep)
     W_a = rng.standard_normal((F, d))
     W_a /= np.linalg.norm(W_a, axis=1, keepdims=True)
@@ -84,5 +91,5 @@ def planted_pair(n_features: int = 64, n_tokens: int = 2000, d: int = 32, *, mar
     W_b[perm] = W_a + drift * rng.standard_normal((F, d)) / np.sqrt(d)
     W_b /= np.linalg.norm(W_b, axis=1, keepdims=True)
     A = LayerFeatures(W_dec=W_a, acts=acts_a, Z=Z, W_enc=W_a.T.copy(), k=k)
-    B = LayerFeatures(W_dec=W_b, acts=acts_b, Z=Z, W_enc=W_b.T.copy(), k=k)
-    return PlantedPair(A=A, B=B, perm=perm, concept=concept)
+    B = LayerFeatures(W_dec=W_b, acts=acts_b, Z=Z_b, W_enc=W_b.T.copy(), k=k)
+    return PlantedPair(A=A, B=B, perm=perm, concept=concept_a)

@@ -8,13 +8,20 @@ embedding ``Z[index_i]`` of token position ``index_i``.  Between two such measur
 
 Three solvers, one interface (:func:`w2_pairs`):
 
-- ``exact``: network simplex (POT ``ot.emd2``), one problem at a time; k <= ~64.
+- ``exact``: network simplex, POT's C solver (``ot.lp.emd_wrap.emd_c``) called directly on cost
+  matrices built in float32 batches, pairs split over one process per core; k <= ~64.
 - ``sinkhorn``: batched log-domain entropic OT (:func:`sinkhorn_batch`, torch); returns the
   transport cost of the entropic plan, square-rooted; ``reg`` is relative to each problem's mean
-  cost.
-- ``sliced``: sliced W2 with ``n_proj`` random directions; each feature's 1-D quantile functions
-  are sampled at ``n_quantiles`` midpoints, which turns SW2 into a Euclidean distance between
-  per-feature vectors, so *all* pairs cost one matrix product.
+  cost.  Iterates until the marginal error is below ``tol`` (problems that do not get there are
+  counted and reported in :attr:`PairwiseResult.info`, and a warning says so).
+- ``sinkhorn-debiased``: the Sinkhorn divergence
+  :math:`S_\epsilon(\mu,\nu) = OT_\epsilon(\mu,\nu) - \tfrac12 OT_\epsilon(\mu,\mu) - \tfrac12 OT_\epsilon(\nu,\nu)`
+  (Feydy et al., 2019; same epsilon for the three terms), square-rooted: zero for identical
+  measures, unlike the entropic cost.
+- ``sliced``: sliced W2 with ``n_proj`` random directions; each feature's 1-D quantile function
+  is averaged over ``n_quantiles`` equal cells, which turns SW2 into a Euclidean distance between
+  per-feature vectors, so *all* pairs cost one matrix product.  By Jensen's inequality on each
+  cell the result is a lower bound on SW2 (hence on W2), tight as the cells shrink.
 
 :func:`pairwise_w2` computes the (Fa, Fb) matrix between two layers with candidate pre-filtering:
 the centroid distance is an exact lower bound (:math:`W_2 \ge \|m_\mu - m_\nu\|`), the sliced
@@ -32,8 +39,8 @@ import numpy as np
 
 from saeot.distributions import FeatureDistributions
 
-Solver = Literal["exact", "sinkhorn", "sliced"]
-SOLVERS = ("exact", "sinkhorn", "sliced")
+Solver = Literal["exact", "sinkhorn", "sinkhorn-debiased", "sliced"]
+SOLVERS = ("exact", "sinkhorn", "sinkhorn-debiased", "sliced")
 
 
 @dataclass
@@ -42,26 +49,34 @@ class Measures:
 
     Attributes
     ----------
-    X : (F, k, d) float64
+    X : (F, k, d) float32 or float64
         Support points (padding rows are copies of the first point, weight 0).
     w : (F, k) float64
         Weights; each row sums to 1 (all-zero rows = dead features).
+    Z, index : optional
+        The token embeddings (n, d) and support indices (F, k) that ``X = Z[index]`` came from;
+        lets the sliced embedding project the n tokens once instead of F * k support points.
     """
 
     X: np.ndarray
     w: np.ndarray
+    Z: np.ndarray | None = None
+    index: np.ndarray | None = None
 
     @property
     def centroid(self) -> np.ndarray:
         """(F, d) weighted means."""
-        return np.einsum("fk,fkd->fd", self.w, self.X)
+        return np.einsum("fk,fkd->fd", self.w, self.X.astype(np.float64, copy=False))
 
     @property
     def alive(self) -> np.ndarray:
         return self.w.sum(axis=1) > 0
 
+    def subset(self, rows) -> "Measures":
+        return Measures(self.X[rows], self.w[rows], self.Z, None if self.index is None else self.index[rows])
 
-def measures(dist: FeatureDistributions, Z: np.ndarray) -> Measures:
+
+def measures(dist: FeatureDistributions, Z: np.ndarray, dtype=np.float32) -> Measures:
     """Place each feature's distribution in the reference space.
 
     Parameters
@@ -70,13 +85,17 @@ def measures(dist: FeatureDistributions, Z: np.ndarray) -> Measures:
         Supports ``index`` (F, k) of token positions and weights (F, k).
     Z : (n_tokens, d) array
         Reference-space embedding of every token position.
+    dtype : numpy dtype
+        Of the support points ``X`` (float32 by default: the cost matrices are built in float32,
+        about 1e-6 relative, far below any difference that changes a match; the solvers run in
+        float64).
 
     Returns
     -------
     Measures
         ``X`` of shape (F, k, d).
     """
-    Z = np.asarray(Z, dtype=np.float64)
+    Z = np.asarray(Z)
     if Z.ndim != 2:
         raise ValueError(f"Z must be (n_tokens, d), got shape {Z.shape}")
     if dist.index.max(initial=-1) >= Z.shape[0]:
@@ -84,7 +103,8 @@ def measures(dist: FeatureDistributions, Z: np.ndarray) -> Measures:
     idx = dist.index.copy()
     first = np.where(idx[:, :1] >= 0, idx[:, :1], 0)  # (F, 1)
     idx = np.where(idx >= 0, idx, first)  # pad with the first support point
-    return Measures(X=Z[idx], w=dist.weight.astype(np.float64))
+    Zc = np.ascontiguousarray(Z, dtype=dtype)  # no copy if Z already is: layers that share Z share Zc
+    return Measures(X=Zc[idx], w=dist.weight.astype(np.float64), Z=Zc, index=idx)
 
 
 def _sqdist(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -93,8 +113,45 @@ def _sqdist(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.maximum(M, 0.0)
 
 
+def _batch_costs(Xa: np.ndarray, Xb: np.ndarray, ia: np.ndarray | None = None, ib: np.ndarray | None = None
+                 ) -> np.ndarray:
+    """(B, k, d), (B, k', d) -> (B, k, k') squared distances; float32 batched matmul, float64 out.
+
+    ``ia``, ``ib`` (B, k), (B, k'): token indices of the points when both sides index the same
+    embedding; equal indices are the same point, so their cost is set to exactly 0 (the float32
+    expansion |x|^2 + |y|^2 - 2 x.y leaves ~1e-7 |x|^2 there, i.e. W2 ~ 3e-4 between identical
+    measures).
+    """
+    Xa = Xa.astype(np.float32, copy=False)
+    Xb = Xb.astype(np.float32, copy=False)
+    M = (np.einsum("bkd,bkd->bk", Xa, Xa)[:, :, None] + np.einsum("bld,bld->bl", Xb, Xb)[:, None, :]
+         - 2.0 * np.matmul(Xa, Xb.transpose(0, 2, 1)))
+    M = np.maximum(M, 0.0).astype(np.float64)
+    if ia is not None and ib is not None:
+        M[ia[:, :, None] == ib[:, None, :]] = 0.0
+    return M
+
+
+def _shared_index(ma: "Measures", mb: "Measures"):
+    """(index_a, index_b) when both measures index the same token embedding, else (None, None)."""
+    if ma.index is not None and mb.index is not None and ma.Z is not None and ma.Z is mb.Z:
+        return ma.index, mb.index
+    return None, None
+
+
+def _emd_cost(a: np.ndarray, b: np.ndarray, M: np.ndarray) -> float:
+    """Network-simplex OT cost through POT's C solver directly (no input checks, no plan copy-out);
+    ``a``, ``b`` strictly positive float64 summing to 1, ``M`` (len(a), len(b)) C-contiguous float64."""
+    from ot.lp.emd_wrap import emd_c
+
+    _, cost, _, _, code = emd_c(a, b, M, 200_000, 1, None, None)
+    if code != 1:  # 1 = OPTIMAL in POT's result codes
+        raise RuntimeError(f"network simplex did not reach an optimum (POT result code {code})")
+    return float(cost)
+
+
 def w2_exact(x: np.ndarray, a: np.ndarray, y: np.ndarray, b: np.ndarray) -> float:
-    """Exact W2 between two discrete measures (network simplex, POT ``emd2``).
+    """Exact W2 between two discrete measures (network simplex, POT's C solver).
 
     Parameters
     ----------
@@ -112,27 +169,100 @@ def w2_exact(x: np.ndarray, a: np.ndarray, y: np.ndarray, b: np.ndarray) -> floa
     >>> round(w2_exact(np.zeros((1, 2)), np.ones(1), np.array([[3.0, 4.0]]), np.ones(1)), 6)
     5.0
     """
-    import ot
-
     ka, kb = a > 0, b > 0
     x, a, y, b = x[ka], a[ka], y[kb], b[kb]
     if len(a) == 0 or len(b) == 0:
         return float("nan")
-    # Renormalise in float64 so POT's marginal check sees sums of exactly ~1.
-    a = a / a.sum()
-    b = b / b.sum()
-    M = _sqdist(x, y)
-    val = ot.emd2(a, b, M, numItermax=200_000)
-    return float(np.sqrt(max(val, 0.0)))
+    # Renormalise in float64 so the solver sees marginals of equal mass.
+    a = np.ascontiguousarray(a / a.sum(), dtype=np.float64)
+    b = np.ascontiguousarray(b / b.sum(), dtype=np.float64)
+    M = np.ascontiguousarray(_sqdist(np.asarray(x, np.float64), np.asarray(y, np.float64)))
+    return float(np.sqrt(max(_emd_cost(a, b, M), 0.0)))
+
+
+def _exact_block(ma: Measures, mb: Measures, pairs: np.ndarray, batch: int = 2048) -> np.ndarray:
+    """W2 of ``pairs`` (P, 2) (all alive), cost matrices in float32 batches, one C solve each."""
+    from ot.lp.emd_wrap import emd_c
+
+    out = np.empty(len(pairs))
+    xa, xb = _shared_index(ma, mb)
+    for s in range(0, len(pairs), batch):
+        i, j = pairs[s:s + batch, 0], pairs[s:s + batch, 1]
+        M = _batch_costs(ma.X[i], mb.X[j], None if xa is None else xa[i], None if xb is None else xb[j])  # (B, k, k')
+        wa, wb = ma.w[i], mb.w[j]
+        full = (wa > 0).all(1) & (wb > 0).all(1)  # the common case: no padding, no masking needed
+        A = wa / wa.sum(1, keepdims=True)  # renormalised in float64: equal masses for the solver
+        Bw = wb / wb.sum(1, keepdims=True)
+        for r in range(len(i)):
+            if full[r]:
+                _, cost, _, _, code = emd_c(A[r], Bw[r], M[r], 200_000, 1, None, None)
+                if code != 1:  # 1 = OPTIMAL in POT's result codes
+                    raise RuntimeError(f"network simplex did not reach an optimum (POT result code {code})")
+                out[s + r] = cost
+            else:
+                ka, kb = wa[r] > 0, wb[r] > 0
+                a, b = wa[r, ka], wb[r, kb]
+                out[s + r] = _emd_cost(a / a.sum(), b / b.sum(), np.ascontiguousarray(M[r][np.ix_(ka, kb)]))
+    return np.sqrt(np.maximum(out, 0.0))
+
+
+_FORK_STATE: tuple | None = None  # (ma, mb, pairs) inherited by forked workers
+
+
+def _exact_worker(bounds: tuple[int, int]) -> np.ndarray:
+    ma, mb, pairs = _FORK_STATE
+    return _exact_block(ma, mb, pairs[bounds[0]:bounds[1]])
+
+
+def default_jobs() -> int:
+    """Worker processes for exact W2: one per core this process may use."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _exact_parallel(ma: Measures, mb: Measures, pairs: np.ndarray, n_jobs: int | None,
+                    min_pairs_per_job: int = 20_000) -> np.ndarray:
+    """Exact W2 for ``pairs`` with one process per core (fork: the measures are shared, not copied)."""
+    import multiprocessing as mp
+
+    global _FORK_STATE
+    n_jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
+    n_jobs = min(n_jobs, max(1, len(pairs) // max(1, min_pairs_per_job)))
+    if n_jobs == 1 or "fork" not in mp.get_all_start_methods():
+        return _exact_block(ma, mb, pairs)
+    # many small chunks so a slow (shared) core does not leave the others idle at the end
+    edges = np.linspace(0, len(pairs), 8 * n_jobs + 1).astype(int)
+    _FORK_STATE = (ma, mb, pairs)
+    try:
+        with mp.get_context("fork").Pool(n_jobs) as pool:
+            parts = pool.map(_exact_worker, list(zip(edges[:-1], edges[1:])), chunksize=1)
+    finally:
+        _FORK_STATE = None
+    return np.concatenate(parts)
+
+
+def random_directions(d: int, n_proj: int, seed: int = 0) -> np.ndarray:
+    """(d, n_proj) unit directions, deterministic in ``seed``."""
+    rng = np.random.default_rng(seed)
+    th = rng.standard_normal((d, n_proj))
+    return th / np.linalg.norm(th, axis=0, keepdims=True)
 
 
 def sliced_embedding(m: Measures, n_proj: int = 64, n_quantiles: int = 32, seed: int = 0,
-                     directions: np.ndarray | None = None) -> np.ndarray:
-    """Per-feature vectors whose Euclidean distances approximate sliced W2.
+                     directions: np.ndarray | None = None, block: int = 1024) -> np.ndarray:
+    r"""Per-feature vectors whose Euclidean distances are a lower bound on sliced W2.
 
-    For directions :math:`\\theta_1..\\theta_L` (uniform on the sphere) and quantile levels
-    :math:`t_q = (q + 1/2)/Q`, row f is :math:`(F^{-1}_{f,\\theta_l}(t_q))_{l,q} / \\sqrt{LQ}`, so
-    ``||E_f - E_g||`` is the midpoint-rule estimate of :math:`SW_2(\\mu_f, \\mu_g)`.
+    For directions :math:`\theta_1..\theta_L` (uniform on the sphere) and the cells
+    :math:`C_q = [q/Q, (q+1)/Q)`, row f holds :math:`Q \int_{C_q} F^{-1}_{f,\theta_l}(t)\,dt` for
+    every (l, q), divided by :math:`\sqrt{LQ}`.  Then
+    :math:`\|E_f - E_g\|^2 = \frac1L \sum_l \sum_q \frac1Q (\bar F_f - \bar F_g)^2 \le
+    \frac1L\sum_l W_2^2(\theta_l\#\mu_f, \theta_l\#\mu_g) = SW_2^2`, by Jensen on each cell;
+    and :math:`SW_2 \le W_2` (projections are 1-Lipschitz).  The slice of row f for one direction,
+    times :math:`\sqrt{L}`, likewise bounds that direction's 1-D W2 (:func:`max_sliced_lower_bound`).
 
     Parameters
     ----------
@@ -145,64 +275,63 @@ def sliced_embedding(m: Measures, n_proj: int = 64, n_quantiles: int = 32, seed:
 
     Returns
     -------
-    (F, L * Q) float64
+    (F, L * Q) float32
     """
     F, k, d = m.X.shape
     if directions is None:
-        rng = np.random.default_rng(seed)
-        directions = rng.standard_normal((d, n_proj))
-        directions /= np.linalg.norm(directions, axis=0, keepdims=True)
+        directions = random_directions(d, n_proj, seed)
     L = directions.shape[1]
-    P = m.X @ directions  # (F, k, L)
-    order = np.argsort(P, axis=1, kind="stable")  # (F, k, L)
-    Ps = np.take_along_axis(P, order, axis=1)  # (F, k, L) sorted projections
-    ws = np.take_along_axis(np.broadcast_to(m.w[:, :, None], P.shape), order, axis=1)
-    cw = np.cumsum(ws, axis=1)  # (F, k, L) cumulative weights
-    cw /= np.maximum(cw[:, -1:, :], 1e-300)
-    t = (np.arange(n_quantiles) + 0.5) / n_quantiles  # (Q,)
-    # quantile index per (f, l, q): first position where cw >= t
-    E = np.empty((F, L, n_quantiles))
-    for f in range(F):
-        for l in range(L):
-            j = np.searchsorted(cw[f, :, l], t, side="left")
-            E[f, l] = Ps[f, np.minimum(j, k - 1), l]
-    return E.reshape(F, L * n_quantiles) / np.sqrt(L * n_quantiles)
-
-
-def _sliced_embedding_fast(m: Measures, directions: np.ndarray, n_quantiles: int) -> np.ndarray:
-    """Vectorised :func:`sliced_embedding` (same result), via torch.searchsorted on batches."""
-    import torch
-
-    F, k, d = m.X.shape
-    L = directions.shape[1]
-    out = np.empty((F, L, n_quantiles))
-    t = torch.from_numpy((np.arange(n_quantiles) + 0.5) / n_quantiles)
-    for s in range(0, F, 512):
-        X = m.X[s:s + 512]
-        w = m.w[s:s + 512]
-        P = X @ directions  # (f, k, L)
+    Q = n_quantiles
+    th = directions.astype(np.float32)
+    Pz = None if m.Z is None or m.index is None else m.Z.astype(np.float32, copy=False) @ th  # (n, L)
+    grid = np.arange(Q + 1) / Q  # cell edges
+    out = np.empty((F, L, Q), dtype=np.float32)
+    for s in range(0, F, block):
+        P = (Pz[m.index[s:s + block]] if Pz is not None
+             else m.X[s:s + block].astype(np.float32) @ th).astype(np.float64)  # (f, k, L)
+        w = m.w[s:s + block]
         order = np.argsort(P, axis=1, kind="stable")
-        Ps = np.take_along_axis(P, order, axis=1)
+        Ps = np.take_along_axis(P, order, axis=1)  # sorted support per direction
         ws = np.take_along_axis(np.broadcast_to(w[:, :, None], P.shape), order, axis=1)
-        cw = np.cumsum(ws, axis=1)
-        cw /= np.maximum(cw[:, -1:, :], 1e-300)
-        cwt = torch.from_numpy(np.ascontiguousarray(cw.transpose(0, 2, 1)))  # (f, L, k)
-        j = torch.searchsorted(cwt, t.expand(cwt.shape[0], L, n_quantiles).contiguous(), side="left")
-        j = j.clamp_max(k - 1).numpy()  # (f, L, Q)
-        out[s:s + 512] = np.take_along_axis(Ps.transpose(0, 2, 1), j, axis=2)
-    return out.reshape(F, L * n_quantiles) / np.sqrt(L * n_quantiles)
+        tot = np.maximum(ws.sum(1, keepdims=True), 1e-300)
+        ws = ws / tot
+        cw = np.cumsum(ws, axis=1)  # (f, k, L) W_j
+        ci = np.cumsum(ws * Ps, axis=1)  # (f, k, L) integral of the quantile function up to W_j
+        # I(t) = ci[j-1] + Ps[j] (t - cw[j-1]) for j = first index with cw[j] >= t
+        cwt = np.ascontiguousarray(cw.transpose(0, 2, 1))  # (f, L, k)
+        import torch
+
+        j = torch.searchsorted(torch.from_numpy(cwt), torch.from_numpy(np.broadcast_to(
+            grid, cwt.shape[:2] + (Q + 1,)).copy()), side="left").numpy().clip(0, k - 1)  # (f, L, Q+1)
+        Pt = Ps.transpose(0, 2, 1)
+        prev_cw = np.concatenate([np.zeros(cwt.shape[:2] + (1,)), cwt[:, :, :-1]], 2)
+        prev_ci = np.concatenate([np.zeros(cwt.shape[:2] + (1,)), ci.transpose(0, 2, 1)[:, :, :-1]], 2)
+        I = (np.take_along_axis(prev_ci, j, 2)
+             + np.take_along_axis(Pt, j, 2) * (grid - np.take_along_axis(prev_cw, j, 2)))  # (f, L, Q+1)
+        out[s:s + block] = (np.diff(I, axis=2) * Q).astype(np.float32)
+    return out.reshape(F, L * Q) / np.float32(np.sqrt(L * Q))
 
 
-def random_directions(d: int, n_proj: int, seed: int = 0) -> np.ndarray:
-    """(d, n_proj) unit directions, deterministic in ``seed``."""
-    rng = np.random.default_rng(seed)
-    th = rng.standard_normal((d, n_proj))
-    return th / np.linalg.norm(th, axis=0, keepdims=True)
+def max_sliced_lower_bound(ea: np.ndarray, eb: np.ndarray, n_proj: int, rows=None) -> np.ndarray:
+    r"""(len(rows), Fb) lower bound on W2: :math:`\max_l` of the per-direction bound from
+    :func:`sliced_embedding` vectors ``ea`` (Fa, L*Q), ``eb`` (Fb, L*Q) (same directions)."""
+    rows = np.arange(len(ea)) if rows is None else np.asarray(rows)
+    Q = ea.shape[1] // n_proj
+    A = ea[rows].reshape(len(rows), n_proj, Q).astype(np.float32)
+    B = eb.reshape(len(eb), n_proj, Q).astype(np.float32)
+    best = np.zeros((len(rows), len(eb)), dtype=np.float32)
+    for l in range(n_proj):
+        a, b = A[:, l], B[:, l]
+        d2 = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.T
+        np.maximum(best, d2, out=best)
+    # the slice carries 1/sqrt(L Q); one direction's 1-D bound is sqrt(L) times its slice norm
+    return np.sqrt(np.maximum(best, 0.0) * n_proj).astype(np.float64) * (1 - 1e-5)  # float32 slack
 
 
 def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "exact", *,
              reg: float = 0.05, n_proj: int = 64, n_quantiles: int = 32, seed: int = 0,
-             batch_size: int = 4096, progress: bool = False) -> np.ndarray:
+             batch_size: int = 4096, progress: bool = False, n_jobs: int | None = None,
+             max_iter: int = 5000, tol: float = 1e-4, info: dict | None = None) -> np.ndarray:
     """W2 for a list of (source, target) feature pairs.
 
     Parameters
@@ -211,13 +340,18 @@ def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "ex
         Source (Fa, k, d) and target (Fb, k', d) measures in the same space.
     pairs : (P, 2) int array
         Rows ``(i, j)``: source feature i, target feature j.
-    solver : {"exact", "sinkhorn", "sliced"}
+    solver : {"exact", "sinkhorn", "sinkhorn-debiased", "sliced"}
     reg : float
-        Sinkhorn only: entropic regularisation relative to the mean cost of each batch.
+        Sinkhorn only: entropic regularisation relative to the mean cost of each problem.
+    max_iter, tol : Sinkhorn only (see :func:`sinkhorn_batch`).
     n_proj, n_quantiles, seed : int
         Sliced only.
     batch_size : int
-        Pairs per Sinkhorn / sliced batch.
+        Pairs per Sinkhorn batch.
+    n_jobs : int, optional
+        Exact only: worker processes (default: one per core; small jobs stay in-process).
+    info : dict, optional
+        Filled with solver diagnostics (Sinkhorn: ``not_converged``, ``max_marginal_error``).
 
     Returns
     -------
@@ -235,78 +369,143 @@ def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "ex
 
     if solver == "exact":
         it = np.flatnonzero(alive)
-        for p in tqdm(it, disable=not progress, desc="exact W2", unit="pair", mininterval=2):
-            i, j = pairs[p]
-            out[p] = w2_exact(ma.X[i], ma.w[i], mb.X[j], mb.w[j])
+        out[it] = _exact_parallel(ma, mb, pairs[it], n_jobs)
         return out
     if solver == "sliced":
         th = random_directions(ma.X.shape[2], n_proj, seed)
-        ea = _sliced_embedding_fast(ma, th, n_quantiles)
-        eb = _sliced_embedding_fast(mb, th, n_quantiles)
-        diff = ea[pairs[:, 0]] - eb[pairs[:, 1]]
+        ea = sliced_embedding(ma, directions=th, n_quantiles=n_quantiles)
+        eb = sliced_embedding(mb, directions=th, n_quantiles=n_quantiles)
+        diff = ea[pairs[:, 0]].astype(np.float64) - eb[pairs[:, 1]]
         out = np.sqrt((diff * diff).sum(1))
         out[~alive] = np.nan
         return out
-    # sinkhorn, batched
+    # sinkhorn (optionally debiased), batched
     it = np.flatnonzero(alive)
-    for s in tqdm(range(0, len(it), batch_size), disable=not progress, desc="sinkhorn W2", unit="batch"):
+    bad, worst = 0, 0.0
+    for s in tqdm(range(0, len(it), batch_size), disable=not progress, desc=f"{solver} W2", unit="batch"):
         sel = it[s:s + batch_size]
         i, j = pairs[sel, 0], pairs[sel, 1]
-        Xa, Xb = ma.X[i], mb.X[j]  # (B, k, d), (B, k', d)
-        M = ((Xa * Xa).sum(-1)[:, :, None] + (Xb * Xb).sum(-1)[:, None, :]
-             - 2 * np.einsum("bkd,bld->bkl", Xa, Xb))  # (B, k, k') squared distances
-        M = np.maximum(M, 0.0)
-        val = sinkhorn_batch(M, ma.w[i], mb.w[j], reg=reg)
-        out[sel] = np.sqrt(np.maximum(val, 0.0))
+        xa, xb = _shared_index(ma, mb)
+        M = _batch_costs(ma.X[i], mb.X[j], None if xa is None else xa[i], None if xb is None else xb[j])
+        eps = reg * M.mean(axis=(1, 2))  # (B,) one epsilon per pair, shared by the debiasing terms
+        r = sinkhorn_batch(M, ma.w[i], mb.w[j], eps=eps, max_iter=max_iter, tol=tol, warn=False)
+        bad += int((~r.converged).sum())
+        worst = max(worst, float(r.marginal_error.max(initial=0.0)))
+        if solver == "sinkhorn":
+            out[sel] = np.sqrt(np.maximum(r.cost, 0.0))
+            continue
+        sa = None if ma.index is None else ma.index[i]
+        sb = None if mb.index is None else mb.index[j]
+        ra = sinkhorn_batch(_batch_costs(ma.X[i], ma.X[i], sa, sa), ma.w[i], ma.w[i], eps=eps, max_iter=max_iter,
+                            tol=tol, warn=False)
+        rb = sinkhorn_batch(_batch_costs(mb.X[j], mb.X[j], sb, sb), mb.w[j], mb.w[j], eps=eps, max_iter=max_iter,
+                            tol=tol, warn=False)
+        bad += int((~ra.converged).sum() + (~rb.converged).sum())
+        worst = max(worst, float(ra.marginal_error.max(initial=0.0)), float(rb.marginal_error.max(initial=0.0)))
+        out[sel] = np.sqrt(np.maximum(r.dual - 0.5 * ra.dual - 0.5 * rb.dual, 0.0))
+    if info is not None:
+        info.update({"not_converged": bad, "max_marginal_error": worst, "tol": tol, "max_iter": max_iter})
+    if bad:
+        import warnings
+
+        warnings.warn(f"{solver}: {bad} problem(s) did not reach marginal error {tol:g} in {max_iter} iterations "
+                      f"(worst {worst:.2e}); their values are those of the last iterate", UserWarning, stacklevel=2)
     return out
 
 
-def sinkhorn_batch(M: np.ndarray, a: np.ndarray, b: np.ndarray, reg: float = 0.05, max_iter: int = 100,
-                   tol: float = 1e-3) -> np.ndarray:
-    r"""Batched log-domain Sinkhorn; returns the transport cost of the entropic plan.
+@dataclass
+class SinkhornResult:
+    """Per problem: ``cost`` = <P, M> of the entropic plan; ``dual`` = the entropic OT value
+    <a, f> + <b, g> (what the Sinkhorn divergence debiases); ``marginal_error`` = L1 error of the
+    row marginal (columns are exact after the last half-step); ``converged`` = error <= tol."""
+
+    cost: np.ndarray
+    dual: np.ndarray
+    marginal_error: np.ndarray
+    converged: np.ndarray
+    iterations: int
+
+
+def sinkhorn_batch(M: np.ndarray, a: np.ndarray, b: np.ndarray, reg: float = 0.05, max_iter: int = 5000,
+                   tol: float = 1e-4, *, eps: np.ndarray | None = None, warn: bool = True,
+                   scaling: float = 0.5) -> SinkhornResult:
+    r"""Batched log-domain Sinkhorn with epsilon scaling, iterated until every problem's marginal
+    error is <= ``tol``.
+
+    Potentials F, G are kept in cost units; epsilon starts at each problem's largest cost and is
+    multiplied by ``scaling`` per step (two Sinkhorn iterations each) down to the target, then the
+    iterations continue at the target (annealing makes small epsilon converge in tens of
+    iterations instead of thousands).
 
     Parameters
     ----------
     M : (B, n, m) costs;  a : (B, n), b : (B, m) weights (zeros allowed: those points are dropped)
     reg : float
-        Entropic regularisation relative to each problem's mean cost.
+        Entropic regularisation relative to each problem's mean cost (ignored if ``eps`` given).
+    eps : (B,) array, optional
+        Absolute regularisation per problem.
     max_iter : int;  tol : float
-        Stop when the max row-marginal error is below ``tol``; a ``UserWarning`` if it never is.
+        Stop when every problem's L1 row-marginal error is <= ``tol`` (checked every 5 iterations
+        at the target epsilon); problems still above it after ``max_iter`` iterations at the
+        target are flagged ``converged=False`` and, with ``warn``, a ``UserWarning`` says how many.
 
     Returns
     -------
-    (B,) float64
-        :math:`\langle P, M \rangle` for the entropic plan P (its column marginals are exact).
+    SinkhornResult
     """
     import warnings
 
     import torch
 
     M = torch.from_numpy(np.ascontiguousarray(M, dtype=np.float64))
-    scale = M.mean(dim=(1, 2), keepdim=True) + 1e-12  # (B, 1, 1)
-    Mr = M / (scale * reg)  # (B, n, m) cost in units of the regulariser
+    e_target = (M.mean(dim=(1, 2)) * reg if eps is None else torch.from_numpy(np.asarray(eps, np.float64)))
+    e_target = e_target.clamp_min(1e-12)[:, None, None]  # (B, 1, 1)
     with np.errstate(divide="ignore"):  # -inf for zero weights (padding): those points drop out
         la = torch.from_numpy(np.log(np.asarray(a, dtype=np.float64)))
         lb = torch.from_numpy(np.log(np.asarray(b, dtype=np.float64)))
-    f = torch.zeros_like(la)
-    g = torch.zeros_like(lb)
-    err = float("inf")
-    for it in range(max_iter):
-        f = la - torch.logsumexp(g[:, None, :] - Mr, dim=2)  # (B, n)
-        f = torch.where(torch.isfinite(la), f, torch.full_like(f, -torch.inf))
-        g = lb - torch.logsumexp(f[:, :, None] - Mr, dim=1)  # (B, m)
-        g = torch.where(torch.isfinite(lb), g, torch.full_like(g, -torch.inf))
-        if it % 10 == 9:
-            logP = f[:, :, None] + g[:, None, :] - Mr
-            row = torch.exp(torch.logsumexp(logP, dim=2))  # (B, n)
-            err = float((row - la.exp()).abs().sum(1).max())
-            if err < tol:
+    fa, fb = torch.isfinite(la), torch.isfinite(lb)
+    F = torch.zeros_like(la)  # (B, n) potentials in cost units
+    G = torch.zeros_like(lb)
+
+    def step(e, idx=None):
+        # one Sinkhorn iteration on problems ``idx`` (all if None)
+        s = slice(None) if idx is None else idx
+        Ms, las, lbs, fas, fbs = M[s], la[s], lb[s], fa[s], fb[s]
+        Fs = torch.where(fas, -e[:, :, 0] * torch.logsumexp(lbs[:, None, :] + (G[s][:, None, :] - Ms) / e, 2), 0.0)
+        Gs = torch.where(fbs, -e[:, 0, :] * torch.logsumexp(las[:, :, None] + (Fs[:, :, None] - Ms) / e, 1), 0.0)
+        F[s], G[s] = Fs, Gs
+
+    e = torch.maximum(M.amax(dim=(1, 2), keepdim=True), e_target)
+    while bool((e > e_target).any()):
+        step(e)
+        step(e)
+        e = torch.maximum(e * scaling, e_target)
+    e = e_target
+
+    def row_error(idx):
+        logP = la[idx][:, :, None] + lb[idx][:, None, :] + (F[idx][:, :, None] + G[idx][:, None, :] - M[idx]) / e[idx]
+        row = torch.exp(torch.logsumexp(logP, dim=2))  # (b, n)
+        return torch.where(fa[idx], (row - la[idx].exp()).abs(), 0.0).sum(1)
+
+    err = torch.full((M.shape[0],), float("inf"), dtype=torch.float64)
+    active = torch.arange(M.shape[0])  # problems not yet within tol: only they keep iterating
+    it = 0
+    for it in range(1, max_iter + 1):
+        step(e[active], active)
+        if it % 5 == 0 or it == max_iter:
+            err[active] = row_error(active)
+            active = active[err[active] > tol]
+            if len(active) == 0:
                 break
-    else:
-        warnings.warn(f"sinkhorn_batch: not converged after {max_iter} iterations (err {err:.2e})",
-                      UserWarning, stacklevel=2)
-    P = torch.exp(f[:, :, None] + g[:, None, :] - Mr)
-    return (P * M).sum(dim=(1, 2)).numpy()
+    converged = (err <= tol).numpy()
+    if warn and not converged.all():
+        warnings.warn(f"sinkhorn_batch: {int((~converged).sum())} of {len(converged)} problems not converged to "
+                      f"{tol:g} after {max_iter} iterations (worst {float(err.max()):.2e})", UserWarning, stacklevel=2)
+    logP = la[:, :, None] + lb[:, None, :] + (F[:, :, None] + G[:, None, :] - M) / e
+    cost = (torch.exp(logP) * M).sum(dim=(1, 2))
+    # entropic OT value (KL to a x b) at the optimal potentials: <a, F> + <b, G>
+    dual = torch.where(fa, la.exp() * F, 0.0).sum(1) + torch.where(fb, lb.exp() * G, 0.0).sum(1)
+    return SinkhornResult(cost.numpy(), dual.numpy(), err.numpy(), converged, it)
 
 
 @dataclass
@@ -321,11 +520,39 @@ class PairwiseResult:
         Number of pairs given to the solver.
     seconds : dict
         Wall time per stage (``prefilter``, ``solve``).
+    info : dict
+        Solver diagnostics (Sinkhorn: ``not_converged``, ``max_marginal_error``).
     """
 
     D: np.ndarray
     evaluated: int
     seconds: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+
+PREFILTERS = ("centroid", "sliced")
+
+
+def candidate_pairs(P: np.ndarray, candidates: int) -> np.ndarray:
+    """(n, 2) pairs: each row's ``candidates`` smallest entries of the proxy ``P`` (Fa, Fb) and each
+    column's ``candidates`` smallest; non-finite entries are never candidates."""
+    Fa, Fb = P.shape
+    c = min(candidates, Fb)
+    mask = np.zeros((Fa, Fb), dtype=bool)
+    np.put_along_axis(mask, np.argpartition(P, c - 1, axis=1)[:, :c], True, axis=1)
+    cr = min(candidates, Fa)
+    np.put_along_axis(mask, np.argpartition(P, cr - 1, axis=0)[:cr, :], True, axis=0)
+    mask &= np.isfinite(P)
+    return np.argwhere(mask)
+
+
+def sliced_proxy(ma: Measures, mb: Measures, n_proj: int = 64, n_quantiles: int = 16, seed: int = 12345
+                 ) -> np.ndarray:
+    """(Fa, Fb) sliced-W2 lower bounds for all pairs (float32 matrix product of sliced embeddings)."""
+    th = random_directions(ma.X.shape[2], n_proj, seed)
+    ea = sliced_embedding(ma, directions=th, n_quantiles=n_quantiles)
+    eb = sliced_embedding(mb, directions=th, n_quantiles=n_quantiles)
+    return np.sqrt(_sqdist(ea, eb)).astype(np.float64)
 
 
 def pairwise_w2(ma: Measures, mb: Measures, solver: Solver = "exact", *, candidates: int | None = 32,
@@ -337,60 +564,52 @@ def pairwise_w2(ma: Measures, mb: Measures, solver: Solver = "exact", *, candida
     ----------
     ma, mb : Measures
         (Fa, k, d) and (Fb, k, d).
-    solver : {"exact", "sinkhorn", "sliced"}
+    solver : {"exact", "sinkhorn", "sinkhorn-debiased", "sliced"}
     candidates : int or None
         Evaluate only, for every source, its ``candidates`` nearest targets under the pre-filter
         (and for every target its ``candidates`` nearest sources).  None = all pairs.
     prefilter : {"centroid", "sliced"}
-        ``centroid``: :func:`lower_bound` from means and spreads, an exact lower bound on W2.  ``sliced``: sliced W2 with
-        64 directions (cheap for all pairs; closer to W2 in rank).
+        ``centroid``: :func:`lower_bound` from means and spreads, an exact lower bound on W2.
+        ``sliced``: the sliced-W2 lower bound with 64 directions x 16 cells (closer to W2 in rank).
     **solver_kw
-        Passed to :func:`w2_pairs`.
+        Passed to :func:`w2_pairs` (``n_jobs``, ``reg``, ``tol``, ...).
 
     Returns
     -------
     PairwiseResult
     """
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; expected one of {SOLVERS}")
+    if prefilter not in PREFILTERS:
+        raise ValueError(f"unknown prefilter {prefilter!r}; expected one of {PREFILTERS}")
     Fa, Fb = ma.X.shape[0], mb.X.shape[0]
     t0 = time.perf_counter()
     D = np.full((Fa, Fb), np.inf)
     alive_a, alive_b = ma.alive, mb.alive
-    if solver == "sliced" or candidates is None or candidates >= Fb:
-        if solver == "sliced":
-            th = random_directions(ma.X.shape[2], solver_kw.get("n_proj", 64), solver_kw.get("seed", 0))
-            nq = solver_kw.get("n_quantiles", 32)
-            ea, eb = _sliced_embedding_fast(ma, th, nq), _sliced_embedding_fast(mb, th, nq)
-            D = np.sqrt(_sqdist(ea, eb))
-            D[~alive_a] = np.inf
-            D[:, ~alive_b] = np.inf
-            return PairwiseResult(D, int(alive_a.sum() * alive_b.sum()),
-                                  {"prefilter": 0.0, "solve": time.perf_counter() - t0})
+    if solver == "sliced":
+        th = random_directions(ma.X.shape[2], solver_kw.get("n_proj", 64), solver_kw.get("seed", 0))
+        nq = solver_kw.get("n_quantiles", 32)
+        ea = sliced_embedding(ma, directions=th, n_quantiles=nq)
+        eb = sliced_embedding(mb, directions=th, n_quantiles=nq)
+        D = np.sqrt(_sqdist(ea, eb)).astype(np.float64)
+        D[~alive_a] = np.inf
+        D[:, ~alive_b] = np.inf
+        return PairwiseResult(D, int(alive_a.sum() * alive_b.sum()),
+                              {"prefilter": 0.0, "solve": time.perf_counter() - t0})
+    if candidates is None or candidates >= Fb:
         ii, jj = np.meshgrid(np.flatnonzero(alive_a), np.flatnonzero(alive_b), indexing="ij")
         pairs = np.stack([ii.ravel(), jj.ravel()], 1)
     else:
-        if prefilter == "centroid":
-            P = lower_bound(ma, mb)
-        elif prefilter == "sliced":
-            th = random_directions(ma.X.shape[2], 64, 12345)
-            P = np.sqrt(_sqdist(_sliced_embedding_fast(ma, th, 16), _sliced_embedding_fast(mb, th, 16)))
-        else:
-            raise ValueError(f"unknown prefilter {prefilter!r}; expected 'centroid' or 'sliced'")
+        P = lower_bound(ma, mb) if prefilter == "centroid" else sliced_proxy(ma, mb)
         P[~alive_a] = np.inf
         P[:, ~alive_b] = np.inf
-        c = min(candidates, Fb)
-        mask = np.zeros((Fa, Fb), dtype=bool)
-        rows = np.argpartition(P, c - 1, axis=1)[:, :c]  # (Fa, c)
-        np.put_along_axis(mask, rows, True, axis=1)
-        cr = min(candidates, Fa)
-        cols = np.argpartition(P, cr - 1, axis=0)[:cr, :]  # (cr, Fb)
-        np.put_along_axis(mask, cols, True, axis=0)
-        mask &= np.isfinite(P)
-        pairs = np.argwhere(mask)
+        pairs = candidate_pairs(P, candidates)
     t1 = time.perf_counter()
-    vals = w2_pairs(ma, mb, pairs, solver, progress=progress, **solver_kw)
+    info: dict = {}
+    vals = w2_pairs(ma, mb, pairs, solver, progress=progress, info=info, **solver_kw)
     vals = np.where(np.isnan(vals), np.inf, vals)
     D[pairs[:, 0], pairs[:, 1]] = vals
-    return PairwiseResult(D, len(pairs), {"prefilter": t1 - t0, "solve": time.perf_counter() - t1})
+    return PairwiseResult(D, len(pairs), {"prefilter": t1 - t0, "solve": time.perf_counter() - t1}, info)
 
 
 def stability_bound(Za: np.ndarray, da: FeatureDistributions, Zb: np.ndarray, db: FeatureDistributions) -> np.ndarray:
@@ -444,12 +663,14 @@ def lower_bound(ma: Measures, mb: Measures) -> np.ndarray:
     return np.sqrt(_sqdist(ma.centroid, mb.centroid) + (sa[:, None] - sb[None, :]) ** 2)
 
 
-def nearest_w2(ma: Measures, mb: Measures, *, block: int = 8, progress: bool = False
-               ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Exact W2 nearest neighbour of every source feature, pruned by the centroid lower bound.
+def nearest_w2(ma: Measures, mb: Measures, *, block: int = 8, progress: bool = False, max_sliced: bool = True,
+               n_proj: int = 32, n_quantiles: int = 16) -> tuple[np.ndarray, np.ndarray, int]:
+    """Exact W2 nearest neighbour of every source feature, pruned by lower bounds.
 
-    Targets are visited in increasing :func:`lower_bound` (mean and spread); once it reaches the best W2 found, no remaining target can be nearer, so the
-    answer equals brute force while evaluating far fewer pairs.
+    Targets are visited in increasing lower bound: the larger of :func:`lower_bound` (mean and
+    spread) and, with ``max_sliced``, :func:`max_sliced_lower_bound` (``n_proj`` directions);
+    once the bound reaches the best W2 found, no remaining target can be nearer, so the answer
+    equals brute force while evaluating fewer pairs.
 
     Parameters
     ----------
@@ -471,6 +692,13 @@ def nearest_w2(ma: Measures, mb: Measures, *, block: int = 8, progress: bool = F
 
     Fa = ma.X.shape[0]
     P = lower_bound(ma, mb)  # (Fa, Fb)
+    if max_sliced:
+        th = random_directions(ma.X.shape[2], n_proj, 777)
+        ea = sliced_embedding(ma, directions=th, n_quantiles=n_quantiles)
+        eb = sliced_embedding(mb, directions=th, n_quantiles=n_quantiles)
+        for s in range(0, Fa, 256):
+            rows = np.arange(s, min(Fa, s + 256))
+            P[rows] = np.maximum(P[rows], max_sliced_lower_bound(ea, eb, n_proj, rows))
     P[:, ~mb.alive] = np.inf
     nn = np.full(Fa, -1, dtype=np.int64)
     dist = np.full(Fa, np.inf)
@@ -483,9 +711,9 @@ def nearest_w2(ma: Measures, mb: Measures, *, block: int = 8, progress: bool = F
             cand = cand[P[i, cand] < dist[i]]
             if len(cand) == 0:
                 break
-            for j in cand:
-                w = w2_exact(ma.X[i], ma.w[i], mb.X[j], mb.w[j])
-                evaluated += 1
-                if w < dist[i]:
-                    dist[i], nn[i] = w, j
+            vals = _exact_block(ma, mb, np.stack([np.full(len(cand), i), cand], 1))
+            evaluated += len(cand)
+            b = int(np.argmin(vals))
+            if vals[b] < dist[i]:
+                dist[i], nn[i] = vals[b], cand[b]
     return nn, dist, evaluated

@@ -33,9 +33,12 @@ def test_rescaling_activations_leaves_every_distance_unchanged(pair, solver):
     Dc = distance_matrix("ot", Ac, pair.B, solver=solver, candidates=None).D
     np.testing.assert_allclose(Dc, D0, rtol=1e-9, atol=1e-12)
     assert (match(Dc, "nn").tgt == match(D0, "nn").tgt).all()
-    # while the activation-correlation baseline is also scale-free, decoder-free methods aside,
-    # a method that used raw activations would change; sanity: the activations did change.
-    assert not np.allclose(Ac.acts, pair.A.acts)
+    # the invariance is not vacuous: a method on raw activation magnitudes (Euclidean distance
+    # between activation columns) changes many of its matches under the same rescaling
+    def raw_nn(acts):
+        a, b = np.asarray(acts).T, np.asarray(pair.B.acts).T
+        return np.argmin((a * a).sum(1)[:, None] + (b * b).sum(1)[None] - 2 * a @ b.T, 1)
+    assert (raw_nn(Ac.acts) != raw_nn(pair.A.acts)).mean() > 0.3
 
 
 def test_perturbation_moves_every_distance_by_at_most_the_bound(pair):
@@ -53,8 +56,9 @@ def test_perturbation_moves_every_distance_by_at_most_the_bound(pair):
         bound = stability_bound(A.Z, A.dists, Zp, dp)  # (F,)
         change = np.abs(D1 - D0)
         assert (change <= bound[:, None] + 1e-9).all()
-        if eps_a == 0.0:  # moving points only: the bound is eps itself
-            np.testing.assert_allclose(bound, eps_z)
+        # the perturbation really moves distances (else the check above would be empty), and the
+        # bound is within a small factor of the largest change for moved points
+        assert change[np.isfinite(change)].max() > 0.05 * bound.max()
     # and it is attained: a rigid translation by v moves W2(mu, mu) = 0 to exactly |v|
     v = rng.standard_normal(A.Z.shape[1])
     v *= 0.3 / np.linalg.norm(v)

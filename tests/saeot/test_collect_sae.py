@@ -104,25 +104,3 @@ def test_minilm_collection_matches_hidden_states_and_drops_cls(tmp_path):
     for l in range(m.n_layers):
         np.testing.assert_allclose(load_activations(out, l), ref.hidden_states[l][:, 1:].reshape(-1, 384).numpy(),
                                    atol=1e-5)
-
-
-def test_gemmascope_style_jumprelu_params_npz(tmp_path):
-    """GemmaScope's original release layout: params.npz with a JumpReLU threshold, no cfg.json."""
-    rng = np.random.default_rng(0)
-    d, F = 8, 20
-    p = {"W_enc": rng.standard_normal((d, F)), "b_enc": rng.standard_normal(F) * 0.1,
-         "W_dec": rng.standard_normal((F, d)), "b_dec": rng.standard_normal(d) * 0.1,
-         "threshold": np.abs(rng.standard_normal(F))}
-    folder = tmp_path / "gs"
-    folder.mkdir()
-    np.savez(folder / "params.npz", **p)
-    sae = load_sae(folder)
-    assert sae.architecture == "jumprelu" and (sae.d_in, sae.d_sae) == (d, F)
-    x = rng.standard_normal((50, d)).astype(np.float32)
-    pre = (x - p["b_dec"]) @ p["W_enc"] + p["b_enc"]
-    want = pre * (pre > p["threshold"])
-    np.testing.assert_allclose(sae.encode(x).toarray(), want, atol=1e-5)
-    # and it round-trips through the SAELens safetensors format, threshold included
-    back = load_sae(save_sae(sae, tmp_path / "gs2"))
-    np.testing.assert_array_equal(back.threshold, sae.threshold)
-    assert back.architecture == "jumprelu"

@@ -22,11 +22,29 @@ def setup(tmp_path_factory):
 
 
 def test_task_prompts():
-    from saeot.compress import addition_prompts
+    from saeot.compress import addition_prompts, successor_prompts
 
     p, a = addition_prompts()
     assert len(p) == 55 and all(0 <= x <= 9 for x in a)
     assert p[0].endswith("0+0=") and p[0].count("\n") == 4
+    p, a = successor_prompts()
+    assert len(p) == 45 and len(set(p)) == 45 and all(1 <= x <= 9 for x in a)
+    for q, x in zip(p, a):  # the queried digit is never one of its own examples
+        assert q.endswith(f"{x - 1}->") and f"\n{x - 1}->" not in q[:-4] and not q.startswith(f"{x - 1}->")
+
+
+def test_paired_tests_detect_a_consistent_difference():
+    from saeot.compress import paired_tests
+
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal(50)
+    a = {"per_prompt_logit_diff": (base + 0.5).tolist(), "per_prompt_correct": [1] * 30 + [0] * 20}
+    b = {"per_prompt_logit_diff": base.tolist(), "per_prompt_correct": [1] * 15 + [0] * 35}
+    t = paired_tests(a, b)
+    assert t["p_logit_diff_wilcoxon"] < 1e-6 and t["p_accuracy_mcnemar"] < 1e-3
+    assert t["a_only_correct"] == 15 and t["b_only_correct"] == 0
+    same = paired_tests(a, a)
+    assert same["p_logit_diff_wilcoxon"] == 1.0 and same["p_accuracy_mcnemar"] == 1.0
 
 
 def test_identity_supernodes_reproduce_the_model_and_merging_changes_it(setup):
@@ -60,14 +78,26 @@ def test_grouping_helpers(setup):
     assert D.shape == (12, 12) and np.allclose(np.diag(D)[np.isfinite(np.diag(D))], 0, atol=1e-6)
     lab = cluster(D, 4)
     assert len(set(lab.tolist())) == 4
+    C = within_layer_distances(saes[2], H[2], H[2][:50], nodes, "co-activation")
+    fin = np.isfinite(np.diag(C))
+    assert C.shape == (12, 12) and np.allclose(np.diag(C)[fin], 0, atol=1e-9) and (C[np.ix_(fin, fin)] <= 2 + 1e-9).all()
     with pytest.raises(ValueError, match="n_clusters"):
         cluster(D, 0)
 
 
 def test_run_compression_end_to_end(setup):
     lm, saes, H = setup
-    res = run_compression(lm, saes, H, n_nodes=8, counts=[8, 4, 1], seeds=(0,), k=8, progress=False)
-    assert set(res["methods"]) == {"ot", "decoder-cosine", "random"}
+    res = run_compression(lm, saes, H, n_nodes=8, counts=[8, 4, 1], seeds=(0, 1), k=8, progress=False,
+                          task="successor")
+    assert set(res["methods"]) == {"ot", "decoder-cosine", "co-activation", "random"} and res["n_prompts"] == 45
     for r in res["methods"].values():
         assert r[0]["logit_diff"] == pytest.approx(res["clean"]["logit_diff"], abs=1e-4)  # S = n: exact
+        assert len(r[0]["per_prompt_logit_diff"]) == 45
+    from saeot.compress import markdown_table
+
+    md = markdown_table(res)
+    assert "OT vs random" in md and md.count("\n| ") == 1 + len(res["counts"])
+    # S = n: identical per-prompt results, so the paired tests find nothing
+    for b, tests in res["paired"].items():
+        assert tests[0]["p_logit_diff_wilcoxon"] > 0.5 and tests[0]["a_only_correct"] == tests[0]["b_only_correct"] == 0
     assert res["graphs"]["nodes"] and res["graphs"]["edges"]

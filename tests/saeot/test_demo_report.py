@@ -25,9 +25,11 @@ def test_demo_writes_report_and_figures(demo_out):
     assert fig["layers"] == [0, 2, 4]
     assert set(fig["pairs"]) == {"0->4", "2->4"}
     for pf in fig["pairs"].values():
-        assert set(pf) == {"ot", "decoder-cosine", "sae-match", "act-corr"}
-        assert pf["ot"]["agree_with_ot"] == 1.0
-        assert 0.0 <= pf["ot"]["top_token_jaccard"] <= 1.0
+        assert set(pf) == {"ot", "decoder-cosine", "sae-match", "act-corr", "random_match_jaccard"}
+    # OT matches features whose top contexts share tokens far more often than a random match does
+    # (this proxy is circular for OT -- see docs -- so it checks the plumbing, not the method)
+    for pf in fig["pairs"].values():
+        assert pf["ot"]["top_token_jaccard"] > 2 * pf["random_match_jaccard"] + 0.02, pf
     for l, rep in fig["sae"].items():
         assert 0 <= rep["fvu"] < 1.0 and rep["l0"] <= 16
     comp = fig["compression"]
@@ -89,3 +91,79 @@ def test_cli_chain_collect_train_match_report(demo_out, tmp_path):
                   "tiny-random", "--pairs", "2:4", "--out", str(tmp_path / "r.html")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "r.html").read_text().count("class='pair'") >= 10
+
+
+def test_bad_options_fail_fast_with_one_line(tmp_path):
+    """A bad option is reported before any data or model is loaded (the folders do not exist)."""
+    run = CliRunner().invoke
+    missing = str(tmp_path / "nowhere")
+    for args, what in ((["match", "--solver", "emd", "--acts", missing], "--solver 'emd'"),
+                       (["match", "--strategy", "greedy", "--acts", missing], "--strategy 'greedy'"),
+                       (["report", "--pairs", "0-18", "--acts", missing], "--pairs"),
+                       (["compress", "--counts", "99", "--n-nodes", "8", "--acts", missing], "--counts"),
+                       (["demo", "--task", "poetry", "--out", missing], "--task 'poetry'")):
+        r = run(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        lines = [l for l in r.output.splitlines() if l.strip()]
+        assert len(lines) == 1 and what in lines[0] and lines[0].startswith("saeot: error:"), r.output
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_evaluation_helpers():
+    import numpy as np
+
+    from saeot.evaluate import bootstrap_ci, chunk_split, hub_stats
+    from saeot.matching import Matching
+
+    ci = bootstrap_ci(np.r_[np.zeros(50), np.ones(50)])
+    assert ci["mean"] == 0.5 and 0.38 < ci["lo"] < 0.5 < ci["hi"] < 0.62
+    m = Matching(np.arange(6), np.array([3, 3, 3, 3, 1, 2]), np.zeros(6))
+    h = hub_stats(m, 100)
+    assert h["distinct_targets"] == 3 and h["max_in_degree"] == 4 and h["share_on_top1pct_targets"] == 4 / 6
+    s = chunk_split(np.repeat(np.arange(8), 3))
+    assert not (s["fit_a"] & s["fit_b"]).any() and not (s["fit"] & s["held"]).any()
+    assert ((s["fit_a"] | s["fit_b"]) == s["fit"]).all()
+
+
+def test_ablating_a_feature_changes_that_feature_most(demo_out):
+    """The intervention machinery: ablating feature i at layer l and reading layer l itself must
+    change feature i more than any other feature, for most i (reading through hooks, BOS kept)."""
+    import numpy as np
+
+    from saeot.collect import load_activations
+    from saeot.evaluate import intervention_effects
+    from saeot.models import load_model
+    from saeot.sae import load_sae
+
+    lm = load_model("tiny-random")
+    sae = load_sae(demo_out / "saes" / "layer_2")
+    H, tokens, chunk = (load_activations(demo_out / "acts", x) for x in (2, "tokens", "chunk"))
+    acts = sae.encode(H)
+    fired = np.flatnonzero(np.asarray(acts.getnnz(axis=0)).ravel() > 0)[:8]
+    chunks_of = {int(i): sorted(set(chunk[acts[:, i].nonzero()[0]].tolist()))[:2] for i in fired}
+    need = sorted({c for v in chunks_of.values() for c in v})
+    eff = intervention_effects(lm, sae, sae, 2, 2, fired, chunks_of, {c: tokens[chunk == c] for c in need},
+                               {c: H[chunk == c] for c in need})
+    assert (np.argmax(eff, 1) == fired).mean() >= 0.75, np.argmax(eff, 1)
+    # and a later layer is changed, but less selectively
+    sae4 = load_sae(demo_out / "saes" / "layer_4")
+    eff4 = intervention_effects(lm, sae, sae4, 2, 4, fired, chunks_of, {c: tokens[chunk == c] for c in need},
+                                {c: load_activations(demo_out / "acts", 4)[chunk == c] for c in need})
+    assert (eff4.sum(1) > 0).all()
+
+
+def test_evaluate_command_on_the_demo_cache(demo_out, tmp_path):
+    out = tmp_path / "eval.json"
+    r = CliRunner().invoke(app, ["evaluate", "--acts", str(demo_out / "acts"), "--saes", str(demo_out / "saes"),
+                                 "--model", "tiny-random", "--pairs", "2:4", "--n-eval", "24", "--n-intervene", "4",
+                                 "--k", "16", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    ev = json.loads(out.read_text())["2->4"]
+    assert set(ev["settings"]) == {"shared", "disjoint"}
+    sh, dj = ev["settings"]["shared"], ev["settings"]["disjoint"]
+    assert "act-corr" in sh["methods"] and "act-corr" not in dj["methods"]
+    for st in (sh, dj):
+        for m, v in st["methods"].items():
+            j = v["nn"]["semantic_judge"]
+            assert j["lo"] <= j["mean"] <= j["hi"] and j["n"] > 0
+        assert st["intervention"]["sources"] == 4
