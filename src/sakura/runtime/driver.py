@@ -284,6 +284,18 @@ class EditDriver:
     def on_ready_while_waiting(self, j: int, now: float) -> LayerAction:
         return self._use(j, now)
 
+    def recheck(self, j: int, now: float) -> LayerAction | None:
+        """The forward pass is waiting at layer j: has anything changed? USE if the shard is
+        ready, LOCAL if it failed or the policy has since decided to compute it (CacheGen decides
+        per chunk when the request is due, which can be after the forward pass got there), else
+        None (keep waiting)."""
+        r = self.records[j]
+        if r.status == "ready":
+            return self._use(j, now)
+        if r.status in ("failed", "cancelled") or (r.status == "pending" and self.policy.prefers_local(self, j)):
+            return self._local(j, now, r.status if r.status != "pending" else "")
+        return None
+
     def _use(self, j: int, now: float) -> LayerAction:
         r = self.records[j]
         route = self.routes[j]

@@ -135,13 +135,10 @@ class LiveKVSource:
             now = self.clock()
             action = d.at_layer(i, now)
             while action.kind == WAIT:
-                rec = d.records[i]
-                if rec.status == "ready":
-                    action = d.on_ready_while_waiting(i, now)
+                changed = d.recheck(i, now)
+                if changed is not None:
+                    action = changed
                     break
-                if rec.status in ("failed", "cancelled"):
-                    action = d.at_layer(i, now)
-                    continue
                 if now >= action.deadline:
                     action = d.on_wait_expired(i, now)
                     break

@@ -122,6 +122,10 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
         elif kind == _COMPUTE:
             act(data, d.at_layer(data, now), now)
         issue(now)
+        if waiting is not None and finish is None:
+            changed = d.recheck(waiting[0], now)  # e.g. CacheGen chose to compute the chunk meanwhile
+            if changed is not None:
+                act(waiting[0], changed, now)
     if finish is None:
         raise RuntimeError("simulation ended before the forward pass finished (a shard never arrived)")
     return SimulatedEdit(first_step_s=finish, records=d.records, events=d.events, decisions=decisions,

@@ -76,3 +76,18 @@ def test_more_decode_workers_help_when_decode_is_the_bottleneck():
     one = sim(SakuraPolicy(), 1000, sp=slow_decode, workers=1)
     four = sim(SakuraPolicy(), 1000, sp=slow_decode, workers=4)
     assert four.first_step_s < one.first_step_s
+
+
+def test_a_chunk_cachegen_decides_to_compute_after_the_forward_pass_waits_on_it_is_computed():
+    """Regression (live hang): the forward pass reached layer 0 before the fetch stage asked
+    CacheGen about chunk 0; CacheGen then chose to recompute it. The waiting layer must go local."""
+    from sakura.runtime.driver import EditDriver
+
+    d = EditDriver(specs(), CacheGenPolicy(("r3", "r2", "r1"), target_s=1e-6), bandwidth=BandwidthEstimator(prior_bps=1e3),
+                   rtt=RttEstimator(prior_s=0.04))
+    d.start(0.0)
+    assert d.at_layer(0, 0.0).kind == "wait"
+    reqs, _ = d.next_requests(0.001)   # nothing fits a 1 us target: every chunk is recomputed
+    assert reqs == []
+    act = d.recheck(0, 0.002)
+    assert act is not None and act.kind == "local"
