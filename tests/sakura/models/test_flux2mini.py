@@ -213,7 +213,7 @@ def test_weights_round_trip_and_registry(tmp_path):
 
 def test_runtime_profile_and_capture_probe_run_on_flux2(tiny):
     from sakura.capture import template_importance
-    from sakura.runtime.stream import profile_model
+    from sakura.runtime.live import profile_model
 
     prof = profile_model(tiny, repeats=1)
     assert prof.compute_s > 0 and prof.local_s > 0
@@ -229,17 +229,28 @@ def test_runtime_profile_and_capture_probe_run_on_flux2(tiny):
 
 
 def test_streamed_source_with_local_prefix_is_bit_exact(tiny):
-    """The runtime's StreamedTemplateKV: layers 0-1 computed on the device, the rest 'arrive'."""
+    """The runtime's LiveKVSource: layers 0-1 computed on the device, the rest 'arrive' fetched."""
+    import threading
     import time
 
-    from sakura.runtime.stream import StreamedTemplateKV
+    from sakura.models.kv import LayerKV
+    from sakura.runtime import BandwidthEstimator, Route, RttEstimator, SakuraPolicy, ShardSpec
+    from sakura.runtime.driver import EditDriver
+    from sakura.runtime.live import LiveKVSource
 
     template, photo = images(1, 1), images(1, 2)
     kv = tiny.extract_template_kv(template, 3)
-    src = StreamedTemplateKV(tiny, template, 3, time.perf_counter())
-    src.mark_local(0)
-    src.mark_local(1)
+    route = Route("lossless", 1, 0.0, 0.0)
+    policy = SakuraPolicy(k=2)  # the plan: layers below 2 on the device
+    d = EditDriver([ShardSpec((route,), 0.001, 0.001)] * tiny.num_layers, policy,
+                   bandwidth=BandwidthEstimator(prior_bps=1e9), rtt=RttEstimator(prior_s=0.0))
+    src = LiveKVSource(d, threading.Condition(), time.monotonic,
+                       lambda: (LayerKV(k[0], v[0]) for k, v in tiny.template_layers(template, 3)),
+                       tiny.fingerprint(), tiny.template_fingerprint(template, 3), instruction=3)
     for i in range(2, tiny.num_layers):
-        src.put(i, kv.layer(i))
+        d.routes[i] = route
+        d.records[i].status, d.records[i].decode_end = "ready", 0.0
+        src.decoded[i] = kv.layer(i)
     got = tiny.edit(photo, template_kv=src, steps=2).image
+    assert [r.source for r in d.records] == ["local", "local"] + ["lossless"] * (tiny.num_layers - 2)
     assert torch.equal(got, tiny.edit(photo, template=template, instruction=3, steps=2).image)
