@@ -19,7 +19,8 @@ def load_photo(path: Path, size: int):
     try:
         img = io.imread(str(path))
     except Exception as e:  # imageio raises many types for unreadable files
-        raise ValueError(f"{path}: not a readable image ({e})") from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{path}: not a readable image ({first[:120]})") from None
     if img.ndim == 2:
         img = np.stack([img] * 3, -1)
     img = img[..., :3].astype(np.float32)
@@ -51,6 +52,10 @@ def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: 
                 "raw-stream": lambda: FixedPolicy("lossless", name="raw-stream")}
     if policy not in policies:
         raise ValueError(f"policy must be one of {sorted(policies)}, got {policy!r}")
+    from urllib.parse import urlsplit
+
+    if urlsplit(server).scheme not in ("http", "https") or not urlsplit(server).hostname:
+        raise ValueError(f"--server must be http(s)://host[:port], got {server!r}")
     model = load_model(model_name)
     img = load_photo(photo, model.cfg.image_size)
     gallery = Gallery(gallery_dir)
