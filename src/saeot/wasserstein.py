@@ -65,8 +65,8 @@ class Measures:
 
     @property
     def centroid(self) -> np.ndarray:
-        """(F, d) weighted means."""
-        return np.einsum("fk,fkd->fd", self.w, self.X.astype(np.float64, copy=False))
+        """(F, d) weighted means (float64; computed in X's precision without an (F, k, d) copy)."""
+        return np.matmul(self.w[:, None, :].astype(self.X.dtype), self.X)[:, 0].astype(np.float64)
 
     @property
     def alive(self) -> np.ndarray:
@@ -277,6 +277,8 @@ def sliced_embedding(m: Measures, n_proj: int = 64, n_quantiles: int = 32, seed:
     -------
     (F, L * Q) float32
     """
+    import torch
+
     F, k, d = m.X.shape
     if directions is None:
         directions = random_directions(d, n_proj, seed)
@@ -299,8 +301,6 @@ def sliced_embedding(m: Measures, n_proj: int = 64, n_quantiles: int = 32, seed:
         ci = np.cumsum(ws * Ps, axis=1)  # (f, k, L) integral of the quantile function up to W_j
         # I(t) = ci[j-1] + Ps[j] (t - cw[j-1]) for j = first index with cw[j] >= t
         cwt = np.ascontiguousarray(cw.transpose(0, 2, 1))  # (f, L, k)
-        import torch
-
         j = torch.searchsorted(torch.from_numpy(cwt), torch.from_numpy(np.broadcast_to(
             grid, cwt.shape[:2] + (Q + 1,)).copy()), side="left").numpy().clip(0, k - 1)  # (f, L, Q+1)
         Pt = Ps.transpose(0, 2, 1)
@@ -649,8 +649,11 @@ def stability_bound(Za: np.ndarray, da: FeatureDistributions, Zb: np.ndarray, db
 
 def spread(m: Measures) -> np.ndarray:
     """(F,) root of the total variance, sqrt(sum_i w_i ||x_i - centroid||^2)."""
+    # sum_i w_i |x_i - c|^2 = sum_i w_i |x_i|^2 - |c|^2 (weights sum to 1); no (F, k, d) temporary
+    sq = np.einsum("fkd,fkd->fk", m.X, m.X, dtype=np.float64)  # (F, k), accumulated in float64
     c = m.centroid
-    return np.sqrt(np.maximum(np.einsum("fk,fk->f", m.w, ((m.X - c[:, None]) ** 2).sum(-1)), 0.0))
+    w = m.w / np.maximum(m.w.sum(1, keepdims=True), 1e-300)
+    return np.sqrt(np.maximum((w * sq).sum(1) - (c * c).sum(1), 0.0))
 
 
 def lower_bound(ma: Measures, mb: Measures) -> np.ndarray:
