@@ -3,7 +3,7 @@
 Measures on this machine, then extrapolates with stated arithmetic:
 
 1. **Encode cost and rung sizes** of the default ladder on a Klein-4B-sized synthetic layer
-   (1024 tokens x 24 heads x 128, fp16; ``sakura.codec.bench.synthetic_layer``): CPU-seconds of
+   (1024 tokens x 24 heads x 128, fp16; ``sakura.bench.codec.synthetic_layer``): CPU-seconds of
    one thread for table fitting, encoding and the per-rung distortion measurement that
    ``sakura build`` runs, and the bytes of each rung (a byte prefix of the layer's object).
 2. **Edge CPU per GB** (stock nginx, proxy_cache + slice): an origin nginx and an edge nginx on
@@ -54,11 +54,11 @@ def measure_encode(tokens: int = 1024, repeats: int = 2) -> dict:
     import torch
 
     from sakura.codec import ShardId, codec_from_spec
-    from sakura.codec.bench import synthetic_layer
+    from sakura.bench.codec import synthetic_layer
     from sakura.store.build import DEFAULT_LADDER
 
     torch.set_num_threads(1)
-    shard, _ = synthetic_layer(tokens, 24, 128)
+    shard = synthetic_layer(tokens, 24, 128)
     ident = ShardId("bench", "synthetic", 0)
     codec = codec_from_spec(DEFAULT_LADDER[0])
     cpu = time.process_time

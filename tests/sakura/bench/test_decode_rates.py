@@ -15,7 +15,7 @@ def test_default_specs_cover_every_codec_family_and_the_store_ladder():
 
     specs = default_specs()
     families = {s.split(":")[0] for s in specs}
-    assert {"lossless", "uniform", "cachegen", "layered"} <= families
+    assert {"lossless", "uniform", "cachegen", "progressive"} <= families
     assert set(families) <= set(available_codecs())
     assert all(s in specs for s in DEFAULT_LADDER) and len(specs) == len(set(specs))
 

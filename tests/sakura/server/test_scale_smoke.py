@@ -20,7 +20,7 @@ def test_scale_model_smoke(tmp_path):
                     "--out", str(tmp_path / "m.json"), "--plots", str(tmp_path / "scale")])
     assert res["crowd"]["errors"] == 0 and res["crowd"]["origin_requests_per_object_max"] == 1
     assert res["edge"]["cold"]["origin_requests"] == 8 and res["edge"]["hot"]["origin_requests"] == 0
-    assert len(res["encode"]["rung_bits_per_value"]) == 4
+    assert 1 <= len(res["encode"]["rung_bits_per_value"]) <= 4  # the progressive ladder: 1-3 rungs per template
     assert res["encode"]["rung_bits_per_value"] == sorted(res["encode"]["rung_bits_per_value"])
     w = res["model"]["workloads"][0]
     assert [e["bytes_per_edit"] for e in w["edits"]] == sorted(e["bytes_per_edit"] for e in w["edits"])
