@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import threading
 from typing import Iterator
 
 FAULTS = ("reset", "reset-always", "stall", "http500")
@@ -135,31 +134,9 @@ def fault_proxy_in_thread(upstream_url: str, fault: str, after_bytes: int = 0) -
     """Run a `FaultProxy` in a daemon thread; yields (its URL, the proxy)."""
     from urllib.parse import urlsplit
 
+    from sakura.link.pacer import proxy_in_thread
+
     u = urlsplit(upstream_url)
-    loop = asyncio.new_event_loop()
-    box: dict = {}
-    ready = threading.Event()
-
-    def main() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            box["px"] = loop.run_until_complete(FaultProxy((u.hostname, u.port), fault, after_bytes).start())
-        except BaseException as e:  # surfaced to the caller
-            box["error"] = e
-            ready.set()
-            return
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(box["px"].close())
-        loop.close()
-
-    th = threading.Thread(target=main, daemon=True, name="sakura-faults")
-    th.start()
-    ready.wait(10)
-    if "error" in box:
-        raise box["error"]
-    try:
-        yield f"http://127.0.0.1:{box['px'].port}", box["px"]
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        th.join(10)
+    with proxy_in_thread(lambda: FaultProxy((u.hostname, u.port), fault, after_bytes).start(), name="sakura-faults",
+                         timeout_s=10.0) as px:
+        yield f"http://127.0.0.1:{px.port}", px

@@ -259,13 +259,12 @@ async def paced(upstream_url: str, trace: Trace | None, *, offset_s: float = 0.0
 
 
 @contextlib.contextmanager
-def pacer_in_thread(upstream_url: str, trace, offset_s: float, rtt_s: float) -> Iterator[str]:
-    """The pacing proxy on its own event loop in a daemon thread; yields its URL (for synchronous
-    callers such as benchmarks and tests)."""
+def proxy_in_thread(start, name: str = "sakura-proxy", timeout_s: float = 30.0) -> Iterator:
+    """Run an asyncio proxy on its own event loop in a daemon thread, for synchronous callers
+    (benchmarks, tests). `start()` is a coroutine returning the started proxy, which must have
+    an async `close()`; yields the proxy. A failure to start is raised here."""
     import threading
-    from urllib.parse import urlsplit
 
-    u = urlsplit(upstream_url)
     loop = asyncio.new_event_loop()
     box: dict = {}
     ready = threading.Event()
@@ -273,25 +272,37 @@ def pacer_in_thread(upstream_url: str, trace, offset_s: float, rtt_s: float) -> 
     def main() -> None:
         asyncio.set_event_loop(loop)
         try:
-            px = PacingProxy((u.hostname, u.port), Link(trace, offset_s=offset_s), rtt_s=rtt_s)
-            loop.run_until_complete(px.start())
-            box["px"] = px
-        except BaseException as e:
+            box["px"] = loop.run_until_complete(start())
+        except BaseException as e:  # surfaced to the caller
             box["error"] = e
             ready.set()
             return
         ready.set()
         loop.run_forever()
-        loop.run_until_complete(px.close())
+        loop.run_until_complete(box["px"].close())
         loop.close()
 
-    th = threading.Thread(target=main, daemon=True, name="sakura-pacer")
+    th = threading.Thread(target=main, daemon=True, name=name)
     th.start()
-    ready.wait(30)
+    ready.wait(timeout_s)
     if "error" in box:
         raise box["error"]
     try:
-        yield box["px"].url
+        yield box["px"]
     finally:
         loop.call_soon_threadsafe(loop.stop)
-        th.join(30)
+        th.join(timeout_s)
+
+
+@contextlib.contextmanager
+def pacer_in_thread(upstream_url: str, trace, offset_s: float, rtt_s: float) -> Iterator[str]:
+    """The pacing proxy in a daemon thread (see `proxy_in_thread`); yields its URL."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(upstream_url)
+
+    async def start() -> PacingProxy:
+        return await PacingProxy((u.hostname, u.port), Link(trace, offset_s=offset_s), rtt_s=rtt_s).start()
+
+    with proxy_in_thread(start, name="sakura-pacer") as px:
+        yield px.url
