@@ -29,7 +29,6 @@ import math
 import os
 import platform
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass

@@ -253,11 +253,6 @@ class StoreWriter:
         self._committed = dest
         return dest
 
-    @property
-    def committed_path(self) -> Path | None:
-        """Path of the manifest written by ``commit()`` (also on leaving the ``with`` block), else None."""
-        return self._committed
-
     def __enter__(self) -> "StoreWriter":
         return self
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-from pathlib import Path
 
 from sakura.store.store import RenditionInput, StoreWriter
 
