@@ -37,35 +37,11 @@ def _save_grid(path: Path, images: list[torch.Tensor], titles: list[str]) -> Non
 
 
 def _timeline(path: Path, result: dict) -> None:
-    import matplotlib
+    from sakura.bench.e2e import plot_timelines
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    D = result["D"]
-    rows = [r for r in result["rows"] if r.get("timeline") and r["trace"] == result["rows"][0]["trace"]]
-    if not rows:
-        return
-    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 1.5 * len(rows) + 0.8), sharex=True, squeeze=False)
-    for ax, r in zip(axes[:, 0], rows):
-        for s in r["timeline"]:
-            y = s["index"]
-            if s["source"] == "local":
-                ax.barh(y, s["local_s"] * D, left=(s["delivered"] - s["local_s"]) * D, color="tab:green", height=0.8)
-                continue
-            if s["t_request"] == s["t_request"] and s["fetch_end"] == s["fetch_end"]:
-                ax.barh(y, (s["fetch_end"] - s["t_request"]) * D, left=s["t_request"] * D, color="tab:blue", height=0.8)
-            if s["decode_end"] == s["decode_end"]:
-                ax.barh(y, (s["decode_end"] - s["fetch_end"]) * D, left=s["fetch_end"] * D, color="tab:orange", height=0.8)
-            if s["delivered"] > s["needed"]:
-                ax.barh(y, (s["delivered"] - s["needed"]) * D, left=s["needed"] * D, color="tab:red", height=0.3)
-        ax.set_ylabel(r["method"], fontsize=8)
-        ax.invert_yaxis()
-    axes[-1, 0].set_xlabel("phone seconds since photo in (blue fetch, orange decode, green computed here, red stall)")
-    fig.suptitle(f"per-layer timeline, live /{D:g} ({result['workload']})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    first = result["rows"][0]["trace"]
+    plot_timelines([r for r in result["rows"] if r["trace"] == first], path, scale=result["D"], unit="phone seconds",
+                   title=f"per-layer timeline, live /{result['D']:g} ({result['workload']})")
 
 
 def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "sticker-00",

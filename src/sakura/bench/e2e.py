@@ -160,7 +160,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     table = live_table(result)
     (out_dir / "e2e_live.md").write_text(table)
     log(table)
-    _plot_timelines(result, out_dir / "e2e_live_timeline.png")
+    plot_timelines(result["rows"], out_dir / "e2e_live_timeline.png")
     result["images"] = {"photo": photo, "template": timg, "truth": truth, **images}  # not in the JSON
     return result
 
@@ -182,31 +182,40 @@ def _db(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.1f}"
 
 
-def _plot_timelines(result: dict, path: Path) -> None:
+def plot_timelines(rows: list[dict], path: Path, *, scale: float = 1000.0, unit: str = "ms",
+                   title: str = "per-shard timeline, live mode") -> None:
+    """One bar row per layer and method: fetch (blue), decode (orange), computed here (green),
+    stall (red). rows: per method {"method", "timeline": [ShardRecord as dict]}; times (s) are
+    multiplied by `scale` for the axis (1000: ms; D: phone seconds of a time-dilated run)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in result["rows"] if "timeline" in r]
+    rows = [r for r in rows if r.get("timeline")]
     if not rows:
         return
-    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 1.6 * len(rows) + 0.6), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 1.5 * len(rows) + 0.8), sharex=True, squeeze=False)
     for ax, r in zip(axes[:, 0], rows):
-        for s in r["timeline"]:
-            y = s["index"]
-            if s["source"] == "local":
-                ax.barh(y, s["local_s"] * 1000, left=s["needed"] * 1000, color="tab:green", height=0.8)
+        for t in r["timeline"]:
+            y = t["index"]
+            if t["source"] == "local":
+                ax.barh(y, t["local_s"] * scale, left=(t["delivered"] - t["local_s"]) * scale, color="tab:green",
+                        height=0.8)
                 continue
-            ax.barh(y, (s["fetch_end"] - s["t_request"]) * 1000, left=s["t_request"] * 1000, color="tab:blue", height=0.8)
-            ax.barh(y, (s["decode_end"] - s["fetch_end"]) * 1000, left=s["fetch_end"] * 1000, color="tab:orange", height=0.8)
-            if s["delivered"] > s["needed"]:
-                ax.barh(y, (s["delivered"] - s["needed"]) * 1000, left=s["needed"] * 1000, color="tab:red",
+            if t["t_request"] == t["t_request"] and t["fetch_end"] == t["fetch_end"]:  # not NaN
+                ax.barh(y, (t["fetch_end"] - t["t_request"]) * scale, left=t["t_request"] * scale, color="tab:blue",
+                        height=0.8)
+            if t["decode_end"] == t["decode_end"]:
+                ax.barh(y, (t["decode_end"] - t["fetch_end"]) * scale, left=t["fetch_end"] * scale,
+                        color="tab:orange", height=0.8)
+            if t["delivered"] > t["needed"]:
+                ax.barh(y, (t["delivered"] - t["needed"]) * scale, left=t["needed"] * scale, color="tab:red",
                         height=0.3)
         ax.set_ylabel(r["method"], fontsize=8)
         ax.invert_yaxis()
-    axes[-1, 0].set_xlabel("ms since photo in (blue fetch, orange decode, green local compute, red stall)")
-    fig.suptitle("per-shard timeline, live mode", fontsize=9)
+    axes[-1, 0].set_xlabel(f"{unit} since photo in (blue fetch, orange decode, green computed here, red stall)")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
