@@ -2,11 +2,14 @@
 
 from sakura.client.client import (
     Chunk,
+    DeadlineExceeded,
     FetchError,
     FetchResult,
     IntegrityError,
     NotFound,
+    RedirectRefused,
     TemplateClient,
 )
 
-__all__ = ["Chunk", "FetchError", "FetchResult", "IntegrityError", "NotFound", "TemplateClient"]
+__all__ = ["Chunk", "DeadlineExceeded", "FetchError", "FetchResult", "IntegrityError", "NotFound", "RedirectRefused",
+           "TemplateClient"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
 import warnings
@@ -27,7 +26,7 @@ import aiohttp
 
 from sakura.store.api import StoreIntegrityError, StoreNotFound
 from sakura.store.layout import INDEX_PATH, check_name, manifest_relpath
-from sakura.store.manifest import MAX_MANIFEST_BYTES, Manifest, ObjectRef, Rendition
+from sakura.store.manifest import MAX_MANIFEST_BYTES, Manifest, ObjectRef, Rendition, parse_json
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +47,25 @@ class NotFound(FetchError, StoreNotFound):
 
 class IntegrityError(FetchError, StoreIntegrityError):
     """The bytes received do not match the manifest (size or sha256)."""
+
+
+class DeadlineExceeded(FetchError):
+    """No complete, verified answer within the step's overall deadline (a dripping or stalled
+    server): the caller falls back (gallery, local compute) instead of waiting on."""
+
+
+class RedirectRefused(FetchError):
+    """The server answered with a redirect; this client talks only to the origin it was given."""
+
+
+#: Slowest delivery (bytes/s) a fetch is allowed before its overall deadline ends it: 256 kbit/s,
+#: below which a phone link is no use for streaming KV (local compute wins long before).
+DEFAULT_MIN_RATE_BPS = 32_000.0
+#: No single fetch may take longer than this (s), whatever its size.
+DEFAULT_MAX_DEADLINE_S = 120.0
+#: Size assumed for a manifest / index.json when computing its deadline (bytes; real ones are
+#: 2-64 KB).
+SMALL_FILE_DEADLINE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -105,13 +123,24 @@ class TemplateClient:
         max_retries: attempts after the first, per object (resumes and reconnects together).
         chunk_bytes: largest chunk handed to ``on_chunk`` (bytes).
         max_connections: connection pool size (per host).
+        min_rate_bps, max_deadline_s: every request has an overall deadline,
+            ``deadline_for(nbytes) = min(max_deadline_s, connect_timeout + read_timeout +
+            nbytes / min_rate_bps)``, or the ``deadline_s`` its caller passes (derived from the
+            caller's own estimates); past it the fetch raises ``DeadlineExceeded``. Per-read
+            timeouts alone let a server that drips one byte per read_timeout hold a fetch for ever.
+
+    Redirects are never followed (``RedirectRefused``): a content-addressed store has no reason
+    to send the phone elsewhere, and following one would talk to an origin the user never
+    configured. Every read is bounded: a manifest by ``MAX_MANIFEST_BYTES``, an object by the
+    size its manifest entry declares (the caller checks that against its own limits first).
 
     Use as ``async with TemplateClient(url) as c: ...``. Cancel a fetch by cancelling its task:
     the connection is closed at once (not returned to the pool with an unread body).
     """
 
     def __init__(self, base_url: str, *, connect_timeout: float = 5.0, read_timeout: float = 10.0,
-                 max_retries: int = 5, chunk_bytes: int = 64 * 1024, max_connections: int = 8) -> None:
+                 max_retries: int = 5, chunk_bytes: int = 64 * 1024, max_connections: int = 8,
+                 min_rate_bps: float = DEFAULT_MIN_RATE_BPS, max_deadline_s: float = DEFAULT_MAX_DEADLINE_S) -> None:
         u = urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"base_url must be http(s)://host[:port][/prefix], got {base_url!r}")
@@ -124,6 +153,21 @@ class TemplateClient:
                                               sock_read=read_timeout)
         self._limit = max_connections
         self._session: aiohttp.ClientSession | None = None
+        if not (min_rate_bps > 0 and max_deadline_s > 0):
+            raise ValueError("min_rate_bps and max_deadline_s must be > 0")
+        self.min_rate_bps, self.max_deadline_s = float(min_rate_bps), float(max_deadline_s)
+        self._fixed_s = float(connect_timeout) + float(read_timeout)
+
+    def deadline_for(self, nbytes: int) -> float:
+        """Overall seconds allowed to fetch ``nbytes`` (see the class docstring)."""
+        return min(self.max_deadline_s, self._fixed_s + max(0, nbytes) / self.min_rate_bps)
+
+    def _check_redirect(self, r: aiohttp.ClientResponse, what: str) -> None:
+        if 300 <= r.status < 400 and r.status != 304:
+            where = urlsplit(r.headers.get("Location", ""))
+            origin = f"{where.scheme}://{where.netloc}" if where.netloc else "the same origin"
+            raise RedirectRefused(f"{what}: HTTP {r.status} redirect to {origin} refused (this client talks "
+                                  f"only to {self.base_url})")
 
     async def __aenter__(self) -> "TemplateClient":
         self._ensure_session()
@@ -153,12 +197,22 @@ class TemplateClient:
         return f"{self.base_url}/{relpath}"
 
     # ------------------------------------------------------------------------------- small files
-    async def _get_small(self, relpath: str, what: str) -> bytes:
+    async def _get_small(self, relpath: str, what: str, deadline_s: float | None = None) -> bytes:
+        limit = deadline_s if deadline_s is not None else self.deadline_for(SMALL_FILE_DEADLINE_BYTES)
+        try:
+            async with asyncio.timeout(limit):
+                return await self._get_small_loop(relpath, what)
+        except TimeoutError:
+            raise DeadlineExceeded(f"{what}: no complete answer within its {limit:.1f} s deadline") from None
+
+    async def _get_small_loop(self, relpath: str, what: str) -> bytes:
         s = self._ensure_session()
         last: BaseException | None = None
         for attempt in range(self.max_retries + 1):
             try:
-                async with s.get(self._url(relpath), headers={"Accept": "application/json"}) as r:
+                async with s.get(self._url(relpath), headers={"Accept": "application/json"},
+                                 allow_redirects=False) as r:
+                    self._check_redirect(r, what)
                     if r.status == 404:
                         raise NotFound(f"{what}: server has no {relpath}")
                     if r.status != 200:
@@ -184,16 +238,18 @@ class TemplateClient:
         """``(model_fingerprint, template_id)`` pairs the server's ``index.json`` lists."""
         body = await self._get_small(INDEX_PATH, "index")
         try:
-            entries = json.loads(body)["manifests"]
+            entries = parse_json(body, "index.json")["manifests"]
             return [(check_name(e["model_fingerprint"], "model fingerprint"), check_name(e["template_id"], "template id"))
                     for e in entries]
         except (ValueError, KeyError, TypeError) as e:
             raise FetchError(f"index.json is malformed: {e}") from None
 
-    async def get_manifest(self, model_fingerprint: str, template_id: str) -> Manifest:
-        """Fetch and validate one template's manifest (raises ``ManifestError`` if malformed)."""
+    async def get_manifest(self, model_fingerprint: str, template_id: str, *,
+                           deadline_s: float | None = None) -> Manifest:
+        """Fetch and validate one template's manifest (raises ``ManifestError`` if malformed,
+        ``DeadlineExceeded`` past ``deadline_s``, default ``deadline_for(SMALL_FILE_DEADLINE_BYTES)``)."""
         rel = manifest_relpath(model_fingerprint, template_id)  # validates both names
-        body = await self._get_small(rel, f"manifest {model_fingerprint}/{template_id}")
+        body = await self._get_small(rel, f"manifest {model_fingerprint}/{template_id}", deadline_s)
         m = Manifest.from_bytes(body, source=f"{self.base_url}/{rel}")
         if (m.model_fingerprint, m.template_id) != (model_fingerprint, template_id):
             raise FetchError(f"{rel}: manifest is for {m.model_fingerprint}/{m.template_id}")
@@ -220,22 +276,28 @@ class TemplateClient:
         already held (``fetch_rendition`` without the timing)."""
         return (await self.fetch_rendition(rendition, have=have)).data
 
-    async def fetch_object(self, ref: ObjectRef, *, on_chunk: Callable[[Chunk], None] | None = None) -> FetchResult:
+    async def fetch_object(self, ref: ObjectRef, *, on_chunk: Callable[[Chunk], None] | None = None,
+                           deadline_s: float | None = None) -> FetchResult:
         """Fetch one whole object, resuming with ``Range`` after a dropped connection or read
         timeout, and verify its size and sha256 against ``ref``.
 
         Args:
             ref: the object (from a manifest: a table's, the template ref's, a rendition's).
             on_chunk: called with each ``Chunk`` as it arrives (e.g. the bandwidth estimator).
+            deadline_s: overall seconds for the fetch, retries included (default
+                ``deadline_for(ref.bytes)``).
         Raises:
-            NotFound, IntegrityError, FetchError; ``asyncio.CancelledError`` if cancelled.
+            NotFound, IntegrityError, DeadlineExceeded, RedirectRefused, FetchError;
+            ``asyncio.CancelledError`` if cancelled.
         """
         if not isinstance(ref, ObjectRef):
             raise TypeError(f"fetch_object takes an ObjectRef from a manifest, got {type(ref).__name__}")
-        return await self._fetch(ref, ref.bytes, ref.sha256, b"", on_chunk)
+        return await self._deadline(self._fetch(ref, ref.bytes, ref.sha256, b"", on_chunk), ref.bytes, deadline_s,
+                                    f"object {ref.sha256}")
 
     async def fetch_rendition(self, rendition: Rendition, *, have: bytes = b"",
-                              on_chunk: Callable[[Chunk], None] | None = None) -> FetchResult:
+                              on_chunk: Callable[[Chunk], None] | None = None,
+                              deadline_s: float | None = None) -> FetchResult:
         """Fetch one rendition's bytes, verified against the rendition's sha256.
 
         For a layered codec's rung (``rendition.prefix``) only ``bytes=0-(n-1)`` of the object is
@@ -247,7 +309,18 @@ class TemplateClient:
             raise TypeError(f"fetch_rendition takes a Rendition from a manifest, got {type(rendition).__name__}")
         if len(have) > rendition.nbytes:
             raise ValueError(f"have ({len(have)} bytes) is longer than rendition {rendition.name!r} ({rendition.nbytes})")
-        return await self._fetch(rendition.object, rendition.nbytes, rendition.sha256, bytes(have), on_chunk)
+        return await self._deadline(self._fetch(rendition.object, rendition.nbytes, rendition.sha256, bytes(have),
+                                                on_chunk), rendition.nbytes - len(have), deadline_s,
+                                    f"rendition {rendition.name!r} of object {rendition.object.sha256}")
+
+    async def _deadline(self, coro, nbytes: int, deadline_s: float | None, what: str):
+        limit = deadline_s if deadline_s is not None else self.deadline_for(nbytes)
+        try:
+            async with asyncio.timeout(limit):
+                return await coro
+        except TimeoutError:
+            raise DeadlineExceeded(f"{what}: not complete within its {limit:.1f} s deadline "
+                                   f"({nbytes} bytes)") from None
 
     async def _fetch(self, ref: ObjectRef, stop: int, digest: str, have: bytes,
                      on_chunk: Callable[[Chunk], None] | None) -> FetchResult:
@@ -270,7 +343,8 @@ class TemplateClient:
                 if etag is not None and not etag.startswith("W/"):
                     headers["If-Range"] = etag
             try:
-                async with s.get(url, headers=headers) as r:
+                async with s.get(url, headers=headers, allow_redirects=False) as r:
+                    self._check_redirect(r, f"object {ref.sha256}")
                     if r.status == 404:
                         raise NotFound(f"object {ref.sha256}: server has none (404)")
                     if ranged and r.status == 200:

@@ -22,7 +22,9 @@ import time
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
-from aiohttp import web
+from dataclasses import dataclass
+
+from aiohttp import web, web_protocol, web_server
 
 from sakura.server.ranges import (
     RangeError,
@@ -32,6 +34,7 @@ from sakura.server.ranges import (
     parse_range,
 )
 from sakura.store.layout import INDEX_URL, MANIFEST_URL_RE, OBJECT_URL_RE
+from sakura.store.store import open_in_store
 
 log = logging.getLogger("sakura.server")
 access_log = logging.getLogger("sakura.server.access")
@@ -59,6 +62,156 @@ class _RedactFilter(logging.Filter):
 
 protocol_log = logging.getLogger("sakura.server.protocol")
 protocol_log.addFilter(_RedactFilter())
+
+
+class _RateLimitFilter(logging.Filter):
+    """At most ``burst`` records per message template per ``window_s``; the next one let through
+    says how many were dropped. Under fd exhaustion asyncio and aiohttp log a traceback per
+    failed accept/request (194,529 in 6 s, 86 MB); one line per template per window is enough."""
+
+    def __init__(self, window_s: float = 10.0, burst: int = 5) -> None:
+        super().__init__()
+        self.window_s, self.burst = window_s, burst
+        self._seen: dict[tuple[str, object], list] = {}  # key -> [window start, count, dropped]
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._seen.clear()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.msg)
+        now = time.monotonic()
+        with self._lock:
+            st = self._seen.get(key)
+            if st is None or now - st[0] >= self.window_s:
+                dropped = st[2] if st is not None else 0
+                if len(self._seen) > 1024:
+                    self._seen.clear()
+                self._seen[key] = [now, 1, 0]
+                if dropped:
+                    record.msg = f"{record.msg} [{dropped} similar message(s) suppressed in the last {self.window_s:.0f} s]"
+                return True
+            st[1] += 1
+            if st[1] <= self.burst:
+                return True
+            st[2] += 1
+            return False
+
+
+#: Loggers that repeat one line per connection under load or attack; all rate-limited.
+_NOISY_LOGGERS = ("asyncio", "aiohttp.server", "aiohttp.web", "sakura.server", "sakura.server.protocol")
+_rate_limit = _RateLimitFilter()
+for _name in _NOISY_LOGGERS:
+    logging.getLogger(_name).addFilter(_rate_limit)
+
+
+def _exception_handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """Event-loop errors (e.g. accept() failing with EMFILE) as one rate-limited line, no traceback."""
+    exc = context.get("exception")
+    log.error("event loop: %s%s", context.get("message", "error"), f" ({type(exc).__name__}: {exc})" if exc else "")
+
+
+# ------------------------------------------------------------------------ connection guarding
+#: Seconds a new connection has to deliver a complete request head (nginx: client_header_timeout).
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+#: Seconds an idle keep-alive connection is kept between requests (nginx: keepalive_timeout).
+DEFAULT_IDLE_TIMEOUT_S = 15.0
+
+
+def default_max_connections() -> int:
+    """Open connections the server holds at most: the process's fd limit less a reserve for
+    files being served and the listening sockets, capped at 4096 (nginx: worker_connections)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 65536
+    except (ImportError, ValueError, OSError):
+        soft = 1024
+    return max(8, min(4096, (soft - 64) // 2))  # each streamed object may hold a second fd
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Header-read and idle timeouts (s) and the connection cap, per server."""
+
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_connections: int = 0  # 0: default_max_connections()
+
+
+class _GuardedHandler(web_protocol.RequestHandler):
+    """aiohttp's protocol with a header deadline: a connection that has not delivered a complete
+    request head within ``header_timeout_s`` of connecting is closed (aiohttp itself has no
+    header timeout; a slow-header client held its fd for ever). Later requests on a keep-alive
+    connection are bounded by aiohttp's ``keepalive_timeout`` (= ``idle_timeout_s``), whose
+    close fires while no request is complete."""
+
+    __slots__ = ("_header_timer", "_born")
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        limits: ConnectionLimits = self._manager._sakura_limits  # type: ignore[union-attr]
+        self._born = time.monotonic()
+        self._header_timer = None
+        super().connection_made(transport)
+        mgr = self._manager
+        cap = limits.max_connections or default_max_connections()
+        conns = mgr.connections if mgr is not None else []
+        if len(conns) > cap:
+            # Over the cap: drop the oldest connection that has not sent a complete request (a
+            # slow or idle client) so a real request still gets in; if every one is busy, this one.
+            idle = [c for c in conns if c is not self and not getattr(c, "_request_in_progress", True)]
+            victim = min(idle, key=lambda c: getattr(c, "_born", 0.0)) if idle else self
+            mgr._sakura_evicted += 1  # type: ignore[union-attr]
+            victim.force_close()
+            if victim.transport is not None:
+                victim.transport.close()
+            if victim is self:
+                return
+        self._header_timer = self._loop.call_later(limits.header_timeout_s, self._header_expired)
+
+    def _header_expired(self) -> None:
+        self._header_timer = None
+        if getattr(self, "_request_count", 1) == 0:
+            self._manager._sakura_timed_out += 1  # type: ignore[union-attr]
+            self.force_close()
+            if self.transport is not None:
+                self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._header_timer is not None and getattr(self, "_request_count", 0) > 0:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().connection_lost(exc)
+
+
+class _GuardedServer(web_server.Server):
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _GuardedHandler(self, loop=self._loop, **self._kwargs)
+
+
+def _guard(runner: web.AppRunner, limits: ConnectionLimits) -> None:
+    srv = runner.server
+    assert srv is not None and type(srv) is web_server.Server, "guard after runner.setup()"
+    srv.__class__ = _GuardedServer  # same layout (no new slots): only the protocol factory differs
+    srv._sakura_limits = limits  # type: ignore[attr-defined]
+    srv._sakura_timed_out = 0  # type: ignore[attr-defined]
+    srv._sakura_evicted = 0  # type: ignore[attr-defined]
+
+
+def connection_counts(runner: web.AppRunner) -> dict[str, int]:
+    """``open`` connections now, ``header_timeouts`` and ``evicted`` so far (for tests, the bench)."""
+    srv = runner.server
+    return {"open": len(srv.connections) if srv is not None else 0,
+            "header_timeouts": getattr(srv, "_sakura_timed_out", 0), "evicted": getattr(srv, "_sakura_evicted", 0)}
 
 STORE_KEY = web.AppKey("store_root", Path)
 CHUNK_KEY = web.AppKey("chunk_bytes", int)
@@ -117,11 +270,10 @@ async def handle(request: web.Request) -> web.StreamResponse:
             status = 404
             return _text(404, "not found: expected /index.json, /manifests/<model>/<template>.json or /objects/<xx>/<sha256>")
         root: Path = request.app[STORE_KEY]
-        path = root / res.relpath
         if res.immutable:
-            resp, status, sent = await _serve_object(request, path, res)
+            resp, status, sent = await _serve_object(request, root, res)
         else:
-            resp, status, sent = await _serve_small(request, path)
+            resp, status, sent = await _serve_small(request, root, res)
         return resp
     except (ConnectionError, asyncio.CancelledError):
         status = 499  # client went away mid-transfer (nginx's convention); nothing to clean up
@@ -131,14 +283,15 @@ async def handle(request: web.Request) -> web.StreamResponse:
                         res.label if res else "-", status, sent, (time.perf_counter() - t0) * 1e3)
 
 
-def _open_regular(path: Path) -> tuple[int, os.stat_result] | None:
+def _open_regular(root: Path, relpath: str) -> tuple[int, os.stat_result] | None:
     try:
-        # O_NOFOLLOW: a symlink planted in the store is not followed out of it.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        # No symlink is followed at any step (objects/xx included), the rule `store verify`
+        # shares: a symlink planted in the store never leads out of it.
+        fd = open_in_store(root, relpath)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
     except OSError:  # ELOOP from O_NOFOLLOW, EACCES, ...
-        log.warning("refusing to open %s", path)
+        log.warning("refusing to open %s (symlink or unreadable)", relpath)
         return None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -161,8 +314,9 @@ def _range_or_error(request: web.Request, size: int, etag: str) -> tuple[int, in
     return start, stop, True
 
 
-async def _serve_object(request: web.Request, path: Path, res: _Resource) -> tuple[web.StreamResponse, int, int]:
-    opened = _open_regular(path)
+async def _serve_object(request: web.Request, root: Path, res: _Resource) -> tuple[web.StreamResponse, int, int]:
+    path = root / res.relpath
+    opened = _open_regular(root, res.relpath)
     if opened is None:
         return _text(404, f"no object {path.name}"), 404, 0
     fd, st = opened
@@ -209,8 +363,9 @@ async def _serve_object(request: web.Request, path: Path, res: _Resource) -> tup
         return resp, resp.status, sent
 
 
-async def _serve_small(request: web.Request, path: Path) -> tuple[web.StreamResponse, int, int]:
-    opened = _open_regular(path)
+async def _serve_small(request: web.Request, root: Path, res: _Resource) -> tuple[web.StreamResponse, int, int]:
+    path = root / res.relpath
+    opened = _open_regular(root, res.relpath)
     if opened is None:
         return _text(404, f"no manifest {path.parent.name}/{path.name}" if path.name != "index.json" else "no index.json"), 404, 0
     fd, st = opened
@@ -254,13 +409,18 @@ def make_app(store_root: str | os.PathLike[str], *, chunk_bytes: int = DEFAULT_C
 
 
 async def start_server(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 0,
-                       chunk_bytes: int = DEFAULT_CHUNK_BYTES, sendfile: bool = True) -> tuple[web.AppRunner, str]:
+                       chunk_bytes: int = DEFAULT_CHUNK_BYTES, sendfile: bool = True,
+                       limits: ConnectionLimits | None = None) -> tuple[web.AppRunner, str]:
     """Start serving in the running event loop; returns (runner, base URL). ``port=0`` picks a
-    free port. Stop with ``await runner.cleanup()``."""
+    free port. Stop with ``await runner.cleanup()``. ``limits``: header/idle timeouts and the
+    connection cap (``ConnectionLimits()`` defaults)."""
+    limits = limits or ConnectionLimits()
     # access_log=None: aiohttp's default access log records client address and User-Agent.
     runner = web.AppRunner(make_app(store_root, chunk_bytes=chunk_bytes, sendfile=sendfile), access_log=None,
-                           handle_signals=False, logger=protocol_log, max_line_size=MAX_FIELD_BYTES, max_field_size=MAX_FIELD_BYTES)
+                           handle_signals=False, logger=protocol_log, max_line_size=MAX_FIELD_BYTES,
+                           max_field_size=MAX_FIELD_BYTES, keepalive_timeout=limits.idle_timeout_s)
     await runner.setup()
+    _guard(runner, limits)
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
     h, p = runner.addresses[0][:2]  # the real port when port=0
@@ -287,6 +447,7 @@ def serve_in_thread(store_root: str | os.PathLike[str], **kw) -> Iterator[str]:
 
     def main() -> None:
         asyncio.set_event_loop(loop)
+        loop.set_exception_handler(_exception_handler)
         try:
             box["runner"], box["url"] = loop.run_until_complete(start_server(store_root, **kw))
         except BaseException as e:  # surface startup errors in the caller's thread
@@ -313,7 +474,7 @@ def serve_in_thread(store_root: str | os.PathLike[str], **kw) -> Iterator[str]:
 
 def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8080,
                   chunk_bytes: int = DEFAULT_CHUNK_BYTES, trace: str | None = None, trace_offset_s: float = 0.0,
-                  rtt_s: float = 0.0) -> None:
+                  rtt_s: float = 0.0, limits: ConnectionLimits | None = None) -> None:
     """Blocking entry point for ``sakura serve``; Ctrl-C stops it.
 
     With ``trace`` (a ``sakura.link.load_trace`` spec) or ``rtt_s`` > 0, the server listens on a
@@ -321,8 +482,10 @@ def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1"
     client then shares that one emulated link (use it for one phone at a time).
     """
     async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(_exception_handler)
         emulate = trace is not None or rtt_s > 0
-        runner, url = await start_server(store_root, host=host, port=0 if emulate else port, chunk_bytes=chunk_bytes)
+        runner, url = await start_server(store_root, host=host, port=0 if emulate else port, chunk_bytes=chunk_bytes,
+                                         limits=limits)
         proxy = None
         try:
             if emulate:

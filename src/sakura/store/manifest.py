@@ -28,6 +28,37 @@ class ManifestError(ValueError):
     """A manifest (or index) is malformed; the message names the offending field path."""
 
 
+#: Longest integer literal accepted (digits): Python refuses > 4300 with a bare ValueError, and a
+#: byte count never needs more than 20.
+MAX_INT_DIGITS = 40
+
+
+def _bounded_int(s: str) -> int:
+    if len(s.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer literal of {len(s)} digits")
+    return int(s)
+
+
+def parse_json(data: bytes, source: str, *, error: type[ValueError] | None = None) -> Any:
+    """Strict, bounded JSON for untrusted files (manifests, index.json): UTF-8, integers of at
+    most ``MAX_INT_DIGITS`` digits, no NaN/Infinity. Raises only ``error`` (default
+    ``ManifestError``): deep nesting (the C parser's RecursionError) and 5,000-digit integers
+    (a bare ValueError from int()) are reported as malformed JSON."""
+    err = error or ManifestError
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise err(f"{source}: not valid UTF-8 JSON ({e})") from None
+
+    def no_const(c: str) -> Any:
+        raise ValueError(f"{c} is not JSON")
+
+    try:
+        return json.loads(text, parse_int=_bounded_int, parse_constant=no_const)
+    except (ValueError, RecursionError, OverflowError) as e:  # JSONDecodeError is a ValueError
+        raise err(f"{source}: not valid UTF-8 JSON ({str(e)[:160]})") from None
+
+
 # --------------------------------------------------------------------------------------- helpers
 def _fail(where: str, msg: str) -> "ManifestError":
     return ManifestError(f"manifest field {where}: {msg}")
@@ -471,11 +502,13 @@ class Manifest:
         """Parse and validate; errors name ``source`` and the offending field."""
         if len(data) > MAX_MANIFEST_BYTES:
             raise ManifestError(f"{source}: {len(data)} bytes exceeds the {MAX_MANIFEST_BYTES}-byte manifest limit")
-        try:
-            d = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ManifestError(f"{source}: not valid UTF-8 JSON ({e})") from None
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ManifestError(f"{source}: expected bytes, got {type(data).__name__}")
+        d = parse_json(bytes(data), source)
         try:
             return cls.from_json(d)
         except ManifestError as e:
             raise ManifestError(f"{source}: {e}") from None
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as e:
+            # the field checks above should catch everything; this keeps a missed case typed
+            raise ManifestError(f"{source}: malformed ({type(e).__name__}: {str(e)[:120]})") from None

@@ -33,6 +33,7 @@ from sakura.store.layout import (
     manifest_relpath,
 )
 from sakura.store.manifest import (
+    MAX_MANIFEST_BYTES,
     SCHEMA_VERSION,
     Manifest,
     ManifestError,
@@ -42,6 +43,7 @@ from sakura.store.manifest import (
     Shard,
     Table,
     TemplateRef,
+    parse_json,
 )
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,48 @@ class ObjectDamaged(StoreError, StoreIntegrityError):
 
 
 # ------------------------------------------------------------------------------- low-level I/O
+_NOFOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_in_store(root: str | os.PathLike[str], relpath: str) -> int:
+    """Open ``root/relpath`` read-only without following a symlink at any step below ``root``
+    (each directory is opened with O_NOFOLLOW relative to the one above, openat-style), so no
+    symlink in the store (``objects/xx`` or a file) can lead out of it. The one rule ``serve``
+    and ``Store`` (reads, ``verify``) share. Returns an fd; raises FileNotFoundError if missing,
+    ``OSError`` (ELOOP / ENOTDIR) for a symlink or a non-directory on the way."""
+    parts = relpath.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise FileNotFoundError(f"{relpath}: not a store path")
+    dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for part in parts[:-1]:
+            nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=dfd)
+            os.close(dfd)
+            dfd = nfd
+        return os.open(parts[-1], os.O_RDONLY | _NOFOLLOW, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def store_symlinks(root: Path) -> list[str]:
+    """Relative paths of every symlink under the served parts of the store (objects/, manifests/,
+    index.json): ``serve`` refuses them, so ``verify`` reports them."""
+    out = []
+    if (root / INDEX_PATH).is_symlink():
+        out.append(INDEX_PATH)
+    for top in (OBJECT_DIR, MANIFEST_DIR):
+        d = root / top
+        if d.is_symlink():
+            out.append(top)
+            continue
+        for dirpath, dirnames, filenames in os.walk(d):  # followlinks=False: a symlinked dir is listed, not entered
+            for n in dirnames + filenames:
+                p = Path(dirpath) / n
+                if p.is_symlink():
+                    out.append(str(p.relative_to(root)))
+    return sorted(out)
+
+
 def sha256_file(path: Path) -> str:
     """sha256 hex digest of a file, read in 1 MiB steps."""
     h = hashlib.sha256()
@@ -276,7 +320,7 @@ def _write_index(root: Path, changed: tuple[str, str] | None = None) -> None:
     dest = root / INDEX_PATH
     if changed is not None and dest.exists():
         try:
-            for e in json.loads(dest.read_bytes())["manifests"]:
+            for e in parse_json(dest.read_bytes(), str(INDEX_PATH))["manifests"]:
                 known[(e["model_fingerprint"], e["template_id"])] = (str(e["manifest"]["sha256"]),
                                                                      int(e["manifest"]["bytes"]))
         except (ValueError, KeyError, TypeError):
@@ -392,7 +436,12 @@ class Store:
         p = self.manifest_path(model_fingerprint, template_id)
         if not p.is_file():
             raise ObjectMissing(f"no manifest for model {model_fingerprint!r}, template {template_id!r} in {self.root}")
-        m = Manifest.from_bytes(p.read_bytes(), source=str(p))
+        try:
+            with os.fdopen(open_in_store(self.root, manifest_relpath(model_fingerprint, template_id)), "rb") as f:
+                data = f.read(MAX_MANIFEST_BYTES + 1)
+        except OSError as e:  # a symlink on the way (ELOOP/ENOTDIR): serve refuses it too
+            raise ManifestError(f"{p}: not a regular file inside the store ({e.strerror or e})") from None
+        m = Manifest.from_bytes(data, source=str(p))
         if (m.model_fingerprint, m.template_id) != (model_fingerprint, template_id):
             raise ManifestError(f"{p}: names model {m.model_fingerprint!r} / template {m.template_id!r}, "
                                 f"but is stored as {model_fingerprint!r} / {template_id!r}")
@@ -421,12 +470,15 @@ class Store:
         """Bytes ``[0, stop)`` of object ``ref`` (``have`` already held), sha256 must be ``digest``."""
         p = self.object_path(ref)
         try:
-            with open(p, "rb") as f:
+            with os.fdopen(open_in_store(self.root, ref.path), "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 f.seek(len(have))
                 data = have + f.read(stop - len(have))
         except FileNotFoundError:
             raise ObjectMissing(f"object {ref.sha256} is missing from {self.root}") from None
+        except OSError as e:  # a symlink (ELOOP) or a non-directory on the way: what serve refuses
+            raise ObjectDamaged(f"object {ref.sha256}: {p} is not a regular file inside the store "
+                                f"({e.strerror or e})") from None
         if verify:
             if size != ref.bytes:
                 raise ObjectDamaged(f"object {ref.sha256}: {size} bytes on disk, manifest says {ref.bytes}")
@@ -448,10 +500,16 @@ class Store:
         return self.get_object(ref, verify=verify)
 
     def _object_files(self) -> list[Path]:
+        # Regular files only, never through a symlink (what serve can send): a symlinked object
+        # or objects/xx directory is not an object (verify reports it via store_symlinks).
         odir = self.root / OBJECT_DIR
-        if not odir.is_dir():
+        if odir.is_symlink() or not odir.is_dir():
             return []
-        return sorted(p for p in odir.glob("??/*") if p.is_file())
+        out = []
+        for d in os.scandir(odir):
+            if d.is_dir(follow_symlinks=False):
+                out += [Path(e.path) for e in os.scandir(d.path) if e.is_file(follow_symlinks=False)]
+        return sorted(out)
 
     def stats(self) -> StoreStats:
         """Storage accounting per template and for the whole store. Skips unreadable manifests
@@ -493,10 +551,20 @@ class Store:
         problems: list[str] = []
         good: dict[str, bool] = {}
         for o in m.objects():
-            p = self.object_path(o)
-            if not p.is_file():
+            try:
+                fd = open_in_store(self.root, o.path)
+            except FileNotFoundError:
                 problems.append(f"{rel}: object {o.sha256} is missing")
-            elif p.stat().st_size != o.bytes or sha256_file(p) != o.sha256:
+                continue
+            except OSError:
+                problems.append(f"{rel}: object {o.sha256} is not a regular file in the store (a symlink?)")
+                continue
+            with os.fdopen(fd, "rb") as f:
+                h = hashlib.sha256()
+                while chunk := f.read(_HASH_CHUNK):
+                    h.update(chunk)
+                size = os.fstat(f.fileno()).st_size
+            if size != o.bytes or h.hexdigest() != o.sha256:
                 problems.append(f"{rel}: object {o.sha256} is damaged")
             else:
                 good[o.sha256] = True
@@ -520,6 +588,8 @@ class Store:
         """Re-hash every object, validate every manifest and check every reference resolves to an
         object of the right size and checksum. Problems are listed with the file they concern."""
         rep = VerifyReport()
+        rep.problems += [f"{rel}: is a symlink (serve refuses symlinks; the store must hold regular files)"
+                         for rel in store_symlinks(self.root)]
         good: dict[str, int] = {}
         for p in self._object_files():
             rep.checked_objects += 1
@@ -551,9 +621,9 @@ class Store:
         idx = self.root / INDEX_PATH
         if idx.exists():
             try:
-                entries = json.loads(idx.read_bytes())["manifests"]
+                entries = parse_json(idx.read_bytes(), str(INDEX_PATH))["manifests"]
                 listed = {(e["model_fingerprint"], e["template_id"]) for e in entries}
-            except (ValueError, KeyError, TypeError) as e:
+            except (ValueError, KeyError, TypeError) as e:  # ManifestError is a ValueError
                 rep.problems.append(f"{INDEX_PATH}: unreadable ({e})")
             else:
                 if listed != set(self.manifest_keys()):

@@ -8,6 +8,16 @@ from sakura.store import Store
 from sakura.store.synthetic import make_synthetic_store
 
 
+@pytest.fixture(autouse=True)
+def _fresh_log_rate_limit():
+    """Each test sees the server's rate-limited loggers afresh (a test counting log lines must
+    not find its line suppressed because an earlier test logged the same one)."""
+    from sakura.server.app import _rate_limit
+
+    _rate_limit.reset()
+    yield
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A synthetic store: 2 templates x 3 shards; fp16 renditions are 2*256*256*2 = 256 KiB."""
