@@ -30,7 +30,14 @@ import torch
 from sakura.fsutil import atomic_write
 
 FORMAT = "sakura.template_kv"
-FORMAT_VERSION = 1
+#: 2: ``content_sha256`` covers the metadata too (v1 covered tensors only, so ``num_layers: "1"``
+#: silently loaded 1 of 6 layers); v1 files are refused with a line saying to re-extract.
+FORMAT_VERSION = 2
+#: The metadata keys a file has, exactly (all strings, as safetensors stores them).
+META_KEYS = frozenset({"format", "format_version", "model_fingerprint", "template_fingerprint", "num_layers",
+                       "layout", "content_sha256"})
+_MAX_LAYERS = 4096
+_MAX_LAYOUT_CHARS = 1 << 16
 
 
 class TemplateKVError(ValueError):
@@ -208,8 +215,8 @@ class TemplateKV:
             "template_fingerprint": self.template_fingerprint,
             "num_layers": str(len(self.layers)),
             "layout": json.dumps(self.layout, sort_keys=True),
-            "content_sha256": _content_digest(tensors),
         }
+        meta["content_sha256"] = _content_digest(tensors, meta)
         return atomic_write(path, save(tensors, metadata=meta))
 
     @classmethod
@@ -231,35 +238,78 @@ class TemplateKV:
                 meta = f.metadata() or {}
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
         except Exception as e:  # safetensors raises its own error types for bad headers/sizes
-            raise TemplateKVError(f"{path}: corrupt or truncated template KV file ({e})") from e
+            raise TemplateKVError(f"{path}: corrupt or truncated template KV file ({_first_line(e)})") from None
+        try:
+            return cls._from_parts(path, meta, tensors, model_fingerprint, template_fingerprint)
+        except TemplateKVError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError, OverflowError,
+                RuntimeError) as e:  # a case the checks below missed still comes out typed
+            raise TemplateKVError(f"{path}: malformed template KV ({type(e).__name__}: {_first_line(e)})") from None
+
+    @classmethod
+    def _from_parts(cls, path: Path, meta: dict, tensors: dict[str, torch.Tensor], model_fingerprint: str | None,
+                    template_fingerprint: str | None) -> "TemplateKV":
+        if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+            raise TemplateKVError(f"{path}: metadata must map strings to strings")
         if meta.get("format") != FORMAT:
             raise TemplateKVError(f"{path}: not a sakura template KV file (format={meta.get('format')!r})")
-        try:
-            version = int(meta.get("format_version", "?"))
-        except ValueError:
-            raise TemplateKVError(f"{path}: unreadable format_version {meta.get('format_version')!r}")
+        ver = meta.get("format_version", "")
+        if not ver.isdigit() or len(ver) > 6:  # "-1", "1.0", " 1", "" are not versions
+            raise TemplateKVError(f"{path}: unreadable format_version {ver!r}")
+        version = int(ver)
         if version > FORMAT_VERSION:
             raise TemplateKVError(
                 f"{path}: format version {version} is newer than this sakura reads ({FORMAT_VERSION})")
-        if _content_digest(tensors) != meta.get("content_sha256"):
+        if version < FORMAT_VERSION:
+            raise TemplateKVError(f"{path}: format version {version} predates checksummed metadata; "
+                                  f"re-extract it with this sakura (format {FORMAT_VERSION})")
+        if set(meta) != META_KEYS:
+            raise TemplateKVError(f"{path}: metadata keys {sorted(meta)} are not exactly {sorted(META_KEYS)}")
+        if _content_digest(tensors, meta) != meta["content_sha256"]:
             raise TemplateKVError(f"{path}: content checksum mismatch (file corrupted)")
-        n = int(meta["num_layers"])
-        layers = []
-        for i in range(n):
-            try:
-                layers.append(LayerKV(tensors[f"layer.{i}.key"], tensors[f"layer.{i}.value"],
-                                      tensors.get(f"layer.{i}.keep")))
-            except KeyError as e:
-                raise TemplateKVError(f"{path}: missing tensor {e.args[0]}") from None
+        # The checksum holds; still check types, since a writer other than `save` made it.
+        n_txt = meta["num_layers"]
+        if not n_txt.isdigit() or not 1 <= int(n_txt[:6]) <= _MAX_LAYERS:
+            raise TemplateKVError(f"{path}: num_layers {n_txt!r} is not an integer in [1, {_MAX_LAYERS}]")
+        n = int(n_txt)
+        for key in ("model_fingerprint", "template_fingerprint"):
+            if not 1 <= len(meta[key]) <= 128 or not meta[key].isascii():
+                raise TemplateKVError(f"{path}: {key} must be 1-128 ASCII characters")
+        if len(meta["layout"]) > _MAX_LAYOUT_CHARS:
+            raise TemplateKVError(f"{path}: layout is over {_MAX_LAYOUT_CHARS} characters")
+        try:
+            layout = json.loads(meta["layout"])
+        except (ValueError, RecursionError) as e:
+            raise TemplateKVError(f"{path}: layout is not JSON ({_first_line(e)})") from None
+        if not isinstance(layout, dict):
+            raise TemplateKVError(f"{path}: layout must be a JSON object, got {type(layout).__name__}")
+        expected = {f"layer.{i}.{part}" for i in range(n) for part in ("key", "value")}
+        allowed = expected | {f"layer.{i}.keep" for i in range(n)} | {"positions"}
+        missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - allowed)
+        if missing:
+            raise TemplateKVError(f"{path}: missing tensor {missing[0]} (num_layers = {n})")
+        if extra:
+            raise TemplateKVError(f"{path}: unexpected tensor {extra[0]} (num_layers = {n})")
+        layers = [LayerKV(tensors[f"layer.{i}.key"], tensors[f"layer.{i}.value"], tensors.get(f"layer.{i}.keep"))
+                  for i in range(n)]
         kv = cls(layers=layers, model_fingerprint=meta["model_fingerprint"],
-                 template_fingerprint=meta["template_fingerprint"],
-                 layout=json.loads(meta.get("layout", "{}")), positions=tensors.get("positions"))
+                 template_fingerprint=meta["template_fingerprint"], layout=layout, positions=tensors.get("positions"))
         kv.validate(model_fingerprint=model_fingerprint, template_fingerprint=template_fingerprint)
         return kv
 
 
-def _content_digest(tensors: dict[str, torch.Tensor]) -> str:
+def _first_line(e: BaseException, limit: int = 160) -> str:
+    msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return msg[:limit]
+
+
+def _content_digest(tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None) -> str:
+    """sha256 over every tensor (name, dtype, shape, bytes) and, for a file, every metadata entry
+    but the digest itself (so no metadata field can be altered without failing the check)."""
     h = hashlib.sha256()
+    if meta is not None:
+        h.update(json.dumps({k: v for k, v in meta.items() if k != "content_sha256"}, sort_keys=True).encode())
     for name in sorted(tensors):
         t = tensors[name].contiguous()
         h.update(name.encode())

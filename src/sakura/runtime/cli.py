@@ -7,30 +7,60 @@ from pathlib import Path
 from typing import Callable
 
 
-def load_photo(path: Path, size: int):
-    """A photo file as (1, 3, size, size) float in [0, 1]: centre crop, anti-aliased resize."""
-    import numpy as np
-    import torch
-    from skimage import io
-    from skimage.transform import resize
+#: File types `sakura edit --out` can write (by suffix).
+OUT_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such photo")
+
+def check_out_path(out: Path) -> None:
+    """Raise ValueError (one line) unless `out` and its ``.compare.png`` beside it can be written:
+    checked before the edit runs. The nearest existing ancestor must be a directory we can write
+    in (probed with a temporary file, so read-only mounts are caught too)."""
+    import os
+    import tempfile
+
+    out = Path(out)
+    if out.suffix.lower() not in OUT_SUFFIXES:
+        raise ValueError(f"--out {out}: must end in one of {', '.join(OUT_SUFFIXES)}")
+    for p in (out, out.with_name(out.stem + ".compare.png")):
+        if p.is_dir():
+            raise ValueError(f"--out {out}: {p} is a directory")
+        if p.exists() and not os.access(p, os.W_OK):
+            raise ValueError(f"--out {out}: {p} exists and is not writable")
+    anc = out.absolute().parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise ValueError(f"--out {out}: {anc} is a file, not a directory")
     try:
-        img = io.imread(str(path))
-    except Exception as e:  # imageio raises many types for unreadable files
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ValueError(f"{path}: not a readable image ({first[:120]})") from None
-    if img.ndim == 2:
-        img = np.stack([img] * 3, -1)
-    img = img[..., :3].astype(np.float32)
-    if img.max() > 1.0:
-        img /= 255.0
-    h, w = img.shape[:2]
-    s = min(h, w)
-    img = img[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
-    img = resize(img, (size, size), anti_aliasing=True)
-    return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)[None].float().clamp(0, 1)
+        with tempfile.TemporaryFile(dir=anc):
+            pass
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write in {anc} ({e.strerror or type(e).__name__})") from None
+
+
+def refresh_failure(e: BaseException, template: str) -> str:
+    """One line saying why the gallery refresh failed, by kind: a corrupt manifest or template
+    image is not "server unavailable"."""
+    from sakura.client import DeadlineExceeded, IntegrityError, NotFound, RedirectRefused
+    from sakura.runtime.limits import LimitError
+    from sakura.runtime.live import _short
+    from sakura.store.manifest import ManifestError
+
+    if isinstance(e, ManifestError):
+        return f"server sent a corrupt manifest for {template} ({_short(e, 100)})"
+    if isinstance(e, LimitError):
+        return f"server's manifest for {template} is over this model's limits ({_short(e, 100)})"
+    if isinstance(e, NotFound):
+        return f"server has no template {template}"
+    if isinstance(e, IntegrityError):
+        return f"server sent damaged bytes for {template} ({_short(e, 100)})"
+    if isinstance(e, DeadlineExceeded):
+        return f"server too slow ({_short(e, 100)})"
+    if isinstance(e, RedirectRefused):
+        return f"server redirected elsewhere ({_short(e, 100)})"
+    if isinstance(e, ValueError):  # decode_template_ref
+        return f"server's template image for {template} is unusable ({_short(e, 100)})"
+    return f"server unavailable ({_short(e, 100)})"
 
 
 def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: str, steps: int, seed: int,
@@ -46,7 +76,9 @@ def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: 
     from sakura.models import load_model
     from sakura.runtime import BandwidthEstimator, FixedPolicy, MeetInMiddlePolicy, SakuraPolicy
     from sakura.runtime.gallery import Gallery, decode_template_ref
-    from sakura.runtime.live import NO_MANIFEST, _short, profile_model, streamed_edit
+    from sakura.runtime.limits import MANIFEST_DEADLINE_BYTES, check_template_ref, step_deadline_s
+    from sakura.runtime.live import NO_MANIFEST, profile_model, streamed_edit
+    from sakura.tasks.photos import load_photo
 
     policies = {"sakura": SakuraPolicy, "sakura-meet": MeetInMiddlePolicy,
                 "raw-stream": lambda: FixedPolicy("lossless", name="raw-stream")}
@@ -56,28 +88,40 @@ def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: 
 
     if urlsplit(server).scheme not in ("http", "https") or not urlsplit(server).hostname:
         raise ValueError(f"--server must be http(s)://host[:port], got {server!r}")
+    check_out_path(out)  # before any work: a bad --out used to fail only after the whole edit
     model = load_model(model_name)
     img = load_photo(photo, model.cfg.image_size)
     gallery = Gallery(gallery_dir)
     fp = model.fingerprint()
+    size = model.cfg.image_size
+    rate_bps = max(prior_mbps, 0.01) * 1e6 / 8
 
-    async def refresh():  # what a gallery screen fetches: manifest + template image
+    async def refresh():  # what a gallery screen fetches: manifest + template image, each under a deadline
         async with TemplateClient(server, connect_timeout=2.0, read_timeout=5.0, max_retries=1) as c:
-            m = await c.get_manifest(fp, template)
-            ref = await c.fetch_object(m.template_ref.object)
+            m = await c.get_manifest(fp, template, deadline_s=step_deadline_s(MANIFEST_DEADLINE_BYTES, rate_bps))
+            check_template_ref(m, size)  # before a byte of it is buffered
+            ref = await c.fetch_object(m.template_ref.object,
+                                       deadline_s=step_deadline_s(m.template_ref.object.bytes, rate_bps))
             return m, ref.data
 
-    manifest, timage = None, None
+    manifest, timage, why = None, None, None
     try:
         manifest, ref = asyncio.run(refresh())
-        gallery.put(fp, template, manifest.to_bytes(), ref, manifest.template_ref.media_type)
-        timage = decode_template_ref(ref, manifest.template_ref.media_type)
-    except Exception as e:
-        manifest, timage = gallery.manifest(fp, template), gallery.template_image(fp, template)
+        timage = decode_template_ref(ref, manifest.template_ref.media_type, image_size=size)
+    except Exception as e:  # any failure here falls back to the gallery; the message says which kind
+        manifest, why = None, refresh_failure(e, template)
+    if manifest is not None:
+        try:
+            gallery.put(fp, template, manifest.to_bytes(), ref, manifest.template_ref.media_type)
+        except OSError as e:  # the server delivered: edit anyway, say the copy was not kept
+            echo(f"warning: gallery at {gallery.root} is not writable ({e.strerror or type(e).__name__}); "
+                 f"editing without caching {template}")
+    else:
+        manifest, timage = gallery.manifest(fp, template), gallery.template_image(fp, template, image_size=size)
         if timage is None:
-            raise ValueError(f"cannot get template {template!r} from {server} ({_short(e)}), and it is not in the "
-                             f"gallery at {gallery.root}") from None
-        echo(f"server unavailable ({_short(e, 100)}); using the gallery's copy of {template}")
+            raise ValueError(f"cannot get template {template!r} from {server}: {why}; and it is not in the "
+                             f"gallery at {gallery.root}")
+        echo(f"{why}; using the gallery's copy of {template}")
     instruction = int(manifest.kv_layout.get("instruction", 0)) if manifest is not None else 0
     if manifest is None:
         echo("no manifest cached: computing the template on the device")

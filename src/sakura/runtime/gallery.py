@@ -24,17 +24,42 @@ def default_gallery_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "sakura" / "gallery"
 
 
-def decode_template_ref(data: bytes, media_type: str) -> torch.Tensor:
+def decode_template_ref(data: bytes, media_type: str, *, image_size: int | None = None) -> torch.Tensor:
     """A stored template reference as a (3, S, S) float image in [0, 1] (what `sakura build`
-    wrote: an RGB PNG, or the legacy safetensors). Raises ValueError for anything else."""
+    wrote: an RGB PNG, or the legacy safetensors). Raises ValueError for anything else.
+
+    With ``image_size``, the bytes are capped (``limits.max_template_ref_bytes``) and a PNG's
+    header must say S x S before it is decoded (a 419 KB PNG can declare 144 Mpx)."""
+    from sakura.store.build import TEMPLATE_REF_MEDIA_TYPE
     from sakura.store.build import decode_template_ref as decode
 
+    if image_size is not None:
+        from sakura.runtime.limits import max_template_ref_bytes
+
+        if len(data) > max_template_ref_bytes(image_size):
+            raise ValueError(f"template reference is {len(data)} bytes, over the limit for a {image_size}-pixel template")
+        if media_type == TEMPLATE_REF_MEDIA_TYPE:
+            import io
+
+            from PIL import Image
+
+            try:
+                with Image.open(io.BytesIO(data)) as im:  # header only
+                    dims = im.size
+            except Exception as e:
+                raise ValueError(f"template reference does not decode ({type(e).__name__})") from None
+            if dims != (image_size, image_size):
+                raise ValueError(f"template reference is {dims[0]} x {dims[1]}, the model takes {image_size} x {image_size}")
     try:
-        return decode(data, media_type)
+        img = decode(data, media_type)
     except ValueError:
         raise
     except Exception as e:  # a truncated or corrupt image file
-        raise ValueError(f"template reference does not decode ({type(e).__name__}: {e})") from None
+        raise ValueError(f"template reference does not decode ({type(e).__name__}: {str(e)[:120]})") from None
+    if image_size is not None and (not isinstance(img, torch.Tensor) or tuple(img.shape) != (3, image_size, image_size)
+                                   or not bool(torch.isfinite(img).all())):
+        raise ValueError(f"template reference is not a finite (3, {image_size}, {image_size}) image")
+    return img
 
 
 class Gallery:
@@ -64,21 +89,22 @@ class Gallery:
 
         p = self._base(model_fp, template_id)
         p = p.with_name(p.name + ".manifest.json")
-        if not p.is_file():
-            return None
         try:
+            if not p.is_file():
+                return None
             return Manifest.from_bytes(p.read_bytes(), source=str(p))
-        except (ManifestError, ValueError):
+        except (ManifestError, ValueError, OSError):  # unreadable gallery = no cached copy
             return None
 
-    def template_image(self, model_fp: str, template_id: str) -> torch.Tensor | None:
-        """The cached template image (3, S, S) in [0, 1], or None."""
+    def template_image(self, model_fp: str, template_id: str, *, image_size: int | None = None) -> torch.Tensor | None:
+        """The cached template image (3, S, S) in [0, 1], or None (missing, unreadable, or not
+        ``image_size`` square when given)."""
         p = self._base(model_fp, template_id)
         ref = p.with_name(p.name + ".ref")
-        if not ref.is_file():
-            return None
         tp = p.with_name(p.name + ".ref.type")
         try:
-            return decode_template_ref(ref.read_bytes(), tp.read_text() if tp.is_file() else "")
-        except ValueError:
+            if not ref.is_file():
+                return None
+            return decode_template_ref(ref.read_bytes(), tp.read_text() if tp.is_file() else "", image_size=image_size)
+        except (ValueError, OSError):
             return None

@@ -285,6 +285,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     """
     from sakura.client import TemplateClient
     from sakura.codec import CodecTables, ShardId, decode_any
+    from sakura.runtime.limits import LimitError, check_shard_object, shard_shapes
 
     bandwidth = bandwidth or BandwidthEstimator(prior_bps=1e6)
     rtt = rtt or RttEstimator()
@@ -324,6 +325,11 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
         problem = "manifest's template fingerprint differs from the gallery image's"
     elif len(manifest.shards) != model.num_layers:
         problem = f"manifest has {len(manifest.shards)} shards, the model has {model.num_layers} layers"
+    else:
+        try:  # sizes and shapes from the manifest and the model's config, before any allocation
+            shapes = shard_shapes(model, manifest)
+        except LimitError as e:
+            problem = str(e)
     if problem:
         return on_device(problem)
 
@@ -347,6 +353,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
         try:
             t = time.monotonic()
             tbl = tables.get(rendition.tables[0]) if rendition.tables else None
+            check_shard_object(data, shapes[j], f"shard {j}")  # header shape, before the decoder allocates
             dec = decode_any(data, ShardId(model_fp, tfp, j), tbl)
             kv = LayerKV(dec.key, dec.value, dec.keep_mask)
             if decode_pad_s and rendition.name in decode_pad_s:

@@ -1,0 +1,92 @@
+"""Bounds the phone puts on what a server sends, from the model's config and its own estimates.
+
+A hostile or broken server must not set the phone's memory or hold an edit for ever. Every
+number here is checked before anything is allocated or waited on:
+
+* the template reference: at most ``max_template_ref_bytes(S)`` bytes (the largest honest
+  encoding of an S x S RGB image, the legacy float32 safetensors, plus headroom), decoded only
+  if its header says S x S;
+* the manifest's shards: one per model layer, each shard's K/V shape (tokens, heads, head_dim)
+  consistent with its ``fp16_bytes`` and, where the model's config names them, its heads and
+  head_dim; each fetched codec object's header must declare exactly that shape before it is
+  decoded (a 33 KB object declaring 4096 x 64 x 1024 decoded to 1 GiB);
+* the gallery refresh (manifest, then template reference): each step has an overall deadline
+  derived from the bandwidth estimate, ``step_deadline_s``, so a server that drips one byte per
+  read timeout cannot hold `sakura edit` (it falls back to the gallery / local compute).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Seconds every refresh step may take on top of its transfer time (connect, a few round trips).
+REFRESH_BASE_S = 3.0
+#: A refresh step is allowed this many times its transfer time at the estimated rate.
+REFRESH_SLACK = 4.0
+#: No refresh step waits longer than this (s): past it the gallery's copy (or local compute) is used.
+REFRESH_MAX_S = 20.0
+#: Bytes assumed for a manifest when sizing its deadline (real ones are 2-64 KB).
+MANIFEST_DEADLINE_BYTES = 256 * 1024
+
+
+class LimitError(ValueError):
+    """Something a server sent is larger or shaped otherwise than this model allows."""
+
+
+def step_deadline_s(nbytes: int, rate_bps: float) -> float:
+    """Overall seconds for one refresh step moving ``nbytes`` at an estimated ``rate_bps`` bytes/s:
+    ``min(REFRESH_MAX_S, REFRESH_BASE_S + REFRESH_SLACK * nbytes / rate_bps)``."""
+    return min(REFRESH_MAX_S, REFRESH_BASE_S + REFRESH_SLACK * max(0, nbytes) / max(rate_bps, 1.0))
+
+
+def max_template_ref_bytes(image_size: int) -> int:
+    """Largest template reference accepted for an ``image_size``-pixel square template: float32
+    RGB (the legacy safetensors; a PNG is always smaller) plus 64 KiB of headers."""
+    return 3 * image_size * image_size * 4 + 64 * 1024
+
+
+def check_template_ref(manifest: Any, image_size: int) -> None:
+    """Raise `LimitError` if the manifest's template reference is too large to be honest."""
+    n, cap = manifest.template_ref.object.bytes, max_template_ref_bytes(image_size)
+    if n > cap:
+        raise LimitError(f"manifest declares a {n}-byte template reference; a {image_size} x {image_size} "
+                         f"template needs at most {cap}")
+
+
+def _model_heads(model: Any) -> tuple[int | None, int | None]:
+    cfg = getattr(model, "cfg", None)
+    heads = getattr(cfg, "heads", None)
+    head_dim = getattr(cfg, "head_dim", None)
+    return (heads if isinstance(heads, int) else None), (head_dim if isinstance(head_dim, int) else None)
+
+
+def shard_shapes(model: Any, manifest: Any) -> list[tuple[int, int, int]]:
+    """Each shard's K/V shape (tokens, heads, head_dim), checked against the manifest's own
+    ``fp16_bytes`` and the model's config; raises `LimitError` naming the first mismatch."""
+    lay = manifest.kv_layout
+    heads, head_dim = lay.get("heads"), lay.get("head_dim")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 16 for v in (heads, head_dim)):
+        raise LimitError(f"manifest kv_layout has no valid heads/head_dim ({heads!r}, {head_dim!r})")
+    m_heads, m_dim = _model_heads(model)
+    if (m_heads is not None and heads != m_heads) or (m_dim is not None and head_dim != m_dim):
+        raise LimitError(f"manifest KV has {heads} heads x {head_dim}, the model {m_heads} x {m_dim}")
+    out = []
+    for s in manifest.shards:
+        t = s.tokens[1] - s.tokens[0]
+        if not 0 < t <= 1 << 20:
+            raise LimitError(f"shard {s.index}: token range {s.tokens} is empty or too long")
+        if s.fp16_bytes != 2 * 2 * t * heads * head_dim:
+            raise LimitError(f"shard {s.index}: fp16_bytes {s.fp16_bytes} is not K+V of {t} x {heads} x {head_dim}")
+        out.append((t, heads, head_dim))
+    return out
+
+
+def check_shard_object(data: bytes, shape: tuple[int, int, int], where: str) -> None:
+    """Raise `LimitError` unless the codec object's header declares exactly ``shape``: read from
+    the header only, before the decoder allocates anything."""
+    from sakura.codec import bitstream as bs
+
+    obj = bs.parse(data, whole=False)  # header + checksum only; raises the codec's own errors
+    got = obj.header.get("shape") if isinstance(obj.header, dict) else None
+    if not isinstance(got, list) or [v if isinstance(v, int) else None for v in got] != list(shape):
+        raise LimitError(f"{where}: object header declares shape {got!r}, the manifest and model say {list(shape)}")
