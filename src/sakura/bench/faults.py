@@ -135,3 +135,173 @@ def faults_table(result: dict) -> str:
                      f"{1000 * r['extra_s']:+.1f} | {1000 * r['detection_bound_s']:.1f} | {r['local_layers']}/{r['layers']} | "
                      f"{ps} | {ev} |")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# hostile servers: the real `sakura edit` (a subprocess each, for its own time and peak RSS)
+
+HOSTILE_CASES = ("honest server", "server down, gallery (on-device)", "drip manifest", "drip manifest, gallery",
+                 "stall after headers", "huge template ref", "redirect elsewhere", "wrong object",
+                 "raw-stream: shards stall after headers", "raw-stream: shards drip")
+
+
+#: Child prologue: print the process's own peak RSS at exit. VmHWM belongs to the address space
+#: the child got at exec; ru_maxrss would also count the parent's pages it was forked with.
+_CHILD = ("import atexit, sys\n"
+          "def _hwm():\n"
+          "    for ln in open('/proc/self/status'):\n"
+          "        if ln.startswith('VmHWM:'): sys.stderr.write('SAKURA_VMHWM_KIB=' + ln.split()[1] + '\\n')\n"
+          "atexit.register(_hwm)\n"
+          "from sakura.cli import app\n"
+          "app()\n")
+
+
+def _vm_hwm_kib(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for ln in f:
+                if ln.startswith("VmHWM:"):
+                    return int(ln.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _edit_subprocess(args: list[str], timeout_s: float) -> dict:
+    """Run `sakura edit ARGS` in a child; its wall time, exit code, last output lines and peak RSS
+    (MiB: the child's VmHWM, reported by the child at exit, else the last value polled from
+    /proc). Killed at ``timeout_s`` (reported as timed out)."""
+    import os
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryFile() as log:
+        t = time.perf_counter()
+        p = subprocess.Popen([sys.executable, "-c", _CHILD, "edit", *args], stdout=log, stderr=subprocess.STDOUT,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        timed_out, polled = False, None
+        while p.poll() is None:
+            polled = _vm_hwm_kib(p.pid) or polled
+            if time.perf_counter() - t > timeout_s and not timed_out:
+                timed_out = True
+                p.kill()
+            time.sleep(0.05)
+        wall = time.perf_counter() - t
+        log.seek(0)
+        lines = [ln for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
+    hwm = [int(ln.split("=", 1)[1]) for ln in lines if ln.startswith("SAKURA_VMHWM_KIB=")]
+    lines = [ln for ln in lines if not ln.startswith("SAKURA_VMHWM_KIB=")]
+    peak = hwm[-1] if hwm else polled
+    return {"wall_s": wall, "rc": p.returncode, "timed_out": timed_out, "lines": lines[-8:],
+            "peak_rss_mib": None if peak is None else peak / 1024}
+
+
+def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-00", steps: int = 4,
+                cases=HOSTILE_CASES, timeout_s: float = 120.0, log: Callable[[str], None] = print) -> dict:
+    """Each hostile server of `sakura.link.faults.HOSTILE` against the real `sakura edit` in a
+    subprocess: time to outcome (exit), exit code, what it said, peak RSS, beside an on-device
+    edit. A case that runs into ``timeout_s`` is reported as a hang."""
+    import os
+    import resource
+
+    from sakura.link.faults import hostile_in_thread
+    from sakura.models import load_model
+    from sakura.server import serve_in_thread
+    from sakura.store.build import build_store
+    from sakura.store.layout import manifest_relpath
+    from sakura.store.store import Store
+    from sakura.tasks import heldout_photos
+
+    unknown = [c for c in cases if c not in HOSTILE_CASES]
+    if unknown:
+        raise ValueError(f"unknown hostile cases {unknown}; expected some of {list(HOSTILE_CASES)}")
+    tmp = tempfile.TemporaryDirectory(prefix="sakura-hostile-")
+    base = Path(tmp.name)
+    root = base / "store"
+    build_store(root, templates=[template], ladder=["lossless", "progressive"], calibration=1, steps=1,
+                log=lambda s: None)
+    model = load_model("sakura-mini")
+    fp = model.fingerprint()
+    manifest = Store(root).get_manifest(fp, template)
+    photo = base / "photo.png"
+    from skimage import io as skio
+
+    skio.imsave(str(photo), (heldout_photos(model.cfg.image_size)[0].permute(1, 2, 0).numpy() * 255).astype("uint8"),
+                check_contrast=False)
+    mpath = "/" + manifest_relpath(fp, template)
+    refpath = "/" + manifest.template_ref.object.path
+    other = "/" + manifest.shards[0].renditions[0].object.path
+    rows = []
+
+    def edit(url: str, gallery: Path, policy: str = "sakura") -> dict:
+        return _edit_subprocess([str(photo), "--server", url, "--template", template, "--out",
+                                 str(base / "out" / "edit.png"), "--steps", str(steps), "--gallery", str(gallery),
+                                 "--policy", policy], timeout_s)
+
+    warm = base / "gallery-warm"
+    with serve_in_thread(root) as url, serve_in_thread(root) as elsewhere_url:
+        edit(url, warm)  # fills the warm gallery (and the page cache); not reported
+        for case in cases:
+            gal = warm if "gallery" in case else base / f"gallery-{len(rows)}"
+            extra: dict = {}
+            if case == "honest server":
+                r = edit(url, gal)
+            elif case.startswith("server down"):
+                r = edit("http://127.0.0.1:9", gal)
+            elif case.startswith("drip manifest"):
+                with hostile_in_thread(url, "drip", drip_s=2.0) as (h, _):
+                    r = edit(h, gal)
+            elif case == "stall after headers":
+                with hostile_in_thread(url, "stall-body") as (h, _):
+                    r = edit(h, gal)
+            elif case == "huge template ref":
+                with hostile_in_thread(url, "huge") as (h, _):
+                    r = edit(h, gal)
+            elif case == "redirect elsewhere":
+                with hostile_in_thread(elsewhere_url, "record") as (far, rec), \
+                        hostile_in_thread(url, "redirect", redirect_to=far) as (h, _):
+                    r = edit(h, gal)
+                    extra["requests_elsewhere"] = len(rec.requests)
+            elif case == "wrong object":
+                with hostile_in_thread(url, "wrong-object", wrong_path=other) as (h, _):
+                    r = edit(h, gal)
+            else:  # raw-stream: the refresh is honest, the shard objects misbehave
+                mode = "stall-body" if "stall" in case else "drip"
+                with hostile_in_thread(url, mode, drip_s=2.0, honest_paths={mpath, refpath}) as (h, _):
+                    r = edit(h, gal, policy="raw-stream")
+            said = next((ln for ln in reversed(r["lines"]) if ln.startswith(("error:", "edited in", "wrote"))), "")
+            events = [ln for ln in r["lines"] if "gallery" in ln or "server" in ln or ln.startswith("error")]
+            row = {"case": case, **r, **extra, "outcome": "hang (killed)" if r["timed_out"] else
+                   ("edited" if r["rc"] == 0 else f"failed (exit {r['rc']})"), "said": (events or [said])[0][:160]}
+            rows.append(row)
+            log(f"  {case:40s} {row['outcome']:16s} {r['wall_s']:6.1f} s  peak RSS {r['peak_rss_mib'] or 0:6.0f} MiB"
+                f"  {row['said'][:90]}")
+    tmp.cleanup()
+    result = {"mode": "live: real `sakura edit` subprocesses on this machine (CPU), hostile servers on 127.0.0.1",
+              "template": template, "steps": steps, "timeout_s": timeout_s, "loadavg": list(os.getloadavg()),
+              "rows": rows, "cpu_count": os.cpu_count(),
+              "parent_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "hostile.json").write_text(json.dumps(result, indent=2, default=float))
+        (out / "hostile.md").write_text(hostile_table(result))
+    log(hostile_table(result))
+    return result
+
+
+def hostile_table(result: dict) -> str:
+    base = next((r for r in result["rows"] if r["case"].startswith("server down")), None)
+    lines = [f"Hostile servers, {result['mode']}; template `{result['template']}`, {result['steps']} steps; "
+             f"a case still running at {result['timeout_s']:.0f} s is killed and reported as a hang. "
+             f"Load average at the end {result['loadavg'][0]:.2f} on {result['cpu_count']} cores.", "",
+             "| hostile server | outcome | time to outcome (s) | vs on-device (s) | peak RSS (MiB) | what `sakura edit` said |",
+             "|---|---|---:|---:|---:|---|"]
+    for r in result["rows"]:
+        vs = f"{r['wall_s'] - base['wall_s']:+.1f}" if base is not None else "-"
+        said = r["said"].replace("|", "/")
+        if "requests_elsewhere" in r:
+            said += f" (requests that reached the other origin: {r['requests_elsewhere']})"
+        lines.append(f"| {r['case']} | {r['outcome']} | {r['wall_s']:.1f} | {vs} | "
+                     f"{r['peak_rss_mib'] or 0:.0f} | {said} |")
+    return "\n".join(lines) + "\n"

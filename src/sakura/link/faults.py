@@ -10,6 +10,9 @@ Faults (one per proxy):
   keeping them open (the link fell to zero).
 * ``http500``: answer every request with ``500 Internal Server Error`` without asking the server.
 
+`HostileServer` (below) misbehaves at the HTTP level instead: drip, stall after the headers,
+huge declared sizes, redirect elsewhere, wrong object, or record every request (privacy tests).
+
 Unreachable servers and corrupt objects need no proxy: a closed port, and a store file with a
 flipped byte (the phone's sha256 check must catch it).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from dataclasses import dataclass
 from typing import Iterator
 
 FAULTS = ("reset", "reset-always", "stall", "http500")
@@ -140,3 +144,179 @@ def fault_proxy_in_thread(upstream_url: str, fault: str, after_bytes: int = 0) -
     with proxy_in_thread(lambda: FaultProxy((u.hostname, u.port), fault, after_bytes).start(), name="sakura-faults",
                          timeout_s=10.0) as px:
         yield f"http://127.0.0.1:{px.port}", px
+
+
+# ---------------------------------------------------------------------------------------------
+# hostile HTTP servers: what a malicious or broken origin does at the HTTP level
+
+#: Request-level behaviours of `HostileServer` (one per server):
+#:
+#: * ``record``: pass every request through unchanged and keep its head (method, path, headers in
+#:   order): the recording relay of the privacy test.
+#: * ``drip``: the response head at once, then the body one byte every ``drip_s`` seconds.
+#: * ``stall-body``: the response head at once, then nothing, connection held open.
+#: * ``huge``: manifests are rewritten to declare a ``huge_bytes`` template reference, and that
+#:   object is answered with ``huge_bytes`` of zeros (Content-Length and all).
+#: * ``redirect``: every request answered ``302`` to the same path on ``redirect_to`` (another
+#:   origin, which counts what reaches it).
+#: * ``wrong-object``: every object request answered with another object's bytes (``wrong_path``).
+HOSTILE = ("record", "drip", "stall-body", "huge", "redirect", "wrong-object")
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: tuple[tuple[str, str], ...]  # in the order sent, names as sent
+    raw: bytes  # the request head's bytes
+
+
+class HostileServer:
+    """An HTTP/1.1 front on 127.0.0.1 for an upstream ``sakura serve`` that misbehaves on purpose
+    (`HOSTILE`). Each client request goes upstream on its own connection (``Connection: close``),
+    so response bodies are delimited by EOF and the front can rewrite or pace them."""
+
+    def __init__(self, upstream: tuple[str, int], mode: str, *, drip_s: float = 2.0, huge_bytes: int = 1_500_000_000,
+                 redirect_to: str = "", wrong_path: str = "", honest_paths: frozenset[str] | set[str] = frozenset()):
+        if mode not in HOSTILE:
+            raise ValueError(f"mode must be one of {HOSTILE}, got {mode!r}")
+        if mode == "redirect" and not redirect_to:
+            raise ValueError("mode 'redirect' needs redirect_to (http://host:port)")
+        if mode == "wrong-object" and not wrong_path.startswith("/objects/"):
+            raise ValueError("mode 'wrong-object' needs wrong_path (/objects/xx/<sha256>)")
+        self.upstream, self.mode = upstream, mode
+        self.drip_s, self.huge_bytes = float(drip_s), int(huge_bytes)
+        self.redirect_to, self.wrong_path = redirect_to.rstrip("/"), wrong_path
+        self.honest_paths = frozenset(honest_paths)  # answered honestly (e.g. the manifest, to reach the shards)
+        self.requests: list[RecordedRequest] = []
+        self.huge_sha: str | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._closed = asyncio.Event()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def start(self) -> "HostileServer":
+        self._server = await asyncio.start_server(self._on_client, "127.0.0.1", 0)
+        return self
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self._closed.set()
+
+    async def _on_client(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    head = await cr.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    return
+                req = _parse_head(head)
+                self.requests.append(req)
+                if not await self._answer(req, cw):
+                    return
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            cw.close()
+
+    async def _answer(self, req: RecordedRequest, cw: asyncio.StreamWriter) -> bool:
+        """Answer one request; False when the connection must end."""
+        if req.path in self.honest_paths or self.mode == "record":
+            status_head, body = await self._upstream(req, req.path)
+            cw.write(_set_length(status_head, len(body)) + body)
+            await cw.drain()
+            return True
+        if self.mode == "redirect":
+            loc = f"{self.redirect_to}{req.path}"
+            cw.write(f"HTTP/1.1 302 Found\r\nLocation: {loc}\r\nContent-Length: 0\r\n\r\n".encode())
+            await cw.drain()
+            return True
+        path = req.path
+        if self.mode == "wrong-object" and path.startswith("/objects/"):
+            path = self.wrong_path
+        if self.mode == "huge" and self.huge_sha is not None and path.endswith("/" + self.huge_sha):
+            cw.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n"
+                     % self.huge_bytes)
+            zeros, sent = bytes(1 << 16), 0
+            while sent < self.huge_bytes and not self._closed.is_set():
+                n = min(len(zeros), self.huge_bytes - sent)
+                cw.write(zeros[:n])
+                await cw.drain()
+                sent += n
+            return True
+        status_head, body = await self._upstream(req, path)
+        if self.mode == "huge" and path.startswith("/manifests/") and status_head.startswith(b"HTTP/1.1 200"):
+            body = self._inflate_manifest(body)
+        head = _set_length(status_head, len(body))
+        if self.mode in ("drip", "stall-body"):
+            cw.write(head)
+            await cw.drain()
+            if self.mode == "stall-body":
+                await self._closed.wait()
+                return False
+            for i in range(len(body)):
+                cw.write(body[i:i + 1])
+                await cw.drain()
+                await asyncio.sleep(self.drip_s)
+            return True
+        cw.write(head + body)
+        await cw.drain()
+        return True
+
+    async def _upstream(self, req: RecordedRequest, path: str) -> tuple[bytes, bytes]:
+        ur, uw = await asyncio.open_connection(*self.upstream)
+        try:
+            lines = [f"{req.method} {path} HTTP/1.1"] + [f"{k}: {v}" for k, v in req.headers
+                                                          if k.lower() not in ("connection", "keep-alive")]
+            uw.write(("\r\n".join(lines) + "\r\nConnection: close\r\n\r\n").encode("latin-1"))
+            await uw.drain()
+            head = await ur.readuntil(b"\r\n\r\n")
+            body = b"" if req.method == "HEAD" else await ur.read(-1)
+            return head, body
+        finally:
+            uw.close()
+
+    def _inflate_manifest(self, body: bytes) -> bytes:
+        import json
+
+        try:
+            d = json.loads(body)
+            d["template_ref"]["object"]["bytes"] = self.huge_bytes
+            self.huge_sha = d["template_ref"]["object"]["sha256"]
+        except (ValueError, KeyError, TypeError):
+            return body
+        return json.dumps(d).encode()
+
+
+def _parse_head(head: bytes) -> RecordedRequest:
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    method, path = (parts[0], parts[1]) if len(parts) >= 2 else ("?", "?")
+    headers = tuple((k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in lines[1:] if ln))
+    return RecordedRequest(method, path, headers, head)
+
+
+def _set_length(head: bytes, n: int) -> bytes:
+    """The upstream response head with Content-Length n and Connection/Transfer-Encoding dropped
+    (the front keeps the client's connection alive itself)."""
+    lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
+    keep = [ln for ln in lines[1:] if ln.split(":", 1)[0].strip().lower()
+            not in ("content-length", "connection", "transfer-encoding", "keep-alive")]
+    return ("\r\n".join([lines[0], *keep, f"Content-Length: {n}"]) + "\r\n\r\n").encode("latin-1")
+
+
+@contextlib.contextmanager
+def hostile_in_thread(upstream_url: str, mode: str, **kw) -> Iterator[tuple[str, HostileServer]]:
+    """Run a `HostileServer` in a daemon thread; yields (its URL, the server)."""
+    from urllib.parse import urlsplit
+
+    from sakura.link.pacer import proxy_in_thread
+
+    u = urlsplit(upstream_url)
+    with proxy_in_thread(lambda: HostileServer((u.hostname, u.port), mode, **kw).start(), name="sakura-hostile",
+                         timeout_s=10.0) as srv:
+        yield f"http://127.0.0.1:{srv.port}", srv
