@@ -90,3 +90,18 @@ def check_shard_object(data: bytes, shape: tuple[int, int, int], where: str) -> 
     got = obj.header.get("shape") if isinstance(obj.header, dict) else None
     if not isinstance(got, list) or [v if isinstance(v, int) else None for v in got] != list(shape):
         raise LimitError(f"{where}: object header declares shape {got!r}, the manifest and model say {list(shape)}")
+
+
+#: Seconds every shard fetch may take on top of its transfer time.
+FETCH_BASE_S = 3.0
+#: No shard fetch lives longer than this (s); the driver's own per-layer deadlines (adaptive
+#: policies) are usually far shorter, this bounds the non-adaptive ones (raw-stream waits for
+#: every shard by design, so a stalled server used to hold it for as long as the client's retries).
+FETCH_MAX_S = 120.0
+
+
+def fetch_deadline_s(nbytes: int, rate_bps: float, inflight: int) -> float:
+    """Overall seconds for one shard fetch issued at an estimated link rate ``rate_bps`` with up to
+    ``inflight`` transfers sharing it: ``min(FETCH_MAX_S, FETCH_BASE_S + 2 * inflight * nbytes /
+    rate_bps)``, i.e. twice the time if every in-flight transfer took its full share."""
+    return min(FETCH_MAX_S, FETCH_BASE_S + 2.0 * max(1, inflight) * max(0, nbytes) / max(rate_bps, 1.0))

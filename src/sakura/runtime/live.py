@@ -439,6 +439,7 @@ class FetchStage:
 
     async def _run(self) -> None:
         from sakura.client import TemplateClient
+        from sakura.runtime.limits import fetch_deadline_s
 
         cond, driver, clock = self.cond, self.driver, self.clock
         kick = asyncio.Event()
@@ -478,8 +479,9 @@ class FetchStage:
                 with cond:
                     t_req = clock()
                     self.meter.request(t_req)
-                try:
-                    res = await client.fetch_rendition(rendition, on_chunk=on_chunk)
+                try:  # an overall deadline from the estimates: a dripping server cannot hold raw-stream
+                    res = await client.fetch_rendition(rendition, on_chunk=on_chunk, deadline_s=fetch_deadline_s(
+                        rendition.nbytes, driver.bytes_per_s(), self.max_inflight))
                 finally:
                     with cond:
                         self.meter.done(clock())
