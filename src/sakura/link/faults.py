@@ -192,6 +192,7 @@ class HostileServer:
         self.huge_sha: str | None = None
         self._server: asyncio.base_events.Server | None = None
         self._closed = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
 
     @property
     def port(self) -> int:
@@ -206,8 +207,13 @@ class HostileServer:
         if self._server is not None:
             self._server.close()
         self._closed.set()
+        for t in list(self._tasks):  # end every connection's task before the loop closes
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _on_client(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
         try:
             while True:
                 try:
@@ -221,6 +227,7 @@ class HostileServer:
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            self._tasks.discard(task)
             cw.close()
 
     async def _answer(self, req: RecordedRequest, cw: asyncio.StreamWriter) -> bool:
