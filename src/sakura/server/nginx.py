@@ -51,6 +51,16 @@ http {{
     sendfile on;
     tcp_nopush on;
     # no client addresses in the access log (privacy: the log holds no user data)
+    # Hostile clients (docs/faults/hostile.md): nginx's own bounds, written out rather than left
+    # implicit. A client has client_header_timeout to send its whole request head (slow-header
+    # connections are closed, 408), an idle keep-alive connection lives keepalive_timeout, a
+    # stalled reader send_timeout; worker_connections (events) caps open connections per worker.
+    # sakura serve's equivalents: sakura.server.app.ConnectionLimits.
+    client_header_timeout 10s;
+    client_body_timeout 10s;
+    keepalive_timeout 15s;
+    send_timeout 30s;
+    reset_timedout_connection on;
     log_format sakura '$request_method $uri $status $body_bytes_sent $request_time';
     access_log {pre}/access.log sakura;
     client_body_temp_path {pre}/client_body;
@@ -64,6 +74,8 @@ http {{
         server_name _;
         root {root};
         autoindex off;
+        # as sakura serve and `sakura store verify`: no symlink below the store root is followed
+        disable_symlinks on from=$document_root;
         location = /index.json {{ add_header Cache-Control "no-cache"; }}
         location ~ "^/manifests/[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}/[A-Za-z0-9][A-Za-z0-9._-]{{0,127}}\\.json$" {{
             add_header Cache-Control "no-cache";
@@ -121,6 +133,16 @@ http {{
     sendfile on;
     tcp_nopush on;
     # no client addresses (privacy); the cache status shows what the origin was spared
+    # Hostile clients (docs/faults/hostile.md): nginx's own bounds, written out rather than left
+    # implicit. A client has client_header_timeout to send its whole request head (slow-header
+    # connections are closed, 408), an idle keep-alive connection lives keepalive_timeout, a
+    # stalled reader send_timeout; worker_connections (events) caps open connections per worker.
+    # sakura serve's equivalents: sakura.server.app.ConnectionLimits.
+    client_header_timeout 10s;
+    client_body_timeout 10s;
+    keepalive_timeout 15s;
+    send_timeout 30s;
+    reset_timedout_connection on;
     log_format edge '$request_method $uri $status $body_bytes_sent $request_time $upstream_cache_status';
     access_log {pre}/access.log edge;
     client_body_temp_path {pre}/client_body;
