@@ -158,6 +158,7 @@ def load_photo(path, size: int, *, max_pixels: int = MAX_PHOTO_PIXELS) -> torch.
 
     Raises ``PhotoError`` (one line) for a missing/unreadable file or one over ``max_pixels``.
     """
+    import warnings
     from pathlib import Path
 
     from PIL import Image, ImageOps, UnidentifiedImageError
@@ -166,7 +167,11 @@ def load_photo(path, size: int, *, max_pixels: int = MAX_PHOTO_PIXELS) -> torch.
     if not path.is_file():
         raise PhotoError(f"{path}: no such photo" if not path.exists() else f"{path}: not a file")
     try:
-        im = Image.open(path)  # lazy: reads the header only
+        with warnings.catch_warnings():  # our own cap below says it in one line; Pillow's is a warning
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(path)  # lazy: reads the header only
+    except Image.DecompressionBombError as e:  # Pillow refuses > 2 x its own limit at open
+        raise PhotoError(f"{path}: over the {max_pixels / 1e6:.0f} Mpx photo limit ({str(e)[:100]})") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise PhotoError(f"{path}: not a readable image ({first[:120]})") from None
