@@ -256,14 +256,23 @@ def bench_e2e(
 
 @bench_app.command("faults")
 def bench_faults(
-    out: Path = typer.Option(Path("docs/faults"), help="Folder for faults.json/.md."),
+    out: Path = typer.Option(Path("docs/faults"), help="Folder for faults.json/.md (and hostile.json/.md)."),
     steps: int = typer.Option(4, min=1, help="Sampler steps of each edit."),
+    faults: bool = typer.Option(True, help="The network faults (in-process streamed edits)."),
+    hostile: bool = typer.Option(True, help="The hostile servers against real `sakura edit` subprocesses "
+                                            "(time to outcome, peak RSS), slow-header clients, parser fuzz."),
+    slow_headers: int = typer.Option(200, min=0, help="Slow-header connections to open (0: skip)."),
+    fuzz: int = typer.Option(2000, min=0, help="Parser fuzz cases per parser (0: skip)."),
 ) -> None:
     """Live, loopback: inject each network fault (unreachable, 404/500, resets, corrupt object, stalled
-    link) and show the edit completing with the right image, latency beside on-device's."""
-    from sakura.bench.faults import run_faults
+    link) and show the edit completing with the right image, latency beside on-device's; then each
+    hostile server (drip, stall after headers, huge sizes, redirect elsewhere, wrong object)."""
+    from sakura.bench.faults import run_faults, run_hostile
 
-    run_faults(out, steps=steps, log=typer.echo)
+    if faults:
+        run_faults(out, steps=steps, log=typer.echo)
+    if hostile:
+        run_hostile(out, steps=steps, slow_headers=slow_headers, fuzz_cases=fuzz, log=typer.echo)
 
 
 @bench_app.command("link")

@@ -197,7 +197,8 @@ def _edit_subprocess(args: list[str], timeout_s: float) -> dict:
 
 
 def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-00", steps: int = 4,
-                cases=HOSTILE_CASES, timeout_s: float = 120.0, log: Callable[[str], None] = print) -> dict:
+                cases=HOSTILE_CASES, timeout_s: float = 120.0, slow_headers: int = 200, fuzz_cases: int = 2000,
+                log: Callable[[str], None] = print) -> dict:
     """Each hostile server of `sakura.link.faults.HOSTILE` against the real `sakura edit` in a
     subprocess: time to outcome (exit), exit code, what it said, peak RSS, beside an on-device
     edit. A case that runs into ``timeout_s`` is reported as a hang."""
@@ -277,9 +278,15 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
             log(f"  {case:40s} {row['outcome']:16s} {r['wall_s']:6.1f} s  peak RSS {r['peak_rss_mib'] or 0:6.0f} MiB"
                 f"  {row['said'][:90]}")
     tmp.cleanup()
+    slow = []
+    if slow_headers:
+        log("slow-header clients:")
+        slow.append(run_slow_headers(slow_headers, header_timeout_s=10.0, log=log))
+        slow.append(run_slow_headers(slow_headers, header_timeout_s=10.0, max_connections=slow_headers // 2, log=log))
+    fuzz = run_parser_fuzz(fuzz_cases, log=log) if fuzz_cases else {}
     result = {"mode": "live: real `sakura edit` subprocesses on this machine (CPU), hostile servers on 127.0.0.1",
               "template": template, "steps": steps, "timeout_s": timeout_s, "loadavg": list(os.getloadavg()),
-              "rows": rows, "cpu_count": os.cpu_count(),
+              "rows": rows, "cpu_count": os.cpu_count(), "slow_headers": slow, "fuzz": fuzz,
               "parent_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if out_dir is not None:
         out = Path(out_dir)
@@ -304,4 +311,176 @@ def hostile_table(result: dict) -> str:
             said += f" (requests that reached the other origin: {r['requests_elsewhere']})"
         lines.append(f"| {r['case']} | {r['outcome']} | {r['wall_s']:.1f} | {vs} | "
                      f"{r['peak_rss_mib'] or 0:.0f} | {said} |")
+    if result.get("slow_headers"):
+        lines += ["", "Slow-header clients against `sakura serve` (each connection sends part of a request head and "
+                  "then nothing; a normal client fetches index.json meanwhile):", "",
+                  "| slow connections | connection cap | held at start | held after the header timeout | "
+                  "normal client | its latency (ms) |", "|---:|---:|---:|---:|---|---:|"]
+        for s in result["slow_headers"]:
+            lines.append(f"| {s['slow_connections']} | {s['max_connections']} | {s['held_at_start']} | "
+                         f"{s['held_after_timeout']} (after {s['header_timeout_s']:.0f} s) | {s['normal_client']} | "
+                         f"{1000 * s['normal_client_s']:.0f} |")
+    if result.get("fuzz"):
+        lines += ["", "Parser fuzz (random mutations; an escape is any exception but the parser's typed error):", "",
+                  "| parser | cases | typed error | valid | escapes |", "|---|---:|---:|---:|---:|"]
+        for k, f in result["fuzz"].items():
+            lines.append(f"| {k} | {f['cases']} | {f['typed_error']} | {f['valid']} | {f['escapes']} "
+                         f"{f['escape_types'] or ''} |")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# slow-header clients against the server, and parser fuzz counts
+
+def run_slow_headers(n: int = 200, *, header_timeout_s: float = 10.0, max_connections: int = 0,
+                     log: Callable[[str], None] = print) -> dict:
+    """Open ``n`` connections that never finish their request head against `sakura serve`
+    (default limits unless given); a normal client fetches index.json meanwhile. Reports how
+    many the server still holds after its header timeout (target 0) and whether the normal
+    client was served."""
+    import asyncio
+
+    import aiohttp
+
+    from sakura.server.app import ConnectionLimits, connection_counts, start_server
+    from sakura.store.synthetic import make_synthetic_store
+
+    tmp = tempfile.TemporaryDirectory(prefix="sakura-slowhdr-")
+    make_synthetic_store(tmp.name, templates=1, layers=1, tokens=16, width=16)
+
+    async def go() -> dict:
+        limits = ConnectionLimits(header_timeout_s=header_timeout_s, max_connections=max_connections)
+        runner, url = await start_server(tmp.name, limits=limits)
+        port = int(url.rsplit(":", 1)[1])
+        conns = []
+        try:
+            for _ in range(n):
+                r, w = await asyncio.open_connection("127.0.0.1", port)
+                w.write(b"GET /index.json HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+                conns.append((r, w))
+            await asyncio.sleep(0.5)
+            held_before = connection_counts(runner)["open"]
+            t = time.perf_counter()
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+                try:
+                    async with s.get(f"{url}/index.json") as resp:
+                        await resp.read()
+                        normal = resp.status
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    normal = f"failed ({type(e).__name__})"
+            normal_s = time.perf_counter() - t
+            await asyncio.sleep(header_timeout_s + 2.0)
+            counts = connection_counts(runner)
+            closed = 0
+            for r, _ in conns:
+                try:
+                    closed += await asyncio.wait_for(r.read(), 0.05) == b""
+                except (asyncio.TimeoutError, ConnectionError):
+                    pass
+            return {"slow_connections": n, "header_timeout_s": header_timeout_s,
+                    "max_connections": limits.max_connections or "default", "held_at_start": held_before,
+                    "held_after_timeout": counts["open"], "closed_seen_by_clients": closed,
+                    "header_timeouts": counts["header_timeouts"], "evicted": counts["evicted"],
+                    "normal_client": normal, "normal_client_s": normal_s}
+        finally:
+            for _, w in conns:
+                w.close()
+            await runner.cleanup()
+
+    try:
+        res = asyncio.run(go())
+    finally:
+        tmp.cleanup()
+    log(f"  {n} slow-header connections (cap {res['max_connections']}): held {res['held_at_start']} at start, "
+        f"{res['held_after_timeout']} after the {header_timeout_s:.0f} s header timeout; normal client: "
+        f"{res['normal_client']} in {1000 * res['normal_client_s']:.0f} ms")
+    return res
+
+
+def run_parser_fuzz(cases: int = 2000, *, seed: int = 0, log: Callable[[str], None] = print) -> dict:
+    """Random mutations of a real manifest and a real TemplateKV file through their parsers:
+    how many raised something other than the typed error (escapes, target 0). Mutations: byte
+    flips/deletions/insertions/duplications, and (manifests) adversarial JSON values (deep
+    nesting, 5,000-digit integers, NaN) placed at a random node."""
+    import random
+
+    from sakura.models.kv import LayerKV, TemplateKV, TemplateKVError
+    from sakura.store import ManifestError, Store
+    from sakura.store.manifest import Manifest
+    from sakura.store.synthetic import make_synthetic_store
+
+    rnd = random.Random(seed)
+    tmp = tempfile.TemporaryDirectory(prefix="sakura-fuzz-")
+    root = Path(tmp.name)
+    make_synthetic_store(root / "s", templates=1, layers=2, tokens=16, width=16)
+    st = Store(root / "s")
+    (fp, tid), = st.manifest_keys()
+    mbytes = st.manifest_path(fp, tid).read_bytes()
+    g = torch.Generator().manual_seed(0)
+    kv = TemplateKV([LayerKV(torch.randn(4, 2, 8, generator=g), torch.randn(4, 2, 8, generator=g)) for _ in range(3)],
+                    model_fingerprint="a" * 64, template_fingerprint="b" * 64)
+    kbytes = kv.save(root / "t.safetensors").read_bytes()
+
+    def mutate(b: bytes, header_only: bool = False) -> bytes:
+        b = bytearray(b)
+        for _ in range(rnd.randint(1, 6)):
+            hi = min(len(b), 200) if header_only else len(b)
+            i = rnd.randrange(max(1, hi))
+            op = rnd.choice(("flip", "del", "ins", "dup"))
+            if op == "flip" and b:
+                b[i] ^= rnd.randint(1, 255)
+            elif op == "del":
+                del b[i:i + rnd.randint(1, 8)]
+            elif op == "ins":
+                b[i:i] = bytes(rnd.randint(0, 255) for _ in range(rnd.randint(1, 8)))
+            else:
+                b[i:i] = b[i:i + 64] * rnd.randint(2, 50)
+        return bytes(b)
+
+    hostile = ["[" * 20000 + "]" * 20000, "9" * 5000, "-" + "1" * 6000, "NaN", "1e400", '{"a":' * 3000 + "1" + "}" * 3000]
+
+    def hostile_value() -> bytes:
+        d = json.loads(mbytes)
+        nodes = [d]
+        path: list = []
+        node = d
+        while isinstance(node, (dict, list)) and node and rnd.random() < 0.7:
+            k = rnd.choice(list(node)) if isinstance(node, dict) else rnd.randrange(len(node))
+            path.append((node, k))
+            node = node[k]
+        del nodes
+        if not path:
+            return rnd.choice(hostile).encode()
+        parent, k = path[-1]
+        parent[k] = "\u0000MARK\u0000"
+        return json.dumps(d).replace(json.dumps("\u0000MARK\u0000"), rnd.choice(hostile)).encode()
+
+    out = {}
+    escapes: dict[str, dict[str, int]] = {"manifest": {}, "template_kv": {}}
+    typed = {"manifest": 0, "template_kv": 0}
+    valid = {"manifest": 0, "template_kv": 0}
+    for i in range(cases):
+        data = hostile_value() if i % 2 else mutate(mbytes)
+        try:
+            Manifest.from_bytes(data, source="fuzz")
+            valid["manifest"] += 1
+        except ManifestError:
+            typed["manifest"] += 1
+        except Exception as e:  # noqa: BLE001 - counting what escapes is the point
+            escapes["manifest"][type(e).__name__] = escapes["manifest"].get(type(e).__name__, 0) + 1
+        p = root / "m.safetensors"
+        p.write_bytes(mutate(kbytes, header_only=i % 2 == 1))
+        try:
+            TemplateKV.load(p)
+            valid["template_kv"] += 1
+        except TemplateKVError:
+            typed["template_kv"] += 1
+        except Exception as e:  # noqa: BLE001
+            escapes["template_kv"][type(e).__name__] = escapes["template_kv"].get(type(e).__name__, 0) + 1
+    tmp.cleanup()
+    for k in ("manifest", "template_kv"):
+        out[k] = {"cases": cases, "typed_error": typed[k], "valid": valid[k], "escapes": sum(escapes[k].values()),
+                  "escape_types": escapes[k]}
+        log(f"  fuzz {k:12s}: {cases} cases, {typed[k]} typed errors, {valid[k]} valid, "
+            f"{out[k]['escapes']} escapes {escapes[k] or ''}")
+    return out
