@@ -196,6 +196,22 @@ def _edit_subprocess(args: list[str], timeout_s: float) -> dict:
             "peak_rss_mib": None if peak is None else peak / 1024}
 
 
+def _said(lines: list[str]) -> str:
+    """What `sakura edit` said that matters, in a table cell: the error or the gallery fallback,
+    how many layers were computed on the device, the first runtime event."""
+    import re
+
+    parts = [next((ln for ln in lines if ln.startswith("error:") or "gallery" in ln or "server" in ln), "")[:110]]
+    done = next((ln for ln in lines if ln.startswith("edited in")), "")
+    m = re.search(r"(\d+ of \d+ layers computed on the device)", done)
+    if m:
+        parts.append(m.group(1))
+    ev = next((ln for ln in lines if ln.startswith("event:")), "")
+    if ev:
+        parts.append(ev[len("event: "):][:110])
+    return "; ".join(p for p in parts if p)
+
+
 def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-00", steps: int = 4,
                 cases=HOSTILE_CASES, timeout_s: float = 120.0, slow_headers: int = 200, fuzz_cases: int = 2000,
                 log: Callable[[str], None] = print) -> dict:
@@ -270,10 +286,8 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
                 mode = "stall-body" if "stall" in case else "drip"
                 with hostile_in_thread(url, mode, drip_s=2.0, honest_paths={mpath, refpath}) as (h, _):
                     r = edit(h, gal, policy="raw-stream")
-            said = next((ln for ln in reversed(r["lines"]) if ln.startswith(("error:", "edited in", "wrote"))), "")
-            events = [ln for ln in r["lines"] if "gallery" in ln or "server" in ln or ln.startswith("error")]
             row = {"case": case, **r, **extra, "outcome": "hang (killed)" if r["timed_out"] else
-                   ("edited" if r["rc"] == 0 else f"failed (exit {r['rc']})"), "said": (events or [said])[0][:160]}
+                   ("edited" if r["rc"] == 0 else f"failed (exit {r['rc']})"), "said": _said(r["lines"])}
             rows.append(row)
             log(f"  {case:40s} {row['outcome']:16s} {r['wall_s']:6.1f} s  peak RSS {r['peak_rss_mib'] or 0:6.0f} MiB"
                 f"  {row['said'][:90]}")
