@@ -192,7 +192,7 @@ def _edit_subprocess(args: list[str], timeout_s: float) -> dict:
     hwm = [int(ln.split("=", 1)[1]) for ln in lines if ln.startswith("SAKURA_VMHWM_KIB=")]
     lines = [ln for ln in lines if not ln.startswith("SAKURA_VMHWM_KIB=")]
     peak = hwm[-1] if hwm else polled
-    return {"wall_s": wall, "rc": p.returncode, "timed_out": timed_out, "lines": lines[-8:],
+    return {"wall_s": wall, "rc": p.returncode, "timed_out": timed_out, "lines": lines[-40:],
             "peak_rss_mib": None if peak is None else peak / 1024}
 
 
@@ -455,14 +455,12 @@ def run_parser_fuzz(cases: int = 2000, *, seed: int = 0, log: Callable[[str], No
 
     def hostile_value() -> bytes:
         d = json.loads(mbytes)
-        nodes = [d]
         path: list = []
         node = d
         while isinstance(node, (dict, list)) and node and rnd.random() < 0.7:
             k = rnd.choice(list(node)) if isinstance(node, dict) else rnd.randrange(len(node))
             path.append((node, k))
             node = node[k]
-        del nodes
         if not path:
             return rnd.choice(hostile).encode()
         parent, k = path[-1]

@@ -479,9 +479,10 @@ class FetchStage:
                 with cond:
                     t_req = clock()
                     self.meter.request(t_req)
-                try:  # an overall deadline from the estimates: a dripping server cannot hold raw-stream
-                    res = await client.fetch_rendition(rendition, on_chunk=on_chunk, deadline_s=fetch_deadline_s(
-                        rendition.nbytes, driver.bytes_per_s(), self.max_inflight))
+                    # an overall deadline from the estimates: a dripping server cannot hold raw-stream
+                    deadline_s = fetch_deadline_s(rendition.nbytes, driver.bytes_per_s(), self.max_inflight)
+                try:
+                    res = await client.fetch_rendition(rendition, on_chunk=on_chunk, deadline_s=deadline_s)
                 finally:
                     with cond:
                         self.meter.done(clock())

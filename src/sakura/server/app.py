@@ -19,10 +19,9 @@ import os
 import stat
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Iterator
-
-from dataclasses import dataclass
 
 from aiohttp import web, web_protocol, web_server
 
@@ -157,7 +156,7 @@ class _GuardedHandler(web_protocol.RequestHandler):
         self._header_timer = None
         super().connection_made(transport)
         mgr = self._manager
-        cap = limits.max_connections or default_max_connections()
+        cap = mgr._sakura_cap  # type: ignore[union-attr]
         conns = mgr.connections if mgr is not None else []
         if len(conns) > cap:
             # Over the cap: drop the oldest connection that has not sent a complete request (a
@@ -174,8 +173,8 @@ class _GuardedHandler(web_protocol.RequestHandler):
 
     def _header_expired(self) -> None:
         self._header_timer = None
-        if getattr(self, "_request_count", 1) == 0:
-            self._manager._sakura_timed_out += 1  # type: ignore[union-attr]
+        if getattr(self, "_request_count", 1) == 0 and self._manager is not None:
+            self._manager._sakura_timed_out += 1  # type: ignore[attr-defined]
             self.force_close()
             if self.transport is not None:
                 self.transport.close()
@@ -203,6 +202,7 @@ def _guard(runner: web.AppRunner, limits: ConnectionLimits) -> None:
     assert srv is not None and type(srv) is web_server.Server, "guard after runner.setup()"
     srv.__class__ = _GuardedServer  # same layout (no new slots): only the protocol factory differs
     srv._sakura_limits = limits  # type: ignore[attr-defined]
+    srv._sakura_cap = limits.max_connections or default_max_connections()  # type: ignore[attr-defined]
     srv._sakura_timed_out = 0  # type: ignore[attr-defined]
     srv._sakura_evicted = 0  # type: ignore[attr-defined]
 

@@ -117,7 +117,7 @@ def test_wrong_object_is_an_integrity_error(ours, manifest):
 
 def test_huge_declared_object_is_read_only_to_its_declared_size(ours, manifest):
     # the manifest is rewritten to declare a 1.5 GB template reference; the client reads what
-    # the caller asks for (the edit path refuses the size first: tests/sakura/runtime); here a
+    # the caller asks for (the edit path refuses the size first: test_edit_hostile.py); here a
     # manifest-sized cap: the body is abandoned at the declared size plus one chunk, never buffered
     with hostile_in_thread(ours, "huge", huge_bytes=50_000_000) as (url, srv):
         async def go():

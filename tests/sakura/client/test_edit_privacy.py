@@ -5,7 +5,6 @@ compressed. Covers the gallery refresh, the default policy and a policy that fet
 
 from __future__ import annotations
 
-import io
 import zlib
 
 import numpy as np
