@@ -257,7 +257,8 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
 
     warm = base / "gallery-warm"
     with serve_in_thread(root) as url, serve_in_thread(root) as elsewhere_url:
-        edit(url, warm)  # fills the warm gallery (and the page cache); not reported
+        if any("gallery" in c for c in cases):
+            edit(url, warm)  # fills the warm gallery (and the page cache); not reported
         for case in cases:
             gal = warm if "gallery" in case else base / f"gallery-{len(rows)}"
             extra: dict = {}

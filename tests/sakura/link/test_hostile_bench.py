@@ -10,17 +10,17 @@ from sakura.bench.faults import hostile_table, run_hostile, run_parser_fuzz, run
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.slow  # builds a store and runs a real `sakura edit` subprocess: ~1.5 min on 2 busy cores
 def test_hostile_bench_smoke(tmp_path):
-    res = run_hostile(tmp_path, cases=("huge template ref", "redirect elsewhere"), steps=1, timeout_s=120,
+    res = run_hostile(tmp_path, cases=("huge template ref",), steps=1, timeout_s=120,
                       slow_headers=0, fuzz_cases=0, log=lambda s: None)
     rows = {r["case"]: r for r in res["rows"]}
     for r in rows.values():
         assert not r["timed_out"] and r["rc"] == 2  # no gallery: a one-line failure, not a hang
         assert r["peak_rss_mib"] is not None and r["peak_rss_mib"] < 1500  # the 1.5 GB ref was never buffered
     assert any("over this model's limits" in ln for ln in rows["huge template ref"]["lines"])
-    assert rows["redirect elsewhere"]["requests_elsewhere"] == 0
     md = (tmp_path / "hostile.md").read_text()
-    assert md == hostile_table(res) and "| redirect elsewhere | failed (exit 2) |" in md
+    assert md == hostile_table(res) and "| huge template ref | failed (exit 2) |" in md
 
 
 def test_slow_headers_and_fuzz_counts_smoke():
