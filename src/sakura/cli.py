@@ -56,6 +56,7 @@ def train(
     checkpoint_every: Optional[int] = typer.Option(None, min=1, help="Steps between checkpoints."),
     model: Optional[str] = typer.Option(None, help="Network: sakura-mini (default) or flux2-mini (diffusers' FLUX.2 transformer)."),
     double_layers: Optional[int] = typer.Option(None, min=0, help="flux2-mini: double-stream blocks among --depth."),
+    stock_references: Optional[bool] = typer.Option(None, "--stock-references", help="flux2-mini: the photo as a second reference with stock (non-isolated) multi-reference attention, as FLUX.2 Klein."),
     resume: bool = typer.Option(True, "--resume/--fresh", help="Continue from out/checkpoint.pt when present."),
     install: bool = typer.Option(False, help="Copy the weights into the package assets and write the model card into --docs."),
     docs: Path = typer.Option(Path("docs"), help="Docs folder for --install."),
@@ -68,7 +69,8 @@ def train(
 
     train_command(out, overrides=dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, image_size=image_size,
                                       patch_size=patch_size, dim=dim, depth=depth, heads=heads,
-                                      checkpoint_every=checkpoint_every, model=model, double_layers=double_layers),
+                                      checkpoint_every=checkpoint_every, model=model, double_layers=double_layers,
+                                      stock_references=stock_references),
                   resume=resume, install=install, docs=docs, eval_steps=eval_steps, eval_photos=eval_photos,
                   threads=threads, log=typer.echo)
 

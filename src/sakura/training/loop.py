@@ -67,10 +67,16 @@ class Recipe:
     # `depth` = double_layers + single_layers blocks, `double_layers` of them double-stream).
     model: str = "sakura-mini"
     double_layers: int = 2
+    # flux2-mini only: train with stock multi-reference attention (the photo is a second
+    # reference and reference tokens attend to each other, as stock FLUX.2 Klein), to measure
+    # what sakura's template isolation costs on a checkpoint not trained with it.
+    stock_references: bool = False
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.stock_references and self.model != "flux2-mini":
+            raise ValueError("stock_references applies to flux2-mini only")
 
     def model_config(self):
         if self.model == "flux2-mini":
@@ -80,7 +86,8 @@ class Recipe:
                 raise ValueError(f"double_layers {self.double_layers} must be in [0, depth={self.depth}]")
             return Flux2MiniConfig(image_size=self.image_size, patch_size=self.patch_size, dim=self.dim,
                                    heads=self.heads, double_layers=self.double_layers,
-                                   single_layers=self.depth - self.double_layers)
+                                   single_layers=self.depth - self.double_layers,
+                                   photo_reference=self.stock_references, isolate_template=not self.stock_references)
         return MiniConfig(image_size=self.image_size, patch_size=self.patch_size, dim=self.dim,
                           depth=self.depth, heads=self.heads)
 
@@ -105,6 +112,7 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Recipe":
+        d = {"stock_references": False, **d}  # checkpoints written before the field existed
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
