@@ -78,8 +78,14 @@ def train(
 @app.command()
 def build(
     store: Path = typer.Argument(..., help="Store directory to write (created if missing; rebuilds are idempotent)."),
-    model: str = typer.Option("sakura-mini", help="sakura-mini or sakura-mini:/path/weights.safetensors."),
-    template: Optional[list[str]] = typer.Option(None, help="Library template name (repeatable); default one per task."),
+    model: str = typer.Option("sakura-mini", help="sakura-mini, flux2-mini (optionally :/path/weights.safetensors) "
+                              "or klein:/folder[@SIZE] (a local FLUX.2 Klein download, SIZE px per side, default 512)."),
+    template: Optional[list[str]] = typer.Option(None, help="Library template name, or ID=IMAGE[,IMAGE...] for your own "
+                                                 "image(s) (repeatable); default one library template per task."),
+    library: Optional[Path] = typer.Option(None, help="A templates TOML file: [[template]] entries with id, images "
+                                           "(relative to the file) and task or prompt."),
+    task: Optional[str] = typer.Option(None, help="Task of --template ID=IMAGE (bundled models): look, texture, sticker."),
+    prompt: Optional[str] = typer.Option(None, help="Prompt of --template ID=IMAGE (Klein)."),
     ladder: Optional[list[str]] = typer.Option(None, help="Codec spec per rendition (repeatable), e.g. uniform:bits=8."),
     calibration: int = typer.Option(2, min=1, help="Public calibration photos for token importance."),
     steps: int = typer.Option(4, min=1, help="Sampler steps of the calibration runs."),
@@ -95,7 +101,7 @@ def build(
     from sakura.store.cli import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
-              workers=workers, force=force)
+              workers=workers, force=force, library=library, task=task, prompt=prompt)
 
 
 @app.command()
@@ -125,14 +131,16 @@ app.add_typer(store_app, name="store")
 def edit(
     photo: Path = typer.Argument(..., help="Your photo (PNG/JPEG); it never leaves this machine."),
     server: str = typer.Option(..., help="Cache server base URL, e.g. http://127.0.0.1:8080"),
-    template: str = typer.Option(..., help="Template id as listed by the server, e.g. sticker-00."),
+    template: Optional[str] = typer.Option(None, help="Template id as listed by the server (`sakura templates`), "
+                                           "e.g. sticker-00; missing or unknown: prints the list."),
     out: Path = typer.Option(Path("out/edit.png"), help="Where to write the edited image."),
     policy: str = typer.Option("sakura", help="sakura (plan + local fallback), sakura-meet (compute up, stream "
                                               "down) or raw-stream (lossless only)."),
     steps: int = typer.Option(8, min=1, help="Sampler steps."),
     seed: int = typer.Option(0, help="Sampler seed."),
     prior_mbps: float = typer.Option(10.0, min=0.001, help="Bandwidth estimate before the first transfer (Mbit/s)."),
-    model: str = typer.Option("sakura-mini", help="On-device model: sakura-mini (or a weights path after ':')."),
+    model: str = typer.Option("sakura-mini", help="On-device model: sakura-mini, flux2-mini (or a weights path after "
+                              "':'), or klein:/folder[@SIZE] as given to `sakura build`."),
     gallery: Path = typer.Option(None, help="The phone's template gallery cache (default $SAKURA_GALLERY or "
                                             "~/.cache/sakura/gallery)."),
     decode_workers: int = typer.Option(0, min=0, help="Decode workers (0: one per core)."),
@@ -150,6 +158,28 @@ def edit(
     except (ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+
+
+@app.command()
+def templates(
+    server: str = typer.Option(..., help="Cache server base URL, e.g. http://127.0.0.1:8080"),
+    model: Optional[str] = typer.Option(None, help="Only the templates of this model (as for `sakura edit --model`)."),
+) -> None:
+    """List the templates a server offers: id, model, rungs, bytes, thumbnail URL."""
+    from sakura.runtime.discovery import format_templates, list_templates
+
+    fp = None
+    try:
+        if model is not None:
+            from sakura.models import load_model
+
+            fp = load_model(model).fingerprint()
+        items = list_templates(server, fp)
+    except Exception as e:  # unreachable server, malformed index, bad model name: one line
+        typer.echo(f"error: cannot list the templates of {server}: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}",
+                   err=True)
+        raise typer.Exit(2) from None
+    typer.echo(format_templates(items))
 
 
 bench_app = typer.Typer(help="Benchmarks: every method on the same model, task, photo and trace, in one run.",

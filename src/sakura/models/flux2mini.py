@@ -140,6 +140,11 @@ def install_processors(transformer: Flux2Transformer2DModel) -> None:
 class Flux2MiniDiT(nn.Module):
     """diffusers' `Flux2Transformer2DModel` + learned instruction prompts, with sakura-mini's API."""
 
+    #: what defines a template's edit besides its image: a task (its instruction id); Klein: a prompt
+    template_conditioning = "task"
+    #: reference images a template may have
+    max_template_images = 1
+
     def __init__(self, cfg: Flux2MiniConfig = Flux2MiniConfig()):
         super().__init__()
         self.cfg = cfg
