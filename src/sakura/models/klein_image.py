@@ -256,9 +256,8 @@ class KleinImageModel:
                 raise ValueError("give template or template_kv, not both")
             self.check_template_kv(template_kv)
             prompt = self._source_prompt(template_kv, instruction)
-            positions = getattr(template_kv, "positions", None)
-            n_refs = int(positions[:, 0].max()) // REF_SLOT_SCALE if positions is not None else \
-                max(1, template_kv.layer(0).num_tokens // self.cfg.tokens_per_image)
+            template_kv = _ReadOnce(template_kv, self.cfg.grid)
+            n_refs = int(template_kv.positions[:, 0].max()) // REF_SLOT_SCALE
         else:
             if template is None:
                 raise ValueError(f"mode {mode.value!r} needs the template image(s)")
@@ -290,3 +289,34 @@ class KleinImageModel:
                 "template_kv_bytes_fp16": 4 * cfg.tokens_per_image * cfg.hidden * cfg.depth,
                 "config": asdict(cfg)}
 
+
+
+class _ReadOnce:
+    """A `TemplateKVSource` whose layers are each read from `source` once (a streamed source's
+    `layer(i)` is a one-shot request to the runtime), with RoPE `positions` so the adapter learns
+    the template's token count without reading a layer early. A source without positions (the
+    runtime's live source) has its layer 0 read first, which the forward pass needs first anyway;
+    its tokens give the number of reference images (each a grid x grid square)."""
+
+    def __init__(self, source: TemplateKVSource, grid: int):
+        from .klein import latent_ids
+
+        self._source = source
+        self._layers: dict[int, LayerKV] = {}
+        self.model_fingerprint = source.model_fingerprint
+        self.template_fingerprint = source.template_fingerprint
+        self.layout = getattr(source, "layout", None)
+        positions = getattr(source, "positions", None)
+        if positions is None:
+            refs = max(1, self.layer(0).num_tokens // (grid * grid))
+            positions = torch.cat([latent_ids(grid, grid, t=REF_SLOT_SCALE + REF_SLOT_SCALE * r) for r in range(refs)])
+        self.positions = positions
+
+    @property
+    def num_layers(self) -> int:
+        return self._source.num_layers
+
+    def layer(self, index: int) -> LayerKV:
+        if index not in self._layers:
+            self._layers[index] = self._source.layer(index)
+        return self._layers[index]

@@ -103,3 +103,29 @@ def test_every_klein_rung_is_within_its_recorded_distortion(klein_store):
         recorded = sum(s.rendition(name).distortion["image_mse"] for s in m.shards)
         # per-shard errors add to first order: ||sum e_i||^2 <= L sum ||e_i||^2 (plus fp rounding)
         assert mse <= L * recorded * 1.05 + 1e-10, (name, mse, recorded)
+
+
+def test_templates_command_and_edit_without_a_known_template_list_what_the_server_offers(klein_store, klein_folder,
+                                                                                         tmp_path):
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from sakura.cli import app
+
+    model, m, images, url = klein_store
+    r = CliRunner().invoke(app, ["templates", "--server", url])
+    assert r.exit_code == 0 and "sun" in r.output and "flux2-klein" in r.output and "/objects/" in r.output
+    photo = tmp_path / "p.png"
+    Image.new("RGB", (20, 24), (120, 30, 30)).save(photo)
+    name = f"klein:{klein_folder}@{SIZE}"
+    for extra in ([], ["--template", "nope"]):
+        r = CliRunner().invoke(app, ["edit", str(photo), "--server", url, "--model", name, "--out",
+                                     str(tmp_path / "o.png"), "--gallery", str(tmp_path / "g"), *extra])
+        assert r.exit_code == 2 and "offers 1 for this model" in r.output and "sun " in r.output
+        assert not (tmp_path / "o.png").exists()
+    r = CliRunner().invoke(app, ["edit", str(photo), "--server", url, "--model", name, "--template", "sun", "--out",
+                                 str(tmp_path / "o.png"), "--gallery", str(tmp_path / "g"), "--steps", "2"])
+    assert r.exit_code == 0, r.output
+    assert Image.open(tmp_path / "o.png").size == (SIZE, SIZE)
+    r = CliRunner().invoke(app, ["templates", "--server", "http://127.0.0.1:9"])
+    assert r.exit_code == 2 and r.output.startswith("error: ")
