@@ -54,3 +54,13 @@ def test_bad_inputs(model):
         model.edit(torch.rand(1, 3, 8, 8), template=px(1, 0), instruction="p")
     with pytest.raises(ValueError, match="at most"):
         model.extract_template_kv(px(5, 0), "p")
+
+
+def test_phone_workloads_take_their_shapes_from_the_klein_config():
+    from sakura.bench.workloads import get_workload
+    from sakura.models.klein_config import KLEIN_4B, KLEIN_9B
+
+    w4, w9 = get_workload("klein4b-512"), get_workload("klein9b-1024")
+    assert (w4.layers, w4.hidden, w4.text_tokens) == (KLEIN_4B.depth, KLEIN_4B.hidden, KLEIN_4B.text_tokens)
+    assert (w9.layers, w9.hidden) == (KLEIN_9B.depth, KLEIN_9B.hidden)
+    assert w4.template_tokens == KLEIN_4B.tokens_for(512) == 1024
