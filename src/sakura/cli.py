@@ -227,6 +227,44 @@ def bench_quality(
     run_quality_bench(model, steps=steps, photos_per_source=photos_per_source, out=out, log=typer.echo)
 
 
+@bench_app.command("isolation")
+def bench_isolation(
+    run: Path = typer.Option(Path("runs/flux2-stock"), help="A `sakura train --model flux2-mini --stock-references` "
+                             "run folder (its latest checkpoint) or weights file."),
+    steps: int = typer.Option(8, min=1, help="Sampler steps of each edit."),
+    photos_per_source: int = typer.Option(4, min=1, help="Crops per held-out photo source."),
+    out: Optional[Path] = typer.Option(None, help="Also write isolation.json here."),
+    threads: int = typer.Option(1, min=1, help="torch threads."),
+) -> None:
+    """What template isolation costs on a stock-attention checkpoint: per task, PSNR of the model's own
+    (non-isolated) edit and of the cached isolated-KV edit vs ground truth, and cached vs stock."""
+    import json as _json
+    import time as _time
+
+    import torch
+
+    from sakura.training.isolation import isolation_json, isolation_markdown, load_run_model, measure_isolation
+
+    torch.set_num_threads(threads)
+    try:
+        model, done = load_run_model(run)
+        t = _time.perf_counter()
+        rows = measure_isolation(model, steps=steps, photos_per_source=photos_per_source)
+    except (ValueError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    total = None
+    if run.is_dir() and (run / "recipe.json").is_file():
+        total = int(_json.loads((run / "recipe.json").read_text())["steps"])
+    typer.echo(isolation_markdown(rows, done, total))
+    typer.echo(f"({_time.perf_counter() - t:.0f} s)")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(isolation_json(rows, done, total, sampler_steps=steps, photos_per_source=photos_per_source,
+                                      run=str(run)))
+        typer.echo(f"wrote {out}")
+
+
 @bench_app.command("load", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
                    add_help_option=False)
 def bench_load(ctx: typer.Context) -> None:
