@@ -57,6 +57,8 @@ def train(
     model: Optional[str] = typer.Option(None, help="Network: sakura-mini (default) or flux2-mini (diffusers' FLUX.2 transformer)."),
     double_layers: Optional[int] = typer.Option(None, min=0, help="flux2-mini: double-stream blocks among --depth."),
     stock_references: Optional[bool] = typer.Option(None, "--stock-references", help="flux2-mini: the photo as a second reference with stock (non-isolated) multi-reference attention, as FLUX.2 Klein."),
+    isolate_template: Optional[bool] = typer.Option(None, "--isolate-template", help="With --stock-references: train with sakura's template isolation (e.g. a short fine-tune with --init-from)."),
+    init_from: Optional[str] = typer.Option(None, help="Start from these weights (.safetensors or a run folder's checkpoint) instead of the seeded init."),
     resume: bool = typer.Option(True, "--resume/--fresh", help="Continue from out/checkpoint.pt when present."),
     install: bool = typer.Option(False, help="Copy the weights into the package assets and write the model card into --docs."),
     docs: Path = typer.Option(Path("docs"), help="Docs folder for --install."),
@@ -70,7 +72,8 @@ def train(
     train_command(out, overrides=dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, image_size=image_size,
                                       patch_size=patch_size, dim=dim, depth=depth, heads=heads,
                                       checkpoint_every=checkpoint_every, model=model, double_layers=double_layers,
-                                      stock_references=stock_references),
+                                      stock_references=stock_references, isolate_template=isolate_template,
+                                      init_from=init_from),
                   resume=resume, install=install, docs=docs, eval_steps=eval_steps, eval_photos=eval_photos,
                   threads=threads, log=typer.echo)
 

@@ -65,3 +65,17 @@ def test_stock_recipe_trains():
     row = train_step(r, st)
     assert row[1] > 0 and Recipe.from_dict({k: v for k, v in r.__dict__.items() if k != "stock_references"}) \
         .stock_references is False
+
+
+def test_isolation_finetune_starts_from_the_given_weights(tmp_path):
+    from sakura.training.loop import save_checkpoint
+
+    base = Recipe(model="flux2-mini", image_size=16, patch_size=4, dim=32, depth=3, heads=2, double_layers=1, steps=2,
+                  batch_size=2, stock_references=True)
+    st = new_state(base)
+    train_step(base, st)
+    save_checkpoint(base, st, tmp_path)
+    ft = Recipe(**{**base.__dict__, "isolate_template": True, "init_from": str(tmp_path), "seed": 5})
+    st2 = new_state(ft)
+    assert st2.model.cfg.isolate_template and st2.model.isolate_template
+    assert all(torch.equal(a, b) for a, b in zip(st.model.state_dict().values(), st2.model.state_dict().values()))
