@@ -129,3 +129,23 @@ def test_templates_command_and_edit_without_a_known_template_list_what_the_serve
     assert Image.open(tmp_path / "o.png").size == (SIZE, SIZE)
     r = CliRunner().invoke(app, ["templates", "--server", "http://127.0.0.1:9"])
     assert r.exit_code == 2 and r.output.startswith("error: ")
+
+
+def test_klein_runtime_falls_back_to_local_layers_through_template_layers(klein_store):
+    """Layers the link does not deliver are computed on the device by the model's lazy
+    `template_layers`; with lossless shards for the rest the image is the on-device one up to
+    the fp16 rounding of the stored KV."""
+    from sakura.runtime import MeetInMiddlePolicy
+    from sakura.tasks.quality import psnr_per_image
+
+    model, m, images, url = klein_store
+    photo = torch.rand(1, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(4))
+    res = streamed_edit(model, photo, base_url=url, template_id="sun", template_image=images,
+                        instruction=m.kv_layout["instruction"], policy=MeetInMiddlePolicy(),
+                        profile=DeviceProfile(compute_s=0.05, local_s=0.0005), renditions=("lossless",),
+                        bandwidth=BandwidthEstimator(prior_bps=1e9), rtt=RttEstimator(prior_s=0.001), steps=STEPS,
+                        manifest=m, allow_fast_path=False)
+    sources = [r.source for r in res.records]
+    assert "local" in sources and "lossless" in sources and len(sources) == model.num_layers, sources
+    want = model.edit(photo, template=images, instruction=PROMPT, steps=STEPS).image
+    assert psnr_per_image(res.image, want).item() > 60
