@@ -162,6 +162,9 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
 
     try:
         templates = template_args(templates, library=library, task=task, prompt=prompt)
+        if executor == "ray" and templates and not all(isinstance(t, str) for t in templates):
+            raise TemplateSpecError(["--executor ray builds library templates only; build --library / "
+                                     "--template ID=IMAGE with --executor local"])
     except TemplateSpecError as e:
         for line in e.problems:
             typer.echo(f"error: {line}", err=True)
