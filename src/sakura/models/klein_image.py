@@ -61,7 +61,8 @@ class KleinImageModel:
 
     #: what defines a template's edit besides its images: a prompt (the bundled models: a task)
     template_conditioning = "prompt"
-    #: reference images a template may have (the bundled models: 1)
+    #: reference images a template may have (the bundled models: 1). Each adds its tokens to the
+    #: template KV and to every forward pass; the phone workloads model up to 3 (style3x1024).
     max_template_images = 4
 
     def __init__(self, adapter: KleinAdapter, image_size: int = DEFAULT_IMAGE_SIZE):
@@ -73,7 +74,6 @@ class KleinImageModel:
         self.adapter = adapter
         self.cfg = KleinConfig.from_transformer(adapter.transformer.config, image_size=image_size,
                                                 pixels_per_token=ppt, text_tokens=adapter.max_sequence_length)
-        self.steps_default = 4
         self._prompts: dict[str, torch.Tensor] = {}
 
     @classmethod
