@@ -17,7 +17,7 @@ app = typer.Typer(
 
 @app.command()
 def info(
-    model: str = typer.Option("sakura-mini", help="Model adapter: sakura-mini, or klein:/path/to/local/folder."),
+    model: str = typer.Option("sakura-mini", help="Model adapter: sakura-mini, flux2-mini, or klein:/path/to/local/folder[@SIZE]."),
 ) -> None:
     """Print the model's config, parameter count, template-KV size and fingerprint."""
     from sakura.models import load_model

@@ -158,6 +158,11 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     model = load_model(model_name)  # every adapter has the image-level API (ImageTemplateEditModel's calls)
     size = int(model.cfg.image_size)
     model_fp = model.fingerprint()
+    if not templates and getattr(model, "template_conditioning", "task") != "task":
+        from sakura.store.template_files import TemplateSpecError
+
+        raise TemplateSpecError([f"{model_name} has no bundled templates: give --library FILE or "
+                                 f"--template ID=IMAGE --prompt P"])
     tpls = resolve_templates(model, list(templates) if templates else default_templates())  # fails before any work
     calib = calibration_photos(size, calibration)  # public training photos, never the held-out test ones
     out = []
