@@ -20,3 +20,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(scope="session")
+def klein_folder(tmp_path_factory):
+    """A complete tiny FLUX.2 Klein pipeline written with save_pretrained, once per test run."""
+    from sakura.models.klein_tiny import write_tiny_klein_folder
+
+    return write_tiny_klein_folder(tmp_path_factory.mktemp("klein"))

@@ -17,7 +17,7 @@ app = typer.Typer(
 
 @app.command()
 def info(
-    model: str = typer.Option("sakura-mini", help="Model adapter: sakura-mini, or klein:/path/to/local/folder."),
+    model: str = typer.Option("sakura-mini", help="Model adapter: sakura-mini, flux2-mini, or klein:/path/to/local/folder[@SIZE]."),
 ) -> None:
     """Print the model's config, parameter count, template-KV size and fingerprint."""
     from sakura.models import load_model
@@ -56,6 +56,9 @@ def train(
     checkpoint_every: Optional[int] = typer.Option(None, min=1, help="Steps between checkpoints."),
     model: Optional[str] = typer.Option(None, help="Network: sakura-mini (default) or flux2-mini (diffusers' FLUX.2 transformer)."),
     double_layers: Optional[int] = typer.Option(None, min=0, help="flux2-mini: double-stream blocks among --depth."),
+    stock_references: Optional[bool] = typer.Option(None, "--stock-references", help="flux2-mini: the photo as a second reference with stock (non-isolated) multi-reference attention, as FLUX.2 Klein."),
+    isolate_template: Optional[bool] = typer.Option(None, "--isolate-template", help="With --stock-references: train with sakura's template isolation (e.g. a short fine-tune with --init-from)."),
+    init_from: Optional[str] = typer.Option(None, help="Start from these weights (.safetensors or a run folder's checkpoint) instead of the seeded init."),
     resume: bool = typer.Option(True, "--resume/--fresh", help="Continue from out/checkpoint.pt when present."),
     install: bool = typer.Option(False, help="Copy the weights into the package assets and write the model card into --docs."),
     docs: Path = typer.Option(Path("docs"), help="Docs folder for --install."),
@@ -68,7 +71,9 @@ def train(
 
     train_command(out, overrides=dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, image_size=image_size,
                                       patch_size=patch_size, dim=dim, depth=depth, heads=heads,
-                                      checkpoint_every=checkpoint_every, model=model, double_layers=double_layers),
+                                      checkpoint_every=checkpoint_every, model=model, double_layers=double_layers,
+                                      stock_references=stock_references, isolate_template=isolate_template,
+                                      init_from=init_from),
                   resume=resume, install=install, docs=docs, eval_steps=eval_steps, eval_photos=eval_photos,
                   threads=threads, log=typer.echo)
 
@@ -76,8 +81,14 @@ def train(
 @app.command()
 def build(
     store: Path = typer.Argument(..., help="Store directory to write (created if missing; rebuilds are idempotent)."),
-    model: str = typer.Option("sakura-mini", help="sakura-mini or sakura-mini:/path/weights.safetensors."),
-    template: Optional[list[str]] = typer.Option(None, help="Library template name (repeatable); default one per task."),
+    model: str = typer.Option("sakura-mini", help="sakura-mini, flux2-mini (optionally :/path/weights.safetensors) "
+                              "or klein:/folder[@SIZE] (a local FLUX.2 Klein download, SIZE px per side, default 512)."),
+    template: Optional[list[str]] = typer.Option(None, help="Library template name, or ID=IMAGE[,IMAGE...] for your own "
+                                                 "image(s) (repeatable); default one library template per task."),
+    library: Optional[Path] = typer.Option(None, help="A templates TOML file: [[template]] entries with id, images "
+                                           "(relative to the file) and task or prompt."),
+    task: Optional[str] = typer.Option(None, help="Task of --template ID=IMAGE (bundled models): look, texture, sticker."),
+    prompt: Optional[str] = typer.Option(None, help="Prompt of --template ID=IMAGE (Klein)."),
     ladder: Optional[list[str]] = typer.Option(None, help="Codec spec per rendition (repeatable), e.g. uniform:bits=8."),
     calibration: int = typer.Option(2, min=1, help="Public calibration photos for token importance."),
     steps: int = typer.Option(4, min=1, help="Sampler steps of the calibration runs."),
@@ -93,7 +104,7 @@ def build(
     from sakura.store.cli import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
-              workers=workers, force=force)
+              workers=workers, force=force, library=library, task=task, prompt=prompt)
 
 
 @app.command()
@@ -123,14 +134,16 @@ app.add_typer(store_app, name="store")
 def edit(
     photo: Path = typer.Argument(..., help="Your photo (PNG/JPEG); it never leaves this machine."),
     server: str = typer.Option(..., help="Cache server base URL, e.g. http://127.0.0.1:8080"),
-    template: str = typer.Option(..., help="Template id as listed by the server, e.g. sticker-00."),
+    template: Optional[str] = typer.Option(None, help="Template id as listed by the server (`sakura templates`), "
+                                           "e.g. sticker-00; missing or unknown: prints the list."),
     out: Path = typer.Option(Path("out/edit.png"), help="Where to write the edited image."),
     policy: str = typer.Option("sakura", help="sakura (plan + local fallback), sakura-meet (compute up, stream "
                                               "down) or raw-stream (lossless only)."),
     steps: int = typer.Option(8, min=1, help="Sampler steps."),
     seed: int = typer.Option(0, help="Sampler seed."),
     prior_mbps: float = typer.Option(10.0, min=0.001, help="Bandwidth estimate before the first transfer (Mbit/s)."),
-    model: str = typer.Option("sakura-mini", help="On-device model: sakura-mini (or a weights path after ':')."),
+    model: str = typer.Option("sakura-mini", help="On-device model: sakura-mini, flux2-mini (or a weights path after "
+                              "':'), or klein:/folder[@SIZE] as given to `sakura build`."),
     gallery: Path = typer.Option(None, help="The phone's template gallery cache (default $SAKURA_GALLERY or "
                                             "~/.cache/sakura/gallery)."),
     decode_workers: int = typer.Option(0, min=0, help="Decode workers (0: one per core)."),
@@ -148,6 +161,28 @@ def edit(
     except (ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+
+
+@app.command()
+def templates(
+    server: str = typer.Option(..., help="Cache server base URL, e.g. http://127.0.0.1:8080"),
+    model: Optional[str] = typer.Option(None, help="Only the templates of this model (as for `sakura edit --model`)."),
+) -> None:
+    """List the templates a server offers: id, model, rungs, bytes, thumbnail URL."""
+    from sakura.runtime.discovery import format_templates, list_templates
+
+    fp = None
+    try:
+        if model is not None:
+            from sakura.models import load_model
+
+            fp = load_model(model).fingerprint()
+        items = list_templates(server, fp)
+    except Exception as e:  # unreachable server, malformed index, bad model name: one line
+        typer.echo(f"error: cannot list the templates of {server}: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}",
+                   err=True)
+        raise typer.Exit(2) from None
+    typer.echo(format_templates(items))
 
 
 bench_app = typer.Typer(help="Benchmarks: every method on the same model, task, photo and trace, in one run.",
@@ -193,6 +228,44 @@ def bench_quality(
     from sakura.bench.quality import run_quality_bench
 
     run_quality_bench(model, steps=steps, photos_per_source=photos_per_source, out=out, log=typer.echo)
+
+
+@bench_app.command("isolation")
+def bench_isolation(
+    run: Path = typer.Option(Path("runs/flux2-stock"), help="A `sakura train --model flux2-mini --stock-references` "
+                             "run folder (its latest checkpoint) or weights file."),
+    steps: int = typer.Option(8, min=1, help="Sampler steps of each edit."),
+    photos_per_source: int = typer.Option(4, min=1, help="Crops per held-out photo source."),
+    out: Optional[Path] = typer.Option(None, help="Also write isolation.json here."),
+    threads: int = typer.Option(1, min=1, help="torch threads."),
+) -> None:
+    """What template isolation costs on a stock-attention checkpoint: per task, PSNR of the model's own
+    (non-isolated) edit and of the cached isolated-KV edit vs ground truth, and cached vs stock."""
+    import json as _json
+    import time as _time
+
+    import torch
+
+    from sakura.training.isolation import isolation_json, isolation_markdown, load_run_model, measure_isolation
+
+    torch.set_num_threads(threads)
+    try:
+        model, done = load_run_model(run)
+        t = _time.perf_counter()
+        rows = measure_isolation(model, steps=steps, photos_per_source=photos_per_source)
+    except (ValueError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    total = None
+    if run.is_dir() and (run / "recipe.json").is_file():
+        total = int(_json.loads((run / "recipe.json").read_text())["steps"])
+    typer.echo(isolation_markdown(rows, done, total))
+    typer.echo(f"({_time.perf_counter() - t:.0f} s)")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(isolation_json(rows, done, total, sampler_steps=steps, photos_per_source=photos_per_source,
+                                      run=str(run)))
+        typer.echo(f"wrote {out}")
 
 
 @bench_app.command("load", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

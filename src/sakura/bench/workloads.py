@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from sakura.models.klein_config import KLEIN_4B, KLEIN_9B
+
 # ---------------------------------------------------------------------------------------------
 # sources (cited by key from the dataclasses below)
 
@@ -71,7 +73,7 @@ def vae_flops(side_px: int, *, decode: bool) -> float:
 
 def tokens_for(side_px: int) -> int:
     """Latent tokens of one side_px x side_px image in FLUX.2 (16 x 16 pixels per token)."""
-    return (side_px // 16) ** 2
+    return KLEIN_4B.tokens_for(side_px)
 
 
 def qwen3_weights(hidden: int, intermediate: int, layers: int, q_heads: int = 32, kv_heads: int = 8,
@@ -169,10 +171,13 @@ class Workload:
         return 2 * self.template_tokens * self.hidden
 
 
-_KLEIN4B = dict(model="FLUX.2-klein-4B", layers=25, hidden=3072, weights_per_token_layer=flux2_weights_per_token_layer(3072),
-                text_tokens=512, text_encoder_weights=qwen3_weights(2560, 9728, 36))
-_KLEIN9B = dict(model="FLUX.2-klein-9B", layers=32, hidden=4096, weights_per_token_layer=flux2_weights_per_token_layer(4096),
-                text_tokens=512, text_encoder_weights=qwen3_weights(4096, 12288, 36))
+# Shapes from the Klein adapter's config classes (sakura.models.klein_config), the one table of them.
+_KLEIN4B = dict(model="FLUX.2-klein-4B", layers=KLEIN_4B.depth, hidden=KLEIN_4B.hidden,
+                weights_per_token_layer=flux2_weights_per_token_layer(KLEIN_4B.hidden),
+                text_tokens=KLEIN_4B.text_tokens, text_encoder_weights=qwen3_weights(2560, 9728, 36))
+_KLEIN9B = dict(model="FLUX.2-klein-9B", layers=KLEIN_9B.depth, hidden=KLEIN_9B.hidden,
+                weights_per_token_layer=flux2_weights_per_token_layer(KLEIN_9B.hidden),
+                text_tokens=KLEIN_9B.text_tokens, text_encoder_weights=qwen3_weights(4096, 12288, 36))
 _KLEIN_SOURCES = {k: SOURCES[k] for k in ("klein-configs", "klein-card", "diffusers-klein", "diffusers-klein-kv",
                                           "flux2-vae", "tokens")}
 

@@ -2,8 +2,8 @@
 
 `load_model(name)` is the registry: "sakura-mini" (the bundled model; its shipped weights when
 present), "flux2-mini" (the bundled FLUX.2-architecture model: diffusers' `Flux2Transformer2DModel`
-trained here, same image-level API as sakura-mini) or "klein:/path/to/local/folder" (FLUX.2 Klein
-through diffusers, weights from disk).
+trained here, same image-level API as sakura-mini) or "klein:/path/to/local/folder[@S]" (FLUX.2 Klein
+through diffusers at S px per side, weights from disk; the same image-level API).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def load_flux2_mini(weights: str | Path | None = None, *, allow_random: bool = T
 
 def load_model(name: str = "sakura-mini") -> TemplateEditModel:
     """Resolve a model name: "sakura-mini[:/path/weights.safetensors]", "flux2-mini[:/path/weights]",
-    "klein:/folder"."""
+    "klein:/folder[@S]" (FLUX.2 Klein at S px, default 512: a `KleinImageModel`, whose `.adapter`
+    is the packed-latent `KleinAdapter`)."""
     kind, _, arg = name.partition(":")
     if kind == "sakura-mini":
         return load_mini(arg or None)
@@ -76,8 +77,8 @@ def load_model(name: str = "sakura-mini") -> TemplateEditModel:
     if kind == "klein":
         if not arg:
             raise ValueError("klein needs a local folder: klein:/path/to/FLUX.2-klein")
-        from .klein import KleinAdapter
+        from .klein_image import KleinImageModel
 
-        return KleinAdapter.from_pretrained(arg)
+        return KleinImageModel.from_pretrained(arg)
     raise ValueError(f"unknown model {name!r}; expected 'sakura-mini[:weights]', 'flux2-mini[:weights]' "
                      f"or 'klein:/path'")

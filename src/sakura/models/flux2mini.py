@@ -83,6 +83,16 @@ class Flux2MiniConfig:
     prediction: str = "x"         # as sakura-mini: the head predicts the edit, not v
     t_min: float = 0.05
     photo_skip: bool = True
+    # Stock multi-reference attention (FLUX.2 Klein's own layout): the photo is reference slot 1,
+    # modulated at the fixed reference timestep like the template, and reference tokens attend to
+    # every reference. The default (False) keeps the photo an ordinary image token, so the
+    # template is the only reference and its KV is cacheable by construction.
+    photo_reference: bool = False
+    # With photo_reference: template queries attend to template keys only (sakura's isolation,
+    # which makes the template KV cacheable). False = stock: the template's K/V then depend on the
+    # photo. Only the attention mask changes, so a model trained stock can be run isolated
+    # (`Flux2MiniDiT.isolate_template`) to measure what isolation costs.
+    isolate_template: bool = True
 
     def __post_init__(self) -> None:
         if self.prediction not in ("x", "v"):
@@ -130,6 +140,11 @@ def install_processors(transformer: Flux2Transformer2DModel) -> None:
 class Flux2MiniDiT(nn.Module):
     """diffusers' `Flux2Transformer2DModel` + learned instruction prompts, with sakura-mini's API."""
 
+    #: what defines a template's edit besides its image: a task (its instruction id); Klein: a prompt
+    template_conditioning = "task"
+    #: reference images a template may have
+    max_template_images = 1
+
     def __init__(self, cfg: Flux2MiniConfig = Flux2MiniConfig()):
         super().__init__()
         self.cfg = cfg
@@ -145,6 +160,10 @@ class Flux2MiniDiT(nn.Module):
                              persistent=False)
         self.register_buffer("ids_text", text_ids(cfg.text_tokens), persistent=False)
         self._fingerprint: str | None = None
+        # The mask the in-sequence forward uses (cfg.isolate_template: what it was trained with);
+        # settable to evaluate a stock-trained model with isolation. Cached/injected edits are
+        # always isolated: a cached template KV cannot depend on the photo.
+        self.isolate_template = cfg.isolate_template
 
     # -- identity -------------------------------------------------------------------------------
     @property
@@ -153,7 +172,11 @@ class Flux2MiniDiT(nn.Module):
 
     def fingerprint(self) -> str:
         if self._fingerprint is None:
-            self._fingerprint = fingerprint_model(self, {"model": "flux2-mini", **asdict(self.cfg)})
+            meta = asdict(self.cfg)
+            if not self.cfg.photo_reference:  # fields added later: keep the fingerprints made before
+                meta.pop("photo_reference")
+                meta.pop("isolate_template")
+            self._fingerprint = fingerprint_model(self, {"model": "flux2-mini", **meta})
         return self._fingerprint
 
     def invalidate_fingerprint(self) -> None:
@@ -220,9 +243,12 @@ class Flux2MiniDiT(nn.Module):
         tmpl = patchify(template, cfg.patch_size).expand(b, -1, -1)
         hidden = torch.cat([tmpl, self._main_tokens(photo, x_t)], dim=1)
         ids = torch.cat([self.ids_template, self.ids_main])
-        slot = slot if slot is not None else _Slot(num_template_tokens=cfg.tokens_per_image)
+        n = cfg.tokens_per_image
+        slot = slot if slot is not None else _Slot(num_template_tokens=n)
+        slot.isolate = self.isolate_template
+        # photo_reference: [template | photo] are both references (the photo sits at T=20, slot 1)
         out = self._run(hidden, ids, self._prompt(instruction, b), t, mode="extract",
-                        num_ref=cfg.tokens_per_image, slot=slot)
+                        num_ref=2 * n if cfg.photo_reference else n, slot=slot)
         return self._to_velocity(out, photo, x_t, t)
 
     def velocity_cached(self, photo: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, instruction: torch.Tensor | int,
@@ -230,9 +256,18 @@ class Flux2MiniDiT(nn.Module):
         """v for the target with the template's K/V from `template` (diffusers' "cached" forward);
         layer i's K/V are requested when the forward pass reaches layer i."""
         cfg = self.cfg
+        prompt = self._prompt(instruction, photo.shape[0])
+        if cfg.photo_reference:
+            # the photo is a reference: "extract" forward on [photo | target] with the template's
+            # K/V injected ahead of the photo's; the photo attends to template and photo (isolated
+            # template, since the injected K/V were computed without the photo)
+            slot = _Slot(inject=template, probe=probe)
+            out = self._run(self._main_tokens(photo, x_t), self.ids_main, prompt, t, mode="extract",
+                            num_ref=cfg.tokens_per_image, slot=slot)
+            return self._to_velocity(out, photo, x_t, t)
         cache = template.cache(cfg.double_layers, cfg.single_layers)
         slot = _Slot(inject=template, probe=probe)
-        out = self._run(self._main_tokens(photo, x_t), self.ids_main, self._prompt(instruction, photo.shape[0]), t,
+        out = self._run(self._main_tokens(photo, x_t), self.ids_main, prompt, t,
                         mode="cached", cache=cache, slot=slot)
         return self._to_velocity(out, photo, x_t, t)
 

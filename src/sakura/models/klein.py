@@ -235,7 +235,8 @@ def _kv_attention(query, key, value, num_txt: int, num_ref: int, mode: str | Non
         v_all = torch.cat([value[:, :num_txt], v_ref, value[:, num_txt:]], dim=1)
         mask = _ref_mask(keep, num_txt, n_extra + key.shape[1] - num_txt, query.device)
         if slot.probe is not None:
-            n_t = keep.shape[0] if keep is not None else k_ref.shape[1]
+            # the cached references may be [template | user photo]: report the template's keys only
+            n_t = keep.shape[0] if keep is not None else (slot.num_template_tokens or k_ref.shape[1])
             return _attend_probed(query, k_all, v_all, mask, num_txt, num_txt + n_t,
                                   lambda p: slot.probe(layer, p))
         return _attend(query, k_all, v_all, mask)
@@ -516,13 +517,14 @@ class KleinAdapter:
     @torch.no_grad()
     def edit(self, photo: KleinReference | None = None, *, template: KleinReference | None = None,
              template_kv: TemplateKVSource | None = None, mode: KVMode | str | None = None, steps: int = 4,
-             seed: int = 0, prompt_embeds: torch.Tensor | None = None, grid: tuple[int, int] | None = None
-             ) -> KleinEditOutput:
+             seed: int = 0, prompt_embeds: torch.Tensor | None = None, grid: tuple[int, int] | None = None,
+             probe: AttentionProbe | None = None) -> KleinEditOutput:
         """Generate latents for a (grid) image guided by the prompt, the template and the user's photo.
 
         photo: the user's reference (slot 1) or None; template: the template reference (slot 0) for
         NOCACHE/EXTRACT; template_kv: for INJECTED. prompt_embeds: (1, text_tokens, joint_attention_dim).
         grid: latent (height, width) of the output; default: the template's grid when square.
+        probe: receives the attention the image queries give the template keys in every cached step.
         """
         cfg = self.transformer.config
         try:
@@ -601,7 +603,8 @@ class KleinAdapter:
             else:
                 if cache is None:  # injected, no user reference: the template KV is the whole cache
                     cache = _LazyKVCache(inject, n_double, n_single, num_ref_tokens=n_tmpl)
-                slot = _Slot(inject=inject if mode is KVMode.INJECTED else None)
+                slot = _Slot(num_template_tokens=n_tmpl, inject=inject if mode is KVMode.INJECTED else None,
+                             probe=probe)
                 noise_pred = self._forward(latents, ids, prompt_embeds, txt_ids, timestep, mode="cached",
                                            cache=cache, slot=slot)[0]
             latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]

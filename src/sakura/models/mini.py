@@ -238,6 +238,11 @@ class EditOutput:
 
 
 class MiniDiT(nn.Module):
+
+    #: what defines a template's edit besides its image: a task (its instruction id); Klein: a prompt
+    template_conditioning = "task"
+    #: reference images a template may have
+    max_template_images = 1
     def __init__(self, cfg: MiniConfig = MiniConfig()):
         super().__init__()
         self.cfg = cfg

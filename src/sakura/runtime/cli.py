@@ -63,7 +63,7 @@ def refresh_failure(e: BaseException, template: str) -> str:
     return f"server unavailable ({_short(e, 100)})"
 
 
-def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: str, steps: int, seed: int,
+def edit_command(*, photo: Path, server: str, template: str | None, out: Path, policy: str, steps: int, seed: int,
                  prior_mbps: float, model_name: str = "sakura-mini", gallery_dir: Path | None = None,
                  decode_workers: int | None = None, echo: Callable[[str], None] = print) -> None:
     """Edit `photo` with `template`, streaming what pays from `server` and computing the rest.
@@ -93,6 +93,7 @@ def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: 
     img = load_photo(photo, model.cfg.image_size)
     gallery = Gallery(gallery_dir)
     fp = model.fingerprint()
+    _check_template_offered(server, fp, template, model_name)
     size = model.cfg.image_size
     rate_bps = max(prior_mbps, 0.01) * 1e6 / 8
 
@@ -122,13 +123,17 @@ def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: 
             raise ValueError(f"cannot get template {template!r} from {server}: {why}; and it is not in the "
                              f"gallery at {gallery.root}")
         echo(f"{why}; using the gallery's copy of {template}")
-    instruction = int(manifest.kv_layout.get("instruction", 0)) if manifest is not None else 0
+    # a task's instruction id (bundled models) or the prompt (Klein); the model checks its kind
+    instruction = manifest.kv_layout.get("instruction", 0) if manifest is not None else 0
     if manifest is None:
         echo("no manifest cached: computing the template on the device")
     prof = profile_model(model, repeats=1)
     if decode_workers:
         prof.decode_workers = decode_workers
-    res = streamed_edit(model, img, base_url=server, template_id=template, template_image=timage[None],
+    from sakura.store.build import split_template_images
+
+    res = streamed_edit(model, img, base_url=server, template_id=template,
+                        template_image=split_template_images(timage),  # (R, 3, S, S): R reference images
                         instruction=instruction, policy=policies[policy](), profile=prof,
                         bandwidth=BandwidthEstimator(prior_bps=prior_mbps * 1e6 / 8), steps=steps, seed=seed,
                         manifest=manifest if manifest is not None else NO_MANIFEST, allow_fast_path=True)
@@ -137,7 +142,7 @@ def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: 
 
     skio.imsave(str(out), (res.image[0].permute(1, 2, 0).numpy() * 255).round().astype("uint8"), check_contrast=False)
     side = out.with_name(out.stem + ".compare.png")
-    _save_grid(side, [img, timage[None], res.image], ["photo", "template", "edit"])
+    _save_grid(side, [img, split_template_images(timage)[:1], res.image], ["photo", "template", "edit"])
     b = res.breakdown()
     echo(f"edited in {1000 * b['latency_s']:.0f} ms ({res.path}): {int(b['bytes'])} B fetched, "
          f"{int(b['local_shards'])} of {len(res.records)} layers computed on the device, stall {1000 * b['stall_s']:.0f} ms")
@@ -149,3 +154,20 @@ def edit_command(*, photo: Path, server: str, template: str, out: Path, policy: 
         echo("event: " + e)
     echo(f"wrote {out} and {side}")
 
+
+
+def _check_template_offered(server: str, fp: str, template: str | None, model_name: str) -> None:
+    """A missing or unknown --template: raise ValueError with what the server offers for this model.
+    A server that cannot be reached is left to the edit (the gallery may have the template)."""
+    from sakura.runtime.discovery import format_templates, list_templates
+
+    try:
+        offered = list_templates(server, fp, timeout_s=3.0)
+    except Exception as e:
+        if template is None:
+            raise ValueError(f"--template is required, and {server} cannot list its templates ({str(e)[:120]})") from None
+        return
+    if template is not None and any(t.template_id == template for t in offered):
+        return
+    head = "--template is required" if template is None else f"{server} offers no template {template!r} for {model_name}"
+    raise ValueError(f"{head}; it offers {len(offered)} for this model:\n{format_templates(offered)}")

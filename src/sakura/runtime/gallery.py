@@ -34,7 +34,7 @@ def decode_template_ref(data: bytes, media_type: str, *, image_size: int | None 
     from sakura.store.build import decode_template_ref as decode
 
     if image_size is not None:
-        from sakura.runtime.limits import max_template_ref_bytes
+        from sakura.runtime.limits import MAX_TEMPLATE_REFERENCES, max_template_ref_bytes
 
         if len(data) > max_template_ref_bytes(image_size):
             raise ValueError(f"template reference is {len(data)} bytes, over the limit for a {image_size}-pixel template")
@@ -48,8 +48,10 @@ def decode_template_ref(data: bytes, media_type: str, *, image_size: int | None 
                     dims = im.size
             except Exception as e:
                 raise ValueError(f"template reference does not decode ({type(e).__name__})") from None
-            if dims != (image_size, image_size):
-                raise ValueError(f"template reference is {dims[0]} x {dims[1]}, the model takes {image_size} x {image_size}")
+            w, h = dims  # R reference images side by side: (R*S) x S
+            if h != image_size or w % image_size or not 1 <= w // image_size <= MAX_TEMPLATE_REFERENCES:
+                raise ValueError(f"template reference is {w} x {h}; the model takes a row of 1-"
+                                 f"{MAX_TEMPLATE_REFERENCES} images of {image_size} x {image_size}")
     try:
         img = decode(data, media_type)
     except ValueError:

@@ -39,10 +39,16 @@ def step_deadline_s(nbytes: int, rate_bps: float) -> float:
     return min(REFRESH_MAX_S, REFRESH_BASE_S + REFRESH_SLACK * max(0, nbytes) / max(rate_bps, 1.0))
 
 
+#: Most reference images one template may hold (stored side by side: a (3, S, R*S) PNG). The
+#: models take at most 4 (Klein's reference slots); 8 leaves room without trusting the server.
+MAX_TEMPLATE_REFERENCES = 8
+
+
 def max_template_ref_bytes(image_size: int) -> int:
-    """Largest template reference accepted for an ``image_size``-pixel square template: float32
-    RGB (the legacy safetensors; a PNG is always smaller) plus 64 KiB of headers."""
-    return 3 * image_size * image_size * 4 + 64 * 1024
+    """Largest template reference accepted for ``image_size``-pixel square reference images:
+    float32 RGB (the legacy safetensors; a PNG is always smaller) of MAX_TEMPLATE_REFERENCES
+    images side by side, plus 64 KiB of headers."""
+    return MAX_TEMPLATE_REFERENCES * 3 * image_size * image_size * 4 + 64 * 1024
 
 
 def check_template_ref(manifest: Any, image_size: int) -> None:

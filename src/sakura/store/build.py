@@ -78,6 +78,21 @@ def encode_template_ref(image) -> bytes:
     return buf.getvalue()
 
 
+def encode_template_images(images) -> bytes:
+    """(R, 3, S, S) reference image(s) -> one PNG: the R images side by side (S x R*S)."""
+    import torch
+
+    return encode_template_ref(torch.cat(list(images), dim=2))
+
+
+def split_template_images(image):
+    """A decoded template reference (3, S, R*S) -> (R, 3, S, S) (R = 1 for a square one)."""
+    s, w = image.shape[1], image.shape[2]
+    if w % s:
+        raise ValueError(f"template reference is {s}x{w}: not a row of square images")
+    return image.reshape(3, s, w // s, s).permute(2, 0, 1, 3).contiguous()
+
+
 def decode_template_ref(data: bytes, media_type: str = TEMPLATE_REF_MEDIA_TYPE):
     """Template reference bytes -> (3, S, S) float32 image in [0, 1] (PNG, or the legacy safetensors)."""
     import numpy as np
@@ -98,7 +113,7 @@ def decode_template_ref(data: bytes, media_type: str = TEMPLATE_REF_MEDIA_TYPE):
     return torch.from_numpy(px.astype(np.float32) / np.float32(255.0)).permute(2, 0, 1).contiguous()
 
 
-def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates: Sequence[str] | None = None,
+def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates: Sequence[Any] | None = None,
                 ladder: Sequence[str] = DEFAULT_LADDER, calibration: int = 2, steps: int = 4, seed: int = 0,
                 base_psnr_db: float | None = BASE_RUNG_PSNR_DB, log: Callable[[str], None] = print) -> list[Path]:
     """Build (or idempotently rebuild) one manifest per template; returns the manifest paths.
@@ -109,7 +124,10 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         store: store directory (created if missing).
         model_name: ``sakura-mini`` / ``flux2-mini``, optionally ``:/path/weights.safetensors``
             (any model with the image-level edit API, ``sakura.models.ImageTemplateEditModel``).
-        templates: library template names (``sakura.tasks.template_library``); default one per task.
+        templates: library template names (``sakura.tasks.template_library``) and/or
+            ``TemplateSpec``s (a provider's own image files + task or prompt,
+            ``sakura.store.template_files``); default one library template per task. Everything
+            is validated before any work (``TemplateSpecError``: one line per problem).
         ladder: codec specs (``sakura.codec.codec_from_spec``), one rendition each (a layered
             codec: one per rung).
         calibration: number of public calibration photos (crops of training sources,
@@ -128,9 +146,8 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     from sakura.capture import ShardDistortionProbe, calibration_photos, layer_sensitivity, template_importance
     from sakura.codec import ShardId, ShardKV, codec_from_spec
     from sakura.codec.base import parse_spec
-    from sakura.models import ImageTemplateEditModel, load_model
+    from sakura.models import load_model
     from sakura.models.kv import LayerKV, TemplateKV
-    from sakura.tasks import get_template
 
     torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
     codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
@@ -138,21 +155,22 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     if len(set(names)) != len(names):
         raise ValueError(f"ladder has duplicate settings: {names}")
     floor_codec = codec_from_spec(QUALITY_FLOOR_SPEC)
-    model = load_model(model_name)
-    if not isinstance(model, ImageTemplateEditModel):  # sakura-mini, flux2-mini; not yet klein:/folder
-        raise NotImplementedError(f"sakura build supports image-level models (sakura-mini, flux2-mini) only so far, "
-                                  f"not {model_name!r}")
+    model = load_model(model_name)  # every adapter has the image-level API (ImageTemplateEditModel's calls)
     size = int(model.cfg.image_size)
     model_fp = model.fingerprint()
+    if not templates and getattr(model, "template_conditioning", "task") != "task":
+        from sakura.store.template_files import TemplateSpecError
+
+        raise TemplateSpecError([f"{model_name} has no bundled templates: give --library FILE or "
+                                 f"--template ID=IMAGE --prompt P"])
+    tpls = resolve_templates(model, list(templates) if templates else default_templates())  # fails before any work
     calib = calibration_photos(size, calibration)  # public training photos, never the held-out test ones
-    names_in = list(templates) if templates else default_templates()
-    tpls = [get_template(n, size) for n in names_in]  # unknown names fail before any work
     out = []
-    for name, tpl in zip(names_in, tpls):
+    for name, images, instruction in tpls:
         t0 = time.perf_counter()
-        ref_png = encode_template_ref(tpl.image)
-        image = decode_template_ref(ref_png)  # capture from exactly what the phone will have
-        kv = model.extract_template_kv(image[None], tpl.instruction).to(torch.float16)
+        ref_png = encode_template_images(images)
+        images = split_template_images(decode_template_ref(ref_png))  # capture from exactly what the phone will have
+        kv = model.extract_template_kv(images, instruction).to(torch.float16)
         # token importance for codecs that use it (the nested ladder's widths): attention mass. The
         # gradient sensitivity (sakura.capture.token_sensitivity) measured no better there and worse
         # as progressive-ladder weighting (docs/codec.md), so the default ladder ignores importance.
@@ -216,13 +234,66 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                             quality_floor=floors[i])
             w.set_kv_layout({"layers": L, "tokens": kv.num_tokens, "heads": kv.heads, "head_dim": kv.head_dim,
                              "dtype": "float16", "template_fingerprint": kv.template_fingerprint,
-                             "layout": _jsonable(kv.layout), "instruction": tpl.instruction})
+                             "layout": _jsonable(kv.layout), "instruction": instruction,
+                             **_depends_on(model, images, kv)})
         out.append(w.committed_path)
         ladder_b = sum({hashlib.sha256(r.data).digest(): len(r.data) for rs in encoded for r in rs}.values())
         fp16 = sum(s.fp16_bytes for s in shards)
         log(f"{name}: {L} shards x {len(encoded[0])} renditions, ladder {ladder_b / 1e3:.1f} kB + template PNG "
             f"{len(ref_png) / 1e3:.1f} kB vs fp16 {fp16 / 1e3:.1f} kB ({time.perf_counter() - t0:.1f} s)")
     return out
+
+
+def resolve_templates(model: Any, templates: Sequence[Any]) -> list[tuple[str, Any, Any]]:
+    """Library names and `TemplateSpec`s -> [(id, images (R, 3, S, S), instruction)], every
+    problem found first (one line each, `TemplateSpecError`) so a bad entry writes nothing."""
+    from sakura.store.template_files import TemplateSpec, TemplateSpecError, spec_images, spec_instruction, validate_specs
+    from sakura.tasks import TASK_NAMES, get_template
+
+    size = int(model.cfg.image_size)
+    conditioning = getattr(model, "template_conditioning", "task")
+    problems, lib = [], []
+    for t in templates:
+        if isinstance(t, TemplateSpec):
+            continue
+        if conditioning != "task":
+            problems.append(f"--template {t}: library templates are for the bundled models; this model's templates "
+                            f"need images and a prompt (--template ID=IMAGE --prompt P, or --library FILE)")
+            continue
+        try:
+            lib.append(get_template(t, size))
+        except ValueError as e:
+            problems.append(f"--template {t}: {e} (or give ID=IMAGE for your own image)")
+    specs = [t for t in templates if isinstance(t, TemplateSpec)]
+    try:
+        validate_specs(specs, conditioning=conditioning, max_images=int(getattr(model, "max_template_images", 1)),
+                       tasks=TASK_NAMES, existing_ids=[t.name for t in lib])
+    except TemplateSpecError as e:
+        problems += e.problems
+    names = [t.name for t in lib]
+    problems += [f"--template {n}: given twice" for n in sorted({n for n in names if names.count(n) > 1})]
+    if problems:
+        raise TemplateSpecError(problems)
+    out = [(t.name, t.image[None], t.instruction) for t in lib]
+    return out + [(s.id, spec_images(s, size), spec_instruction(s)) for s in specs]
+
+
+def _depends_on(model: Any, images, kv) -> dict[str, Any]:
+    """What the KV is a function of, for the manifest: the model, each reference image's 8-bit
+    pixels, the resolution and the RoPE positions (the prompt's fingerprint is in kv.layout)."""
+    import numpy as np
+    import torch
+
+    px = [hashlib.sha256((im.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8).tobytes()).hexdigest()
+          for im in images]
+    d = {"model": str(model.describe().get("model", type(model).__name__)), "image_size": int(images.shape[-1]),
+         "images_sha256": px}
+    if kv.positions is not None:
+        pos = kv.positions.to(torch.int64).contiguous()
+        d["rope"] = {"axes": int(pos.shape[1]), "tokens": int(pos.shape[0]),
+                     "slots_t": sorted({int(t) for t in pos[:, 0].tolist()}),
+                     "positions_sha256": hashlib.sha256(pos.numpy().tobytes()).hexdigest()}
+    return d
 
 
 def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log):

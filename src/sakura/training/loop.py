@@ -67,10 +67,25 @@ class Recipe:
     # `depth` = double_layers + single_layers blocks, `double_layers` of them double-stream).
     model: str = "sakura-mini"
     double_layers: int = 2
+    # flux2-mini only: train with stock multi-reference attention (the photo is a second
+    # reference and reference tokens attend to each other, as stock FLUX.2 Klein), to measure
+    # what sakura's template isolation costs on a checkpoint not trained with it.
+    stock_references: bool = False
+    # With stock_references: train with sakura's template isolation instead (template queries
+    # attend to template keys only), e.g. as a short fine-tune of a stock checkpoint (init_from).
+    isolate_template: bool = False
+    # Start from these weights (a .safetensors file or a run folder's checkpoint.pt) instead of
+    # the seeded init; the optimizer and schedule start fresh.
+    init_from: str = ""
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.stock_references and self.model != "flux2-mini":
+            raise ValueError("stock_references applies to flux2-mini only")
+        if self.isolate_template and not self.stock_references:
+            raise ValueError("isolate_template applies with stock_references (without it the template is isolated "
+                             "by construction)")
 
     def model_config(self):
         if self.model == "flux2-mini":
@@ -80,7 +95,9 @@ class Recipe:
                 raise ValueError(f"double_layers {self.double_layers} must be in [0, depth={self.depth}]")
             return Flux2MiniConfig(image_size=self.image_size, patch_size=self.patch_size, dim=self.dim,
                                    heads=self.heads, double_layers=self.double_layers,
-                                   single_layers=self.depth - self.double_layers)
+                                   single_layers=self.depth - self.double_layers,
+                                   photo_reference=self.stock_references,
+                                   isolate_template=self.isolate_template or not self.stock_references)
         return MiniConfig(image_size=self.image_size, patch_size=self.patch_size, dim=self.dim,
                           depth=self.depth, heads=self.heads)
 
@@ -105,6 +122,7 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Recipe":
+        d = {"stock_references": False, "isolate_template": False, "init_from": "", **d}  # older checkpoints
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -133,10 +151,23 @@ def _atomic_torch_save(obj: object, path: Path) -> None:
 def new_state(recipe: Recipe) -> TrainState:
     torch.manual_seed(recipe.seed)
     model = recipe.build_model()
+    if recipe.init_from:
+        model.load_state_dict(_init_state(Path(recipe.init_from)), strict=True)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.99), weight_decay=recipe.weight_decay)
     data_gen = torch.Generator().manual_seed(recipe.seed * 1_000_003 + 1)
     noise_gen = torch.Generator().manual_seed(recipe.seed * 1_000_003 + 2)
     return TrainState(model, opt, data_gen, noise_gen, 0, [], 0.0)
+
+
+def _init_state(path: Path) -> dict:
+    """Weights to start from: a weights file, or a run folder / checkpoint.pt (its model state)."""
+    if path.is_dir():
+        path = path / CHECKPOINT
+    if not path.is_file():
+        raise FileNotFoundError(f"init_from: {path} not found")
+    if path.suffix == ".safetensors":
+        return load_weights(path).state_dict()
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
 
 
 def save_checkpoint(recipe: Recipe, state: TrainState, run_dir: Path) -> Path:
