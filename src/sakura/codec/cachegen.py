@@ -245,18 +245,21 @@ class CacheGenCodec(Codec):
         if delta and (not isinstance(group, int) or isinstance(group, bool) or not 2 <= group <= 1024):
             raise bs.CorruptError(f"cachegen: bad group {group!r}")
         rows = np.setdiff1d(np.arange(T), _anchor_rows(T, group)) if delta else np.arange(T)
+        lim = float(torch.finfo(dtype).max) / (2.0 if delta else 1.0)   # |x| <= amax (+ the anchor's)
         for kv, bins in (("k", h.get("key_bins")), ("v", h.get("value_bins"))):
             if not isinstance(bins, int) or isinstance(bins, bool) or not 4 <= bins <= 256:
                 raise bs.CorruptError(f"cachegen: bad bins {bins!r}")
             amax = obj.section(f"{kv}_amax")
-            if amax.shape != (rows.size,) or amax.dtype.kind != "f" or not np.isfinite(amax).all():
+            if amax.shape != (rows.size,) or amax.dtype.kind != "f" or not np.isfinite(amax).all() or \
+                    float(np.abs(amax).max(initial=0.0)) > lim:
                 raise bs.CorruptError(f"cachegen: {kv}_amax has shape {amax.shape}, expected ({rows.size},), "
                                       "or is not finite")
             ref = None
             if delta:
                 anchors = _anchor_rows(T, group)
                 a_amax = obj.section(f"{kv}_anchor_amax")
-                if a_amax.shape != (anchors.size,) or a_amax.dtype.kind != "f" or not np.isfinite(a_amax).all():
+                if a_amax.shape != (anchors.size,) or a_amax.dtype.kind != "f" or not np.isfinite(a_amax).all() or \
+                        float(np.abs(a_amax).max(initial=0.0)) > lim:
                     raise bs.CorruptError(f"cachegen: {kv}_anchor_amax has shape {a_amax.shape} or is not finite")
                 aname = f"L{layer}.{kv}.anchor"
                 if tables is not None:

@@ -45,7 +45,7 @@ from . import quant as Q
 from . import kernels as K
 from . import rans as R
 from .allocation import allocate_steps, allocate_planes
-from .base import CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, from_f32_2d
+from .base import CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, finite, from_f32_2d
 
 FORMAT_VERSION = 4      # 3: constriction ANS (no longer read); 4: interleaved rANS streams (`rans`)
 MAX_PLANES = 12         # refinement planes beyond rung 0's step, per part
@@ -814,7 +814,23 @@ class ProgressiveState:
                 x /= self.scale[kv].astype(np.float32)[:, None]
             x += self.mean[kv].astype(np.float32)[None, :]
             out.append(from_f32_2d(x, self.shape, self.dtype))
-        return DecodedShard(out[0], out[1], torch.ones(T, dtype=torch.bool))
+        res = DecodedShard(out[0], out[1], torch.ones(T, dtype=torch.bool))
+        if self._bound() >= float(torch.finfo(self.dtype).max):  # only a forged step/mean gets here:
+            finite(res, self.codec.name)                          # check every value
+        return res
+
+    def _bound(self) -> float:
+        """An upper bound of |decoded value| over both parts (the inverse DCT's gain is <= n)."""
+        b = 0.0
+        for kv in PARTS:
+            step, planes, _m0, n = self._part(kv)
+            st = step * 2.0 ** -planes[self.level]
+            sc = self.scale.get(kv)
+            inv = 1.0 / float(sc.min()) if sc is not None and sc.size else 1.0
+            mag = self.mag[kv]
+            top = (float(mag.max()) + 1.0) if mag.size else 0.0
+            b = max(b, top * st * max(n, 1) * inv + float(np.abs(self.mean[kv]).max(initial=0.0)))
+        return b
 
 
 def _idct_block(n: int) -> int:
