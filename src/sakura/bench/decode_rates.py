@@ -135,7 +135,7 @@ def reference_decoder(codec) -> Callable | None:
 
     if codec.name == "cachegen":
         return lambda data, ident, tables: codec.decode_with(data, ident, tables, "reference")
-    if codec.supports_layers and codec.params.get("quantiser") == "ecsq":
+    if codec.name == "progressive" or (codec.supports_layers and codec.params.get("quantiser") == "ecsq"):
         return lambda data, ident, tables: PG.decode_with(codec, data, ident, tables, "reference")
     return None
 

@@ -45,7 +45,7 @@ from . import quant as Q
 from . import kernels as K
 from . import rans as R
 from .allocation import allocate_steps, allocate_planes
-from .base import CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, finite, from_f32_2d
+from .base import Codec, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, check_params, finite, from_f32_2d, register
 
 FORMAT_VERSION = 4      # 3: constriction ANS (no longer read); 4: interleaved rANS streams (`rans`)
 MAX_PLANES = 12         # refinement planes beyond rung 0's step, per part
@@ -527,6 +527,8 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
         if l == 0:
             h = codec._header(shard, ident, tables, levels=levels, prog=info, level=0, own=own[0])
             h["params"] = {k: p[k] for k in ("budgets", "quantiser", "transform", "allocate") if k in p}
+            if codec.name == "layered":  # a `layered:quantiser="ecsq"` ladder: its header must say so
+                h["params"]["quantiser"] = "ecsq"
             out.append(w.to_bytes(bs.KIND_SHARD, h, FORMAT_VERSION))
         else:  # bound to its base by the parent's checksum; the base carries identity and shape
             out.append(w.to_bytes(bs.KIND_LAYER, {"level": l, "own": own[l], "parent_crc": zlib.crc32(out[-1])},
@@ -878,3 +880,64 @@ def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, 
     for a, e in spans[1:]:
         st.upgrade(bytes(mv[a:e]))
     return st.result()
+
+
+# ---------------------------------------------------------------------------------------------
+# the codec
+
+@register
+class ProgressiveCodec(Codec):
+    """`progressive`: the progressive transform ladder, `sakura build`'s default. Parameters (the
+    only ones it takes): `budgets` (increasing entropy-coded bits per value per rung, over the
+    template), `transform` (dct / none), `allocate` (sensitivity / none), `weighting` (none /
+    importance), `gamma` ([0, 2]); `quantiser` is accepted only as "ecsq" (older specs name it)."""
+
+    name = "progressive"
+    uses_tables = True
+    supports_layers = True
+    _defaults = {"budgets": [0.25, 0.5, 1.0], "transform": "dct", "allocate": "sensitivity", "weighting": "none",
+                 "gamma": 1.0}
+
+    def __init__(self, **params: Any) -> None:
+        if params.get("quantiser", "ecsq") != "ecsq":
+            raise ValueError("progressive: quantiser must be 'ecsq' (the nested ladder is `layered`)")
+        params = {k: v for k, v in params.items() if k != "quantiser"}
+        p = check_params(params, self._defaults, self.name)
+        b = p["budgets"]
+        budgets = list(b) if isinstance(b, (list, tuple)) else [b]
+        if not budgets or any(not isinstance(x, (int, float)) or isinstance(x, bool) or not 0.0 <= x <= 8.0
+                              for x in budgets) or any(y <= x for x, y in zip(budgets, budgets[1:])):
+            raise ValueError(f"progressive: budgets must be increasing numbers in [0, 8], got {b!r}")
+        p["budgets"] = budgets
+        if p["transform"] not in ("none", "dct"):
+            raise ValueError("progressive: transform must be 'none' or 'dct'")
+        if p["allocate"] not in ("sensitivity", "none"):
+            raise ValueError("progressive: allocate must be 'sensitivity' or 'none'")
+        if p["weighting"] not in ("none", "importance"):
+            raise ValueError("progressive: weighting must be 'none' or 'importance'")
+        if not isinstance(p["gamma"], (int, float)) or isinstance(p["gamma"], bool) or not 0 <= p["gamma"] <= 2:
+            raise ValueError("progressive: gamma must be a number in [0, 2]")
+        super().__init__(**p)
+
+    def fit_tables(self, shards: Sequence[ShardKV]) -> CodecTables:
+        return fit_tables(self.name, self.params, shards)
+
+    def fit_library_tables(self, templates: Sequence[Sequence[ShardKV]]) -> CodecTables:
+        """One table set for a whole template library (per model)."""
+        return fit_library_tables(self.name, self.params, templates)
+
+    def encode_levels(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> list[bytes]:
+        """One object per rung: [base, refinement 1, ...]."""
+        return encode_levels(self, shard, ident, tables)
+
+    def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
+        return b"".join(self.encode_levels(shard, ident, tables))
+
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
+        return self.decode_state(data, ident, tables).result()
+
+    def start_state(self, piece: bytes, ident: ShardId, tables: CodecTables | None) -> ProgressiveState:
+        obj, dtype, shape = self._open(piece, ident, tables, kind=bs.KIND_SHARD)
+        if obj.header.get("prog") is None or obj.header.get("level") != 0:
+            raise bs.CorruptError("progressive: not the base object of a progressive ladder")
+        return start_state(self, obj, piece, ident, tables, dtype, shape)

@@ -284,3 +284,23 @@ def test_fuzz_damaged_objects_raise_codec_errors_only(encoded, spec, data):
 
 def test_warm_up_compiles_every_kernel():
     assert R.warm_up() >= 0.0
+
+
+def test_one_class_per_codec_and_only_its_parameters():
+    from sakura.codec import codec_from_spec, layered, sakura as S
+
+    p = codec_from_spec("progressive")
+    assert type(p) is PG.ProgressiveCodec and type(p).__module__ == PG.__name__
+    assert type(codec_from_spec("layered")) is layered.LayeredCodec and type(codec_from_spec("sakura")) is S.SakuraCodec
+    assert set(p.params) == {"budgets", "transform", "allocate", "weighting", "gamma"}
+    for bad in ("progressive:alpha=5", "progressive:quantiser=\"nested\"", "progressive:budgets=[1.0,0.5]",
+                "progressive:key_group=4"):
+        with pytest.raises(ValueError):
+            codec_from_spec(bad)
+    # a layered ladder with the ecsq quantiser writes progressive objects that say what wrote them
+    shard = make_shard(T=16, H=2, D=8)[0]
+    lc = codec_from_spec('layered:quantiser="ecsq",budgets=[0.5,1.0]')
+    tables = lc.fit_tables([shard])
+    from sakura.codec import decode_any
+    data = lc.encode(shard, ID, tables)
+    assert _equal(decode_any(data, ID, tables), lc.decode(data, ID, tables))
