@@ -213,6 +213,30 @@ def reconstruct(mag, neg, perm, C, step, out):
 
 
 @njit(nogil=True, cache=True)
+def reconstruct_blocks(mag, neg, perm, C, step, cb, out):
+    """`reconstruct` straight into channel blocks: out (C // cb, T, cb) float32, block b holding
+    channels [b cb, (b+1) cb) of every token-grid row, so the inverse DCT reads each block in place
+    (no copy) while it is in cache. Same float32 arithmetic as `reconstruct`."""
+    T = perm.size
+    half = np.float32(0.5)
+    st = np.float32(step)
+    nblk = C // cb
+    for r in range(T):
+        mr = mag[r * C:(r + 1) * C]
+        nr = neg[r * C:(r + 1) * C]
+        row = perm[r]
+        for b in range(nblk):
+            o = out[b, row]
+            mb = mr[b * cb:(b + 1) * cb]
+            nb_ = nr[b * cb:(b + 1) * cb]
+            for c in range(cb):
+                q = mb[c]
+                v = (np.float32(q) + half) * st
+                v = -v if nb_[c] else v
+                o[c] = v if q != 0 else np.float32(0.0)
+
+
+@njit(nogil=True, cache=True)
 def cachegen_dequant(sym, amax, mx, out):
     """CacheGen: (C, T) symbols (channel-major, as coded) -> (C, T) float32 (s - MAX) amax_t / MAX
     (float32 as the reference: (s - MAX) first, then times amax_t / MAX). Channel-major out: a
@@ -244,4 +268,5 @@ def warm_up() -> None:
     refine(mag, neg, starts, nz, cnt, np.zeros(4, np.int32), 1, 1, np.zeros(6, np.uint8), np.zeros(6, np.uint8))
     out = np.empty((2, 4), np.float32)
     reconstruct(mag, neg, np.array([1, 0], np.int64), 4, 0.5, out)
+    reconstruct_blocks(mag, neg, np.array([1, 0], np.int64), 4, 0.5, 2, np.empty((2, 2, 2), np.float32))
     cachegen_dequant(np.zeros((2, 4), np.int32), np.ones(4, np.float32), 3, out)
