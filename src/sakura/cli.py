@@ -15,6 +15,14 @@ app = typer.Typer(
 )
 
 
+def _warm_codec() -> float:
+    """Compile (first run on a machine) or load from numba's disk cache the native codec decoders,
+    at process start, so that no edit pays the JIT inside its latency (docs/codec.md, warm-up)."""
+    from sakura.codec.rans import warm_up
+
+    return warm_up()
+
+
 @app.command()
 def info(
     model: str = typer.Option("sakura-mini", help="Model adapter: sakura-mini, flux2-mini, or klein:/path/to/local/folder[@SIZE]."),
@@ -38,6 +46,7 @@ def demo(
     pay (a three-image style template on a ~3.6 TFLOP/s phone), with the simulator beside each."""
     from sakura.demo import run_demo
 
+    typer.echo(f"codec decoders ready ({_warm_codec():.2f} s: numba JIT, disk-cached after the first run)")
     run_demo(out_dir=out, seed=seed, model_name=model, log=typer.echo)
 
 
@@ -153,6 +162,8 @@ def edit(
     The edit always completes: what the link cannot deliver in time is computed on the device, and
     with the server down a template already in the gallery is computed locally."""
     from sakura.runtime.cli import edit_command
+
+    _warm_codec()
 
     try:
         edit_command(photo=photo, server=server, template=template, out=out, policy=policy, steps=steps, seed=seed,
@@ -372,6 +383,7 @@ def bench_dilated(
     the simulator on the same inputs (the simulator's validation)."""
     from sakura.bench.dilated import dilated_markdown, run_dilated
 
+    typer.echo(f"codec decoders ready ({_warm_codec():.2f} s)")
     r = run_dilated(workload, phone, D=dilation, out_dir=out, model_name=model, log=typer.echo)
     typer.echo(dilated_markdown(r))
 
@@ -385,7 +397,8 @@ def bench_profile(
     offsets_per_trace: int = typer.Option(1, min=1, help="Seeded start offsets per trace."),
     traces_per_family: int = typer.Option(0, min=0, help="Sample this many traces per family (0: every trace)."),
     rtt_ms: float = typer.Option(40.0, min=0.0, help="Round-trip time (ms)."),
-    decode_workers: int = typer.Option(4, min=1, help="Decode workers the phone gives every streaming method."),
+    decode_workers: int = typer.Option(0, min=0, help="Decode workers the phone gives every streaming method "
+                                                     "(0: the pool measured by `sakura bench decode`, docs/decode_rates.json)."),
     model: str = typer.Option("sakura-mini", help="Model whose real template KV measures the renditions."),
     seed: int = typer.Option(0, help="Seed of the start offsets."),
 ) -> None:
@@ -394,7 +407,7 @@ def bench_profile(
     from sakura.bench.profile import run_profile
 
     run_profile(out, workloads=workloads, phones=phones, families=families, offsets_per_trace=offsets_per_trace,
-                traces_per_family=traces_per_family or None, rtt_ms=rtt_ms, decode_workers=decode_workers,
+                traces_per_family=traces_per_family or None, rtt_ms=rtt_ms, decode_workers=decode_workers or None,
                 model_name=model, seed=seed, log=typer.echo)
 
 

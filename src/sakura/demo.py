@@ -80,13 +80,17 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
 
     # the regime map: the same measured renditions, simulated over link rate x phone
     ladder = _ladder_from_result(out_dir / "store", template, res)
+    from sakura.bench.profile import with_measured_pool
+
+    ladder, pool = with_measured_pool(ladder, log=log)   # the measured pool, not an assumed 4 cores
     runs = []
     w = get_workload(workload)
     for ph in PHONES:
         costs = workload_costs(w, ph)
         for r in DEFAULT_RATES_MBPS:
             m = run_methods(costs, ladder, TraceLink(constant_trace(r)), prior_bps=r * 1e6 / 8, rtt_s=0.04,
-                            decode_workers=4, methods=("on-device", "on-device-nocache", "raw-stream", "cachegen", "sakura"))
+                            decode_workers=pool.workers,
+                            methods=("on-device", "on-device-nocache", "raw-stream", "cachegen", "sakura"))
             runs.append({"workload": w.name, "phone": ph.name, "family": "constant", "link": f"constant {r:g} Mbit/s", **m})
     plot_profile({"runs": runs, "workloads": [{"name": w.name}], "phones": [{"name": p.name} for p in PHONES]}, out_dir)
     heat = out_dir / "e2e_profile_heatmap.png"

@@ -178,7 +178,7 @@ class DilatedDevice:
 
 def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: float = 40.0,
                 traces: Sequence[str] = DEFAULT_TRACES,
-                offset_s: float = 30.0, template: str = "sticker-00", rtt_ms: float = 40.0, decode_workers: int = 4,
+                offset_s: float = 30.0, template: str = "sticker-00", rtt_ms: float = 40.0, decode_workers: int | None = None,
                 store: str | Path | None = None, out_dir: str | Path | None = None, image_steps: int = 8,
                 model_name: str = "sakura-mini", log: Callable[[str], None] = print) -> dict:
     """Live (dilated) and simulated runs of every method on each trace; images for the first trace."""
@@ -219,6 +219,12 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     from sakura.bench.profile import _decode_rates
 
     rates = _decode_rates(sorted({r.name.split('#')[0] for r in m.shards[0].renditions}), log=log)
+    from sakura.bench.decode_rates import load_scaling
+
+    pool = load_scaling(decode_workers)   # the measured pool (docs/decode_rates.json), not an assumed count
+    decode_workers = pool.workers
+    rates = {k: v * pool.per_worker for k, v in rates.items()}
+    log(f"decode: {pool.describe()}")
     pad = {r.name: dil.decode_s(rates.get(r.name, rates.get(r.name.split("#")[0], 0.0))) for r in m.shards[0].renditions}
     floor = [s.quality_floor["image_mse"] if s.quality_floor else None for s in m.shards]
     allowed = {"sakura": tuple(n for n in pad if n.split("#")[0] in DEFAULT_LADDER), "cachegen": CACHEGEN_LEVELS}

@@ -83,6 +83,21 @@ def _decode_rates(specs: Sequence[str], log: Callable[[str], None]) -> dict[str,
     return {r.rendition: r.fp16_bytes_per_cpu_s for r in rows}
 
 
+def with_measured_pool(ladder: dict, decode_workers: int | None = None, *, log: Callable[[str], None] = print):
+    """(ladder with every rendition's decode rate scaled to one worker of the measured pool, the
+    pool): `decode_workers` threads at the scaling `sakura bench decode` measured, not an assumed
+    count of perfectly parallel cores."""
+    from sakura.bench.decode_rates import load_scaling
+
+    pool = load_scaling(decode_workers)
+    out = {**ladder, "renditions": {k: {**r, "decode_fp16_bytes_per_cpu_s": r["decode_fp16_bytes_per_cpu_s"] * pool.per_worker}
+                                    for k, r in ladder["renditions"].items()}}
+    rates = sorted(r["decode_fp16_bytes_per_cpu_s"] for r in ladder["renditions"].values())
+    if rates:
+        log(f"decode: per-core rates {rates[0] / 1e6:.0f}-{rates[-1] / 1e6:.0f} MB/s of fp16 KV; {pool.describe()}")
+    return out, pool
+
+
 def workload_specs(costs, ladder: dict, allowed: Sequence[str], *, decode_scale: float = 1.0):
     """`ShardSpec`s for a workload: per layer its first-pass compute (the user's photo KV and the
     live tokens, both attending to the template), local template compute, and the allowed
@@ -168,10 +183,11 @@ def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, de
 
 def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, phones: Sequence[str] | None = None,
                 families: Sequence[str] | None = None, offsets_per_trace: int = 1, traces_per_family: int | None = None,
-                rates_mbps: Sequence[float] = DEFAULT_RATES_MBPS, rtt_ms: float = 40.0, decode_workers: int = 4,
+                rates_mbps: Sequence[float] = DEFAULT_RATES_MBPS, rtt_ms: float = 40.0, decode_workers: int | None = None,
                 seed: int = 0, model_name: str = "sakura-mini", ladder: dict | None = None,
                 log: Callable[[str], None] = print) -> dict:
-    """Every method x workload x phone level x (every trace at seeded offsets + constant links)."""
+    """Every method x workload x phone level x (every trace at seeded offsets + constant links).
+    `decode_workers`: None = the pool `sakura bench decode` measured (docs/decode_rates.json)."""
     from tqdm import tqdm
 
     from sakura.bench.workloads import PHONES, WORKLOADS, ceilings, get_phone, get_workload, workload_costs
@@ -183,6 +199,8 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     ladder = ladder or measure_ladder(model_name, log=log)
+    ladder, pool = with_measured_pool(ladder, decode_workers, log=log)
+    decode_workers = pool.workers
     wls = [get_workload(w) for w in workloads] if workloads else list(WORKLOADS)
     phs = [get_phone(p) for p in phones] if phones else list(PHONES)
     rng = random.Random(seed)
@@ -219,7 +237,8 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
                                  "ceiling_vs_nocache": ceil["vs on-device-nocache"], **res})
                     bar.update()
     result = {"mode": "phone profile (trace-driven simulation through the runtime's driver; EXTRAPOLATED)",
-              "ladder": ladder, "rtt_ms": rtt_ms, "decode_workers": decode_workers, "offsets_per_trace": offsets_per_trace,
+              "ladder": ladder, "rtt_ms": rtt_ms, "decode_workers": decode_workers, "decode_pool": pool.describe(),
+              "offsets_per_trace": offsets_per_trace,
               "seed": seed, "workloads": [asdict(w) for w in wls], "phones": [asdict(p) for p in phs],
               "wall_s": time.perf_counter() - t_start, "runs": runs}
     result["summary"] = summarize(runs)

@@ -7,7 +7,7 @@ Public API (see docs/codec.md):
     Codec.decode(data, ident, tables) -> DecodedShard   (key, value, keep)
     Codec.describe(shard, data, ident, tables, queries) -> RenditionReport
     decode_any(data, ident, tables)                     (dispatch on the codec named in the header)
-Codecs: lossless, uniform, sakura, layered, cachegen.
+Codecs: lossless, uniform, sakura, layered, progressive, cachegen.
 """
 
 from .base import (Codec, CodecTables, DecodedShard, RenditionReport, ShardKV, UnknownCodecError, available_codecs,
@@ -16,7 +16,9 @@ from .bitstream import CodecError, CorruptError, IdentityError, ShardId, Truncat
 from . import lossless as _lossless  # noqa: F401  (registers)
 from . import uniform as _uniform  # noqa: F401
 from . import sakura as _sakura  # noqa: F401
+from . import layered as _layered  # noqa: F401
 from . import cachegen as _cachegen  # noqa: F401
+from . import progressive as _progressive  # noqa: F401
 
 __all__ = ["Codec", "CodecTables", "DecodedShard", "RenditionReport", "ShardKV", "ShardId", "UnknownCodecError",
            "CodecError", "CorruptError", "IdentityError", "TruncatedError", "VersionError",

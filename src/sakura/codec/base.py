@@ -472,6 +472,15 @@ def from_f32_2d(a: np.ndarray, shape: tuple[int, int, int], dtype: torch.dtype) 
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).reshape(shape).to(dtype)
 
 
+def finite(out: "DecodedShard", codec: str) -> "DecodedShard":
+    """`out` unchanged if its KV is finite, else `CorruptError`: a decoder never returns inf/NaN
+    (damaged scales behind a recomputed checksum would otherwise reach attention)."""
+    for t in (out.key, out.value):
+        if not bool(torch.isfinite(t).all()):
+            raise bs.CorruptError(f"{codec}: object decodes to non-finite values (corrupt scales or payload)")
+    return out
+
+
 def check_params(params: dict[str, Any], allowed: dict[str, Any], codec: str) -> dict[str, Any]:
     """Fill defaults and reject unknown parameter names."""
     unknown = set(params) - set(allowed)

@@ -5,7 +5,11 @@ Layout of one object (all integers little-endian, explicitly):
     offset  size  field
     0       4     magic  b"SKKV"
     4       2     format version (u16), 1, 2 for `sakura`/`layered` objects with per-layer K/V width
-                                offsets (header `offsets`), 3 for progressive ladders (header `prog`); a newer one raises `VersionError`
+                                offsets (header `offsets`), 3 for progressive ladders (header `prog`) coded
+                                with constriction's ANS (no longer read), 4 for progressive ladders and
+                                `cachegen` objects coded with the interleaved rANS of `rans.py`; a newer
+                                one raises `VersionError`, and so does an older one where its codec's
+                                bitstream changed (progressive v3, cachegen v1)
     6       1     kind (u8): 1 = shard rendition, 2 = codec tables, 3 = layered refinement
     7       1     flags (u8): bit 0 = header is zstd-compressed; other bits must be 0
     8       4     header length H (u32)
@@ -39,7 +43,7 @@ from typing import Any, Iterator
 import numpy as np
 
 MAGIC = b"SKKV"
-FORMAT_VERSION = 3  # highest version this build reads; writers use the lowest version that can say what they wrote
+FORMAT_VERSION = 4  # highest version this build reads; writers use the lowest version that can say what they wrote
 _FIXED = struct.Struct("<4sHBBIQI")  # magic, version, kind, flags, H, P, crc
 FLAG_HEADER_ZSTD = 1
 FIXED_SIZE = _FIXED.size  # 24 bytes
@@ -67,7 +71,15 @@ class CorruptError(CodecError):
 
 
 class VersionError(CodecError):
-    """The object was written by a newer (or unknown) format version."""
+    """The object was written by a newer (or unknown) format version, or by an older one this build
+    no longer reads (re-encode it)."""
+
+
+def require_version(obj: "Object", want: int, codec: str) -> None:
+    """Raise `VersionError` unless `obj` has format version `want` (a codec whose bitstream changed)."""
+    if obj.version != want:
+        raise VersionError(f"{codec} object has format version {obj.version}; this build reads {codec} objects of "
+                           f"version {want} only (older ones: re-encode with this build, e.g. `sakura build`)")
 
 
 class IdentityError(CodecError):
@@ -101,6 +113,7 @@ class Object:
     header: dict[str, Any]
     payload: memoryview
     nbytes: int  # total bytes of this object including the fixed header
+    version: int = 1  # format version from the fixed header (codecs whose bitstream changed check it)
 
     def section(self, name: str) -> np.ndarray:
         """Return section `name` as a numpy array of its declared dtype and shape (a copy)."""
@@ -245,7 +258,8 @@ def parse(data: bytes | memoryview, at: int = 0, *, whole: bool = True) -> Objec
         raise CorruptError("malformed section table") from None
     if total != plen:
         raise CorruptError(f"section table covers {total} bytes, payload has {plen}")
-    return Object(kind=kind, header=header, payload=mv[at + FIXED_SIZE + hlen:end], nbytes=end - at)
+    return Object(kind=kind, header=header, payload=mv[at + FIXED_SIZE + hlen:end], nbytes=end - at,
+                  version=int(mv[at + 4]) | int(mv[at + 5]) << 8)
 
 
 def split_objects(data: bytes | memoryview) -> Iterator[tuple[int, int]]:

@@ -30,7 +30,9 @@ import torch
 
 from . import bitstream as bs
 from . import entropy as E
+from . import kernels as K
 from . import quant as Q
+from . import rans as R
 from .base import (Codec, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d,
                    register)
 
@@ -64,6 +66,46 @@ def _quantise(x: np.ndarray, bins: int, sdt: np.dtype) -> tuple[np.ndarray, np.n
 
 
 ANCHOR_BINS = 256  # anchors: 8-bit symmetric (MAX 127), per-token absmax
+FORMAT_VERSION = 4  # 1: constriction ANS (no longer read); 4: interleaved rANS (`rans`), channel-group pieces
+
+
+def _piece(rows: int) -> int:
+    """Symbols per rANS piece: whole channels (rows symbols each), ~R.PIECE per piece, so that a
+    piece is a group of (layer, channel) streams (as CacheGen's GPU decoder's per-thread streams)."""
+    return max(1, rows) * max(1, R.PIECE // max(1, rows))
+
+
+def _segments(rows: int, C: int, pooled: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Channel-major order: channel c's `rows` symbols with context c (pooled: one context)."""
+    if pooled:
+        return R.segments_of(np.array([rows * C], np.int64))
+    return R.segments_of(np.full(C, rows, np.int64))
+
+
+def _rans_encode(sym: np.ndarray, model: R.Model, pooled: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, C) symbols -> (words, piece counts), channel by channel."""
+    rows, C = sym.shape
+    sc, sl = _segments(rows, C, pooled)
+    return R.encode(np.ascontiguousarray(sym.T).reshape(-1), sc, sl, model, _piece(rows))
+
+
+def _rans_decode(words: np.ndarray, counts: np.ndarray, model: R.Model, rows: int, C: int, pooled: bool,
+                 engine: str) -> np.ndarray:
+    """Inverse of `_rans_encode` -> (C, rows) int32 symbols (channel-major, as coded)."""
+    sc, sl = _segments(rows, C, pooled)
+    if not pooled and model.rows != C:
+        raise bs.CorruptError(f"cachegen: table has {model.rows} channels, data has {C}")
+    dec = R.decode_reference if engine == "reference" else R.decode
+    return dec(words, counts, sc, sl, model, _piece(rows)).reshape(C, rows)
+
+
+def _dequantise_cm(sym_cm: np.ndarray, amax: np.ndarray, bins: int, engine: str) -> np.ndarray:
+    """(C, rows) channel-major symbols -> (rows, C) float32 values."""
+    if engine == "reference":
+        return _dequantise(sym_cm.T, amax, bins)
+    out = np.empty(sym_cm.shape, np.float32)
+    K.cachegen_dequant(sym_cm, np.ascontiguousarray(amax, np.float32), bins // 2 - 1, out)
+    return torch.from_numpy(out).t().contiguous().numpy()   # torch's blocked transpose releases the GIL
 
 
 def _anchor_rows(T: int, group: int) -> np.ndarray:
@@ -155,77 +197,99 @@ class CacheGenCodec(Codec):
                 aname = f"L{shard.layer}.{kv}.anchor"
                 if tables is not None:
                     at = tables.get(aname)
-                    amodels = tables.cached(aname, lambda t=at: E.make_models(t))
+                    amodel = tables.cached(f"rans:{aname}", lambda t=at: R.Model.from_counts(t))
                 else:
                     at = E.counts(a_sym, ANCHOR_BINS - 1, per_channel=False)
                     w.add(f"ahist.{kv}", at, zstd_level=3)
-                    amodels = E.make_models(at)
-                w.add(f"aans.{kv}", E.encode(a_sym, amodels))
+                    amodel = R.Model.from_counts(at)
+                aw, ac = _rans_encode(a_sym, amodel, pooled=True)
+                w.add(f"arans.{kv}", aw)
+                w.add(f"apieces.{kv}", ac)
             tname = f"L{shard.layer}.{kv}.b{bins}"
             if tables is not None:
                 table = tables.get(tname)
-                models = tables.cached(tname, lambda t=table: E.make_models(t))
+                model = tables.cached(f"rans:{tname}", lambda t=table: R.Model.from_counts(t))
             else:
                 table = E.counts(sym, bins - 1, per_channel=True)
                 w.add(f"hist.{kv}", table, zstd_level=3)
-                models = E.make_models(table)
-            if len(models) != sym.shape[1]:
-                raise bs.IdentityError(f"codec table {tname} has {len(models)} channels, shard has {sym.shape[1]}")
-            w.add(f"ans.{kv}", E.encode(sym, models) if sym.shape[0] else np.zeros(0, "<u4"))
+                model = R.Model.from_counts(table)
+            if model.rows != sym.shape[1] or model.alphabet != bins - 1:
+                raise bs.IdentityError(f"codec table {tname} has shape {table.shape}, shard needs "
+                                       f"({sym.shape[1]}, {bins - 1})")
+            words, counts = _rans_encode(sym, model, pooled=False)
+            w.add(f"rans.{kv}", words)
+            w.add(f"pieces.{kv}", counts)
         kb, vb = syms["k"][2], syms["v"][2]
         return w.to_bytes(bs.KIND_SHARD, self._header(shard, ident, tables, key_bins=kb, value_bins=vb,
-                                                      scale_dtype=sdt.str))
+                                                      scale_dtype=sdt.str), FORMAT_VERSION)
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
+        return self.decode_with(data, ident, tables, "native")
+
+    def decode_with(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
+                    engine: str = "native") -> DecodedShard:
+        """`engine`: "native" (numba, releases the GIL) or "reference" (plain Python rANS + numpy,
+        what the native decoder is tested against bit for bit)."""
         obj, dtype, shape = self._open(data, ident, tables)
+        bs.require_version(obj, FORMAT_VERSION, self.name)
         h = obj.header
         T, H, D = shape
         C = H * D
-        layer = int(h.get("layer", 0))
+        layer = int(h.get("layer", 0)) if isinstance(h.get("layer", 0), int) else -1
         out = []
         params = h.get("params", {})
-        delta = isinstance(params, dict) and params.get("delta") is True
+        if not isinstance(params, dict):
+            raise bs.CorruptError("cachegen: malformed parameters")
+        delta = params.get("delta") is True
         group = params.get("group") if delta else None
-        if delta and (not isinstance(group, int) or not 2 <= group <= 1024):
+        if delta and (not isinstance(group, int) or isinstance(group, bool) or not 2 <= group <= 1024):
             raise bs.CorruptError(f"cachegen: bad group {group!r}")
         rows = np.setdiff1d(np.arange(T), _anchor_rows(T, group)) if delta else np.arange(T)
+        lim = float(torch.finfo(dtype).max) / (2.0 if delta else 1.0)   # |x| <= amax (+ the anchor's)
         for kv, bins in (("k", h.get("key_bins")), ("v", h.get("value_bins"))):
-            if not isinstance(bins, int) or not 4 <= bins <= 256:
+            if not isinstance(bins, int) or isinstance(bins, bool) or not 4 <= bins <= 256:
                 raise bs.CorruptError(f"cachegen: bad bins {bins!r}")
             amax = obj.section(f"{kv}_amax")
-            if amax.shape != (rows.size,):
-                raise bs.CorruptError(f"cachegen: {kv}_amax has shape {amax.shape}, expected ({rows.size},)")
+            if amax.shape != (rows.size,) or amax.dtype.kind != "f" or not np.isfinite(amax).all() or \
+                    float(np.abs(amax).max(initial=0.0)) > lim:
+                raise bs.CorruptError(f"cachegen: {kv}_amax has shape {amax.shape}, expected ({rows.size},), "
+                                      "or is not finite")
             ref = None
             if delta:
                 anchors = _anchor_rows(T, group)
                 a_amax = obj.section(f"{kv}_anchor_amax")
-                if a_amax.shape != (anchors.size,):
-                    raise bs.CorruptError(f"cachegen: {kv}_anchor_amax has shape {a_amax.shape}")
+                if a_amax.shape != (anchors.size,) or a_amax.dtype.kind != "f" or not np.isfinite(a_amax).all() or \
+                        float(np.abs(a_amax).max(initial=0.0)) > lim:
+                    raise bs.CorruptError(f"cachegen: {kv}_anchor_amax has shape {a_amax.shape} or is not finite")
                 aname = f"L{layer}.{kv}.anchor"
                 if tables is not None:
                     at = tables.get(aname)
-                    amodels = tables.cached(aname, lambda t=at: E.make_models(t))
+                    amodel = tables.cached(f"rans:{aname}", lambda t=at: R.Model.from_counts(t))
                 else:
                     at = obj.section(f"ahist.{kv}")
-                    if at.shape != (1, ANCHOR_BINS - 1):
-                        raise bs.CorruptError(f"cachegen: anchor histogram {kv} has shape {at.shape}")
-                    amodels = E.make_models(at)
-                a_hat = _dequantise(E.decode(obj.section(f"aans.{kv}"), amodels, anchors.size, C), a_amax, ANCHOR_BINS)
+                    amodel = R.Model.from_counts(at)
+                if at.shape != (1, ANCHOR_BINS - 1):
+                    raise bs.CorruptError(f"cachegen: anchor histogram {kv} has shape {at.shape}")
+                a_sym = _rans_decode(obj.section(f"arans.{kv}"), obj.section(f"apieces.{kv}"), amodel,
+                                     anchors.size, C, True, engine)
+                a_hat = _dequantise_cm(a_sym, a_amax, ANCHOR_BINS, engine)
                 ref = a_hat[_anchor_of(T, group)]  # (T, C)
             if tables is not None:
                 tname = f"L{layer}.{kv}.b{bins}"
                 table = tables.get(tname)
-                models = tables.cached(tname, lambda t=table: E.make_models(t))
+                model = tables.cached(f"rans:{tname}", lambda t=table: R.Model.from_counts(t))
             else:
                 table = obj.section(f"hist.{kv}")
-                if table.shape != (C, bins - 1):
-                    raise bs.CorruptError(f"cachegen: histogram {kv} has shape {table.shape}")
-                models = E.make_models(table)
+                model = R.Model.from_counts(table) if table.ndim == 2 and table.shape[1] >= 2 else None
+            if table.shape != (C, bins - 1):
+                raise bs.CorruptError(f"cachegen: histogram {kv} has shape {table.shape}, expected {(C, bins - 1)}")
+            words, counts = obj.section(f"rans.{kv}"), obj.section(f"pieces.{kv}")
             if not delta:
-                x = _dequantise(E.decode(obj.section(f"ans.{kv}"), models, T, C), amax, bins)
+                x = _dequantise_cm(_rans_decode(words, counts, model, T, C, False, engine), amax, bins, engine)
             else:
                 x = ref.copy()
                 if rows.size:
-                    x[rows] += _dequantise(E.decode(obj.section(f"ans.{kv}"), models, rows.size, C), amax, bins)
+                    x[rows] += _dequantise_cm(_rans_decode(words, counts, model, rows.size, C, False, engine), amax,
+                                              bins, engine)
             out.append(from_f32_2d(x, shape, dtype))
         return DecodedShard(out[0], out[1], torch.ones(T, dtype=torch.bool))

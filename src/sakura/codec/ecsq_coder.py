@@ -17,7 +17,7 @@ from . import bitstream as bs
 from . import ecsq as EQ
 from . import entropy as E
 from . import nested as N
-from .base import CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, from_f32_2d
+from .base import finite, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, from_f32_2d
 
 
 def ecsq_plan(codec, shards: Sequence[ShardKV], analyses: list[N.NestedAnalysis]) -> dict[tuple[int, str], tuple]:
@@ -190,4 +190,4 @@ def decode(codec, obj: bs.Object, dtype, shape, tables: CodecTables | None) -> D
             x = np.zeros((T, C), np.float32)
             x[keep] = EQ.reconstruct(sym, mu, st[keep])
         out.append(from_f32_2d(x, shape, dtype))
-    return DecodedShard(out[0], out[1], torch.from_numpy(keep.copy()))
+    return finite(DecodedShard(out[0], out[1], torch.from_numpy(keep.copy())), codec.name)

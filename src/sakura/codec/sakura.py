@@ -3,10 +3,8 @@
 - `sakura`: one rendition. quantiser="nested" (default): token-importance-aware widths, nested
   min/max quantiser (`nested`); quantiser="ecsq"[, transform="dct"]: entropy-coded scalar
   quantisation, optionally over the token-grid DCT (`ecsq_coder`, maths in `ecsq`).
-- `layered`: a ladder of rungs stored once, rung l = a byte prefix (`supports_layers`): nested
-  (`nested`) or, with quantiser="ecsq", the progressive transform ladder (`progressive`).
-- `progressive`: `layered` with the progressive transform ladder's defaults (what `sakura build`
-  stores by default).
+(`layered`, a ladder of these rungs stored once, is its own codec class in `layered`.)
+(`progressive`, what `sakura build` stores by default, is its own codec class in `progressive`.)
 Rate allocation for all of them: `allocation`.
 """
 
@@ -17,7 +15,6 @@ from typing import Any, Sequence
 from . import bitstream as bs
 from . import ecsq_coder as EQC
 from . import nested as N
-from . import progressive as PG
 from .base import CodecTables, Codec, DecodedShard, ShardKV, ShardId, check_params, register
 
 
@@ -101,79 +98,3 @@ class SakuraCodec(_SakuraBase):
         if obj.header.get("levels", 1) != 1:
             raise bs.CorruptError(f"sakura object claims {obj.header.get('levels')!r} levels; a sakura rendition has one")
         return N.start_state(self, data, ident, tables).result()
-
-
-@register
-class LayeredCodec(_SakuraBase):
-    """A ladder of importance-aware rungs at `budgets`, stored once as base + refinement layers."""
-
-    name = "layered"
-    supports_layers = True
-    _ladder = True
-    # nested quantiser: rungs share one set of per-layer offsets; fitted at the base budget they inflate
-    # the upper rungs (measured: whole 4-rung ladder 0.35-0.41 of fp16 instead of 0.32-0.38), so nested
-    # ladders keep uniform widths. quantiser="ecsq": the progressive transform ladder (`progressive`).
-    _defaults = {"budgets": [1.0, 2.0, 3.0, 4.0], **_COMMON, "allocate": "none", "weighting": "none", "gamma": 1.0}
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        p = self.params
-        if p["weighting"] not in ("none", "importance"):
-            raise ValueError(f"{self.name}: weighting must be 'none' or 'importance'")
-        if p["weighting"] != "none" and p["quantiser"] != "ecsq":
-            raise ValueError(f"{self.name}: weighting needs quantiser='ecsq' (the nested ladder uses importance itself)")
-        if not isinstance(p["gamma"], (int, float)) or isinstance(p["gamma"], bool) or not 0 <= p["gamma"] <= 2:
-            raise ValueError(f"{self.name}: gamma must be a number in [0, 2]")
-
-    @staticmethod
-    def _budgets(p: dict[str, Any]) -> list[float]:
-        b = p["budgets"]
-        return list(b) if isinstance(b, (list, tuple)) else [b]
-
-    @property
-    def progressive(self) -> bool:
-        return self.params["quantiser"] == "ecsq"
-
-    def fit_tables(self, shards: Sequence[ShardKV]) -> CodecTables:
-        if self.progressive:
-            return PG.fit_tables(self.name, self.params, shards)
-        return N.fit_tables(self, shards)
-
-    def fit_library_tables(self, templates: Sequence[Sequence[ShardKV]]) -> CodecTables:
-        """One table set for a whole template library (per model), progressive ladders only."""
-        if not self.progressive:
-            raise ValueError(f"{self.name}: per-model tables need quantiser='ecsq'")
-        return PG.fit_library_tables(self.name, self.params, templates)
-
-    def encode_levels(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> list[bytes]:
-        """One object per rung: [base, refinement 1, ...]."""
-        if self.progressive:
-            return PG.encode_levels(self, shard, ident, tables)
-        return N.encode_levels(self, shard, ident, tables)
-
-    def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
-        return b"".join(self.encode_levels(shard, ident, tables))
-
-    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
-        return self.decode_state(data, ident, tables).result()
-
-    def start_state(self, piece: bytes, ident: ShardId, tables: CodecTables | None):
-        """The base object of a nested ladder (`nested.NestedState`) or of a progressive one
-        (`progressive.ProgressiveState`, header `prog`)."""
-        return N.start_state(self, piece, ident, tables)
-
-
-@register
-class ProgressiveCodec(LayeredCodec):
-    """The progressive transform ladder (`progressive`): `layered` with quantiser="ecsq",
-    transform="dct" and sensitivity allocation as defaults, three rungs at 0.25/0.5/1.0 bits per
-    value (entropy-coded, over the template; `sakura build` moves the lowest rung per template). See `sakura.codec.progressive`."""
-
-    name = "progressive"
-    _defaults = {**LayeredCodec._defaults, "budgets": [0.25, 0.5, 1.0], "quantiser": "ecsq",
-                 "transform": "dct", "allocate": "sensitivity"}
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        if self.params["quantiser"] != "ecsq":
-            raise ValueError("progressive: quantiser must be 'ecsq' (the nested ladder is `layered`)")

@@ -130,7 +130,7 @@ def test_damaged_or_mismatched_objects_raise():
     state = c.decode_state(data[:ends[0]], ID, tables)
     with pytest.raises(IdentityError, match="parent"):
         c.upgrade(state, od[c.level_ends(od)[0]:])
-    assert struct_version(data) == PG.FORMAT_VERSION == 3
+    assert struct_version(data) == PG.FORMAT_VERSION == 4
 
 
 def struct_version(data: bytes) -> int:
