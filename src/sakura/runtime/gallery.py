@@ -59,9 +59,13 @@ def decode_template_ref(data: bytes, media_type: str, *, image_size: int | None 
         raise
     except Exception as e:  # a truncated or corrupt image file
         raise ValueError(f"template reference does not decode ({type(e).__name__}: {str(e)[:120]})") from None
-    if image_size is not None and (not isinstance(img, torch.Tensor) or tuple(img.shape) != (3, image_size, image_size)
-                                   or not bool(torch.isfinite(img).all())):
-        raise ValueError(f"template reference is not a finite (3, {image_size}, {image_size}) image")
+    if image_size is not None:
+        from sakura.runtime.limits import MAX_TEMPLATE_REFERENCES
+
+        ok = (isinstance(img, torch.Tensor) and img.ndim == 3 and img.shape[0] == 3 and img.shape[1] == image_size
+              and img.shape[2] % image_size == 0 and 1 <= img.shape[2] // image_size <= MAX_TEMPLATE_REFERENCES)
+        if not ok or not bool(torch.isfinite(img).all()):
+            raise ValueError(f"template reference is not a finite (3, {image_size}, R*{image_size}) image")
     return img
 
 

@@ -94,7 +94,8 @@ def split_template_images(image):
 
 
 def decode_template_ref(data: bytes, media_type: str = TEMPLATE_REF_MEDIA_TYPE):
-    """Template reference bytes -> (3, S, S) float32 image in [0, 1] (PNG, or the legacy safetensors)."""
+    """Template reference bytes -> (3, S, R*S) float32 image in [0, 1]: R reference images side by
+    side (PNG, or the legacy safetensors)."""
     import numpy as np
     import torch
 

@@ -113,10 +113,19 @@ def load_library_file(path: Path) -> list[TemplateSpec]:
 
 
 def _open_image(path: Path):
+    """The image at `path`, decoded; its size is checked from the header first (a few bytes of
+    PNG can declare 144 Mpx). Pillow's global limit is left alone: other loaders (the photo
+    loader's own cap) rely on its default."""
+    import warnings
+
     from PIL import Image
 
-    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
-    im = Image.open(path)
+    with warnings.catch_warnings():  # the cap below says it in one line
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        im = Image.open(path)  # lazy: header only
+    if im.width * im.height > MAX_IMAGE_PIXELS:
+        im.close()
+        raise ValueError(f"{im.width} x {im.height} is over the {MAX_IMAGE_PIXELS / 1e6:.0f} Mpx limit")
     im.load()
     return im
 
