@@ -258,7 +258,8 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                     with pacer_in_thread(url, tr, off, dil.rtt_s) as purl:
                         res = streamed_edit(device, photo, base_url=purl, template_id=template, template_image=timg,
                                             instruction=tpl.instruction, policy=policy,
-                                            profile=DeviceProfile(dil.compute_s, dil.local_s, decode_workers=decode_workers),
+                                            profile=DeviceProfile(dil.compute_s, dil.local_s, decode_workers=decode_workers,
+                                                                  pre_s=dil.pre_s),
                                             bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
                                             decode_workers=decode_workers, steps=1, manifest=m, specs=sp,
                                             renditions=allowed[method], decode_pad_s=pad, allow_fast_path=True)

@@ -37,8 +37,19 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
-METHODS = ("oracle", "on-device", "on-device-nocache", "raw-stream", "cachegen", "sakura", "sakura-meet", "offline")
-BASELINES = ("on-device", "on-device-nocache", "raw-stream", "cachegen")
+METHODS = ("oracle", "on-device", "on-device-nocache", "raw-stream", "cachegen", "cachegen-fair", "cachegen-L3",
+           "cachegen-fair-L3", "sakura", "sakura-meet", "offline")
+#: every baseline (the "vs best baseline" column)
+BASELINES = ("on-device", "on-device-nocache", "raw-stream", "cachegen", "cachegen-fair")
+#: the never-slower check: sakura may not be > 2 % slower than the best of these (a CacheGen run
+#: counts when its image quality is equal to or lower than sakura's)
+NEVER_SLOWER_THAN = ("on-device", "cachegen", "cachegen-fair")
+LOSS_TOLERANCE = 0.02
+#: the latency-quality frontier: CacheGen's level cap x latency target (x the template's on-device
+#: compute), and sakura's image floor (x CacheGen-L3-on-every-shard's image MSE)
+SWEEP_CACHEGEN_LEVELS = (1, 2, 3)
+SWEEP_CACHEGEN_TARGET_X = (0.5, 1.0, 2.0)
+SWEEP_SAKURA_QUALITY_X = (0.25, 0.5, 1.0, 2.0, 4.0)
 CACHEGEN_LEVELS = ("cachegen:level=3", "cachegen:level=2", "cachegen:level=1")
 CACHEGEN_DELTA_LEVELS = ("cachegen:level=3,delta=true", "cachegen:level=2,delta=true", "cachegen:level=1,delta=true")
 DEFAULT_RATES_MBPS = (5, 10, 20, 50, 100, 200, 300, 500, 1000)
@@ -68,19 +79,37 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
     floors = [s.quality_floor["image_mse"] for s in m.shards if getattr(s, "quality_floor", None)]
     renditions = {k: {"codec": v["codec"], "bits_per_value": statistics.mean(v["bpv"]),
                       "image_mse": statistics.mean(v["mse"])} for k, v in out.items()}
-    log("measuring decode rates on a Klein-sized layer (1,024 tokens x 3,072 values) ...")
-    rates = _decode_rates(ladder, log=log)
+    rates = decode_rates(list(renditions))
+    log(f"decode rates from {DECODE_RATES_PATH} (per core, Klein-sized layer)")
     for name, r in renditions.items():
-        r["decode_fp16_bytes_per_cpu_s"] = rates.get(name, rates.get(name.split("#")[0], float("nan")))
+        r["decode_fp16_bytes_per_cpu_s"] = rates[name]
     return {"model": model_name, "template": template, "layers": len(m.shards), "renditions": renditions,
             "floor_image_mse": statistics.mean(floors) if floors else None}
 
 
-def _decode_rates(specs: Sequence[str], log: Callable[[str], None]) -> dict[str, float]:
-    from sakura.bench.decode_rates import measure
+#: The one file every benchmark reads decode rates from (`sakura bench decode` writes it).
+DECODE_RATES_PATH = Path(__file__).resolve().parents[3] / "docs" / "decode_rates.json"
 
-    rows = measure(list(specs), tokens=(1024,), workers=(1,), rounds=1, log=lambda s: None)
-    return {r.rendition: r.fp16_bytes_per_cpu_s for r in rows}
+
+def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: int = 1024) -> dict[str, float]:
+    """Per-core decode rate (fp16 KV bytes per CPU second, one worker) of each rendition name on a
+    Klein-sized layer, read from decode_rates.json: the one place the phone profile, the dilated
+    bench and the demo get decode rates from. A layered rung without its own row takes its
+    spec's row; a name with no row at all is an error (rerun `sakura bench decode`)."""
+    import json as _json
+
+    rows = _json.loads(Path(path or DECODE_RATES_PATH).read_text())["rows"]
+    table: dict[str, dict[int, float]] = {}
+    for r in rows:
+        if r["workers"] == 1:
+            table.setdefault(r["rendition"], {})[r["tokens"]] = r["fp16_bytes_per_cpu_s"]
+    out = {}
+    for n in names:
+        row = table.get(n) or table.get(n.split("#")[0])
+        if row is None:
+            raise KeyError(f"no decode rate for {n!r} in {path or DECODE_RATES_PATH}; run `sakura bench decode`")
+        out[n] = row[min(row, key=lambda t: abs(math.log(t / tokens)))]
+    return out
 
 
 def workload_specs(costs, ladder: dict, allowed: Sequence[str], *, decode_scale: float = 1.0):
@@ -119,13 +148,30 @@ def stronger_cachegen(ladder: dict) -> tuple[str, ...]:
     return CACHEGEN_LEVELS
 
 
+def make_policy(method: str, ladder: dict, costs):
+    """The runtime policy of a streaming method (a fresh object: policies hold per-edit state)."""
+    from sakura.runtime import CacheGenPolicy, FixedPolicy, MeetInMiddlePolicy, SakuraPolicy
+
+    cg = stronger_cachegen(ladder)
+    if method == "raw-stream":
+        return FixedPolicy("lossless")
+    if method.startswith("cachegen"):
+        levels = cg[:1] if method.endswith("-L3") else cg
+        return CacheGenPolicy(levels, target_s=costs.template_s, published="fair" not in method, name=method)
+    if method == "sakura":
+        return SakuraPolicy()
+    if method == "sakura-meet":
+        return MeetInMiddlePolicy()
+    raise KeyError(f"unknown streaming method {method!r}")
+
+
 def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, decode_workers: int,
-                methods: Sequence[str] = METHODS) -> dict[str, dict]:
+                methods: Sequence[str] = METHODS, sweep: bool = False) -> dict[str, dict]:
     """Every method on one link. Latency = work before the transformer (text encoder, VAE
     encode; fetching starts at once and overlaps with it) + the first pass (where template KV is
-    consumed) + the other passes + VAE decode."""
-    from sakura.runtime import (BandwidthEstimator, CacheGenPolicy, FixedPolicy, MeetInMiddlePolicy, RttEstimator,
-                                SakuraPolicy, offline_plan)
+    consumed) + the other passes + VAE decode. sweep: also the latency-quality frontier points
+    (`out["sweep"]`: CacheGen's level cap x target, sakura's quality floor)."""
+    from sakura.runtime import BandwidthEstimator, CacheGenPolicy, RttEstimator, SakuraPolicy, offline_plan
     from sakura.runtime.plan import PipelineState, evaluate
     from sakura.runtime.sim import simulate_edit
 
@@ -133,6 +179,20 @@ def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, de
     post = (costs.passes - 1) * costs.layers * costs.live_layer_s + costs.vae_decode_s
     out: dict[str, dict] = {}
     cg = stronger_cachegen(ladder)
+    spec_cache: dict[tuple, list] = {}
+
+    def specs_for(allowed: tuple[str, ...]):
+        if allowed not in spec_cache:
+            spec_cache[allowed] = workload_specs(costs, ladder, allowed)
+        return spec_cache[allowed]
+
+    def sim(policy, allowed) -> dict:
+        res = simulate_edit(specs_for(allowed), policy, link=link, rtt_s=rtt_s,
+                            bandwidth=BandwidthEstimator(prior_bps=prior_bps), rtt=RttEstimator(prior_s=rtt_s),
+                            decode_workers=decode_workers, compute_start_s=pre)
+        return {"latency_s": res.first_step_s + post, "bytes": res.bytes, "image_mse": res.image_mse,
+                "local_layers": res.local_layers, "stall_s": res.stall_s}
+
     for m in methods:
         if m == "oracle":
             out[m] = {"latency_s": costs.oracle_s, "bytes": 0, "image_mse": 0.0, "local_layers": 0}
@@ -144,9 +204,9 @@ def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, de
             out[m] = {"latency_s": costs.on_device_nocache_s, "bytes": 0, "image_mse": 0.0,
                       "local_layers": costs.layers}
             continue
-        allowed = {"raw-stream": ("lossless",), "cachegen": cg}.get(m) or sakura_renditions(ladder)
-        specs = workload_specs(costs, ladder, allowed)
+        allowed = ("lossless",) if m == "raw-stream" else cg if m.startswith("cachegen") else sakura_renditions(ladder)
         if m == "offline":
+            specs = specs_for(allowed)
             st = PipelineState(now=0.0, compute_free=pre, decode_free=(0.0,) * decode_workers)
             res = offline_plan(specs, link, rtt_s, decode_workers, start=st)
             # open loop on the same link model: the plan's own evaluation is exact
@@ -154,16 +214,32 @@ def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, de
             out[m] = {"latency_s": ev.finish_s + post, "bytes": ev.nbytes, "image_mse": ev.image_mse,
                       "local_layers": ev.local_layers}
             continue
-        policy = {"raw-stream": FixedPolicy("lossless"),
-                  "cachegen": CacheGenPolicy(cg, target_s=costs.template_s),
-                  "sakura": SakuraPolicy(), "sakura-meet": MeetInMiddlePolicy()}[m]
-        res = simulate_edit(specs, policy, link=link, rtt_s=rtt_s, bandwidth=BandwidthEstimator(prior_bps=prior_bps),
-                            rtt=RttEstimator(prior_s=rtt_s), decode_workers=decode_workers, compute_start_s=pre)
-        out[m] = {"latency_s": res.first_step_s + post, "bytes": res.bytes, "image_mse": res.image_mse,
-                  "local_layers": res.local_layers, "stall_s": res.stall_s}
-    for v in out.values():
-        v["psnr_db"] = math.inf if v["image_mse"] <= 0 else 10 * math.log10(1 / v["image_mse"])
+        out[m] = sim(make_policy(m, ladder, costs), allowed)
+    if sweep:
+        points = []
+        for published in (True, False):
+            name = "cachegen" if published else "cachegen-fair"
+            for n in SWEEP_CACHEGEN_LEVELS:
+                for x in SWEEP_CACHEGEN_TARGET_X:
+                    same = {(3, 1.0): name, (1, 1.0): f"{name}-L3"}.get((n, x))
+                    p = dict(out[same]) if same in out else sim(
+                        CacheGenPolicy(cg[:n], target_s=x * costs.template_s, published=published, name=name), cg)
+                    points.append({"method": name, "levels": n, "target_x": x, **p})
+        sk = sakura_renditions(ladder)
+        for q in SWEEP_SAKURA_QUALITY_X:
+            p = dict(out["sakura"]) if q == 1.0 and "sakura" in out else sim(SakuraPolicy(quality_scale=q), sk)
+            points.append({"method": "sakura", "quality_x": q, **p})
+        for p in points:
+            p["psnr_db"] = _psnr(p["image_mse"])
+        out["sweep"] = points  # type: ignore[assignment]
+    for k, v in out.items():
+        if k != "sweep":
+            v["psnr_db"] = _psnr(v["image_mse"])
     return out
+
+
+def _psnr(mse: float) -> float:
+    return math.inf if mse <= 0 else 10 * math.log10(1 / mse)
 
 
 def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, phones: Sequence[str] | None = None,

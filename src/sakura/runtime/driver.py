@@ -30,6 +30,17 @@ from .plan import (LOCAL, ConstantLink, PipelineState, PlanResult, Route, ShardS
                    psnr_from_mse)
 
 USE, WAIT = "use", "wait"
+#: sakura's default loss bound e: never more than 1 % slower than on-device, by construction
+#: (`EditDriver.slack_s`).
+LOSS_BOUND = 0.01
+#: what sakura's planner plans with by default ("robust" or "predict", see `SakuraPolicy`)
+PLAN_ESTIMATE = "robust"
+#: the share of the loss bound's slack a plan may spend on predicted stalls (the rest absorbs
+#: what the estimates miss)
+PLAN_STALL_SHARE = 1.0
+#: after a missed deadline, layers whose local compute catches up over at most this many template
+#: layers go local at once; beyond it the layer waits (within its deadline and the loss bound)
+SUSPECT_CATCH_UP = 1
 
 
 @dataclass(frozen=True)
@@ -91,10 +102,12 @@ class EditDriver:
         bandwidth, rtt: the phone's estimators (kept across edits by a real app).
         decode_workers: decode pool size (the plan knows it).
         max_inflight: most requests outstanding at once.
+        compute_start_s: when the forward pass is expected to reach layer 0 (work before the
+            transformer, e.g. the text encoder, overlaps with fetching; the first plan knows it).
     """
 
     def __init__(self, specs: Sequence[ShardSpec], policy: Policy, *, bandwidth: BandwidthEstimator,
-                 rtt: RttEstimator, decode_workers: int = 1, max_inflight: int = 8):
+                 rtt: RttEstimator, decode_workers: int = 1, max_inflight: int = 8, compute_start_s: float = 0.0):
         if decode_workers < 1 or max_inflight < 1:
             raise ValueError("decode_workers and max_inflight must be >= 1")
         self.specs = list(specs)
@@ -103,22 +116,51 @@ class EditDriver:
         self.bw = bandwidth
         self.rtt = rtt
         self.workers = decode_workers
-        self.max_inflight = max_inflight
+        # a policy may fetch one chunk at a time (CacheGen as published)
+        self.max_inflight = min(max_inflight, getattr(policy, "max_inflight", None) or max_inflight)
         self.records = [ShardRecord(j) for j in range(self.L)]
         self.events: list[str] = []
         self.routes: dict[int, Route] = {}
         self.generator_at = 0
         self.compute_at = 0
-        self.compute_free = 0.0
+        self.compute_free = compute_start_s
         self.decode_free = [0.0] * decode_workers
         self.link_suspect = False    # a deadline passed with no bytes since: assume the link is gone
         self.switched = False        # some layer used fetched KV
         self.started = False
+        # The loss bound (see `slack_s`): set when the forward pass reaches its first layer.
+        self.t_bound: float | None = None
+        self.waited_s = 0.0          # total time the forward pass waited on the link
 
     # ----------------------------------------------------------------------------- estimates
     def bytes_per_s(self) -> float:
-        """The rate the planner plans with: the robust (discounted) estimate."""
+        """The rate the planner plans with: the robust (discounted) estimate, or the plain
+        prediction when the policy plans on it (`SakuraPolicy.estimate`)."""
+        if getattr(self.policy, "estimate", "robust") == "predict":
+            return self.bw.predict_bps() or 1e5
         return self.bw.robust_bps() or 1e5
+
+    def worst_remaining_s(self, j: int) -> float:
+        """What finishing the first step from layer j costs if every layer from j on is computed
+        on the device: each layer's forward compute, and every template layer the local
+        generator has not produced yet (it catches up over fetched layers)."""
+        return (sum(s.compute_s for s in self.specs[j:])
+                + sum(s.local_s for s in self.specs[self.generator_at:]))
+
+    def slack_s(self, j: int, now: float) -> float:
+        """How long the forward pass may still wait at layer j without breaking the loss bound
+        (inf when the policy sets none).
+
+        The bound: the first step ends by t_bound = t0 + (1 + e) x (the on-device first step),
+        t0 = when the forward pass reached layer 0, e = the policy's `loss_bound`. Invariant:
+        now + worst_remaining_s(j) <= t_bound at every layer. It holds at layer 0; USE advances
+        the clock by compute_j and lowers the worst case by as much; LOCAL advances it by the
+        catch-up + compute_j and lowers the worst case by as much; a wait ends by its deadline,
+        which is at most the slack. So the edit is never more than e slower than on-device
+        (docs/runtime.md)."""
+        if self.t_bound is None:
+            return math.inf
+        return self.t_bound - now - self.worst_remaining_s(j)
 
     def timing_bytes_per_s(self) -> float:
         """The rate used to time requests issued ahead: the undiscounted prediction. Erring fast
@@ -141,19 +183,32 @@ class EditDriver:
         if r.status == "ready":
             return r.decode_end
         if r.status == "fetched":
-            return max(now, min(self.decode_free)) + dec
+            return max(now, r.decode_end)  # the decode end expected when it was queued
         if r.status == "requested":
             return max(now, r.exp_end) + dec
         return math.inf
 
     def state(self, now: float) -> PipelineState:
         """The pipeline as the planner sees it now."""
+        nxt = self.next_layer()
         ready = {r.index: self.expected_ready(r.index, now) for r in self.records
-                 if r.status in ("requested", "fetched", "ready") and r.index >= self.compute_at}
-        return PipelineState(now=now, link_free=self.link_free(now),
-                             decode_free=tuple(max(now, t) for t in self.decode_free),
-                             compute_at=self.compute_at, compute_free=max(now, self.compute_free),
+                 if r.status in ("fetched", "ready") and r.index >= nxt}
+        # shards in flight queue for the decode workers behind the fetched ones, in arrival order
+        workers = sorted(max(now, t) for t in self.decode_free)
+        for r in sorted(self.inflight(), key=lambda r: r.exp_end):
+            done = max(workers[0], now, r.exp_end) + self.routes[r.index].decode_s
+            workers[0] = done
+            workers.sort()
+            if r.index >= nxt:
+                ready[r.index] = done
+        return PipelineState(now=now, link_free=self.link_free(now), decode_free=tuple(workers),
+                             compute_at=nxt, compute_free=max(now, self.compute_free),
                              generator_at=self.generator_at, ready=ready)
+
+    def next_layer(self) -> int:
+        """The next layer whose KV source is not decided yet (the forward pass reaches it at
+        compute_free): the layer it stands at if it is still waiting there, else the one after."""
+        return self.compute_at + (self.records[self.compute_at].source != "")
 
     def plan(self, now: float, allow_local: bool = True, image_floor: bool = False) -> PlanResult:
         """The plan from now with the current estimates. image_floor: hold the summed image MSE of
@@ -165,8 +220,19 @@ class EditDriver:
                         if r.index in self.routes and r.status in ("requested", "fetched", "ready")
                         and r.source in ("", self.routes[r.index].name))
             budget = max(0.0, total - spent)
+        if budget is not None:
+            budget *= getattr(self.policy, "quality_scale", 1.0)
+        stall_budget = None
+        if self.t_bound is not None:
+            # the slack at the next layer the forward pass will reach, when it reaches it
+            nxt = self.next_layer()
+            stall_budget = max(0.0, self.slack_s(nxt, max(now, self.compute_free))) if nxt < self.L else 0.0
+        elif getattr(self.policy, "loss_bound", None) is not None:
+            stall_budget = self.policy.loss_bound * sum(s.compute_s + s.local_s for s in self.specs)
+        if stall_budget is not None:
+            stall_budget *= PLAN_STALL_SHARE
         return plan_split(self.specs, self.state(now), ConstantLink(self.bytes_per_s()), self.rtt_s(),
-                          allow_local=allow_local, mse_budget=budget)
+                          allow_local=allow_local, mse_budget=budget, stall_budget=stall_budget)
 
     # ---------------------------------------------------------------------------- requesting
     def start(self, now: float) -> None:
@@ -219,6 +285,7 @@ class EditDriver:
         self.bw.observe(sample_bytes, sample_s)
         w = min(range(self.workers), key=lambda i: self.decode_free[i])
         self.decode_free[w] = max(now, self.decode_free[w]) + self.routes[j].decode_s
+        r.decode_end = self.decode_free[w]  # expected; on_decoded records the real end
         self.policy.replan(self, now)
         return self.decode_free[w]
 
@@ -250,6 +317,9 @@ class EditDriver:
         r = self.records[j]
         r.needed = now
         self.compute_at = j
+        bound = getattr(self.policy, "loss_bound", None)
+        if self.t_bound is None and bound is not None and self.policy.adaptive:
+            self.t_bound = now + (1 + bound) * self.worst_remaining_s(j)
         if r.status == "ready":
             return self._use(j, now)
         if self.policy.prefers_local(self, j) or r.status in ("failed", "cancelled"):
@@ -261,16 +331,22 @@ class EditDriver:
             route = self.policy_route(j)
             e = (max(self.link_free(now), now + self.rtt_s()) + route.nbytes / self.bytes_per_s() + route.decode_s
                  if route else math.inf)
-        if self.policy.adaptive and (self.link_suspect or e - now >= local_cost):
-            return self._local(j, now, "late" if r.status != "pending" else "")
+        slack = self.slack_s(j, now)
+        # A suspect link sends a layer local at once only when that is cheap (no catch-up): after
+        # streamed layers, computing costs the whole catch-up, and the loss bound already caps
+        # what waiting on a dead link can cost.
+        suspect = self.link_suspect and (j - self.generator_at + 1 <= SUSPECT_CATCH_UP)
+        if self.policy.adaptive and (suspect or e - now >= local_cost or slack <= 0):
+            return self._local(j, now, ("late" if r.status != "pending" else "") if slack > 0 else "loss bound")
         if not self.policy.adaptive:
             return LayerAction(WAIT)
         # Expected sooner than computing it: wait for about what the estimate says (twice it, or
         # it plus two RTTs), never longer than computing it would take. After a deadline passes
         # with no bytes since, the link is suspect and later layers go local at once, so a link
         # that dies costs one deadline, not one per layer.
+        # The loss bound caps every wait at the slack left (see `slack_s`).
         wait = max(2 * (e - now), (e - now) + 2 * self.rtt_s())
-        return LayerAction(WAIT, deadline=now + min(local_cost, wait))
+        return LayerAction(WAIT, deadline=now + min(local_cost, wait, slack))
 
     def policy_route(self, j: int) -> Route | None:
         return self.routes.get(j) or getattr(self.policy, "routes", {}).get(j)
@@ -300,12 +376,16 @@ class EditDriver:
         r = self.records[j]
         route = self.routes[j]
         r.source, r.image_mse, r.delivered = route.name, route.image_mse, max(now, r.decode_end)
+        if r.needed == r.needed:
+            self.waited_s += max(0.0, r.delivered - r.needed)
         self.switched = True
         self.compute_free = r.delivered + self.specs[j].compute_s
         return LayerAction(USE)
 
     def _local(self, j: int, now: float, why: str) -> LayerAction:
         r = self.records[j]
+        if r.needed == r.needed:
+            self.waited_s += max(0.0, now - r.needed)
         if r.status in ("requested", "fetched"):
             r.status = "cancelled"
         catch_up = j - self.generator_at + 1
@@ -341,11 +421,22 @@ class SakuraPolicy:
     every shard would give (the sum of the per-shard floors); "shard": every shard on its own.
     The image floor lets the ladder spend bits where the image needs them (its rate allocation)
     and lets locally computed layers (exact) leave room for the others.
+
+    quality_scale: the image floor's MSE budget x this (1: CacheGen-L3 on every shard; the
+    benchmarks sweep it for the latency-quality frontier).
+    loss_bound: e, the most the edit may be slower than on-device: every wait on the link is
+    capped by the slack this leaves, and plans that predict more stall than the slack are not
+    taken (`EditDriver.slack_s`; None: no bound, waits capped only by the catch-up cost).
+    estimate: what the planner plans with: "robust" (the RobustMPC-discounted estimate) or
+    "predict" (the undiscounted prediction; the loss bound then limits what a miss can cost).
     """
 
     name: str = "sakura"
     adaptive: bool = True
     floor: str = "image"
+    quality_scale: float = 1.0
+    loss_bound: float | None = field(default_factory=lambda: LOSS_BOUND)
+    estimate: str = field(default_factory=lambda: PLAN_ESTIMATE)
     k: int = 0
     routes: dict[int, Route] = field(default_factory=dict)
     last_plan: PlanResult | None = None
@@ -424,25 +515,46 @@ class FixedPolicy:
 
 @dataclass
 class CacheGenPolicy:
-    """CacheGen's streaming adaptation, adapted to DiT template KV, with the same overlapped
-    fetching and decode workers as sakura.
+    """CacheGen's streaming adaptation (Liu et al., SIGCOMM 2024, section 5.3), adapted to DiT
+    template KV (a chunk = one layer's KV).
 
-    Per chunk (a layer), in order, when its request is due: the remaining latency target is split
-    evenly over the remaining chunks, and the highest quality level whose predicted time fits the
-    share is fetched (transfer at the estimated rate + decode on one worker, + an RTT if the link
-    is idle). If none fits, the chunk is recomputed — for template KV only while every earlier
-    chunk was recomputed too (a prefix) — else the lowest level is fetched.
+    Per chunk, in order, when its request is due: the latency target left is split evenly over
+    the chunks left, and the first level (best quality first) whose transfer fits that share is
+    fetched; if none fits, the chunk is recomputed on the device (the local generator catches
+    up over fetched layers, so any chunk can be). Two variants:
 
-    levels: rendition names from best to worst quality (CacheGen's levels 3..1).
+    * ``published=True`` (name ``cachegen``): the rule as published: the fit test is bytes x 8 /
+      bandwidth against the share, and chunks are fetched one at a time (the next request goes
+      out when the previous chunk has arrived).
+    * ``published=False`` (name ``cachegen-fair``, ours): the same overlapped fetching as sakura
+      (several requests in flight), and a fit test that also counts decoding on one worker and
+      an RTT when the link is idle; a chunk is recomputed only while every earlier chunk was
+      (a prefix), else the lowest level is fetched.
+
+    Both get the same decode workers as sakura. Both wait for a chunk they fetch (no fallback).
+
+    levels: rendition names from best to worst quality (CacheGen's levels 3..1); the benchmarks
+    cap the levels (e.g. level 3 only: CacheGen held to its level-3 quality, else recompute).
     target_s: the latency target (default in the harness: computing the template on the phone).
     """
 
     levels: tuple[str, ...]
     target_s: float
-    name: str = "cachegen"
+    published: bool = False
+    name: str = ""
     adaptive: bool = False
     local: set = field(default_factory=set)
     t0: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.levels:
+            raise ValueError("CacheGenPolicy needs at least one level")
+        if not self.name:
+            self.name = "cachegen" if self.published else "cachegen-fair"
+
+    @property
+    def max_inflight(self) -> int | None:
+        return 1 if self.published else None
 
     def replan(self, d, now):
         if self.t0 is None:
@@ -464,9 +576,10 @@ class CacheGenPolicy:
             idle = 0.0 if d.inflight() else d.rtt_s()
             for n in self.levels:
                 r = by_name[n]
-                if r.nbytes / bw + r.decode_s + idle <= share:
+                cost = r.nbytes / bw if self.published else r.nbytes / bw + r.decode_s + idle
+                if cost <= share:
                     return j, r
-            if all(i in self.local for i in range(j)):
+            if self.published or all(i in self.local for i in range(j)):
                 self.local.add(j)
                 continue
             return j, by_name[self.levels[-1]]

@@ -50,6 +50,7 @@ class DeviceProfile:
     decode_bytes_per_s: dict[str, float] = field(default_factory=dict)
     default_decode_bytes_per_s: float = 80e6
     decode_workers: int = 1
+    pre_s: float = 0.0   # work before the transformer's first layer (text encoder, VAE encode)
 
     def decode_s(self, codec: str, fp16_bytes: int) -> float:
         rate = self.decode_bytes_per_s.get(codec.split(":")[0], self.default_decode_bytes_per_s)
@@ -331,7 +332,8 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     if renditions is not None:
         specs = [replace(s, routes=tuple(r for r in s.routes if r.name in renditions)) for s in specs]
     quality_known = all("image_mse" in r.distortion for s in manifest.shards for r in s.renditions)
-    driver = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt, decode_workers=workers, max_inflight=max_inflight)
+    driver = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt, decode_workers=workers, max_inflight=max_inflight,
+                        compute_start_s=clock() + profile.pre_s)
     driver.start(clock())
     if allow_fast_path and getattr(policy, "k", None) == driver.L:
         res = on_device("", driver.records)

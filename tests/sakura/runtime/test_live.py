@@ -198,8 +198,14 @@ def test_live_and_simulated_runs_take_the_same_decisions(setup, mbps):
                         bandwidth=BandwidthEstimator(prior_bps=kw["bw"]), rtt=RttEstimator(prior_s=0.04), decode_workers=2)
     assert live.choices() == [r.source for r in sim.records]
     assert [r.index for r in live.records if r.route] == [j for j, _ in sim.requests]
-    assert len(set(live.choices())) == 1  # the two links are clear-cut: all fetched, or all local
-    assert live.choices()[0] == ("lossless" if mbps == 100 else "local")
+    # the two links are clear-cut: all local, or all fetched but a local prefix (the first shard's
+    # round trip is more wait than the 1 % loss bound allows before layer 0)
+    ch = live.choices()
+    if mbps == 100:
+        k = ch.index("lossless")
+        assert k <= 1 and set(ch[k:]) == {"lossless"}
+    else:
+        assert set(ch) == {"local"}
 
 
 def test_meet_in_the_middle_live(setup):
