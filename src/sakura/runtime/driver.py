@@ -71,6 +71,9 @@ class ShardRecord:
     delivered: float = math.nan     # when it got the KV (after local compute, if local)
     local_s: float = 0.0            # on-device compute spent at this layer (incl. catch-up)
     exp_end: float = math.nan       # expected last byte (while in flight)
+    remaining: int = 0              # bytes still to come (while in flight)
+    first_chunk_bytes: int = 0      # bytes in the first chunk that arrived (they carry no duration)
+    t_progress: float = math.nan    # when bytes last arrived
     note: str = ""
 
     @property
@@ -174,7 +177,31 @@ class EditDriver:
         return [r for r in self.records if r.status == "requested"]
 
     def link_free(self, now: float) -> float:
-        return max([now] + [r.exp_end for r in self.inflight()])
+        """When the link will have carried everything requested (seconds). The requests in flight
+        are replayed first in, first out with the current estimate, or with the rate the transfers
+        under way are measuring (all of them together: they share the link) if that is faster, so
+        a stale estimate does not hold the next request back; a request that has not started yet
+        starts one RTT after it went out at the earliest. Refreshes every `exp_end`."""
+        rate, rtt = self.timing_bytes_per_s(), self.rtt_s()
+        infl = sorted(self.inflight(), key=lambda r: r.t_request)
+        recv = [r for r in infl if r.t_progress == r.t_progress and r.t_progress <= now]
+        if recv:
+            got = sum(self.routes[r.index].nbytes - r.remaining for r in recv)
+            el = max(r.t_progress for r in recv) - min(r.t_first_byte for r in recv)
+            if el > 2e-3 and got > 0:
+                rate = max(rate, got / el)
+        t = -math.inf
+        for r in infl:
+            nbytes = self.routes[r.index].nbytes
+            if r in recv:
+                end = max(t, r.t_progress) + r.remaining / rate
+            elif r.t_first_byte == r.t_first_byte and r.t_first_byte <= now:  # started (no progress reports)
+                end = max(t, r.t_first_byte) + nbytes / rate
+            else:
+                end = max(t, r.t_request + rtt) + nbytes / rate
+            r.exp_end = max(now, end)
+            t = r.exp_end
+        return max(now, t)
 
     def expected_ready(self, j: int, now: float) -> float:
         r = self.records[j]
@@ -191,6 +218,7 @@ class EditDriver:
     def state(self, now: float) -> PipelineState:
         """The pipeline as the planner sees it now."""
         nxt = self.next_layer()
+        self.link_free(now)  # refresh the in-flight transfers' expected ends
         ready = {r.index: self.expected_ready(r.index, now) for r in self.records
                  if r.status in ("fetched", "ready") and r.index >= nxt}
         # shards in flight queue for the decode workers behind the fetched ones, in arrival order
@@ -248,7 +276,10 @@ class EditDriver:
         while len(self.inflight()) < self.max_inflight:
             lf = self.link_free(now)
             ahead = 1.5 * rtt + 1e-6  # issue the next one an RTT and a half before the link drains
-            if self.inflight() and lf - now > ahead:
+            # until a transfer has measured the link, keep two requests out: the estimate may be
+            # stale (another network), and a second request costs nothing if it is right
+            unmeasured = self.bw.samples == 0 and len(self.inflight()) < 2
+            if self.inflight() and lf - now > ahead and not unmeasured:
                 return out, lf - ahead + 1e-9
             nxt = self.policy.next_fetch(self, now)
             if nxt is None:
@@ -260,6 +291,7 @@ class EditDriver:
             start = max(lf, now + rtt)
             r.status, r.route, r.t_request = "requested", route.name, now
             r.exp_end = start + route.nbytes / self.timing_bytes_per_s()
+            r.remaining = route.nbytes
             self.routes[j] = route
             out.append((j, route))
         return out, None
@@ -273,7 +305,11 @@ class EditDriver:
         """Bytes are arriving for shard j: refine when it will end; the link is alive."""
         r = self.records[j]
         if r.status == "requested":
-            r.exp_end = now + remaining_bytes / self.timing_bytes_per_s()
+            r.remaining, r.t_progress = remaining_bytes, now
+            if r.t_first_byte != r.t_first_byte:
+                r.t_first_byte = now
+            if not r.first_chunk_bytes:
+                r.first_chunk_bytes = self.routes[j].nbytes - remaining_bytes
         self.link_suspect = False
 
     def on_fetched(self, j: int, nbytes: int, now: float, *, sample_bytes: int, sample_s: float) -> float:
@@ -324,6 +360,7 @@ class EditDriver:
             return self._use(j, now)
         if self.policy.prefers_local(self, j) or r.status in ("failed", "cancelled"):
             return self._local(j, now, "" if r.status == "pending" else r.status)
+        self.link_free(now)  # refresh the in-flight transfers' expected ends
         e = self.expected_ready(j, now)
         local_cost = (j - self.generator_at + 1) * self.specs[j].local_s
         if r.status == "pending":

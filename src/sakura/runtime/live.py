@@ -99,6 +99,13 @@ def shard_specs(manifest: Any, profile: DeviceProfile) -> list[ShardSpec]:
     return specs
 
 
+#: How often the fetch stage asks the driver again while requests are in flight (seconds): bytes
+#: arriving refine when the link will drain, so the next request goes out on time.
+POLL_S = 0.005
+
+#: Shortest link-level throughput sample (seconds) while other transfers are still running.
+MIN_SAMPLE_S = 0.01
+
 #: Pass as `manifest=` when the phone has none (server down and not cached): the edit runs on the device.
 NO_MANIFEST = object()
 
@@ -249,6 +256,10 @@ class _LinkMeter:
     def sample(self, j: int, t_last: float) -> tuple[int, float]:
         first = self.active_first.pop(j, t_last)
         a = max(self.last_done, min([first] + list(self.active_first.values())))
+        if t_last - a < MIN_SAMPLE_S and self.active_first:
+            # overlapped transfers ending a few ms apart: a window that short measures timer
+            # noise (rates several times off); the next completion's sample covers this one
+            return 0, 0.0
         self.last_done = t_last
         n = sum(b for t, b in self.chunks if a < t <= t_last)
         self.chunks = [(t, b) for t, b in self.chunks if t > t_last]
@@ -506,6 +517,7 @@ class FetchStage:
                 with cond:
                     reqs, wake = driver.next_requests(clock())
                     cancel = driver.to_cancel()
+                    busy = bool(driver.inflight())
                 for j in cancel:
                     t = tasks.pop(j, None)
                     if t is not None and not t.done():
@@ -514,6 +526,8 @@ class FetchStage:
                     tasks[j] = asyncio.create_task(fetch_one(client, j, route))
                 kick.clear()
                 timeout = 0.25 if wake is None else max(0.0, min(0.25, wake - clock()))
+                if busy:  # ask again soon: the transfer under way refines when the link drains
+                    timeout = min(timeout, POLL_S)
                 try:
                     await asyncio.wait_for(kick.wait(), timeout)
                 except asyncio.TimeoutError:
