@@ -150,20 +150,47 @@ class EditDriver:
         return (sum(s.compute_s for s in self.specs[j:])
                 + sum(s.local_s for s in self.specs[self.generator_at:]))
 
+    def fallback_finish(self, j: int, now: float, *, local_first: bool = False) -> tuple[float, float, bool]:
+        """The first step's end if no more bytes arrive, from the forward pass at layer j at `now`:
+        the best over m (the last layer computed on the device, or none) of: layers <= m use a
+        shard already decoded by then, else are computed locally (catching the generator up);
+        layers > m use the shards on the phone (fetched or decoded) when their decode ends, so m
+        must cover every layer whose bytes are not here. More bytes, or earlier decodes, can only
+        make it sooner. Returns (finish, its wait on decodes, whether it uses layer j's shard).
+        local_first: layer j is computed locally whatever its shard."""
+        here = {i: (r.decode_end if r.decode_end == r.decode_end else now) for i, r in enumerate(self.records)
+                if i >= j and r.status in ("fetched", "ready") and not (local_first and i == j)}
+        must = max([i for i in range(j, self.L) if i not in here] + [j - 1])
+        best = (math.inf, 0.0, False)
+        for m in range(must, self.L):
+            t, g, waited, uses = now, self.generator_at, 0.0, False
+            for i in range(j, self.L):
+                if i > m or (i in here and here[i] <= t):
+                    waited += max(0.0, here[i] - t)
+                    t = max(t, here[i]) + self.specs[i].compute_s
+                    uses = uses or i == j
+                else:
+                    t += sum(x.local_s for x in self.specs[g:i + 1]) + self.specs[i].compute_s
+                    g = i + 1
+            if t < best[0]:
+                best = (t, waited, uses)
+        return best
+
     def slack_s(self, j: int, now: float) -> float:
-        """How long the forward pass may still wait at layer j without breaking the loss bound
-        (inf when the policy sets none).
+        """How much longer than the fallback the forward pass may still take from layer j without
+        breaking the loss bound (inf when the policy sets none): t_bound - `fallback_finish`.
 
         The bound: the first step ends by t_bound = t0 + (1 + e) x (the on-device first step),
         t0 = when the forward pass reached layer 0, e = the policy's `loss_bound`. Invariant:
-        now + worst_remaining_s(j) <= t_bound at every layer. It holds at layer 0; USE advances
-        the clock by compute_j and lowers the worst case by as much; LOCAL advances it by the
-        catch-up + compute_j and lowers the worst case by as much; a wait ends by its deadline,
-        which is at most the slack. So the edit is never more than e slower than on-device
-        (docs/runtime.md)."""
+        the fallback from where the pass stands (use what is on the phone, compute the rest)
+        ends by t_bound. It holds at layer 0 (the fallback is at most on-device); bytes that arrive
+        only make the fallback sooner; a wait on a shard that is not on the phone ends by a
+        deadline at most the slack; a wait on one being decoded is the fallback's own; LOCAL is
+        taken only where the fallback from after it still ends in time. So the edit is never more
+        than e slower than on-device (docs/runtime.md)."""
         if self.t_bound is None:
             return math.inf
-        return self.t_bound - now - self.worst_remaining_s(j)
+        return self.t_bound - self.fallback_finish(j, now)[0]
 
     def timing_bytes_per_s(self) -> float:
         """The rate used to time requests issued ahead: the undiscounted prediction. Erring fast
@@ -254,11 +281,16 @@ class EditDriver:
         if self.t_bound is not None:
             # the slack at the next layer the forward pass will reach, when it reaches it
             nxt = self.next_layer()
-            stall_budget = max(0.0, self.slack_s(nxt, max(now, self.compute_free))) if nxt < self.L else 0.0
+            if nxt < self.L:
+                at = max(now, self.compute_free)
+                finish, decode_wait, _ = self.fallback_finish(nxt, at)
+                stall_budget = max(0.0, self.t_bound - finish) + decode_wait
+            else:
+                stall_budget = 0.0
         elif getattr(self.policy, "loss_bound", None) is not None:
             stall_budget = self.policy.loss_bound * sum(s.compute_s + s.local_s for s in self.specs)
         if stall_budget is not None:
-            stall_budget *= PLAN_STALL_SHARE
+            stall_budget = None if PLAN_STALL_SHARE is None else stall_budget * PLAN_STALL_SHARE
         return plan_split(self.specs, self.state(now), ConstantLink(self.bytes_per_s()), self.rtt_s(),
                           allow_local=allow_local, mse_budget=budget, stall_budget=stall_budget)
 
@@ -358,7 +390,12 @@ class EditDriver:
             self.t_bound = now + (1 + bound) * self.worst_remaining_s(j)
         if r.status == "ready":
             return self._use(j, now)
-        if self.policy.prefers_local(self, j) or r.status in ("failed", "cancelled"):
+        certain = r.status == "fetched"  # its bytes are on the phone: the fallback waits for its decode
+        # a shard being decoded is computed instead only if that is sooner than its decode and
+        # keeps the loss bound
+        if r.status in ("failed", "cancelled") or (self.policy.prefers_local(self, j) and (
+                not certain or ((j - self.generator_at + 1) * self.specs[j].local_s < r.decode_end - now
+                                and self._local_keeps_bound(j, now)))):
             return self._local(j, now, "" if r.status == "pending" else r.status)
         self.link_free(now)  # refresh the in-flight transfers' expected ends
         e = self.expected_ready(j, now)
@@ -369,12 +406,16 @@ class EditDriver:
             e = (max(self.link_free(now), now + self.rtt_s()) + route.nbytes / self.bytes_per_s() + route.decode_s
                  if route else math.inf)
         slack = self.slack_s(j, now)
+        # waiting on a shard being decoded costs no slack when the fallback itself waits for it
+        certain = certain and (self.t_bound is None or self.fallback_finish(j, now)[2])
         # A suspect link sends a layer local at once only when that is cheap (no catch-up): after
         # streamed layers, computing costs the whole catch-up, and the loss bound already caps
         # what waiting on a dead link can cost.
-        suspect = self.link_suspect and (j - self.generator_at + 1 <= SUSPECT_CATCH_UP)
-        if self.policy.adaptive and (suspect or e - now >= local_cost or slack <= 0):
-            return self._local(j, now, ("late" if r.status != "pending" else "") if slack > 0 else "loss bound")
+        suspect = self.link_suspect and (j - self.generator_at + 1 <= SUSPECT_CATCH_UP) and not certain
+        if self.policy.adaptive and ((suspect or e - now >= local_cost) and self._local_keeps_bound(j, now)
+                                     or (slack <= 0 and not certain)):
+            return self._local(j, now, ("late" if r.status != "pending" else "") if slack > 0 or certain
+                               else "loss bound")
         if not self.policy.adaptive:
             return LayerAction(WAIT)
         # Expected sooner than computing it: wait for about what the estimate says (twice it, or
@@ -383,13 +424,26 @@ class EditDriver:
         # that dies costs one deadline, not one per layer.
         # The loss bound caps every wait at the slack left (see `slack_s`).
         wait = max(2 * (e - now), (e - now) + 2 * self.rtt_s())
-        return LayerAction(WAIT, deadline=now + min(local_cost, wait, slack))
+        cap = (e - now) + max(0.0, slack) if certain else slack
+        return LayerAction(WAIT, deadline=now + min(local_cost, wait, cap))
+
+    def _local_keeps_bound(self, j: int, now: float) -> bool:
+        return self.t_bound is None or self.fallback_finish(j, now, local_first=True)[0] <= self.t_bound + 1e-9
 
     def policy_route(self, j: int) -> Route | None:
         return self.routes.get(j) or getattr(self.policy, "routes", {}).get(j)
 
     def on_wait_expired(self, j: int, now: float) -> LayerAction:
-        """The deadline passed and shard j is still not ready: compute it on the device."""
+        """The deadline passed and shard j is still not ready: compute it on the device, unless
+        its bytes have arrived meanwhile and the loss bound's fallback now waits for its decode
+        (then WAIT again, until the decode ends plus the slack)."""
+        r = self.records[j]
+        if r.status == "ready":
+            return self._use(j, now)
+        if r.status == "fetched" and self.t_bound is not None:
+            fin, _, uses = self.fallback_finish(j, now)
+            if uses and fin <= self.t_bound:
+                return LayerAction(WAIT, deadline=max(now, r.decode_end) + (self.t_bound - fin) + 1e-9)
         self.link_suspect = True
         self.events.append(f"{now * 1000:.0f} ms: shard {j} late past its deadline; computing it locally")
         return self._local(j, now, "deadline")

@@ -148,8 +148,8 @@ class LiveKVSource:
                     action = changed
                     break
                 if now >= action.deadline:
-                    action = d.on_wait_expired(i, now)
-                    break
+                    action = d.on_wait_expired(i, now)  # may WAIT again: the shard's bytes came meanwhile
+                    continue
                 self.cond.wait(timeout=min(action.deadline - now, 0.5))
                 now = self.clock()
             kv = self.decoded.get(i) if action.kind == USE else None
