@@ -126,11 +126,13 @@ def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: flo
 
 
 def link_markdown(result: dict) -> str:
-    lines = [f"Link check, {result['mode']}: raw-stream's fetch stage alone, constant rate through the pacer.", "",
-             "| rate (Mbit/s) | RTT (ms) | shards x bytes | link idle (share of streaming) | delivered (Mbit/s) | estimate after 3 shards (Mbit/s) | error vs nominal | error vs delivered | request-to-last-byte reading (Mbit/s) |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"Link check, {result['mode']}: raw-stream's fetch stage alone, constant rate through the pacer. "
+             "Reproduce: `./dev sakura bench link --out docs/e2e` (per-shard timelines in link.json).", "",
+             "| rate (Mbit/s) | RTT (ms) | shards x bytes | link idle (share of streaming) | delivered (Mbit/s) | estimate after 3 shards (Mbit/s) | error vs nominal | error vs delivered | request-to-last-byte reading (Mbit/s) | load average (1 min) |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         lines.append(f"| {r['mbps']:g} | {r['rtt_ms']:g} | {r['shards']} x {r['shard_bytes']} | {100 * r['idle_share']:.1f} % | "
                      f"{r['delivered_mbps']:.0f} | {r['estimate_after_3_mbps']:.1f} | {100 * r['estimate_error']:+.1f} % | "
-                     f"{100 * r['estimate_error_vs_delivered']:+.1f} % | {r['naive_first_shard_mbps']:.1f} |")
+                     f"{100 * r['estimate_error_vs_delivered']:+.1f} % | {r['naive_first_shard_mbps']:.1f} | "
+                     f"{(r.get('loadavg') or [float('nan')])[0]:.1f} |")
     return "\n".join(lines) + "\n"
