@@ -305,7 +305,7 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
               "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "runs": runs}
     result["summary"] = summarize(runs)
     result["family_checks"] = family_checks(runs)
-    (out / "e2e_profile.json").write_text(json.dumps(result, indent=1, default=float))
+    write_json(result, out / "e2e_profile.json")
     md = profile_markdown(result)
     (out / "e2e_profile.md").write_text(md)
     (out / "e2e_profile_checks.txt").write_text(checks_text(result))
@@ -315,6 +315,17 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     log(md)
     log(checks_text(result))
     return result
+
+
+def write_json(result: dict, path: Path) -> None:
+    """The profile's JSON without the per-run sweep points (30 per run: tens of MB for every trace);
+    the frontier's per-group medians, which the plots and tables use, are kept."""
+    groups: dict[str, list[dict]] = {}
+    for r in result["runs"]:
+        groups.setdefault(f"{r['workload']} | {r['phone']} | {r['family']}", []).append(r)
+    slim = {**result, "frontier_medians": {k: sweep_medians(rs) for k, rs in groups.items()},
+            "runs": [{k: v for k, v in r.items() if k != "sweep"} for r in result["runs"]]}
+    path.write_text(json.dumps(slim, indent=None, separators=(",", ":"), default=float))
 
 
 def _rel(p: Path) -> str:
