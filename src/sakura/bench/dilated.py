@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-METHODS = ("oracle", "on-device", "cachegen", "sakura")
+METHODS = ("oracle", "on-device", "cachegen", "cachegen-fair", "cachegen-L3", "sakura")
 #: a fast and a median 5G trace and an LTE one (../shared/traces)
 DEFAULT_TRACES = ("umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102",
                   "umn_5gophers/All-Carriers/03-User-Mobility/car-driving-trace-1.csv#Verizon",
@@ -187,7 +187,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     from sakura.link.pacer import pacer_in_thread
     from sakura.models import TemplateKV, load_model
     from sakura.runtime import (BandwidthEstimator, CacheGenPolicy, Route, RttEstimator, SakuraPolicy, ShardSpec,
-                                TraceLink)
+                                TraceLink, psnr_from_mse)
     from sakura.runtime.live import DeviceProfile, streamed_edit
     from sakura.runtime.sim import simulate_edit
     from sakura.server import serve_in_thread
@@ -215,19 +215,32 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     m = st.get_manifest(fp, tid)
     dil = make_dilation(workload, phone, D, mini_layers=model.num_layers, mini_fp16_bytes_per_layer=m.shards[0].fp16_bytes,
                         rtt_ms=rtt_ms)
-    log("measuring decode rates on a Klein-sized layer ...")
-    from sakura.bench.profile import _decode_rates
+    from sakura.bench.profile import DECODE_RATES_PATH, decode_rates
 
-    rates = _decode_rates(sorted({r.name.split('#')[0] for r in m.shards[0].renditions}), log=log)
+    log(f"decode rates from {DECODE_RATES_PATH}")
+    rates = decode_rates([r.name for r in m.shards[0].renditions])
     from sakura.bench.decode_rates import load_scaling
 
     pool = load_scaling(decode_workers)   # the measured pool (docs/decode_rates.json), not an assumed count
     decode_workers = pool.workers
     rates = {k: v * pool.per_worker for k, v in rates.items()}
     log(f"decode: {pool.describe()}")
-    pad = {r.name: dil.decode_s(rates.get(r.name, rates.get(r.name.split("#")[0], 0.0))) for r in m.shards[0].renditions}
+    pad = {r.name: dil.decode_s(rates[r.name]) for r in m.shards[0].renditions}
     floor = [s.quality_floor["image_mse"] if s.quality_floor else None for s in m.shards]
-    allowed = {"sakura": tuple(n for n in pad if n.split("#")[0] in DEFAULT_LADDER), "cachegen": CACHEGEN_LEVELS}
+    allowed = {"sakura": tuple(n for n in pad if n.split("#")[0] in DEFAULT_LADDER), "cachegen": CACHEGEN_LEVELS,
+               "cachegen-fair": CACHEGEN_LEVELS, "cachegen-L3": CACHEGEN_LEVELS}
+
+    def make_policy(method: str, **kw):
+        if method == "sakura":
+            return SakuraPolicy(**kw)
+        levels = CACHEGEN_LEVELS[:1] if method.endswith("-L3") else kw.pop("levels", CACHEGEN_LEVELS)
+        return CacheGenPolicy(levels, target_s=kw.pop("target_x", 1.0) * model.num_layers * dil.local_s,
+                              published="fair" not in method, name=method)
+
+    def simulate(policy, sp, tr, off, prior):
+        return simulate_edit(sp, policy, link=TraceLink(tr, off), rtt_s=dil.rtt_s,
+                             bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
+                             decode_workers=decode_workers, compute_start_s=dil.pre_s)
 
     def specs_for(method: str) -> list:
         return [ShardSpec(tuple(Route(r.name, r.nbytes, pad[r.name], float(r.distortion.get("image_mse", 0.0)))
@@ -237,7 +250,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     device = DilatedDevice(model, dil)
     kv_exact = model.extract_template_kv(timg, tpl.instruction).to(torch.float16)
     reference = model.edit(photo, template_kv=kv_exact, steps=image_steps).image
-    rows, images = [], {}
+    rows, images, frontier = [], {}, []
     with serve_in_thread(store) as url:
         for k, tname in enumerate(traces):
             tr = dilate_trace(load_trace(tname), dil)
@@ -258,21 +271,17 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                     used = device.last_used
                     row.update(live_s=live_s, sim_s=sim_s, image_mse=0.0, local_layers=model.num_layers)
                 else:
-                    policy = (SakuraPolicy() if method == "sakura"
-                              else CacheGenPolicy(CACHEGEN_LEVELS, target_s=model.num_layers * dil.local_s))
+                    policy = make_policy(method)
                     sp = specs_for(method)
                     with pacer_in_thread(url, tr, off, dil.rtt_s) as purl:
                         res = streamed_edit(device, photo, base_url=purl, template_id=template, template_image=timg,
                                             instruction=tpl.instruction, policy=policy,
-                                            profile=DeviceProfile(dil.compute_s, dil.local_s, decode_workers=decode_workers),
+                                            profile=DeviceProfile(dil.compute_s, dil.local_s, decode_workers=decode_workers,
+                                                                  pre_s=dil.pre_s),
                                             bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
                                             decode_workers=decode_workers, steps=1, manifest=m, specs=sp,
                                             renditions=allowed[method], decode_pad_s=pad, allow_fast_path=True)
-                    policy2 = (SakuraPolicy() if method == "sakura"
-                               else CacheGenPolicy(CACHEGEN_LEVELS, target_s=model.num_layers * dil.local_s))
-                    sim = simulate_edit(sp, policy2, link=TraceLink(tr, off), rtt_s=dil.rtt_s,
-                                        bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
-                                        decode_workers=decode_workers, compute_start_s=dil.pre_s)
+                    sim = simulate(make_policy(method), sp, tr, off, prior)
                     used = res.used_kv if res.path == "streamed" else device.last_used
                     row.update(live_s=res.latency_s, sim_s=sim.first_step_s + dil.post_s, image_mse=res.image_mse,
                                bytes=res.bytes_fetched, local_layers=sum(r.source == "local" for r in res.records),
@@ -291,8 +300,20 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                     images[method] = img
                     row["psnr_vs_lossless_db"] = float(psnr_per_image(img, reference).item())
                 rows.append(row)
-                log(f"  {tname.split('/')[-1][:28]:28s} {method:10s} live {row['live_phone_s']:7.1f} s  "
+                log(f"  {tname.split('/')[-1][:28]:28s} {method:16s} live {row['live_phone_s']:7.1f} s  "
                     f"sim {row['sim_phone_s']:7.1f} s  (phone seconds; live/sim {row['live_over_sim']:.3f})")
+            # the latency-quality frontier on this trace, simulated on the same inputs
+            for method, cfgs in (("cachegen", [dict(levels=CACHEGEN_LEVELS[:n], target_x=x) for n in (1, 2, 3)
+                                               for x in (0.5, 1.0, 2.0)]),
+                                 ("cachegen-fair", [dict(levels=CACHEGEN_LEVELS[:n], target_x=x) for n in (1, 2, 3)
+                                                    for x in (0.5, 1.0, 2.0)]),
+                                 ("sakura", [dict(quality_scale=q) for q in (0.25, 0.5, 1.0, 2.0, 4.0)])):
+                for cfg in cfgs:
+                    sim = simulate(make_policy(method, **dict(cfg)), specs_for(method), tr, off, prior)
+                    frontier.append({"trace": tname, "method": method, **{k: (len(v) if k == "levels" else v)
+                                                                          for k, v in cfg.items()},
+                                     "sim_phone_s": (sim.first_step_s + dil.post_s) * dil.D,
+                                     "psnr_db": psnr_from_mse(sim.image_mse)})
     if tmp is not None:
         tmp.cleanup()
     from sakura.bench.workloads import ceilings, get_phone, get_workload, workload_costs
@@ -303,7 +324,8 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                       f"to the workload's times), beside the simulator on the same inputs",
               "workload": workload, "phone": dil.phone, "D": D, "dilation": {k: getattr(dil, k) for k in
                                                                               ("local_s", "compute_s", "pre_s", "post_s", "rtt_s", "beta")},
-              "ceilings": ceilings(c), "decode_pad_s": pad, "rows": rows,
+              "ceilings": ceilings(c), "decode_pad_s": pad, "decode_rates": str(DECODE_RATES_PATH), "rows": rows,
+              "frontier": frontier,
               "agreement": _agreement(rows)}
     result["images"] = {"photo": photo, "template": timg, "truth": task.ground_truth(photo, timg), "lossless": reference,
                         **images}
@@ -313,6 +335,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
         (out / "dilated.json").write_text(json.dumps({k: v for k, v in result.items() if k != "images"}, indent=1,
                                                      default=float))
         (out / "dilated.md").write_text(dilated_markdown(result))
+        plot_frontier(result, out / "dilated_frontier.png")
     return result
 
 
@@ -330,15 +353,90 @@ def dilated_markdown(result: dict) -> str:
     lines = [f"Workload `{result['workload']}` on {result['phone']}; {result['mode']}. Latencies in phone seconds "
              f"(dilated seconds x {result['D']:g}). Ceilings (free, instant KV): {c['vs on-device']:.2f}x vs on-device, "
              f"{c['vs on-device-nocache']:.2f}x vs on-device-nocache.", "",
-             "| trace | method | live (s) | simulated (s) | live / sim | layers local | bytes | PSNR vs lossless-KV (dB) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "Methods: `cachegen` = CacheGen's own adaptation as published (one chunk at a time; fit test bytes x 8 / "
+             "bandwidth vs target / chunks left, else recompute); `cachegen-fair` = ours (sakura's overlapped fetching, "
+             "fit test with decode and RTT); `cachegen-L3` = held to level 3 on every chunk, else recompute (the "
+             "equal-quality point: sakura's default floor is CacheGen-L3's summed image MSE).", "",
+             "| trace | method | live (s) | simulated (s) | live / sim | layers local | bytes | implied PSNR (dB) | "
+             "PSNR vs lossless-KV, measured (dB) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         live = "-" if math.isnan(r["live_s"]) else f"{r['live_phone_s']:.1f}"
         ratio = "-" if math.isnan(r["live_s"]) else f"{r['live_over_sim']:.3f}"
         ps = r.get("psnr_vs_lossless_db")
+        implied = math.inf if r["image_mse"] <= 0 else 10 * math.log10(1 / r["image_mse"])
         lines.append(f"| {r['trace']} | {r['method']} | {live} | {r['sim_phone_s']:.1f} | {ratio} | "
-                     f"{r.get('local_layers', '-')} | {r.get('bytes', 0)} | {'-' if ps is None else f'{ps:.1f}'} |")
+                     f"{r.get('local_layers', '-')} | {r.get('bytes', 0)} | {implied:.1f} | "
+                     f"{'-' if ps is None else f'{ps:.1f}'} |")
     lines += ["", "Agreement, |live/sim - 1| per method: " + ", ".join(
         f"{m}: max {a['max_abs_rel_diff']:.1%}, median {a['median_abs_rel_diff']:.1%} ({a['runs']} traces)"
         for m, a in result["agreement"].items())]
+    lines += ["", "## Equal quality", "",
+              "Live latency ratios, the other method / sakura (>1: sakura faster); **frontier**: the simulated sweep "
+              "(CacheGen: level cap x latency target; sakura: quality floor) read off at cachegen-L3's implied PSNR "
+              "(the fastest configuration that reaches it), CacheGen's / sakura's. Plot: dilated_frontier.png.", "",
+              "| trace | cachegen-L3 / sakura (equal quality) | cachegen / sakura | cachegen-fair / sakura | "
+              "frontier at L3 PSNR: cachegen / cachegen-fair | on-device / sakura (ceiling) |",
+              "|---|---:|---:|---:|---|---:|"]
+    for t in dict.fromkeys(r["trace"] for r in result["rows"]):
+        by = {r["method"]: r for r in result["rows"] if r["trace"] == t}
+        lat = lambda m: by[m]["live_phone_s"] if not math.isnan(by[m]["live_s"]) else by[m]["sim_phone_s"]  # noqa: E731
+        fr = equal_psnr_ratios(result, t)
+        frs = f"{fr['cachegen']:.2f} / {fr['cachegen-fair']:.2f}" if fr else "-"
+        lines.append(f"| {t} | {lat('cachegen-L3') / lat('sakura'):.2f} | {lat('cachegen') / lat('sakura'):.2f} | "
+                     f"{lat('cachegen-fair') / lat('sakura'):.2f} | {frs} | {lat('on-device') / lat('sakura'):.2f} "
+                     f"({c['vs on-device']:.2f}) |")
     return "\n".join(lines) + "\n"
+
+
+def equal_psnr_ratios(result: dict, trace: str) -> dict:
+    """From the simulated frontier of one trace: the fastest configuration of each CacheGen variant and
+    of sakura whose PSNR reaches cachegen-L3's (target 1x), as CacheGen's / sakura's latency ({} if
+    cachegen-L3 computed everything, an exact target no streamed point can meet)."""
+    pts = [p for p in result.get("frontier", []) if p["trace"] == trace]
+    q = next((p["psnr_db"] for p in pts if p["method"] == "cachegen" and p.get("levels") == 1
+              and p.get("target_x") == 1.0), math.inf)
+    if not math.isfinite(q):
+        return {}
+    best = lambda m: min([p["sim_phone_s"] for p in pts if p["method"] == m and p["psnr_db"] >= q - 1e-9],  # noqa: E731
+                         default=math.inf)
+    sk = best("sakura")
+    return {m: best(m) / sk for m in ("cachegen", "cachegen-fair")} if math.isfinite(sk) else {}
+
+
+def plot_frontier(result: dict, path: Path) -> None:
+    """One panel per trace: each method's simulated sweep (latency vs implied PSNR), the live default
+    runs on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traces = list(dict.fromkeys(r["trace"] for r in result["rows"]))
+    fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.4), squeeze=False)
+    style = {"sakura": ("C3", "o"), "cachegen": ("C0", "s"), "cachegen-fair": ("C2", "^")}
+    for ax, t in zip(axes[0], traces):
+        pts = [p for p in result.get("frontier", []) if p["trace"] == t]
+        for m, (col, mk) in style.items():
+            xs = sorted((p["sim_phone_s"], min(p["psnr_db"], 70.0)) for p in pts if p["method"] == m)
+            front, top = [], -math.inf
+            for a, b in xs:
+                if b > top:
+                    front.append((a, b))
+                    top = b
+            ax.scatter([a for a, _ in xs], [b for _, b in xs], color=col, marker=mk, s=12, alpha=0.5)
+            ax.plot([a for a, _ in front], [b for _, b in front], color=col, lw=1, label=f"{m} (simulated sweep)")
+        for r in result["rows"]:
+            if r["trace"] == t and r["method"] not in ("oracle",) and not math.isnan(r["live_s"]):
+                ps = 70.0 if r["image_mse"] <= 0 else min(70.0, 10 * math.log10(1 / r["image_mse"]))
+                ax.scatter([r["live_phone_s"]], [ps], color="k", marker="x", s=20)
+                ax.annotate(r["method"], (r["live_phone_s"], ps), fontsize=5)
+        ax.set_title(t.split("/")[-1][:40], fontsize=7)
+        ax.set_xlabel("latency (phone s); x = live runs", fontsize=7)
+        ax.set_ylabel("implied PSNR (dB, 70 = exact)", fontsize=7)
+        ax.tick_params(labelsize=6)
+    axes[0, 0].legend(fontsize=5)
+    fig.suptitle(f"time-dilated /{result['D']:g}: latency-quality frontiers, {result['workload']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -6,8 +6,11 @@ as raw-stream would (every shard, in order, requests issued ahead). Shards are s
 takes ~`shard_ms` of link time at that rate. Reported per rate:
 
 * **link idle**: the time between the first and the last byte during which no transfer was
-  carrying a body (the union of every shard's first-byte-to-last-byte interval, subtracted from
-  the span), as a share of the streaming time: gaps between shards, or waiting on requests;
+  carrying a body (the union of every shard's body interval, subtracted from the span), as a share
+  of the streaming time: gaps between shards, or waiting on requests. A body interval runs from
+  its first byte to its last; the client stamps a chunk when it has arrived, so the first chunk's
+  own transfer time (its bytes at the rate measured on the rest of that shard) is counted before
+  the stamp;
 * **delivered rate**: bytes / busy time. On this shared 2-core machine the Python pacer and client
   cannot always carry 1,000 Mbit/s; the estimate is compared with the nominal and the delivered
   rate;
@@ -19,6 +22,7 @@ takes ~`shard_ms` of link time at that rate. Reported per rate:
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import threading
 import time
@@ -61,6 +65,7 @@ def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: flo
                 seen.append((j, len(data)))
                 if len(seen) == 3:
                     est_after[3] = driver.bw.predict_bps() or float("nan")
+                    est_after["samples"] = [x * 8 / 1e6 for x in driver.bw._samples]
                 if len(seen) == shards:
                     done.set()
 
@@ -71,12 +76,20 @@ def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: flo
                 ok = done.wait(timeout=120)
                 stage.stop()
             recs = [r for r in driver.records if r.fetch_end == r.fetch_end]
-            first = min(r.t_first_byte for r in recs)
             last = max(r.fetch_end for r in recs)
             total = sum(r.nbytes for r in recs)
-            span = last - first
+            # A shard's first chunk is stamped when it has *arrived*: the link carried it during
+            # the chunk's own transfer time before that, so each busy interval starts that much
+            # earlier (at the rate measured on the rest of the same shard).
+            def body(r):
+                rest_s = r.fetch_end - r.t_first_byte
+                rate = (r.nbytes - r.first_chunk_bytes) / rest_s if rest_s > 0 else 0.0
+                return (r.t_first_byte - (r.first_chunk_bytes / rate if rate > 0 else 0.0), r.fetch_end)
+
             busy, cur_a, cur_b = 0.0, None, None
-            for a, b in sorted((r.t_first_byte, r.fetch_end) for r in recs):
+            first = min(body(r)[0] for r in recs)
+            span = last - first
+            for a, b in sorted(body(r) for r in recs):
                 if cur_b is None or a > cur_b:
                     if cur_b is not None:
                         busy += cur_b - cur_a
@@ -94,7 +107,10 @@ def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: flo
                    "estimate_error": est_after.get(3, float("nan")) / rate - 1,
                    "delivered_mbps": delivered * 8 / 1e6,
                    "estimate_error_vs_delivered": est_after.get(3, float("nan")) / delivered - 1,
-                   "naive_first_shard_mbps": naive * 8 / 1e6, "rtt_estimate_ms": driver.rtt.rtt_s() * 1000}
+                   "naive_first_shard_mbps": naive * 8 / 1e6, "rtt_estimate_ms": driver.rtt.rtt_s() * 1000,
+                   "loadavg": list(os.getloadavg()), "samples_after_3_mbps": est_after.get("samples"),
+                   "timeline_ms": [[r.index, round(1000 * r.t_request, 1), round(1000 * r.t_first_byte, 1),
+                                    round(1000 * r.fetch_end, 1), r.first_chunk_bytes] for r in recs]}
             rows.append(row)
             log(f"  {mbps:6g} Mbit/s: idle {100 * row['idle_share']:.1f} % of {1000 * span:.0f} ms streaming; estimate after "
                 f"3 shards {row['estimate_after_3_mbps']:.1f} Mbit/s ({100 * row['estimate_error']:+.1f} % vs nominal, "
@@ -110,11 +126,13 @@ def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: flo
 
 
 def link_markdown(result: dict) -> str:
-    lines = [f"Link check, {result['mode']}: raw-stream's fetch stage alone, constant rate through the pacer.", "",
-             "| rate (Mbit/s) | RTT (ms) | shards x bytes | link idle (share of streaming) | delivered (Mbit/s) | estimate after 3 shards (Mbit/s) | error vs nominal | error vs delivered | request-to-last-byte reading (Mbit/s) |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"Link check, {result['mode']}: raw-stream's fetch stage alone, constant rate through the pacer. "
+             "Reproduce: `./dev sakura bench link --out docs/e2e` (per-shard timelines in link.json).", "",
+             "| rate (Mbit/s) | RTT (ms) | shards x bytes | link idle (share of streaming) | delivered (Mbit/s) | estimate after 3 shards (Mbit/s) | error vs nominal | error vs delivered | request-to-last-byte reading (Mbit/s) | load average (1 min) |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         lines.append(f"| {r['mbps']:g} | {r['rtt_ms']:g} | {r['shards']} x {r['shard_bytes']} | {100 * r['idle_share']:.1f} % | "
                      f"{r['delivered_mbps']:.0f} | {r['estimate_after_3_mbps']:.1f} | {100 * r['estimate_error']:+.1f} % | "
-                     f"{100 * r['estimate_error_vs_delivered']:+.1f} % | {r['naive_first_shard_mbps']:.1f} |")
+                     f"{100 * r['estimate_error_vs_delivered']:+.1f} % | {r['naive_first_shard_mbps']:.1f} | "
+                     f"{(r.get('loadavg') or [float('nan')])[0]:.1f} |")
     return "\n".join(lines) + "\n"

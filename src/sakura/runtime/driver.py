@@ -30,6 +30,17 @@ from .plan import (LOCAL, ConstantLink, PipelineState, PlanResult, Route, ShardS
                    psnr_from_mse)
 
 USE, WAIT = "use", "wait"
+#: sakura's default loss bound e: never more than 1 % slower than on-device, by construction
+#: (`EditDriver.slack_s`).
+LOSS_BOUND = 0.01
+#: what sakura's planner plans with by default ("robust" or "predict", see `SakuraPolicy`)
+PLAN_ESTIMATE = "robust"
+#: the share of the loss bound's slack a plan may spend on predicted stalls (the rest absorbs
+#: what the estimates miss)
+PLAN_STALL_SHARE = 1.0
+#: after a missed deadline, layers whose local compute catches up over at most this many template
+#: layers go local at once; beyond it the layer waits (within its deadline and the loss bound)
+SUSPECT_CATCH_UP = 1
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,9 @@ class ShardRecord:
     delivered: float = math.nan     # when it got the KV (after local compute, if local)
     local_s: float = 0.0            # on-device compute spent at this layer (incl. catch-up)
     exp_end: float = math.nan       # expected last byte (while in flight)
+    remaining: int = 0              # bytes still to come (while in flight)
+    first_chunk_bytes: int = 0      # bytes in the first chunk that arrived (they carry no duration)
+    t_progress: float = math.nan    # when bytes last arrived
     note: str = ""
 
     @property
@@ -91,10 +105,12 @@ class EditDriver:
         bandwidth, rtt: the phone's estimators (kept across edits by a real app).
         decode_workers: decode pool size (the plan knows it).
         max_inflight: most requests outstanding at once.
+        compute_start_s: when the forward pass is expected to reach layer 0 (work before the
+            transformer, e.g. the text encoder, overlaps with fetching; the first plan knows it).
     """
 
     def __init__(self, specs: Sequence[ShardSpec], policy: Policy, *, bandwidth: BandwidthEstimator,
-                 rtt: RttEstimator, decode_workers: int = 1, max_inflight: int = 8):
+                 rtt: RttEstimator, decode_workers: int = 1, max_inflight: int = 8, compute_start_s: float = 0.0):
         if decode_workers < 1 or max_inflight < 1:
             raise ValueError("decode_workers and max_inflight must be >= 1")
         self.specs = list(specs)
@@ -103,22 +119,78 @@ class EditDriver:
         self.bw = bandwidth
         self.rtt = rtt
         self.workers = decode_workers
-        self.max_inflight = max_inflight
+        # a policy may fetch one chunk at a time (CacheGen as published)
+        self.max_inflight = min(max_inflight, getattr(policy, "max_inflight", None) or max_inflight)
         self.records = [ShardRecord(j) for j in range(self.L)]
         self.events: list[str] = []
         self.routes: dict[int, Route] = {}
         self.generator_at = 0
         self.compute_at = 0
-        self.compute_free = 0.0
+        self.compute_free = compute_start_s
         self.decode_free = [0.0] * decode_workers
         self.link_suspect = False    # a deadline passed with no bytes since: assume the link is gone
         self.switched = False        # some layer used fetched KV
         self.started = False
+        # The loss bound (see `slack_s`): set when the forward pass reaches its first layer.
+        self.t_bound: float | None = None
+        self.waited_s = 0.0          # total time the forward pass waited on the link
 
     # ----------------------------------------------------------------------------- estimates
     def bytes_per_s(self) -> float:
-        """The rate the planner plans with: the robust (discounted) estimate."""
+        """The rate the planner plans with: the robust (discounted) estimate, or the plain
+        prediction when the policy plans on it (`SakuraPolicy.estimate`)."""
+        if getattr(self.policy, "estimate", "robust") == "predict":
+            return self.bw.predict_bps() or 1e5
         return self.bw.robust_bps() or 1e5
+
+    def worst_remaining_s(self, j: int) -> float:
+        """What finishing the first step from layer j costs if every layer from j on is computed
+        on the device: each layer's forward compute, and every template layer the local
+        generator has not produced yet (it catches up over fetched layers)."""
+        return (sum(s.compute_s for s in self.specs[j:])
+                + sum(s.local_s for s in self.specs[self.generator_at:]))
+
+    def fallback_finish(self, j: int, now: float, *, local_first: bool = False) -> tuple[float, float, bool]:
+        """The first step's end if no more bytes arrive, from the forward pass at layer j at `now`:
+        the best over m (the last layer computed on the device, or none) of: layers <= m use a
+        shard already decoded by then, else are computed locally (catching the generator up);
+        layers > m use the shards on the phone (fetched or decoded) when their decode ends, so m
+        must cover every layer whose bytes are not here. More bytes, or earlier decodes, can only
+        make it sooner. Returns (finish, its wait on decodes, whether it uses layer j's shard).
+        local_first: layer j is computed locally whatever its shard."""
+        here = {i: (r.decode_end if r.decode_end == r.decode_end else now) for i, r in enumerate(self.records)
+                if i >= j and r.status in ("fetched", "ready") and not (local_first and i == j)}
+        must = max([i for i in range(j, self.L) if i not in here] + [j - 1])
+        best = (math.inf, 0.0, False)
+        for m in range(must, self.L):
+            t, g, waited, uses = now, self.generator_at, 0.0, False
+            for i in range(j, self.L):
+                if i > m or (i in here and here[i] <= t):
+                    waited += max(0.0, here[i] - t)
+                    t = max(t, here[i]) + self.specs[i].compute_s
+                    uses = uses or i == j
+                else:
+                    t += sum(x.local_s for x in self.specs[g:i + 1]) + self.specs[i].compute_s
+                    g = i + 1
+            if t < best[0]:
+                best = (t, waited, uses)
+        return best
+
+    def slack_s(self, j: int, now: float) -> float:
+        """How much longer than the fallback the forward pass may still take from layer j without
+        breaking the loss bound (inf when the policy sets none): t_bound - `fallback_finish`.
+
+        The bound: the first step ends by t_bound = t0 + (1 + e) x (the on-device first step),
+        t0 = when the forward pass reached layer 0, e = the policy's `loss_bound`. Invariant:
+        the fallback from where the pass stands (use what is on the phone, compute the rest)
+        ends by t_bound. It holds at layer 0 (the fallback is at most on-device); bytes that arrive
+        only make the fallback sooner; a wait on a shard that is not on the phone ends by a
+        deadline at most the slack; a wait on one being decoded is the fallback's own; LOCAL is
+        taken only where the fallback from after it still ends in time. So the edit is never more
+        than e slower than on-device (docs/runtime.md)."""
+        if self.t_bound is None:
+            return math.inf
+        return self.t_bound - self.fallback_finish(j, now)[0]
 
     def timing_bytes_per_s(self) -> float:
         """The rate used to time requests issued ahead: the undiscounted prediction. Erring fast
@@ -132,7 +204,31 @@ class EditDriver:
         return [r for r in self.records if r.status == "requested"]
 
     def link_free(self, now: float) -> float:
-        return max([now] + [r.exp_end for r in self.inflight()])
+        """When the link will have carried everything requested (seconds). The requests in flight
+        are replayed first in, first out with the current estimate, or with the rate the transfers
+        under way are measuring (all of them together: they share the link) if that is faster, so
+        a stale estimate does not hold the next request back; a request that has not started yet
+        starts one RTT after it went out at the earliest. Refreshes every `exp_end`."""
+        rate, rtt = self.timing_bytes_per_s(), self.rtt_s()
+        infl = sorted(self.inflight(), key=lambda r: r.t_request)
+        recv = [r for r in infl if r.t_progress == r.t_progress and r.t_progress <= now]
+        if recv:
+            got = sum(self.routes[r.index].nbytes - r.remaining for r in recv)
+            el = max(r.t_progress for r in recv) - min(r.t_first_byte for r in recv)
+            if el > 2e-3 and got > 0:
+                rate = max(rate, got / el)
+        t = -math.inf
+        for r in infl:
+            nbytes = self.routes[r.index].nbytes
+            if r in recv:
+                end = max(t, r.t_progress) + r.remaining / rate
+            elif r.t_first_byte == r.t_first_byte and r.t_first_byte <= now:  # started (no progress reports)
+                end = max(t, r.t_first_byte) + nbytes / rate
+            else:
+                end = max(t, r.t_request + rtt) + nbytes / rate
+            r.exp_end = max(now, end)
+            t = r.exp_end
+        return max(now, t)
 
     def expected_ready(self, j: int, now: float) -> float:
         r = self.records[j]
@@ -141,19 +237,33 @@ class EditDriver:
         if r.status == "ready":
             return r.decode_end
         if r.status == "fetched":
-            return max(now, min(self.decode_free)) + dec
+            return max(now, r.decode_end)  # the decode end expected when it was queued
         if r.status == "requested":
             return max(now, r.exp_end) + dec
         return math.inf
 
     def state(self, now: float) -> PipelineState:
         """The pipeline as the planner sees it now."""
+        nxt = self.next_layer()
+        self.link_free(now)  # refresh the in-flight transfers' expected ends
         ready = {r.index: self.expected_ready(r.index, now) for r in self.records
-                 if r.status in ("requested", "fetched", "ready") and r.index >= self.compute_at}
-        return PipelineState(now=now, link_free=self.link_free(now),
-                             decode_free=tuple(max(now, t) for t in self.decode_free),
-                             compute_at=self.compute_at, compute_free=max(now, self.compute_free),
+                 if r.status in ("fetched", "ready") and r.index >= nxt}
+        # shards in flight queue for the decode workers behind the fetched ones, in arrival order
+        workers = sorted(max(now, t) for t in self.decode_free)
+        for r in sorted(self.inflight(), key=lambda r: r.exp_end):
+            done = max(workers[0], now, r.exp_end) + self.routes[r.index].decode_s
+            workers[0] = done
+            workers.sort()
+            if r.index >= nxt:
+                ready[r.index] = done
+        return PipelineState(now=now, link_free=self.link_free(now), decode_free=tuple(workers),
+                             compute_at=nxt, compute_free=max(now, self.compute_free),
                              generator_at=self.generator_at, ready=ready)
+
+    def next_layer(self) -> int:
+        """The next layer whose KV source is not decided yet (the forward pass reaches it at
+        compute_free): the layer it stands at if it is still waiting there, else the one after."""
+        return self.compute_at + (self.records[self.compute_at].source != "")
 
     def plan(self, now: float, allow_local: bool = True, image_floor: bool = False) -> PlanResult:
         """The plan from now with the current estimates. image_floor: hold the summed image MSE of
@@ -165,8 +275,24 @@ class EditDriver:
                         if r.index in self.routes and r.status in ("requested", "fetched", "ready")
                         and r.source in ("", self.routes[r.index].name))
             budget = max(0.0, total - spent)
+        if budget is not None:
+            budget *= getattr(self.policy, "quality_scale", 1.0)
+        stall_budget = None
+        if self.t_bound is not None:
+            # the slack at the next layer the forward pass will reach, when it reaches it
+            nxt = self.next_layer()
+            if nxt < self.L:
+                at = max(now, self.compute_free)
+                finish, decode_wait, _ = self.fallback_finish(nxt, at)
+                stall_budget = max(0.0, self.t_bound - finish) + decode_wait
+            else:
+                stall_budget = 0.0
+        elif getattr(self.policy, "loss_bound", None) is not None:
+            stall_budget = self.policy.loss_bound * sum(s.compute_s + s.local_s for s in self.specs)
+        if stall_budget is not None:
+            stall_budget = None if PLAN_STALL_SHARE is None else stall_budget * PLAN_STALL_SHARE
         return plan_split(self.specs, self.state(now), ConstantLink(self.bytes_per_s()), self.rtt_s(),
-                          allow_local=allow_local, mse_budget=budget)
+                          allow_local=allow_local, mse_budget=budget, stall_budget=stall_budget)
 
     # ---------------------------------------------------------------------------- requesting
     def start(self, now: float) -> None:
@@ -182,7 +308,10 @@ class EditDriver:
         while len(self.inflight()) < self.max_inflight:
             lf = self.link_free(now)
             ahead = 1.5 * rtt + 1e-6  # issue the next one an RTT and a half before the link drains
-            if self.inflight() and lf - now > ahead:
+            # until a transfer has measured the link, keep two requests out: the estimate may be
+            # stale (another network), and a second request costs nothing if it is right
+            unmeasured = self.bw.samples == 0 and len(self.inflight()) < 2
+            if self.inflight() and lf - now > ahead and not unmeasured:
                 return out, lf - ahead + 1e-9
             nxt = self.policy.next_fetch(self, now)
             if nxt is None:
@@ -194,6 +323,7 @@ class EditDriver:
             start = max(lf, now + rtt)
             r.status, r.route, r.t_request = "requested", route.name, now
             r.exp_end = start + route.nbytes / self.timing_bytes_per_s()
+            r.remaining = route.nbytes
             self.routes[j] = route
             out.append((j, route))
         return out, None
@@ -207,7 +337,11 @@ class EditDriver:
         """Bytes are arriving for shard j: refine when it will end; the link is alive."""
         r = self.records[j]
         if r.status == "requested":
-            r.exp_end = now + remaining_bytes / self.timing_bytes_per_s()
+            r.remaining, r.t_progress = remaining_bytes, now
+            if r.t_first_byte != r.t_first_byte:
+                r.t_first_byte = now
+            if not r.first_chunk_bytes:
+                r.first_chunk_bytes = self.routes[j].nbytes - remaining_bytes
         self.link_suspect = False
 
     def on_fetched(self, j: int, nbytes: int, now: float, *, sample_bytes: int, sample_s: float) -> float:
@@ -219,6 +353,7 @@ class EditDriver:
         self.bw.observe(sample_bytes, sample_s)
         w = min(range(self.workers), key=lambda i: self.decode_free[i])
         self.decode_free[w] = max(now, self.decode_free[w]) + self.routes[j].decode_s
+        r.decode_end = self.decode_free[w]  # expected; on_decoded records the real end
         self.policy.replan(self, now)
         return self.decode_free[w]
 
@@ -250,10 +385,19 @@ class EditDriver:
         r = self.records[j]
         r.needed = now
         self.compute_at = j
+        bound = getattr(self.policy, "loss_bound", None)
+        if self.t_bound is None and bound is not None and self.policy.adaptive:
+            self.t_bound = now + (1 + bound) * self.worst_remaining_s(j)
         if r.status == "ready":
             return self._use(j, now)
-        if self.policy.prefers_local(self, j) or r.status in ("failed", "cancelled"):
+        certain = r.status == "fetched"  # its bytes are on the phone: the fallback waits for its decode
+        # a shard being decoded is computed instead only if that is sooner than its decode and
+        # keeps the loss bound
+        if r.status in ("failed", "cancelled") or (self.policy.prefers_local(self, j) and (
+                not certain or ((j - self.generator_at + 1) * self.specs[j].local_s < r.decode_end - now
+                                and self._local_keeps_bound(j, now)))):
             return self._local(j, now, "" if r.status == "pending" else r.status)
+        self.link_free(now)  # refresh the in-flight transfers' expected ends
         e = self.expected_ready(j, now)
         local_cost = (j - self.generator_at + 1) * self.specs[j].local_s
         if r.status == "pending":
@@ -261,22 +405,45 @@ class EditDriver:
             route = self.policy_route(j)
             e = (max(self.link_free(now), now + self.rtt_s()) + route.nbytes / self.bytes_per_s() + route.decode_s
                  if route else math.inf)
-        if self.policy.adaptive and (self.link_suspect or e - now >= local_cost):
-            return self._local(j, now, "late" if r.status != "pending" else "")
+        slack = self.slack_s(j, now)
+        # waiting on a shard being decoded costs no slack when the fallback itself waits for it
+        certain = certain and (self.t_bound is None or self.fallback_finish(j, now)[2])
+        # A suspect link sends a layer local at once only when that is cheap (no catch-up): after
+        # streamed layers, computing costs the whole catch-up, and the loss bound already caps
+        # what waiting on a dead link can cost.
+        suspect = self.link_suspect and (j - self.generator_at + 1 <= SUSPECT_CATCH_UP) and not certain
+        if self.policy.adaptive and ((suspect or e - now >= local_cost) and self._local_keeps_bound(j, now)
+                                     or (slack <= 0 and not certain)):
+            return self._local(j, now, ("late" if r.status != "pending" else "") if slack > 0 or certain
+                               else "loss bound")
         if not self.policy.adaptive:
             return LayerAction(WAIT)
         # Expected sooner than computing it: wait for about what the estimate says (twice it, or
         # it plus two RTTs), never longer than computing it would take. After a deadline passes
         # with no bytes since, the link is suspect and later layers go local at once, so a link
         # that dies costs one deadline, not one per layer.
+        # The loss bound caps every wait at the slack left (see `slack_s`).
         wait = max(2 * (e - now), (e - now) + 2 * self.rtt_s())
-        return LayerAction(WAIT, deadline=now + min(local_cost, wait))
+        cap = (e - now) + max(0.0, slack) if certain else slack
+        return LayerAction(WAIT, deadline=now + min(local_cost, wait, cap))
+
+    def _local_keeps_bound(self, j: int, now: float) -> bool:
+        return self.t_bound is None or self.fallback_finish(j, now, local_first=True)[0] <= self.t_bound + 1e-9
 
     def policy_route(self, j: int) -> Route | None:
         return self.routes.get(j) or getattr(self.policy, "routes", {}).get(j)
 
     def on_wait_expired(self, j: int, now: float) -> LayerAction:
-        """The deadline passed and shard j is still not ready: compute it on the device."""
+        """The deadline passed and shard j is still not ready: compute it on the device, unless
+        its bytes have arrived meanwhile and the loss bound's fallback now waits for its decode
+        (then WAIT again, until the decode ends plus the slack)."""
+        r = self.records[j]
+        if r.status == "ready":
+            return self._use(j, now)
+        if r.status == "fetched" and self.t_bound is not None:
+            fin, _, uses = self.fallback_finish(j, now)
+            if uses and fin <= self.t_bound:
+                return LayerAction(WAIT, deadline=max(now, r.decode_end) + (self.t_bound - fin) + 1e-9)
         self.link_suspect = True
         self.events.append(f"{now * 1000:.0f} ms: shard {j} late past its deadline; computing it locally")
         return self._local(j, now, "deadline")
@@ -300,12 +467,16 @@ class EditDriver:
         r = self.records[j]
         route = self.routes[j]
         r.source, r.image_mse, r.delivered = route.name, route.image_mse, max(now, r.decode_end)
+        if r.needed == r.needed:
+            self.waited_s += max(0.0, r.delivered - r.needed)
         self.switched = True
         self.compute_free = r.delivered + self.specs[j].compute_s
         return LayerAction(USE)
 
     def _local(self, j: int, now: float, why: str) -> LayerAction:
         r = self.records[j]
+        if r.needed == r.needed:
+            self.waited_s += max(0.0, now - r.needed)
         if r.status in ("requested", "fetched"):
             r.status = "cancelled"
         catch_up = j - self.generator_at + 1
@@ -341,11 +512,22 @@ class SakuraPolicy:
     every shard would give (the sum of the per-shard floors); "shard": every shard on its own.
     The image floor lets the ladder spend bits where the image needs them (its rate allocation)
     and lets locally computed layers (exact) leave room for the others.
+
+    quality_scale: the image floor's MSE budget x this (1: CacheGen-L3 on every shard; the
+    benchmarks sweep it for the latency-quality frontier).
+    loss_bound: e, the most the edit may be slower than on-device: every wait on the link is
+    capped by the slack this leaves, and plans that predict more stall than the slack are not
+    taken (`EditDriver.slack_s`; None: no bound, waits capped only by the catch-up cost).
+    estimate: what the planner plans with: "robust" (the RobustMPC-discounted estimate) or
+    "predict" (the undiscounted prediction; the loss bound then limits what a miss can cost).
     """
 
     name: str = "sakura"
     adaptive: bool = True
     floor: str = "image"
+    quality_scale: float = 1.0
+    loss_bound: float | None = field(default_factory=lambda: LOSS_BOUND)
+    estimate: str = field(default_factory=lambda: PLAN_ESTIMATE)
     k: int = 0
     routes: dict[int, Route] = field(default_factory=dict)
     last_plan: PlanResult | None = None
@@ -424,25 +606,46 @@ class FixedPolicy:
 
 @dataclass
 class CacheGenPolicy:
-    """CacheGen's streaming adaptation, adapted to DiT template KV, with the same overlapped
-    fetching and decode workers as sakura.
+    """CacheGen's streaming adaptation (Liu et al., SIGCOMM 2024, section 5.3), adapted to DiT
+    template KV (a chunk = one layer's KV).
 
-    Per chunk (a layer), in order, when its request is due: the remaining latency target is split
-    evenly over the remaining chunks, and the highest quality level whose predicted time fits the
-    share is fetched (transfer at the estimated rate + decode on one worker, + an RTT if the link
-    is idle). If none fits, the chunk is recomputed — for template KV only while every earlier
-    chunk was recomputed too (a prefix) — else the lowest level is fetched.
+    Per chunk, in order, when its request is due: the latency target left is split evenly over
+    the chunks left, and the first level (best quality first) whose transfer fits that share is
+    fetched; if none fits, the chunk is recomputed on the device (the local generator catches
+    up over fetched layers, so any chunk can be). Two variants:
 
-    levels: rendition names from best to worst quality (CacheGen's levels 3..1).
+    * ``published=True`` (name ``cachegen``): the rule as published: the fit test is bytes x 8 /
+      bandwidth against the share, and chunks are fetched one at a time (the next request goes
+      out when the previous chunk has arrived).
+    * ``published=False`` (name ``cachegen-fair``, ours): the same overlapped fetching as sakura
+      (several requests in flight), and a fit test that also counts decoding on one worker and
+      an RTT when the link is idle; a chunk is recomputed only while every earlier chunk was
+      (a prefix), else the lowest level is fetched.
+
+    Both get the same decode workers as sakura. Both wait for a chunk they fetch (no fallback).
+
+    levels: rendition names from best to worst quality (CacheGen's levels 3..1); the benchmarks
+    cap the levels (e.g. level 3 only: CacheGen held to its level-3 quality, else recompute).
     target_s: the latency target (default in the harness: computing the template on the phone).
     """
 
     levels: tuple[str, ...]
     target_s: float
-    name: str = "cachegen"
+    published: bool = False
+    name: str = ""
     adaptive: bool = False
     local: set = field(default_factory=set)
     t0: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.levels:
+            raise ValueError("CacheGenPolicy needs at least one level")
+        if not self.name:
+            self.name = "cachegen" if self.published else "cachegen-fair"
+
+    @property
+    def max_inflight(self) -> int | None:
+        return 1 if self.published else None
 
     def replan(self, d, now):
         if self.t0 is None:
@@ -464,9 +667,10 @@ class CacheGenPolicy:
             idle = 0.0 if d.inflight() else d.rtt_s()
             for n in self.levels:
                 r = by_name[n]
-                if r.nbytes / bw + r.decode_s + idle <= share:
+                cost = r.nbytes / bw if self.published else r.nbytes / bw + r.decode_s + idle
+                if cost <= share:
                     return j, r
-            if all(i in self.local for i in range(j)):
+            if self.published or all(i in self.local for i in range(j)):
                 self.local.add(j)
                 continue
             return j, by_name[self.levels[-1]]

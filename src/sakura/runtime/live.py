@@ -50,6 +50,7 @@ class DeviceProfile:
     decode_bytes_per_s: dict[str, float] = field(default_factory=dict)
     default_decode_bytes_per_s: float = 80e6
     decode_workers: int = 1
+    pre_s: float = 0.0   # work before the transformer's first layer (text encoder, VAE encode)
 
     def decode_s(self, codec: str, fp16_bytes: int) -> float:
         rate = self.decode_bytes_per_s.get(codec.split(":")[0], self.default_decode_bytes_per_s)
@@ -98,6 +99,13 @@ def shard_specs(manifest: Any, profile: DeviceProfile) -> list[ShardSpec]:
     return specs
 
 
+#: How often the fetch stage asks the driver again while requests are in flight (seconds): bytes
+#: arriving refine when the link will drain, so the next request goes out on time.
+POLL_S = 0.005
+
+#: Shortest link-level throughput sample (seconds) while other transfers are still running.
+MIN_SAMPLE_S = 0.01
+
 #: Pass as `manifest=` when the phone has none (server down and not cached): the edit runs on the device.
 NO_MANIFEST = object()
 
@@ -140,8 +148,8 @@ class LiveKVSource:
                     action = changed
                     break
                 if now >= action.deadline:
-                    action = d.on_wait_expired(i, now)
-                    break
+                    action = d.on_wait_expired(i, now)  # may WAIT again: the shard's bytes came meanwhile
+                    continue
                 self.cond.wait(timeout=min(action.deadline - now, 0.5))
                 now = self.clock()
             kv = self.decoded.get(i) if action.kind == USE else None
@@ -248,6 +256,10 @@ class _LinkMeter:
     def sample(self, j: int, t_last: float) -> tuple[int, float]:
         first = self.active_first.pop(j, t_last)
         a = max(self.last_done, min([first] + list(self.active_first.values())))
+        if t_last - a < MIN_SAMPLE_S and self.active_first:
+            # overlapped transfers ending a few ms apart: a window that short measures timer
+            # noise (rates several times off); the next completion's sample covers this one
+            return 0, 0.0
         self.last_done = t_last
         n = sum(b for t, b in self.chunks if a < t <= t_last)
         self.chunks = [(t, b) for t, b in self.chunks if t > t_last]
@@ -337,7 +349,8 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     if renditions is not None:
         specs = [replace(s, routes=tuple(r for r in s.routes if r.name in renditions)) for s in specs]
     quality_known = all("image_mse" in r.distortion for s in manifest.shards for r in s.renditions)
-    driver = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt, decode_workers=workers, max_inflight=max_inflight)
+    driver = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt, decode_workers=workers, max_inflight=max_inflight,
+                        compute_start_s=clock() + profile.pre_s)
     driver.start(clock())
     if allow_fast_path and getattr(policy, "k", None) == driver.L:
         res = on_device("", driver.records)
@@ -514,6 +527,7 @@ class FetchStage:
                 with cond:
                     reqs, wake = driver.next_requests(clock())
                     cancel = driver.to_cancel()
+                    busy = bool(driver.inflight())
                 for j in cancel:
                     t = tasks.pop(j, None)
                     if t is not None and not t.done():
@@ -522,6 +536,8 @@ class FetchStage:
                     tasks[j] = asyncio.create_task(fetch_one(client, j, route))
                 kick.clear()
                 timeout = 0.25 if wake is None else max(0.0, min(0.25, wake - clock()))
+                if busy:  # ask again soon: the transfer under way refines when the link drains
+                    timeout = min(timeout, POLL_S)
                 try:
                     await asyncio.wait_for(kick.wait(), timeout)
                 except asyncio.TimeoutError:

@@ -200,7 +200,7 @@ def evaluate(specs: Sequence[ShardSpec], state: PipelineState, k: int, routes: M
 
 def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel, rtt_s: float, *,
                allow_local: bool = True, rel_tol: float = 0.01, mse_budget: float | None = None,
-               stall_weight: float = STALL_WEIGHT) -> PlanResult:
+               stall_weight: float = STALL_WEIGHT, stall_budget: float | None = None) -> PlanResult:
     """The plan that finishes soonest within the quality floor; among plans within `rel_tol` of
     that finish time, the best quality (lowest summed image MSE).
 
@@ -214,6 +214,10 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
     by greedy upgrades (largest MSE drop per extra byte first), then a pass that upgrades single
     shards, latest first (they have the most slack), while the finish time stays within
     tolerance. Shards without an admissible route can only be local.
+
+    stall_budget: plans whose predicted stall exceeds it (seconds) are not taken (the runtime
+    passes the slack its loss bound leaves, so it does not plan on waits it could not afford);
+    computing everything left is always allowed.
     """
     L = len(specs)
     lo = state.compute_at
@@ -235,7 +239,9 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
             routes = {j: adm[j][max(0, len(adm[j]) - 1 - rung)] for j in pending if j >= k}
             if mse_budget is not None and not _fit_budget(routes, adm, mse_budget):
                 continue
-            candidates.append(evaluate(specs, state, k, routes, link, rtt_s))
+            c = evaluate(specs, state, k, routes, link, rtt_s)
+            if stall_budget is None or c.stall_s <= stall_budget * (1 + 1e-9) or k == L:
+                candidates.append(c)
             if all(j < k for j in pending):
                 break  # nothing to stream: rungs are all the same plan
     if not candidates:  # nothing streamed fits the image budget: compute what is left
@@ -256,7 +262,7 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
             if sum(x.image_mse for x in trial.values()) > budget_left * (1 + 1e-9):
                 continue
             res = evaluate(specs, state, best.k, trial, link, rtt_s)
-            if score(res) <= limit:
+            if score(res) <= limit and (stall_budget is None or res.stall_s <= max(stall_budget, best.stall_s)):
                 routes, best = trial, res
                 break
     return best

@@ -54,7 +54,7 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
     its estimators learn from the transfers. compute_start_s: when the forward pass reaches
     layer 0 (work before the transformer, e.g. the text encoder, overlaps with fetching)."""
     d = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt or RttEstimator(prior_s=rtt_s),
-                   decode_workers=decode_workers, max_inflight=max_inflight)
+                   decode_workers=decode_workers, max_inflight=max_inflight, compute_start_s=compute_start_s)
     L = len(specs)
     heap: list = []
     seq = itertools.count()

@@ -79,3 +79,20 @@ def test_interleaved_speedup_tells_a_gil_holding_decode_from_a_releasing_one():
         for p in pools.values():
             p.shutdown()
     assert x2["holds"] < 1.35 and x2["releases"] > 1.6, x2
+
+
+def test_the_profile_reads_per_core_rates_from_the_rates_file(tmp_path):
+    """The one place benchmarks read decode rates: per-core rows of decode_rates.json."""
+    import json
+
+    from sakura.bench.profile import decode_rates
+
+    rows = [{"rendition": "progressive", "tokens": t, "workers": w, "fp16_bytes_per_cpu_s": 1e8 * w + t,
+             "fp16_bytes_per_s": 1.0} for t in (1024, 4096) for w in (1, 2)]
+    rows.append({"rendition": "cachegen:level=2", "tokens": 1024, "workers": 1, "fp16_bytes_per_cpu_s": 7e7,
+                 "fp16_bytes_per_s": 1.0})
+    (tmp_path / "r.json").write_text(json.dumps({"rows": rows}))
+    got = decode_rates(["progressive#1", "cachegen:level=2,delta=true"], tmp_path / "r.json", tokens=3000)
+    assert got == {"progressive#1": 1e8 + 4096, "cachegen:level=2,delta=true": 7e7}
+    with pytest.raises(KeyError, match="sakura bench decode"):
+        decode_rates(["uniform:bits=4"], tmp_path / "r.json")

@@ -107,3 +107,20 @@ def test_profile_bench_smoke(tmp_path):
     fast = [r_ for r_ in r["runs"] if r_["link"] == "constant 1000 Mbit/s"][0]
     assert fast["sakura"]["latency_s"] < fast["on-device"]["latency_s"]  # streaming pays on a fast link
     assert (tmp_path / "e2e_profile_heatmap.png").is_file() and (tmp_path / "e2e_profile_cdf.png").is_file()
+    assert (tmp_path / "e2e_frontier_klein4b-1024.png").is_file()
+    from sakura.runtime.driver import LOSS_BOUND
+
+    for row in r["runs"]:
+        assert row["sakura"]["latency_s"] <= row["on-device"]["latency_s"] * (1 + LOSS_BOUND) + 1e-9
+        # the sweep holds each method's points; its default points are the methods' own runs
+        sw = {(p["method"], p.get("levels"), p.get("target_x"), p.get("quality_x")): p for p in row["sweep"]}
+        assert sw[("cachegen", 3, 1.0, None)]["latency_s"] == row["cachegen"]["latency_s"]
+        assert sw[("cachegen-fair", 1, 1.0, None)]["latency_s"] == row["cachegen-fair-L3"]["latency_s"]
+        assert sw[("sakura", None, None, 1.0)]["latency_s"] == row["sakura"]["latency_s"]
+        # held to level 3: every streamed chunk at level 3, so at least level 3's quality
+        assert row["cachegen-L3"]["image_mse"] <= 6 * 1e-4 / 3 * (1 + 1e-6)
+    fc = r["family_checks"]
+    assert fc["all"]["runs"] == 4 and fc["all"]["worst_vs_on_device"] <= 1 + LOSS_BOUND + 1e-9
+    md = (tmp_path / "e2e_profile.md").read_text()
+    assert "## Never slower" in md and "equal quality vs cachegen-L3" in md
+    assert "losing runs" in (tmp_path / "e2e_profile_checks.txt").read_text()

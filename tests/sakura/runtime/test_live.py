@@ -186,7 +186,7 @@ def test_live_and_simulated_runs_take_the_same_decisions(setup, mbps):
     kw = dict(bw=mbps * 1e6 / 8, rtt=0.04, renditions=("lossless",), allow_fast_path=False, profile=prof)
     with pacer_in_thread(url, constant_trace(mbps), 0.0, 0.040) as purl:
         live = streamed_edit(slow, photo, base_url=purl, template_id="sticker-00", template_image=tpl.image[None],
-                             instruction=tpl.instruction, policy=SakuraPolicy(), manifest=m, steps=1,
+                             instruction=tpl.instruction, policy=SakuraPolicy(loss_bound=0.1), manifest=m, steps=1,
                              bandwidth=BandwidthEstimator(prior_bps=kw["bw"]), rtt=RttEstimator(prior_s=0.04),
                              renditions=kw["renditions"], allow_fast_path=False, profile=prof)
     from dataclasses import replace
@@ -194,12 +194,20 @@ def test_live_and_simulated_runs_take_the_same_decisions(setup, mbps):
     specs = [replace(s, routes=tuple(r for r in s.routes if r.name == "lossless")) for s in shard_specs(m, prof)]
     from sakura.runtime import ConstantLink
 
-    sim = simulate_edit(specs, SakuraPolicy(), link=ConstantLink(mbps * 1e6 / 8), rtt_s=0.04,
+    # a 10 % loss bound: the 1 % default's slack (14 ms here) is below one RTT, so the first layers'
+    # decisions would sit on a threshold that a busy machine's timing can flip
+    sim = simulate_edit(specs, SakuraPolicy(loss_bound=0.1), link=ConstantLink(mbps * 1e6 / 8), rtt_s=0.04,
                         bandwidth=BandwidthEstimator(prior_bps=kw["bw"]), rtt=RttEstimator(prior_s=0.04), decode_workers=2)
     assert live.choices() == [r.source for r in sim.records]
     assert [r.index for r in live.records if r.route] == [j for j, _ in sim.requests]
-    assert len(set(live.choices())) == 1  # the two links are clear-cut: all fetched, or all local
-    assert live.choices()[0] == ("lossless" if mbps == 100 else "local")
+    # the two links are clear-cut: all local, or all fetched but a local prefix (the first shard's
+    # round trip may be more wait than the loss bound allows before layer 0)
+    ch = live.choices()
+    if mbps == 100:
+        k = ch.index("lossless")
+        assert k <= 1 and set(ch[k:]) == {"lossless"}
+    else:
+        assert set(ch) == {"local"}
 
 
 def test_meet_in_the_middle_live(setup):
