@@ -25,6 +25,8 @@ for exactness tests and the bench's reference column).
 from __future__ import annotations
 
 import os
+from concurrent.futures import Executor
+from typing import Any, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -325,11 +327,36 @@ def _check_stream(words: np.ndarray, counts: np.ndarray, seg_ctx: np.ndarray, se
     return words, starts, seg_ctx, seg_len, n, counts
 
 
+def run_split(pool: Executor | None, fn: Callable[[int, int], Any], n: int) -> list[Any]:
+    """Run fn(lo, hi) over [0, n) cut into contiguous ranges, one per worker of `pool` (serially,
+    as fn(0, n), without one) -> the results in order. The calling thread runs the first range
+    and then runs inline every submitted range no worker has started yet (`Future.cancel`), so a
+    call made from inside `pool` itself cannot deadlock when all its workers are busy. The ranges
+    write disjoint outputs, so the result is the serial one bit for bit."""
+    workers = getattr(pool, "_max_workers", 1) if pool is not None else 1
+    k = max(1, min(int(workers), n))
+    if k == 1:
+        return [fn(0, n)]
+    cuts = [n * i // k for i in range(k + 1)]
+    futs = [pool.submit(fn, a, b) for a, b in zip(cuts[1:-1], cuts[2:])]
+    try:
+        out = [fn(cuts[0], cuts[1])]
+    except BaseException:
+        for f in futs:
+            f.cancel()
+        raise
+    for f, a, b in zip(futs, cuts[1:-1], cuts[2:]):
+        out.append(fn(a, b) if f.cancel() else f.result())
+    return out
+
+
 def decode(words: np.ndarray, counts: np.ndarray, seg_ctx: np.ndarray, seg_len: np.ndarray, model: Model,
-           piece: int = PIECE, out: np.ndarray | None = None, pieces: tuple[int, int] | None = None) -> np.ndarray:
+           piece: int = PIECE, out: np.ndarray | None = None, pieces: tuple[int, int] | None = None,
+           pool: Executor | None = None) -> np.ndarray:
     """Inverse of `encode` -> (n,) int32 symbols (into `out` if given). `pieces=(lo, hi)` decodes only
     those pieces (their symbols land at their places in `out`): threads can split one stream.
-    Raises `CorruptError` if the stream does not decode exactly."""
+    `pool`: split the pieces over its threads (`run_split`; the kernel releases the GIL), the
+    same symbols as the serial decode. Raises `CorruptError` if the stream does not decode exactly."""
     words, starts, seg_ctx, seg_len, n, counts = _check_stream(words, counts, seg_ctx, seg_len, model, piece)
     if out is None:
         out = np.empty(n, np.int32)
@@ -338,8 +365,11 @@ def decode(words: np.ndarray, counts: np.ndarray, seg_ctx: np.ndarray, seg_len: 
     lo, hi = (0, counts.size) if pieces is None else pieces
     if n == 0 or lo >= hi:
         return out
-    err = _decode_pieces(words, starts, seg_ctx, seg_len, model.freq, model.cum, model.bits, piece,
-                         lanes_for(n), n, lo, hi, out)
+    lanes = lanes_for(n)
+    def run(a: int, b: int) -> int:
+        return int(_decode_pieces(words, starts, seg_ctx, seg_len, model.freq, model.cum, model.bits, piece,
+                                  lanes, n, lo + a, lo + b, out))
+    err = next((e for e in run_split(pool, run, hi - lo) if e), 0)
     if err:
         raise CorruptError(f"entropy-coded stream {_ERRORS[int(err)]}")
     return out
