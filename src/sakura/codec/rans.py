@@ -25,6 +25,7 @@ for exactness tests and the bench's reference column).
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import Executor
 from typing import Any, Callable
 from dataclasses import dataclass
@@ -327,27 +328,42 @@ def _check_stream(words: np.ndarray, counts: np.ndarray, seg_ctx: np.ndarray, se
     return words, starts, seg_ctx, seg_len, n, counts
 
 
-def run_split(pool: Executor | None, fn: Callable[[int, int], Any], n: int) -> list[Any]:
-    """Run fn(lo, hi) over [0, n) cut into contiguous ranges, one per worker of `pool` (serially,
-    as fn(0, n), without one) -> the results in order. The calling thread runs the first range
-    and then runs inline every submitted range no worker has started yet (`Future.cancel`), so a
-    call made from inside `pool` itself cannot deadlock when all its workers are busy. The ranges
-    write disjoint outputs, so the result is the serial one bit for bit."""
+def run_split(pool: Executor | None, fn: Callable[[int, int], Any], n: int, per_worker: int = 4) -> list[Any]:
+    """Run fn(lo, hi) over [0, n) cut into contiguous ranges (about `per_worker` per worker of
+    `pool`; serially, as fn(0, n), without one) -> the results in range order. The calling thread
+    and the pool's workers take the next untaken range until none is left (a thread that gets no
+    core on a loaded machine holds up at most the one range it is running), and the caller then
+    cancels the helpers that never started, so a call made from inside `pool` itself cannot
+    deadlock when all its workers are busy. The ranges write disjoint outputs, so the result is
+    the serial one bit for bit."""
     workers = getattr(pool, "_max_workers", 1) if pool is not None else 1
-    k = max(1, min(int(workers), n))
-    if k == 1:
+    k = max(1, min(int(workers) * per_worker, n))
+    if int(workers) <= 1 or k == 1:
         return [fn(0, n)]
     cuts = [n * i // k for i in range(k + 1)]
-    futs = [pool.submit(fn, a, b) for a, b in zip(cuts[1:-1], cuts[2:])]
+    results: list[Any] = [None] * k
+    taken = iter(range(k))
+    lock = threading.Lock()
+
+    def drain() -> None:
+        while True:
+            with lock:
+                i = next(taken, None)
+            if i is None:
+                return
+            results[i] = fn(cuts[i], cuts[i + 1])
+
+    helpers = [pool.submit(drain) for _ in range(min(int(workers), k) - 1)]
     try:
-        out = [fn(cuts[0], cuts[1])]
-    except BaseException:
-        for f in futs:
-            f.cancel()
-        raise
-    for f, a, b in zip(futs, cuts[1:-1], cuts[2:]):
-        out.append(fn(a, b) if f.cancel() else f.result())
-    return out
+        drain()
+    finally:
+        with lock:                       # stop handing out ranges if the caller failed
+            for _ in taken:
+                pass
+        for f in helpers:
+            if not f.cancel():
+                f.result()               # re-raises a helper's error
+    return results
 
 
 def decode(words: np.ndarray, counts: np.ndarray, seg_ctx: np.ndarray, seg_len: np.ndarray, model: Model,
