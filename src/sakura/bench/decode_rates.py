@@ -102,6 +102,7 @@ class DecodeRate:
     speedup_vs_1_worker: float   # median over interleaved rounds of this wall rate / the 1-worker wall rate
     gil_free_fraction: float     # 2-worker speedup - 1, clipped to [0, 1]: the share of a decode that runs in parallel
     reference_fp16_bytes_per_cpu_s: float | None = None  # the plain reference decoder of the same bytes (one run)
+    split_speedup: float | None = None   # one shard decoded by SPLIT_THREADS threads (`pool=`) / serial, wall (median)
 
 
 def gil_verdict(fraction: float) -> str:
@@ -127,6 +128,29 @@ def _interleaved_rounds(decode: Callable[[], object], workers: Sequence[int], ro
             out[w][1].extend(f.result() for f in futs)
             out[w][0].append(time.perf_counter() - t0)
     return out
+
+
+SPLIT_THREADS = 2
+
+
+def _split_speedup(decode: Callable[..., object], pool: ThreadPoolExecutor, rounds: int) -> float:
+    """Median over rounds of serial wall time / wall time of the same decode split over `pool`
+    (rounds alternate the two, so a change in the machine's load hits both alike)."""
+    ratios = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        decode()
+        t1 = time.perf_counter()
+        decode(pool)
+        ratios.append((t1 - t0) / max(time.perf_counter() - t1, 1e-9))
+    return statistics.median(ratios)
+
+
+def splits_a_shard(codec) -> bool:
+    """Whether `codec.decode` takes a `pool` that threads share one shard with."""
+    import inspect
+
+    return "pool" in inspect.signature(codec.decode).parameters
 
 
 def reference_decoder(codec) -> Callable | None:
@@ -156,6 +180,7 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
     torch.set_num_threads(1)
     rows: list[DecodeRate] = []
     pools = {w: ThreadPoolExecutor(max_workers=w) for w in workers}
+    split_pool = ThreadPoolExecutor(max_workers=SPLIT_THREADS, thread_name_prefix="split")
     try:
         for T in tokens:
             shard = klein_layer(T, heads=heads, head_dim=head_dim)
@@ -168,8 +193,10 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
                 named = ([(spec, data)] if not codec.supports_layers
                          else [(f"{spec}#{r}", data[:e]) for r, e in enumerate(ends)])
                 for name, blob in named:
-                    def decode(blob=blob):
-                        return codec.decode(blob, ident, tables)
+                    def decode(pool=None, blob=blob):
+                        if pool is None:
+                            return codec.decode(blob, ident, tables)
+                        return codec.decode(blob, ident, tables, pool=pool)
 
                     decode()  # warm caches (tables' decoder models), as a phone holding the tables would be
                     ref_rate = None
@@ -179,6 +206,7 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
                         ref(blob, ident, tables)
                         ref_rate = shard.fp16_bytes / max(time.thread_time() - c0, 1e-9)
                     timing = _interleaved_rounds(decode, workers, rounds, pools)
+                    split = _split_speedup(decode, split_pool, rounds) if splits_a_shard(codec) else None
                     walls1 = timing[workers[0]][0]
                     per_w = {}
                     for w in workers:
@@ -194,13 +222,16 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
                             bits_per_value=8 * len(blob) / shard.num_values, workers=w,
                             fp16_bytes_per_cpu_s=shard.fp16_bytes / max(min(cpu), 1e-9), fp16_bytes_per_s=max(rates),
                             fp16_bytes_per_s_median=statistics.median(rates), speedup_vs_1_worker=speed,
-                            gil_free_fraction=gil, reference_fp16_bytes_per_cpu_s=ref_rate))
+                            gil_free_fraction=gil, reference_fp16_bytes_per_cpu_s=ref_rate,
+                            split_speedup=split))
                         log(f"  {name:<44} T={T:<5} {rows[-1].bits_per_value:6.3f} b/v  workers={w}  "
                             f"{rows[-1].fp16_bytes_per_cpu_s / 1e6:8.1f} MB/CPU-s  {max(rates) / 1e6:8.1f} MB/s wall  "
-                            f"x{speed:.2f}" + (f"  (reference {ref_rate / 1e6:.1f} MB/CPU-s)" if ref_rate else ""))
+                            f"x{speed:.2f}" + (f"  (reference {ref_rate / 1e6:.1f} MB/CPU-s)" if ref_rate else "")
+                            + (f"  one shard on {SPLIT_THREADS} threads x{split:.2f}" if split else ""))
     finally:
         for p in pools.values():
             p.shutdown()
+        split_pool.shutdown()
     return rows
 
 
@@ -240,11 +271,14 @@ def markdown(result: dict) -> str:
          "the native decoder equals it bit for bit). **Wall** = fp16 bytes per wall second summed over the workers "
          "(best round; medians in decode_rates.json), noisy on a shared machine. **xN** = N-worker / 1-worker wall "
          "rate, median of rounds that alternate the worker counts (a decode holding the GIL gets ~1x, one releasing "
-         "it ~Nx on N free cores).", "",
+         "it ~Nx on N free cores). **Split** = one shard decoded by "
+         f"{SPLIT_THREADS} threads that share its rANS pieces and channel blocks (`decode(..., pool=)`) / the serial "
+         "decode of the same shard, wall time, median of alternating rounds (- where the codec cannot split a "
+         "shard).", "",
          "| rendition | bits/value | tokens | per core MB/s | reference MB/s | "
          + " | ".join(f"wall, {w} worker{'s' if w > 1 else ''} MB/s" for w in ws) + " | "
-         + " | ".join(f"x{w}" for w in ws if w > 1) + " | GIL |",
-         "|---|---:|---:|---:|---:|" + "---:|" * len(ws) + "---:|" * (len(ws) - 1) + "---|"]
+         + " | ".join(f"x{w}" for w in ws if w > 1) + f" | GIL | split, one shard on {SPLIT_THREADS} threads |",
+         "|---|---:|---:|---:|---:|" + "---:|" * len(ws) + "---:|" * (len(ws) - 1) + "---|---:|"]
     by = {}
     for r in rows:
         by.setdefault((r.rendition, r.tokens), {})[r.workers] = r
@@ -257,6 +291,7 @@ def markdown(result: dict) -> str:
         cells += [f"{d[w].fp16_bytes_per_s / 1e6:.1f}" if w in d else "-" for w in ws]
         cells += [f"{d[w].speedup_vs_1_worker:.2f}" if w in d else "-" for w in ws if w > 1]
         cells.append(gil_verdict(any_r.gil_free_fraction) if not math.isnan(any_r.gil_free_fraction) else "-")
+        cells.append(f"x{any_r.split_speedup:.2f}" if any_r.split_speedup else "-")
         L.append("| " + " | ".join(cells) + " |")
     fams: dict[str, list[float]] = {}
     for (name, T), d in by.items():

@@ -23,6 +23,7 @@ Same bound on deltas: |x - x^| <= amax(delta_t) / (2 MAX).
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from typing import Any, Sequence
 
 import numpy as np
@@ -90,21 +91,24 @@ def _rans_encode(sym: np.ndarray, model: R.Model, pooled: bool) -> tuple[np.ndar
 
 
 def _rans_decode(words: np.ndarray, counts: np.ndarray, model: R.Model, rows: int, C: int, pooled: bool,
-                 engine: str) -> np.ndarray:
+                 engine: str, pool: Executor | None = None) -> np.ndarray:
     """Inverse of `_rans_encode` -> (C, rows) int32 symbols (channel-major, as coded)."""
     sc, sl = _segments(rows, C, pooled)
     if not pooled and model.rows != C:
         raise bs.CorruptError(f"cachegen: table has {model.rows} channels, data has {C}")
-    dec = R.decode_reference if engine == "reference" else R.decode
-    return dec(words, counts, sc, sl, model, _piece(rows)).reshape(C, rows)
+    if engine == "reference":
+        return R.decode_reference(words, counts, sc, sl, model, _piece(rows)).reshape(C, rows)
+    return R.decode(words, counts, sc, sl, model, _piece(rows), pool=pool).reshape(C, rows)
 
 
-def _dequantise_cm(sym_cm: np.ndarray, amax: np.ndarray, bins: int, engine: str) -> np.ndarray:
-    """(C, rows) channel-major symbols -> (rows, C) float32 values."""
+def _dequantise_cm(sym_cm: np.ndarray, amax: np.ndarray, bins: int, engine: str,
+                   pool: Executor | None = None) -> np.ndarray:
+    """(C, rows) channel-major symbols -> (rows, C) float32 values (`pool`: channels split over threads)."""
     if engine == "reference":
         return _dequantise(sym_cm.T, amax, bins)
     out = np.empty(sym_cm.shape, np.float32)
-    K.cachegen_dequant(sym_cm, np.ascontiguousarray(amax, np.float32), bins // 2 - 1, out)
+    am = np.ascontiguousarray(amax, np.float32)
+    R.run_split(pool, lambda a, b: K.cachegen_dequant(sym_cm[a:b], am, bins // 2 - 1, out[a:b]), sym_cm.shape[0])
     return torch.from_numpy(out).t().contiguous().numpy()   # torch's blocked transpose releases the GIL
 
 
@@ -223,13 +227,15 @@ class CacheGenCodec(Codec):
         return w.to_bytes(bs.KIND_SHARD, self._header(shard, ident, tables, key_bins=kb, value_bins=vb,
                                                       scale_dtype=sdt.str), FORMAT_VERSION)
 
-    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
-        return self.decode_with(data, ident, tables, "native")
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
+               pool: Executor | None = None) -> DecodedShard:
+        return self.decode_with(data, ident, tables, "native", pool)
 
     def decode_with(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-                    engine: str = "native") -> DecodedShard:
+                    engine: str = "native", pool: Executor | None = None) -> DecodedShard:
         """`engine`: "native" (numba, releases the GIL) or "reference" (plain Python rANS + numpy,
-        what the native decoder is tested against bit for bit)."""
+        what the native decoder is tested against bit for bit). `pool` (native only): threads that
+        share this one shard's rANS pieces (whole channels each); bit-equal to the serial decode."""
         obj, dtype, shape = self._open(data, ident, tables)
         bs.require_version(obj, FORMAT_VERSION, self.name)
         h = obj.header
@@ -271,8 +277,8 @@ class CacheGenCodec(Codec):
                 if at.shape != (1, ANCHOR_BINS - 1):
                     raise bs.CorruptError(f"cachegen: anchor histogram {kv} has shape {at.shape}")
                 a_sym = _rans_decode(obj.section(f"arans.{kv}"), obj.section(f"apieces.{kv}"), amodel,
-                                     anchors.size, C, True, engine)
-                a_hat = _dequantise_cm(a_sym, a_amax, ANCHOR_BINS, engine)
+                                     anchors.size, C, True, engine, pool)
+                a_hat = _dequantise_cm(a_sym, a_amax, ANCHOR_BINS, engine, pool)
                 ref = a_hat[_anchor_of(T, group)]  # (T, C)
             if tables is not None:
                 tname = f"L{layer}.{kv}.b{bins}"
@@ -285,11 +291,12 @@ class CacheGenCodec(Codec):
                 raise bs.CorruptError(f"cachegen: histogram {kv} has shape {table.shape}, expected {(C, bins - 1)}")
             words, counts = obj.section(f"rans.{kv}"), obj.section(f"pieces.{kv}")
             if not delta:
-                x = _dequantise_cm(_rans_decode(words, counts, model, T, C, False, engine), amax, bins, engine)
+                x = _dequantise_cm(_rans_decode(words, counts, model, T, C, False, engine, pool), amax, bins,
+                                   engine, pool)
             else:
                 x = ref.copy()
                 if rows.size:
-                    x[rows] += _dequantise_cm(_rans_decode(words, counts, model, rows.size, C, False, engine), amax,
-                                              bins, engine)
+                    sym = _rans_decode(words, counts, model, rows.size, C, False, engine, pool)
+                    x[rows] += _dequantise_cm(sym, amax, bins, engine, pool)
             out.append(from_f32_2d(x, shape, dtype))
         return DecodedShard(out[0], out[1], torch.ones(T, dtype=torch.bool))

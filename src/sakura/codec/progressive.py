@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -564,6 +565,7 @@ class ProgressiveState:
     mean: dict[str, np.ndarray] = field(default_factory=dict)
     scale: dict[str, np.ndarray | None] = field(default_factory=dict)   # per-token weights (T,) or None
     layout: Layout | None = None
+    pool: Executor | None = None   # native: threads that share this one shard (rANS pieces, channel blocks)
 
     def _part(self, kv: str) -> tuple[float, list[int], int, int]:
         e = self.header["prog"][kv]
@@ -603,7 +605,7 @@ class ProgressiveState:
         words, counts = rd.next("<u2"), rd.next("<u4")
         if self.engine == "reference":
             return R.decode_reference(words, counts, sc, sl, model), nz
-        return R.decode(words, counts, sc, sl, model), nz
+        return R.decode(words, counts, sc, sl, model, pool=self.pool), nz
 
     def start(self, obj: bs.Object, crc: int) -> None:
         bs.require_version(obj, FORMAT_VERSION, self.codec.name)
@@ -836,20 +838,26 @@ class ProgressiveState:
         st = np.float32(step * 2.0 ** -planes[self.level])
         cb = _idct_block(n, C)
         blocks = np.empty((C // cb, T, cb), np.float32)
-        K.reconstruct_blocks(self.mag[kv], self.neg[kv], self.layout.perm, C, st, cb, blocks)
+        mag, neg, perm = self.mag[kv], self.neg[kv], self.layout.perm
+        # token rows [a, b) each write their own rows of every block: threads split them freely
+        R.run_split(self.pool, lambda a, b: K.reconstruct_blocks(mag[a * C:b * C], neg[a * C:b * C], perm[a:b],
+                                                                  C, st, cb, blocks), T)
         d = _dct_t(n)
         g = torch.from_numpy(blocks)
         mu = torch.from_numpy(np.ascontiguousarray(self.mean[kv], dtype=np.float32))
         sc = self.scale.get(kv)
         inv = torch.from_numpy(sc.astype(np.float32))[:, None] if sc is not None else None
         res = torch.empty(T, C, dtype=self.dtype)
-        for b in range(C // cb):
-            t = (d @ g[b].reshape(n, -1)).reshape(n, n, -1)                   # (i, v, cb)
-            x = torch.matmul(d[None], t).reshape(T, -1)                       # (i j, cb)
-            if inv is not None:
-                x /= inv
-            x += mu[b * cb:(b + 1) * cb]
-            res[:, b * cb:(b + 1) * cb] = x
+
+        def run(lo: int, hi: int) -> None:   # channel blocks [lo, hi): disjoint columns of res
+            for b in range(lo, hi):
+                t = (d @ g[b].reshape(n, -1)).reshape(n, n, -1)               # (i, v, cb)
+                x = torch.matmul(d[None], t).reshape(T, -1)                   # (i j, cb)
+                if inv is not None:
+                    x /= inv
+                x += mu[b * cb:(b + 1) * cb]
+                res[:, b * cb:(b + 1) * cb] = x
+        R.run_split(self.pool, run, C // cb)
         return res.reshape(self.shape)
 
     def _bound(self) -> float:
@@ -904,17 +912,19 @@ def inverse_f32(c: np.ndarray, n: int) -> np.ndarray:
 
 
 def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: CodecTables | None, dtype,
-                shape, engine: str = "native") -> ProgressiveState:
+                shape, engine: str = "native", pool: Executor | None = None) -> ProgressiveState:
     st = ProgressiveState(codec=codec, ident=ident, tables=tables, dtype=dtype, shape=shape, header=obj.header,
-                          engine=engine)
+                          engine=engine, pool=pool)
     st.start(obj, zlib.crc32(piece))
     return st
 
 
-def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, engine: str = "native"
-                ) -> DecodedShard:
+def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, engine: str = "native",
+                pool: Executor | None = None) -> DecodedShard:
     """Decode every complete rung of `data` with `engine` ("reference": the plain decoder the native
-    one is tested against; the bench's reference column)."""
+    one is tested against; the bench's reference column). `pool` (native only): threads that share
+    this one shard's rANS pieces, token rows and channel blocks; the output is the serial one bit
+    for bit."""
     mv = memoryview(data)
     spans = list(bs.split_objects(mv))
     if not spans or spans[-1][1] != len(mv):
@@ -923,7 +933,7 @@ def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, 
     obj, dtype, shape = codec._open(first, ident, tables)
     if obj.header.get("prog") is None or obj.header.get("level") != 0:
         raise bs.CorruptError("not the base object of a progressive ladder")
-    st = start_state(codec, obj, first, ident, tables, dtype, shape, engine)
+    st = start_state(codec, obj, first, ident, tables, dtype, shape, engine, pool)
     for a, e in spans[1:]:
         st.upgrade(bytes(mv[a:e]))
     return st.result()
@@ -980,7 +990,11 @@ class ProgressiveCodec(Codec):
     def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
         return b"".join(self.encode_levels(shard, ident, tables))
 
-    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
+               pool: Executor | None = None) -> DecodedShard:
+        """`pool`: threads that share this one shard (see `decode_with`); bit-equal to the serial decode."""
+        if pool is not None:
+            return decode_with(self, data, ident, tables, "native", pool)
         return self.decode_state(data, ident, tables).result()
 
     def start_state(self, piece: bytes, ident: ShardId, tables: CodecTables | None) -> ProgressiveState:

@@ -25,6 +25,9 @@ for exactness tests and the bench's reference column).
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import Executor
+from typing import Any, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -325,11 +328,51 @@ def _check_stream(words: np.ndarray, counts: np.ndarray, seg_ctx: np.ndarray, se
     return words, starts, seg_ctx, seg_len, n, counts
 
 
+def run_split(pool: Executor | None, fn: Callable[[int, int], Any], n: int, per_worker: int = 4) -> list[Any]:
+    """Run fn(lo, hi) over [0, n) cut into contiguous ranges (about `per_worker` per worker of
+    `pool`; serially, as fn(0, n), without one) -> the results in range order. The calling thread
+    and the pool's workers take the next untaken range until none is left (a thread that gets no
+    core on a loaded machine holds up at most the one range it is running), and the caller then
+    cancels the helpers that never started, so a call made from inside `pool` itself cannot
+    deadlock when all its workers are busy. The ranges write disjoint outputs, so the result is
+    the serial one bit for bit."""
+    workers = getattr(pool, "_max_workers", 1) if pool is not None else 1
+    k = max(1, min(int(workers) * per_worker, n))
+    if int(workers) <= 1 or k == 1:
+        return [fn(0, n)]
+    cuts = [n * i // k for i in range(k + 1)]
+    results: list[Any] = [None] * k
+    taken = iter(range(k))
+    lock = threading.Lock()
+
+    def drain() -> None:
+        while True:
+            with lock:
+                i = next(taken, None)
+            if i is None:
+                return
+            results[i] = fn(cuts[i], cuts[i + 1])
+
+    helpers = [pool.submit(drain) for _ in range(min(int(workers), k) - 1)]
+    try:
+        drain()
+    finally:
+        with lock:                       # stop handing out ranges if the caller failed
+            for _ in taken:
+                pass
+        for f in helpers:
+            if not f.cancel():
+                f.result()               # re-raises a helper's error
+    return results
+
+
 def decode(words: np.ndarray, counts: np.ndarray, seg_ctx: np.ndarray, seg_len: np.ndarray, model: Model,
-           piece: int = PIECE, out: np.ndarray | None = None, pieces: tuple[int, int] | None = None) -> np.ndarray:
+           piece: int = PIECE, out: np.ndarray | None = None, pieces: tuple[int, int] | None = None,
+           pool: Executor | None = None) -> np.ndarray:
     """Inverse of `encode` -> (n,) int32 symbols (into `out` if given). `pieces=(lo, hi)` decodes only
     those pieces (their symbols land at their places in `out`): threads can split one stream.
-    Raises `CorruptError` if the stream does not decode exactly."""
+    `pool`: split the pieces over its threads (`run_split`; the kernel releases the GIL), the
+    same symbols as the serial decode. Raises `CorruptError` if the stream does not decode exactly."""
     words, starts, seg_ctx, seg_len, n, counts = _check_stream(words, counts, seg_ctx, seg_len, model, piece)
     if out is None:
         out = np.empty(n, np.int32)
@@ -338,8 +381,11 @@ def decode(words: np.ndarray, counts: np.ndarray, seg_ctx: np.ndarray, seg_len: 
     lo, hi = (0, counts.size) if pieces is None else pieces
     if n == 0 or lo >= hi:
         return out
-    err = _decode_pieces(words, starts, seg_ctx, seg_len, model.freq, model.cum, model.bits, piece,
-                         lanes_for(n), n, lo, hi, out)
+    lanes = lanes_for(n)
+    def run(a: int, b: int) -> int:
+        return int(_decode_pieces(words, starts, seg_ctx, seg_len, model.freq, model.cum, model.bits, piece,
+                                  lanes, n, lo + a, lo + b, out))
+    err = next((e for e in run_split(pool, run, hi - lo) if e), 0)
     if err:
         raise CorruptError(f"entropy-coded stream {_ERRORS[int(err)]}")
     return out

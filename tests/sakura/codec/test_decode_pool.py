@@ -23,7 +23,11 @@ def test_bench_writes_scaling_and_reference_rates(tmp_path):
     assert by[("progressive#0", 1)]["reference_fp16_bytes_per_cpu_s"] > 0
     assert by[("cachegen:level=2", 1)]["reference_fp16_bytes_per_cpu_s"] > 0
     assert by[("lossless", 1)]["reference_fp16_bytes_per_cpu_s"] is None
-    assert "reference MB/s" in (tmp_path / "decode_rates.md").read_text()
+    md = (tmp_path / "decode_rates.md").read_text()
+    assert "reference MB/s" in md and "split, one shard on 2 threads" in md
+    # the codecs that split one shard over threads get the split column; lossless cannot split
+    assert by[("progressive#0", 1)]["split_speedup"] > 0 and by[("cachegen:level=2", 2)]["split_speedup"] > 0
+    assert by[("lossless", 1)]["split_speedup"] is None
     pool = load_scaling(path=tmp_path / "decode_rates.json")
     assert pool.workers == 2 and pool.speedup == sc["2"] and abs(pool.per_worker - sc["2"] / 2) < 1e-12
     # more workers than measured: no gain beyond the largest measured count is assumed
