@@ -302,6 +302,9 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     bandwidth = bandwidth or BandwidthEstimator(prior_bps=1e6)
     rtt = rtt or RttEstimator()
     workers = decode_workers or profile.decode_workers
+    from sakura.codec.rans import warm_up
+
+    warm_up()  # the native decoders' JIT (compile, or load from numba's disk cache) is paid before the clock starts
     t0 = time.monotonic()
     clock = lambda: time.monotonic() - t0  # noqa: E731
     events: list[str] = []
