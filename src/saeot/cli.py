@@ -215,12 +215,23 @@ def bench(
     pairs: str = typer.Option("0:18,9:18", help="Real layer pairs a:b."),
     disjoint: bool = typer.Option(True, help="Planted recovery when the layers see disjoint tokens (with CIs)."),
     seeds: int = typer.Option(4, help="Seeds for the disjoint-token benchmark."),
+    geometry_bench: bool = typer.Option(False, "--geometry-bench", help="Planted recovery under realistic geometry "
+                                        "(outlier dimensions, log-normal token norms) for every geometry option."),
 ) -> None:
     """Planted-match recovery for every method (synthetic) and, with --acts/--saes, every method on
     real layer pairs: top-token proxy, agreement, wall time for all pairs (JSON + plots)."""
     _check_positive("--seeds", seeds)
     from saeot.bench import disjoint_recovery, planted_recovery, plot_recovery, real_layers_bench, write_json
 
+    if geometry_bench:
+        from saeot.bench import planted_geometry
+
+        r = planted_geometry(seeds=range(seeds))
+        write_json(r, out / "planted_geometry.json")
+        for st, v in r["settings"].items():
+            for n, x in v.items():
+                typer.echo(f"{st:>8} {n:>36}: NN {x['nn']['mean']:.2f} [{x['nn']['lo']:.2f}, {x['nn']['hi']:.2f}]  "
+                           f"Hungarian {x['hungarian']['mean']:.2f}  max in-degree {x['max_in_degree']:.1f}")
     if disjoint:
         r = disjoint_recovery(seeds=range(seeds))
         write_json(r, out / "planted_disjoint.json")
@@ -267,6 +278,10 @@ def evaluate(
     k: str = typer.Option("32", help="Top-k support size(s), comma-separated."),
     candidates: int = typer.Option(32, help="OT candidates per feature (0 = all pairs)."),
     hubness: str = typer.Option("none", help="Hubness correction(s), comma-separated: none, csls."),
+    prefilter: str = typer.Option("sliced", help="Candidate pre-filter: sliced, pca-sliced, centroid."),
+    configs: str = typer.Option("", help="Explicit OT variants instead of the grid, ';'-separated "
+                                "geometry,solver,k,candidates,hubness[,prefilter] (first = the default)."),
+    n_chunks: int = typer.Option(4, help="Held-out chunks each ablated source is run on."),
     settings: str = typer.Option("shared,disjoint", help="shared and/or disjoint (fit tokens of the two layers)."),
     strategies: str = typer.Option("nn,hungarian,mutual", help="Matching strategies."),
     select_metric: str = typer.Option("judge", help="Metric the configuration is chosen by, on the val split."),
@@ -299,6 +314,7 @@ def evaluate(
         _check_choice("--settings", x, ("shared", "disjoint"))
     for x in _csv(strategies):
         _check_choice("--strategies", x, STRATEGY_CHOICES)
+    _check_choice("--prefilter", prefilter, ("sliced", "pca-sliced", "centroid"))
     _check_choice("--select-metric", select_metric, ("judge", "jaccard", "rel_effect", "hit10"))
     _check_folder("--acts", acts, "run `saeot collect`")
     _check_folder("--saes", saes, "run `saeot train-sae`")
@@ -307,15 +323,26 @@ def evaluate(
     from saeot.models import load_model
     from saeot.sae import load_sae
 
-    configs = [OTConfig(geometry=g, solver=sv, k=int(kk), candidates=candidates, hubness=h)
-               for g, sv, kk, h in product(_csv(geometry), _csv(solver), _csv(k), _csv(hubness))]
+    _check_positive("--n-chunks", n_chunks)
+    if configs:
+        try:
+            cfgs = [OTConfig.parse(c) for c in configs.split(";") if c.strip()]
+        except (TypeError, ValueError) as e:
+            _fail(f"--configs {configs!r}: {e}")
+        for c in cfgs:
+            if c.check():
+                _fail(f"--configs: {c.check()}")
+    else:
+        cfgs = [OTConfig(geometry=g, solver=sv, k=int(kk), candidates=candidates, hubness=h, prefilter=prefilter)
+                for g, sv, kk, h in product(_csv(geometry), _csv(solver), _csv(k), _csv(hubness))]
+    configs = cfgs
     lm = load_model(model)
     res = {}
     for la, lb in prs:
         res[f"{la}->{lb}"] = evaluate_pair(acts, load_sae(saes / f"layer_{la}"), load_sae(saes / f"layer_{lb}"), la, lb,
                                            lm=lm, n_eval=n_eval, n_intervene=n_intervene, configs=configs,
                                            settings=tuple(_csv(settings)), strategies=tuple(_csv(strategies)),
-                                           log=typer.echo)
+                                           n_chunks=n_chunks, log=typer.echo)
         write_json({"pairs": res}, out)  # after every pair: a partial result survives an interruption
     choice = choose_config(res, metric=select_metric, setting=_csv(settings)[0])
     write_json({"pairs": res, "selection": choice}, out)
@@ -337,6 +364,8 @@ def bench_speed(
     candidates: int = typer.Option(32, help="Candidates per feature for the exact solver."),
     recall_sources: int = typer.Option(24, help="Sources whose exact NN is found by brute force (recall)."),
     legacy: str = typer.Option("0b04a39", help="Git revision whose solvers are timed side by side ('' = none)."),
+    geometry: str = typer.Option(DEFAULT_GEOMETRY, help="Reference-space geometry (saeot.geometry)."),
+    spaces: str = typer.Option("reference,pca", help="reference and/or pca (64 components)."),
     out: Path = typer.Option(Path("docs/saeot/speed.json")),
 ) -> None:
     """Wall time of all-pairs OT between two layers: sliced, exact on candidates, PCA-64, per core, legacy."""
@@ -346,8 +375,13 @@ def bench_speed(
     _check_folder("--saes", saes, "run `saeot train-sae`")
     from saeot.bench import speed_bench, write_json
 
+    from saeot.geometry import GEOMETRIES
+
+    _check_choice("--geometry", geometry, GEOMETRIES)
+    for x in _csv(spaces):
+        _check_choice("--spaces", x, ("reference", "pca"))
     r = speed_bench(acts, saes, layer_a, layer_b, k=k, candidates=candidates, recall_sources=recall_sources,
-                    legacy_rev=legacy or None, log=typer.echo)
+                    legacy_rev=legacy or None, log=typer.echo, geometry=geometry, spaces=tuple(_csv(spaces)))
     write_json(r, out)
     typer.echo(f"wrote {out}")
 

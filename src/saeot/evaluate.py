@@ -95,16 +95,18 @@ class OTConfig:
     solver: str = "exact"
     k: int = 32
     candidates: int = 32
+    prefilter: str = "sliced"
 
     @property
     def name(self) -> str:
-        return f"ot[{self.geometry},{self.solver},k{self.k},c{self.candidates},{self.hubness}]"
+        pf = "" if self.prefilter == "sliced" else f",{self.prefilter}"
+        return f"ot[{self.geometry},{self.solver},k{self.k},c{self.candidates}{pf},{self.hubness}]"
 
     @classmethod
     def parse(cls, spec: str) -> "OTConfig":
-        """``geometry,solver,k,candidates,hubness`` (trailing fields optional), e.g. ``whiten+unit,sliced,128``."""
+        """``geometry,solver,k,candidates,hubness,prefilter`` (trailing fields optional), e.g. ``whiten+unit,sliced,128``."""
         parts = [p.strip() for p in spec.split(",") if p.strip()]
-        f = dict(zip(("geometry", "solver", "k", "candidates", "hubness"), parts))
+        f = dict(zip(("geometry", "solver", "k", "candidates", "hubness", "prefilter"), parts))
         for key in ("k", "candidates"):
             if key in f:
                 f[key] = int(f[key])
@@ -114,7 +116,7 @@ class OTConfig:
         """None if valid, else a one-line reason."""
         from saeot.geometry import GEOMETRIES
         from saeot.matching import HUBNESS
-        from saeot.wasserstein import SOLVERS
+        from saeot.wasserstein import PREFILTERS, SOLVERS
 
         if self.geometry not in GEOMETRIES:
             return f"geometry {self.geometry!r} is not one of {', '.join(GEOMETRIES)}"
@@ -122,6 +124,8 @@ class OTConfig:
             return f"solver {self.solver!r} is not one of {', '.join(SOLVERS)}"
         if self.hubness not in HUBNESS:
             return f"hubness {self.hubness!r} is not one of {', '.join(HUBNESS)}"
+        if self.prefilter not in PREFILTERS:
+            return f"prefilter {self.prefilter!r} is not one of {', '.join(PREFILTERS)}"
         if self.k < 1 or self.candidates < 0:
             return f"k must be >= 1 and candidates >= 0, got {self.k}, {self.candidates}"
         return None
@@ -364,13 +368,18 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
             res["fit_seconds"][name] = seconds
 
         by_space: dict = {}
+        ot_cache: dict = {}
         for c in configs:
             if (c.geometry, c.k) not in by_space:
                 by_space[(c.geometry, c.k)] = fitted_features(sae_a, sae_b, Ha, Hb, masks, setting, k=c.k,
                                                               geometry=c.geometry, acts=fit_acts)
             A, B = by_space[(c.geometry, c.k)]
             t1 = time.perf_counter()
-            pr = distance_matrix("ot", A, B, solver=c.solver, candidates=c.candidates or None)
+            key = (c.geometry, c.k, c.solver, c.candidates, c.prefilter)  # CSLS reuses the same distances
+            if key not in ot_cache:
+                ot_cache[key] = distance_matrix("ot", A, B, solver=c.solver, candidates=c.candidates or None,
+                                                prefilter=c.prefilter)
+            pr = ot_cache[key]
             D = csls(pr.D, csls_k) if c.hubness == "csls" else pr.D
             add(c.name, D, time.perf_counter() - t1)
             res.setdefault("ot_info", {})[c.name] = {"evaluated_pairs": int(pr.evaluated),
@@ -385,7 +394,7 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
             add(m, D, time.perf_counter() - t1)
             if use_csls:
                 add(m + "+csls", csls(mats[m], csls_k), time.perf_counter() - t1)
-        del by_space
+        del by_space, ot_cache
         matchings = {}
         for name, D in mats.items():
             for s in strategies:

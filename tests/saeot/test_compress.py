@@ -96,7 +96,7 @@ def test_run_compression_end_to_end(setup):
     from saeot.compress import markdown_table
 
     md = markdown_table(res)
-    assert "OT vs random" in md and md.count("\n| ") == 1 + len(res["counts"])
+    assert "OT - random" in md and md.count("\n| ") == 1 + len(res["counts"])
     # S = n: identical per-prompt results, so the paired tests find nothing
     for b, tests in res["paired"].items():
         assert tests[0]["p_logit_diff_wilcoxon"] > 0.5 and tests[0]["a_only_correct"] == tests[0]["b_only_correct"] == 0
