@@ -275,7 +275,7 @@ def evaluate(
     geometry: str = typer.Option(DEFAULT_GEOMETRY, help="Reference-space geometry(ies), comma-separated: "
                                  "scalar, standardise, whiten, unit, standardise+unit, whiten+unit."),
     solver: str = typer.Option("exact", help="OT solver(s), comma-separated: exact, sinkhorn, sinkhorn-debiased, sliced."),
-    k: str = typer.Option("32", help="Top-k support size(s), comma-separated."),
+    k: str = typer.Option("32", help="Top-k support size(s), comma-separated; 0 = all firing tokens (sliced)."),
     candidates: int = typer.Option(32, help="OT candidates per feature (0 = all pairs)."),
     hubness: str = typer.Option("none", help="Hubness correction(s), comma-separated: none, csls."),
     prefilter: str = typer.Option("sliced", help="Candidate pre-filter: sliced, pca-sliced, centroid."),
@@ -300,8 +300,8 @@ def evaluate(
     _check_positive("--n-intervene", n_intervene, allow_zero=True)
     _check_positive("--candidates", candidates, allow_zero=True)
     _check_int_list("--k", k, allow_all=False)
-    if any(int(x) < 1 for x in _csv(k)):
-        _fail(f"--k must be >= 1, got {k!r}")
+    if "0" in _csv(k) and _csv(solver) != ["sliced"]:
+        _fail("--k 0 (all firing tokens) needs --solver sliced")
     from saeot.geometry import GEOMETRIES
 
     for g in _csv(geometry):

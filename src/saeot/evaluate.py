@@ -88,7 +88,8 @@ def chunk_split(chunk: np.ndarray) -> dict[str, np.ndarray]:
 @dataclass(frozen=True)
 class OTConfig:
     """One OT configuration of ``saeot evaluate``: reference-space geometry, hubness correction,
-    solver, support size k (top-k firing tokens), pre-filter candidates (0 = all pairs)."""
+    solver, support size k (top-k firing tokens; 0 = all firing tokens, sliced only), pre-filter
+    candidates (0 = all pairs)."""
 
     geometry: str = DEFAULT_GEOMETRY
     hubness: str = "none"
@@ -100,7 +101,7 @@ class OTConfig:
     @property
     def name(self) -> str:
         pf = "" if self.prefilter == "sliced" else f",{self.prefilter}"
-        return f"ot[{self.geometry},{self.solver},k{self.k},c{self.candidates}{pf},{self.hubness}]"
+        return f"ot[{self.geometry},{self.solver},k{self.k or 'all'},c{self.candidates}{pf},{self.hubness}]"
 
     @classmethod
     def parse(cls, spec: str) -> "OTConfig":
@@ -126,8 +127,10 @@ class OTConfig:
             return f"hubness {self.hubness!r} is not one of {', '.join(HUBNESS)}"
         if self.prefilter not in PREFILTERS:
             return f"prefilter {self.prefilter!r} is not one of {', '.join(PREFILTERS)}"
-        if self.k < 1 or self.candidates < 0:
-            return f"k must be >= 1 and candidates >= 0, got {self.k}, {self.candidates}"
+        if self.k < 0 or self.candidates < 0:
+            return f"k must be >= 0 (0 = all firing tokens) and candidates >= 0, got {self.k}, {self.candidates}"
+        if self.k == 0 and self.solver != "sliced":
+            return "k = 0 (all firing tokens) needs the sliced solver"
         return None
 
 

@@ -312,6 +312,55 @@ def sliced_embedding(m: Measures, n_proj: int = 64, n_quantiles: int = 32, seed:
     return out.reshape(F, L * Q) / np.float32(np.sqrt(L * Q))
 
 
+def sliced_embedding_all_firing(acts, Z: np.ndarray, directions: np.ndarray, n_quantiles: int = 32) -> np.ndarray:
+    """:func:`sliced_embedding` of every feature's distribution over *all* its firing tokens
+    (support = every token with a positive activation, weights ``a / sum(a)``; "k = all").
+
+    A feature that fires on thousands of tokens would need an (F, k_max, d) support array; here
+    each feature's projected support (n_f, L) is sorted on its own, so memory is O(max n_f * L)
+    and time O(nnz * L log n_f).
+
+    Parameters
+    ----------
+    acts : (n_tokens, F) scipy sparse or array
+    Z : (n_tokens, d) token embeddings
+    directions : (d, L)
+
+    Returns
+    -------
+    (F, L * Q) float32 (zero rows for features that never fire)
+    """
+    import scipy.sparse as sp
+
+    A = sp.csc_matrix(acts)
+    Pz = np.asarray(Z, dtype=np.float32) @ directions.astype(np.float32)  # (n, L)
+    L, Q = directions.shape[1], n_quantiles
+    grid = np.arange(Q + 1) / Q
+    out = np.zeros((A.shape[1], L, Q), dtype=np.float32)
+    for f in range(A.shape[1]):
+        lo, hi = A.indptr[f], A.indptr[f + 1]
+        v, r = A.data[lo:hi], A.indices[lo:hi]
+        keep = v > 0
+        if not keep.any():
+            continue
+        v, r = v[keep].astype(np.float64), r[keep]
+        P = Pz[r].astype(np.float64)  # (m, L)
+        order = np.argsort(P, axis=0, kind="stable")
+        Ps = np.take_along_axis(P, order, 0)
+        ws = (v / v.sum())[order]  # (m, L)
+        cw = np.cumsum(ws, 0)
+        ci = np.cumsum(ws * Ps, 0)
+        m = len(v)
+        I = np.empty((Q + 1, L))
+        for l in range(L):  # integral of the quantile function up to each cell edge
+            j = np.searchsorted(cw[:, l], grid, side="left").clip(0, m - 1)
+            pcw = np.where(j > 0, cw[np.maximum(j - 1, 0), l], 0.0)
+            pci = np.where(j > 0, ci[np.maximum(j - 1, 0), l], 0.0)
+            I[:, l] = pci + Ps[j, l] * (grid - pcw)
+        out[f] = (np.diff(I, axis=0) * Q).T.astype(np.float32)
+    return out.reshape(A.shape[1], L * Q) / np.float32(np.sqrt(L * Q))
+
+
 def max_sliced_lower_bound(ea: np.ndarray, eb: np.ndarray, n_proj: int, rows=None) -> np.ndarray:
     r"""(len(rows), Fb) lower bound on W2: :math:`\max_l` of the per-direction bound from
     :func:`sliced_embedding` vectors ``ea`` (Fa, L*Q), ``eb`` (Fb, L*Q) (same directions)."""

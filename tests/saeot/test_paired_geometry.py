@@ -129,3 +129,31 @@ def test_sae_training_resumes_to_the_same_weights(tmp_path):
     assert not np.allclose(other.W_dec, full.W_dec)
     with pytest.raises(ValueError, match="another run"):
         train_topk_sae(X, **{**kw, "steps": 40}, checkpoint=ck)
+
+
+def test_all_firing_tokens_support_equals_padded_top_k():
+    """k = all: the per-feature sliced embedding over every firing token equals the padded top-k
+    one with k = the largest firing count, and the evaluate option validates it."""
+    import scipy.sparse as sp
+
+    from saeot.distributions import feature_distributions
+    from saeot.evaluate import OTConfig
+    from saeot.methods import LayerFeatures, distance_matrix
+    from saeot.wasserstein import measures, random_directions, sliced_embedding, sliced_embedding_all_firing
+
+    rng = np.random.default_rng(5)
+    acts = sp.random(500, 40, density=0.05, random_state=1, format="csc")
+    Z = rng.standard_normal((500, 8)).astype(np.float32)
+    th = random_directions(8, 16, 0)
+    kmax = int(np.diff(acts.indptr).max())
+    np.testing.assert_allclose(sliced_embedding_all_firing(acts, Z, th, 8),
+                               sliced_embedding(measures(feature_distributions(acts, kmax), Z), directions=th,
+                                                n_quantiles=8), atol=1e-6)
+    A = LayerFeatures(W_dec=np.eye(40, 8), acts=acts, Z=Z, k=0)
+    D = distance_matrix("ot", A, A, solver="sliced").D
+    fin = np.isfinite(np.diag(D))
+    assert fin.sum() > 30 and np.diag(D)[fin].max() < 0.02 * np.median(D[np.isfinite(D)])  # float32 cancellation
+    with pytest.raises(ValueError):
+        distance_matrix("ot", A, A, solver="exact")
+    assert OTConfig(k=0).check() and OTConfig(k=0, solver="sliced").check() is None
+    assert OTConfig(k=0, solver="sliced").name.startswith("ot[") and "kall" in OTConfig(k=0, solver="sliced").name
