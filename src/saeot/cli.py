@@ -354,6 +354,43 @@ def evaluate(
     typer.echo(f"wrote {out} and {out.with_suffix('.md')}")
 
 
+@app.command()
+def summarize(
+    evals: list[Path] = typer.Argument(..., help="JSON files written by `saeot evaluate`."),
+    select_metric: str = typer.Option("judge", help="Metric the configuration is chosen by, on the val split."),
+    out: Path = typer.Option(Path("docs/saeot/eval/summary.md")),
+) -> None:
+    """Verdict tables over several evaluations: per pair (adjacent / distant) and metric, paired
+    OT - decoder-cosine and OT - SAE-Match intervals on the test split, for the default and the
+    configuration chosen on the validation split; hub statistics."""
+    _check_choice("--select-metric", select_metric, ("judge", "jaccard", "rel_effect", "hit10"))
+    for p in evals:
+        _check_folder("evals", p, "run `saeot evaluate`")
+    from saeot.evaluate import choose_config, hub_table, merge_results, verdict_tables
+
+    res = merge_results([json.loads(p.read_text()) for p in evals])
+    shared = {p: ev for p, ev in res.items() if "shared" in ev["settings"]}
+    default = next(iter(shared.values()))["configs"][0] if shared else None
+    choice = choose_config(shared, metric=select_metric)
+    md = [f"Default `{default}`; chosen on the val split by mean {select_metric} (NN) over "
+          f"{len(shared)} pairs: `{choice['chosen']}`.", "",
+          "Validation means by configuration: " + "; ".join(f"`{n}` {v:.3f}" for n, v in
+                                                            sorted(choice["by_config"].items(), key=lambda x: -x[1])),
+          verdict_tables(shared, default, choice["chosen"])]
+    disj = {p: ev for p, ev in res.items() if "disjoint" in ev["settings"]}
+    if disj:
+        d0 = next(iter(disj.values()))["configs"][0]
+        md.append(verdict_tables(disj, d0, None, setting="disjoint"))
+    if shared:
+        names = [n for n in next(iter(shared.values()))["settings"]["shared"]["hubs"]]
+        keep = [n for n in names if "exact" in n or not n.startswith("ot[")][:12]
+        md += ["", "Hub statistics (NN matching over all fit-alive sources, shared tokens):", "", hub_table(shared, keep)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(md) + "\n")
+    (out.with_suffix(".json")).write_text(json.dumps({"default": default, "selection": choice}, indent=1))
+    typer.echo("\n".join(md))
+
+
 @app.command("bench-speed")
 def bench_speed(
     acts: Path = typer.Option(Path("runs/acts")),

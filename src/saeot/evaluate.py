@@ -541,3 +541,67 @@ def markdown_summary(res: dict, split: str = "test", configs: list[str] | None =
                         lines.append(f"| {o} | {b} | {s} | " + " | ".join(fmt_paired(r.get(m)) for m in _METRIC_NAMES)
                                      + " |")
     return "\n".join(lines)
+
+
+def merge_results(docs: list[dict]) -> dict:
+    """{pair: evaluate_pair(...)} from several ``saeot evaluate`` JSON files (``{"pairs": ...}``)."""
+    out: dict = {}
+    for d in docs:
+        out.update(d.get("pairs", d))
+    return out
+
+
+ADJACENT = {(9, 10)}
+
+
+def verdict_tables(res: dict, default: str, chosen: str | None, *, split: str = "test", strategy: str = "nn",
+                   baselines=("decoder-cosine", "sae-match"), setting: str = "shared") -> str:
+    """Per layer pair (adjacent first, then distant) and metric: the paired OT - baseline interval
+    and verdict on ``split``, for the default configuration and the one chosen on validation."""
+    from saeot.stats import fmt_paired
+
+    def order(p):
+        a, b = (int(x) for x in p.split("->"))
+        return ((a, b) not in ADJACENT, b - a, a)
+
+    lines = []
+    for cfg, label in ((default, "default"), (chosen, "chosen on val")):
+        if cfg is None or (label != "default" and cfg == default):
+            continue
+        lines.append(f"\n**{label}: `{cfg}`**, {strategy} matching, {split} split, {setting} tokens "
+                     f"(paired 95% bootstrap over the judged sources; verdict = interval above / across / below 0)\n")
+        lines.append("| pair | kind | metric | OT | " + " | ".join(baselines) + " | "
+                     + " | ".join(f"OT - {b}" for b in baselines) + " |")
+        lines.append("|---|---|---|---|" + "---|" * (2 * len(baselines)))
+        for pair in sorted(res, key=order):
+            st = res[pair]["settings"].get(setting)
+            if not st or cfg not in st["paired"]:
+                continue
+            a, b = (int(x) for x in pair.split("->"))
+            kind = "adjacent" if (a, b) in ADJACENT else "distant"
+            for m, mname in _METRIC_NAMES.items():
+                ot = st["summary"][cfg][strategy][split].get(m)
+                if ot is None:
+                    continue
+                cells = [_fmt(ot)] + [_fmt(st["summary"].get(bl, {}).get(strategy, {}).get(split, {}).get(m))
+                                      for bl in baselines]
+                cells += [fmt_paired(st["paired"][cfg].get(bl, {}).get(strategy, {}).get(split, {}).get(m))
+                          for bl in baselines]
+                lines.append(f"| {pair} | {kind} | {mname} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def hub_table(res: dict, names: list[str], strategy: str = "nn", setting: str = "shared") -> str:
+    """Max and 99th-percentile in-degree of the NN matching (all fit-alive sources) per pair."""
+    lines = ["| pair | " + " | ".join(f"`{n}` max / p99 (distinct)" for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for pair, ev in res.items():
+        st = ev["settings"].get(setting)
+        if not st:
+            continue
+        cells = []
+        for n in names:
+            h = st["hubs"].get(n, {}).get(strategy)
+            cells.append(f"{h['max_in_degree']} / {h['p99_in_degree']:.0f} ({h['distinct_targets']})" if h else "-")
+        lines.append(f"| {pair} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -184,3 +184,8 @@ def test_evaluate_command_on_the_demo_cache(demo_out, tmp_path):
         h = st["hubs"]["decoder-cosine"]["nn"]
         assert h["max_in_degree"] >= h["p99_in_degree"] >= 0
     assert "Paired OT - baseline" in out.with_suffix(".md").read_text()
+    r = CliRunner().invoke(app, ["summarize", str(out), "--out", str(tmp_path / "summary.md")])
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "summary.md").read_text()
+    assert "| 2->4 | distant | MiniLM judge |" in md and "OT - sae-match" in md and "p99" in md
+    assert md.count(" win") + md.count(" tie") + md.count(" loss") >= 8
