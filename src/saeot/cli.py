@@ -370,7 +370,7 @@ def summarize(
 
     res = merge_results([json.loads(p.read_text()) for p in evals])
     shared = {p: ev for p, ev in res.items() if "shared" in ev["settings"]}
-    default = next(iter(shared.values()))["configs"][0] if shared else None
+    default = next(iter(shared.values()))["settings"]["shared"]["configs"][0] if shared else None
     choice = choose_config(shared, metric=select_metric)
     md = [f"Default `{default}`; chosen on the val split by mean {select_metric} (NN) over "
           f"{len(shared)} pairs: `{choice['chosen']}`.", "",
@@ -379,7 +379,7 @@ def summarize(
           verdict_tables(shared, default, choice["chosen"])]
     disj = {p: ev for p, ev in res.items() if "disjoint" in ev["settings"]}
     if disj:
-        d0 = next(iter(disj.values()))["configs"][0]
+        d0 = next(iter(disj.values()))["settings"]["disjoint"]["configs"][0]
         md.append(verdict_tables(disj, d0, None, setting="disjoint"))
     if shared:
         names = [n for n in next(iter(shared.values()))["settings"]["shared"]["hubs"]]

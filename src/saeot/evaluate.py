@@ -489,7 +489,7 @@ def choose_config(res: dict, *, split: str = "val", strategy: str = "nn", metric
         st = ev["settings"].get(setting)
         if not st:
             continue
-        for name in ev["configs"]:
+        for name in st.get("configs", ev["configs"]):
             v = st["summary"].get(name, {}).get(strategy, {}).get(split, {}).get(metric)
             if v and v.get("n", 0):
                 scores.setdefault(name, []).append(v["mean"])
@@ -544,10 +544,17 @@ def markdown_summary(res: dict, split: str = "test", configs: list[str] | None =
 
 
 def merge_results(docs: list[dict]) -> dict:
-    """{pair: evaluate_pair(...)} from several ``saeot evaluate`` JSON files (``{"pairs": ...}``)."""
+    """{pair: evaluate_pair(...)} from several ``saeot evaluate`` JSON files (``{"pairs": ...}``);
+    one pair's settings from different files are merged (each setting keeps its ``configs``)."""
     out: dict = {}
     for d in docs:
-        out.update(d.get("pairs", d))
+        for pair, ev in d.get("pairs", d).items():
+            for st in ev["settings"].values():
+                st.setdefault("configs", ev["configs"])
+            if pair in out:
+                out[pair]["settings"].update(ev["settings"])
+            else:
+                out[pair] = ev
     return out
 
 
