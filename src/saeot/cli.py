@@ -358,6 +358,8 @@ def evaluate(
 def summarize(
     evals: list[Path] = typer.Argument(..., help="JSON files written by `saeot evaluate`."),
     select_metric: str = typer.Option("judge", help="Metric the configuration is chosen by, on the val split."),
+    select_pairs: str = typer.Option("", help="Pairs (e.g. 9:18,9:10) whose val split chooses the configuration "
+                                     "(default: all pairs; only configurations run on all of them compete)."),
     out: Path = typer.Option(Path("docs/saeot/eval/summary.md")),
 ) -> None:
     """Verdict tables over several evaluations: per pair (adjacent / distant) and metric, paired
@@ -371,9 +373,10 @@ def summarize(
     res = merge_results([json.loads(p.read_text()) for p in evals])
     shared = {p: ev for p, ev in res.items() if "shared" in ev["settings"]}
     default = next(iter(shared.values()))["settings"]["shared"]["configs"][0] if shared else None
-    choice = choose_config(shared, metric=select_metric)
+    sel = [p.replace(":", "->") for p in _csv(select_pairs)] or None
+    choice = choose_config(shared, metric=select_metric, pairs=sel)
     md = [f"Default `{default}`; chosen on the val split by mean {select_metric} (NN) over "
-          f"{len(shared)} pairs: `{choice['chosen']}`.", "",
+          f"{'pairs ' + ', '.join(sel) if sel else f'{len(shared)} pairs'}: `{choice['chosen']}`.", "",
           "Validation means by configuration: " + "; ".join(f"`{n}` {v:.3f}" for n, v in
                                                             sorted(choice["by_config"].items(), key=lambda x: -x[1])),
           verdict_tables(shared, default, choice["chosen"])]

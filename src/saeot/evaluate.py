@@ -480,12 +480,15 @@ def _fmt(ci: dict | None) -> str:
 
 
 def choose_config(res: dict, *, split: str = "val", strategy: str = "nn", metric: str = "judge",
-                  setting: str = "shared") -> dict:
+                  setting: str = "shared", pairs=None) -> dict:
     """The OT configuration with the highest mean ``metric`` on the ``split`` (validation), averaged
-    over every evaluated layer pair: chosen without looking at the test split, so the test
-    intervals of the chosen configuration are not inflated by the choice among many."""
+    over the layer pairs ``pairs`` (default all): chosen without looking at the test split, so the
+    test intervals of the chosen configuration are not inflated by the choice among many.  Only
+    configurations run on every one of those pairs compete."""
     scores: dict = {}
-    for ev in res.values():
+    for pair, ev in res.items():
+        if pairs is not None and pair not in pairs:
+            continue
         st = ev["settings"].get(setting)
         if not st:
             continue
@@ -498,7 +501,7 @@ def choose_config(res: dict, *, split: str = "val", strategy: str = "nn", metric
     n_pairs = max(len(v) for v in scores.values())
     means = {n: float(np.mean(v)) for n, v in scores.items() if len(v) == n_pairs}
     return {"chosen": max(means, key=means.get), "by_config": means, "split": split, "strategy": strategy,
-            "metric": metric, "setting": setting}
+            "metric": metric, "setting": setting, "pairs": sorted(pairs) if pairs is not None else "all"}
 
 
 _METRIC_NAMES = {"judge": "MiniLM judge", "jaccard": "held-out Jaccard", "rel_effect": "intervention rel. effect",
