@@ -316,12 +316,7 @@ def evaluate(
         _check_choice("--strategies", x, STRATEGY_CHOICES)
     _check_choice("--prefilter", prefilter, ("sliced", "pca-sliced", "centroid"))
     _check_choice("--select-metric", select_metric, ("judge", "jaccard", "rel_effect", "hit10"))
-    _check_folder("--acts", acts, "run `saeot collect`")
-    _check_folder("--saes", saes, "run `saeot train-sae`")
-    from saeot.bench import write_json
-    from saeot.evaluate import OTConfig, choose_config, evaluate_pair, markdown_summary
-    from saeot.models import load_model
-    from saeot.sae import load_sae
+    from saeot.evaluate import OTConfig
 
     _check_positive("--n-chunks", n_chunks)
     if configs:
@@ -336,6 +331,13 @@ def evaluate(
         cfgs = [OTConfig(geometry=g, solver=sv, k=int(kk), candidates=candidates, hubness=h, prefilter=prefilter)
                 for g, sv, kk, h in product(_csv(geometry), _csv(solver), _csv(k), _csv(hubness))]
     configs = cfgs
+    _check_folder("--acts", acts, "run `saeot collect`")
+    _check_folder("--saes", saes, "run `saeot train-sae`")
+    from saeot.bench import write_json
+    from saeot.evaluate import choose_config, evaluate_pair, markdown_summary
+    from saeot.models import load_model
+    from saeot.sae import load_sae
+
     lm = load_model(model)
     res = {}
     for la, lb in prs:

@@ -101,7 +101,12 @@ def test_bad_options_fail_fast_with_one_line(tmp_path):
                        (["match", "--strategy", "greedy", "--acts", missing], "--strategy 'greedy'"),
                        (["report", "--pairs", "0-18", "--acts", missing], "--pairs"),
                        (["compress", "--counts", "99", "--n-nodes", "8", "--acts", missing], "--counts"),
-                       (["demo", "--task", "poetry", "--out", missing], "--task 'poetry'")):
+                       (["demo", "--task", "poetry", "--out", missing], "--task 'poetry'"),
+                       (["match", "--geometry", "zca", "--acts", missing], "--geometry 'zca'"),
+                       (["evaluate", "--hubness", "hub", "--acts", missing], "--hubness 'hub'"),
+                       (["evaluate", "--k", "0", "--solver", "exact", "--acts", missing], "--k 0"),
+                       (["evaluate", "--configs", "scalar,emd", "--acts", missing], "--configs"),
+                       (["train-sae", "--stop-after", "-1", "--acts", missing], "--stop-after")):
         r = run(app, args)
         assert r.exit_code == 2, (args, r.output)
         lines = [l for l in r.output.splitlines() if l.strip()]
