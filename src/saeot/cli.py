@@ -128,7 +128,6 @@ def train_sae(
     todo = man["layers"] if _layers(layers) is None else _layers(layers)
     split = chunk_split(load_activations(acts, "chunk"))
     rpath = out / "report.json"
-    reports = json.loads(rpath.read_text()) if rpath.exists() else {}
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     for l in todo:
         X = load_activations(acts, l)
@@ -144,9 +143,12 @@ def train_sae(
         rep["dead_frac_train"] = sae_report(sae, X[split["fit"]])["dead_frac"]
         rep.update({"steps": steps, "batch_size": batch_size, "seed": seed, "train_tokens": int(split["fit"].sum()),
                     "held_out": "val + test chunks (saeot.evaluate.chunk_split), never trained on"})
-        reports[str(l)] = rep
         typer.echo(f"layer {l}: FVU {rep['fvu']:.3f}  L0 {rep['l0']:.1f}  dead {rep['dead_frac']:.1%} (held-out "
                    f"{rep['n_tokens']} tokens; dead on train {rep['dead_frac_train']:.1%})")
+        (out / f"layer_{l}" / "report.json").write_text(json.dumps(rep, indent=1))
+        # re-read before writing: another train-sae run may have added layers to the same folder meanwhile
+        reports = json.loads(rpath.read_text()) if rpath.exists() else {}
+        reports[str(l)] = rep
         rpath.write_text(json.dumps(reports, indent=1))
 
 
