@@ -383,7 +383,10 @@ def summarize(
           f"{'pairs ' + ', '.join(sel) if sel else f'{len(shared)} pairs'}: `{choice['chosen']}`.", "",
           "Validation means by configuration: " + "; ".join(f"`{n}` {v:.3f}" for n, v in
                                                             sorted(choice["by_config"].items(), key=lambda x: -x[1])),
-          verdict_tables(shared, default, choice["chosen"])]
+          verdict_tables(shared, default, choice["chosen"],
+                         extra=(("ot[scalar,exact,k32,c32,none]", "previous default geometry"),
+                                ("ot[standardise+unit,exact,k32,c32,csls]", "default + CSLS"))),
+          verdict_tables(shared, default, None, strategy="mutual")]
     disj = {p: ev for p, ev in res.items() if "disjoint" in ev["settings"]}
     if disj:
         d0 = next(iter(disj.values()))["settings"]["disjoint"]["configs"][0]

@@ -565,7 +565,8 @@ ADJACENT = {(9, 10)}
 
 
 def verdict_tables(res: dict, default: str, chosen: str | None, *, split: str = "test", strategy: str = "nn",
-                   baselines=("decoder-cosine", "sae-match"), setting: str = "shared") -> str:
+                   baselines=("decoder-cosine", "sae-match", "act-corr"), setting: str = "shared",
+                   extra: tuple = ()) -> str:
     """Per layer pair (adjacent first, then distant) and metric: the paired OT - baseline interval
     and verdict on ``split``, for the default configuration and the one chosen on validation."""
     from saeot.stats import fmt_paired
@@ -575,14 +576,16 @@ def verdict_tables(res: dict, default: str, chosen: str | None, *, split: str = 
         return ((a, b) not in ADJACENT, b - a, a)
 
     lines = []
-    for cfg, label in ((default, "default"), (chosen, "chosen on val")):
+    for cfg, label in ((default, "default"), (chosen, "chosen on val")) + tuple(extra):
         if cfg is None or (label != "default" and cfg == default):
             continue
+        bls = [b for b in baselines if any(b in ev["settings"].get(setting, {}).get("paired", {}).get(cfg, {})
+                                           for ev in res.values())]
         lines.append(f"\n**{label}: `{cfg}`**, {strategy} matching, {split} split, {setting} tokens "
                      f"(paired 95% bootstrap over the judged sources; verdict = interval above / across / below 0)\n")
-        lines.append("| pair | kind | metric | OT | " + " | ".join(baselines) + " | "
-                     + " | ".join(f"OT - {b}" for b in baselines) + " |")
-        lines.append("|---|---|---|---|" + "---|" * (2 * len(baselines)))
+        lines.append("| pair | kind | metric | OT | " + " | ".join(bls) + " | random | "
+                     + " | ".join(f"OT - {b}" for b in bls) + " |")
+        lines.append("|---|---|---|---|" + "---|" * (2 * len(bls) + 1))
         for pair in sorted(res, key=order):
             st = res[pair]["settings"].get(setting)
             if not st or cfg not in st["paired"]:
@@ -594,9 +597,10 @@ def verdict_tables(res: dict, default: str, chosen: str | None, *, split: str = 
                 if ot is None:
                     continue
                 cells = [_fmt(ot)] + [_fmt(st["summary"].get(bl, {}).get(strategy, {}).get(split, {}).get(m))
-                                      for bl in baselines]
+                                      for bl in bls]
+                cells += [_fmt(st["summary"].get("random", {}).get("nn", {}).get(split, {}).get(m))]
                 cells += [fmt_paired(st["paired"][cfg].get(bl, {}).get(strategy, {}).get(split, {}).get(m))
-                          for bl in baselines]
+                          for bl in bls]
                 lines.append(f"| {pair} | {kind} | {mname} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
