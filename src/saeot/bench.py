@@ -200,15 +200,22 @@ def _cpu() -> float:
 def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int = 18, k: int = 32,
                 candidates: int = 32, recall_sources: int = 24, legacy_rev: str | None = "0b04a39",
                 legacy_exact_sample: int = 20_000, n_jobs: int | None = None, seed: int = 0,
-                log=print) -> dict:
+                log=print, geometry: str | None = None, spaces=("reference", "pca"),
+                prefilters=("sliced", "pca-sliced")) -> dict:
     """All-pairs OT between two layers' SAE features, every variant timed in one run (same load).
 
     Variants: sliced (all pairs) and exact on pre-filtered candidates, in the full reference
     space and in its PCA-64 projection, in one process and one per core; the code of
     ``legacy_rev`` (POT ``emd2`` per pair in float64, old sliced embedding) side by side.
     Candidate recall: for ``recall_sources`` random alive sources, the exact W2 nearest neighbour
-    over *all* targets (brute force) is in the candidate set or not.
+    over *all* targets (brute force) is in the candidate set or not, for every pre-filter in
+    ``prefilters`` and candidate count; then exact W2 on each pre-filter's smallest candidate count
+    with recall >= 0.95 (or its largest), timed.
     """
+    from saeot.geometry import DEFAULT_GEOMETRY
+    from saeot.wasserstein import pca_sliced_proxy
+
+    geometry = geometry or DEFAULT_GEOMETRY
     from saeot.pipeline import layer_pair
     from saeot.sae import load_sae
     from saeot.wasserstein import (_exact_parallel, candidate_pairs, default_jobs, measures, nearest_w2,
@@ -217,9 +224,9 @@ def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int =
     rng = np.random.default_rng(seed)
     sa, sb = load_sae(Path(saes_dir) / f"layer_{layer_a}"), load_sae(Path(saes_dir) / f"layer_{layer_b}")
     out: dict = {"layers": [layer_a, layer_b], "k": k, "candidates": candidates, "cores": default_jobs(),
-                 "spaces": {}}
-    for space in ("reference", "pca"):
-        A, B = layer_pair(acts_dir, sa, sb, layer_a, layer_b, space=space, k=k, n_components=64)
+                 "geometry": geometry, "spaces": {}}
+    for space in spaces:
+        A, B = layer_pair(acts_dir, sa, sb, layer_a, layer_b, space=space, k=k, n_components=64, geometry=geometry)
         ma, mb = measures(A.dists, A.Z), measures(B.dists, B.Z)
         res: dict = {"dim": int(A.Z.shape[1]), "alive": [int(ma.alive.sum()), int(mb.alive.sum())]}
         for solver in ("sliced", "exact"):  # warm-up: imports and first-call costs are not timed
@@ -259,6 +266,29 @@ def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int =
                                                                          for i, j in zip(src, true_nn)])),
                                                "pairs": len(cs)}
         res["candidate_nn_equals_true_nn"] = float(np.mean(np.argmin(r.D[src], 1) == true_nn))
+        res["by_prefilter"] = {}
+        for pf in prefilters:
+            t0 = time.perf_counter()
+            Pp = sliced_proxy(ma, mb) if pf == "sliced" else pca_sliced_proxy(ma, mb)
+            prox_s = time.perf_counter() - t0
+            Pp[~ma.alive] = np.inf
+            Pp[:, ~mb.alive] = np.inf
+            by_c = {}
+            for c in (4, 8, 16, 32, 64):
+                cs = set(map(tuple, candidate_pairs(Pp, c).tolist()))
+                by_c[c] = {"recall": float(np.mean([(int(i), int(j)) in cs for i, j in zip(src, true_nn)])),
+                           "pairs": len(cs)}
+            ok = [c for c in by_c if by_c[c]["recall"] >= 0.95]
+            c_use = min(ok) if ok else max(by_c)
+            t0, c0 = time.perf_counter(), _cpu()
+            rr = pairwise_w2(ma, mb, "exact", candidates=c_use, prefilter=pf, n_jobs=1)
+            res["by_prefilter"][pf] = {"proxy_s": prox_s, "recall_by_c": by_c, "timed_candidates": c_use,
+                                       "exact_s": time.perf_counter() - t0, "exact_cpu_s": _cpu() - c0,
+                                       "pairs": int(rr.evaluated), "recall": by_c[c_use]["recall"],
+                                       "nn_equals_true_nn": float(np.mean(np.argmin(rr.D[src], 1) == true_nn))}
+            log(f"[{space}] prefilter {pf}: recall by c " + " ".join(f"{c}:{v['recall']:.2f}" for c, v in by_c.items())
+                + f"; exact on {rr.evaluated} pairs (c={c_use}) {res['by_prefilter'][pf]['exact_s']:.1f} s "
+                  f"(recall {by_c[c_use]['recall']:.2f})")
         res["recall_sources"] = int(len(src))
         res["true_nn"] = true_nn.tolist()
         res["recall_src"] = src.tolist()
@@ -290,8 +320,9 @@ def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int =
         out["spaces"][space] = res
         del ma, mb, A, B
     # does PCA-64 change the nearest neighbours? (same sources, brute force in both spaces)
-    ref, pca = out["spaces"]["reference"], out["spaces"]["pca"]
-    out["pca_true_nn_agreement"] = float(np.mean(np.array(ref["true_nn"]) == np.array(pca["true_nn"])))
+    if "reference" in out["spaces"] and "pca" in out["spaces"]:
+        ref, pca = out["spaces"]["reference"], out["spaces"]["pca"]
+        out["pca_true_nn_agreement"] = float(np.mean(np.array(ref["true_nn"]) == np.array(pca["true_nn"])))
     return out
 
 
@@ -327,4 +358,57 @@ def disjoint_recovery(seeds=range(6), n_features: int = 64, n_tokens: int = 4000
                     hits[n][s].extend(ok.tolist())
         out["settings"]["disjoint" if disjoint else "shared"] = {
             n: {s: bootstrap_ci(v) for s, v in hs.items()} for n, hs in hits.items()}
+    return out
+
+
+def planted_geometry(seeds=range(2), geometries=None, n_features: int = 64, n_tokens: int = 4000, k: int = 32,
+                     margin: float = 0.5, drift: float = 1.5, outlier_dims: int = 4, outlier_scale: float = 10.0,
+                     norm_sigma: float = 0.5, solvers=("exact", "sliced"), hubness=("none", "csls"),
+                     progress: bool = True) -> dict:
+    """Planted-match recovery under realistic residual-stream geometry (meaning-free outlier
+    dimensions, log-normal per-token norms), shared and disjoint tokens, for every geometry
+    option x OT solver x hubness correction, with decoder cosine as the geometry-free reference.
+    NN and Hungarian accuracy with bootstrap CIs over (seed, feature), and the NN in-degree hubs."""
+    from tqdm.auto import tqdm
+
+    from saeot.evaluate import bootstrap_ci
+    from saeot.geometry import GEOMETRIES, Geometry
+    from saeot.matching import csls, in_degree_stats
+    from saeot.methods import LayerFeatures
+
+    geometries = list(geometries or GEOMETRIES)
+    out = {"params": {"n_features": n_features, "n_tokens": n_tokens, "k": k, "margin": margin, "drift": drift,
+                      "outlier_dims": outlier_dims, "outlier_scale": outlier_scale, "norm_sigma": norm_sigma,
+                      "seeds": list(seeds), "chance": 1.0 / n_features}, "settings": {}}
+    for disjoint in (False, True):
+        hits: dict = {}
+        hubs: dict = {}
+        for seed in tqdm(list(seeds), disable=not progress, desc=f"planted geometry, disjoint={disjoint}"):
+            pp = planted_pair(n_features=n_features, n_tokens=n_tokens, k=k, margin=margin, drift=drift, seed=seed,
+                              disjoint=disjoint, outlier_dims=outlier_dims, outlier_scale=outlier_scale,
+                              norm_sigma=norm_sigma)
+            mats = {"decoder-cosine": distance_matrix("decoder-cosine", pp.A, pp.B).D}
+            for g in geometries:
+                geo = Geometry.fit(pp.B.Z, g)  # fitted on the target layer's tokens, as in `saeot evaluate`
+                Zb = geo(pp.B.Z)
+                Za = Zb if pp.A.Z is pp.B.Z else geo(pp.A.Z)
+                A = LayerFeatures(W_dec=pp.A.W_dec, acts=pp.A.acts, Z=Za, W_enc=pp.A.W_enc, k=k)
+                B = LayerFeatures(W_dec=pp.B.W_dec, acts=pp.B.acts, Z=Zb, W_enc=pp.B.W_enc, k=k)
+                for sv in solvers:
+                    mats[f"ot-{sv}[{g}]"] = distance_matrix("ot", A, B, solver=sv, candidates=None).D
+            for name in list(mats):
+                if "csls" in hubness:
+                    mats[name + "+csls"] = csls(mats[name])
+                if "none" not in hubness and not name.endswith("+csls"):
+                    del mats[name]
+            for name, D in mats.items():
+                for s in ("nn", "hungarian"):
+                    m = match(D, s)
+                    ok = np.zeros(n_features)
+                    ok[m.src] = pp.perm[m.src] == m.tgt
+                    hits.setdefault(name, {}).setdefault(s, []).extend(ok.tolist())
+                hubs.setdefault(name, []).append(in_degree_stats(match(D, "nn").tgt, n_features)["max_in_degree"])
+        out["settings"]["disjoint" if disjoint else "shared"] = {
+            n: {**{s: bootstrap_ci(v) for s, v in hs.items()}, "max_in_degree": float(np.mean(hubs[n]))}
+            for n, hs in hits.items()}
     return out

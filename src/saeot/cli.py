@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from saeot.geometry import DEFAULT_GEOMETRY
+
 app = typer.Typer(
     help="saeot: semantic optimal transport between SAE features (cross-layer matching, circuit compression).",
     no_args_is_help=True,
@@ -103,32 +105,51 @@ def train_sae(
     batch_size: int = typer.Option(1024),
     lr: float = typer.Option(1e-3),
     aux_k: int = typer.Option(-1, help="AuxK: dead features used to model the residual (-1 = min(d_sae/2, 4k), 0 = off)."),
+    seed: int = typer.Option(0, help="Initialisation and batch-sampling seed."),
+    stop_after: int = typer.Option(0, help="Run at most this many steps per layer now, checkpoint, resume on the "
+                                   "next call (0 = train to --steps)."),
 ) -> None:
-    """Train a TopK SAE (with AuxK) per layer; print and save FVU / L0 / dead features per layer."""
+    """Train a TopK SAE (with AuxK) per layer on the *fit* chunks only (saeot.evaluate.chunk_split:
+    the val/test chunks that `saeot evaluate` judges on stay outside the training data); print and
+    save held-out FVU / L0 / dead features.  Resumable: state is checkpointed under
+    OUT/checkpoints/ and an interrupted (or --stop-after) run continues from there."""
     _check_int_list("--layers", layers)
     for opt, v in (("--d-sae", d_sae), ("--k", k), ("--steps", steps), ("--batch-size", batch_size)):
         _check_positive(opt, v)
+    _check_positive("--stop-after", stop_after, allow_zero=True)
     if k > d_sae:
         _fail(f"--k {k} must be <= --d-sae {d_sae}")
     _check_folder("--acts", acts, "run `saeot collect`")
     from saeot.collect import load_activations, load_manifest
+    from saeot.evaluate import chunk_split
     from saeot.sae import sae_metadata, sae_report, save_sae, train_topk_sae
 
     man = load_manifest(acts)
     todo = man["layers"] if _layers(layers) is None else _layers(layers)
-    reports = {}
+    split = chunk_split(load_activations(acts, "chunk"))
+    rpath = out / "report.json"
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     for l in todo:
         X = load_activations(acts, l)
-        n_train = int(0.9 * len(X))  # last 10% held out for the report
-        sae = train_topk_sae(X[:n_train], d_sae, k, steps=steps, batch_size=batch_size, lr=lr,
-                             aux_k=None if aux_k < 0 else aux_k, cfg=sae_metadata(man["model"], l))
+        ck = out / "checkpoints" / f"layer_{l}.pt"
+        sae = train_topk_sae(X[split["fit"]], d_sae, k, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                             aux_k=None if aux_k < 0 else aux_k, cfg=sae_metadata(man["model"], l),
+                             checkpoint=ck, stop_after=stop_after or None)
+        if sae is None:
+            typer.echo(f"layer {l}: checkpointed at {ck} (run again to continue)")
+            continue
         save_sae(sae, out / f"layer_{l}")
-        rep = sae_report(sae, X[n_train:])
-        rep["dead_frac_train"] = sae_report(sae, X[:n_train])["dead_frac"]
-        reports[l] = rep
+        rep = sae_report(sae, X[split["held"]])
+        rep["dead_frac_train"] = sae_report(sae, X[split["fit"]])["dead_frac"]
+        rep.update({"steps": steps, "batch_size": batch_size, "seed": seed, "train_tokens": int(split["fit"].sum()),
+                    "held_out": "val + test chunks (saeot.evaluate.chunk_split), never trained on"})
         typer.echo(f"layer {l}: FVU {rep['fvu']:.3f}  L0 {rep['l0']:.1f}  dead {rep['dead_frac']:.1%} (held-out "
                    f"{rep['n_tokens']} tokens; dead on train {rep['dead_frac_train']:.1%})")
-    (out / "report.json").write_text(json.dumps(reports, indent=1))
+        (out / f"layer_{l}" / "report.json").write_text(json.dumps(rep, indent=1))
+        # re-read before writing: another train-sae run may have added layers to the same folder meanwhile
+        reports = json.loads(rpath.read_text()) if rpath.exists() else {}
+        reports[str(l)] = rep
+        rpath.write_text(json.dumps(reports, indent=1))
 
 
 @app.command()
@@ -141,12 +162,19 @@ def match(
     solver: str = typer.Option("exact", help="OT solver: exact, sinkhorn, sinkhorn-debiased, sliced."),
     strategy: str = typer.Option("nn", help="nn, hungarian, or mutual (mutual nearest neighbours only)."),
     space: str = typer.Option("reference", help="Reference space: reference, linear, pca."),
+    geometry: str = typer.Option(DEFAULT_GEOMETRY, help="Geometry of the reference space: scalar, standardise, whiten, "
+                                 "unit, standardise+unit, whiten+unit (saeot.geometry)."),
+    hubness: str = typer.Option("none", help="Hubness correction before matching: none or csls."),
     k: int = typer.Option(32, help="Top-k support size."),
     candidates: int = typer.Option(32, help="Pre-filter: candidates per feature (0 = all pairs)."),
     n_jobs: int = typer.Option(0, help="Processes for exact W2 (0 = one per core)."),
     out: Path = typer.Option(Path("runs/match.json")),
 ) -> None:
     """Match features of layer A to layer B with one or all methods; write pairs, scores, timings."""
+    from saeot.geometry import GEOMETRIES
+
+    _check_choice("--geometry", geometry, GEOMETRIES)
+    _check_choice("--hubness", hubness, ("none", "csls"))
     _check_choice("--method", method, METHOD_CHOICES)
     _check_choice("--solver", solver, SOLVER_CHOICES)
     _check_choice("--strategy", strategy, STRATEGY_CHOICES)
@@ -162,12 +190,13 @@ def match(
     from saeot.sae import load_sae
 
     A, B = layer_pair(acts, load_sae(saes / f"layer_{layer_a}"), load_sae(saes / f"layer_{layer_b}"),
-                      layer_a, layer_b, space=space, k=k)
+                      layer_a, layer_b, space=space, k=k, geometry=geometry)
     tokens = load_activations(acts, "tokens")
     methods = METHODS if method == "all" else (method,)
     res = compare_methods(A, B, tokens, methods=methods, strategy=strategy, solver=solver,
-                          candidates=candidates or None, progress=True, n_jobs=n_jobs or None)
-    doc = {"layer_a": layer_a, "layer_b": layer_b, "space": space, "k": k, "solver": solver, "strategy": strategy,
+                          candidates=candidates or None, progress=True, n_jobs=n_jobs or None, hubness=hubness)
+    doc = {"layer_a": layer_a, "layer_b": layer_b, "space": space, "geometry": geometry, "hubness": hubness,
+           "k": k, "solver": solver, "strategy": strategy,
            "methods": {n: {"seconds": r.seconds, "evaluated_pairs": r.evaluated, "top_token_jaccard": r.proxy,
                            "n_matched": int(len(r.matching.src)),
                            "src": r.matching.src.tolist(), "tgt": r.matching.tgt.tolist(),
@@ -188,12 +217,23 @@ def bench(
     pairs: str = typer.Option("0:18,9:18", help="Real layer pairs a:b."),
     disjoint: bool = typer.Option(True, help="Planted recovery when the layers see disjoint tokens (with CIs)."),
     seeds: int = typer.Option(4, help="Seeds for the disjoint-token benchmark."),
+    geometry_bench: bool = typer.Option(False, "--geometry-bench", help="Planted recovery under realistic geometry "
+                                        "(outlier dimensions, log-normal token norms) for every geometry option."),
 ) -> None:
     """Planted-match recovery for every method (synthetic) and, with --acts/--saes, every method on
     real layer pairs: top-token proxy, agreement, wall time for all pairs (JSON + plots)."""
     _check_positive("--seeds", seeds)
     from saeot.bench import disjoint_recovery, planted_recovery, plot_recovery, real_layers_bench, write_json
 
+    if geometry_bench:
+        from saeot.bench import planted_geometry
+
+        r = planted_geometry(seeds=range(seeds))
+        write_json(r, out / "planted_geometry.json")
+        for st, v in r["settings"].items():
+            for n, x in v.items():
+                typer.echo(f"{st:>8} {n:>36}: NN {x['nn']['mean']:.2f} [{x['nn']['lo']:.2f}, {x['nn']['hi']:.2f}]  "
+                           f"Hungarian {x['hungarian']['mean']:.2f}  max in-degree {x['max_in_degree']:.1f}")
     if disjoint:
         r = disjoint_recovery(seeds=range(seeds))
         write_json(r, out / "planted_disjoint.json")
@@ -222,6 +262,10 @@ def bench(
                 typer.echo(f"{n:>15} NN acc vs {sweep}={r['ks']}: " + " ".join(f"{x:.2f}" for x in v["nn"]))
 
 
+def _csv(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
 @app.command()
 def evaluate(
     acts: Path = typer.Option(Path("runs/acts")),
@@ -229,21 +273,70 @@ def evaluate(
     model: str = typer.Option("gemma3-270m", help="Model (contexts' text and interventions)."),
     pairs: str = typer.Option("9:10,9:18,0:18", help="Layer pairs a:b."),
     n_eval: int = typer.Option(128, help="Source features judged per pair (random, alive)."),
-    n_intervene: int = typer.Option(32, help="Source features ablated per pair (0 = no interventions)."),
-    k: int = typer.Option(32, help="Top-k support size."),
-    candidates: int = typer.Option(32, help="OT candidates per feature."),
+    n_intervene: int = typer.Option(32, help="Source features ablated per pair and split (0 = no interventions)."),
+    geometry: str = typer.Option(DEFAULT_GEOMETRY, help="Reference-space geometry(ies), comma-separated: "
+                                 "scalar, standardise, whiten, unit, standardise+unit, whiten+unit."),
+    solver: str = typer.Option("exact", help="OT solver(s), comma-separated: exact, sinkhorn, sinkhorn-debiased, sliced."),
+    k: str = typer.Option("32", help="Top-k support size(s), comma-separated; 0 = all firing tokens (sliced)."),
+    candidates: int = typer.Option(32, help="OT candidates per feature (0 = all pairs)."),
+    hubness: str = typer.Option("none", help="Hubness correction(s), comma-separated: none, csls."),
+    prefilter: str = typer.Option("sliced", help="Candidate pre-filter: sliced, pca-sliced, centroid."),
+    configs: str = typer.Option("", help="Explicit OT variants instead of the grid, ';'-separated "
+                                "geometry,solver,k,candidates,hubness[,prefilter] (first = the default)."),
+    n_chunks: int = typer.Option(4, help="Held-out chunks each ablated source is run on."),
+    settings: str = typer.Option("shared,disjoint", help="shared and/or disjoint (fit tokens of the two layers)."),
+    strategies: str = typer.Option("nn,hungarian,mutual", help="Matching strategies."),
+    select_metric: str = typer.Option("judge", help="Metric the configuration is chosen by, on the val split."),
     out: Path = typer.Option(Path("docs/saeot/evaluation.json")),
 ) -> None:
-    """Non-circular matching evaluation: held-out contexts (MiniLM judge, token Jaccard), disjoint
-    corpora, interventions, NN / Hungarian / mutual-NN, hub statistics, bootstrap CIs."""
+    """Non-circular matching evaluation: held-out val/test chunks outside the SAEs' training data
+    (MiniLM judge, token Jaccard), disjoint corpora, interventions, NN / Hungarian / mutual-NN, hub
+    statistics, per-source scores and paired OT - baseline intervals with verdicts.  Every
+    combination of --geometry x --solver x --k x --hubness is one OT variant; the best on the
+    validation split is reported beside the first (the default)."""
+    from itertools import product
+
     prs = _check_pairs("--pairs", pairs)
-    for opt, v in (("--n-eval", n_eval), ("--k", k), ("--candidates", candidates)):
+    for opt, v in (("--n-eval", n_eval),):
         _check_positive(opt, v)
     _check_positive("--n-intervene", n_intervene, allow_zero=True)
+    _check_positive("--candidates", candidates, allow_zero=True)
+    _check_int_list("--k", k, allow_all=False)
+    if "0" in _csv(k) and _csv(solver) != ["sliced"]:
+        _fail("--k 0 (all firing tokens) needs --solver sliced")
+    from saeot.geometry import GEOMETRIES
+
+    for g in _csv(geometry):
+        _check_choice("--geometry", g, GEOMETRIES)
+    for x in _csv(solver):
+        _check_choice("--solver", x, SOLVER_CHOICES)
+    for x in _csv(hubness):
+        _check_choice("--hubness", x, ("none", "csls"))
+    for x in _csv(settings):
+        _check_choice("--settings", x, ("shared", "disjoint"))
+    for x in _csv(strategies):
+        _check_choice("--strategies", x, STRATEGY_CHOICES)
+    _check_choice("--prefilter", prefilter, ("sliced", "pca-sliced", "centroid"))
+    _check_choice("--select-metric", select_metric, ("judge", "jaccard", "rel_effect", "hit10"))
+    from saeot.evaluate import OTConfig
+
+    _check_positive("--n-chunks", n_chunks)
+    if configs:
+        try:
+            cfgs = [OTConfig.parse(c) for c in configs.split(";") if c.strip()]
+        except (TypeError, ValueError) as e:
+            _fail(f"--configs {configs!r}: {e}")
+        for c in cfgs:
+            if c.check():
+                _fail(f"--configs: {c.check()}")
+    else:
+        cfgs = [OTConfig(geometry=g, solver=sv, k=int(kk), candidates=candidates, hubness=h, prefilter=prefilter)
+                for g, sv, kk, h in product(_csv(geometry), _csv(solver), _csv(k), _csv(hubness))]
+    configs = cfgs
     _check_folder("--acts", acts, "run `saeot collect`")
     _check_folder("--saes", saes, "run `saeot train-sae`")
     from saeot.bench import write_json
-    from saeot.evaluate import evaluate_pair
+    from saeot.evaluate import choose_config, evaluate_pair, markdown_summary
     from saeot.models import load_model
     from saeot.sae import load_sae
 
@@ -251,15 +344,61 @@ def evaluate(
     res = {}
     for la, lb in prs:
         res[f"{la}->{lb}"] = evaluate_pair(acts, load_sae(saes / f"layer_{la}"), load_sae(saes / f"layer_{lb}"), la, lb,
-                                           lm=lm, n_eval=n_eval, n_intervene=n_intervene, k=k, candidates=candidates,
-                                           log=typer.echo)
-        write_json(res, out)  # after every pair: a partial result survives an interruption
-    from saeot.evaluate import markdown_summary
-
-    md = markdown_summary(res)
+                                           lm=lm, n_eval=n_eval, n_intervene=n_intervene, configs=configs,
+                                           settings=tuple(_csv(settings)), strategies=tuple(_csv(strategies)),
+                                           n_chunks=n_chunks, log=typer.echo)
+        write_json({"pairs": res}, out)  # after every pair: a partial result survives an interruption
+    choice = choose_config(res, metric=select_metric, setting=_csv(settings)[0])
+    write_json({"pairs": res, "selection": choice}, out)
+    show = [configs[0].name] + ([choice["chosen"]] if choice["chosen"] not in (None, configs[0].name) else [])
+    md = (f"Default: {configs[0].name}; chosen on the val split by {select_metric} (NN): {choice['chosen']}\n"
+          + markdown_summary(res, split="test", configs=show))
     out.with_suffix(".md").write_text(md + "\n")
     typer.echo(md)
     typer.echo(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+@app.command()
+def summarize(
+    evals: list[Path] = typer.Argument(..., help="JSON files written by `saeot evaluate`."),
+    select_metric: str = typer.Option("judge", help="Metric the configuration is chosen by, on the val split."),
+    select_pairs: str = typer.Option("", help="Pairs (e.g. 9:18,9:10) whose val split chooses the configuration "
+                                     "(default: all pairs; only configurations run on all of them compete)."),
+    out: Path = typer.Option(Path("docs/saeot/eval/summary.md")),
+) -> None:
+    """Verdict tables over several evaluations: per pair (adjacent / distant) and metric, paired
+    OT - decoder-cosine and OT - SAE-Match intervals on the test split, for the default and the
+    configuration chosen on the validation split; hub statistics."""
+    _check_choice("--select-metric", select_metric, ("judge", "jaccard", "rel_effect", "hit10"))
+    for p in evals:
+        _check_folder("evals", p, "run `saeot evaluate`")
+    from saeot.evaluate import choose_config, hub_table, merge_results, verdict_tables
+
+    res = merge_results([json.loads(p.read_text()) for p in evals])
+    shared = {p: ev for p, ev in res.items() if "shared" in ev["settings"]}
+    default = next(iter(shared.values()))["settings"]["shared"]["configs"][0] if shared else None
+    sel = [p.replace(":", "->") for p in _csv(select_pairs)] or None
+    choice = choose_config(shared, metric=select_metric, pairs=sel)
+    md = [f"Default `{default}`; chosen on the val split by mean {select_metric} (NN) over "
+          f"{'pairs ' + ', '.join(sel) if sel else f'{len(shared)} pairs'}: `{choice['chosen']}`.", "",
+          "Validation means by configuration: " + "; ".join(f"`{n}` {v:.3f}" for n, v in
+                                                            sorted(choice["by_config"].items(), key=lambda x: -x[1])),
+          verdict_tables(shared, default, choice["chosen"],
+                         extra=(("ot[scalar,exact,k32,c32,none]", "previous default geometry"),
+                                ("ot[standardise+unit,exact,k32,c32,csls]", "default + CSLS"))),
+          verdict_tables(shared, default, None, strategy="mutual")]
+    disj = {p: ev for p, ev in res.items() if "disjoint" in ev["settings"]}
+    if disj:
+        d0 = next(iter(disj.values()))["settings"]["disjoint"]["configs"][0]
+        md.append(verdict_tables(disj, d0, None, setting="disjoint"))
+    if shared:
+        names = [n for n in next(iter(shared.values()))["settings"]["shared"]["hubs"]]
+        keep = [n for n in names if "exact" in n or not n.startswith("ot[")][:12]
+        md += ["", "Hub statistics (NN matching over all fit-alive sources, shared tokens):", "", hub_table(shared, keep)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(md) + "\n")
+    (out.with_suffix(".json")).write_text(json.dumps({"default": default, "selection": choice}, indent=1))
+    typer.echo("\n".join(md))
 
 
 @app.command("bench-speed")
@@ -272,6 +411,8 @@ def bench_speed(
     candidates: int = typer.Option(32, help="Candidates per feature for the exact solver."),
     recall_sources: int = typer.Option(24, help="Sources whose exact NN is found by brute force (recall)."),
     legacy: str = typer.Option("0b04a39", help="Git revision whose solvers are timed side by side ('' = none)."),
+    geometry: str = typer.Option(DEFAULT_GEOMETRY, help="Reference-space geometry (saeot.geometry)."),
+    spaces: str = typer.Option("reference,pca", help="reference and/or pca (64 components)."),
     out: Path = typer.Option(Path("docs/saeot/speed.json")),
 ) -> None:
     """Wall time of all-pairs OT between two layers: sliced, exact on candidates, PCA-64, per core, legacy."""
@@ -281,8 +422,13 @@ def bench_speed(
     _check_folder("--saes", saes, "run `saeot train-sae`")
     from saeot.bench import speed_bench, write_json
 
+    from saeot.geometry import GEOMETRIES
+
+    _check_choice("--geometry", geometry, GEOMETRIES)
+    for x in _csv(spaces):
+        _check_choice("--spaces", x, ("reference", "pca"))
     r = speed_bench(acts, saes, layer_a, layer_b, k=k, candidates=candidates, recall_sources=recall_sources,
-                    legacy_rev=legacy or None, log=typer.echo)
+                    legacy_rev=legacy or None, log=typer.echo, geometry=geometry, spaces=tuple(_csv(spaces)))
     write_json(r, out)
     typer.echo(f"wrote {out}")
 
@@ -299,9 +445,13 @@ def compress(
     solver: str = typer.Option("exact", help="OT solver for within-layer distances: exact, sinkhorn, sinkhorn-debiased, sliced."),
     seeds: int = typer.Option(3, help="Random-grouping seeds."),
     task: str = typer.Option("addition", help="addition (a+b<=9, 4-shot) or successor (next digit, 4-shot)."),
+    geometry: str = typer.Option(DEFAULT_GEOMETRY, help="Geometry of the layer's hidden states for OT (saeot.geometry)."),
     out: Path = typer.Option(Path("runs/compress")),
 ) -> None:
     """Circuit compression: attribution graph -> supernodes -> faithfulness, with paired tests."""
+    from saeot.geometry import GEOMETRIES
+
+    _check_choice("--geometry", geometry, GEOMETRIES)
     _check_int_list("--layers", layers, allow_all=False)
     _check_positive("--n-nodes", n_nodes)
     _check_positive("--k", k)
@@ -327,7 +477,7 @@ def compress(
     res = run_compression(lm, {l: load_sae(saes / f"layer_{l}") for l in ls},
                           {l: load_activations(acts, l) for l in ls}, n_nodes=n_nodes,
                           counts=[int(c) for c in counts.split(",")] if counts else None, k=k, solver=solver,
-                          seeds=tuple(range(seeds)), task=task)
+                          seeds=tuple(range(seeds)), task=task, geometry=geometry)
     write_json(res, out / "compression.json")
     plot_faithfulness(res, out / "faithfulness.png")
     from saeot.compress import markdown_table

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from saeot.geometry import DEFAULT_GEOMETRY
+
 FEWSHOT = ((3, 5), (2, 4), (7, 1), (0, 6))
 
 
@@ -284,7 +286,7 @@ GROUPINGS = ("ot", "decoder-cosine", "co-activation", "random")
 
 
 def within_layer_distances(sae, H_corpus: np.ndarray, H_task: np.ndarray, nodes: np.ndarray, method: str,
-                           k: int = 32, solver: str = "exact") -> np.ndarray:
+                           k: int = 32, solver: str = "exact", geometry: str = DEFAULT_GEOMETRY) -> np.ndarray:
     """(n, n) distances between a layer's circuit features.
 
     ``ot``: W2 between their top-k distributions over corpus + task tokens, in the layer's own
@@ -292,7 +294,7 @@ def within_layer_distances(sae, H_corpus: np.ndarray, H_task: np.ndarray, nodes:
     layer is the layer itself).  ``decoder-cosine``: 1 - cosine of decoder rows.
     ``co-activation``: 1 - Pearson correlation of their activations over the same corpus + task
     tokens (groups features that fire together; merging is exact when members fire in fixed
-    proportion).
+    proportion).  ``geometry`` (:mod:`saeot.geometry`) transforms the layer's hidden states for ``ot``.
     """
     from saeot.distributions import feature_distributions
     from saeot.space import reference_embeddings
@@ -314,7 +316,7 @@ def within_layer_distances(sae, H_corpus: np.ndarray, H_task: np.ndarray, nodes:
         D[sd == 0] = np.inf
         D[:, sd == 0] = np.inf
         return D
-    Z, _ = reference_embeddings(None, H, "reference")
+    Z, _ = reference_embeddings(None, H, "reference", geometry=geometry)
     m = measures(feature_distributions(acts, k), Z)
     return pairwise_w2(m, m, solver, candidates=None).D
 
@@ -322,7 +324,10 @@ def within_layer_distances(sae, H_corpus: np.ndarray, H_task: np.ndarray, nodes:
 def paired_tests(a: dict, b: dict) -> dict:
     """Paired comparison across prompts of two faithfulness results (same prompts, same count):
     Wilcoxon signed-rank on per-prompt logit difference, exact McNemar (binomial) on correctness.
-    Returns mean differences (a - b) and two-sided p-values (1.0 where the two are identical)."""
+    Returns mean differences (a - b) and two-sided p-values (1.0 where the two are identical), and
+    paired bootstrap intervals with verdicts (:func:`saeot.stats.paired_bootstrap`, over prompts)."""
+    from saeot.stats import paired_bootstrap
+
     from scipy.stats import binomtest, wilcoxon
 
     la, lb = np.asarray(a["per_prompt_logit_diff"]), np.asarray(b["per_prompt_logit_diff"])
@@ -333,7 +338,8 @@ def paired_tests(a: dict, b: dict) -> dict:
     p_acc = float(binomtest(n01, n01 + n10, 0.5).pvalue) if n01 + n10 else 1.0
     return {"logit_diff_delta": float(d.mean()), "p_logit_diff_wilcoxon": p_ld,
             "accuracy_delta": float(ca.mean() - cb.mean()), "a_only_correct": n01, "b_only_correct": n10,
-            "p_accuracy_mcnemar": p_acc}
+            "p_accuracy_mcnemar": p_acc, "logit_diff_paired": paired_bootstrap(la, lb),
+            "accuracy_paired": paired_bootstrap(ca.astype(float), cb.astype(float))}
 
 
 def _mean_runs(runs: list[dict]) -> dict:
@@ -350,7 +356,7 @@ def _mean_runs(runs: list[dict]) -> dict:
 
 def run_compression(lm, saes: dict, corpus_hidden: dict, n_nodes: int = 24, counts=None,
                     seeds=(0, 1, 2), k: int = 32, progress: bool = True, solver: str = "exact",
-                    task: str = "addition", groupings=GROUPINGS) -> dict:
+                    task: str = "addition", groupings=GROUPINGS, geometry: str = DEFAULT_GEOMETRY) -> dict:
     """Attribution graph, supernodes by every grouping, faithfulness vs supernode count, paired tests.
 
     Parameters
@@ -372,10 +378,11 @@ def run_compression(lm, saes: dict, corpus_hidden: dict, n_nodes: int = 24, coun
     counts = counts or sorted({n, max(1, 3 * n // 4), max(1, n // 2), max(1, n // 4), max(1, n // 8), 1}, reverse=True)
     dist_methods = [m for m in groupings if m != "random"]
     dists = {m: {l: within_layer_distances(saes[l], corpus_hidden[l], circuit.task_hidden[l], circuit.nodes[l], m, k,
-                                           solver=solver)
+                                           solver=solver, geometry=geometry)
                  for l in circuit.layers} for m in dist_methods}
     out = {"task": task, "clean": faithfulness(lm, saes, the_task, circuit, None), "counts": counts, "n_nodes": n,
            "layers": circuit.layers, "n_prompts": int(the_task.ids.shape[0]), "solver": solver, "k": k,
+           "geometry": geometry,
            "seeds": list(seeds), "methods": {}, "graphs": {}}
     from tqdm.auto import tqdm
 
@@ -446,7 +453,7 @@ def markdown_table(res: dict) -> str:
     baseline (Wilcoxon on per-prompt logit difference, exact McNemar on correctness)."""
     names = list(res["methods"])
     head = "| supernodes / layer | " + " | ".join(f"{n} acc / logit diff" for n in names) + " | " + " | ".join(
-        f"OT vs {b}: d logit diff (p) ; d acc (p)" for b in res.get("paired", {})) + " |"
+        f"OT - {b}: d logit diff [paired 95%] verdict (Wilcoxon p) ; d acc (McNemar p)" for b in res.get("paired", {})) + " |"
     lines = [f"Task {res.get('task', 'addition')}, {res.get('n_prompts', '?')} prompts, unmodified accuracy "
              f"{res['clean']['accuracy']:.3f}, logit diff {res['clean']['logit_diff']:.2f}; circuit "
              f"{res['n_nodes']} features at each of layers {res['layers']}.", "", head,
@@ -459,7 +466,9 @@ def markdown_table(res: dict) -> str:
             cells.append(f"{x['accuracy']:.3f} / {x['logit_diff']:.2f}{sd}")
         for b, tests in res.get("paired", {}).items():
             t = tests[c]
-            cells.append(f"{t['logit_diff_delta']:+.2f} ({t['p_logit_diff_wilcoxon']:.2g}) ; "
+            pb = t.get("logit_diff_paired")
+            ci = f" [{pb['lo']:+.2f}, {pb['hi']:+.2f}] {pb['verdict']}" if pb and pb["n"] else ""
+            cells.append(f"{t['logit_diff_delta']:+.2f}{ci} ({t['p_logit_diff_wilcoxon']:.2g}) ; "
                          f"{t['accuracy_delta']:+.3f} ({t['p_accuracy_mcnemar']:.2g})")
         lines.append(f"| {S} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -25,10 +25,12 @@ data the matching never saw, or by intervening on the model:
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from saeot.geometry import DEFAULT_GEOMETRY
 from saeot.matching import Matching, match
 from saeot.methods import LayerFeatures, distance_matrix
 
@@ -50,50 +52,118 @@ def bootstrap_ci(values, n_boot: int = 2000, seed: int = 0, level: float = 0.95)
 
 
 def hub_stats(m: Matching, n_targets: int) -> dict:
-    """How concentrated a matching is on few targets (a hub = a target many sources map to)."""
+    """How concentrated a matching is on few targets (a hub = a target many sources map to):
+    distinct targets, max and 99th-percentile in-degree, share of sources on the top 1% targets."""
+    from saeot.matching import in_degree_stats
+
     if len(m.tgt) == 0:
-        return {"sources": 0, "distinct_targets": 0, "max_in_degree": 0, "share_on_top1pct_targets": float("nan")}
+        return {"sources": 0, "distinct_targets": 0, "max_in_degree": 0, "p99_in_degree": 0.0,
+                "share_on_top1pct_targets": float("nan")}
     _, counts = np.unique(m.tgt, return_counts=True)
     top = np.sort(counts)[::-1][:max(1, n_targets // 100)]
-    return {"sources": int(len(m.src)), "distinct_targets": int(len(counts)), "max_in_degree": int(counts.max()),
+    return {"sources": int(len(m.src)), **in_degree_stats(m.tgt, n_targets),
             "share_on_top1pct_targets": float(top.sum() / len(m.src))}
 
 
+SPLITS = ("val", "test")
+
+
 def chunk_split(chunk: np.ndarray) -> dict[str, np.ndarray]:
-    """Token masks: fit (even chunks), held-out (odd chunks), and the disjoint fit halves
-    fit_a (chunk = 0 mod 4) and fit_b (chunk = 2 mod 4)."""
-    c = np.asarray(chunk)
-    return {"fit": c % 2 == 0, "held": c % 2 == 1, "fit_a": c % 4 == 0, "fit_b": c % 4 == 2}
+    """Token masks by chunk.  The corpus interleaves its two sources chunk by chunk (even chunks
+    Shakespeare, odd chunks docstrings, :func:`saeot.corpus.chunk_corpus`), so a split by chunk
+    parity would also be a split by source; roles are therefore given to *blocks* of two
+    consecutive chunks (one of each source), block = chunk // 2:
+
+    - ``fit`` (block = 0, 1 mod 4): SAE training and every method's distances; its halves
+      ``fit_a`` (0 mod 4) and ``fit_b`` (1 mod 4) are the disjoint-token fits;
+    - ``val`` (block = 2 mod 4): held-out judging used to choose configurations;
+    - ``test`` (block = 3 mod 4): held-out judging for the reported figures;
+    - ``held`` = val | test: outside the SAEs' training data (``saeot train-sae`` trains on ``fit``).
+    """
+    role = (np.asarray(chunk) // 2) % 4
+    return {"fit": role <= 1, "fit_a": role == 0, "fit_b": role == 1, "val": role == 2, "test": role == 3,
+            "held": role >= 2}
 
 
-def _normalise(H_ref_fit: np.ndarray):
-    mu = H_ref_fit.mean(0)
-    rms = float(np.sqrt(((H_ref_fit - mu) ** 2).sum(1).mean())) or 1.0
-    return lambda H: np.ascontiguousarray((H - mu) / rms, dtype=np.float32)
+@dataclass(frozen=True)
+class OTConfig:
+    """One OT configuration of ``saeot evaluate``: reference-space geometry, hubness correction,
+    solver, support size k (top-k firing tokens; 0 = all firing tokens, sliced only), pre-filter
+    candidates (0 = all pairs)."""
+
+    geometry: str = DEFAULT_GEOMETRY
+    hubness: str = "none"
+    solver: str = "exact"
+    k: int = 32
+    candidates: int = 32
+    prefilter: str = "sliced"
+
+    @property
+    def name(self) -> str:
+        pf = "" if self.prefilter == "sliced" else f",{self.prefilter}"
+        return f"ot[{self.geometry},{self.solver},k{self.k or 'all'},c{self.candidates}{pf},{self.hubness}]"
+
+    @classmethod
+    def parse(cls, spec: str) -> "OTConfig":
+        """``geometry,solver,k,candidates,hubness,prefilter`` (trailing fields optional), e.g. ``whiten+unit,sliced,128``."""
+        parts = [p.strip() for p in spec.split(",") if p.strip()]
+        f = dict(zip(("geometry", "solver", "k", "candidates", "hubness", "prefilter"), parts))
+        for key in ("k", "candidates"):
+            if key in f:
+                f[key] = int(f[key])
+        return cls(**f)
+
+    def check(self) -> str | None:
+        """None if valid, else a one-line reason."""
+        from saeot.geometry import GEOMETRIES
+        from saeot.matching import HUBNESS
+        from saeot.wasserstein import PREFILTERS, SOLVERS
+
+        if self.geometry not in GEOMETRIES:
+            return f"geometry {self.geometry!r} is not one of {', '.join(GEOMETRIES)}"
+        if self.solver not in SOLVERS:
+            return f"solver {self.solver!r} is not one of {', '.join(SOLVERS)}"
+        if self.hubness not in HUBNESS:
+            return f"hubness {self.hubness!r} is not one of {', '.join(HUBNESS)}"
+        if self.prefilter not in PREFILTERS:
+            return f"prefilter {self.prefilter!r} is not one of {', '.join(PREFILTERS)}"
+        if self.k < 0 or self.candidates < 0:
+            return f"k must be >= 0 (0 = all firing tokens) and candidates >= 0, got {self.k}, {self.candidates}"
+        if self.k == 0 and self.solver != "sliced":
+            return "k = 0 (all firing tokens) needs the sliced solver"
+        return None
 
 
-def fitted_features(sae_a, sae_b, Ha, Hb, masks, setting: str, k: int = 32):
+def fitted_features(sae_a, sae_b, Ha, Hb, masks, setting: str, k: int = 32, geometry: str = DEFAULT_GEOMETRY,
+                    acts=None):
     """LayerFeatures of both layers fitted on their tokens for ``setting`` ("shared": both on the
     fit chunks; "disjoint": A on fit_a, B on fit_b), embedded in the target layer's hidden-state
-    space (normalised on the fit tokens)."""
+    space transformed by ``geometry`` (:mod:`saeot.geometry`, fitted on the fit tokens).
+    ``acts`` = precomputed (acts_a, acts_b) for these tokens (SAE encoding is the slow part)."""
+    from saeot.geometry import Geometry
+
     ma_tok, mb_tok = (masks["fit"], masks["fit"]) if setting == "shared" else (masks["fit_a"], masks["fit_b"])
-    norm = _normalise(Hb[masks["fit"]])
-    Za = norm(Hb[ma_tok])
-    Zb = Za if setting == "shared" else norm(Hb[mb_tok])
-    A = LayerFeatures(W_dec=sae_a.W_dec, acts=sae_a.encode(Ha[ma_tok]), Z=Za, W_enc=sae_a.W_enc, k=k)
-    B = LayerFeatures(W_dec=sae_b.W_dec, acts=sae_b.encode(Hb[mb_tok]), Z=Zb, W_enc=sae_b.W_enc, k=k)
+    g = Geometry.fit(Hb[masks["fit"]], geometry)
+    Za = g(Hb[ma_tok])
+    Zb = Za if setting == "shared" else g(Hb[mb_tok])
+    acts_a, acts_b = acts if acts is not None else (sae_a.encode(Ha[ma_tok]), sae_b.encode(Hb[mb_tok]))
+    A = LayerFeatures(W_dec=sae_a.W_dec, acts=acts_a, Z=Za, W_enc=sae_a.W_enc, k=k)
+    B = LayerFeatures(W_dec=sae_b.W_dec, acts=acts_b, Z=Zb, W_enc=sae_b.W_enc, k=k)
     return A, B
 
 
 class ContextJudge:
     """MiniLM embeddings of features' top held-out contexts; cached per (layer, feature)."""
 
-    def __init__(self, tokens, chunk, decode, held_mask, n_ctx: int = 4, before: int = 12, after: int = 2):
-        from sentence_transformers import SentenceTransformer
+    def __init__(self, tokens, chunk, decode, held_mask, n_ctx: int = 4, before: int = 12, after: int = 2,
+                 model=None):
+        if model is None:
+            from sentence_transformers import SentenceTransformer
 
-        from saeot.models import _minilm_dir
+            from saeot.models import _minilm_dir
 
-        self.model = SentenceTransformer(str(_minilm_dir()), device="cpu")
+            model = SentenceTransformer(str(_minilm_dir()), device="cpu")
+        self.model = model
         self.tokens, self.chunk, self.decode = tokens, chunk, decode
         self.held_pos = np.flatnonzero(held_mask)  # held-out rows -> corpus positions
         self.n_ctx, self.before, self.after = n_ctx, before, after
@@ -209,107 +279,197 @@ def intervention_effects(lm, sae_a, sae_b, la: int, lb: int, sources, chunk_ids_
     return out
 
 
-def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, settings=("shared", "disjoint"),
-                  n_eval: int = 128, n_intervene: int = 32, n_chunks: int = 4, k: int = 32, candidates: int = 32,
-                  seed: int = 0, progress: bool = True, log=print) -> dict:
-    """Every method x matching strategy on one layer pair, judged on held-out chunks and by
-    intervention (see module docstring).  ``lm`` (a loaded model) is needed for the contexts'
-    text and the interventions; without it only the token-level scores are computed."""
-    from saeot.collect import load_activations
+METRICS = ("judge", "jaccard", "rel_effect", "hit10")  # higher = better for all four
 
+
+def _chunks_of(held_acts, rows_chunk, features, n_chunks: int) -> dict[int, list[int]]:
+    """Each feature's ``n_chunks`` chunks with the largest summed activation (held-out rows)."""
+    out = {}
+    for i in features:
+        col = held_acts[:, int(i)].toarray().ravel()
+        per_chunk: dict[int, float] = {}
+        for row in np.flatnonzero(col > 0):
+            c = int(rows_chunk[row])
+            per_chunk[c] = per_chunk.get(c, 0.0) + float(col[row])
+        out[int(i)] = sorted(per_chunk, key=lambda c: -per_chunk[c])[:n_chunks]
+    return out
+
+
+def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, settings=("shared", "disjoint"),
+                  configs=None, baselines=("decoder-cosine", "sae-match", "act-corr"), strategies=STRATEGIES,
+                  splits=SPLITS, n_eval: int = 128, n_intervene: int = 32, n_chunks: int = 4, csls_k: int = 10,
+                  seed: int = 0, progress: bool = True, log=print, k: int | None = None,
+                  candidates: int | None = None) -> dict:
+    """Every method x matching strategy on one layer pair, judged on held-out chunks (``val`` and
+    ``test``, both outside the SAEs' and the distances' fit tokens) and by intervention.
+
+    Parameters
+    ----------
+    configs : list of OTConfig
+        OT variants (geometry, hubness, solver, k, candidates); default one ``OTConfig()``.
+    baselines : methods compared with every OT variant (with a ``+csls`` copy when any variant
+        uses CSLS, so the correction is compared like with like).
+    splits : judged splits; figures for choosing a configuration come from ``val`` only.
+    k, candidates : shorthand for ``configs=[OTConfig(k=k, candidates=candidates)]``.
+
+    Returns
+    -------
+    dict
+        Per setting: ``sources`` (the judged source features, the same for every method),
+        ``scores[method][strategy][split][metric]`` = per-source lists (NaN = source not
+        matched), ``summary`` (means with bootstrap CIs), ``paired[ot][baseline][strategy][split]
+        [metric]`` (:func:`saeot.stats.paired_bootstrap` of OT - baseline, with a verdict), hub
+        statistics, fit seconds.  ``lm`` (a loaded model) is needed for the judge's text and the
+        interventions; without it only the Jaccard scores are computed.
+    """
+    from saeot.collect import load_activations
+    from saeot.matching import csls
+    from saeot.stats import paired_bootstrap
+
+    if configs is None:
+        configs = [OTConfig(k=k or 32, candidates=32 if candidates is None else candidates)]
+    for c in configs:
+        if c.check():
+            raise ValueError(c.check())
     Ha, Hb = load_activations(acts_dir, la), load_activations(acts_dir, lb)
     tokens, chunk = load_activations(acts_dir, "tokens"), load_activations(acts_dir, "chunk")
     masks = chunk_split(chunk)
-    held_a, held_b = sae_a.encode(Ha[masks["held"]]), sae_b.encode(Hb[masks["held"]])
-    tokens_held = tokens[masks["held"]]
-    judge = ContextJudge(tokens, chunk, lm.tokenizer.decode, masks["held"]) if lm is not None else None
+    held = {sp: (sae_a.encode(Ha[masks[sp]]), sae_b.encode(Hb[masks[sp]])) for sp in splits}
+    alive_held = {sp: (np.asarray(a.getnnz(axis=0)).ravel() > 0, np.asarray(b.getnnz(axis=0)).ravel() > 0)
+                  for sp, (a, b) in held.items()}
+    judges = {}
+    if lm is not None:
+        shared_model = None
+        for sp in splits:
+            judges[sp] = ContextJudge(tokens, chunk, lm.tokenizer.decode, masks[sp], model=shared_model)
+            shared_model = judges[sp].model
     rng = np.random.default_rng(seed)
-    alive_held_a = np.asarray(held_a.getnnz(axis=0)).ravel() > 0
-    alive_held_b = np.asarray(held_b.getnnz(axis=0)).ravel() > 0
+    use_csls = any(c.hubness == "csls" for c in configs)
     out: dict = {"layers": [la, lb], "n_tokens": int(len(tokens)), "fit_tokens": int(masks["fit"].sum()),
-                 "held_tokens": int(masks["held"].sum()), "settings": {}}
-    # intervention data: each sampled source's top held-out chunks
-    held_rows_chunk = chunk[masks["held"]]
-    inter = None
+                 "split_tokens": {sp: int(masks[sp].sum()) for sp in splits}, "configs": [c.name for c in configs],
+                 "settings": {}}
+    inter: dict = {}  # split -> {"sources", "effects", "seconds"}, shared by every setting
     for setting in settings:
         t0 = time.perf_counter()
-        A, B = fitted_features(sae_a, sae_b, Ha, Hb, masks, setting, k=k)
-        fit_alive_a, fit_alive_b = A.dists.alive, B.dists.alive
-        # evaluated sources: alive on the fit tokens *and* on the held-out tokens (else nothing to judge)
-        pool = np.flatnonzero(fit_alive_a & alive_held_a)
+        ma_tok, mb_tok = (masks["fit"], masks["fit"]) if setting == "shared" else (masks["fit_a"], masks["fit_b"])
+        fit_acts = (sae_a.encode(Ha[ma_tok]), sae_b.encode(Hb[mb_tok]))
+        fit_alive_a = np.asarray(fit_acts[0].getnnz(axis=0)).ravel() > 0
+        fit_alive_b = np.asarray(fit_acts[1].getnnz(axis=0)).ravel() > 0
+        ok_a = fit_alive_a.copy()
+        for sp in splits:
+            ok_a &= alive_held[sp][0]
+        pool = np.flatnonzero(ok_a)  # judged sources: alive on the fit tokens and in every judged split
         sample = np.sort(rng.choice(pool, min(n_eval, len(pool)), replace=False))
-        res: dict = {"fit_seconds": {}, "methods": {}}
-        mats = {}
-        for m in EVAL_METHODS:
+        res: dict = {"fit_seconds": {}, "sources": sample.tolist(), "scores": {}, "hubs": {}}
+        mats: dict = {}
+
+        def add(name, D, seconds):
+            D = np.array(D, dtype=np.float64, copy=True)
+            D[~fit_alive_a] = np.inf
+            D[:, ~fit_alive_b] = np.inf
+            mats[name] = D
+            res["fit_seconds"][name] = seconds
+
+        by_space: dict = {}
+        ot_cache: dict = {}
+        for c in configs:
+            if (c.geometry, c.k) not in by_space:
+                by_space[(c.geometry, c.k)] = fitted_features(sae_a, sae_b, Ha, Hb, masks, setting, k=c.k,
+                                                              geometry=c.geometry, acts=fit_acts)
+            A, B = by_space[(c.geometry, c.k)]
+            t1 = time.perf_counter()
+            key = (c.geometry, c.k, c.solver, c.candidates, c.prefilter)  # CSLS reuses the same distances
+            if key not in ot_cache:
+                ot_cache[key] = distance_matrix("ot", A, B, solver=c.solver, candidates=c.candidates or None,
+                                                prefilter=c.prefilter)
+            pr = ot_cache[key]
+            D = csls(pr.D, csls_k) if c.hubness == "csls" else pr.D
+            add(c.name, D, time.perf_counter() - t1)
+            res.setdefault("ot_info", {})[c.name] = {"evaluated_pairs": int(pr.evaluated),
+                                                     **{kk: v for kk, v in pr.info.items() if np.isscalar(v)}}
+            log(f"{la}->{lb} [{setting}] {c.name}: {time.perf_counter() - t1:.1f} s, {pr.evaluated} pairs")
+        A, B = next(iter(by_space.values()))
+        for m in baselines:
             if m == "act-corr" and setting == "disjoint":
                 continue  # needs the same tokens in both layers
             t1 = time.perf_counter()
-            D = distance_matrix(m, A, B, solver="exact", candidates=candidates).D.copy()
-            D[~fit_alive_a] = np.inf
-            D[:, ~fit_alive_b] = np.inf
-            res["fit_seconds"][m] = time.perf_counter() - t1
-            mats[m] = D
-        strategies = {}
-        for m, D in mats.items():
-            for s in STRATEGIES:
+            D = distance_matrix(m, A, B).D
+            add(m, D, time.perf_counter() - t1)
+            if use_csls:
+                add(m + "+csls", csls(mats[m], csls_k), time.perf_counter() - t1)
+        del by_space, ot_cache
+        matchings = {}
+        for name, D in mats.items():
+            for s in strategies:
                 mt = match(D, s)
                 keep = fit_alive_a[mt.src]
-                strategies[(m, s)] = Matching(mt.src[keep], mt.tgt[keep], mt.dist[keep])
-        # random-match floor: each sampled source to a random alive target
-        strategies[("random", "nn")] = Matching(sample, rng.choice(np.flatnonzero(fit_alive_b & alive_held_b),
-                                                                   len(sample)), np.zeros(len(sample)))
-        for (m, s), mt in strategies.items():
-            d = dict(zip(mt.src.tolist(), mt.tgt.tolist()))
-            src = np.array([i for i in sample if i in d], dtype=np.int64)
-            tgt = np.array([d[i] for i in src], dtype=np.int64)
-            r = {"evaluated_sources": int(len(src)),
-                 "held_out_jaccard": bootstrap_ci(held_out_jaccard(held_a, held_b, tokens_held, src, tgt)),
-                 "hubs": hub_stats(mt, B.n_features) if m != "random" else None}
-            if judge is not None and len(src):
-                r["semantic_judge"] = bootstrap_ci(judge.similarity(la, held_a, lb, held_b, src, tgt))
-            res["methods"].setdefault(m, {})[s] = r
-        # agreement of NN matches with OT's
-        ot_nn = strategies[("ot", "nn")].as_dict()
-        res["agree_with_ot_nn"] = {m: float(np.mean([ot_nn.get(i) == j for i, j in strategies[(m, "nn")].as_dict().items()]))
-                                   for m in mats}
-        # intervention: same sources for every setting (first setting draws them)
-        if lm is not None and n_intervene > 0:
-            if inter is None:
+                matchings[(name, s)] = Matching(mt.src[keep], mt.tgt[keep], mt.dist[keep])
+                res["hubs"].setdefault(name, {})[s] = hub_stats(matchings[(name, s)], int(fit_alive_b.sum()))
+        # random-match floor: each judged source to a random target alive in the fit and every split
+        ok_b = fit_alive_b.copy()
+        for sp in splits:
+            ok_b &= alive_held[sp][1]
+        matchings[("random", "nn")] = Matching(sample, rng.choice(np.flatnonzero(ok_b), len(sample)),
+                                               np.zeros(len(sample)))
+        for sp in splits:
+            ha, hb = held[sp]
+            toks = tokens[masks[sp]]
+            if lm is not None and n_intervene > 0 and sp not in inter:
                 isrc = sample[:: max(1, len(sample) // n_intervene)][:n_intervene]
-                chunk_ids_of = {}
-                for i in isrc:
-                    col = held_a[:, i].toarray().ravel()
-                    per_chunk = {}
-                    for row in np.flatnonzero(col > 0):
-                        c = int(held_rows_chunk[row])
-                        per_chunk[c] = per_chunk.get(c, 0.0) + float(col[row])
-                    chunk_ids_of[int(i)] = sorted(per_chunk, key=lambda c: -per_chunk[c])[:n_chunks]
-                isrc = np.array([i for i in isrc if chunk_ids_of[int(i)]], dtype=np.int64)
-                need = sorted({c for i in isrc for c in chunk_ids_of[int(i)]})
-                tokens_by_chunk = {c: tokens[chunk == c] for c in need}
-                hb_by_chunk = {c: Hb[chunk == c] for c in need}
+                ch_of = _chunks_of(ha, chunk[masks[sp]], isrc, n_chunks)
+                isrc = np.array([i for i in isrc if ch_of[int(i)]], dtype=np.int64)
+                need = sorted({c for i in isrc for c in ch_of[int(i)]})
                 t1 = time.perf_counter()
-                eff = intervention_effects(lm, sae_a, sae_b, la, lb, isrc, chunk_ids_of, tokens_by_chunk, hb_by_chunk,
-                                           progress=progress)
-                inter = {"sources": isrc, "effects": eff, "seconds": time.perf_counter() - t1}
-            isrc, eff = inter["sources"], inter["effects"]
-            top10 = np.argsort(-eff, 1)[:, :10]
-            res["intervention"] = {"sources": int(len(isrc)), "seconds": inter["seconds"], "methods": {}}
-            rand_t = rng.choice(np.flatnonzero(fit_alive_b), len(isrc))
-            for (m, s), mt in list(strategies.items()) + [(("random", "nn"), Matching(isrc, rand_t, np.zeros(len(isrc))))]:
-                if m == "random" and len(mt.src) != len(isrc):
-                    continue
+                eff = intervention_effects(lm, sae_a, sae_b, la, lb, isrc, ch_of, {c: tokens[chunk == c] for c in need},
+                                           {c: Hb[chunk == c] for c in need}, progress=progress)
+                inter[sp] = {"sources": isrc, "effects": eff, "seconds": time.perf_counter() - t1}
+            for (name, s), mt in matchings.items():
                 d = mt.as_dict()
-                rows = [r for r, i in enumerate(isrc) if int(i) in d]
-                rel = [eff[r, d[int(isrc[r])]] / max(eff[r].max(), 1e-12) for r in rows]
-                hit = [float(d[int(isrc[r])] in top10[r]) for r in rows]
-                res["intervention"]["methods"].setdefault(m, {})[s] = {
-                    "relative_effect": bootstrap_ci(rel), "hit_at_10": bootstrap_ci(hit)}
+                tgt = np.array([d.get(int(i), -1) for i in sample], dtype=np.int64)
+                has = tgt >= 0
+                sc = {}
+                jac = np.full(len(sample), np.nan)
+                jac[has] = held_out_jaccard(ha, hb, toks, sample[has], tgt[has])
+                sc["jaccard"] = jac
+                if sp in judges:
+                    jd = np.full(len(sample), np.nan)
+                    if has.any():
+                        jd[has] = judges[sp].similarity(la, ha, lb, hb, sample[has], tgt[has])
+                    sc["judge"] = jd
+                if sp in inter:
+                    isrc, eff = inter[sp]["sources"], inter[sp]["effects"]
+                    top10 = np.argsort(-eff, 1)[:, :10]
+                    rel, hit = np.full(len(isrc), np.nan), np.full(len(isrc), np.nan)
+                    for r, i in enumerate(isrc):
+                        j = d.get(int(i), -1) if name != "random" else int(rng.choice(np.flatnonzero(ok_b)))
+                        if j >= 0:
+                            rel[r] = eff[r, j] / max(eff[r].max(), 1e-12)
+                            hit[r] = float(j in top10[r])
+                    sc["rel_effect"], sc["hit10"] = rel, hit
+                res["scores"].setdefault(name, {}).setdefault(s, {})[sp] = {m: v.tolist() for m, v in sc.items()}
+        res["intervened"] = {sp: v["sources"].tolist() for sp, v in inter.items()}
+        res["intervention_seconds"] = {sp: v["seconds"] for sp, v in inter.items()}
+        # summaries and paired comparisons (every OT variant against every baseline, same sources)
+        res["summary"] = {name: {s: {sp: {m: bootstrap_ci(v) for m, v in by_sp.items()} for sp, by_sp in by_s.items()}
+                                 for s, by_s in by_name.items()} for name, by_name in res["scores"].items()}
+        res["paired"] = {}
+        for c in configs:
+            for b in [m for m in res["scores"] if not m.startswith("ot[") and m != "random"]:
+                for s in strategies:
+                    for sp in splits:
+                        x, y = res["scores"][c.name][s][sp], res["scores"][b][s][sp]
+                        res["paired"].setdefault(c.name, {}).setdefault(b, {}).setdefault(s, {})[sp] = {
+                            m: paired_bootstrap(x[m], y[m], seed=seed) for m in x if m in y}
+        res["agree_with_first_ot_nn"] = {
+            name: float(np.mean([matchings[(configs[0].name, "nn")].as_dict().get(i) == j
+                                 for i, j in matchings[(name, "nn")].as_dict().items()]))
+            for name in mats} if "nn" in strategies else {}
         res["seconds"] = time.perf_counter() - t0
         out["settings"][setting] = res
+        sp0 = splits[-1]
         log(f"{la}->{lb} [{setting}] " + "  ".join(
-            f"{m}: judge {v['nn'].get('semantic_judge', {}).get('mean', float('nan')):.3f} "
-            f"jacc {v['nn']['held_out_jaccard']['mean']:.3f}" for m, v in res["methods"].items()))
+            f"{name}: judge {res['summary'][name]['nn'][sp0].get('judge', {}).get('mean', float('nan')):.3f}"
+            for name in res["summary"] if "nn" in res["summary"][name]))
     return out
 
 
@@ -319,24 +479,143 @@ def _fmt(ci: dict | None) -> str:
     return f"{ci['mean']:.3f} [{ci['lo']:.3f}, {ci['hi']:.3f}]"
 
 
-def markdown_summary(res: dict) -> str:
+def choose_config(res: dict, *, split: str = "val", strategy: str = "nn", metric: str = "judge",
+                  setting: str = "shared", pairs=None) -> dict:
+    """The OT configuration with the highest mean ``metric`` on the ``split`` (validation), averaged
+    over the layer pairs ``pairs`` (default all): chosen without looking at the test split, so the
+    test intervals of the chosen configuration are not inflated by the choice among many.  Only
+    configurations run on every one of those pairs compete."""
+    scores: dict = {}
+    for pair, ev in res.items():
+        if pairs is not None and pair not in pairs:
+            continue
+        st = ev["settings"].get(setting)
+        if not st:
+            continue
+        for name in st.get("configs", ev["configs"]):
+            v = st["summary"].get(name, {}).get(strategy, {}).get(split, {}).get(metric)
+            if v and v.get("n", 0):
+                scores.setdefault(name, []).append(v["mean"])
+    if not scores:
+        return {"chosen": None, "by_config": {}}
+    n_pairs = max(len(v) for v in scores.values())
+    means = {n: float(np.mean(v)) for n, v in scores.items() if len(v) == n_pairs}
+    return {"chosen": max(means, key=means.get), "by_config": means, "split": split, "strategy": strategy,
+            "metric": metric, "setting": setting, "pairs": sorted(pairs) if pairs is not None else "all"}
+
+
+_METRIC_NAMES = {"judge": "MiniLM judge", "jaccard": "held-out Jaccard", "rel_effect": "intervention rel. effect",
+                 "hit10": "intervention hit@10"}
+
+
+def markdown_summary(res: dict, split: str = "test", configs: list[str] | None = None) -> str:
     """Markdown tables of an ``evaluate`` result ({pair: evaluate_pair(...)}): per pair and
-    setting, every method x strategy with 95% CIs, hub statistics, intervention scores."""
+    setting, every method x strategy on ``split`` with 95% CIs and hub statistics, then the paired
+    OT - baseline intervals with verdicts."""
+    from saeot.stats import fmt_paired
+
     lines = []
     for pair, ev in res.items():
         for setting, st in ev["settings"].items():
-            lines.append(f"\n**{pair}, {setting} tokens** (fit {ev['fit_tokens']} tokens, judged on "
-                         f"{ev['held_tokens']} held-out tokens)\n")
-            lines.append("| method | strategy | sources | MiniLM judge | held-out Jaccard | distinct targets "
-                         "(max in-degree) | intervention rel. effect | intervention hit@10 |")
-            lines.append("|---|---|---|---|---|---|---|---|")
-            inter = st.get("intervention", {}).get("methods", {})
-            for m, by in st["methods"].items():
-                for s, r in by.items():
-                    h = r.get("hubs") or {}
-                    iv = inter.get(m, {}).get(s, {})
-                    lines.append(f"| {m} | {s} | {r['evaluated_sources']} | {_fmt(r.get('semantic_judge'))} | "
-                                 f"{_fmt(r['held_out_jaccard'])} | "
-                                 f"{h.get('distinct_targets', '-')} ({h.get('max_in_degree', '-')}) | "
-                                 f"{_fmt(iv.get('relative_effect'))} | {_fmt(iv.get('hit_at_10'))} |")
+            names = [n for n in st["summary"] if configs is None or not n.startswith("ot[") or n in configs]
+            lines.append(f"\n**{pair}, {setting} tokens, {split} split** (fit {ev['fit_tokens']} tokens, judged on "
+                         f"{ev['split_tokens'].get(split, '?')} held-out tokens; {len(st['sources'])} sources, "
+                         f"{len(st.get('intervened', {}).get(split, []))} ablated)\n")
+            lines.append("| method | strategy | " + " | ".join(_METRIC_NAMES.values())
+                         + " | distinct targets | max in-degree | p99 in-degree |")
+            lines.append("|---|---|" + "---|" * (len(_METRIC_NAMES) + 3))
+            for n in names:
+                for s, by_sp in st["summary"][n].items():
+                    r = by_sp.get(split, {})
+                    h = st["hubs"].get(n, {}).get(s, {})
+                    lines.append(f"| {n} | {s} | " + " | ".join(_fmt(r.get(m)) for m in _METRIC_NAMES)
+                                 + f" | {h.get('distinct_targets', '-')} | {h.get('max_in_degree', '-')} | "
+                                   f"{h.get('p99_in_degree', '-')} |")
+            lines.append(f"\nPaired OT - baseline (same sources; 95% paired bootstrap; verdict from the interval), "
+                         f"{split} split:\n")
+            lines.append("| OT variant | baseline | strategy | " + " | ".join(_METRIC_NAMES.values()) + " |")
+            lines.append("|---|---|---|" + "---|" * len(_METRIC_NAMES))
+            for o, by_b in st["paired"].items():
+                if configs is not None and o not in configs:
+                    continue
+                for b, by_s in by_b.items():
+                    for s, by_sp in by_s.items():
+                        r = by_sp.get(split, {})
+                        lines.append(f"| {o} | {b} | {s} | " + " | ".join(fmt_paired(r.get(m)) for m in _METRIC_NAMES)
+                                     + " |")
+    return "\n".join(lines)
+
+
+def merge_results(docs: list[dict]) -> dict:
+    """{pair: evaluate_pair(...)} from several ``saeot evaluate`` JSON files (``{"pairs": ...}``);
+    one pair's settings from different files are merged (each setting keeps its ``configs``)."""
+    out: dict = {}
+    for d in docs:
+        for pair, ev in d.get("pairs", d).items():
+            for st in ev["settings"].values():
+                st.setdefault("configs", ev["configs"])
+            if pair in out:
+                out[pair]["settings"].update(ev["settings"])
+            else:
+                out[pair] = ev
+    return out
+
+
+ADJACENT = {(9, 10)}
+
+
+def verdict_tables(res: dict, default: str, chosen: str | None, *, split: str = "test", strategy: str = "nn",
+                   baselines=("decoder-cosine", "sae-match", "act-corr"), setting: str = "shared",
+                   extra: tuple = ()) -> str:
+    """Per layer pair (adjacent first, then distant) and metric: the paired OT - baseline interval
+    and verdict on ``split``, for the default configuration and the one chosen on validation."""
+    from saeot.stats import fmt_paired
+
+    def order(p):
+        a, b = (int(x) for x in p.split("->"))
+        return ((a, b) not in ADJACENT, b - a, a)
+
+    lines = []
+    for cfg, label in ((default, "default"), (chosen, "chosen on val")) + tuple(extra):
+        if cfg is None or (label != "default" and cfg == default):
+            continue
+        bls = [b for b in baselines if any(b in ev["settings"].get(setting, {}).get("paired", {}).get(cfg, {})
+                                           for ev in res.values())]
+        lines.append(f"\n**{label}: `{cfg}`**, {strategy} matching, {split} split, {setting} tokens "
+                     f"(paired 95% bootstrap over the judged sources; verdict = interval above / across / below 0)\n")
+        lines.append("| pair | kind | metric | OT | " + " | ".join(bls) + " | random | "
+                     + " | ".join(f"OT - {b}" for b in bls) + " |")
+        lines.append("|---|---|---|---|" + "---|" * (2 * len(bls) + 1))
+        for pair in sorted(res, key=order):
+            st = res[pair]["settings"].get(setting)
+            if not st or cfg not in st["paired"]:
+                continue
+            a, b = (int(x) for x in pair.split("->"))
+            kind = "adjacent" if (a, b) in ADJACENT else "distant"
+            for m, mname in _METRIC_NAMES.items():
+                ot = st["summary"][cfg][strategy][split].get(m)
+                if ot is None:
+                    continue
+                cells = [_fmt(ot)] + [_fmt(st["summary"].get(bl, {}).get(strategy, {}).get(split, {}).get(m))
+                                      for bl in bls]
+                cells += [_fmt(st["summary"].get("random", {}).get("nn", {}).get(split, {}).get(m))]
+                cells += [fmt_paired(st["paired"][cfg].get(bl, {}).get(strategy, {}).get(split, {}).get(m))
+                          for bl in bls]
+                lines.append(f"| {pair} | {kind} | {mname} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def hub_table(res: dict, names: list[str], strategy: str = "nn", setting: str = "shared") -> str:
+    """Max and 99th-percentile in-degree of the NN matching (all fit-alive sources) per pair."""
+    lines = ["| pair | " + " | ".join(f"`{n}` max / p99 (distinct)" for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for pair, ev in res.items():
+        st = ev["settings"].get(setting)
+        if not st:
+            continue
+        cells = []
+        for n in names:
+            h = st["hubs"].get(n, {}).get(strategy)
+            cells.append(f"{h['max_in_degree']} / {h['p99_in_degree']:.0f} ({h['distinct_targets']})" if h else "-")
+        lines.append(f"| {pair} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

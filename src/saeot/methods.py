@@ -44,7 +44,7 @@ class LayerFeatures:
     W_enc : (d, F) float, optional
         Encoder (for ``sae-match``; defaults to ``W_dec.T``).
     k : int
-        Top-k support size for the OT distributions.
+        Top-k support size for the OT distributions; 0 = all firing tokens (sliced solver only).
     """
 
     W_dec: np.ndarray
@@ -136,6 +136,21 @@ def distance_matrix(method: str, A: LayerFeatures, B: LayerFeatures, *, solver: 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
     t0 = time.perf_counter()
+    if method == "ot" and (A.k == 0 or B.k == 0):
+        from saeot.wasserstein import _sqdist, random_directions, sliced_embedding_all_firing
+
+        if solver != "sliced":
+            raise ValueError("k = 0 (all firing tokens) is supported by the sliced solver only")
+        th = random_directions(A.Z.shape[1], solver_kw.get("n_proj", 64), solver_kw.get("seed", 0))
+        nq = solver_kw.get("n_quantiles", 32)
+        ea = sliced_embedding_all_firing(A.acts, A.Z, th, nq)
+        eb = sliced_embedding_all_firing(B.acts, B.Z, th, nq)
+        D = np.sqrt(_sqdist(ea, eb)).astype(np.float64)
+        fa = np.asarray((A.acts > 0).sum(0)).ravel() > 0
+        fb = np.asarray((B.acts > 0).sum(0)).ravel() > 0
+        D[~fa] = np.inf
+        D[:, ~fb] = np.inf
+        return PairwiseResult(D, int(fa.sum() * fb.sum()), {"solve": time.perf_counter() - t0})
     if method == "ot":
         Za = np.ascontiguousarray(A.Z, dtype=np.float32)
         ma = measures(A.dists, Za)

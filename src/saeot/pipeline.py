@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from saeot.collect import load_activations
+from saeot.geometry import DEFAULT_GEOMETRY
 from saeot.matching import Matching, match
 from saeot.methods import METHODS, LayerFeatures, distance_matrix
 from saeot.sae import SAE, load_sae
@@ -16,7 +17,8 @@ from saeot.space import reference_embeddings
 
 
 def layer_pair(acts_dir: Path, sae_a: SAE, sae_b: SAE, layer_a: int, layer_b: int, *, space: str = "reference",
-               ref_layer: int | None = None, k: int = 32, n_components: int = 64) -> tuple[LayerFeatures, LayerFeatures]:
+               ref_layer: int | None = None, k: int = 32, n_components: int = 64, geometry: str = DEFAULT_GEOMETRY,
+               ) -> tuple[LayerFeatures, LayerFeatures]:
     """Load hidden states, encode them with each layer's SAE, embed tokens in the reference space.
 
     ``ref_layer`` defaults to ``layer_b`` (the target).  Returns (A, B) ready for
@@ -25,7 +27,7 @@ def layer_pair(acts_dir: Path, sae_a: SAE, sae_b: SAE, layer_a: int, layer_b: in
     Ha = load_activations(acts_dir, layer_a)
     Hb = load_activations(acts_dir, layer_b)
     Href = Hb if ref_layer is None or ref_layer == layer_b else load_activations(acts_dir, ref_layer)
-    Za, Zb = reference_embeddings(Ha, Hb, space, H_ref=Href, n_components=n_components)
+    Za, Zb = reference_embeddings(Ha, Hb, space, H_ref=Href, n_components=n_components, geometry=geometry)
     # float32 once, so that both layers' measures index the very same array when the space is shared
     Za32 = np.ascontiguousarray(Za, dtype=np.float32)
     Za, Zb = Za32, (Za32 if Zb is Za else np.ascontiguousarray(Zb, dtype=np.float32))
@@ -58,8 +60,14 @@ class MethodResult:
 
 def compare_methods(A: LayerFeatures, B: LayerFeatures, tokens: np.ndarray, *, methods=METHODS,
                     strategy: str = "nn", solver: str = "exact", candidates: int | None = 32,
-                    only_alive: bool = True, progress: bool = False, **solver_kw) -> dict[str, MethodResult]:
-    """Every method on the same layer pair: matching, wall time and the top-token proxy."""
+                    only_alive: bool = True, progress: bool = False, hubness: str = "none", csls_k: int = 10,
+                    **solver_kw) -> dict[str, MethodResult]:
+    """Every method on the same layer pair: matching, wall time and the top-token proxy.
+    ``hubness="csls"`` matches on CSLS-corrected distances (:func:`saeot.matching.csls`), for every method."""
+    from saeot.matching import HUBNESS, csls
+
+    if hubness not in HUBNESS:
+        raise ValueError(f"unknown hubness correction {hubness!r}; expected one of {HUBNESS}")
     out = {}
     alive_a = A.dists.alive
     for name in methods:
@@ -69,6 +77,8 @@ def compare_methods(A: LayerFeatures, B: LayerFeatures, tokens: np.ndarray, *, m
         if only_alive:
             D[~alive_a] = np.inf
             D[:, ~B.dists.alive] = np.inf
+        if hubness == "csls":
+            D = csls(D, csls_k)
         mt = match(D, strategy)
         if only_alive:
             keep = alive_a[mt.src]

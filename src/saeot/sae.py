@@ -34,6 +34,7 @@ output of transformer block L-1.  So SAELens ``blocks.L.hook_resid_post`` is lay
 from __future__ import annotations
 
 import json
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -240,7 +241,8 @@ def sae_metadata(model_name: str, layer: int, **extra) -> dict:
 def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000, batch_size: int = 1024,
                    lr: float = 1e-3, seed: int = 0, progress: bool = True, cfg: dict | None = None,
                    aux_k: int | None = None, aux_coef: float = 1 / 32, dead_after_tokens: int | None = None,
-                   log: list | None = None) -> SAE:
+                   log: list | None = None, checkpoint: Path | None = None, checkpoint_every: int = 200,
+                   stop_after: int | None = None) -> SAE | None:
     """Train a TopK SAE (Gao et al., 2024) on activations ``X`` with Adam on the MSE plus AuxK.
 
     Inputs are scaled so that the mean squared norm is ``d_in`` (SAELens'
@@ -261,6 +263,14 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
     aux_k : int     default min(d_sae // 2, 4 k); 0 = no AuxK
     dead_after_tokens : int   default min(n / 4, 2 d_sae) tokens without firing
     log : list, optional      appended with {"step", "mse", "aux", "dead_frac"} every 100 steps
+    checkpoint : Path, optional
+        Resumable training: the full state (weights, Adam moments, RNG, dead counters, step) is
+        written there atomically every ``checkpoint_every`` steps and loaded on start, so an
+        interrupted run continues where it stopped and, with the same ``seed`` and data, ends
+        with the same SAE as an uninterrupted one (tested).
+    stop_after : int, optional
+        With ``checkpoint``: run at most this many steps in this call, save, and return None if
+        training is not finished (a time-boxed slice of a longer run).
 
     Returns
     -------
@@ -288,7 +298,33 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
     opt = torch.optim.Adam([W_enc, b_enc, W_dec, b_dec], lr=lr)
     since_fired = torch.zeros(d_sae)  # tokens since each feature last fired
     bs = min(batch_size, n)
-    for step in tqdm(range(steps), disable=not progress, desc=f"train TopK SAE d_sae={d_sae}", mininterval=2):
+    start = 0
+    ck_meta = {"n": n, "d": d, "d_sae": d_sae, "k": k, "steps": steps, "batch_size": bs, "lr": lr, "seed": seed,
+               "aux_k": aux_k, "dead_after": dead_after}
+    if checkpoint is not None and Path(checkpoint).exists():
+        st = torch.load(checkpoint, weights_only=False)
+        if st["meta"] != ck_meta:
+            raise ValueError(f"checkpoint {checkpoint} is from another run ({st['meta']}); delete it or change the path")
+        with torch.no_grad():
+            for t, v in zip((W_enc, b_enc, W_dec, b_dec), st["params"]):
+                t.copy_(v)
+        opt.load_state_dict(st["opt"])
+        g.set_state(st["rng"])
+        since_fired = st["since_fired"]
+        start = st["step"]
+        if log is not None:
+            log.extend(st.get("log", []))
+
+    def save_checkpoint(step_done: int) -> None:
+        tmp = Path(str(checkpoint) + ".tmp")
+        torch.save({"meta": ck_meta, "params": [t.detach().clone() for t in (W_enc, b_enc, W_dec, b_dec)],
+                    "opt": opt.state_dict(), "rng": g.get_state(), "since_fired": since_fired, "step": step_done,
+                    "log": list(log or [])}, tmp)
+        os.replace(tmp, checkpoint)
+
+    end = steps if stop_after is None else min(steps, start + int(stop_after))
+    for step in tqdm(range(start, end), initial=start, total=steps, disable=not progress,
+                     desc=f"train TopK SAE d_sae={d_sae}", mininterval=2):
         idx = torch.randint(0, n, (bs,), generator=g)
         x = Xt[idx]  # (b, d)
         pre = (x - b_dec) @ W_enc + b_enc  # (b, d_sae)
@@ -321,6 +357,12 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
             pg["lr"] = lr * min(1.0, (steps - step) / max(1, 0.2 * steps))
         if log is not None and (step % 100 == 0 or step == steps - 1):
             log.append({"step": step, "mse": float(mse), "aux": float(aux), "dead_frac": n_dead / d_sae})
+        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step == end - 1):
+            save_checkpoint(step + 1)
+    if end < steps:
+        if checkpoint is None:
+            raise ValueError("stop_after needs a checkpoint to resume from")
+        return None
     # fold the input scale back: pre = (x/s - b_dec) W_enc + b_enc = (x - s b_dec)(W_enc/s) + b_enc
     we = W_enc.detach().numpy() / scale
     wd = W_dec.detach().numpy() * scale

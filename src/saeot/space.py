@@ -12,8 +12,9 @@ decision; the paper's abstract does not say which it uses):
 - ``pca``: the reference mode followed by PCA to ``n_components`` dimensions (faster OT; keeps the
   bulk of the variance).
 
-All modes centre by the target's mean and divide by its RMS norm, so W2 is in units of "typical
-hidden-state norm" and numbers are comparable across models.
+Before that, hidden states are transformed by a ``geometry`` (:mod:`saeot.geometry`; default
+``scalar``: centre by the target's mean and divide by its RMS norm, so W2 is in units of "typical
+hidden-state norm"), fitted on the target layer's states.
 """
 
 from __future__ import annotations
@@ -22,18 +23,14 @@ from typing import Literal
 
 import numpy as np
 
+from saeot.geometry import DEFAULT_GEOMETRY, Geometry
+
 Mode = Literal["reference", "linear", "pca"]
 MODES = ("reference", "linear", "pca")
 
 
-def _normaliser(H: np.ndarray) -> tuple[np.ndarray, float]:
-    mu = H.mean(0)
-    rms = float(np.sqrt(((H - mu) ** 2).sum(1).mean())) or 1.0
-    return mu, rms
-
-
 def reference_embeddings(H_a: np.ndarray | None, H_b: np.ndarray, mode: Mode = "reference", *,
-                         H_ref: np.ndarray | None = None, n_components: int = 64,
+                         H_ref: np.ndarray | None = None, n_components: int = 64, geometry: str = DEFAULT_GEOMETRY,
                          ) -> tuple[np.ndarray, np.ndarray]:
     """Token embeddings ``(Z_a, Z_b)`` for the features of layers a and b.
 
@@ -48,6 +45,8 @@ def reference_embeddings(H_a: np.ndarray | None, H_b: np.ndarray, mode: Mode = "
         Reference-layer states for ``reference``/``pca``; default ``H_b``.
     n_components : int
         ``pca`` only.
+    geometry : str
+        :data:`saeot.geometry.GEOMETRIES`; fitted on the target (``linear``) or reference states.
 
     Returns
     -------
@@ -65,13 +64,12 @@ def reference_embeddings(H_a: np.ndarray | None, H_b: np.ndarray, mode: Mode = "
             raise ValueError(f"H_a has {H_a.shape[0]} tokens, H_b has {H_b.shape[0]}")
         X = np.concatenate([H_a, np.ones((len(H_a), 1))], 1)  # (n, d_a + 1)
         W, *_ = np.linalg.lstsq(X, H_b, rcond=None)  # (d_a + 1, d_b)
-        mu, rms = _normaliser(H_b)
-        return (X @ W - mu) / rms, (H_b - mu) / rms
+        g = Geometry.fit(H_b, geometry)
+        return g(X @ W, np.float64), g(H_b, np.float64)
     R = H_b if H_ref is None else np.asarray(H_ref, dtype=np.float64)
     if R.shape[0] != H_b.shape[0]:
         raise ValueError(f"H_ref has {R.shape[0]} tokens, H_b has {H_b.shape[0]}")
-    mu, rms = _normaliser(R)
-    Z = (R - mu) / rms
+    Z = Geometry.fit(R, geometry)(R, np.float64)
     if mode == "pca":
         n_components = min(n_components, Z.shape[1], Z.shape[0])
         # (d, d) covariance eigenvectors: cheap for d <= a few thousand

@@ -14,6 +14,13 @@ Generative model (all seeded):
 - Decoders: ``W_dec_B[perm[i]] = normalise(W_dec_A[i] + drift * N(0, I/d))``: the residual
   direction drifts between layers (``drift`` = 0: identical; 2: barely related).
 
+- Realistic geometry (optional, both default off): ``outlier_dims`` coordinates get meaning-free
+  noise of standard deviation ``outlier_scale`` (independent of the concept: the "massive
+  activation" dimensions of real residual streams), and every token's embedding *and* its
+  activations are multiplied by a log-normal norm factor ``exp(norm_sigma * N(0, 1))`` (real
+  per-token norms vary by large factors, and high-norm tokens fire features harder, so top-k
+  supports drift towards them: the source of hubs).
+
 The truth is ``perm``: feature i of A corresponds to feature perm[i] of B.
 """
 
@@ -36,7 +43,8 @@ class PlantedPair:
 
 def planted_pair(n_features: int = 64, n_tokens: int = 2000, d: int = 32, *, margin: float = 1.0,
                  spurious: float = 0.5, keep: float = 0.8, drift: float = 1.0, k: int = 16,
-                 seed: int = 0, disjoint: bool = False) -> PlantedPair:
+                 seed: int = 0, disjoint: bool = False, outlier_dims: int = 0, outlier_scale: float = 10.0,
+                 norm_sigma: float = 0.0) -> PlantedPair:
     """Generate a :class:`PlantedPair` (see module docstring for the model).
 
     Parameters
@@ -53,6 +61,10 @@ def planted_pair(n_features: int = 64, n_tokens: int = 2000, d: int = 32, *, mar
     disjoint : bool
         Layer B sees its own ``n_tokens`` fresh tokens (same concepts, new draws), so no token is
         seen by both layers; ``B.Z`` embeds B's tokens.  Activation correlation is then undefined.
+    outlier_dims, outlier_scale : int, float
+        Meaning-free high-variance coordinates (first ``outlier_dims`` of the d) and their std.
+    norm_sigma : float
+        Log-normal per-token norm factor (applied to the embedding and to both layers' activations).
 
     Returns
     -------
@@ -64,10 +76,19 @@ def planted_pair(n_features: int = 64, n_tokens: int = 2000, d: int = 32, *, mar
     F = n_features
     mu = rng.standard_normal((F, d)) * (margin / np.sqrt(2 * d))  # pairwise dist ~ margin
     concept = rng.integers(0, F, n_tokens)  # (n,)
-    Z = mu[concept] + rng.standard_normal((n_tokens, d)) / np.sqrt(d)  # (n, d)
+    if not 0 <= outlier_dims <= d:
+        raise ValueError(f"outlier_dims must be in 0..d={d}, got {outlier_dims}")
+
+    def embed(conc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        Z = mu[conc] + rng.standard_normal((len(conc), d)) / np.sqrt(d)  # (n, d)
+        Z[:, :outlier_dims] += outlier_scale * rng.standard_normal((len(conc), outlier_dims))
+        s = np.exp(norm_sigma * rng.standard_normal(len(conc))) if norm_sigma > 0 else np.ones(len(conc))
+        return Z * s[:, None], s
+
+    Z, scale_a = embed(concept)
     perm = rng.permutation(F)
 
-    def layer_acts(target_of_concept: np.ndarray, p_keep: float) -> np.ndarray:
+    def layer_acts(target_of_concept: np.ndarray, p_keep: float, tok_scale: np.ndarray) -> np.ndarray:
         acts = np.zeros((n_tokens, F))
         gain = rng.uniform(0.5, 2.0, F)  # per-feature scale (OT must not care)
         fire = rng.random(n_tokens) < p_keep
@@ -77,14 +98,14 @@ def planted_pair(n_features: int = 64, n_tokens: int = 2000, d: int = 32, *, mar
         sf = rng.integers(0, F, len(spur))
         val = gain[sf] * rng.uniform(0.0, 1.5, len(spur))
         acts[spur, sf] = np.maximum(acts[spur, sf], val)
-        return acts
+        return acts * tok_scale[:, None]
 
-    acts_a = layer_acts(np.arange(F), 1.0)
-    concept_a, Z_b = concept, Z
+    acts_a = layer_acts(np.arange(F), 1.0, scale_a)
+    concept_a, Z_b, scale_b = concept, Z, scale_a
     if disjoint:  # fresh tokens for layer B: same concept centres, new concepts and noise draws
         concept = rng.integers(0, F, n_tokens)
-        Z_b = mu[concept] + rng.standard_normal((n_tokens, d)) / np.sqrt(d)
-    acts_b = layer_acts(perm, keep)
+        Z_b, scale_b = embed(concept)
+    acts_b = layer_acts(perm, keep, scale_b)
     W_a = rng.standard_normal((F, d))
     W_a /= np.linalg.norm(W_a, axis=1, keepdims=True)
     W_b = np.empty_like(W_a)

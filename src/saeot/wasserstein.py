@@ -312,6 +312,55 @@ def sliced_embedding(m: Measures, n_proj: int = 64, n_quantiles: int = 32, seed:
     return out.reshape(F, L * Q) / np.float32(np.sqrt(L * Q))
 
 
+def sliced_embedding_all_firing(acts, Z: np.ndarray, directions: np.ndarray, n_quantiles: int = 32) -> np.ndarray:
+    """:func:`sliced_embedding` of every feature's distribution over *all* its firing tokens
+    (support = every token with a positive activation, weights ``a / sum(a)``; "k = all").
+
+    A feature that fires on thousands of tokens would need an (F, k_max, d) support array; here
+    each feature's projected support (n_f, L) is sorted on its own, so memory is O(max n_f * L)
+    and time O(nnz * L log n_f).
+
+    Parameters
+    ----------
+    acts : (n_tokens, F) scipy sparse or array
+    Z : (n_tokens, d) token embeddings
+    directions : (d, L)
+
+    Returns
+    -------
+    (F, L * Q) float32 (zero rows for features that never fire)
+    """
+    import scipy.sparse as sp
+
+    A = sp.csc_matrix(acts)
+    Pz = np.asarray(Z, dtype=np.float32) @ directions.astype(np.float32)  # (n, L)
+    L, Q = directions.shape[1], n_quantiles
+    grid = np.arange(Q + 1) / Q
+    out = np.zeros((A.shape[1], L, Q), dtype=np.float32)
+    for f in range(A.shape[1]):
+        lo, hi = A.indptr[f], A.indptr[f + 1]
+        v, r = A.data[lo:hi], A.indices[lo:hi]
+        keep = v > 0
+        if not keep.any():
+            continue
+        v, r = v[keep].astype(np.float64), r[keep]
+        P = Pz[r].astype(np.float64)  # (m, L)
+        order = np.argsort(P, axis=0, kind="stable")
+        Ps = np.take_along_axis(P, order, 0)
+        ws = (v / v.sum())[order]  # (m, L)
+        cw = np.cumsum(ws, 0)
+        ci = np.cumsum(ws * Ps, 0)
+        m = len(v)
+        I = np.empty((Q + 1, L))
+        for l in range(L):  # integral of the quantile function up to each cell edge
+            j = np.searchsorted(cw[:, l], grid, side="left").clip(0, m - 1)
+            pcw = np.where(j > 0, cw[np.maximum(j - 1, 0), l], 0.0)
+            pci = np.where(j > 0, ci[np.maximum(j - 1, 0), l], 0.0)
+            I[:, l] = pci + Ps[j, l] * (grid - pcw)
+        out[f] = (np.diff(I, axis=0) * Q).T.astype(np.float32)
+    return out.reshape(A.shape[1], L * Q) / np.float32(np.sqrt(L * Q))
+
+
 def max_sliced_lower_bound(ea: np.ndarray, eb: np.ndarray, n_proj: int, rows=None) -> np.ndarray:
     r"""(len(rows), Fb) lower bound on W2: :math:`\max_l` of the per-direction bound from
     :func:`sliced_embedding` vectors ``ea`` (Fa, L*Q), ``eb`` (Fb, L*Q) (same directions)."""
@@ -530,7 +579,7 @@ class PairwiseResult:
     info: dict = field(default_factory=dict)
 
 
-PREFILTERS = ("centroid", "sliced")
+PREFILTERS = ("centroid", "sliced", "pca-sliced")
 
 
 def candidate_pairs(P: np.ndarray, candidates: int) -> np.ndarray:
@@ -555,6 +604,37 @@ def sliced_proxy(ma: Measures, mb: Measures, n_proj: int = 64, n_quantiles: int 
     return np.sqrt(_sqdist(ea, eb)).astype(np.float64)
 
 
+def principal_directions(ma: Measures, mb: Measures, n_proj: int = 64) -> np.ndarray:
+    """(d, L) orthonormal top principal axes of both layers' support points (weighted, pooled).
+
+    For orthonormal directions the *sum* over directions of the 1-D W2^2 is a lower bound on W2^2
+    (the squared norm is at least the sum of squared projections), and the top principal axes
+    carry most of the cost, so slicing along them ranks pairs far closer to W2 than random
+    directions do in high dimension (measured: candidate recall in docs/saeot.md)."""
+    d = ma.X.shape[2]
+    C = np.zeros((d, d))
+    mean = np.zeros(d)
+    tot = 0.0
+    for m in (ma, mb):
+        X = m.X.reshape(-1, d).astype(np.float64)
+        w = m.w.reshape(-1)
+        C += (X * w[:, None]).T @ X
+        mean += w @ X
+        tot += w.sum()
+    mean /= max(tot, 1e-300)
+    C = C / max(tot, 1e-300) - np.outer(mean, mean)
+    ev, V = np.linalg.eigh(C)
+    return np.ascontiguousarray(V[:, ::-1][:, :min(n_proj, d)])
+
+
+def pca_sliced_proxy(ma: Measures, mb: Measures, n_proj: int = 64, n_quantiles: int = 16) -> np.ndarray:
+    """(Fa, Fb) sliced-W2 lower bounds along the top principal axes (:func:`principal_directions`)."""
+    th = principal_directions(ma, mb, n_proj)
+    ea = sliced_embedding(ma, directions=th, n_quantiles=n_quantiles)
+    eb = sliced_embedding(mb, directions=th, n_quantiles=n_quantiles)
+    return np.sqrt(_sqdist(ea, eb)).astype(np.float64)
+
+
 def pairwise_w2(ma: Measures, mb: Measures, solver: Solver = "exact", *, candidates: int | None = 32,
                 prefilter: Literal["centroid", "sliced"] = "sliced", progress: bool = False,
                 **solver_kw) -> PairwiseResult:
@@ -568,9 +648,10 @@ def pairwise_w2(ma: Measures, mb: Measures, solver: Solver = "exact", *, candida
     candidates : int or None
         Evaluate only, for every source, its ``candidates`` nearest targets under the pre-filter
         (and for every target its ``candidates`` nearest sources).  None = all pairs.
-    prefilter : {"centroid", "sliced"}
+    prefilter : {"centroid", "sliced", "pca-sliced"}
         ``centroid``: :func:`lower_bound` from means and spreads, an exact lower bound on W2.
-        ``sliced``: the sliced-W2 lower bound with 64 directions x 16 cells (closer to W2 in rank).
+        ``sliced``: the sliced-W2 lower bound with 64 random directions x 16 cells.
+        ``pca-sliced``: the same along the 64 top principal axes of the supports (closer to W2 in rank).
     **solver_kw
         Passed to :func:`w2_pairs` (``n_jobs``, ``reg``, ``tol``, ...).
 
@@ -600,7 +681,8 @@ def pairwise_w2(ma: Measures, mb: Measures, solver: Solver = "exact", *, candida
         ii, jj = np.meshgrid(np.flatnonzero(alive_a), np.flatnonzero(alive_b), indexing="ij")
         pairs = np.stack([ii.ravel(), jj.ravel()], 1)
     else:
-        P = lower_bound(ma, mb) if prefilter == "centroid" else sliced_proxy(ma, mb)
+        P = (lower_bound(ma, mb) if prefilter == "centroid" else sliced_proxy(ma, mb) if prefilter == "sliced"
+             else pca_sliced_proxy(ma, mb))
         P[~alive_a] = np.inf
         P[:, ~alive_b] = np.inf
         pairs = candidate_pairs(P, candidates)

@@ -43,6 +43,9 @@ def test_paired_tests_detect_a_consistent_difference():
     t = paired_tests(a, b)
     assert t["p_logit_diff_wilcoxon"] < 1e-6 and t["p_accuracy_mcnemar"] < 1e-3
     assert t["a_only_correct"] == 15 and t["b_only_correct"] == 0
+    assert t["logit_diff_paired"]["verdict"] == "win" and t["accuracy_paired"]["verdict"] == "win"
+    assert t["logit_diff_paired"]["mean"] == pytest.approx(0.5)
+    assert paired_tests(b, a)["logit_diff_paired"]["verdict"] == "loss"
     same = paired_tests(a, a)
     assert same["p_logit_diff_wilcoxon"] == 1.0 and same["p_accuracy_mcnemar"] == 1.0
 
@@ -96,8 +99,9 @@ def test_run_compression_end_to_end(setup):
     from saeot.compress import markdown_table
 
     md = markdown_table(res)
-    assert "OT vs random" in md and md.count("\n| ") == 1 + len(res["counts"])
+    assert "OT - random" in md and md.count("\n| ") == 1 + len(res["counts"])
     # S = n: identical per-prompt results, so the paired tests find nothing
     for b, tests in res["paired"].items():
         assert tests[0]["p_logit_diff_wilcoxon"] > 0.5 and tests[0]["a_only_correct"] == tests[0]["b_only_correct"] == 0
+        assert tests[0]["logit_diff_paired"]["verdict"] == "tie" and tests[0]["logit_diff_paired"]["n"] == 45
     assert res["graphs"]["nodes"] and res["graphs"]["edges"]

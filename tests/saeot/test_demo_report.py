@@ -101,7 +101,12 @@ def test_bad_options_fail_fast_with_one_line(tmp_path):
                        (["match", "--strategy", "greedy", "--acts", missing], "--strategy 'greedy'"),
                        (["report", "--pairs", "0-18", "--acts", missing], "--pairs"),
                        (["compress", "--counts", "99", "--n-nodes", "8", "--acts", missing], "--counts"),
-                       (["demo", "--task", "poetry", "--out", missing], "--task 'poetry'")):
+                       (["demo", "--task", "poetry", "--out", missing], "--task 'poetry'"),
+                       (["match", "--geometry", "zca", "--acts", missing], "--geometry 'zca'"),
+                       (["evaluate", "--hubness", "hub", "--acts", missing], "--hubness 'hub'"),
+                       (["evaluate", "--k", "0", "--solver", "exact", "--acts", missing], "--k 0"),
+                       (["evaluate", "--configs", "scalar,emd", "--acts", missing], "--configs"),
+                       (["train-sae", "--stop-after", "-1", "--acts", missing], "--stop-after")):
         r = run(app, args)
         assert r.exit_code == 2, (args, r.output)
         lines = [l for l in r.output.splitlines() if l.strip()]
@@ -153,17 +158,39 @@ def test_ablating_a_feature_changes_that_feature_most(demo_out):
 
 
 def test_evaluate_command_on_the_demo_cache(demo_out, tmp_path):
+    """Two OT variants (a geometry x hubness grid) against the baselines: per-source scores saved for
+    both held-out splits, paired intervals with verdicts, a configuration chosen on val."""
+    import math
+
     out = tmp_path / "eval.json"
     r = CliRunner().invoke(app, ["evaluate", "--acts", str(demo_out / "acts"), "--saes", str(demo_out / "saes"),
                                  "--model", "tiny-random", "--pairs", "2:4", "--n-eval", "24", "--n-intervene", "4",
-                                 "--k", "16", "--out", str(out)])
+                                 "--k", "16", "--geometry", "scalar,standardise+unit", "--hubness", "none",
+                                 "--strategies", "nn,mutual", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    ev = json.loads(out.read_text())["2->4"]
+    doc = json.loads(out.read_text())
+    ev = doc["pairs"]["2->4"]
     assert set(ev["settings"]) == {"shared", "disjoint"}
+    assert ev["configs"] == ["ot[scalar,exact,k16,c32,none]", "ot[standardise+unit,exact,k16,c32,none]"]
+    assert doc["selection"]["chosen"] in ev["configs"] and doc["selection"]["split"] == "val"
     sh, dj = ev["settings"]["shared"], ev["settings"]["disjoint"]
-    assert "act-corr" in sh["methods"] and "act-corr" not in dj["methods"]
+    assert "act-corr" in sh["scores"] and "act-corr" not in dj["scores"]
     for st in (sh, dj):
-        for m, v in st["methods"].items():
-            j = v["nn"]["semantic_judge"]
-            assert j["lo"] <= j["mean"] <= j["hi"] and j["n"] > 0
-        assert st["intervention"]["sources"] == 4
+        n = len(st["sources"])
+        for name, by_s in st["scores"].items():
+            for s, by_sp in by_s.items():
+                assert set(by_sp) == {"val", "test"}
+                for sp, sc in by_sp.items():
+                    assert len(sc["judge"]) == n and len(sc["rel_effect"]) == len(st["intervened"][sp])
+        nn = st["scores"]["ot[scalar,exact,k16,c32,none]"]["nn"]["test"]["judge"]
+        assert sum(not math.isnan(v) for v in nn) > n // 2  # NN matches every alive source
+        p = st["paired"]["ot[scalar,exact,k16,c32,none]"]["decoder-cosine"]["nn"]["test"]["judge"]
+        assert p["verdict"] in ("win", "tie", "loss") and p["lo"] <= p["mean"] <= p["hi"] and p["n"] > 0
+        h = st["hubs"]["decoder-cosine"]["nn"]
+        assert h["max_in_degree"] >= h["p99_in_degree"] >= 0
+    assert "Paired OT - baseline" in out.with_suffix(".md").read_text()
+    r = CliRunner().invoke(app, ["summarize", str(out), "--out", str(tmp_path / "summary.md")])
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "summary.md").read_text()
+    assert "| 2->4 | distant | MiniLM judge |" in md and "OT - sae-match" in md and "p99" in md
+    assert md.count(" win") + md.count(" tie") + md.count(" loss") >= 8
