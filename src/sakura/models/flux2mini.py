@@ -59,7 +59,7 @@ from .klein import (
     text_ids,
 )
 from .kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
-from .mini import EditOutput, KVMode, patchify, unpatchify
+from .mini import EditOutput, KVMode, patchify, resolve_kv_mode, unpatchify
 
 PHOTO_T = REF_SLOT_SCALE + REF_SLOT_SCALE * 1   # RoPE T coordinate of the photo tokens (20)
 TEMPLATE_T = REF_SLOT_SCALE                     # the template is reference slot 0 (T = 10)
@@ -375,23 +375,12 @@ class Flux2MiniDiT(nn.Module):
         """
         photo = self._check_image(photo, "photo")
         b = photo.shape[0]
-        if mode is None:
-            mode = KVMode.INJECTED if template_kv is not None else KVMode.EXTRACT
-        try:
-            mode = KVMode(mode)
-        except ValueError:
-            raise ValueError(f"mode must be one of {[m.value for m in KVMode]}, got {mode!r}") from None
+        mode = resolve_kv_mode(mode, template, template_kv)
         cfg = self.cfg
         if mode is KVMode.INJECTED:
-            if template_kv is None:
-                raise ValueError("mode 'injected' needs template_kv")
-            if template is not None:
-                raise ValueError("give template or template_kv, not both")
             self.check_template_kv(template_kv)
             instruction = self._source_instruction(template_kv, instruction)
         else:
-            if template is None:
-                raise ValueError(f"mode {mode.value!r} needs the template image")
             template = self._check_image(template, "template")[:1]
             instruction = self._check_instruction(0 if instruction is None else instruction)
         if not isinstance(steps, int) or steps < 1:

@@ -33,7 +33,7 @@ import torch
 from .klein import REF_SLOT_SCALE, KleinAdapter, KleinReference
 from .klein_config import DEFAULT_IMAGE_SIZE, KLEIN_4B, KLEIN_9B, KleinConfig  # noqa: F401  (re-exported)
 from .kv import LayerKV, TemplateKV, TemplateKVSource, fingerprint_tensors
-from .mini import EditOutput, KVMode
+from .mini import EditOutput, KVMode, resolve_kv_mode
 
 #: diffusers' Flux2 VAE downsamples 8x (2 ** (len(block_out_channels) - 1) in general) and the
 #: pipeline 2x2-patchifies the latents: one token per (vae factor * 2) pixels per side.
@@ -185,27 +185,16 @@ class KleinImageModel:
         the template's, the transformer denoises (diffusers' flow-matching Euler schedule), the VAE
         decodes. One photo at a time (as flux2-mini: bit-identical modes); same seed per photo."""
         photo = self._check_images(photo, "photo")
-        if mode is None:
-            mode = KVMode.INJECTED if template_kv is not None else KVMode.EXTRACT
-        try:
-            mode = KVMode(mode)
-        except ValueError:
-            raise ValueError(f"mode must be one of {[m.value for m in KVMode]}, got {mode!r}") from None
+        mode = resolve_kv_mode(mode, template, template_kv, what="template image(s)")
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be a positive int, got {steps!r}")
         ref = None
         if mode is KVMode.INJECTED:
-            if template_kv is None:
-                raise ValueError("mode 'injected' needs template_kv")
-            if template is not None:
-                raise ValueError("give template or template_kv, not both")
             self.check_template_kv(template_kv)
             prompt = self._source_prompt(template_kv, instruction)
             template_kv = _ReadOnce(template_kv, self.cfg.grid)
             n_refs = int(template_kv.positions[:, 0].max()) // REF_SLOT_SCALE
         else:
-            if template is None:
-                raise ValueError(f"mode {mode.value!r} needs the template image(s)")
             template = self._check_images(template, "template", self.max_template_images)
             prompt = self._check_prompt(instruction)
             ref = self._references(template)

@@ -44,6 +44,26 @@ class KVMode(str, Enum):
     INJECTED = "injected"
 
 
+def resolve_kv_mode(mode, template, template_kv, *, what: str = "template image") -> KVMode:
+    """The edit's `KVMode`, checked against what the call gives: `mode` (a KVMode or its value;
+    None = INJECTED when `template_kv` is given, else EXTRACT); INJECTED takes `template_kv` and no
+    template, the others the template (`what` names it in the error). Raises ValueError."""
+    if mode is None:
+        mode = KVMode.INJECTED if template_kv is not None else KVMode.EXTRACT
+    try:
+        mode = KVMode(mode)
+    except ValueError:
+        raise ValueError(f"mode must be one of {[m.value for m in KVMode]}, got {mode!r}") from None
+    if mode is KVMode.INJECTED:
+        if template_kv is None:
+            raise ValueError("mode 'injected' needs template_kv")
+        if template is not None:
+            raise ValueError("give template or template_kv, not both")
+    elif template is None:
+        raise ValueError(f"mode {mode.value!r} needs the {what}")
+    return mode
+
+
 @dataclass(frozen=True)
 class MiniConfig:
     # Defaults = the bundled model (see docs/model-card.md for the CPU-throughput trade-off).
@@ -405,21 +425,10 @@ class MiniDiT(nn.Module):
         """
         photo = self._check_image(photo, "photo")
         b = photo.shape[0]
-        if mode is None:
-            mode = KVMode.INJECTED if template_kv is not None else KVMode.EXTRACT
-        try:
-            mode = KVMode(mode)
-        except ValueError:
-            raise ValueError(f"mode must be one of {[m.value for m in KVMode]}, got {mode!r}") from None
+        mode = resolve_kv_mode(mode, template, template_kv)
         if mode is KVMode.INJECTED:
-            if template_kv is None:
-                raise ValueError("mode 'injected' needs template_kv")
-            if template is not None:
-                raise ValueError("give template or template_kv, not both")
             self.check_template_kv(template_kv)
         else:
-            if template is None:
-                raise ValueError(f"mode {mode.value!r} needs the template image")
             template = self._check_image(template, "template")[:1]
             instruction = self._check_instruction(instruction)
         if not isinstance(steps, int) or steps < 1:
