@@ -34,6 +34,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from sakura.models.kv import KVSourceDefaults
+
 METHODS = ("oracle", "on-device", "cachegen", "cachegen-fair", "cachegen-L3", "sakura")
 #: a fast and a median 5G trace and an LTE one (../shared/traces)
 DEFAULT_TRACES = ("umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102",
@@ -96,14 +98,14 @@ def dilate_trace(trace, dil: Dilation):
     return Trace(name=f"{trace.name} (dilated /{dil.D:g})", edges=trace.edges / dil.D, rate=trace.rate * dil.D * dil.beta)
 
 
-class _PaddedSource:
+class _PaddedSource(KVSourceDefaults):
     """Pads the forward compute of each layer (time between layer requests) to `compute_s`."""
 
     def __init__(self, inner, compute_s: float):
         self.inner, self.compute_s = inner, compute_s
         self.model_fingerprint, self.template_fingerprint = inner.model_fingerprint, inner.template_fingerprint
         self.num_layers = inner.num_layers
-        self.instruction = getattr(inner, "instruction", None)
+        self.instruction, self.layout, self.positions = inner.instruction, inner.layout, inner.positions
         self._t: float | None = None
 
     def layer(self, i: int):
@@ -118,7 +120,7 @@ class _PaddedSource:
             _pad(self._t, self.compute_s)
 
 
-class _LocalSource:
+class _LocalSource(KVSourceDefaults):
     """On-device (Klein KV extract mode, first step): each template layer computed when reached."""
 
     def __init__(self, device: "DilatedDevice", template: torch.Tensor, instruction: int):

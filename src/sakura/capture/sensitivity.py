@@ -45,20 +45,23 @@ def token_sensitivity(model, template_kv, photos: torch.Tensor, *, steps: int = 
 
     Hutchinson estimate: for random image-space probes r ~ N(0, I), E ||J^T r||^2 = ||J||_F^2, and
     J^T r is one backward pass of <r, image> through the edit. `probes` backward passes give every
-    token of every layer at once (the model needs a differentiable `edit`: the bundled models'
-    `edit` is wrapped in no_grad, whose undecorated function is used).
+    token of every layer at once, through the model's `differentiable_edit` (its `edit` runs under
+    no_grad).
 
     Args:
-        model: model with the image-level `edit` API.
+        model: a `DifferentiableEditModel` (the bundled sakura-mini and flux2-mini are).
         template_kv: the template's lossless KV (`TemplateKV`).
         photos: (N, 3, S, S) public calibration photos in [0, 1].
 
     Returns:
         (layers, 2, tokens) float32 >= 0; [:, 0] keys, [:, 1] values.
     """
+    from sakura.models.base import DifferentiableEditModel
     from sakura.models.kv import LayerKV, TemplateKV
 
-    edit = getattr(type(model).edit, "__wrapped__", type(model).edit)
+    if not isinstance(model, DifferentiableEditModel):
+        raise TypeError(f"token sensitivity needs a model with differentiable_edit (a DifferentiableEditModel), "
+                        f"got {type(model).__name__}")
     leaves = [(l.key.detach().float().clone().requires_grad_(True), l.value.detach().float().clone().requires_grad_(True))
               for l in template_kv.layers]
     kv = TemplateKV([LayerKV(k, v) for k, v in leaves], template_kv.model_fingerprint,
@@ -66,7 +69,7 @@ def token_sensitivity(model, template_kv, photos: torch.Tensor, *, steps: int = 
     g = torch.Generator().manual_seed(probe_seed)
     acc = torch.zeros(len(leaves), 2, template_kv.num_tokens)
     with torch.enable_grad():
-        img = edit(model, photos, template_kv=kv, steps=steps, seed=seed).image  # (N, 3, S, S)
+        img = model.differentiable_edit(photos, template_kv=kv, steps=steps, seed=seed).image  # (N, 3, S, S)
         for p in range(probes):
             r = torch.randn(img.shape, generator=g)
             grads = torch.autograd.grad((img * r).sum(), [t for pair in leaves for t in pair],

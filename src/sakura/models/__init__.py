@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .base import ImageTemplateEditModel, TemplateEditModel
-from .kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource
-from .mini import EditOutput, KVMode, MiniConfig, MiniDiT
+from .base import EditOutput, ImageTemplateEditModel, KVMode, TemplateEditModel
+from .kv import KVSourceDefaults, LayerKV, TemplateKV, TemplateKVError, TemplateKVSource
+from .mini import MiniConfig, MiniDiT
 
 log = logging.getLogger(__name__)
 
@@ -22,47 +22,42 @@ MINI_WEIGHTS = ASSETS / "sakura-mini.safetensors"
 FLUX2_MINI_WEIGHTS = ASSETS / "flux2-mini.safetensors"
 MODEL_NAMES = ("sakura-mini", "flux2-mini")
 
-__all__ = ["EditOutput", "ImageTemplateEditModel", "KVMode", "LayerKV", "MiniConfig", "MiniDiT", "TemplateEditModel", "TemplateKV",
+__all__ = ["EditOutput", "ImageTemplateEditModel", "KVMode", "KVSourceDefaults", "LayerKV", "MiniConfig", "MiniDiT", "TemplateEditModel", "TemplateKV",
            "TemplateKVError", "TemplateKVSource", "load_flux2_mini", "load_mini", "load_model"]
 
 
-def load_mini(weights: str | Path | None = None, *, allow_random: bool = True) -> MiniDiT:
-    """The bundled sakura-mini with its shipped weights (or `weights`), in eval mode.
-
-    With no weights file present and `allow_random`, returns a seeded random init and logs a
-    warning (the untrained model still exercises every KV path exactly; its edits are noise).
-    """
-    from .mini_io import load_mini_weights
-
-    path = Path(weights) if weights is not None else MINI_WEIGHTS
+def _load_bundled(name: str, default: Path, weights: str | Path | None, allow_random: bool, read, build):
+    """`read(path)` of `weights` (default: the shipped file); with no file there and
+    `allow_random`, `build()` under seed 0 with a warning (the untrained model still exercises
+    every KV path exactly; its edits are noise)."""
+    path = Path(weights) if weights is not None else default
     if path.is_file():
-        return load_mini_weights(path)
+        return read(path)
     if weights is not None or not allow_random:
-        raise FileNotFoundError(f"sakura-mini weights not found at {path}")
-    log.warning("no bundled sakura-mini weights at %s; using a seeded random init", path)
+        raise FileNotFoundError(f"{name} weights not found at {path}")
+    log.warning("no bundled %s weights at %s; using a seeded random init", name, path)
     import torch
 
     torch.manual_seed(0)
-    return MiniDiT(MiniConfig()).eval()
+    return build().eval()
+
+
+def load_mini(weights: str | Path | None = None, *, allow_random: bool = True) -> MiniDiT:
+    """The bundled sakura-mini with its shipped weights (or `weights`), in eval mode; a seeded
+    random init (and a warning) when no file is there and `allow_random`."""
+    from .mini_io import load_mini_weights
+
+    return _load_bundled("sakura-mini", MINI_WEIGHTS, weights, allow_random, load_mini_weights,
+                         lambda: MiniDiT(MiniConfig()))
 
 
 def load_flux2_mini(weights: str | Path | None = None, *, allow_random: bool = True):
-    """The bundled flux2-mini (a `Flux2MiniDiT`) with its shipped weights (or `weights`), in eval mode.
-
-    With no weights file present and `allow_random`, returns a seeded random init and logs a warning.
-    """
+    """The bundled flux2-mini (a `Flux2MiniDiT`) with its shipped weights (or `weights`), in eval
+    mode; a seeded random init (and a warning) when no file is there and `allow_random`."""
     from .flux2mini import Flux2MiniConfig, Flux2MiniDiT, load_flux2_mini_weights
 
-    path = Path(weights) if weights is not None else FLUX2_MINI_WEIGHTS
-    if path.is_file():
-        return load_flux2_mini_weights(path)
-    if weights is not None or not allow_random:
-        raise FileNotFoundError(f"flux2-mini weights not found at {path}")
-    log.warning("no bundled flux2-mini weights at %s; using a seeded random init", path)
-    import torch
-
-    torch.manual_seed(0)
-    return Flux2MiniDiT(Flux2MiniConfig()).eval()
+    return _load_bundled("flux2-mini", FLUX2_MINI_WEIGHTS, weights, allow_random, load_flux2_mini_weights,
+                         lambda: Flux2MiniDiT(Flux2MiniConfig()))
 
 
 def load_model(name: str = "sakura-mini") -> TemplateEditModel:

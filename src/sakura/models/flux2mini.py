@@ -37,7 +37,6 @@ Modes (all bit-identical for the same template, photo, steps and seed; tested):
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -48,25 +47,25 @@ import torch
 import torch.nn as nn
 from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
 
+from .base import BundledImageModel, EditOutput, KVMode, PatchGridConfig, check_steps, patchify, resolve_kv_mode
 from .klein import (
     REF_SLOT_SCALE,
     AttentionProbe,
+    ForwardSlot,
     LazyTemplateLayers,
-    SakuraKleinAttnProcessor,
-    SakuraKleinSingleAttnProcessor,
-    _Slot,
+    install_processors,
     latent_ids,
     text_ids,
 )
-from .kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
-from .mini import EditOutput, KVMode, patchify, resolve_kv_mode, unpatchify
+from .kv import TemplateKVSource
+from .weights import load_weights, save_weights
 
 PHOTO_T = REF_SLOT_SCALE + REF_SLOT_SCALE * 1   # RoPE T coordinate of the photo tokens (20)
 TEMPLATE_T = REF_SLOT_SCALE                     # the template is reference slot 0 (T = 10)
 
 
 @dataclass(frozen=True)
-class Flux2MiniConfig:
+class Flux2MiniConfig(PatchGridConfig):
     image_size: int = 64          # pixels per side of template, photo and output
     patch_size: int = 8           # pixels per token side; a token is a packed 8x8x3 patch (192 values)
     channels: int = 3
@@ -94,29 +93,10 @@ class Flux2MiniConfig:
     # (`Flux2MiniDiT.isolate_template`) to measure what isolation costs.
     isolate_template: bool = True
 
+    rope_axes = 4  # diffusers' 4-axis RoPE (T, H, W, L): head_dim divisible by 8
+
     def __post_init__(self) -> None:
-        if self.prediction not in ("x", "v"):
-            raise ValueError(f"prediction must be 'x' or 'v', got {self.prediction!r}")
-        if self.image_size % self.patch_size:
-            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
-        if self.dim % self.heads or (self.dim // self.heads) % 8:
-            raise ValueError(f"dim {self.dim} / heads {self.heads} must give a head_dim divisible by 8 (4 RoPE axes)")
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.patch_size
-
-    @property
-    def tokens_per_image(self) -> int:
-        return self.grid * self.grid
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.heads
-
-    @property
-    def patch_dim(self) -> int:
-        return self.channels * self.patch_size * self.patch_size
+        self._check_shapes()
 
     @property
     def depth(self) -> int:
@@ -130,20 +110,11 @@ class Flux2MiniConfig:
                     axes_dims_rope=(self.head_dim // 4,) * 4, rope_theta=self.rope_theta, guidance_embeds=False)
 
 
-def install_processors(transformer: Flux2Transformer2DModel) -> None:
-    """Put the Klein adapter's KV processors on every attention layer of `transformer`."""
-    procs = {name: (SakuraKleinSingleAttnProcessor() if name.startswith("single_transformer_blocks")
-                    else SakuraKleinAttnProcessor()) for name in transformer.attn_processors}
-    transformer.set_attn_processor(procs)
+class Flux2MiniDiT(BundledImageModel, nn.Module):
+    """diffusers' `Flux2Transformer2DModel` + learned instruction prompts, with sakura-mini's API
+    (`BundledImageModel`)."""
 
-
-class Flux2MiniDiT(nn.Module):
-    """diffusers' `Flux2Transformer2DModel` + learned instruction prompts, with sakura-mini's API."""
-
-    #: what defines a template's edit besides its image: a task (its instruction id); Klein: a prompt
-    template_conditioning = "task"
-    #: reference images a template may have
-    max_template_images = 1
+    kind = "flux2-mini"
 
     def __init__(self, cfg: Flux2MiniConfig = Flux2MiniConfig()):
         super().__init__()
@@ -166,43 +137,15 @@ class Flux2MiniDiT(nn.Module):
         self.isolate_template = cfg.isolate_template
 
     # -- identity -------------------------------------------------------------------------------
-    @property
-    def num_layers(self) -> int:
-        return self.cfg.depth
+    def _fingerprint_meta(self) -> dict:
+        meta = asdict(self.cfg)
+        if not self.cfg.photo_reference:  # fields added later: keep the fingerprints made before
+            meta.pop("photo_reference")
+            meta.pop("isolate_template")
+        return {"model": "flux2-mini", **meta}
 
-    def fingerprint(self) -> str:
-        if self._fingerprint is None:
-            meta = asdict(self.cfg)
-            if not self.cfg.photo_reference:  # fields added later: keep the fingerprints made before
-                meta.pop("photo_reference")
-                meta.pop("isolate_template")
-            self._fingerprint = fingerprint_model(self, {"model": "flux2-mini", **meta})
-        return self._fingerprint
-
-    def invalidate_fingerprint(self) -> None:
-        self._fingerprint = None
-
-    def template_fingerprint(self, template: torch.Tensor, instruction: int = 0) -> str:
-        return fingerprint_tensors({"template": self._check_image(template, "template")[:1].contiguous()},
-                                   {"kind": "flux2-mini", "image_size": self.cfg.image_size,
-                                    "instruction": int(instruction)})
-
-    def _check_instruction(self, instruction: int) -> int:
-        if isinstance(instruction, bool) or not isinstance(instruction, int) or not 0 <= instruction < self.cfg.instructions:
-            raise ValueError(f"instruction must be an int in [0, {self.cfg.instructions}), got {instruction!r}")
-        return instruction
-
-    def _check_image(self, img: torch.Tensor, name: str) -> torch.Tensor:
-        s, c = self.cfg.image_size, self.cfg.channels
-        if not isinstance(img, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape (B, {c}, {s}, {s}), got {type(img).__name__}")
-        if img.ndim == 3:
-            img = img[None]
-        if img.ndim != 4 or tuple(img.shape[1:]) != (c, s, s):
-            raise ValueError(f"{name} has shape {tuple(img.shape)}; expected (B, {c}, {s}, {s})")
-        if not bool(torch.isfinite(img).all()):
-            raise ValueError(f"{name} contains NaN or inf")
-        return img.float()
+    def _kv_positions(self) -> torch.Tensor:
+        return self.ids_template
 
     # -- forward passes -------------------------------------------------------------------------
     def _prompt(self, instruction: torch.Tensor | int, batch: int) -> torch.Tensor:
@@ -210,7 +153,7 @@ class Flux2MiniDiT(nn.Module):
         return self.prompts[instr]                                               # (B, text_tokens, text_dim)
 
     def _run(self, hidden: torch.Tensor, ids: torch.Tensor, prompt: torch.Tensor, t: torch.Tensor, *,
-             mode: str, num_ref: int = 0, cache=None, slot: _Slot | None = None) -> torch.Tensor:
+             mode: str, num_ref: int = 0, cache=None, slot: ForwardSlot | None = None) -> torch.Tensor:
         """diffusers' forward; returns the output of the last 64 (target) tokens (B, T, patch_dim)."""
         out = self.transformer(hidden_states=hidden, encoder_hidden_states=prompt, timestep=t, img_ids=ids,
                                txt_ids=self.ids_text, guidance=None, joint_attention_kwargs={"sakura": slot},
@@ -218,21 +161,12 @@ class Flux2MiniDiT(nn.Module):
                                ref_fixed_timestep=self.cfg.template_timestep)[0]
         return out[:, -self.cfg.tokens_per_image:]
 
-    def _to_velocity(self, out: torch.Tensor, photo: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
-        out = unpatchify(out, cfg.patch_size, cfg.channels, cfg.image_size)       # (B, 3, S, S)
-        if cfg.prediction == "x":
-            if cfg.photo_skip:
-                out = out + photo
-            return (x_t - out) / t.clamp(min=cfg.t_min).view(-1, 1, 1, 1)
-        return out
-
     def _main_tokens(self, photo: torch.Tensor, x_t: torch.Tensor) -> torch.Tensor:
         p = self.cfg.patch_size
         return torch.cat([patchify(photo, p), patchify(x_t, p)], dim=1)          # (B, 2T, patch_dim)
 
     def velocity_in_sequence(self, template: torch.Tensor, instruction: torch.Tensor | int, photo: torch.Tensor,
-                             x_t: torch.Tensor, t: torch.Tensor, slot: _Slot | None = None) -> torch.Tensor:
+                             x_t: torch.Tensor, t: torch.Tensor, slot: ForwardSlot | None = None) -> torch.Tensor:
         """v for the target with the template in the sequence (diffusers' "extract" forward).
 
         template, photo, x_t: (B, 3, S, S); instruction: int or (B,) long; t: (B,) in [0, 1].
@@ -244,7 +178,7 @@ class Flux2MiniDiT(nn.Module):
         hidden = torch.cat([tmpl, self._main_tokens(photo, x_t)], dim=1)
         ids = torch.cat([self.ids_template, self.ids_main])
         n = cfg.tokens_per_image
-        slot = slot if slot is not None else _Slot(num_template_tokens=n)
+        slot = slot if slot is not None else ForwardSlot(num_template_tokens=n)
         slot.isolate = self.isolate_template
         # photo_reference: [template | photo] are both references (the photo sits at T=20, slot 1)
         out = self._run(hidden, ids, self._prompt(instruction, b), t, mode="extract",
@@ -261,12 +195,12 @@ class Flux2MiniDiT(nn.Module):
             # the photo is a reference: "extract" forward on [photo | target] with the template's
             # K/V injected ahead of the photo's; the photo attends to template and photo (isolated
             # template, since the injected K/V were computed without the photo)
-            slot = _Slot(inject=template, probe=probe)
+            slot = ForwardSlot(inject=template, probe=probe)
             out = self._run(self._main_tokens(photo, x_t), self.ids_main, prompt, t, mode="extract",
                             num_ref=cfg.tokens_per_image, slot=slot)
             return self._to_velocity(out, photo, x_t, t)
         cache = template.cache(cfg.double_layers, cfg.single_layers)
-        slot = _Slot(inject=template, probe=probe)
+        slot = ForwardSlot(inject=template, probe=probe)
         out = self._run(self._main_tokens(photo, x_t), self.ids_main, prompt, t,
                         mode="cached", cache=cache, slot=slot)
         return self._to_velocity(out, photo, x_t, t)
@@ -295,6 +229,8 @@ class Flux2MiniDiT(nn.Module):
         never attends to), so the K/V equal the ones captured inside an edit. `instruction` is
         accepted for API parity; the template KV does not depend on it (the prompt is text).
         """
+        # Copied from sakura.models.klein.reference_layers with the template as the only image
+        # tokens (no blended modulation, no image segment); keep in sync with it.
         tr, cfg = self.transformer, self.cfg
         template = template.float()
         b = template.shape[0]
@@ -308,7 +244,7 @@ class Flux2MiniDiT(nn.Module):
         rope_img, rope_txt = tr.pos_embed(self.ids_template), tr.pos_embed(self.ids_text)
         rope = (torch.cat([rope_txt[0], rope_img[0]]), torch.cat([rope_txt[1], rope_img[1]]))
         n = cfg.tokens_per_image
-        slot = _Slot(num_template_tokens=n)
+        slot = ForwardSlot(num_template_tokens=n)
         kw = {"kv_cache": None, "kv_cache_mode": "extract", "num_ref_tokens": n, "sakura": slot}
         for block in tr.transformer_blocks:
             prompt, hidden = block(hidden_states=hidden, encoder_hidden_states=prompt, temb_mod_img=mod_img,
@@ -321,54 +257,22 @@ class Flux2MiniDiT(nn.Module):
                            image_rotary_emb=rope, joint_attention_kwargs=kw_single)
             yield slot.captured[-1]
 
-    def template_stream(self, template: torch.Tensor, instruction: torch.Tensor | int = 0
-                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return list(self.template_layers(template, instruction))
-
-    @torch.no_grad()
-    def extract_template_kv(self, template: torch.Tensor, instruction: int = 0) -> TemplateKV:
-        """A template's KV: template (1, 3, S, S) in [0, 1] plus its fixed instruction id."""
-        template = self._check_image(template, "template")[:1]
-        instruction = self._check_instruction(instruction)
-        return self._wrap_kv(template, instruction, self.template_stream(template, instruction))
-
-    def _wrap_kv(self, template: torch.Tensor, instruction: int, kvs) -> TemplateKV:
-        layers = [LayerKV(k[0].contiguous(), v[0].contiguous()) for k, v in kvs]
-        return TemplateKV(layers=layers, model_fingerprint=self.fingerprint(),
-                          template_fingerprint=self.template_fingerprint(template, instruction),
-                          layout={"kind": "flux2-mini", "grid": [self.cfg.grid, self.cfg.grid],
-                                  "instruction": instruction, "slot_ids": "positions"},
-                          positions=self.ids_template.clone())
-
-    def check_template_kv(self, source: TemplateKVSource) -> None:
-        if source.model_fingerprint != self.fingerprint():
-            raise TemplateKVError(
-                f"template KV was made by model {source.model_fingerprint[:16]}…, this model is "
-                f"{self.fingerprint()[:16]}…; refusing to inject it")
-        if source.num_layers != self.num_layers:
-            raise TemplateKVError(f"template KV has {source.num_layers} layers, the model has {self.num_layers}")
-        positions = getattr(source, "positions", None)
-        if positions is not None and not torch.equal(positions, self.ids_template):
-            raise TemplateKVError("template KV was rotated with other RoPE positions than this model's template slot")
-
     def _source_instruction(self, source: TemplateKVSource, instruction: int | None) -> int:
-        """The instruction (prompt) of an injected template: given, else carried by the source
-        (`layout["instruction"]` of a TemplateKV, `.instruction` of a streamed source)."""
+        """The instruction (prompt) of an injected template: given, else carried by the source."""
         if instruction is None:
-            instruction = (getattr(source, "layout", None) or {}).get("instruction")
-        if instruction is None:
-            instruction = getattr(source, "instruction", None)
+            instruction = source.instruction
         if instruction is None:
             raise ValueError("flux2-mini needs the template's instruction id: pass instruction= or use a KV "
                              "source that carries it (TemplateKV.layout['instruction'] or .instruction)")
         return self._check_instruction(int(instruction))
 
     # -- sampling -------------------------------------------------------------------------------
-    @torch.no_grad()
-    def edit(self, photo: torch.Tensor, *, template: torch.Tensor | None = None, instruction: int | None = None,
-             template_kv: TemplateKVSource | None = None, mode: KVMode | str | None = None,
-             steps: int = 8, seed: int = 0, probe: AttentionProbe | None = None) -> EditOutput:
-        """Edit `photo` (B, 3, S, S) in [0, 1]; same contract as `MiniDiT.edit`.
+    def differentiable_edit(self, photo: torch.Tensor, *, template: torch.Tensor | None = None,
+                            instruction: int | None = None, template_kv: TemplateKVSource | None = None,
+                            mode: KVMode | str | None = None, steps: int = 8, seed: int = 0,
+                            probe: AttentionProbe | None = None) -> EditOutput:
+        """Edit `photo` (B, 3, S, S) in [0, 1]; same contract as `MiniDiT.differentiable_edit`
+        (`edit` is this call under no_grad).
 
         The template is given as pixels (+ instruction id; NOCACHE / EXTRACT) or as KV (INJECTED;
         the instruction then comes from the source unless given). All modes give bit-identical images.
@@ -383,8 +287,7 @@ class Flux2MiniDiT(nn.Module):
         else:
             template = self._check_image(template, "template")[:1]
             instruction = self._check_instruction(0 if instruction is None else instruction)
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a positive int, got {steps!r}")
+        check_steps(steps)
 
         timings = {"template": 0.0, "denoise": 0.0}
         lazy = None
@@ -407,7 +310,7 @@ class Flux2MiniDiT(nn.Module):
                 t = ts[s].expand(1)
                 in_sequence = mode is KVMode.NOCACHE or (mode is KVMode.EXTRACT and s == 0)
                 if in_sequence:
-                    slot = _Slot(num_template_tokens=cfg.tokens_per_image)
+                    slot = ForwardSlot(num_template_tokens=cfg.tokens_per_image)
                     v = self.velocity_in_sequence(template, instruction, photo[j:j + 1], x, t, slot=slot)
                     if captured is None:
                         captured = self._wrap_kv(template, instruction, slot.captured)
@@ -429,18 +332,7 @@ class Flux2MiniDiT(nn.Module):
                           template_kv=captured if mode is KVMode.EXTRACT else None, timings_s=timings)
 
     def describe(self) -> dict[str, object]:
-        cfg = self.cfg
-        per_layer = 2 * cfg.tokens_per_image * cfg.dim
-        return {
-            "model": "flux2-mini",
-            **asdict(cfg),
-            "architecture": "diffusers Flux2Transformer2DModel",
-            "parameters": sum(p.numel() for p in self.parameters()),
-            "template_tokens": cfg.tokens_per_image,
-            "template_kv_values": per_layer * cfg.depth,
-            "template_kv_bytes_fp16": per_layer * cfg.depth * 2,
-            "fingerprint": self.fingerprint()[:16],
-        }
+        return {**super().describe(), "architecture": "diffusers Flux2Transformer2DModel"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,28 +341,9 @@ class Flux2MiniDiT(nn.Module):
 def save_flux2_mini_weights(model: Flux2MiniDiT, path: str | os.PathLike,
                             extra_meta: dict[str, str] | None = None) -> Path:
     """Atomic write of the weights (safetensors) with the config in the metadata."""
-    from safetensors.torch import save
-
-    from sakura.fsutil import atomic_write
-
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    blob = save(state, metadata={"format": "flux2-mini", "config": json.dumps(asdict(model.cfg)), **(extra_meta or {})})
-    return atomic_write(path, blob)
+    return save_weights(model, path, "flux2-mini", extra_meta)
 
 
 def load_flux2_mini_weights(path: str | os.PathLike) -> Flux2MiniDiT:
     """Build the model from the config in the file and load its weights strictly (in fp32)."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            state = {k: f.get_tensor(k).float() for k in f.keys()}
-    except Exception as e:
-        raise ValueError(f"{path}: corrupt or truncated flux2-mini weights ({e})") from e
-    if meta.get("format") != "flux2-mini":
-        raise ValueError(f"{path}: not a flux2-mini weights file")
-    model = Flux2MiniDiT(Flux2MiniConfig(**json.loads(meta["config"])))
-    model.load_state_dict(state, strict=True)
-    return model.eval()
+    return load_weights(path, "flux2-mini", lambda cfg: Flux2MiniDiT(Flux2MiniConfig(**cfg)))

@@ -45,8 +45,8 @@ from diffusers.models.transformers.transformer_flux2 import (
 from diffusers.pipelines.flux2.pipeline_flux2_klein_kv import compute_empirical_mu, retrieve_timesteps
 from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
 
+from .base import KVMode, check_source_fits, check_steps, resolve_kv_mode
 from .kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
-from .mini import KVMode
 
 REF_SLOT_SCALE = 10  # diffusers' _prepare_image_ids: reference i gets T coordinate 10 + 10*i
 
@@ -82,13 +82,12 @@ class KleinReference:
 
 @dataclass
 class KleinEditOutput:
+    """Result of `KleinAdapter.edit`: packed latents, not pixels (`KleinAdapter.decode` or the
+    image-level `KleinImageModel` turn them into an image)."""
+
     latents: torch.Tensor                       # (1, image_tokens, in_channels) final packed latents
     template_kv: TemplateKV | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def image(self) -> torch.Tensor:
-        return self.latents
 
 
 class LazyTemplateLayers:
@@ -166,7 +165,7 @@ class _LazyKVCache:
 AttentionProbe = Callable[[int, torch.Tensor], None]
 
 
-class _Slot:
+class ForwardSlot:
     """Per-forward state shared with the processors: which layer is next, what to inject."""
 
     def __init__(self, num_template_tokens: int = 0, isolate: bool = True,
@@ -214,7 +213,7 @@ def _attend_probed(q, k, v, mask, t0: int, t1: int, report) -> torch.Tensor:
     return (p @ vh).transpose(1, 2)
 
 
-def _kv_attention(query, key, value, num_txt: int, num_ref: int, mode: str | None, cache_layer, slot: _Slot | None):
+def _kv_attention(query, key, value, num_txt: int, num_ref: int, mode: str | None, cache_layer, slot: ForwardSlot | None):
     """Attention for one layer. query/key/value: (B, S, H, D), after QK-norm and RoPE.
 
     extract: S = [txt | ref | img]; ref = [template? | user ref?]. Stores ref K/V (with an injected
@@ -224,7 +223,7 @@ def _kv_attention(query, key, value, num_txt: int, num_ref: int, mode: str | Non
     if mode is None:
         return dispatch_attention_fn(query, key, value)
     if slot is None:
-        slot = _Slot()
+        slot = ForwardSlot()
     layer = slot.next_layer()
 
     if mode == "cached":
@@ -284,8 +283,10 @@ def reference_layers(transformer: Flux2Transformer2DModel, hidden: torch.Tensor,
     bit-identical to the ones that forward captures (tested). Needs the Sakura processors installed.
     hidden: (B, num_ref + image tokens, in_channels) = [reference | image]; ids: matching RoPE ids.
     """
+    # Copied from diffusers.models.transformers.transformer_flux2.Flux2Transformer2DModel.forward
+    # (the embedding, modulation and block loop, split at each block); keep in sync with it.
     tr = transformer
-    slot = _Slot(num_template_tokens=num_ref)
+    slot = ForwardSlot(num_template_tokens=num_ref)
     num_txt = prompt_embeds.shape[1]
     timestep = timestep.to(hidden.dtype) * 1000
     temb = tr.time_guidance_embed(timestep, None)
@@ -318,7 +319,7 @@ class SakuraKleinAttnProcessor:
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
                  kv_cache=None, kv_cache_mode: str | None = None, num_ref_tokens: int = 0,
-                 sakura: _Slot | None = None):
+                 sakura: ForwardSlot | None = None):
         query, key, value, eq, ek, ev = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
         query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
         key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
@@ -341,7 +342,7 @@ class SakuraKleinSingleAttnProcessor:
 
     def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None, kv_cache=None,
                  kv_cache_mode: str | None = None, num_txt_tokens: int = 0, num_ref_tokens: int = 0,
-                 sakura: _Slot | None = None):
+                 sakura: ForwardSlot | None = None):
         proj = attn.to_qkv_mlp_proj(hidden_states)
         qkv_dim = 3 * attn.inner_dim
         mlp_dim = attn.mlp_hidden_dim * attn.mlp_mult_factor
@@ -354,6 +355,13 @@ class SakuraKleinSingleAttnProcessor:
         out = _kv_attention(query, key, value, num_txt_tokens, num_ref_tokens, kv_cache_mode, kv_cache, sakura)
         out = out.flatten(2, 3).to(query.dtype)
         return attn.to_out(torch.cat([out, attn.mlp_act_fn(mlp)], dim=-1))
+
+
+def install_processors(transformer: Flux2Transformer2DModel) -> None:
+    """Put the Sakura KV processors on every attention layer of `transformer` (in place)."""
+    procs = {name: (SakuraKleinSingleAttnProcessor() if name.startswith("single_transformer_blocks")
+                    else SakuraKleinAttnProcessor()) for name in transformer.attn_processors}
+    transformer.set_attn_processor(procs)  # note: diffusers empties the dict passed here
 
 
 class KleinAdapter:
@@ -370,11 +378,7 @@ class KleinAdapter:
         self.transformer = transformer.eval()
         self.isolate_template = isolate_template
         self.pipeline = pipeline
-        procs = {}
-        for name in transformer.attn_processors:
-            procs[name] = (SakuraKleinSingleAttnProcessor() if name.startswith("single_transformer_blocks")
-                           else SakuraKleinAttnProcessor())
-        transformer.set_attn_processor(procs)  # note: diffusers empties the dict passed here
+        install_processors(transformer)
         self._fingerprint: str | None = None
         cfg = transformer.config
         self.heads, self.head_dim = cfg.num_attention_heads, cfg.attention_head_dim
@@ -457,11 +461,7 @@ class KleinAdapter:
                                    {"kind": "klein"})
 
     def check_template_kv(self, source: TemplateKVSource) -> None:
-        if source.model_fingerprint != self.fingerprint():
-            raise TemplateKVError(f"template KV was made by model {source.model_fingerprint[:16]}…, this model is "
-                                  f"{self.fingerprint()[:16]}…; refusing to inject it")
-        if source.num_layers != self.num_layers:
-            raise TemplateKVError(f"template KV has {source.num_layers} layers, the model has {self.num_layers}")
+        check_source_fits(source, self.fingerprint(), self.num_layers)
 
     def describe(self) -> dict[str, object]:
         cfg = self.transformer.config
@@ -527,25 +527,19 @@ class KleinAdapter:
         probe: receives the attention the image queries give the template keys in every cached step.
         """
         cfg = self.transformer.config
-        try:
-            mode = KVMode(mode) if mode is not None else (KVMode.INJECTED if template_kv is not None else KVMode.EXTRACT)
-        except ValueError:
-            raise ValueError(f"mode must be one of {[m.value for m in KVMode]}, got {mode!r}") from None
+        mode = resolve_kv_mode(mode, template, template_kv, what="template reference")
+        check_steps(steps)
         if prompt_embeds is None or prompt_embeds.ndim != 3 or prompt_embeds.shape[2] != cfg.joint_attention_dim:
             raise ValueError(f"prompt_embeds must be (1, text_tokens, {cfg.joint_attention_dim})")
         if mode is KVMode.INJECTED:
-            if template_kv is None:
-                raise ValueError("mode 'injected' needs template_kv")
             self.check_template_kv(template_kv)
             # The token count comes from the positions the KV carries, so no layer is read before
             # the forward pass reaches it; a source without positions gives its layer 0 early.
-            positions = getattr(template_kv, "positions", None)
+            positions = template_kv.positions
             n_tmpl = int(positions.shape[0]) if positions is not None else template_kv.layer(0).num_tokens
             if positions is not None and (positions.ndim != 2 or positions.shape[1] != 4):
                 raise TemplateKVError(f"template KV positions have shape {tuple(positions.shape)}, expected (tokens, 4)")
         else:
-            if template is None:
-                raise ValueError(f"mode {mode.value!r} needs the template reference")
             self._check_ref(template, "template")
             n_tmpl = template.latents.shape[1]
         if photo is not None:
@@ -587,7 +581,7 @@ class KleinAdapter:
             t0 = time.perf_counter()
             full = mode is KVMode.NOCACHE or (mode is KVMode.EXTRACT and i == 0)
             if full:  # template (and the user's reference) in the sequence
-                slot = _Slot(num_template_tokens=n_tmpl, isolate=self.isolate_template)
+                slot = ForwardSlot(num_template_tokens=n_tmpl, isolate=self.isolate_template)
                 seq = torch.cat([template.latents, user, latents], 1)
                 seq_ids = torch.cat([template.ids, user_ids, ids])
                 noise_pred, cache = self._forward(seq, seq_ids, prompt_embeds, txt_ids, timestep, mode="extract",
@@ -596,14 +590,14 @@ class KleinAdapter:
                     captured = self._wrap(template, slot.captured)
             elif cache is None and mode is KVMode.INJECTED and photo is not None:
                 # step 0 with an injected template: the user's reference runs in the sequence once
-                slot = _Slot(inject=inject, isolate=self.isolate_template)
+                slot = ForwardSlot(inject=inject, isolate=self.isolate_template)
                 noise_pred, cache = self._forward(torch.cat([user, latents], 1), torch.cat([user_ids, ids]),
                                                   prompt_embeds, txt_ids, timestep, mode="extract",
                                                   num_ref=user.shape[1], slot=slot)
             else:
                 if cache is None:  # injected, no user reference: the template KV is the whole cache
                     cache = _LazyKVCache(inject, n_double, n_single, num_ref_tokens=n_tmpl)
-                slot = _Slot(num_template_tokens=n_tmpl, inject=inject if mode is KVMode.INJECTED else None,
+                slot = ForwardSlot(num_template_tokens=n_tmpl, inject=inject if mode is KVMode.INJECTED else None,
                              probe=probe)
                 noise_pred = self._forward(latents, ids, prompt_embeds, txt_ids, timestep, mode="cached",
                                            cache=cache, slot=slot)[0]
@@ -627,7 +621,7 @@ def measure_template_dependence(transformer: Flux2Transformer2DModel, template: 
         c = transformer.config
         kvs = []
         for photo in photos:
-            slot = _Slot(num_template_tokens=template.latents.shape[1], isolate=isolate)
+            slot = ForwardSlot(num_template_tokens=template.latents.shape[1], isolate=isolate)
             seq = torch.cat([template.latents, photo.latents, torch.zeros(1, 1, c.in_channels)], 1)
             ids = torch.cat([template.ids, photo.ids, latent_ids(1, 1)])
             with torch.no_grad():

@@ -32,8 +32,8 @@ import torch
 
 from .klein import REF_SLOT_SCALE, KleinAdapter, KleinReference
 from .klein_config import DEFAULT_IMAGE_SIZE, KLEIN_4B, KLEIN_9B, KleinConfig  # noqa: F401  (re-exported)
-from .kv import LayerKV, TemplateKV, TemplateKVSource, fingerprint_tensors
-from .mini import EditOutput, KVMode, resolve_kv_mode
+from .base import EditOutput, KVMode, check_images, check_steps, resolve_kv_mode
+from .kv import KVSourceDefaults, LayerKV, TemplateKV, TemplateKVSource, fingerprint_tensors
 
 #: diffusers' Flux2 VAE downsamples 8x (2 ** (len(block_out_channels) - 1) in general) and the
 #: pipeline 2x2-patchifies the latents: one token per (vae factor * 2) pixels per side.
@@ -100,18 +100,7 @@ class KleinImageModel:
         return self._vae_fp
 
     def _check_images(self, img: torch.Tensor, name: str, max_n: int | None = None) -> torch.Tensor:
-        s = self.cfg.image_size
-        if not isinstance(img, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape (B, 3, {s}, {s}), got {type(img).__name__}")
-        if img.ndim == 3:
-            img = img[None]
-        if img.ndim != 4 or tuple(img.shape[1:]) != (3, s, s):
-            raise ValueError(f"{name} has shape {tuple(img.shape)}; expected (B, 3, {s}, {s})")
-        if max_n is not None and img.shape[0] > max_n:
-            raise ValueError(f"{name}: at most {max_n} reference images, got {img.shape[0]}")
-        if not bool(torch.isfinite(img).all()):
-            raise ValueError(f"{name} contains NaN or inf")
-        return img.float()
+        return check_images(img, name, size=self.cfg.image_size, max_n=max_n)
 
     @staticmethod
     def _check_prompt(instruction: Any) -> str:
@@ -169,13 +158,6 @@ class KleinImageModel:
     def check_template_kv(self, source: TemplateKVSource) -> None:
         self.adapter.check_template_kv(source)
 
-    def _source_prompt(self, source: TemplateKVSource, instruction: Any) -> str:
-        if instruction is None:
-            instruction = (getattr(source, "layout", None) or {}).get("instruction")
-        if instruction is None:
-            instruction = getattr(source, "instruction", None)
-        return self._check_prompt(instruction)
-
     # -- sampling -------------------------------------------------------------------------------
     @torch.no_grad()
     def edit(self, photo: torch.Tensor, *, template: torch.Tensor | None = None, instruction: Any = None,
@@ -186,12 +168,11 @@ class KleinImageModel:
         decodes. One photo at a time (as flux2-mini: bit-identical modes); same seed per photo."""
         photo = self._check_images(photo, "photo")
         mode = resolve_kv_mode(mode, template, template_kv, what="template image(s)")
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a positive int, got {steps!r}")
+        check_steps(steps)
         ref = None
         if mode is KVMode.INJECTED:
             self.check_template_kv(template_kv)
-            prompt = self._source_prompt(template_kv, instruction)
+            prompt = self._check_prompt(template_kv.instruction if instruction is None else instruction)
             template_kv = _ReadOnce(template_kv, self.cfg.grid)
             n_refs = int(template_kv.positions[:, 0].max()) // REF_SLOT_SCALE
         else:
@@ -225,7 +206,7 @@ class KleinImageModel:
 
 
 
-class _ReadOnce:
+class _ReadOnce(KVSourceDefaults):
     """A `TemplateKVSource` whose layers are each read from `source` once (a streamed source's
     `layer(i)` is a one-shot request to the runtime), with RoPE `positions` so the adapter learns
     the template's token count without reading a layer early. A source without positions (the
@@ -239,8 +220,9 @@ class _ReadOnce:
         self._layers: dict[int, LayerKV] = {}
         self.model_fingerprint = source.model_fingerprint
         self.template_fingerprint = source.template_fingerprint
-        self.layout = getattr(source, "layout", None)
-        positions = getattr(source, "positions", None)
+        self.layout = source.layout
+        self.instruction = source.instruction
+        positions = source.positions
         if positions is None:
             refs = max(1, self.layer(0).num_tokens // (grid * grid))
             positions = torch.cat([latent_ids(grid, grid, t=REF_SLOT_SCALE + REF_SLOT_SCALE * r) for r in range(refs)])

@@ -23,7 +23,8 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from types import MappingProxyType
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 import torch
 
@@ -91,16 +92,34 @@ class LayerKV:
                 raise TemplateKVError(f"{where}.keep drops every token; at least one must be kept")
 
 
+class KVSourceDefaults:
+    """Base for a `TemplateKVSource` that carries no positions, layout or instruction."""
+
+    positions: torch.Tensor | None = None
+    layout: Mapping[str, Any] = MappingProxyType({})
+    instruction: Any = None
+
+
 @runtime_checkable
 class TemplateKVSource(Protocol):
     """Anything that hands out a layer's template KV when the forward pass reaches that layer.
 
     `TemplateKV` is one (everything resident). The streaming runtime provides another whose
     `layer(i)` blocks until shard i has arrived and been decoded; the model does not know which.
+    A source that does not carry `positions`, `layout` or `instruction` says so with None / {} /
+    None (inherit `KVSourceDefaults`); the models read these and nothing else off a source.
     """
 
     model_fingerprint: str
     template_fingerprint: str
+    #: (tokens, n_axes) position ids the keys were rotated with (flux2-mini, Klein), or None; a
+    #: model checks them against its template slot and learns the token count without a layer
+    positions: torch.Tensor | None
+    #: the template token layout the KV depends on (`TemplateKV.layout`), or {} when not carried
+    layout: Mapping[str, Any]
+    #: the template's fixed instruction (a task id; Klein: the prompt text), or None when not
+    #: carried (flux2-mini and Klein need it for the edit: the caller then passes it)
+    instruction: Any
 
     @property
     def num_layers(self) -> int: ...
@@ -137,6 +156,11 @@ class TemplateKV:
         if not 0 <= index < len(self.layers):
             raise IndexError(f"layer {index} out of range (template KV has {len(self.layers)} layers)")
         return self.layers[index]
+
+    @property
+    def instruction(self) -> Any:
+        """The template's instruction as recorded in `layout["instruction"]` (None if absent)."""
+        return self.layout.get("instruction")
 
     # -- facts --------------------------------------------------------------------------------
     @property

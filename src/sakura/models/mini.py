@@ -27,45 +27,28 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
-
-
-class KVMode(str, Enum):
-    NOCACHE = "nocache"
-    EXTRACT = "extract"
-    INJECTED = "injected"
-
-
-def resolve_kv_mode(mode, template, template_kv, *, what: str = "template image") -> KVMode:
-    """The edit's `KVMode`, checked against what the call gives: `mode` (a KVMode or its value;
-    None = INJECTED when `template_kv` is given, else EXTRACT); INJECTED takes `template_kv` and no
-    template, the others the template (`what` names it in the error). Raises ValueError."""
-    if mode is None:
-        mode = KVMode.INJECTED if template_kv is not None else KVMode.EXTRACT
-    try:
-        mode = KVMode(mode)
-    except ValueError:
-        raise ValueError(f"mode must be one of {[m.value for m in KVMode]}, got {mode!r}") from None
-    if mode is KVMode.INJECTED:
-        if template_kv is None:
-            raise ValueError("mode 'injected' needs template_kv")
-        if template is not None:
-            raise ValueError("give template or template_kv, not both")
-    elif template is None:
-        raise ValueError(f"mode {mode.value!r} needs the {what}")
-    return mode
+from .base import (  # noqa: F401  (EditOutput, patchify, unpatchify, resolve_kv_mode: re-exported)
+    BundledImageModel,
+    EditOutput,
+    KVMode,
+    PatchGridConfig,
+    check_steps,
+    patchify,
+    resolve_kv_mode,
+    unpatchify,
+)
+from .kv import TemplateKV, TemplateKVSource
 
 
 @dataclass(frozen=True)
-class MiniConfig:
+class MiniConfig(PatchGridConfig):
     # Defaults = the bundled model (see docs/model-card.md for the CPU-throughput trade-off).
     image_size: int = 64          # pixels per side of template, photo and output
     patch_size: int = 8           # pixels per token side -> (image_size / patch_size)^2 tokens per image
@@ -88,50 +71,12 @@ class MiniConfig:
     photo_skip: bool = True
 
     def __post_init__(self) -> None:
-        if self.prediction not in ("x", "v"):
-            raise ValueError(f"prediction must be 'x' or 'v', got {self.prediction!r}")
-        if self.image_size % self.patch_size:
-            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
-        if self.dim % self.heads or (self.dim // self.heads) % 4:
-            raise ValueError(f"dim {self.dim} / heads {self.heads} must give a head_dim divisible by 4 (2-D RoPE)")
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.patch_size
-
-    @property
-    def tokens_per_image(self) -> int:
-        return self.grid * self.grid
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.heads
-
-    @property
-    def patch_dim(self) -> int:
-        return self.channels * self.patch_size * self.patch_size
+        self._check_shapes()  # head_dim divisible by 4: 2-D RoPE (rows, columns)
 
 
 # ---------------------------------------------------------------------------------------------
 # Building blocks
 # ---------------------------------------------------------------------------------------------
-
-def patchify(img: torch.Tensor, p: int) -> torch.Tensor:
-    """(B, C, H, W) -> (B, (H/p)*(W/p), C*p*p), row-major over the token grid."""
-    b, c, h, w = img.shape
-    x = img.reshape(b, c, h // p, p, w // p, p)          # (B, C, gh, p, gw, p)
-    x = x.permute(0, 2, 4, 1, 3, 5)                      # (B, gh, gw, C, p, p)
-    return x.reshape(b, (h // p) * (w // p), c * p * p)
-
-
-def unpatchify(x: torch.Tensor, p: int, c: int, size: int) -> torch.Tensor:
-    """(B, T, C*p*p) -> (B, C, size, size); inverse of `patchify`."""
-    b = x.shape[0]
-    g = size // p
-    x = x.reshape(b, g, g, c, p, p)                      # (B, gh, gw, C, p, p)
-    x = x.permute(0, 3, 1, 4, 2, 5)                      # (B, C, gh, p, gw, p)
-    return x.reshape(b, c, size, size)
-
 
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding of t in [0, 1]: (B,) -> (B, dim)."""
@@ -244,25 +189,11 @@ class Block(nn.Module):
         return self._finish(x_m, attn.transpose(1, 2), mod)
 
 
-@dataclass
-class EditOutput:
-    """Result of `MiniDiT.edit`.
+class MiniDiT(BundledImageModel, nn.Module):
+    """sakura-mini (see the module docstring); the image-level API is `BundledImageModel`'s."""
 
-    image: (B, 3, H, W) in [0, 1]. template_kv: the KV captured in EXTRACT mode (else None).
-    timings_s: seconds per phase ("template" = template-stream compute, "denoise" = the rest).
-    """
+    kind = "sakura-mini"
 
-    image: torch.Tensor
-    template_kv: TemplateKV | None = None
-    timings_s: dict[str, float] = field(default_factory=dict)
-
-
-class MiniDiT(nn.Module):
-
-    #: what defines a template's edit besides its image: a task (its instruction id); Klein: a prompt
-    template_conditioning = "task"
-    #: reference images a template may have
-    max_template_images = 1
     def __init__(self, cfg: MiniConfig = MiniConfig()):
         super().__init__()
         self.cfg = cfg
@@ -288,43 +219,6 @@ class MiniDiT(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self._fingerprint: str | None = None
 
-    # -- identity -------------------------------------------------------------------------------
-    @property
-    def num_layers(self) -> int:
-        return self.cfg.depth
-
-    def fingerprint(self) -> str:
-        """sha256 of config + weights. Cached: call `invalidate_fingerprint()` after changing weights."""
-        if self._fingerprint is None:
-            self._fingerprint = fingerprint_model(self, asdict(self.cfg))
-        return self._fingerprint
-
-    def invalidate_fingerprint(self) -> None:
-        self._fingerprint = None
-
-    def template_fingerprint(self, template: torch.Tensor, instruction: int = 0) -> str:
-        """sha256 of the template pixels (as the model sees them: fp32, its resolution) and instruction."""
-        return fingerprint_tensors({"template": self._check_image(template, "template")[:1].contiguous()},
-                                   {"kind": "sakura-mini", "image_size": self.cfg.image_size,
-                                    "instruction": int(instruction)})
-
-    def _check_instruction(self, instruction: int) -> int:
-        if not isinstance(instruction, int) or not 0 <= instruction < self.cfg.instructions:
-            raise ValueError(f"instruction must be an int in [0, {self.cfg.instructions}), got {instruction!r}")
-        return instruction
-
-    def _check_image(self, img: torch.Tensor, name: str) -> torch.Tensor:
-        s = self.cfg.image_size
-        if not isinstance(img, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape (B, 3, {s}, {s}), got {type(img).__name__}")
-        if img.ndim == 3:
-            img = img[None]
-        if img.ndim != 4 or tuple(img.shape[1:]) != (self.cfg.channels, s, s):
-            raise ValueError(f"{name} has shape {tuple(img.shape)}; expected (B, {self.cfg.channels}, {s}, {s})")
-        if not bool(torch.isfinite(img).all()):
-            raise ValueError(f"{name} contains NaN or inf")
-        return img.float()
-
     # -- streams --------------------------------------------------------------------------------
     def _temb(self, t: torch.Tensor) -> torch.Tensor:
         return self.time_mlp(timestep_embedding(t, self.cfg.dim))
@@ -348,11 +242,6 @@ class MiniDiT(nn.Module):
             x, k, v = block.template_forward(x, temb, self._rope())
             yield k, v
 
-    def template_stream(self, template: torch.Tensor, instruction: torch.Tensor | int = 0
-                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Run the template tokens through every block: per layer (key, value), each (B, Tt, H, D)."""
-        return list(self.template_layers(template, instruction))
-
     def velocity(self, photo: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor,
                  kv_for_layer: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
                  probe: AttentionProbe | None = None) -> torch.Tensor:
@@ -375,49 +264,17 @@ class MiniDiT(nn.Module):
             layer_probe = (lambda p, i=i: probe(i, p)) if probe is not None else None
             x = block.main_forward(x, temb, rope, k_t, v_t, keep, layer_probe)
         shift, scale = self.ada_out(temb)[:, None].chunk(2, dim=-1)
-        x = self.out(modulate(self.norm_out(x[:, n:]), shift, scale))
-        out = unpatchify(x, cfg.patch_size, cfg.channels, cfg.image_size)    # (B, 3, H, W)
-        if cfg.prediction == "x":  # out is x_0 (or x_0 - photo): v = (x_t - x_0) / t, t floored at t_min
-            if cfg.photo_skip:
-                out = out + photo
-            return (x_t - out) / t.clamp(min=cfg.t_min).view(-1, 1, 1, 1)
-        return out
-
-    # -- the template KV object -----------------------------------------------------------------
-    @torch.no_grad()
-    def extract_template_kv(self, template: torch.Tensor, instruction: int = 0) -> TemplateKV:
-        """Compute a template's KV (cloud side, or on device as the `on-device` method does).
-
-        template: (1, 3, H, W) in [0, 1]; instruction: the template's fixed instruction id.
-        """
-        template = self._check_image(template, "template")[:1]
-        instruction = self._check_instruction(instruction)
-        kvs = self.template_stream(template, instruction)
-        return self._wrap_kv(template, instruction, kvs)
-
-    def _wrap_kv(self, template: torch.Tensor, instruction: int, kvs) -> TemplateKV:
-        layers = [LayerKV(k[0].contiguous(), v[0].contiguous()) for k, v in kvs]
-        return TemplateKV(layers=layers, model_fingerprint=self.fingerprint(),
-                          template_fingerprint=self.template_fingerprint(template, instruction),
-                          layout={"kind": "sakura-mini", "grid": [self.cfg.grid, self.cfg.grid],
-                                  "instruction": instruction})
-
-    def check_template_kv(self, source: TemplateKVSource) -> None:
-        """Reject a KV source that belongs to another model or has the wrong layer count."""
-        if source.model_fingerprint != self.fingerprint():
-            raise TemplateKVError(
-                f"template KV was made by model {source.model_fingerprint[:16]}…, this model is "
-                f"{self.fingerprint()[:16]}…; refusing to inject it")
-        if source.num_layers != self.num_layers:
-            raise TemplateKVError(f"template KV has {source.num_layers} layers, the model has {self.num_layers}")
+        x = self.out(modulate(self.norm_out(x[:, n:]), shift, scale))        # (B, T, patch_dim)
+        return self._to_velocity(x, photo, x_t, t)
 
     # -- sampling -------------------------------------------------------------------------------
-    @torch.no_grad()
-    def edit(self, photo: torch.Tensor, *, template: torch.Tensor | None = None, instruction: int = 0,
-             template_kv: TemplateKVSource | None = None, mode: KVMode | str | None = None,
-             steps: int = 8, seed: int = 0, probe: AttentionProbe | None = None) -> EditOutput:
+    def differentiable_edit(self, photo: torch.Tensor, *, template: torch.Tensor | None = None,
+                            instruction: int | None = None, template_kv: TemplateKVSource | None = None,
+                            mode: KVMode | str | None = None, steps: int = 8, seed: int = 0,
+                            probe: AttentionProbe | None = None) -> EditOutput:
         """Edit `photo` (B, 3, H, W) in [0, 1] with a template given either as pixels (+ its
-        instruction id) or as KV.
+        instruction id, default 0) or as KV (whose instruction is in its layer K/V already).
+        `edit` is this call under no_grad; this one keeps the graph (capture's sensitivity).
 
         mode: NOCACHE or EXTRACT need `template`; INJECTED needs `template_kv`. Default: INJECTED
         when `template_kv` is given, else EXTRACT. All three give bit-identical images for the same
@@ -430,9 +287,8 @@ class MiniDiT(nn.Module):
             self.check_template_kv(template_kv)
         else:
             template = self._check_image(template, "template")[:1]
-            instruction = self._check_instruction(instruction)
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a positive int, got {steps!r}")
+            instruction = self._check_instruction(0 if instruction is None else instruction)
+        check_steps(steps)
 
         timings = {"template": 0.0, "denoise": 0.0}
         resident: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None] = [None] * self.num_layers
@@ -478,16 +334,3 @@ class MiniDiT(nn.Module):
         """
         kvs = self.template_stream(template, instruction)
         return self.velocity(photo, x_t, t, lambda i: (kvs[i][0], kvs[i][1], None))
-
-    def describe(self) -> dict[str, object]:
-        cfg = self.cfg
-        per_layer = 2 * cfg.tokens_per_image * cfg.dim
-        return {
-            "model": "sakura-mini",
-            **asdict(cfg),
-            "parameters": sum(p.numel() for p in self.parameters()),
-            "template_tokens": cfg.tokens_per_image,
-            "template_kv_values": per_layer * cfg.depth,
-            "template_kv_bytes_fp16": per_layer * cfg.depth * 2,
-            "fingerprint": self.fingerprint()[:16],
-        }

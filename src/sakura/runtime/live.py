@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from sakura.models.kv import LayerKV, TemplateKVError
+from sakura.models.kv import KVSourceDefaults, LayerKV, TemplateKVError
 
 from .driver import USE, WAIT, EditDriver, Policy, ShardRecord
 from .estimator import BandwidthEstimator, RttEstimator
@@ -114,7 +114,7 @@ NO_MANIFEST = object()
 # the KV source the model pulls from
 
 
-class LiveKVSource:
+class LiveKVSource(KVSourceDefaults):
     """A `TemplateKVSource` whose `layer(i)` asks the driver and then uses the fetched KV,
     computes the layer (catching the local generator up), or waits until a deadline."""
 

@@ -44,7 +44,7 @@ class RecordingSource:
     def __init__(self, kv: TemplateKV, log: list):
         self.kv, self.log = kv, log
         self.model_fingerprint, self.template_fingerprint = kv.model_fingerprint, kv.template_fingerprint
-        self.layout, self.positions = kv.layout, kv.positions
+        self.layout, self.positions, self.instruction = kv.layout, kv.positions, kv.instruction
 
     @property
     def num_layers(self):

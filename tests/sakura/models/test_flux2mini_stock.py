@@ -5,7 +5,7 @@ with isolation the in-sequence edit equals the edit from the cached (photo-indep
 import torch
 
 from sakura.models.flux2mini import Flux2MiniDiT
-from sakura.models.klein import _Slot
+from sakura.models.klein import ForwardSlot
 from sakura.training.loop import Recipe, new_state, train_step
 
 from .test_flux2mini import images, make_tiny_flux2
@@ -13,7 +13,7 @@ from .test_flux2mini import images, make_tiny_flux2
 
 def _captured(model: Flux2MiniDiT, template, photo):
     n = model.cfg.tokens_per_image
-    slot = _Slot(num_template_tokens=n)
+    slot = ForwardSlot(num_template_tokens=n)
     with torch.no_grad():
         model.velocity_in_sequence(template, 1, photo, images(1, 9), torch.full((1,), 0.5), slot=slot)
     return slot.captured

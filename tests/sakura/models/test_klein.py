@@ -168,7 +168,7 @@ def test_bad_inputs(tiny):
 
 
 def test_template_layers_is_lazy_and_bit_identical_to_the_extract_forward(tiny):
-    from sakura.models.klein import _Slot
+    from sakura.models.klein import ForwardSlot
 
     adapter = KleinAdapter(copy.deepcopy(tiny))
     template = ref(1, slot=0)
@@ -188,7 +188,7 @@ def test_template_layers_is_lazy_and_bit_identical_to_the_extract_forward(tiny):
     assert log == list(range(adapter.num_layers))
     # diffusers' own extract forward with the same stand-ins captures the same K/V bit for bit
     c = tr.config
-    slot = _Slot(num_template_tokens=GRID * GRID)
+    slot = ForwardSlot(num_template_tokens=GRID * GRID)
     with torch.no_grad():
         adapter._forward(torch.cat([template.latents, torch.zeros(1, 1, C)], 1),
                          torch.cat([template.ids, latent_ids(1, 1)]), torch.zeros(1, 1, c.joint_attention_dim),

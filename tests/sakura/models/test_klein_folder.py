@@ -43,7 +43,7 @@ class RecordingSource:
     def __init__(self, kv, log):
         self.kv, self.log = kv, log
         self.model_fingerprint, self.template_fingerprint = kv.model_fingerprint, kv.template_fingerprint
-        self.positions = kv.positions
+        self.positions, self.layout, self.instruction = kv.positions, kv.layout, kv.instruction
 
     @property
     def num_layers(self):

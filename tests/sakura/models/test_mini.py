@@ -156,3 +156,42 @@ def test_probe_does_not_change_the_output(tiny_mini):
     plain = tiny_mini.edit(photo, template_kv=kv, steps=2).image
     probed = tiny_mini.edit(photo, template_kv=kv, steps=2, probe=lambda layer, p: None).image
     assert torch.allclose(plain, probed, atol=1e-5)
+
+
+def test_differentiable_edit_keeps_the_graph_and_edit_does_not(tiny_mini):
+    from sakura.capture import token_sensitivity
+    from sakura.models.base import DifferentiableEditModel
+
+    assert isinstance(tiny_mini, DifferentiableEditModel)
+    tmpl, photo = _imgs(1, seed=1), _imgs(1, seed=2)
+    kv = tiny_mini.extract_template_kv(tmpl)
+    key = kv.layers[1].key.clone().requires_grad_(True)
+    leafy = TemplateKV([LayerKV(key, l.value) if i == 1 else l for i, l in enumerate(kv.layers)],
+                       kv.model_fingerprint, kv.template_fingerprint, kv.layout)
+    out = tiny_mini.differentiable_edit(photo, template_kv=leafy, steps=2, seed=3).image
+    (grad,) = torch.autograd.grad(out.sum(), [key])
+    assert float(grad.abs().sum()) > 0.0
+    plain = tiny_mini.edit(photo, template_kv=leafy, steps=2, seed=3).image
+    assert not plain.requires_grad and torch.equal(plain, out.detach())
+    sens = token_sensitivity(tiny_mini, kv, photo, steps=2, probes=2)
+    assert sens.shape == (tiny_mini.num_layers, 2, kv.num_tokens) and float(sens.min()) >= 0 and float(sens.max()) > 0
+    with pytest.raises(TypeError, match="differentiable_edit"):
+        token_sensitivity(object(), kv, photo)
+
+
+def test_kv_source_protocol_declares_what_models_read(tiny_mini):
+    from sakura.models import KVSourceDefaults, TemplateKVSource
+
+    kv = tiny_mini.extract_template_kv(_imgs(1, seed=1), 2)
+    assert kv.instruction == 2 and kv.positions is None and isinstance(kv, TemplateKVSource)
+
+    class Bare(KVSourceDefaults):
+        model_fingerprint, template_fingerprint, num_layers = kv.model_fingerprint, kv.template_fingerprint, kv.num_layers
+
+        def layer(self, i):
+            return kv.layer(i)
+
+    src = Bare()
+    assert isinstance(src, TemplateKVSource) and src.instruction is None and dict(src.layout) == {}
+    out = tiny_mini.edit(_imgs(1, seed=2), template_kv=src, steps=2)
+    assert torch.equal(out.image, tiny_mini.edit(_imgs(1, seed=2), template_kv=kv, steps=2).image)
