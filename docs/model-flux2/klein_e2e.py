@@ -24,9 +24,10 @@ from sakura.models.klein_tiny import write_tiny_klein_folder  # noqa: E402
 from sakura.runtime import BandwidthEstimator, FixedPolicy, RttEstimator  # noqa: E402
 from sakura.runtime.live import DeviceProfile, streamed_edit  # noqa: E402
 from sakura.server import serve_in_thread  # noqa: E402
-from sakura.store.build import build_store, decode_template_ref, split_template_images  # noqa: E402
+from sakura.build.pipeline import build_store  # noqa: E402
+from sakura.store.template_ref import decode_template_ref, split_template_images  # noqa: E402
 from sakura.store.store import Store  # noqa: E402
-from sakura.store.template_files import load_library_file  # noqa: E402
+from sakura.build.template_files import load_library_file  # noqa: E402
 from sakura.tasks.quality import psnr_per_image  # noqa: E402
 
 SIZE = int(sys.argv[1]) if len(sys.argv) > 1 else 32

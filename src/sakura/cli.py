@@ -110,7 +110,7 @@ def build(
     force: bool = typer.Option(False, help="Rebuild templates even if their manifest verifies (--executor ray)."),
 ) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
-    from sakura.store.cli import build_cmd
+    from sakura.build.cli import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
               workers=workers, force=force, library=library, task=task, prompt=prompt)

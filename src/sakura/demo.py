@@ -19,21 +19,7 @@ from pathlib import Path
 
 import torch
 
-
-def _save_grid(path: Path, images: list[torch.Tensor], titles: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(images), figsize=(2.2 * len(images), 2.6))
-    for ax, img, title in zip(axes, images, titles):
-        ax.imshow(img[0].permute(1, 2, 0).clamp(0, 1).numpy(), interpolation="nearest")
-        ax.set_title(title, fontsize=8)
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+from sakura.figures import save_grid
 
 
 def _timeline(path: Path, result: dict) -> None:
@@ -74,7 +60,7 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
                       out_dir=out_dir, image_steps=steps, model_name=model_name, log=log)
     im = res.pop("images")
     shown = [m for m in ("on-device", "cachegen", "cachegen-L3", "sakura") if m in im]
-    _save_grid(out_dir / "demo.png", [im["photo"], im["template"], im["truth"], im["lossless"]] + [im[m] for m in shown],
+    save_grid(out_dir / "demo.png", [im["photo"], im["template"], im["truth"], im["lossless"]] + [im[m] for m in shown],
                ["photo", "template", "ground truth", "lossless KV"] + [m if m != "sakura" else "sakura (streamed)"
                                                                         for m in shown])
     _timeline(out_dir / "timeline.png", res)

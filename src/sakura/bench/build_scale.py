@@ -27,7 +27,7 @@ def _warm(seconds: float) -> int:
     """Runs on a worker: import the build path and load the model, then hold the CPU slot a
     moment so that every worker (not one worker n times) gets a warm-up task."""
     from sakura.models import load_model
-    from sakura.store import build  # noqa: F401
+    import sakura.build.pipeline  # noqa: F401
 
     load_model("sakura-mini")
     time.sleep(seconds)
@@ -56,7 +56,7 @@ def _cpu_s() -> float:
 def run_one(workers: int, names: list[str], store: Path, ladder: list[str], calibration: int, steps: int) -> dict:
     import ray
 
-    from sakura.store.distributed import build_templates
+    from sakura.build.distributed import build_templates
 
     t0 = time.perf_counter()
     ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     a = ap.parse_args(argv)
 
-    from sakura.store.build import DEFAULT_LADDER
+    from sakura.build.pipeline import DEFAULT_LADDER
     from sakura.tasks import TASK_NAMES
 
     per_task = -(-a.templates // len(TASK_NAMES))

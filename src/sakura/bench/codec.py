@@ -238,7 +238,7 @@ def compare(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def store_whole(model_name: str, templates: list[str], log) -> dict[str, Any]:
     """Build a store with the default ladder for `templates`; what `sakura store stats` reports."""
     from sakura.store import Store
-    from sakura.store.build import build_store
+    from sakura.build.pipeline import build_store
 
     with tempfile.TemporaryDirectory() as d:
         build_store(d, model_name=model_name, templates=templates, log=log)
@@ -366,7 +366,7 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, templ
         storage: bool = True, seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
     torch.set_num_threads(1)
     out_dir.mkdir(parents=True, exist_ok=True)
-    import sakura.store.build  # noqa: F401  (loaded now: a long run must not pick up later edits halfway)
+    import sakura.build.pipeline  # noqa: F401  (loaded now: a long run must not pick up later edits halfway)
     from sakura.capture import calibration_photos
     from sakura.tasks import TASK_NAMES, get_task, heldout_photos, library_templates
 
@@ -529,7 +529,7 @@ def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_pe
     the store (prefix + shared tables, as a phone would) and edit the held-out photos with it:
     what each template costs whole (`sakura store stats`) and how far each rung's edit is from the
     lossless-KV edit's PSNR against ground truth."""
-    import sakura.store.build as B
+    import sakura.build.pipeline as B
     from sakura.codec import CodecTables, decode_any
     from sakura.models.kv import LayerKV, TemplateKV
     from sakura.store import Store

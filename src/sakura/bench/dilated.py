@@ -193,7 +193,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     from sakura.runtime.live import DeviceProfile, streamed_edit
     from sakura.runtime.sim import simulate_edit
     from sakura.server import serve_in_thread
-    from sakura.store.build import DEFAULT_LADDER, build_store
+    from sakura.build.pipeline import DEFAULT_LADDER, build_store
     from sakura.store.store import Store
     from sakura.tasks import get_task, get_template, heldout_photos
     from sakura.tasks.quality import psnr_per_image

@@ -69,7 +69,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     from sakura.runtime import BandwidthEstimator, CacheGenPolicy, FixedPolicy, RttEstimator, SakuraPolicy
     from sakura.runtime.live import profile_model, streamed_edit
     from sakura.server import serve_in_thread
-    from sakura.store.build import build_store
+    from sakura.build.pipeline import build_store
     from sakura.tasks import get_task, get_template, heldout_photos
 
     unknown = [m for m in methods if m not in METHODS]

@@ -30,7 +30,7 @@ def run_faults(out_dir: str | Path | None = None, *, template: str = "sticker-00
     from sakura.runtime import BandwidthEstimator, RttEstimator, SakuraPolicy
     from sakura.runtime.live import profile_model, streamed_edit
     from sakura.server import serve_in_thread
-    from sakura.store.build import build_store
+    from sakura.build.pipeline import build_store
     from sakura.store.store import Store
     from sakura.tasks import get_template, heldout_photos
     from sakura.tasks.quality import psnr_per_image
@@ -224,7 +224,7 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
     from sakura.link.faults import hostile_in_thread
     from sakura.models import load_model
     from sakura.server import serve_in_thread
-    from sakura.store.build import build_store
+    from sakura.build.pipeline import build_store
     from sakura.store.layout import manifest_relpath
     from sakura.store.store import Store
     from sakura.tasks import heldout_photos

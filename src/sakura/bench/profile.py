@@ -63,7 +63,7 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
     """Build a store for one template with the default ladder + lossless + CacheGen (both variants);
     returns per rendition {codec, bits_per_value, image_mse (mean per shard)}, the mean quality
     floor, the model's layer count, and the decode rates of each rendition on a Klein-sized layer."""
-    from sakura.store.build import DEFAULT_LADDER, build_store
+    from sakura.build.pipeline import DEFAULT_LADDER, build_store
     from sakura.store.store import Store
 
     ladder = ("lossless",) + tuple(DEFAULT_LADDER) + CACHEGEN_LEVELS + CACHEGEN_DELTA_LEVELS
@@ -153,7 +153,7 @@ def workload_specs(costs, ladder: dict, allowed: Sequence[str], *, decode_scale:
 
 def sakura_renditions(ladder: dict) -> tuple[str, ...]:
     """What sakura may fetch: the store's default ladder (its rungs)."""
-    from sakura.store.build import DEFAULT_LADDER
+    from sakura.build.pipeline import DEFAULT_LADDER
 
     return tuple(n for n in ladder["renditions"] if n.split("#")[0] in DEFAULT_LADDER)
 

@@ -55,7 +55,7 @@ def measure_encode(tokens: int = 1024, repeats: int = 2) -> dict:
 
     from sakura.codec import ShardId, codec_from_spec
     from sakura.bench.codec import synthetic_layer
-    from sakura.store.build import DEFAULT_LADDER
+    from sakura.build.pipeline import DEFAULT_LADDER
 
     torch.set_num_threads(1)
     shard = synthetic_layer(tokens, 24, 128)

@@ -72,7 +72,7 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     (`sakura.runtime.gallery`); with the server down, a template seen before still edits, on the
     device. Raises ValueError / FileNotFoundError with a one-line reason for bad input."""
     from sakura.client import TemplateClient
-    from sakura.demo import _save_grid
+    from sakura.figures import save_grid
     from sakura.models import load_model
     from sakura.runtime import BandwidthEstimator, FixedPolicy, MeetInMiddlePolicy, SakuraPolicy
     from sakura.runtime.gallery import Gallery, decode_template_ref
@@ -130,7 +130,7 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     prof = profile_model(model, repeats=1)
     if decode_workers:
         prof.decode_workers = decode_workers
-    from sakura.store.build import split_template_images
+    from sakura.store.template_ref import split_template_images
 
     res = streamed_edit(model, img, base_url=server, template_id=template,
                         template_image=split_template_images(timage),  # (R, 3, S, S): R reference images
@@ -142,7 +142,7 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
 
     skio.imsave(str(out), (res.image[0].permute(1, 2, 0).numpy() * 255).round().astype("uint8"), check_contrast=False)
     side = out.with_name(out.stem + ".compare.png")
-    _save_grid(side, [img, split_template_images(timage)[:1], res.image], ["photo", "template", "edit"])
+    save_grid(side, [img, split_template_images(timage)[:1], res.image], ["photo", "template", "edit"])
     b = res.breakdown()
     echo(f"edited in {1000 * b['latency_s']:.0f} ms ({res.path}): {int(b['bytes'])} B fetched, "
          f"{int(b['local_shards'])} of {len(res.records)} layers computed on the device, stall {1000 * b['stall_s']:.0f} ms")

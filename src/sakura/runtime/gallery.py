@@ -26,13 +26,12 @@ def default_gallery_dir() -> Path:
 
 def decode_template_ref(data: bytes, media_type: str, *, image_size: int | None = None) -> torch.Tensor:
     """A stored template reference as a (3, S, R*S) float image in [0, 1]: R reference images
-    side by side (what `sakura build` wrote: an RGB PNG, or the legacy safetensors). Raises
-    ValueError for anything else.
+    side by side (what `sakura build` wrote: an RGB PNG). Raises ValueError for anything else.
 
     With ``image_size``, the bytes are capped (``limits.max_template_ref_bytes``) and a PNG's
     header must say (R*S) x S before it is decoded (a 419 KB PNG can declare 144 Mpx)."""
-    from sakura.store.build import TEMPLATE_REF_MEDIA_TYPE
-    from sakura.store.build import decode_template_ref as decode
+    from sakura.store.template_ref import TEMPLATE_REF_MEDIA_TYPE
+    from sakura.store.template_ref import decode_template_ref as decode
 
     if image_size is not None:
         from sakura.runtime.limits import MAX_TEMPLATE_REFERENCES, max_template_ref_bytes

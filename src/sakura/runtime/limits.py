@@ -46,7 +46,7 @@ MAX_TEMPLATE_REFERENCES = 8
 
 def max_template_ref_bytes(image_size: int) -> int:
     """Largest template reference accepted for ``image_size``-pixel square reference images:
-    float32 RGB (the legacy safetensors; a PNG is always smaller) of MAX_TEMPLATE_REFERENCES
+    the raw float32 RGB pixels (an 8-bit PNG is always smaller) of MAX_TEMPLATE_REFERENCES
     images side by side, plus 64 KiB of headers."""
     return MAX_TEMPLATE_REFERENCES * 3 * image_size * image_size * 4 + 64 * 1024
 

@@ -1,4 +1,4 @@
-"""`sakura store ...` (stats, verify) and the body of `sakura serve`; wired into sakura.cli."""
+"""`sakura store ...` (stats, verify) and the body of `sakura serve`; wired into sakura.cli (`sakura build`: sakura.build.cli)."""
 
 from __future__ import annotations
 
@@ -138,53 +138,3 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, tr
             raise typer.Exit(2)
     serve_forever(store, host=host, port=port, chunk_bytes=chunk_kib * 1024, trace=trace,
                   trace_offset_s=trace_offset, rtt_s=rtt_ms / 1e3)
-
-
-def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list[str] | None, calibration: int,
-              steps: int, *, executor: str = "local", address: str | None = None, workers: int | None = None,
-              force: bool = False, library: Path | None = None, task: str | None = None,
-              prompt: str | None = None) -> None:
-    """Body of `sakura build`: clear one-line errors for bad names/specs instead of tracebacks.
-
-    ``executor="local"`` (default) builds in this process as before; ``"ray"`` spreads templates
-    over a Ray cluster (``sakura.store.distributed``), skipping templates already current; exit 1
-    if any template failed (the others are committed)."""
-    from sakura.store.build import DEFAULT_LADDER, build_store
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if executor not in ("local", "ray"):
-        typer.echo(f"error: --executor must be local or ray, got {executor!r}", err=True)
-        raise typer.Exit(2)
-    if executor == "local" and (address or workers or force):
-        typer.echo("error: --address/--workers/--force apply to --executor ray", err=True)
-        raise typer.Exit(2)
-    from sakura.store.template_files import TemplateSpecError, template_args
-
-    try:
-        templates = template_args(templates, library=library, task=task, prompt=prompt)
-        if executor == "ray" and templates and not all(isinstance(t, str) for t in templates):
-            raise TemplateSpecError(["--executor ray builds library templates only; build --library / "
-                                     "--template ID=IMAGE with --executor local"])
-    except TemplateSpecError as e:
-        for line in e.problems:
-            typer.echo(f"error: {line}", err=True)
-        raise typer.Exit(2)
-    try:
-        if executor == "local":
-            build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
-                        calibration=calibration, steps=steps, log=typer.echo)
-            return
-        from sakura.store.distributed import build_templates
-
-        rep = build_templates(store, templates=templates or None, model_name=model, ladder=ladder or DEFAULT_LADDER,
-                              calibration=calibration, steps=steps, executor="ray", address=address, workers=workers,
-                              force=force, log=typer.echo)
-    except TemplateSpecError as e:
-        for line in e.problems:
-            typer.echo(f"error: {line}", err=True)
-        raise typer.Exit(2)
-    except (ValueError, KeyError, NotImplementedError, FileNotFoundError, RuntimeError, ConnectionError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
-    if not rep.ok:
-        raise typer.Exit(1)

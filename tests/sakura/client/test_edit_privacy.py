@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from sakura.cli import app
 from sakura.link.faults import hostile_in_thread
 from sakura.server import serve_in_thread
-from sakura.store.build import build_store
+from sakura.build.pipeline import build_store
 
 pytestmark = pytest.mark.timeout(300)
 runner = CliRunner()

@@ -12,7 +12,7 @@ import torch
 from sakura.client import TemplateClient
 from sakura.link import Link, PacingProxy, load_trace, traces_root
 from sakura.server import serve_in_thread
-from sakura.store.build import build_store
+from sakura.build.pipeline import build_store
 
 
 def test_lossless_kv_streamed_over_emulated_link_is_exact(tmp_path):

@@ -11,7 +11,7 @@ from sakura.models.flux2mini import save_flux2_mini_weights
 from sakura.runtime import BandwidthEstimator, FixedPolicy, RttEstimator, SakuraPolicy
 from sakura.runtime.live import profile_model, streamed_edit
 from sakura.server import serve_in_thread
-from sakura.store.build import build_store
+from sakura.build.pipeline import build_store
 from sakura.tasks import get_template, heldout_photos
 
 from .test_flux2mini import make_tiny_flux2

@@ -12,7 +12,7 @@ from sakura.bench.profile import run_profile
 from sakura.cli import app
 from sakura.link import traces_root
 from sakura.server import serve_in_thread
-from sakura.store.build import build_store
+from sakura.build.pipeline import build_store
 
 runner = CliRunner()
 

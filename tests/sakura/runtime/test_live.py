@@ -18,7 +18,7 @@ from sakura.runtime import (BandwidthEstimator, FixedPolicy, MeetInMiddlePolicy,
 from sakura.runtime.live import DeviceProfile, profile_model, shard_specs, streamed_edit
 from sakura.runtime.sim import simulate_edit
 from sakura.server import serve_in_thread
-from sakura.store.build import build_store
+from sakura.build.pipeline import build_store
 from sakura.store.store import Store
 from sakura.tasks import get_template, heldout_photos
 from sakura.tasks.quality import psnr_per_image

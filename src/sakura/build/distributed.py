@@ -97,7 +97,7 @@ def _build_one(store: str, template: str, opts: dict[str, Any], model_fingerprin
     if not force and manifest_is_current(store, model_fingerprint, template, opts["ladder"]):
         return TemplateBuild(template, "skipped", str(Path(store) / "manifests" / model_fingerprint / f"{template}.json"),
                              time.perf_counter() - t0, time.process_time() - c0, worker=worker)
-    from sakura.store.build import build_store
+    from sakura.build.pipeline import build_store
 
     paths = build_store(store, templates=[template], log=lambda _s: None, **opts)
     return TemplateBuild(template, "built", str(paths[0]), time.perf_counter() - t0, time.process_time() - c0,
@@ -127,7 +127,7 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
     """
     from tqdm import tqdm
 
-    from sakura.store.build import DEFAULT_LADDER, default_templates
+    from sakura.build.pipeline import DEFAULT_LADDER, default_templates
 
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")

@@ -13,9 +13,9 @@ from sakura.runtime import BandwidthEstimator, FixedPolicy, RttEstimator
 from sakura.runtime.discovery import list_templates
 from sakura.runtime.live import DeviceProfile, streamed_edit
 from sakura.server import serve_in_thread
-from sakura.store.build import decode_template_ref, split_template_images
+from sakura.store.template_ref import decode_template_ref, split_template_images
 from sakura.store.store import Store
-from sakura.store.template_files import TemplateSpec
+from sakura.build.template_files import TemplateSpec
 
 SIZE = 16          # pixels per side: the tiny pipeline's VAE factor 2 x 2x2 patchify -> a 4x4 latent grid
 STEPS = 2
@@ -33,7 +33,7 @@ def _sun_png(path):
 
 @pytest.fixture(scope="module")
 def klein_store(klein_folder, tmp_path_factory):
-    from sakura.store.build import build_store
+    from sakura.build.pipeline import build_store
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("kstore")

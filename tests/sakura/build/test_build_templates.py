@@ -8,9 +8,10 @@ import torch
 from typer.testing import CliRunner
 
 from sakura.cli import app
-from sakura.store.build import build_store, decode_template_ref, split_template_images
+from sakura.build.pipeline import build_store
+from sakura.store.template_ref import decode_template_ref, split_template_images
 from sakura.store.store import Store
-from sakura.store.template_files import (TemplateSpec, TemplateSpecError, load_library_file, load_template_image,
+from sakura.build.template_files import (TemplateSpec, TemplateSpecError, load_library_file, load_template_image,
                                          template_args, validate_specs)
 from sakura.tasks import TASK_NAMES
 

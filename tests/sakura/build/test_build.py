@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from sakura.store import Store
-from sakura.store.build import QUALITY_FLOOR_SPEC, build_store, decode_template_ref, encode_template_ref
+from sakura.build.pipeline import QUALITY_FLOOR_SPEC, build_store
+from sakura.store.template_ref import decode_template_ref, encode_template_ref
 
 LADDER = ["lossless", "uniform:bits=8", "layered:budgets=[1.0,2.0]"]
 
@@ -139,7 +140,7 @@ def test_manifest_validates_image_distortion_and_quality_floor(built):
 def test_default_ladder_fits_its_lowest_rung_to_the_template(tmp_path):
     """`progressive` without budgets: the build picks the lowest rung by calibration and names the
     rungs progressive#0.. (a trivial target: the cheapest candidate, three rungs up to the top)."""
-    from sakura.store.build import BASE_RUNG_BUDGETS
+    from sakura.build.pipeline import BASE_RUNG_BUDGETS
 
     build_store(tmp_path, templates=["look-00"], ladder=["progressive"], calibration=1, steps=1, base_psnr_db=0.0,
                 log=lambda s: None)
@@ -158,7 +159,7 @@ def test_ladder_search_climbs_to_a_single_rung_when_the_top_misses():
     import math
 
     from sakura.codec import ShardKV, get_codec
-    from sakura.store.build import BASE_RUNG_BUDGETS, MAX_SINGLE_RUNG_BUDGETS, _fit_ladder_to_template
+    from sakura.build.pipeline import BASE_RUNG_BUDGETS, MAX_SINGLE_RUNG_BUDGETS, _fit_ladder_to_template
 
     g = torch.Generator().manual_seed(0)
     field = torch.nn.functional.avg_pool2d(torch.randn(12, 64, 8, 8, generator=g), 3, 1, 1) * 3

@@ -1,4 +1,4 @@
-"""`sakura build`: capture template KV, measure what each rendition does to the image, write the store.
+"""`sakura build` (cloud side): capture template KV, measure what each rendition does to the image, write the store.
 
 Cloud side, for any model with the bundled models' image-level API (``load_model(name)``:
 ``extract_template_kv(image[None], instruction)``, ``edit(photos, template_kv=, steps=, seed=)``,
@@ -26,12 +26,12 @@ manifest's ``kv_layout`` carries ``template_fingerprint`` so the runtime can reb
 from __future__ import annotations
 
 import hashlib
-import io
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sakura.store.store import RenditionInput, StoreWriter
+from sakura.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, decode_template_ref, encode_template_images, split_template_images
 
 #: Default ladder: the progressive transform coder alone (``progressive`` = ECSQ + token-grid DCT
 #: coded by successive refinement, top rung 1.0 bit per value, the lowest fitted per template to
@@ -50,9 +50,6 @@ BASE_RUNG_BUDGETS = (0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0)
 MAX_SINGLE_RUNG_BUDGETS = (1.4, 2.0)
 #: The reference codec of every shard's ``quality_floor`` (measured even when not in the ladder).
 QUALITY_FLOOR_SPEC = "cachegen:level=3"
-TEMPLATE_REF_MEDIA_TYPE = "image/png"
-#: Stores built before the PNG reference kept (3, S, S) fp32 pixels in safetensors; still readable.
-LEGACY_TEMPLATE_REF_MEDIA_TYPE = "application/x-sakura-mini-template+safetensors"
 
 
 def default_templates() -> list[str]:
@@ -60,58 +57,6 @@ def default_templates() -> list[str]:
     from sakura.tasks import TASK_NAMES
 
     return [f"{t}-00" for t in TASK_NAMES]
-
-
-def encode_template_ref(image) -> bytes:
-    """(3, S, S) float image in [0, 1] -> lossless 8-bit RGB PNG bytes (deterministic: no metadata).
-
-    Pixels are rounded to 8 bits; the library's templates already are 8-bit, so this is exact for
-    them (``decode_template_ref(encode_template_ref(x)) == x``)."""
-    import numpy as np
-    from PIL import Image
-
-    if image.ndim != 3 or image.shape[0] != 3:
-        raise ValueError(f"template image must be (3, S, S), got {tuple(image.shape)}")
-    px = (image.detach().float().clamp(0, 1).permute(1, 2, 0).numpy() * 255.0).round().astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(px, mode="RGB").save(buf, format="PNG", optimize=True, compress_level=9)
-    return buf.getvalue()
-
-
-def encode_template_images(images) -> bytes:
-    """(R, 3, S, S) reference image(s) -> one PNG: the R images side by side (S x R*S)."""
-    import torch
-
-    return encode_template_ref(torch.cat(list(images), dim=2))
-
-
-def split_template_images(image):
-    """A decoded template reference (3, S, R*S) -> (R, 3, S, S) (R = 1 for a square one)."""
-    s, w = image.shape[1], image.shape[2]
-    if w % s:
-        raise ValueError(f"template reference is {s}x{w}: not a row of square images")
-    return image.reshape(3, s, w // s, s).permute(2, 0, 1, 3).contiguous()
-
-
-def decode_template_ref(data: bytes, media_type: str = TEMPLATE_REF_MEDIA_TYPE):
-    """Template reference bytes -> (3, S, R*S) float32 image in [0, 1]: R reference images side by
-    side (PNG, or the legacy safetensors)."""
-    import numpy as np
-    import torch
-
-    if media_type == LEGACY_TEMPLATE_REF_MEDIA_TYPE:
-        from safetensors.torch import load as st_load
-
-        return st_load(data)["image"]
-    if media_type != TEMPLATE_REF_MEDIA_TYPE:
-        raise ValueError(f"unknown template reference media type {media_type!r}")
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as im:
-        if im.format != "PNG" or im.mode != "RGB":
-            raise ValueError(f"template reference is {im.format} {im.mode}, expected an RGB PNG")
-        px = np.asarray(im, dtype=np.uint8)
-    return torch.from_numpy(px.astype(np.float32) / np.float32(255.0)).permute(2, 0, 1).contiguous()
 
 
 def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates: Sequence[Any] | None = None,
@@ -127,7 +72,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             (any model with the image-level edit API, ``sakura.models.ImageTemplateEditModel``).
         templates: library template names (``sakura.tasks.template_library``) and/or
             ``TemplateSpec``s (a provider's own image files + task or prompt,
-            ``sakura.store.template_files``); default one library template per task. Everything
+            ``sakura.build.template_files``); default one library template per task. Everything
             is validated before any work (``TemplateSpecError``: one line per problem).
         ladder: codec specs (``sakura.codec.codec_from_spec``), one rendition each (a layered
             codec: one per rung).
@@ -160,7 +105,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     size = int(model.cfg.image_size)
     model_fp = model.fingerprint()
     if not templates and getattr(model, "template_conditioning", "task") != "task":
-        from sakura.store.template_files import TemplateSpecError
+        from sakura.build.template_files import TemplateSpecError
 
         raise TemplateSpecError([f"{model_name} has no bundled templates: give --library FILE or "
                                  f"--template ID=IMAGE --prompt P"])
@@ -248,7 +193,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
 def resolve_templates(model: Any, templates: Sequence[Any]) -> list[tuple[str, Any, Any]]:
     """Library names and `TemplateSpec`s -> [(id, images (R, 3, S, S), instruction)], every
     problem found first (one line each, `TemplateSpecError`) so a bad entry writes nothing."""
-    from sakura.store.template_files import TemplateSpec, TemplateSpecError, spec_images, spec_instruction, validate_specs
+    from sakura.build.template_files import TemplateSpec, TemplateSpecError, spec_images, spec_instruction, validate_specs
     from sakura.tasks import TASK_NAMES, get_template
 
     size = int(model.cfg.image_size)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from sakura.store import Store
-from sakura.store.distributed import build_templates, manifest_is_current
+from sakura.build.distributed import build_templates, manifest_is_current
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install '.[cluster]')")
 
