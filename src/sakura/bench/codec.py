@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from sakura.codec import ShardId, ShardKV, codec_from_spec
+from sakura.psnr import psnr_db
 
 
 def _cpu() -> float:
@@ -576,8 +577,8 @@ def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_pe
                 rungs.append({"rendition": m.shards[0].renditions[r].name, "bytes": nbytes,
                               "psnr_vs_lossless_db": float(psnr_per_image(img, ref).mean()),
                               "delta_psnr_vs_gt_db": float(psnr_per_image(img, gt).mean()) - ref_gt,
-                              "manifest_image_psnr_db_sum": 10 * math.log10(1 / max(sum(
-                                  s.renditions[r].distortion["image_mse"] for s in m.shards), 1e-30))})
+                              "manifest_image_psnr_db_sum": psnr_db(sum(
+                                  s.renditions[r].distortion["image_mse"] for s in m.shards))})
             t = stats[tpl.name]
             res["templates"][tpl.name] = {
                 "budgets": m.tables[0].params.get("budgets") if m.tables else None, "rungs": rungs,

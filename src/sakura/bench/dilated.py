@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from sakura.models.kv import KVSourceDefaults
+from sakura.psnr import psnr_db
 
 METHODS = ("oracle", "on-device", "cachegen", "cachegen-fair", "cachegen-L3", "sakura")
 #: a fast and a median 5G trace and an LTE one (../shared/traces)
@@ -189,7 +190,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     from sakura.link.pacer import pacer_in_thread
     from sakura.models import TemplateKV, load_model
     from sakura.runtime import (BandwidthEstimator, CacheGenPolicy, Route, RttEstimator, SakuraPolicy, ShardSpec,
-                                TraceLink, psnr_from_mse)
+                                TraceLink, psnr_db)
     from sakura.runtime.live import DeviceProfile, streamed_edit
     from sakura.runtime.sim import simulate_edit
     from sakura.server import serve_in_thread
@@ -315,7 +316,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                     frontier.append({"trace": tname, "method": method, **{k: (len(v) if k == "levels" else v)
                                                                           for k, v in cfg.items()},
                                      "sim_phone_s": (sim.first_step_s + dil.post_s) * dil.D,
-                                     "psnr_db": psnr_from_mse(sim.image_mse)})
+                                     "psnr_db": psnr_db(sim.image_mse)})
     if tmp is not None:
         tmp.cleanup()
     from sakura.bench.workloads import ceilings, get_phone, get_workload, workload_costs
@@ -366,7 +367,7 @@ def dilated_markdown(result: dict) -> str:
         live = "-" if math.isnan(r["live_s"]) else f"{r['live_phone_s']:.1f}"
         ratio = "-" if math.isnan(r["live_s"]) else f"{r['live_over_sim']:.3f}"
         ps = r.get("psnr_vs_lossless_db")
-        implied = math.inf if r["image_mse"] <= 0 else 10 * math.log10(1 / r["image_mse"])
+        implied = psnr_db(r["image_mse"])
         lines.append(f"| {r['trace']} | {r['method']} | {live} | {r['sim_phone_s']:.1f} | {ratio} | "
                      f"{r.get('local_layers', '-')} | {r.get('bytes', 0)} | {implied:.1f} | "
                      f"{'-' if ps is None else f'{ps:.1f}'} |")
@@ -430,7 +431,7 @@ def plot_frontier(result: dict, path: Path) -> None:
             ax.plot([a for a, _ in front], [b for _, b in front], color=col, lw=1, label=f"{m} (simulated sweep)")
         for r in result["rows"]:
             if r["trace"] == t and r["method"] not in ("oracle",) and not math.isnan(r["live_s"]):
-                ps = 70.0 if r["image_mse"] <= 0 else min(70.0, 10 * math.log10(1 / r["image_mse"]))
+                ps = min(70.0, psnr_db(r["image_mse"]))
                 ax.scatter([r["live_phone_s"]], [ps], color="k", marker="x", s=20)
                 ax.annotate(r["method"], (r["live_phone_s"], ps), fontsize=5)
         ax.set_title(t.split("/")[-1][:40], fontsize=7)

@@ -38,6 +38,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
+from sakura.psnr import psnr_db
 from sakura.runtime.driver import LOSS_BOUND
 
 METHODS = ("oracle", "on-device", "on-device-nocache", "raw-stream", "cachegen", "cachegen-fair", "cachegen-L3",
@@ -249,16 +250,12 @@ def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, de
             p = dict(out["sakura"]) if q == 1.0 and "sakura" in out else sim(SakuraPolicy(quality_scale=q), sk)
             points.append({"method": "sakura", "quality_x": q, **p})
         for p in points:
-            p["psnr_db"] = _psnr(p["image_mse"])
+            p["psnr_db"] = psnr_db(p["image_mse"])
         out["sweep"] = points  # type: ignore[assignment]
     for k, v in out.items():
         if k != "sweep":
-            v["psnr_db"] = _psnr(v["image_mse"])
+            v["psnr_db"] = psnr_db(v["image_mse"])
     return out
-
-
-def _psnr(mse: float) -> float:
-    return math.inf if mse <= 0 else 10 * math.log10(1 / mse)
 
 
 def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, phones: Sequence[str] | None = None,

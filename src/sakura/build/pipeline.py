@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from sakura.psnr import psnr_db
 from sakura.store.store import RenditionInput, StoreWriter
 from sakura.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, decode_template_ref, encode_template_images, split_template_images
 
@@ -266,7 +267,7 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log):
         tables = trial.fit_tables(shards)
         decs = [trial.decode(trial.encode(s, ident(i), tables), ident(i), tables) for i, s in enumerate(shards)]
         mse = float((edit([LayerKV(d.key, d.value, d.keep_mask) for d in decs]).double() - ref).pow(2).mean())
-        got = math.inf if mse == 0 else 10 * math.log10(1 / mse)
+        got = psnr_db(mse)
         if got >= base_psnr_db:
             break
     n = rungs if base <= top / 2 else (2 if base < top else 1)
@@ -284,7 +285,7 @@ def _rounded(dist: dict[str, float]) -> dict[str, float]:
     out = {k: (v if math.isinf(v) else float(f"{v:.6g}")) for k, v in dist.items()}
     if "image_mse" in out:
         mse = out["image_mse"]
-        out["image_psnr_db"] = math.inf if mse == 0 else 10.0 * math.log10(1.0 / mse)
+        out["image_psnr_db"] = psnr_db(mse)
     return out
 
 

@@ -13,18 +13,15 @@ The model is any object with the image-level edit API the bundled models share:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from sakura.models.kv import LayerKV, TemplateKV
+from sakura.psnr import psnr_db  # noqa: F401  (re-exported by sakura.capture)
 
 
-def psnr_db(mse: float) -> float:
-    """10 log10(1 / mse) for pixels in [0, 1]; inf for mse == 0."""
-    return math.inf if mse <= 0.0 else 10.0 * math.log10(1.0 / mse)
 
 
 @dataclass

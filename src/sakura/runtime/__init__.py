@@ -4,8 +4,8 @@ and its two executors (live: sockets, threads, the real model; sim: a virtual cl
 from .driver import CacheGenPolicy, EditDriver, FixedPolicy, LayerAction, MeetInMiddlePolicy, SakuraPolicy, ShardRecord
 from .estimator import BandwidthEstimator, RttEstimator
 from .plan import (LOCAL, ConstantLink, PipelineState, PlanResult, Route, ShardSpec, TraceLink, evaluate,
-                   offline_plan, plan_split, psnr_from_mse)
+                   offline_plan, plan_split, psnr_db)
 
 __all__ = ["BandwidthEstimator", "CacheGenPolicy", "ConstantLink", "EditDriver", "FixedPolicy", "LOCAL", "LayerAction",
            "MeetInMiddlePolicy", "PipelineState", "PlanResult", "Route", "RttEstimator", "SakuraPolicy", "ShardRecord",
-           "ShardSpec", "TraceLink", "evaluate", "offline_plan", "plan_split", "psnr_from_mse"]
+           "ShardSpec", "TraceLink", "evaluate", "offline_plan", "plan_split", "psnr_db"]

@@ -27,7 +27,7 @@ from typing import Protocol, Sequence
 
 from .estimator import BandwidthEstimator, RttEstimator
 from .plan import (LOCAL, ConstantLink, PipelineState, PlanResult, Route, ShardSpec, image_budget, plan_split,
-                   psnr_from_mse)
+                   psnr_db)
 
 USE, WAIT = "use", "wait"
 #: sakura's default loss bound e: never more than 1 % slower than on-device, by construction
@@ -496,7 +496,7 @@ class EditDriver:
         return sum(r.image_mse for r in self.records if r.source not in ("", LOCAL))
 
     def image_psnr_db(self) -> float:
-        return psnr_from_mse(self.image_mse())
+        return psnr_db(self.image_mse())
 
 
 # ================================================================================ policies

@@ -32,7 +32,7 @@ from sakura.models.kv import KVSourceDefaults, LayerKV, TemplateKVError
 
 from .driver import USE, WAIT, EditDriver, Policy, ShardRecord
 from .estimator import BandwidthEstimator, RttEstimator
-from .plan import LOCAL, Route, ShardSpec, psnr_from_mse
+from .plan import LOCAL, Route, ShardSpec, psnr_db
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ class StreamedEdit:
     @property
     def implied_psnr_db(self) -> float:
         """Image PSNR vs the lossless-KV output that the chosen renditions imply."""
-        return psnr_from_mse(self.image_mse)
+        return psnr_db(self.image_mse)
 
     def breakdown(self) -> dict[str, float]:
         fetched = [r for r in self.records if r.fetch_end == r.fetch_end]

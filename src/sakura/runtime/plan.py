@@ -27,6 +27,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
+from sakura.psnr import psnr_db  # noqa: F401  (re-exported: sakura.runtime.psnr_db)
+
 LOCAL = "local"
 #: Seconds of score per second of predicted stall (0: latency only). Tried at 0.5 and 1 on the phone
 #: profile's LTE/3G/broadband traces, hoping plans with slack would ride out a varying link: no
@@ -146,12 +148,8 @@ class PlanResult:
 
     @property
     def image_psnr_db(self) -> float:
-        return psnr_from_mse(self.image_mse)
+        return psnr_db(self.image_mse)
 
-
-def psnr_from_mse(mse: float) -> float:
-    """PSNR (dB) of images in [0, 1] with this MSE (inf if exact)."""
-    return math.inf if mse <= 0 else 10.0 * math.log10(1.0 / mse)
 
 
 def evaluate(specs: Sequence[ShardSpec], state: PipelineState, k: int, routes: Mapping[int, Route],

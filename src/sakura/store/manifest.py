@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
+from sakura.psnr import psnr_db
 from sakura.store.layout import check_name, check_sha256, object_relpath
 
 SCHEMA = "sakura.manifest"
@@ -161,7 +162,7 @@ def _distortion(dist: Any, where: str) -> dict[str, float]:
         mse, psnr = out[IMAGE_MSE], out[IMAGE_PSNR]
         if mse > 1.0:
             raise _fail(f"{where}.{IMAGE_MSE}", f"expected a per-pixel MSE in [0, 1], got {mse!r}")
-        want = math.inf if mse == 0.0 else 10.0 * math.log10(1.0 / mse)
+        want = psnr_db(mse)
         if math.isinf(want) != math.isinf(psnr) or (not math.isinf(want) and abs(psnr - want) > 1e-6 * max(1.0, want)):
             raise _fail(f"{where}.{IMAGE_PSNR}", f"{psnr!r} is not 10 log10(1 / {IMAGE_MSE}) = {want!r}")
     return out

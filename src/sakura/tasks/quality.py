@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from sakura.models.mini import MiniDiT
+from sakura.psnr import psnr_db_tensor
 
 from .edits import TASKS, get_task
 from .library import TASK_NAMES, library_templates
@@ -29,7 +30,7 @@ METHODS = ("model", "identity", "swapped")
 def psnr_per_image(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """PSNR in dB for data range 1. a, b: (B, 3, H, W); mask: (B, 1, H, W) bool or None. -> (B,).
 
-    An image with zero error is capped at 100 dB so means stay finite.
+    An image with zero error is inf dB (`sakura.psnr`: no cap).
     """
     se = (a.float() - b.float()).pow(2)                                       # (B, 3, H, W)
     if mask is None:
@@ -37,7 +38,7 @@ def psnr_per_image(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None =
     else:
         m = mask.expand_as(se).float()
         mse = (se * m).sum(dim=(1, 2, 3)) / m.sum(dim=(1, 2, 3)).clamp_min(1.0)
-    return (-10.0 * torch.log10(mse.clamp_min(1e-10))).clamp(max=100.0)
+    return psnr_db_tensor(mse)
 
 
 def ssim_per_image(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from sakura.runtime.plan import (LOCAL, ConstantLink, PipelineState, Route, ShardSpec, TraceLink, all_local_s,
-                                 evaluate, offline_plan, plan_split, psnr_from_mse)
+                                 evaluate, offline_plan, plan_split, psnr_db)
 
 R = (Route("q1", 1000, 0.001, 4e-4), Route("q2", 2000, 0.002, 1e-4), Route("q3", 3000, 0.003, 1e-5))
 
@@ -93,5 +93,5 @@ def test_trace_link_matches_constant_rate_on_a_flat_trace():
 def test_offline_plan_and_psnr():
     sp = specs(4)
     assert offline_plan(sp, ConstantLink(1e9), 0.0, decode_workers=2).k == 0
-    assert psnr_from_mse(0.0) == math.inf and psnr_from_mse(1e-3) == pytest.approx(30.0)
+    assert psnr_db(0.0) == math.inf and psnr_db(1e-3) == pytest.approx(30.0)
     assert LOCAL == "local"

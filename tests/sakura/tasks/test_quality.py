@@ -13,12 +13,12 @@ def test_psnr_known_values_and_region():
     b = a.clone()
     b[0] += 0.1                                  # mse 0.01 -> 20 dB
     p = psnr_per_image(a, b)
-    assert math.isclose(float(p[0]), 20.0, abs_tol=1e-4) and float(p[1]) == 100.0
+    assert math.isclose(float(p[0]), 20.0, abs_tol=1e-4) and float(p[1]) == math.inf  # exact: inf, no cap
     mask = torch.zeros(2, 1, 8, 8, dtype=torch.bool)
     mask[:, :, :4] = True
     b[1, :, 4:] = 1.0                            # error only outside the region
     pr = psnr_per_image(a, b, mask)
-    assert float(pr[1]) == 100.0 and float(psnr_per_image(a, b)[1]) < 10
+    assert float(pr[1]) == math.inf and float(psnr_per_image(a, b)[1]) < 10
 
 
 def test_ssim_identical_is_one_and_noise_lowers_it():
@@ -98,19 +98,19 @@ def test_ssim_equals_the_standard_definition_written_out():
 
 
 def test_no_second_psnr_or_ssim_definition_in_the_package():
-    """Image PSNR / SSIM have one definition (sakura.tasks.quality): no other module defines a psnr/ssim
-    function over tensors or calls skimage's metrics. The codec bench's own copies are being replaced
-    as it moves to sakura/bench/codec.py. (Scalar MSE -> dB conversions of predicted distortion are
-    not image metrics and are not matched.)"""
+    """Image PSNR has one definition, the MSE -> dB conversion in sakura.psnr (inf at zero error):
+    no other module calls log10 or defines a psnr function; SSIM and skimage's metrics live in
+    sakura.tasks.quality only."""
     import re
     from pathlib import Path
 
     import sakura
 
     root = Path(sakura.__file__).parent
-    allowed = {"tasks/quality.py", "codec/bench.py", "codec/metrics.py"}  # last two: until the codec bench moves
-    pattern = re.compile(r"structural_similarity|peak_signal_noise_ratio"
-                         r"|def \w*(psnr|ssim)\w*\(\s*\w+\s*:\s*(torch\.Tensor|np\.ndarray)")
-    found = {str(p.relative_to(root)) for p in root.rglob("*.py") if pattern.search(p.read_text())}
-    assert "tasks/quality.py" in found
-    assert found <= allowed, sorted(found - allowed)
+    texts = {str(p.relative_to(root)): p.read_text() for p in root.rglob("*.py")}
+    db = re.compile(r"(math|torch|np|numpy)\.log10\(")
+    assert {f for f, t in texts.items() if db.search(t)} == {"psnr.py"}
+    psnr = re.compile(r"def psnr\w*\(")  # quality's per-image metric is built on psnr.psnr_db_tensor
+    assert {f for f, t in texts.items() if psnr.search(t)} == {"psnr.py", "tasks/quality.py"}
+    ssim = re.compile(r"structural_similarity|peak_signal_noise_ratio|def \w*ssim\w*\(")
+    assert {f for f, t in texts.items() if ssim.search(t)} == {"tasks/quality.py"}
