@@ -551,7 +551,7 @@ def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_pe
         stats = {t.template_id: t for t in st.stats().templates}
         fp = model.fingerprint()
         for tpl in tpls:
-            m = st.load_manifest(fp, tpl.name)
+            m = st.get_manifest(fp, tpl.name)
             tfp = m.kv_layout["template_fingerprint"]
             kv = model.extract_template_kv(tpl.image[None], tpl.instruction).to(torch.float16)
             assert kv.template_fingerprint == tfp
@@ -562,14 +562,14 @@ def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_pe
             gt = get_task(tpl.task).ground_truth(test, tpl.image[None])
             ref = edit(list(kv.layers))
             ref_gt = float(psnr_per_image(ref, gt).mean())
-            tables = {t.name: CodecTables.from_bytes(st.read_object(t.object), ShardId(fp, tfp, -1)) for t in m.tables}
+            tables = {t.name: CodecTables.from_bytes(st.get_object(t.object), ShardId(fp, tfp, -1)) for t in m.tables}
             rungs = []
             for r in range(len(m.shards[0].renditions)):
                 layers = []
                 nbytes = 0
                 for s in m.shards:
                     rend = s.renditions[r]
-                    data = st.read_object(rend.object)[:rend.nbytes]
+                    data = st.get_object(rend.object)[:rend.nbytes]
                     nbytes += rend.nbytes
                     dec = decode_any(data, ShardId(fp, tfp, s.index), tables[rend.tables[0]] if rend.tables else None)
                     layers.append(LayerKV(dec.key, dec.value, dec.keep_mask))

@@ -17,7 +17,6 @@ import asyncio
 import hashlib
 import logging
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -254,17 +253,6 @@ class TemplateClient:
         if (m.model_fingerprint, m.template_id) != (model_fingerprint, template_id):
             raise FetchError(f"{rel}: manifest is for {m.model_fingerprint}/{m.template_id}")
         return m
-
-    # Old names, kept one release so branches written against them still run.
-    async def fetch_index(self) -> list[tuple[str, str]]:
-        """Deprecated alias of ``manifest_keys``."""
-        warnings.warn("TemplateClient.fetch_index is now manifest_keys", DeprecationWarning, stacklevel=2)
-        return await self.manifest_keys()
-
-    async def fetch_manifest(self, model_fingerprint: str, template_id: str) -> Manifest:
-        """Deprecated alias of ``get_manifest``."""
-        warnings.warn("TemplateClient.fetch_manifest is now get_manifest", DeprecationWarning, stacklevel=2)
-        return await self.get_manifest(model_fingerprint, template_id)
 
     # ---------------------------------------------------------------------------------- objects
     async def get_object(self, ref: ObjectRef) -> bytes:

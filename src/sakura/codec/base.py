@@ -490,6 +490,3 @@ def check_params(params: dict[str, Any], allowed: dict[str, Any], codec: str) ->
     out.update(params)
     return out
 
-
-def log2_ceil(n: int) -> int:
-    return max(0, math.ceil(math.log2(max(n, 1))))

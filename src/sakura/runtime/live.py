@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from sakura.models.kv import KVSourceDefaults, LayerKV, TemplateKVError
+from sakura.models.kv import KVSourceDefaults, LayerKV
 
 from .driver import USE, WAIT, EditDriver, Policy, ShardRecord
 from .estimator import BandwidthEstimator, RttEstimator
@@ -562,9 +562,3 @@ def _short(e: BaseException, limit: int = 160) -> str:
     msg = " ".join(str(e).split())
     return f"{type(e).__name__}: {msg[:limit]}{'…' if len(msg) > limit else ''}"
 
-
-def check_manifest_for(model: Any, manifest: Any, template_id: str) -> None:
-    """Raise `TemplateKVError` if `manifest` is not for this model and template."""
-    if manifest.template_id != template_id or manifest.model_fingerprint != model.fingerprint():
-        raise TemplateKVError(f"manifest is for {manifest.model_fingerprint[:16]}…/{manifest.template_id}, "
-                              f"not this model's {template_id}")

@@ -24,7 +24,7 @@ that is not already in flight. `plan_split` searches plans with the current esti
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 from sakura.psnr import psnr_db  # noqa: F401  (re-exported: sakura.runtime.psnr_db)
@@ -55,9 +55,6 @@ class Route:
     @property
     def is_local(self) -> bool:
         return self.name == LOCAL
-
-
-LOCAL_ROUTE = Route(LOCAL)
 
 
 @dataclass(frozen=True)
@@ -305,6 +302,3 @@ def all_local_s(specs: Sequence[ShardSpec], state: PipelineState | None = None) 
     st = state or PipelineState()
     return evaluate(specs, st, len(specs), {}, ConstantLink(1.0), 0.0).finish_s
 
-
-def with_floor(specs: Sequence[ShardSpec], floors: Sequence[float | None]) -> list[ShardSpec]:
-    return [replace(s, floor_mse=f) for s, f in zip(specs, floors)]

@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import os
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -487,17 +486,6 @@ class Store:
                 raise ObjectDamaged(f"object {ref.sha256}{what}: checksum mismatch (file {p} is damaged, "
                                     f"or a wrong `have`)")
         return data
-
-    # Old names, kept one release so branches written against them still run; use get_*.
-    def load_manifest(self, model_fingerprint: str, template_id: str) -> Manifest:
-        """Deprecated alias of ``get_manifest``."""
-        warnings.warn("Store.load_manifest is now Store.get_manifest", DeprecationWarning, stacklevel=2)
-        return self.get_manifest(model_fingerprint, template_id)
-
-    def read_object(self, ref: ObjectRef, *, verify: bool = True) -> bytes:
-        """Deprecated alias of ``get_object``."""
-        warnings.warn("Store.read_object is now Store.get_object", DeprecationWarning, stacklevel=2)
-        return self.get_object(ref, verify=verify)
 
     def _object_files(self) -> list[Path]:
         # Regular files only, never through a symlink (what serve can send): a symlinked object

@@ -82,7 +82,7 @@ def test_manifest_records_image_distortion_and_quality_floor(built):
 
     st = Store(built)
     (fp, tid), = st.manifest_keys()
-    m = st.load_manifest(fp, tid)
+    m = st.get_manifest(fp, tid)
     for s in m.shards:
         lossless, q8, rung0, rung1 = s.renditions
         assert lossless.distortion["image_mse"] == 0.0 and math.isinf(lossless.distortion["image_psnr_db"])
@@ -146,7 +146,7 @@ def test_default_ladder_fits_its_lowest_rung_to_the_template(tmp_path):
                 log=lambda s: None)
     st = Store(tmp_path)
     (fp, tid), = st.manifest_keys()
-    m = st.load_manifest(fp, tid)
+    m = st.get_manifest(fp, tid)
     budgets = m.tables[0].params["budgets"]
     assert budgets[0] == BASE_RUNG_BUDGETS[0] and budgets[-1] == 1.0 and budgets == sorted(budgets) and len(budgets) == 3
     assert [r.name for r in m.shards[0].renditions] == [f"progressive#{i}" for i in range(3)]

@@ -133,12 +133,12 @@ def test_damaged_object_is_an_integrity_error_on_both_sides(tmp_path):
         asyncio.run(asyncio.wait_for(remote(url), 30))
 
 
-def test_old_names_still_work_but_warn(store):
+def test_the_removed_old_names_are_gone(store):
     st = Store(store)
-    with pytest.warns(DeprecationWarning, match="get_manifest"):
-        m = st.load_manifest(FP, "tpl-000")
-    with pytest.warns(DeprecationWarning, match="get_object"):
-        assert st.read_object(m.template_ref.object) == st.get_object(m.template_ref.object)
+    for old in ("load_manifest", "read_object"):
+        assert not hasattr(st, old)
+    for old in ("fetch_index", "fetch_manifest"):
+        assert not hasattr(TemplateClient, old)
 
 
 # ----------------------------------------------------------------------- one atomic-write helper
