@@ -8,8 +8,9 @@ from sakura.client.client import (
     IntegrityError,
     NotFound,
     RedirectRefused,
+    RetryPolicy,
     TemplateClient,
 )
 
 __all__ = ["Chunk", "DeadlineExceeded", "FetchError", "FetchResult", "IntegrityError", "NotFound", "RedirectRefused",
-           "TemplateClient"]
+           "RetryPolicy", "TemplateClient"]

@@ -68,6 +68,23 @@ SMALL_FILE_DEADLINE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
+class RetryPolicy:
+    """The client's one retry policy, for manifests and objects alike: after a retryable failure
+    (connection dropped or refused, read timeout, short body) up to `retries` more attempts, the
+    n-th after min(max_delay_s, first_delay_s * 2 ** (n - 1)) seconds (0.04, 0.08, ... 0.64 s).
+    The pauses are short because every request also has an overall deadline: a link that keeps
+    failing ends as `DeadlineExceeded` (the runtime then computes locally), not a long wait."""
+
+    retries: int = 5
+    first_delay_s: float = 0.04
+    max_delay_s: float = 1.0
+
+    def delay_s(self, failures: int) -> float:
+        """Seconds to wait after the `failures`-th failed attempt (1-based)."""
+        return min(self.max_delay_s, self.first_delay_s * 2 ** (failures - 1))
+
+
+@dataclass(frozen=True)
 class Chunk:
     """One body chunk as it arrived: ``nbytes`` bytes between ``t_start`` and ``t_end``
     (``time.monotonic()`` seconds)."""
@@ -119,7 +136,8 @@ class TemplateClient:
         connect_timeout: seconds to establish a connection.
         read_timeout: seconds without any byte arriving before an attempt is abandoned (it is
             then resumed, up to ``max_retries`` attempts).
-        max_retries: attempts after the first, per object (resumes and reconnects together).
+        max_retries: attempts after the first, per manifest or object (resumes and reconnects
+            together), paced by `RetryPolicy`.
         chunk_bytes: largest chunk handed to ``on_chunk`` (bytes).
         max_connections: connection pool size (per host).
         min_rate_bps, max_deadline_s: every request has an overall deadline,
@@ -146,7 +164,8 @@ class TemplateClient:
         if u.query or u.fragment or u.username or u.password:
             raise ValueError("base_url must not carry a query, fragment or credentials")
         self.base_url = base_url.rstrip("/")
-        self.max_retries = int(max_retries)
+        self.retry = RetryPolicy(retries=int(max_retries))
+        self.max_retries = self.retry.retries
         self.chunk_bytes = int(chunk_bytes)
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=connect_timeout,
                                               sock_read=read_timeout)
@@ -160,6 +179,13 @@ class TemplateClient:
     def deadline_for(self, nbytes: int) -> float:
         """Overall seconds allowed to fetch ``nbytes`` (see the class docstring)."""
         return min(self.max_deadline_s, self._fixed_s + max(0, nbytes) / self.min_rate_bps)
+
+    async def _after_failure(self, failures: int, what: str, e: BaseException) -> None:
+        """`RetryPolicy`: raise `FetchError` once `failures` exceeds the retries, else pause."""
+        if failures > self.retry.retries:
+            raise FetchError(f"{what}: gave up after {failures} attempts ({e!r})") from e
+        log.debug("%s: attempt %d failed (%r); retrying", what, failures, e)
+        await asyncio.sleep(self.retry.delay_s(failures))
 
     def _check_redirect(self, r: aiohttp.ClientResponse, what: str) -> None:
         if 300 <= r.status < 400 and r.status != 304:
@@ -206,8 +232,8 @@ class TemplateClient:
 
     async def _get_small_loop(self, relpath: str, what: str) -> bytes:
         s = self._ensure_session()
-        last: BaseException | None = None
-        for attempt in range(self.max_retries + 1):
+        failures = 0
+        while True:
             try:
                 async with s.get(self._url(relpath), headers={"Accept": "application/json"},
                                  allow_redirects=False) as r:
@@ -229,9 +255,8 @@ class TemplateClient:
                         raise aiohttp.ClientPayloadError(f"{what}: body ended at {len(body)} of {r.content_length} bytes")
                     return bytes(body)
             except _RETRYABLE as e:
-                last = e
-                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
-        raise FetchError(f"{what}: gave up after {self.max_retries + 1} attempts ({last!r})")
+                failures += 1
+                await self._after_failure(failures, what, e)
 
     async def manifest_keys(self) -> list[tuple[str, str]]:
         """``(model_fingerprint, template_id)`` pairs the server's ``index.json`` lists."""
@@ -321,8 +346,7 @@ class TemplateClient:
         h = hashlib.sha256(have)
         etag: str | None = None
         res = FetchResult(data=b"", t_request=time.monotonic(), t_first_byte=float("nan"), t_done=float("nan"))
-        attempt = 0
-        last: BaseException | None = None
+        attempt = 0  # failed attempts so far
         while len(buf) < stop:
             headers = {"Accept": "application/octet-stream", "Accept-Encoding": "identity"}
             ranged = len(buf) > 0 or not whole
@@ -376,13 +400,8 @@ class TemplateClient:
                 # aiohttp flags a short body as ClientPayloadError; this guards servers that don't.
                 raise aiohttp.ClientPayloadError(f"body ended at {len(buf)} of {stop} bytes")
             except _RETRYABLE as e:
-                last = e
                 attempt += 1
-                if attempt > self.max_retries:
-                    raise FetchError(f"object {ref.sha256}: gave up after {attempt} attempts at byte "
-                                     f"{len(buf)} of {stop} ({last!r})") from e
-                log.debug("object %s: attempt %d failed at byte %d (%r); resuming", ref.sha256[:12], attempt, len(buf), e)
-                await asyncio.sleep(min(1.0, 0.02 * 2**attempt))
+                await self._after_failure(attempt, f"object {ref.sha256} (at byte {len(buf)} of {stop})", e)
         res.t_done = time.monotonic()
         if h.hexdigest() != digest:
             raise IntegrityError(f"object {ref.sha256}: bytes [0, {stop}) hash to {h.hexdigest()}, manifest says "

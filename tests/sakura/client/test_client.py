@@ -114,6 +114,37 @@ def test_gives_up_after_max_retries(ours, store):
         run(go())
 
 
+def test_one_retry_policy_for_manifests_and_objects(store, monkeypatch):
+    """Manifests and objects retry under the same RetryPolicy: the same number of attempts and
+    the same pauses (recorded, not timed) against a port nobody listens on."""
+    import socket
+
+    from sakura.client import RetryPolicy
+
+    assert [RetryPolicy().delay_s(n) for n in range(1, 7)] == [0.04, 0.08, 0.16, 0.32, 0.64, 1.0]
+    ref = Store(store).get_manifest(FP, "tpl-000").shards[0].rendition("fp16").object
+    with socket.socket() as sock:  # a free port, closed again: connections are refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    pauses: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def record(s, *a, **k):
+        pauses.append(s)
+        await real_sleep(0)
+
+    monkeypatch.setattr("sakura.client.client.asyncio.sleep", record)
+
+    async def go(call):
+        async with TemplateClient(f"http://127.0.0.1:{port}", max_retries=3) as c:
+            await call(c)
+    for call in (lambda c: c.manifest_keys(), lambda c: c.fetch_object(ref)):
+        pauses.clear()
+        with pytest.raises(FetchError, match="gave up after 4 attempts"):
+            run(go(call))
+        assert pauses == [0.04, 0.08, 0.16]
+
+
 def test_integrity_error_on_corrupt_server_copy(store, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(store, bad)
