@@ -263,35 +263,10 @@ def proxy_in_thread(start, name: str = "sakura-proxy", timeout_s: float = 30.0) 
     """Run an asyncio proxy on its own event loop in a daemon thread, for synchronous callers
     (benchmarks, tests). `start()` is a coroutine returning the started proxy, which must have
     an async `close()`; yields the proxy. A failure to start is raised here."""
-    import threading
+    from sakura.aiothread import running_in_thread
 
-    loop = asyncio.new_event_loop()
-    box: dict = {}
-    ready = threading.Event()
-
-    def main() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            box["px"] = loop.run_until_complete(start())
-        except BaseException as e:  # surfaced to the caller
-            box["error"] = e
-            ready.set()
-            return
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(box["px"].close())
-        loop.close()
-
-    th = threading.Thread(target=main, daemon=True, name=name)
-    th.start()
-    ready.wait(timeout_s)
-    if "error" in box:
-        raise box["error"]
-    try:
-        yield box["px"]
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        th.join(timeout_s)
+    with running_in_thread(start, lambda px: px.close(), name=name, timeout_s=timeout_s) as px:
+        yield px
 
 
 @contextlib.contextmanager
