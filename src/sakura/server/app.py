@@ -25,13 +25,7 @@ from typing import AsyncIterator, Iterator
 
 from aiohttp import web, web_protocol, web_server
 
-from sakura.server.ranges import (
-    RangeError,
-    RangeNotSatisfiable,
-    if_none_match_hits,
-    if_range_allows,
-    parse_range,
-)
+from sakura.server.ranges import RangeError, RangeNotSatisfiable, byte_range, if_none_match_hits, if_range_allows
 from sakura.store.layout import INDEX_URL, MANIFEST_URL_RE, OBJECT_URL_RE
 from sakura.store.store import open_in_store
 
@@ -302,16 +296,15 @@ def _open_regular(root: Path, relpath: str) -> tuple[int, os.stat_result] | None
 
 def _range_or_error(request: web.Request, size: int, etag: str) -> tuple[int, int, bool] | web.Response:
     """(start, stop, partial) or an error response. Range is ignored under a failing If-Range."""
-    hdr = request.headers.get("Range")
-    if hdr is None or not if_range_allows(request.headers.get("If-Range"), etag):
+    if not if_range_allows(request, etag):
         return 0, size, False
     try:
-        start, stop = parse_range(hdr, size)
+        rng = byte_range(request, size)
     except RangeNotSatisfiable as e:
         return _text(416, f"range not satisfiable: {e}", **{"Content-Range": f"bytes */{size}", "ETag": etag})
     except RangeError as e:
         return _text(400, f"bad Range header: {e}")
-    return start, stop, True
+    return (0, size, False) if rng is None else (*rng, True)
 
 
 async def _serve_object(request: web.Request, root: Path, res: _Resource) -> tuple[web.StreamResponse, int, int]:
@@ -324,7 +317,7 @@ async def _serve_object(request: web.Request, root: Path, res: _Resource) -> tup
         size = st.st_size
         etag = f'"{path.name}"'
         common = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": _OBJECT_CACHE_CONTROL}
-        if if_none_match_hits(request.headers.get("If-None-Match"), etag):
+        if if_none_match_hits(request, etag):
             return web.Response(status=304, headers=common), 304, 0
         r = _range_or_error(request, size, etag)
         if isinstance(r, web.Response):
@@ -376,7 +369,7 @@ async def _serve_small(request: web.Request, root: Path, res: _Resource) -> tupl
         body = f.read()  # one snapshot: atomic renames mean we read either old or new, whole
     etag = '"' + hashlib.sha256(body).hexdigest() + '"'
     common = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": _MANIFEST_CACHE_CONTROL}
-    if if_none_match_hits(request.headers.get("If-None-Match"), etag):
+    if if_none_match_hits(request, etag):
         return web.Response(status=304, headers=common), 304, 0
     r = _range_or_error(request, len(body), etag)
     if isinstance(r, web.Response):
@@ -441,35 +434,11 @@ async def running_server(store_root: str | os.PathLike[str], **kw) -> AsyncItera
 def serve_in_thread(store_root: str | os.PathLike[str], **kw) -> Iterator[str]:
     """Run the server on its own event loop in a daemon thread; yields the base URL. For tests
     and tools whose own code is synchronous or runs on another loop."""
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box: dict = {}
+    from sakura.aiothread import running_in_thread
 
-    def main() -> None:
-        asyncio.set_event_loop(loop)
-        loop.set_exception_handler(_exception_handler)
-        try:
-            box["runner"], box["url"] = loop.run_until_complete(start_server(store_root, **kw))
-        except BaseException as e:  # surface startup errors in the caller's thread
-            box["error"] = e
-            ready.set()
-            return
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(box["runner"].cleanup())
-        loop.close()
-
-    th = threading.Thread(target=main, name="sakura-serve", daemon=True)
-    th.start()
-    if not ready.wait(30):
-        raise RuntimeError("server thread did not start within 30 s")
-    if "error" in box:
-        raise box["error"]
-    try:
-        yield box["url"]
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        th.join(10)
+    with running_in_thread(lambda: start_server(store_root, **kw), lambda started: started[0].cleanup(),
+                           name="sakura-serve", exception_handler=_exception_handler) as (_, url):
+        yield url
 
 
 def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8080,

@@ -1,10 +1,22 @@
-"""HTTP conditional and Range header logic (RFC 9110), pure functions: no I/O, testable alone."""
+"""HTTP conditional and Range headers (RFC 9110) on aiohttp's own parsers.
+
+aiohttp parses the headers (`request.http_range`, `request.if_none_match`, `request.if_range`);
+this module keeps only the decisions the server makes with them: which bytes of an object of
+known size to send (or why not: 400 / 416), whether an If-None-Match hits (304) and whether an
+If-Range lets a Range through. No I/O.
+"""
 
 from __future__ import annotations
 
 import re
 
-_RANGE_RE = re.compile(r"bytes=(\d{0,19})-(\d{0,19})")
+from aiohttp import hdrs, web
+
+#: Largest offset a Range may name (an object is far smaller; bigger numbers are malformed, not
+#: merely unsatisfiable, and are not worth turning into huge ints)
+MAX_OFFSET = 2**63 - 1
+#: "bytes=-0": aiohttp reads a zero suffix as "from byte 0"; RFC 9110 14.1.2 says it selects nothing
+_ZERO_SUFFIX = re.compile(r"(?i)bytes=-0+")
 
 
 class RangeError(ValueError):
@@ -15,62 +27,54 @@ class RangeNotSatisfiable(ValueError):
     """Well-formed range that selects no byte of the representation -> 416."""
 
 
-def parse_range(header: str, size: int) -> tuple[int, int]:
-    """Parse a single byte range against a representation of ``size`` bytes.
+def byte_range(request: web.BaseRequest, size: int) -> tuple[int, int] | None:
+    """The single byte range ``request`` asks of a ``size``-byte object: ``(start, stop)``, stop
+    exclusive, clamped to ``size``; None without a Range header.
 
-    Returns ``(start, stop)`` with ``stop`` exclusive, clamped to ``size``.
-    Accepts ``bytes=a-b``, ``bytes=a-`` and ``bytes=-n`` (last n bytes), whitespace-free.
-    Raises ``RangeError`` for anything else (other units, multiple ranges, ``b < a``) and
-    ``RangeNotSatisfiable`` when ``a >= size`` or ``n == 0`` or the object is empty.
+    Accepts ``bytes=a-b``, ``bytes=a-`` and ``bytes=-n`` (the last n bytes), whitespace-free.
+    Raises ``RangeError`` for anything else (other units, multiple ranges, ``b < a``, offsets past
+    2**63) and ``RangeNotSatisfiable`` when ``a >= size``, ``n == 0`` or the object is empty.
     """
-    h = header.strip()
-    if not h.startswith("bytes="):
-        raise RangeError(f"unsupported range unit in {header[:40]!r}: only 'bytes=' is supported")
-    if "," in h:
+    header = request.headers.get(hdrs.RANGE)
+    if header is None:
+        return None
+    if "," in header:
         # One range per request keeps responses simple (no multipart/byteranges); our client
         # never asks for more, and a resume needs exactly one.
         raise RangeError("multiple ranges are not supported: request one range per request")
-    m = _RANGE_RE.fullmatch(h)
-    if m is None:
-        raise RangeError(f"malformed range {header[:40]!r}: expected bytes=FIRST-LAST, bytes=FIRST- or bytes=-SUFFIX")
-    a, b = m.group(1), m.group(2)
-    if a == "" and b == "":
-        raise RangeError("malformed range 'bytes=-': needs a first byte or a suffix length")
-    if a == "":  # suffix range: the last n bytes
-        n = int(b)
+    try:
+        rng = request.http_range
+    except ValueError as e:
+        raise RangeError(f"malformed range {header[:40]!r} ({e}): expected bytes=FIRST-LAST, bytes=FIRST- "
+                         f"or bytes=-SUFFIX") from None
+    start, stop = rng.start, rng.stop  # a suffix comes as a negative start; stop is exclusive
+    if abs(start) > MAX_OFFSET or (stop is not None and stop - 1 > MAX_OFFSET):
+        raise RangeError(f"malformed range {header[:40]!r}: offsets past 2**63")
+    if start < 0 or _ZERO_SUFFIX.fullmatch(header):
+        n = -start
         if n == 0 or size == 0:
             raise RangeNotSatisfiable(f"suffix range of {n} bytes selects nothing of a {size}-byte object")
         return max(0, size - n), size
-    start = int(a)
-    if b != "" and int(b) < start:
-        raise RangeError(f"malformed range {header[:40]!r}: last byte before first byte")
     if start >= size:
         raise RangeNotSatisfiable(f"range starts at byte {start} but the object has {size} bytes")
-    stop = size if b == "" else min(int(b) + 1, size)
-    return start, stop
+    return start, size if stop is None else min(stop, size)
 
 
-def _etags(header: str) -> list[str]:
-    return [t.strip() for t in header.split(",") if t.strip()]
-
-
-def if_none_match_hits(header: str | None, etag: str) -> bool:
-    """True if ``If-None-Match`` matches ``etag`` (weak comparison, ``*`` matches) -> 304."""
-    if header is None:
+def if_none_match_hits(request: web.BaseRequest, etag: str) -> bool:
+    """True if the request's If-None-Match matches ``etag`` (a quoted strong tag; weak comparison,
+    ``*`` matches) -> 304."""
+    tags = request.if_none_match
+    if not tags:
         return False
-    tags = _etags(header)
-    if "*" in tags:
-        return True
-    bare = etag.removeprefix("W/")
-    return any(t.removeprefix("W/") == bare for t in tags)
+    bare = etag.strip('"')
+    return any(t.value in ("*", bare) for t in tags)
 
 
-def if_range_allows(header: str | None, etag: str) -> bool:
-    """True if a Range may be honoured under ``If-Range`` (absent, or strong match of ``etag``).
-
-    A date in If-Range, or a weak/mismatched tag, means "send the whole thing" (RFC 9110 13.1.5).
-    """
+def if_range_allows(request: web.BaseRequest, etag: str) -> bool:
+    """True if a Range may be honoured under the request's If-Range: absent, or a strong match of
+    ``etag``. A date (aiohttp's ``if_range``: objects carry no Last-Modified to compare it with),
+    a weak or another tag means "send the whole thing" (RFC 9110 13.1.5)."""
+    header = request.headers.get(hdrs.IF_RANGE)
     if header is None:
         return True
-    h = header.strip()
-    return not h.startswith("W/") and h == etag
+    return request.if_range is None and header.strip() == etag
