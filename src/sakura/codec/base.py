@@ -16,6 +16,7 @@ is a separate `CodecTables` object, encoded once per template and passed to enco
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -25,6 +26,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError, create_model
 
 from . import bitstream as bs
 from .bitstream import CodecError, ShardId
@@ -481,11 +483,48 @@ def finite(out: "DecodedShard", codec: str) -> "DecodedShard":
     return out
 
 
+def _param_type(default: Any) -> Any:
+    """The strict type a parameter takes, from its default: a bool, an int, a number, a string,
+    or (a list default, e.g. budgets) one number or a list of numbers."""
+    if isinstance(default, bool):
+        return StrictBool
+    if isinstance(default, int):
+        return StrictInt
+    if isinstance(default, float):
+        return float  # strict: an int is a number too, a bool or a string is not
+    if isinstance(default, str):
+        return StrictStr
+    if isinstance(default, (list, tuple)):
+        return float | list[float]
+    return Any
+
+
+@functools.lru_cache(maxsize=None)
+def _params_model(codec: str, fields: tuple[tuple[str, str], ...]) -> type[BaseModel]:
+    defaults = dict(_PARAM_DEFAULTS[(codec, fields)])
+    return create_model(f"{codec}_params", __config__=ConfigDict(strict=True, extra="forbid", allow_inf_nan=False),
+                        **{k: (_param_type(v), v) for k, v in defaults.items()})
+
+
+_PARAM_DEFAULTS: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, Any]] = {}
+
+
 def check_params(params: dict[str, Any], allowed: dict[str, Any], codec: str) -> dict[str, Any]:
-    """Fill defaults and reject unknown parameter names."""
+    """Fill defaults and validate `params` against the schema `allowed` (name -> default) implies,
+    through a strict pydantic model (`_param_type`): unknown names, a bool for a number, a string
+    for an int, NaN or inf are errors (ValueError, one line); each codec then checks its ranges.
+    Returns the parameters as given, over the defaults."""
     unknown = set(params) - set(allowed)
     if unknown:
         raise ValueError(f"codec {codec!r}: unknown parameter(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+    key = (codec, tuple(sorted((k, type(v).__name__) for k, v in allowed.items())))
+    _PARAM_DEFAULTS.setdefault(key, dict(allowed))
+    try:
+        _params_model(*key).model_validate(params)
+    except ValidationError as e:
+        err = e.errors()[0]
+        name = ".".join(str(x) for x in err["loc"][:1])
+        raise ValueError(f"codec {codec!r}: parameter {name}={params.get(name)!r}: {err['msg'].lower()}") from None
     out = dict(allowed)
     out.update(params)
     return out

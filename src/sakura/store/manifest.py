@@ -6,7 +6,11 @@ the content-addressed object that holds the bytes. Shared codec tables and the s
 reference (what the phone needs to compute the KV locally, the ``local`` pseudo-rendition) are
 objects too. Every object is named by the sha256 of its bytes, which is also its checksum.
 
-Pure data + validation: no I/O, no dependency on the codec or the model adapter.
+Pure data + validation: no I/O, no dependency on the codec or the model adapter. The JSON's
+shape (required and unknown keys, strict types, sizes, string lengths) is a pydantic schema
+(`ManifestJSON` and its parts: strict, extra keys forbidden); what spans fields (digests, prefix
+within its object, token ranges, distortion consistency, table references) is checked on the
+dataclasses built from it. Errors are one `ManifestError` naming the field path.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Annotated, Any, Iterator, Literal, Mapping, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from sakura.psnr import psnr_db
 from sakura.store.layout import check_name, check_sha256, object_relpath
@@ -65,14 +71,6 @@ def _fail(where: str, msg: str) -> "ManifestError":
     return ManifestError(f"manifest field {where}: {msg}")
 
 
-def _get(d: Mapping[str, Any], key: str, where: str) -> Any:
-    if not isinstance(d, Mapping):
-        raise _fail(where, f"expected an object, got {type(d).__name__}")
-    if key not in d:
-        raise _fail(f"{where}.{key}" if where else key, "missing")
-    return d[key]
-
-
 def _int(v: Any, where: str, lo: int = 0) -> int:
     # bool is an int subclass in Python; a JSON true is not a size.
     if not isinstance(v, int) or isinstance(v, bool) or v < lo:
@@ -80,26 +78,112 @@ def _int(v: Any, where: str, lo: int = 0) -> int:
     return v
 
 
-def _str(v: Any, where: str, *, max_len: int = 256) -> str:
-    if not isinstance(v, str) or not v or len(v) > max_len:
-        raise _fail(where, f"expected a non-empty string of at most {max_len} chars, got {v!r}")
+# ------------------------------------------------------------------------------ the JSON schema
+def _sha256(v: str) -> str:
+    check_sha256(v, "sha256")
     return v
 
 
-def _params(v: Any, where: str) -> dict[str, Any]:
-    if not isinstance(v, Mapping):
-        raise _fail(where, f"expected an object of codec parameters, got {type(v).__name__}")
-    try:  # must round-trip through strict JSON (no NaN, only JSON types)
-        json.dumps(v, allow_nan=False, sort_keys=True)
-    except (TypeError, ValueError) as e:
-        raise _fail(where, f"not plain JSON: {e}") from None
-    return dict(v)
+def _plain_json(v: dict[str, Any]) -> dict[str, Any]:
+    json.dumps(v, allow_nan=False, sort_keys=True)  # only JSON types, no NaN (raises ValueError/TypeError)
+    return v
 
 
-def _known_keys(d: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    extra = set(d) - allowed
-    if extra:
-        raise _fail(where or "<root>", f"unknown keys {sorted(extra)} (schema v{SCHEMA_VERSION} allows {sorted(allowed)})")
+Count = Annotated[StrictInt, Field(ge=0)]
+Sha256 = Annotated[StrictStr, AfterValidator(_sha256)]
+Name = Annotated[StrictStr, Field(min_length=1, max_length=128)]
+CodecName = Annotated[StrictStr, Field(min_length=1, max_length=64)]
+PlainJSON = Annotated[dict[StrictStr, Any], AfterValidator(_plain_json)]
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class ObjectRefJSON(_Schema):
+    sha256: Sha256
+    bytes: Count
+
+
+class PrefixJSON(_Schema):
+    bytes: Annotated[StrictInt, Field(ge=1)]
+    sha256: Sha256
+
+
+class RenditionJSON(_Schema):
+    name: Name
+    codec: CodecName
+    params: PlainJSON
+    object: ObjectRefJSON
+    distortion: dict[StrictStr, Any]  # metric -> number; semantics in _distortion
+    tables: list[Name]
+    prefix: PrefixJSON | None = None
+
+
+class QualityFloorJSON(_Schema):
+    reference: Name
+    image_mse: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class ShardJSON(_Schema):
+    index: Count
+    layer: Count
+    tokens: Annotated[list[Count], Field(min_length=2, max_length=2)]
+    fp16_bytes: Count
+    renditions: Annotated[list[RenditionJSON], Field(min_length=1)]
+    quality_floor: QualityFloorJSON | None = None
+
+
+class TableJSON(_Schema):
+    name: Name
+    codec: CodecName
+    params: PlainJSON
+    object: ObjectRefJSON
+
+
+class TemplateRefJSON(_Schema):
+    object: ObjectRefJSON
+    media_type: Name
+
+
+class ManifestJSON(_Schema):
+    schema_: Literal["sakura.manifest"] = Field(alias="schema")
+    schema_version: Literal[1]
+    model_fingerprint: Name
+    template_id: Name
+    template_ref: TemplateRefJSON
+    kv_layout: PlainJSON
+    tables: list[TableJSON]
+    shards: list[ShardJSON]
+
+
+S = TypeVar("S", bound=_Schema)
+
+
+def _path(where: str, loc: tuple) -> str:
+    out = where
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<root>"
+
+
+def _validate(schema: type[S], d: Any, where: str) -> S:
+    """`d` (parsed JSON) checked against `schema`; the first problem as one `ManifestError`."""
+    try:
+        return schema.model_validate(d)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        loc, kind = tuple(err["loc"]), err["type"]
+        if kind == "extra_forbidden":
+            extra = sorted(str(x["loc"][-1]) for x in e.errors() if x["type"] == "extra_forbidden"
+                           and tuple(x["loc"][:-1]) == loc[:-1])
+            raise _fail(_path(where, loc[:-1]), f"unknown keys {extra} (not in schema v{SCHEMA_VERSION})") from None
+        if kind == "missing":
+            raise _fail(_path(where, loc), "missing") from None
+        if kind == "too_short" and err.get("ctx", {}).get("min_length") == 1:
+            raise _fail(_path(where, loc), "expected a non-empty list") from None
+        got = repr(err.get("input"))[:80]
+        raise _fail(_path(where, loc), f"{err['msg']} (got {got})") from None
 
 
 # ------------------------------------------------------------------------------------ data model
@@ -126,14 +210,8 @@ class ObjectRef:
         return {"sha256": self.sha256, "bytes": self.bytes}
 
     @classmethod
-    def from_json(cls, d: Any, where: str) -> "ObjectRef":
-        _known_keys(_require_obj(d, where), {"sha256", "bytes"}, where)
-        sha = _get(d, "sha256", where)
-        try:
-            check_sha256(sha, f"{where}.sha256")
-        except ValueError as e:
-            raise _fail(f"{where}.sha256", str(e)) from None
-        return cls(sha256=sha, bytes=_int(_get(d, "bytes", where), f"{where}.bytes"))
+    def _from_schema(cls, j: ObjectRefJSON) -> "ObjectRef":
+        return cls(sha256=j.sha256, bytes=j.bytes)
 
 
 #: Image-level distortion keys of a rendition (docs/codec.md): mean per-pixel MSE (pixels in [0, 1])
@@ -168,20 +246,6 @@ def _distortion(dist: Any, where: str) -> dict[str, float]:
     return out
 
 
-def _quality_floor(d: Any, where: str) -> dict[str, Any]:
-    """A shard's quality floor: {"reference": codec spec, "image_mse": MSE in [0, 1]}."""
-    _known_keys(_require_obj(d, where), {"reference", "image_mse"}, where)
-    mse = _get(d, "image_mse", where)
-    if not isinstance(mse, (int, float)) or isinstance(mse, bool) or not math.isfinite(mse) or not 0 <= mse <= 1:
-        raise _fail(f"{where}.image_mse", f"expected a per-pixel MSE in [0, 1], got {mse!r}")
-    return {"reference": _str(_get(d, "reference", where), f"{where}.reference", max_len=128), "image_mse": float(mse)}
-
-
-def _require_obj(d: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(d, Mapping):
-        raise _fail(where or "<root>", f"expected an object, got {type(d).__name__}")
-    return d
-
 
 @dataclass(frozen=True)
 class Prefix:
@@ -194,15 +258,6 @@ class Prefix:
     def to_json(self) -> dict[str, Any]:
         return {"bytes": self.bytes, "sha256": self.sha256}
 
-    @classmethod
-    def from_json(cls, d: Any, where: str) -> "Prefix":
-        _known_keys(_require_obj(d, where), {"bytes", "sha256"}, where)
-        sha = _get(d, "sha256", where)
-        try:
-            check_sha256(sha, f"{where}.sha256")
-        except ValueError as e:
-            raise _fail(f"{where}.sha256", str(e)) from None
-        return cls(bytes=_int(_get(d, "bytes", where), f"{where}.bytes", lo=1), sha256=sha)
 
 
 @dataclass(frozen=True)
@@ -254,26 +309,13 @@ class Rendition:
         return d
 
     @classmethod
-    def from_json(cls, d: Any, where: str) -> "Rendition":
-        _known_keys(_require_obj(d, where), {"name", "codec", "params", "object", "distortion", "tables", "prefix"},
-                    where)
-        dist = _distortion(_get(d, "distortion", where), f"{where}.distortion")
-        tables = _get(d, "tables", where)
-        if not isinstance(tables, list):
-            raise _fail(f"{where}.tables", "expected a list of table names")
-        obj = ObjectRef.from_json(_get(d, "object", where), f"{where}.object")
-        prefix = Prefix.from_json(d["prefix"], f"{where}.prefix") if d.get("prefix") is not None else None
+    def _from_schema(cls, j: RenditionJSON, where: str) -> "Rendition":
+        obj = ObjectRef._from_schema(j.object)
+        prefix = Prefix(bytes=j.prefix.bytes, sha256=j.prefix.sha256) if j.prefix is not None else None
         if prefix is not None and prefix.bytes > obj.bytes:
             raise _fail(f"{where}.prefix.bytes", f"{prefix.bytes} exceeds the object's {obj.bytes} bytes")
-        return cls(
-            name=_str(_get(d, "name", where), f"{where}.name", max_len=128),
-            codec=_str(_get(d, "codec", where), f"{where}.codec", max_len=64),
-            params=_params(_get(d, "params", where), f"{where}.params"),
-            object=obj,
-            distortion=dist,
-            tables=tuple(_str(t, f"{where}.tables[{i}]", max_len=128) for i, t in enumerate(tables)),
-            prefix=prefix,
-        )
+        return cls(name=j.name, codec=j.codec, params=dict(j.params), object=obj,
+                   distortion=_distortion(j.distortion, f"{where}.distortion"), tables=tuple(j.tables), prefix=prefix)
 
 
 @dataclass(frozen=True)
@@ -317,26 +359,20 @@ class Shard:
 
     @classmethod
     def from_json(cls, d: Any, where: str) -> "Shard":
-        _known_keys(_require_obj(d, where), {"index", "layer", "tokens", "fp16_bytes", "renditions", "quality_floor"},
-                    where)
-        tok = _get(d, "tokens", where)
-        if not (isinstance(tok, list) and len(tok) == 2):
-            raise _fail(f"{where}.tokens", f"expected [start, stop], got {tok!r}")
-        t0, t1 = _int(tok[0], f"{where}.tokens[0]"), _int(tok[1], f"{where}.tokens[1]")
+        """A shard's JSON, checked (`ShardJSON` and the token range); errors name `where`."""
+        return cls._from_schema(_validate(ShardJSON, d, where), where)
+
+    @classmethod
+    def _from_schema(cls, j: ShardJSON, where: str) -> "Shard":
+        t0, t1 = j.tokens
         if t1 <= t0:
             raise _fail(f"{where}.tokens", f"empty or reversed token range [{t0}, {t1})")
-        rends = _get(d, "renditions", where)
-        if not isinstance(rends, list) or not rends:
-            raise _fail(f"{where}.renditions", "expected a non-empty list")
-        return cls(
-            index=_int(_get(d, "index", where), f"{where}.index"),
-            layer=_int(_get(d, "layer", where), f"{where}.layer"),
-            tokens=(t0, t1),
-            fp16_bytes=_int(_get(d, "fp16_bytes", where), f"{where}.fp16_bytes"),
-            renditions=tuple(Rendition.from_json(r, f"{where}.renditions[{i}]") for i, r in enumerate(rends)),
-            quality_floor=(_quality_floor(d["quality_floor"], f"{where}.quality_floor")
-                           if d.get("quality_floor") is not None else None),
-        )
+        floor = j.quality_floor
+        return cls(index=j.index, layer=j.layer, tokens=(t0, t1), fp16_bytes=j.fp16_bytes,
+                   renditions=tuple(Rendition._from_schema(r, f"{where}.renditions[{i}]")
+                                    for i, r in enumerate(j.renditions)),
+                   quality_floor=({"reference": floor.reference, "image_mse": float(floor.image_mse)}
+                                  if floor is not None else None))
 
 
 @dataclass(frozen=True)
@@ -351,15 +387,6 @@ class Table:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "codec": self.codec, "params": self.params, "object": self.object.to_json()}
 
-    @classmethod
-    def from_json(cls, d: Any, where: str) -> "Table":
-        _known_keys(_require_obj(d, where), {"name", "codec", "params", "object"}, where)
-        return cls(
-            name=_str(_get(d, "name", where), f"{where}.name", max_len=128),
-            codec=_str(_get(d, "codec", where), f"{where}.codec", max_len=64),
-            params=_params(_get(d, "params", where), f"{where}.params"),
-            object=ObjectRef.from_json(_get(d, "object", where), f"{where}.object"),
-        )
 
 
 @dataclass(frozen=True)
@@ -373,13 +400,6 @@ class TemplateRef:
     def to_json(self) -> dict[str, Any]:
         return {"object": self.object.to_json(), "media_type": self.media_type}
 
-    @classmethod
-    def from_json(cls, d: Any, where: str) -> "TemplateRef":
-        _known_keys(_require_obj(d, where), {"object", "media_type"}, where)
-        return cls(
-            object=ObjectRef.from_json(_get(d, "object", where), f"{where}.object"),
-            media_type=_str(_get(d, "media_type", where), f"{where}.media_type", max_len=128),
-        )
 
 
 @dataclass(frozen=True)
@@ -474,28 +494,22 @@ class Manifest:
 
     @classmethod
     def from_json(cls, d: Any) -> "Manifest":
-        _known_keys(
-            _require_obj(d, ""),
-            {"schema", "schema_version", "model_fingerprint", "template_id", "template_ref", "kv_layout", "tables", "shards"},
-            "",
-        )
-        if d.get("schema") != SCHEMA:
+        """Parsed manifest JSON, checked against `ManifestJSON`, then across fields (`validate`)."""
+        if isinstance(d, Mapping) and d.get("schema") != SCHEMA:  # say first what the file is not
             raise _fail("schema", f"expected {SCHEMA!r}, got {d.get('schema')!r} (not a sakura manifest?)")
-        ver = _get(d, "schema_version", "")
-        if ver != SCHEMA_VERSION:
-            raise _fail("schema_version", f"this reader understands version {SCHEMA_VERSION}, got {ver!r}")
-        shards, tables = _get(d, "shards", ""), _get(d, "tables", "")
-        if not isinstance(shards, list):
-            raise _fail("shards", "expected a list")
-        if not isinstance(tables, list):
-            raise _fail("tables", "expected a list")
+        if isinstance(d, Mapping) and "schema_version" in d and d["schema_version"] != SCHEMA_VERSION:
+            raise _fail("schema_version", f"this reader understands version {SCHEMA_VERSION}, "
+                                          f"got {d['schema_version']!r}")
+        j = _validate(ManifestJSON, d, "")
         return cls(
-            model_fingerprint=_str(_get(d, "model_fingerprint", ""), "model_fingerprint", max_len=128),
-            template_id=_str(_get(d, "template_id", ""), "template_id", max_len=128),
-            template_ref=TemplateRef.from_json(_get(d, "template_ref", ""), "template_ref"),
-            shards=tuple(Shard.from_json(s, f"shards[{i}]") for i, s in enumerate(shards)),
-            tables=tuple(Table.from_json(t, f"tables[{i}]") for i, t in enumerate(tables)),
-            kv_layout=_params(_get(d, "kv_layout", ""), "kv_layout"),
+            model_fingerprint=j.model_fingerprint,
+            template_id=j.template_id,
+            template_ref=TemplateRef(object=ObjectRef._from_schema(j.template_ref.object),
+                                     media_type=j.template_ref.media_type),
+            shards=tuple(Shard._from_schema(s, f"shards[{i}]") for i, s in enumerate(j.shards)),
+            tables=tuple(Table(name=t.name, codec=t.codec, params=dict(t.params), object=ObjectRef._from_schema(t.object))
+                         for t in j.tables),
+            kv_layout=dict(j.kv_layout),
         )
 
     @classmethod
