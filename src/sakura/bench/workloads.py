@@ -2,8 +2,9 @@
 
 Every figure is a plain number with its public source beside it (`Workload.sources`,
 `PhoneLevel.source`); docs/workloads.md renders them as tables with the ceilings and the
-break-even bandwidth. Everything here is pure arithmetic on frozen dataclasses, so the simulator
-(`sakura.bench.e2e`) and the docs can read the same numbers.
+break-even bandwidth. Everything here is pure arithmetic on frozen dataclasses, so the phone
+profile simulation (`sakura.bench.profile`), the dilated live runs (`sakura.bench.dilated`) and
+the docs read the same numbers.
 
 Cost model (one phone, compute-bound, FLOPs / effective FLOP/s; SPEC "Where streaming can pay"):
 

@@ -5,9 +5,18 @@ Public API (see docs/codec.md):
     Codec.fit_tables(shards) -> CodecTables | None       (cloud, once per template)
     Codec.encode(shard, ident, tables) -> bytes
     Codec.decode(data, ident, tables) -> DecodedShard   (key, value, keep)
-    Codec.describe(shard, data, ident, tables, queries) -> RenditionReport
+    Codec.describe(shard, data, ident, tables=None, queries=None) -> RenditionReport
     decode_any(data, ident, tables)                     (dispatch on the codec named in the header)
-Codecs: lossless, uniform, sakura, layered, progressive, cachegen.
+    layered codecs (`supports_layers`): level_ends(data), decode_state / upgrade (rung by rung)
+Parameters are validated strictly (`base.check_params`: unknown names and wrong types raise).
+
+Codecs (registry names):
+    progressive  the progressive transform ladder, `sakura build`'s default (progressive.py)
+    layered      a nested-quantiser ladder, rungs as byte prefixes of one object (layered.py)
+    sakura       one importance-aware rendition at a bit budget (sakura.py)
+    cachegen     CacheGen's KV codec (SIGCOMM'24, as in LMCache), the baseline and quality floor
+    uniform      fixed-width int quantisation (`bits` 1..8, KIVI-style groups), no entropy coding
+    lossless     the stored bit patterns (fp32/fp16/bf16), optionally zstd; bit-exact
 """
 
 from .base import (Codec, CodecTables, DecodedShard, RenditionReport, ShardKV, UnknownCodecError, available_codecs,

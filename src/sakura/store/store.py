@@ -180,15 +180,22 @@ class RenditionInput:
 class StoreWriter:
     """Writes one template's objects and, on ``commit()``, its manifest. The build calls it::
 
-        with StoreWriter(store_dir, model_fingerprint=fp, template_id="frame-gold") as w:
-            w.set_template_ref(latent_bytes, media_type="application/x-sakura-latent")
-            w.add_table("ans/layer0", codec="ans", data=table_bytes)
-            for layer in range(n_layers):
-                w.add_shard(layer=layer, tokens=(0, n_tokens), fp16_bytes=2 * n_tokens * width * 2,
-                            renditions=[RenditionInput("int8", "q8", q8_bytes, {"group": 64},
-                                                       {"kv_rel_mse": 3e-4}), ...])
-            w.set_kv_layout({"layers": n_layers, "tokens": n_tokens, "heads": h, "head_dim": d})
-        # leaving the block without an exception commits (manifest written last, atomically)
+        codec = codec_from_spec("progressive")                 # sakura.codec; 3 rungs per shard
+        tables = codec.fit_tables(shards)                       # shards: one ShardKV per layer
+        with StoreWriter(store_dir, model_fingerprint=fp, template_id="look-00") as w:
+            w.set_template_ref(png_bytes, media_type="image/png")   # sakura.store.template_ref
+            w.add_table("progressive", codec="progressive", data=tables.to_bytes(ShardId(fp, tfp, -1)),
+                        params=codec.params)
+            for i, shard in enumerate(shards):
+                data = codec.encode(shard, ShardId(fp, tfp, i), tables)   # one object, rungs = prefixes
+                w.add_shard(layer=i, tokens=(0, n_tokens), fp16_bytes=shard.fp16_bytes, renditions=[
+                    RenditionInput(f"progressive#{r}", "progressive", data, tables=["progressive"],
+                                   prefix_bytes=end, distortion={"image_mse": mse[i][r],
+                                                                 "image_psnr_db": psnr_db(mse[i][r])})
+                    for r, end in enumerate(codec.level_ends(data))])
+            w.set_kv_layout({"layers": len(shards), "tokens": n_tokens, "heads": h, "head_dim": d})
+        # leaving the block without an exception commits (manifest written last, atomically);
+        # sakura.build.pipeline.build_store is the real caller
 
     Objects are written as they are added (bounded memory: the writer keeps only references).
     Rebuilding with the same inputs rewrites nothing (same object names, byte-identical manifest).
