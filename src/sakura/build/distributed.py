@@ -176,10 +176,8 @@ def _check_inputs(model_name: str, names: Sequence[str], ladder: Sequence[str]) 
     for spec in ladder:
         codec_from_spec(spec)
     model = load_model(model_name)
-    size = getattr(getattr(model, "cfg", None), "image_size", None)
-    if size is not None:
-        for n in names:
-            get_template(n, size)
+    for n in names:  # every model load_model gives is an ImageTemplateEditModel: it has cfg.image_size
+        get_template(n, model.cfg.image_size)
     return model.fingerprint()
 
 

@@ -105,7 +105,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     model = load_model(model_name)  # every adapter has the image-level API (ImageTemplateEditModel's calls)
     size = int(model.cfg.image_size)
     model_fp = model.fingerprint()
-    if not templates and getattr(model, "template_conditioning", "task") != "task":
+    if not templates and model.template_conditioning != "task":
         from sakura.build.template_files import TemplateSpecError
 
         raise TemplateSpecError([f"{model_name} has no bundled templates: give --library FILE or "
@@ -198,7 +198,7 @@ def resolve_templates(model: Any, templates: Sequence[Any]) -> list[tuple[str, A
     from sakura.tasks import TASK_NAMES, get_template
 
     size = int(model.cfg.image_size)
-    conditioning = getattr(model, "template_conditioning", "task")
+    conditioning = model.template_conditioning
     problems, lib = [], []
     for t in templates:
         if isinstance(t, TemplateSpec):
@@ -213,7 +213,7 @@ def resolve_templates(model: Any, templates: Sequence[Any]) -> list[tuple[str, A
             problems.append(f"--template {t}: {e} (or give ID=IMAGE for your own image)")
     specs = [t for t in templates if isinstance(t, TemplateSpec)]
     try:
-        validate_specs(specs, conditioning=conditioning, max_images=int(getattr(model, "max_template_images", 1)),
+        validate_specs(specs, conditioning=conditioning, max_images=model.max_template_images,
                        tasks=TASK_NAMES, existing_ids=[t.name for t in lib])
     except TemplateSpecError as e:
         problems += e.problems
