@@ -30,6 +30,25 @@ from pathlib import Path
 from typing import Iterator
 
 
+#: The same client bounds in the origin's and the edge's http block.
+_CLIENT_BOUNDS = """    # Hostile clients (docs/faults/hostile.md): nginx's own bounds, written out rather than left
+    # implicit. A client has client_header_timeout to send its whole request head (slow-header
+    # connections are closed, 408), an idle keep-alive connection lives keepalive_timeout, a
+    # stalled reader send_timeout; worker_connections (events) caps open connections per worker.
+    # sakura serve's equivalents: sakura.server.app.ConnectionLimits.
+    client_header_timeout 10s;
+    client_body_timeout 10s;
+    keepalive_timeout 15s;
+    send_timeout 30s;
+    reset_timedout_connection on;
+"""
+
+
+def _temp_paths(pre: str) -> str:
+    """Every nginx temp path under the run's prefix (nothing outside it is written)."""
+    return "".join(f"    {kind}_temp_path {pre}/{kind};\n" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+
+
 def nginx_config(store_root: str | os.PathLike[str], *, port: int, prefix: str | os.PathLike[str],
                  host: str = "127.0.0.1", user: str | None = None) -> str:
     """Complete ``nginx.conf`` text: foreground, one worker, everything (pid, logs, temp paths)
@@ -51,24 +70,9 @@ http {{
     sendfile on;
     tcp_nopush on;
     # no client addresses in the access log (privacy: the log holds no user data)
-    # Hostile clients (docs/faults/hostile.md): nginx's own bounds, written out rather than left
-    # implicit. A client has client_header_timeout to send its whole request head (slow-header
-    # connections are closed, 408), an idle keep-alive connection lives keepalive_timeout, a
-    # stalled reader send_timeout; worker_connections (events) caps open connections per worker.
-    # sakura serve's equivalents: sakura.server.app.ConnectionLimits.
-    client_header_timeout 10s;
-    client_body_timeout 10s;
-    keepalive_timeout 15s;
-    send_timeout 30s;
-    reset_timedout_connection on;
-    log_format sakura '$request_method $uri $status $body_bytes_sent $request_time';
+{_CLIENT_BOUNDS}    log_format sakura '$request_method $uri $status $body_bytes_sent $request_time';
     access_log {pre}/access.log sakura;
-    client_body_temp_path {pre}/client_body;
-    proxy_temp_path {pre}/proxy;
-    fastcgi_temp_path {pre}/fastcgi;
-    uwsgi_temp_path {pre}/uwsgi;
-    scgi_temp_path {pre}/scgi;
-    max_ranges 1;
+{_temp_paths(pre)}    max_ranges 1;
     server {{
         listen {host}:{port};
         server_name _;
@@ -133,24 +137,9 @@ http {{
     sendfile on;
     tcp_nopush on;
     # no client addresses (privacy); the cache status shows what the origin was spared
-    # Hostile clients (docs/faults/hostile.md): nginx's own bounds, written out rather than left
-    # implicit. A client has client_header_timeout to send its whole request head (slow-header
-    # connections are closed, 408), an idle keep-alive connection lives keepalive_timeout, a
-    # stalled reader send_timeout; worker_connections (events) caps open connections per worker.
-    # sakura serve's equivalents: sakura.server.app.ConnectionLimits.
-    client_header_timeout 10s;
-    client_body_timeout 10s;
-    keepalive_timeout 15s;
-    send_timeout 30s;
-    reset_timedout_connection on;
-    log_format edge '$request_method $uri $status $body_bytes_sent $request_time $upstream_cache_status';
+{_CLIENT_BOUNDS}    log_format edge '$request_method $uri $status $body_bytes_sent $request_time $upstream_cache_status';
     access_log {pre}/access.log edge;
-    client_body_temp_path {pre}/client_body;
-    proxy_temp_path {pre}/proxy;
-    fastcgi_temp_path {pre}/fastcgi;
-    uwsgi_temp_path {pre}/uwsgi;
-    scgi_temp_path {pre}/scgi;
-    proxy_cache_path {pre}/cache levels=1:2 keys_zone=edge:16m max_size={cache_max_bytes} inactive=30d use_temp_path=off;
+{_temp_paths(pre)}    proxy_cache_path {pre}/cache levels=1:2 keys_zone=edge:16m max_size={cache_max_bytes} inactive=30d use_temp_path=off;
     upstream origin {{ server {u.hostname}:{u.port}; keepalive 32; }}
     max_ranges 1;
     # only what the phone may ask for reaches the origin: GET/HEAD, no body, no cookies, fixed paths
