@@ -530,5 +530,10 @@ def bench_scale_model(
         log=typer.echo)
 
 
+from sakura.clihelp import reflow_help  # noqa: E402  (after the last command: it rewrites their help)
+
+reflow_help(app)
+
+
 def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry
     app(argv)
