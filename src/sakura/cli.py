@@ -196,9 +196,48 @@ def templates(
     typer.echo(format_templates(items))
 
 
+def _regenerate_results(*_args, **_kwargs) -> None:
+    """After a benchmark that wrote into ./docs (run from the repository root): regenerate
+    docs/results.md from the JSON, so the results page follows every rerun (sakura.bench.results)."""
+    page = Path("docs/results.md")
+    if not page.is_file():
+        return
+    stamp = page.stat().st_mtime
+    if not any(p.stat().st_mtime > stamp for p in Path("docs").rglob("*.json")):
+        return  # this run wrote nothing under docs/ (e.g. --out elsewhere)
+    from sakura.bench.results import write
+
+    changed, problems = write(Path("docs"), page)
+    if changed:
+        typer.echo(f"regenerated {page}" + (f" (not readable: {', '.join(problems)})" if problems else ""))
+
+
 bench_app = typer.Typer(help="Benchmarks: every method on the same model, task, photo and trace, in one run.",
-                        no_args_is_help=True)
+                        no_args_is_help=True, result_callback=_regenerate_results)
 app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("results")
+def bench_results(
+    docs: Path = typer.Option(Path("docs"), help="Folder the benchmarks wrote their JSON into."),
+    out: Optional[Path] = typer.Option(None, help="The page to write (default DOCS/results.md)."),
+    check: bool = typer.Option(False, help="Write nothing; exit 1 if the page differs from what the JSON gives."),
+) -> None:
+    """Regenerate docs/results.md from the JSON every benchmark writes: each table with the command that reproduces it."""
+    from sakura.bench.results import render, write
+
+    page = out or docs / "results.md"
+    if check:
+        text, problems = render(docs)
+        if not page.is_file() or page.read_text() != text:
+            typer.echo(f"{page} is stale: run `./dev sakura bench results`", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{page} is up to date" + (f"; not readable: {', '.join(problems)}" if problems else ""))
+        return
+    changed, problems = write(docs, page)
+    typer.echo(f"{'wrote' if changed else 'unchanged:'} {page}")
+    for p in problems:
+        typer.echo(f"warning: section '{p}': its JSON is missing or unreadable (see the page)", err=True)
 
 
 @bench_app.command("codec")
