@@ -28,3 +28,39 @@ def klein_folder(tmp_path_factory):
     from sakura.models.klein_tiny import write_tiny_klein_folder
 
     return write_tiny_klein_folder(tmp_path_factory.mktemp("klein"))
+
+
+# Integration tests: they start real services (a Ray cluster, nginx, HTTP servers and live edits
+# through them, `sakura edit` subprocesses) or run a benchmark end to end. They stay in the default
+# suite and in CI; `./dev test -m 'not slow and not integration'` is the quick run (-m replaces the
+# default 'not slow'). Listed here, in one place, rather than in each file: (path under tests/,
+# substring of the test's name or "" for the whole file). A stale entry fails at collection.
+INTEGRATION = [
+    ("sakura/store/test_distributed.py", ""),          # Ray cluster
+    ("sakura/server/test_edge.py", ""),                # nginx edge
+    ("sakura/server/test_scale_smoke.py", ""),         # nginx origin + edge, scale model
+    ("sakura/server/test_load_smoke.py", "test_load_benchmark_smoke"),  # `sakura serve` subprocess + load bench
+    ("sakura/server/test_serve_cli.py", ""),           # `sakura serve` subprocess
+    ("sakura/client/test_client.py", "[nginx]"),       # the client against stock nginx
+    ("sakura/client/test_edit_privacy.py", ""),        # real `sakura edit` subprocesses
+    ("sakura/client/test_edit_hostile.py", ""),        # real `sakura edit` subprocesses vs hostile servers
+    ("sakura/link/test_hostile_bench.py", ""),         # faults bench
+    ("sakura/codec/test_bench_smoke.py", ""),          # codec bench
+    ("sakura/bench/test_decode_rates.py", "test_run_writes_rows"),  # decode bench
+    ("sakura/test_bench_commands.py", ""),             # the benches moved out of docs/ and argparse
+    ("sakura/runtime/test_live.py", ""),               # live edits through a server and the pacer
+    ("sakura/runtime/test_edit_cli.py", ""),           # `sakura edit`, live e2e bench, profile simulation
+    ("sakura/models/test_flux2mini_pipeline.py", ""),  # build + serve + streamed edit
+    ("sakura/store/test_build_klein.py", ""),          # build + serve + streamed Klein edit
+]
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+_stale = [p for p, _ in INTEGRATION if not os.path.isfile(os.path.join(_TESTS, p))]
+if _stale:
+    raise RuntimeError(f"tests/conftest.py INTEGRATION lists files that do not exist: {_stale}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
+        if any(rel == p and sub in item.name for p, sub in INTEGRATION):
+            item.add_marker(pytest.mark.integration)
