@@ -23,6 +23,7 @@ def invoke(*args: str):
     return res
 
 
+@pytest.mark.slow  # builds a store with 10 renditions and probes each shard's distortion: 1-4 min on 2 busy cores
 def test_both_models_one_model_one_template(tmp_path):
     invoke("both-models", "--out", str(tmp_path), "--model", "sakura-mini", "--template", "look-00")
     data = json.loads((tmp_path / "both_models.json").read_text())
@@ -59,7 +60,7 @@ def test_speed_one_round(tmp_path):
 
 def test_klein_e2e_tiny(tmp_path):
     out = tmp_path / "k.json"
-    invoke("klein-e2e", "--out", str(out), "--size", "16", "--steps", "1")
+    invoke("klein-e2e", "--out", str(out), "--size", "32", "--steps", "2")  # 16 px: one token, no importance
     res = json.loads(out.read_text())
     assert set(res["templates"]) == {"sun", "sun-and-moon"}
     assert res["templates"]["sun-and-moon"]["references"] == 2
