@@ -64,3 +64,59 @@ def pytest_collection_modifyitems(config, items):
         rel = os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
         if any(rel == p and sub in item.name for p, sub in INTEGRATION):
             item.add_marker(pytest.mark.integration)
+
+
+# ---------------------------------------------------------------- shared model fixtures
+TINY_FLUX2_PX = 16
+
+
+def _make_tiny_flux2(seed=0, **overrides):
+    """Tiny random flux2-mini (16 px, 4 px patches, width 32, 1 double + 2 single blocks); the
+    zero-initialised output head is randomised so the output depends on every input."""
+    from sakura.models.flux2mini import Flux2MiniConfig, Flux2MiniDiT
+
+    cfg = Flux2MiniConfig(**{"image_size": TINY_FLUX2_PX, "patch_size": 4, "dim": 32, "heads": 2, "double_layers": 1,
+                             "single_layers": 2, "text_dim": 16, **overrides})
+    torch.manual_seed(seed)
+    m = Flux2MiniDiT(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    m.invalidate_fingerprint()
+    return m.eval()
+
+
+@pytest.fixture(scope="session")
+def make_tiny_flux2():
+    """Factory of tiny random flux2-mini models: make_tiny_flux2(seed=0, **config overrides)."""
+    return _make_tiny_flux2
+
+
+@pytest.fixture(scope="session")
+def tiny_images():
+    """images(n, seed) -> (n, 3, 16, 16) uniform random pixels, the tiny flux2-mini's size."""
+    return lambda n, seed: torch.rand(n, 3, TINY_FLUX2_PX, TINY_FLUX2_PX, generator=torch.Generator().manual_seed(seed))
+
+
+class RecordingSource:
+    """A TemplateKVSource that logs ("layer", i) when the model requests layer i, next to a
+    block-execution log, so a test can check each layer is pulled when its block runs."""
+
+    def __init__(self, kv, log: list):
+        self.kv, self.log = kv, log
+        self.model_fingerprint, self.template_fingerprint = kv.model_fingerprint, kv.template_fingerprint
+        self.layout, self.positions = kv.layout, kv.positions
+
+    @property
+    def num_layers(self):
+        return self.kv.num_layers
+
+    def layer(self, i):
+        self.log.append(("layer", i))
+        return self.kv.layer(i)
+
+
+@pytest.fixture(scope="session")
+def recording_source():
+    """The RecordingSource class: recording_source(kv, log)."""
+    return RecordingSource
