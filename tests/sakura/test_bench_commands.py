@@ -69,6 +69,7 @@ def test_klein_e2e_tiny(tmp_path):
         assert t["ladder_bytes"] < t["whole_bytes"]
 
 
+@pytest.mark.slow  # a Ray cluster start, warm-up and a build: 5 min at load 13 (test_distributed covers the executor)
 def test_build_scale_one_worker_one_template(tmp_path):
     pytest.importorskip("ray")
     out = tmp_path / "b.json"
