@@ -52,6 +52,10 @@ INTEGRATION = [
     ("sakura/runtime/test_edit_cli.py", ""),           # `sakura edit`, live e2e bench, profile simulation
     ("sakura/models/test_flux2mini_pipeline.py", ""),  # build + serve + streamed edit
     ("sakura/store/test_build_klein.py", ""),          # build + serve + streamed Klein edit
+    ("sakura/client/test_streamed_kv.py", ""),         # streamed edits over an emulated link
+    ("sakura/link/test_tc.py", ""),                    # tc tbf between network namespaces (root)
+    ("sakura/codec/test_decode_pool.py", "test_bench_writes"),  # decode bench
+    ("sakura/test_cli.py", "test_demo_end_to_end"),    # `sakura demo`: build, serve, live time-dilated edits
 ]
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 _stale = [p for p, _ in INTEGRATION if not os.path.isfile(os.path.join(_TESTS, p))]
