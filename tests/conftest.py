@@ -1,4 +1,6 @@
+import asyncio
 import os
+import time
 
 import pytest
 import torch
@@ -124,3 +126,38 @@ class RecordingSource:
 def recording_source():
     """The RecordingSource class: recording_source(kv, log)."""
     return RecordingSource
+
+
+# ---------------------------------------------------------------- timing relative to the machine
+class LoopLag:
+    """How late this event loop ran while a measurement ran: a probe sleeps 5 ms at a time and
+    sums how much later than asked it woke. On a loaded machine every emulated time is late by
+    about this much, so upper bounds add it (relative to the machine) instead of a fixed margin."""
+
+    STEP_S = 0.005
+
+    def __init__(self) -> None:
+        self.late: list[tuple[float, float]] = []   # (woke at, seconds late)
+
+    async def __aenter__(self) -> "LoopLag":
+        async def probe():
+            while True:
+                t = time.monotonic()
+                await asyncio.sleep(self.STEP_S)
+                now = time.monotonic()
+                self.late.append((now, max(0.0, now - t - self.STEP_S)))
+        self._task = asyncio.create_task(probe())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._task.cancel()
+
+    def between(self, t0: float, t1: float) -> float:
+        """Seconds of lateness the loop showed in [t0, t1] (monotonic clock), one probe step beyond."""
+        return sum(d for t, d in self.late if t0 <= t <= t1 + self.STEP_S) + self.STEP_S
+
+
+@pytest.fixture(scope="session")
+def loop_lag():
+    """The LoopLag class: `async with loop_lag() as lag: ...; lag.between(t0, t1)`."""
+    return LoopLag

@@ -103,35 +103,7 @@ def test_delivered_bytes_within_5pct_over_10s(troot):
         assert abs(got / want - 1) < 0.05, f"{spec}: delivered {got} B, trace allows {want:.0f} B"
 
 
-class LoopLag:
-    """How late this event loop ran while a measurement ran: a probe sleeps 5 ms at a time and
-    sums how much later than asked it woke. On a loaded machine every emulated time is late by
-    about this much, so upper bounds add it (relative to the machine) instead of a fixed margin."""
-
-    STEP_S = 0.005
-
-    def __init__(self) -> None:
-        self.late: list[tuple[float, float]] = []   # (woke at, seconds late)
-
-    async def __aenter__(self) -> "LoopLag":
-        async def probe():
-            while True:
-                t = time.monotonic()
-                await asyncio.sleep(self.STEP_S)
-                now = time.monotonic()
-                self.late.append((now, max(0.0, now - t - self.STEP_S)))
-        self._task = asyncio.create_task(probe())
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self._task.cancel()
-
-    def between(self, t0: float, t1: float) -> float:
-        """Seconds of lateness the loop showed in [t0, t1] (monotonic clock), one probe step beyond."""
-        return sum(d for t, d in self.late if t0 <= t <= t1 + self.STEP_S) + self.STEP_S
-
-
-def test_rtt_and_handshake_delay(troot):
+def test_rtt_and_handshake_delay(troot, loop_lag):
     """Unlimited link, 200 ms RTT: a new connection's first reply takes ~2 RTT (handshake + request),
     the next request on the same connection ~1 RTT."""
     async def echo(r, w):
@@ -143,7 +115,7 @@ def test_rtt_and_handshake_delay(troot):
     async def go():
         srv = await asyncio.start_server(echo, "127.0.0.1", 0)
         port = srv.sockets[0].getsockname()[1]
-        async with LoopLag() as lag, PacingProxy(("127.0.0.1", port), Link(None), rtt_s=0.2) as px:
+        async with loop_lag() as lag, PacingProxy(("127.0.0.1", port), Link(None), rtt_s=0.2) as px:
             t0 = time.monotonic()
             r, w = await asyncio.open_connection("127.0.0.1", px.port)
             w.write(b"ping")
@@ -173,7 +145,7 @@ def test_transfer_fn_is_pure_arithmetic():
     assert f(0.3, 0) == pytest.approx(0.5)  # an empty body still costs the RTT
 
 
-def test_emulated_fetch_matches_transfer_fn(troot):
+def test_emulated_fetch_matches_transfer_fn(troot, loop_lag):
     """The pure prediction the scheduler uses and the emulated link agree: a client fetching
     objects back to back over one connection through the proxy (Norway 3G, 80 ms RTT)."""
     from sakura.client import TemplateClient
@@ -192,7 +164,7 @@ def test_emulated_fetch_matches_transfer_fn(troot):
 
         async def go(url):
             link = Link(tr, offset_s=off, burst_bytes=0)
-            async with LoopLag() as lag, PacingProxy(_up(url), link, rtt_s=rtt) as px:
+            async with loop_lag() as lag, PacingProxy(_up(url), link, rtt_s=rtt) as px:
                 async with TemplateClient(px.url) as c:
                     await c.fetch_object(m.template_ref.object)  # opens the connection (handshake RTT)
                     out = []
