@@ -1,4 +1,6 @@
+import asyncio
 import os
+import time
 
 import pytest
 import torch
@@ -28,3 +30,134 @@ def klein_folder(tmp_path_factory):
     from sakura.models.klein_tiny import write_tiny_klein_folder
 
     return write_tiny_klein_folder(tmp_path_factory.mktemp("klein"))
+
+
+# Integration tests: they start real services (a Ray cluster, nginx, HTTP servers and live edits
+# through them, `sakura edit` subprocesses) or run a benchmark end to end. They stay in the default
+# suite and in CI; `./dev test -m 'not slow and not integration'` is the quick run (-m replaces the
+# default 'not slow'). Listed here, in one place, rather than in each file: (path under tests/,
+# substring of the test's name or "" for the whole file). A stale entry fails at collection.
+INTEGRATION = [
+    ("sakura/store/test_distributed.py", ""),          # Ray cluster
+    ("sakura/server/test_edge.py", ""),                # nginx edge
+    ("sakura/server/test_scale_smoke.py", ""),         # nginx origin + edge, scale model
+    ("sakura/server/test_load_smoke.py", "test_load_benchmark_smoke"),  # `sakura serve` subprocess + load bench
+    ("sakura/server/test_serve_cli.py", ""),           # `sakura serve` subprocess
+    ("sakura/client/test_client.py", "[nginx]"),       # the client against stock nginx
+    ("sakura/client/test_edit_privacy.py", ""),        # real `sakura edit` subprocesses
+    ("sakura/client/test_edit_hostile.py", ""),        # real `sakura edit` subprocesses vs hostile servers
+    ("sakura/link/test_hostile_bench.py", ""),         # faults bench
+    ("sakura/codec/test_bench_smoke.py", ""),          # codec bench
+    ("sakura/bench/test_decode_rates.py", "test_run_writes_rows"),  # decode bench
+    ("sakura/test_bench_commands.py", ""),             # the benches moved out of docs/ and argparse
+    ("sakura/runtime/test_live.py", ""),               # live edits through a server and the pacer
+    ("sakura/runtime/test_edit_cli.py", ""),           # `sakura edit`, live e2e bench, profile simulation
+    ("sakura/models/test_flux2mini_pipeline.py", ""),  # build + serve + streamed edit
+    ("sakura/store/test_build_klein.py", ""),          # build + serve + streamed Klein edit
+    ("sakura/client/test_streamed_kv.py", ""),         # streamed edits over an emulated link
+    ("sakura/link/test_tc.py", ""),                    # tc tbf between network namespaces (root)
+    ("sakura/codec/test_decode_pool.py", "test_bench_writes"),  # decode bench
+    ("sakura/test_cli.py", "test_demo_end_to_end"),    # `sakura demo`: build, serve, live time-dilated edits
+]
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+_stale = [p for p, _ in INTEGRATION if not os.path.isfile(os.path.join(_TESTS, p))]
+if _stale:
+    raise RuntimeError(f"tests/conftest.py INTEGRATION lists files that do not exist: {_stale}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = os.path.relpath(str(item.path), _TESTS).replace(os.sep, "/")
+        if any(rel == p and sub in item.name for p, sub in INTEGRATION):
+            item.add_marker(pytest.mark.integration)
+
+
+# ---------------------------------------------------------------- shared model fixtures
+TINY_FLUX2_PX = 16
+
+
+def _make_tiny_flux2(seed=0, **overrides):
+    """Tiny random flux2-mini (16 px, 4 px patches, width 32, 1 double + 2 single blocks); the
+    zero-initialised output head is randomised so the output depends on every input."""
+    from sakura.models.flux2mini import Flux2MiniConfig, Flux2MiniDiT
+
+    cfg = Flux2MiniConfig(**{"image_size": TINY_FLUX2_PX, "patch_size": 4, "dim": 32, "heads": 2, "double_layers": 1,
+                             "single_layers": 2, "text_dim": 16, **overrides})
+    torch.manual_seed(seed)
+    m = Flux2MiniDiT(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    m.invalidate_fingerprint()
+    return m.eval()
+
+
+@pytest.fixture(scope="session")
+def make_tiny_flux2():
+    """Factory of tiny random flux2-mini models: make_tiny_flux2(seed=0, **config overrides)."""
+    return _make_tiny_flux2
+
+
+@pytest.fixture(scope="session")
+def tiny_images():
+    """images(n, seed) -> (n, 3, 16, 16) uniform random pixels, the tiny flux2-mini's size."""
+    return lambda n, seed: torch.rand(n, 3, TINY_FLUX2_PX, TINY_FLUX2_PX, generator=torch.Generator().manual_seed(seed))
+
+
+class RecordingSource:
+    """A TemplateKVSource that logs ("layer", i) when the model requests layer i, next to a
+    block-execution log, so a test can check each layer is pulled when its block runs."""
+
+    def __init__(self, kv, log: list):
+        self.kv, self.log = kv, log
+        self.model_fingerprint, self.template_fingerprint = kv.model_fingerprint, kv.template_fingerprint
+        self.layout, self.positions, self.instruction = kv.layout, kv.positions, kv.instruction
+
+    @property
+    def num_layers(self):
+        return self.kv.num_layers
+
+    def layer(self, i):
+        self.log.append(("layer", i))
+        return self.kv.layer(i)
+
+
+@pytest.fixture(scope="session")
+def recording_source():
+    """The RecordingSource class: recording_source(kv, log)."""
+    return RecordingSource
+
+
+# ---------------------------------------------------------------- timing relative to the machine
+class LoopLag:
+    """How late this event loop ran while a measurement ran: a probe sleeps 5 ms at a time and
+    sums how much later than asked it woke. On a loaded machine every emulated time is late by
+    about this much, so upper bounds add it (relative to the machine) instead of a fixed margin."""
+
+    STEP_S = 0.005
+
+    def __init__(self) -> None:
+        self.late: list[tuple[float, float]] = []   # (woke at, seconds late)
+
+    async def __aenter__(self) -> "LoopLag":
+        async def probe():
+            while True:
+                t = time.monotonic()
+                await asyncio.sleep(self.STEP_S)
+                now = time.monotonic()
+                self.late.append((now, max(0.0, now - t - self.STEP_S)))
+        self._task = asyncio.create_task(probe())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._task.cancel()
+
+    def between(self, t0: float, t1: float) -> float:
+        """Seconds of lateness the loop showed in [t0, t1] (monotonic clock), one probe step beyond."""
+        return sum(d for t, d in self.late if t0 <= t <= t1 + self.STEP_S) + self.STEP_S
+
+
+@pytest.fixture(scope="session")
+def loop_lag():
+    """The LoopLag class: `async with loop_lag() as lag: ...; lag.between(t0, t1)`."""
+    return LoopLag

@@ -565,5 +565,10 @@ def report(
     typer.echo(f"wrote {out}")
 
 
+from sakura.clihelp import reflow_help  # noqa: E402  (after the last command: one line per paragraph at any width)
+
+reflow_help(app)
+
+
 def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry
     app(argv)

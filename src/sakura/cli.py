@@ -196,9 +196,48 @@ def templates(
     typer.echo(format_templates(items))
 
 
+def _regenerate_results(*_args, **_kwargs) -> None:
+    """After a benchmark that wrote into ./docs (run from the repository root): regenerate
+    docs/results.md from the JSON, so the results page follows every rerun (sakura.bench.results)."""
+    page = Path("docs/results.md")
+    if not page.is_file():
+        return
+    stamp = page.stat().st_mtime
+    if not any(p.stat().st_mtime > stamp for p in Path("docs").rglob("*.json")):
+        return  # this run wrote nothing under docs/ (e.g. --out elsewhere)
+    from sakura.bench.results import write
+
+    changed, problems = write(Path("docs"), page)
+    if changed:
+        typer.echo(f"regenerated {page}" + (f" (not readable: {', '.join(problems)})" if problems else ""))
+
+
 bench_app = typer.Typer(help="Benchmarks: every method on the same model, task, photo and trace, in one run.",
-                        no_args_is_help=True)
+                        no_args_is_help=True, result_callback=_regenerate_results)
 app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("results")
+def bench_results(
+    docs: Path = typer.Option(Path("docs"), help="Folder the benchmarks wrote their JSON into."),
+    out: Optional[Path] = typer.Option(None, help="The page to write (default DOCS/results.md)."),
+    check: bool = typer.Option(False, help="Write nothing; exit 1 if the page differs from what the JSON gives."),
+) -> None:
+    """Regenerate docs/results.md from the JSON every benchmark writes: each table with the command that reproduces it."""
+    from sakura.bench.results import render, write
+
+    page = out or docs / "results.md"
+    if check:
+        text, problems = render(docs)
+        if not page.is_file() or page.read_text() != text:
+            typer.echo(f"{page} is stale: run `./dev sakura bench results`", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{page} is up to date" + (f"; not readable: {', '.join(problems)}" if problems else ""))
+        return
+    changed, problems = write(docs, page)
+    typer.echo(f"{'wrote' if changed else 'unchanged:'} {page}")
+    for p in problems:
+        typer.echo(f"warning: section '{p}': its JSON is missing or unreadable (see the page)", err=True)
 
 
 @bench_app.command("codec")
@@ -279,14 +318,36 @@ def bench_isolation(
         typer.echo(f"wrote {out}")
 
 
-@bench_app.command("load", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-                   add_help_option=False)
-def bench_load(ctx: typer.Context) -> None:
-    """Server load: N concurrent phones fetching different templates from `sakura serve` or nginx on
-    127.0.0.1 (throughput, shard latency p50/p99, server CPU and RSS). Options: `sakura bench load --help`."""
-    from sakura.bench.load import main as load_main
+@bench_app.command("load")
+def bench_load(
+    clients: str = typer.Option("1,8,32", help="Concurrency levels, comma-separated."),
+    server: str = typer.Option("sakura", help="sakura (`sakura serve`) or nginx (stock nginx, the same store)."),
+    templates: int = typer.Option(32, min=1, help="Distinct templates in the synthetic store."),
+    layers: int = typer.Option(8, min=1, help="Shards per template."),
+    tokens: int = typer.Option(512, min=1, help="Tokens per shard (an fp16 shard is 4 x tokens x width bytes)."),
+    width: int = typer.Option(256, min=1, help="Channels per token."),
+    rounds: int = typer.Option(1000, min=1, help="Passes over its template per phone."),
+    max_seconds: float = typer.Option(8.0, min=0.1, help="Time bound per concurrency level."),
+    trace: Optional[str] = typer.Option(None, help="Every phone behind its own emulated link replaying this trace "
+                                        "(seeded start offsets), e.g. mahimahi_cellular/TMobile-LTE-driving.down."),
+    rtt_ms: float = typer.Option(0.0, min=0.0, help="Emulated RTT with --trace, ms."),
+    store: Optional[Path] = typer.Option(None, help="Build (or reuse) the store here (default: a temporary folder)."),
+    out: Optional[Path] = typer.Option(None, help="Write the results JSON here (docs/net_load_*.json)."),
+) -> None:
+    """Server load: N concurrent phones fetching different templates from `sakura serve` or nginx on 127.0.0.1: throughput, shard latency p50/p99, server CPU and RSS."""
+    from sakura.bench.load import run as run_load
 
-    res = load_main(list(ctx.args))
+    if server not in ("sakura", "nginx"):
+        typer.echo(f"error: --server must be sakura or nginx, got {server!r}", err=True)
+        raise typer.Exit(2)
+    try:
+        levels = [int(x) for x in clients.split(",")]
+    except ValueError:
+        typer.echo(f"error: --clients must be comma-separated integers, got {clients!r}", err=True)
+        raise typer.Exit(2) from None
+    res = run_load(clients=levels, server=server, templates=templates, layers=layers, tokens=tokens, width=width,
+                   rounds=rounds, max_seconds=max_seconds, trace=trace, rtt_ms=rtt_ms, store=store, out=out,
+                   log=typer.echo)
     if any(r["errors"] for r in res["results"]):
         raise typer.Exit(1)
 
@@ -409,6 +470,108 @@ def bench_profile(
     run_profile(out, workloads=workloads, phones=phones, families=families, offsets_per_trace=offsets_per_trace,
                 traces_per_family=traces_per_family or None, rtt_ms=rtt_ms, decode_workers=decode_workers or None,
                 model_name=model, seed=seed, log=typer.echo)
+
+
+@bench_app.command("both-models")
+def bench_both_models(
+    out: Path = typer.Option(Path("docs/codec"), help="Folder for both_models.json and both_models.md."),
+    model: Optional[list[str]] = typer.Option(None, help="Model (repeatable; default sakura-mini and flux2-mini)."),
+    template: Optional[list[str]] = typer.Option(None, help="Library template (repeatable; default look-00, "
+                                                 "texture-00, sticker-00)."),
+) -> None:
+    """Per-shard renditions on both bundled models: bits/value, the image PSNR with one shard replaced, and the decode rate."""
+    from sakura.bench.both_models import MODELS, TEMPLATES, run
+
+    run(out, models=model or MODELS, templates=template or TEMPLATES, log=typer.echo)
+
+
+@bench_app.command("importance")
+def bench_importance(
+    out: Optional[Path] = typer.Option(Path("docs/codec/importance_nested.txt"), help="Text file for the rows."),
+    task: Optional[list[str]] = typer.Option(None, help="Task (repeatable; default all three)."),
+    photos: int = typer.Option(6, min=1, help="Held-out test photos."),
+    steps: int = typer.Option(8, min=1, help="Sampler steps of each edit."),
+) -> None:
+    """Importance on vs off (none, attention mass, gradient sensitivity) on the nested ladder and the plain ECSQ rendition: bytes and image PSNR per rung."""
+    from sakura.bench.importance import run
+    from sakura.tasks import TASK_NAMES
+
+    bad = [t for t in task or () if t not in TASK_NAMES]
+    if bad:
+        typer.echo(f"error: unknown task {bad[0]!r} (one of {', '.join(TASK_NAMES)})", err=True)
+        raise typer.Exit(2)
+    run(out, tasks=task or TASK_NAMES, photos=photos, steps=steps, log=typer.echo)
+
+
+@bench_app.command("speed")
+def bench_speed(
+    model: Optional[list[str]] = typer.Option(None, help="Model (repeatable; default sakura-mini and flux2-mini)."),
+    template: str = typer.Option("sticker-h0", help="Library template."),
+    rounds: int = typer.Option(3, min=1, help="Rounds, models interleaved (the median is reported)."),
+    steps: int = typer.Option(8, min=1, help="Sampler steps of each edit."),
+    out: Optional[Path] = typer.Option(None, help="Also write the figures as JSON here."),
+) -> None:
+    """On-device CPU timings of the bundled models side by side: template compute, edits with KV injected, EXTRACT and NOCACHE, and the runtime's per-layer profile."""
+    from sakura.bench.speed import MODELS, run
+
+    run(models=model or MODELS, template=template, rounds=rounds, steps=steps, out=out, log=typer.echo)
+
+
+@bench_app.command("klein-e2e")
+def bench_klein_e2e(
+    out: Optional[Path] = typer.Option(Path("docs/model-flux2/klein_e2e.json"), help="JSON file for the figures."),
+    size: int = typer.Option(32, min=16, help="Pixels per side."),
+    steps: int = typer.Option(4, min=1, help="Sampler steps."),
+) -> None:
+    """A tiny random FLUX.2 Klein pipeline end to end: own templates from a TOML file, build, serve, and a streamed edit at every rendition against the on-device edit."""
+    from sakura.bench.klein_e2e import run
+
+    run(out, size=size, steps=steps, log=typer.echo)
+
+
+@bench_app.command("build-scale")
+def bench_build_scale(
+    workers: Optional[list[int]] = typer.Option(None, min=1, help="Ray worker count (repeatable; default 1 and 2)."),
+    rounds: int = typer.Option(2, min=1, help="Alternating rounds per worker count."),
+    templates: int = typer.Option(12, min=1, help="Library templates per build, tasks interleaved."),
+    ladder: Optional[list[str]] = typer.Option(None, help="Codec spec (repeatable; default: `sakura build`'s)."),
+    calibration: int = typer.Option(2, min=1, help="Calibration photos."),
+    steps: int = typer.Option(4, min=1, help="Sampler steps of the calibration runs."),
+    out: Optional[Path] = typer.Option(None, help="Write the results JSON here (docs/scale_build.json)."),
+) -> None:
+    """`sakura build --executor ray` with 1 vs 2 (or more) Ray workers: build time, CPU obtained, and the same bytes in every store."""
+    from sakura.bench.build_scale import run
+
+    res = run(workers=workers or (1, 2), rounds=rounds, templates=templates, ladder=ladder, calibration=calibration,
+              steps=steps, out=out, log=typer.echo)
+    if not res["same_bytes_in_every_store"]:
+        raise typer.Exit(1)
+
+
+@bench_app.command("scale-model")
+def bench_scale_model(
+    out: Optional[Path] = typer.Option(None, help="Write the results JSON here (docs/scale_model.json)."),
+    plots: Optional[str] = typer.Option(None, help="Path prefix for the two PNGs, e.g. docs/scale."),
+    build_json: Path = typer.Option(Path("docs/scale_build.json"), help="`sakura bench build-scale` output."),
+    edge_seconds: float = typer.Option(6.0, min=0.1, help="Hot phase of the edge CPU measurement, s."),
+    edge_clients: int = typer.Option(16, min=1, help="Concurrent clients against the edge."),
+    edge_objects: int = typer.Option(256, min=1, help="1 MiB objects in the edge CPU measurement."),
+    crowd_phones: int = typer.Option(32, min=1, help="Concurrent phones through one edge."),
+    encode_tokens: int = typer.Option(1024, min=16, help="Tokens of the synthetic Klein-width layer."),
+    replot: Optional[Path] = typer.Option(None, help="Recompute the model and plots from this saved JSON "
+                                          "(no measuring)."),
+) -> None:
+    """Capacity model of a template library behind caching edges: encode cost, edge CPU per GB (stock nginx), a crowd through one edge, then the arithmetic and two plots."""
+    from sakura.bench.scale_model import run
+
+    run(out=out, plots_prefix=plots, build_json=build_json, edge_seconds=edge_seconds, edge_clients=edge_clients,
+        edge_objects=edge_objects, crowd_phones=crowd_phones, encode_tokens=encode_tokens, replot=replot,
+        log=typer.echo)
+
+
+from sakura.clihelp import reflow_help  # noqa: E402  (after the last command: it rewrites their help)
+
+reflow_help(app)
 
 
 def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry

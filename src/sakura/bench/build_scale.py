@@ -6,21 +6,20 @@ load: a long-lived cluster pays this once, not per build), build the same templa
 store, time it, shut the cluster down. Stores of every run are compared file by file (bytes).
 The machine's load average and this build's CPU use are recorded beside every figure.
 
-    python -m sakura.bench.build_scale [--workers 1,2] [--rounds 2] [--templates 12] [--out docs/scale_build.json]
+    sakura bench build-scale [--workers 1 --workers 2] [--rounds 2] [--templates 12] [--out docs/scale_build.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Sequence
 
 
 def _warm(seconds: float) -> int:
@@ -86,55 +85,44 @@ def run_one(workers: int, names: list[str], store: Path, ladder: list[str], cali
             "machine_busy_cores_during_build": cpu / wall, "loadavg_1min_before": load0, "loadavg_1min_after": load1}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per worker count")
-    ap.add_argument("--templates", type=int, default=12, help="templates per build (from the library, tasks interleaved)")
-    ap.add_argument("--ladder", action="append", default=None, help="codec spec (repeatable); default: build's default")
-    ap.add_argument("--calibration", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--out", default=None, help="write the results as JSON here")
-    a = ap.parse_args(argv)
-
+def run(workers: Sequence[int] = (1, 2), rounds: int = 2, templates: int = 12, ladder: Sequence[str] | None = None,
+        calibration: int = 2, steps: int = 4, out: Path | None = None, log: Callable[[str], None] = print) -> dict:
+    """Build `templates` library templates (tasks interleaved) with each worker count in `workers`,
+    `rounds` alternating rounds; write the JSON to `out` if given; returns it."""
     from sakura.build.pipeline import DEFAULT_LADDER
     from sakura.tasks import TASK_NAMES
 
-    per_task = -(-a.templates // len(TASK_NAMES))
-    names = [f"{t}-{i:02d}" for i in range(per_task) for t in TASK_NAMES][: a.templates]
-    ladder = a.ladder or list(DEFAULT_LADDER)
-    counts = [int(x) for x in a.workers.split(",")]
+    per_task = -(-templates // len(TASK_NAMES))
+    names = [f"{t}-{i:02d}" for i in range(per_task) for t in TASK_NAMES][:templates]
+    ladder = list(ladder or DEFAULT_LADDER)
+    counts = list(workers)
     work = Path(tempfile.mkdtemp(prefix="sakura-build-scale-"))
     runs, digests = [], {}
-    for r in range(a.rounds):
+    for r in range(rounds):
         for w in counts:
             store = work / f"w{w}-r{r}"
-            res = run_one(w, names, store, ladder, a.calibration, a.steps)
+            res = run_one(w, names, store, ladder, calibration, steps)
             res["round"] = r
             digests[store.name] = _tree_digest(store)
             runs.append(res)
-            print(f"round {r} workers {w}: {res['build_s']:.1f} s for {len(names)} templates "
+            log(f"round {r} workers {w}: {res['build_s']:.1f} s for {len(names)} templates "
                   f"({res['templates_per_s']:.2f}/s; task mean {res['task_s_mean']:.2f} s, "
                   f"{res['task_cpu_s_per_template']:.2f} CPU-s; tasks got {res['cores_obtained_by_tasks']:.2f} cores; machine busy "
                   f"{res['machine_busy_cores_during_build']:.2f} of {os.cpu_count()} cores; load "
                   f"{res['loadavg_1min_before']:.1f}->{res['loadavg_1min_after']:.1f}; ray init "
-                  f"{res['ray_init_s']:.1f} s, warm-up {res['warmup_s']:.1f} s)", flush=True)
+                  f"{res['ray_init_s']:.1f} s, warm-up {res['warmup_s']:.1f} s)")
     ref = next(iter(digests.values()))
     same = all(d == ref for d in digests.values())
     med = {w: statistics.median(x["build_s"] for x in runs if x["workers"] == w) for w in counts}
     speedup = {w: med[counts[0]] / med[w] for w in counts}
-    out = {"templates": names, "ladder": ladder, "calibration": a.calibration, "steps": a.steps,
+    result = {"templates": names, "ladder": ladder, "calibration": calibration, "steps": steps,
            "cpu_count": os.cpu_count(), "runs": runs, "median_build_s": med, "speedup_vs_first": speedup,
            "same_bytes_in_every_store": same, "files_per_store": len(ref),
            "bytes_per_store": sum((work / f"w{counts[0]}-r0" / k).stat().st_size for k in ref)}
-    print(f"median build s: {med}; speedup vs {counts[0]} worker(s): "
+    log(f"median build s: {med}; speedup vs {counts[0]} worker(s): "
           + ", ".join(f"{w}: {s:.2f}x" for w, s in speedup.items())
           + f"; same bytes in all {len(digests)} stores: {same}")
     shutil.rmtree(work, ignore_errors=True)
-    if a.out:
-        Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
-    return out
-
-
-if __name__ == "__main__":
-    sys.exit(0 if main()["same_bytes_in_every_store"] else 1)
+    if out is not None:
+        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+    return result

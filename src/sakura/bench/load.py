@@ -18,7 +18,6 @@ the server, not its ceiling. With ``--trace`` each phone sits behind its own ``P
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -30,6 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -190,40 +190,31 @@ async def level(url: str, templates: list[str], n: int, rounds: int, max_s: floa
             **({"first_error": counters["first_error"]} if "first_error" in counters else {})}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="sakura bench load", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--clients", default="1,8,32", help="comma-separated concurrency levels")
-    ap.add_argument("--server", default="sakura", choices=["sakura", "nginx"])
-    ap.add_argument("--templates", type=int, default=32, help="distinct templates in the store")
-    ap.add_argument("--layers", type=int, default=8, help="shards per template")
-    ap.add_argument("--tokens", type=int, default=512, help="tokens per shard (fp16 shard = 4*tokens*width B)")
-    ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=1000, help="passes over its template per phone")
-    ap.add_argument("--max-seconds", type=float, default=8.0, help="time bound per concurrency level")
-    ap.add_argument("--trace", default=None, help="put every phone behind its own emulated link replaying this "
-                    "trace (seeded start offsets), e.g. mahimahi_cellular/TMobile-LTE-driving.down")
-    ap.add_argument("--rtt-ms", type=float, default=0.0, help="emulated RTT with --trace, ms")
-    ap.add_argument("--store", type=Path, default=None, help="reuse/build the store here (default: temp dir)")
-    ap.add_argument("--out", type=Path, default=None, help="write results JSON here")
-    args = ap.parse_args(argv)
-
+def run(clients: Sequence[int] = (1, 8, 32), server: str = "sakura", templates: int = 32, layers: int = 8,
+        tokens: int = 512, width: int = 256, rounds: int = 1000, max_seconds: float = 8.0, trace: str | None = None,
+        rtt_ms: float = 0.0, store: Path | None = None, out: Path | None = None,
+        log: Callable[[str], None] = print) -> dict:
+    """One concurrency level per entry of `clients` against `server` (sakura or nginx) serving a
+    synthetic store; returns (and writes to `out`) the results."""
+    config = dict(clients=list(clients), server=server, templates=templates, layers=layers, tokens=tokens, width=width,
+                  rounds=rounds, max_seconds=max_seconds, trace=trace, rtt_ms=rtt_ms,
+                  store=None if store is None else str(store), out=None if out is None else str(out))
     with tempfile.TemporaryDirectory(prefix="sakura-load-") as tmp:
-        store = args.store or Path(tmp) / "store"
+        store = store or Path(tmp) / "store"
         t = time.monotonic()
-        templates = make_synthetic_store(store, templates=args.templates, layers=args.layers, tokens=args.tokens,
-                                         width=args.width, model_fingerprint=FP)
+        names = make_synthetic_store(store, templates=templates, layers=layers, tokens=tokens,
+                                     width=width, model_fingerprint=FP)
         st = Store(store).stats()
-        print(f"store: {args.templates} templates x {args.layers} shards, {st.object_bytes / 1e6:.1f} MB of objects "
-              f"(built in {time.monotonic() - t:.1f} s)", flush=True)
-        proc, url = start_server(args.server, store, Path(tmp))
+        log(f"store: {templates} templates x {layers} shards, {st.object_bytes / 1e6:.1f} MB of objects "
+              f"(built in {time.monotonic() - t:.1f} s)")
+        proc, url = start_server(server, store, Path(tmp))
         results = []
         try:
             idle_kib = _rss_kib(proc.pid)
-            for n in [int(x) for x in args.clients.split(",")]:
+            for n in clients:
                 cpu0 = _cpu_s(proc.pid)
                 with RssSampler(proc.pid) as rss:
-                    r = asyncio.run(level(url, templates, n, args.rounds, args.max_seconds,
-                                          args.trace, args.rtt_ms / 1e3))
+                    r = asyncio.run(level(url, names, n, rounds, max_seconds, trace, rtt_ms / 1e3))
                 r["server_cpu_s"] = _cpu_s(proc.pid) - cpu0
                 # server CPU per GB served: a figure the client-side bottleneck does not distort
                 r["server_cpu_s_per_GB"] = r["server_cpu_s"] / (r["bytes"] / 1e9) if r["bytes"] else float("nan")
@@ -231,24 +222,20 @@ def main(argv: list[str] | None = None) -> dict:
                 r["server_rss_idle_MiB"] = idle_kib / 1024
                 results.append(r)
                 cap = f" (links: {r['link_capacity_MBps']:.1f})" if "link_capacity_MBps" in r else ""
-                print(f"{args.server:6s} clients={n:3d}  {r['throughput_MBps']:8.1f} MB/s{cap}  "
+                log(f"{server:6s} clients={n:3d}  {r['throughput_MBps']:8.1f} MB/s{cap}  "
                       f"p50={r['shard_p50_ms']:7.1f} ms  p99={r['shard_p99_ms']:7.1f} ms  shards={r['shards']:5d}  "
                       f"errors={r['errors']}  server CPU {r['server_cpu_s_per_GB']:.2f} s/GB  RSS peak={r['server_rss_peak_MiB']:.1f} MiB "
-                      f"(idle {r['server_rss_idle_MiB']:.1f})", flush=True)
+                      f"(idle {r['server_rss_idle_MiB']:.1f})")
         finally:
             proc.terminate()
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    out = {"server": args.server, "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    result = {"server": server, "config": config,
            "object_bytes": st.object_bytes, "cpus": os.cpu_count(), "results": results}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
-    return out
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
-
-if __name__ == "__main__":
-    res = main()
-    sys.exit(1 if any(r["errors"] for r in res["results"]) else 0)

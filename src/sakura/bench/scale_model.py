@@ -13,22 +13,21 @@ Measures on this machine, then extrapolates with stated arithmetic:
 3. **Model**: bytes per edit per workload and rung, edits/s one edge serves at 10 Gbit/s (link- and
    CPU-bound), origin egress at a byte hit rate, storage for 10,000 templates x 2 models per
    ladder, build time per template and for the library on N workers (efficiency from
-   ``docs/scale_build.json``, written by python -m sakura.bench.build_scale).
+   ``docs/scale_build.json``, written by ``sakura bench build-scale``).
 
-    python -m sakura.bench.scale_model [--out docs/scale_model.json] [--plots docs/scale]
+    sakura bench scale-model [--out docs/scale_model.json] [--plots docs/scale]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 # --------------------------------------------------------------------------- named workloads
 #: Template KV shapes (public configs): Klein-4B per SPEC (FLUX.2-klein-4B: 25 attention layers,
@@ -308,53 +307,41 @@ def plots(res: dict, out_prefix: str) -> list[str]:
     return files
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--plots", default=None, help="path prefix for the PNGs (e.g. docs/scale)")
-    ap.add_argument("--build-json", default="docs/scale_build.json", help="sakura.bench.build_scale output")
-    ap.add_argument("--edge-seconds", type=float, default=6.0)
-    ap.add_argument("--edge-clients", type=int, default=16)
-    ap.add_argument("--edge-objects", type=int, default=256, help="1 MiB objects in the edge CPU measurement")
-    ap.add_argument("--crowd-phones", type=int, default=32)
-    ap.add_argument("--encode-tokens", type=int, default=1024, help="tokens of the synthetic Klein-width layer")
-    ap.add_argument("--replot", default=None, help="recompute the model and plots from a saved --out JSON (no measuring)")
-    a = ap.parse_args(argv)
-    if a.replot:  # recompute the model from saved measurements (+ the current build JSON), redraw
-        res = json.loads(Path(a.replot).read_text())
-        build = json.loads(Path(a.build_json).read_text()) if Path(a.build_json).exists() else None
+def run(out: Path | None = None, plots_prefix: str | None = None, build_json: Path = Path("docs/scale_build.json"),
+        edge_seconds: float = 6.0, edge_clients: int = 16, edge_objects: int = 256, crowd_phones: int = 32,
+        encode_tokens: int = 1024, replot: Path | None = None, log: Callable[[str], None] = print) -> dict:
+    """Measure (encode, edge CPU, crowd), model, plot; with `replot`, recompute the model and plots
+    from a saved result JSON without measuring."""
+    if replot is not None:  # recompute the model from saved measurements (+ the current build JSON), redraw
+        res = json.loads(Path(replot).read_text())
+        build = json.loads(Path(build_json).read_text()) if Path(build_json).exists() else None
         res["model"] = model(res["encode"], res["edge"], build)
-        res["plots"] = plots(res, a.plots or "docs/scale")
-        Path(a.replot).write_text(json.dumps(res, indent=1) + "\n")
+        res["plots"] = plots(res, plots_prefix or "docs/scale")
+        Path(replot).write_text(json.dumps(res, indent=1) + "\n")
         return res
-    enc = measure_encode(tokens=a.encode_tokens)
-    print(f"Klein-sized layer {enc['shape']}: {enc['cpu_s_per_layer']:.2f} CPU-s (fit {enc['fit_s']:.2f}, encode "
+    enc = measure_encode(tokens=encode_tokens)
+    log(f"Klein-sized layer {enc['shape']}: {enc['cpu_s_per_layer']:.2f} CPU-s (fit {enc['fit_s']:.2f}, encode "
           f"{enc['encode_s']:.2f}, distortion per rung {enc['describe_s']:.2f}); rungs "
           f"{[round(b, 3) for b in enc['rung_bits_per_value']]} bit/value; ladder {enc['ladder_fraction_of_fp16']:.3f} "
-          f"of fp16 with tables", flush=True)
-    edge = measure_edge(clients=a.edge_clients, hot_seconds=a.edge_seconds, objects=a.edge_objects)
-    print(f"edge: cold pass {edge['cold']['edge_cpu_s_per_GB']:.2f} CPU-s/GB ({edge['cold']['origin_requests']} origin "
+          f"of fp16 with tables")
+    edge = measure_edge(clients=edge_clients, hot_seconds=edge_seconds, objects=edge_objects)
+    log(f"edge: cold pass {edge['cold']['edge_cpu_s_per_GB']:.2f} CPU-s/GB ({edge['cold']['origin_requests']} origin "
           f"requests for {edge['objects']} objects); hot {edge['hot']['edge_cpu_s_per_GB']:.2f} CPU-s/GB at "
           f"{edge['hot']['MB_per_s']:.0f} MB/s, {edge['hot']['origin_requests']} origin requests; load "
-          f"{edge['loadavg_1min']:.1f}", flush=True)
-    crowd = measure_crowd(phones=a.crowd_phones)
-    print(f"crowd: {crowd['phones']} phones, {crowd['objects']} objects: {crowd['origin_requests']} origin requests "
+          f"{edge['loadavg_1min']:.1f}")
+    crowd = measure_crowd(phones=crowd_phones)
+    log(f"crowd: {crowd['phones']} phones, {crowd['objects']} objects: {crowd['origin_requests']} origin requests "
           f"(max {crowd['origin_requests_per_object_max']} per object), {crowd['errors']} errors, "
-          f"{crowd['bytes_verified'] / 1e6:.1f} MB sha256-verified in {crowd['seconds']:.1f} s", flush=True)
-    build = json.loads(Path(a.build_json).read_text()) if Path(a.build_json).exists() else None
+          f"{crowd['bytes_verified'] / 1e6:.1f} MB sha256-verified in {crowd['seconds']:.1f} s")
+    build = json.loads(Path(build_json).read_text()) if Path(build_json).exists() else None
     res = {"encode": enc, "edge": edge, "crowd": crowd, "model": model(enc, edge, build)}
     for r in res["model"]["workloads"]:
         e = r["edits"]
-        print(f"{r['workload']}: fp16 {r['fp16_bytes'] / 1e6:.0f} MB; per edit "
+        log(f"{r['workload']}: fp16 {r['fp16_bytes'] / 1e6:.0f} MB; per edit "
               + ", ".join(f"rung {x['rung']} {x['bytes_per_edit'] / 1e6:.1f} MB -> {x['edits_per_s_link']:.0f}/s" for x in e)
               + f"; storage (layered) {r['storage']['layered ladder'] / 1e12:.2f} TB; build {r['build_cpu_s_per_template']:.0f} CPU-s/template")
-    if a.plots:
-        res["plots"] = plots(res, a.plots)
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    if plots_prefix:
+        res["plots"] = plots(res, plots_prefix)
+    if out is not None:
+        Path(out).write_text(json.dumps(res, indent=1) + "\n")
     return res
-
-
-if __name__ == "__main__":
-    main()
-    sys.exit(0)

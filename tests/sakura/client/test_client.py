@@ -7,7 +7,6 @@ import hashlib
 import inspect
 import re
 import shutil
-import time
 
 import numpy as np
 import pytest
@@ -181,25 +180,26 @@ def test_not_found_and_bad_manifest(ours, tmp_path):
 
 
 def test_read_timeout_on_stalled_server():
+    attempts = []
+
     async def go():
         async def stall(r, w):
-            await r.read(1000)
-            await asyncio.sleep(30)  # never answers
+            attempts.append(await r.read(1000))
+            await asyncio.Event().wait()  # never answers: only the read timeout can end the request
         srv = await asyncio.start_server(stall, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
-        t0 = time.monotonic()
         try:
             async with TemplateClient(url, read_timeout=0.3, max_retries=1) as c:
                 with pytest.raises(FetchError, match="gave up"):
                     await c.get_manifest(FP, "tpl-000")
         finally:
             srv.close()
-        return time.monotonic() - t0
-    assert run(go()) < 3.0
+    run(go())  # (run's 60 s guard turns a missing timeout into a failure, not a hang)
+    assert len(attempts) == 2  # the first try and its one retry, each ended by the read timeout
 
 
 def test_cancel_abandoned_fetch_closes_connection(ours, store):
-    """A fetch over a 1 Mbit/s link is abandoned after 0.3 s: the task ends promptly, the
+    """A fetch over a 1 Mbit/s link is abandoned after 0.3 s: the task ends within a few event-loop turns, the
     connection is closed (the proxy sees it go), and the client keeps working."""
     m = Store(store).get_manifest(FP, "tpl-000")
     big = m.shards[0].rendition("fp16").object      # 256 KiB: ~2 s at 1 Mbit/s
@@ -211,11 +211,15 @@ def test_cancel_abandoned_fetch_closes_connection(ours, store):
             async with TemplateClient(px.url) as c:
                 task = asyncio.create_task(c.fetch_object(big))
                 await asyncio.sleep(0.3)
-                t0 = time.monotonic()
                 task.cancel()
+                # promptly = within a few event-loop turns (counted, not timed): the transfer would
+                # need ~1.7 s more of the link
+                turns = 0
+                while not task.done() and turns < 100:
+                    await asyncio.sleep(0)
+                    turns += 1
                 with pytest.raises(asyncio.CancelledError):
                     await task
-                cancel_s = time.monotonic() - t0
                 for _ in range(50):
                     if px.stats.active == 0:
                         break
@@ -223,25 +227,28 @@ def test_cancel_abandoned_fetch_closes_connection(ours, store):
                 closed = px.stats.active == 0
                 res = await c.fetch_object(small)  # client still usable
                 assert res.nbytes == small.bytes
-                return cancel_s, closed, px.stats.down_bytes
-    cancel_s, closed, down = run(go())
-    assert cancel_s < 0.1 and closed
+                return turns, closed, px.stats.down_bytes
+    turns, closed, down = run(go())
+    assert turns < 100 and closed
     assert down < 200_000  # the rest of the abandoned object was never sent
 
 
-def test_chunk_timing_measures_the_link(ours, store):
-    """Chunk reports give the bandwidth estimator the link's rate (8 Mbit/s here) within 10%."""
+def test_chunk_timing_measures_the_link(ours, store, loop_lag):
+    """Chunk reports give the bandwidth estimator the link's rate (8 Mbit/s here) within 10%, and
+    late by no more than the event loop itself ran late (a loaded machine)."""
     ref = Store(store).get_manifest(FP, "tpl-001").shards[2].rendition("fp16").object
 
     async def go():
         link = Link(Trace("8mbit", edges=np.array([0.0, 1000.0]), rate=np.array([1_000_000.0])))
-        async with PacingProxy(_upstream(ours), link) as px:
+        async with loop_lag() as lag, PacingProxy(_upstream(ours), link) as px:
             async with TemplateClient(px.url) as c:
-                return await c.fetch_object(ref)
-    res = run(go())
+                res = await c.fetch_object(ref)
+        return res, lag
+    res, lag = run(go())
     ch = res.chunks[1:]  # the first chunk includes the request's own latency
-    rate = sum(c.nbytes for c in ch) / (ch[-1].t_end - ch[0].t_start)
-    assert rate == pytest.approx(1_000_000, rel=0.10)
+    took, want = ch[-1].t_end - ch[0].t_start, sum(c.nbytes for c in ch) / 1_000_000
+    late = lag.between(ch[0].t_start, ch[-1].t_end)
+    assert 0.9 * want < took < 1.1 * want + late, (took, want, late)
 
 
 def test_client_only_ever_requests_public_objects(store):
@@ -398,7 +405,7 @@ def test_resume_after_mid_body_stall(store):
                     w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: \"e\"\r\n\r\n" % len(body))
                     w.write(body[: len(body) // 2])
                     await w.drain()
-                    await asyncio.sleep(30)
+                    await asyncio.Event().wait()  # silence for good: only the read timeout ends it
                 else:
                     a = int(rng.group(1))
                     w.write(b"HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\nContent-Range: bytes %d-%d/%d\r\n"
@@ -415,14 +422,12 @@ def test_resume_after_mid_body_stall(store):
         url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
         try:
             async with TemplateClient(url, read_timeout=0.3, max_retries=3) as c:
-                t0 = time.monotonic()
-                res = await c.fetch_object(ref)
-                return res, time.monotonic() - t0
+                return await c.fetch_object(ref)
         finally:
             srv.close()
-    res, dt = run(go())
+    res = run(go())
     assert res.data == body and res.resumes == 1
-    assert seen_ranges[:2] == [None, len(body) // 2] and dt < 3.0  # resumed exactly where it stopped
+    assert seen_ranges[:2] == [None, len(body) // 2]  # resumed exactly where it stopped
 
 
 def test_manifest_over_a_slow_link_arrives_whole(ours, store):

@@ -9,50 +9,19 @@ import torch
 from diffusers.models.transformers.transformer_flux2 import Flux2KVAttnProcessor, Flux2KVParallelSelfAttnProcessor
 
 from sakura.models import ImageTemplateEditModel, KVMode, LayerKV, TemplateKV, TemplateKVError, load_model
-from sakura.models.flux2mini import Flux2MiniConfig, Flux2MiniDiT, save_flux2_mini_weights
+from sakura.models.flux2mini import Flux2MiniDiT, save_flux2_mini_weights
 from sakura.models.mini import patchify
 
-S = 16
-
-
-def make_tiny_flux2(seed=0, **overrides) -> Flux2MiniDiT:
-    """Tiny random flux2-mini; the zero-initialised output head is randomised so the output depends
-    on every input."""
-    cfg = Flux2MiniConfig(**{"image_size": S, "patch_size": 4, "dim": 32, "heads": 2, "double_layers": 1,
-                             "single_layers": 2, "text_dim": 16, **overrides})
-    torch.manual_seed(seed)
-    m = Flux2MiniDiT(cfg)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    m.invalidate_fingerprint()
-    return m.eval()
+S = 16  # the tiny model's pixels per side (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(make_tiny_flux2):
     return make_tiny_flux2()
 
 
 def images(n, seed):
     return torch.rand(n, 3, S, S, generator=torch.Generator().manual_seed(seed))
-
-
-class RecordingSource:
-    """A TemplateKVSource that logs when each layer is requested, next to a block-execution log."""
-
-    def __init__(self, kv: TemplateKV, log: list):
-        self.kv, self.log = kv, log
-        self.model_fingerprint, self.template_fingerprint = kv.model_fingerprint, kv.template_fingerprint
-        self.layout, self.positions, self.instruction = kv.layout, kv.positions, kv.instruction
-
-    @property
-    def num_layers(self):
-        return self.kv.num_layers
-
-    def layer(self, i):
-        self.log.append(("layer", i))
-        return self.kv.layer(i)
 
 
 def block_log(transformer, log):
@@ -139,12 +108,12 @@ def test_template_layers_is_lazy_and_matches_extract(tiny):
     assert torch.equal(k0[0], kv.layers[0].key) and torch.equal(rest[-1][1][0], kv.layers[-1].value)
 
 
-def test_injection_pulls_each_layer_when_its_block_runs(tiny):
+def test_injection_pulls_each_layer_when_its_block_runs(tiny, recording_source):
     kv = tiny.extract_template_kv(images(1, 1), 2)
     log = []
     hooks = block_log(tiny.transformer, log)
     try:
-        tiny.edit(images(2, 2), template_kv=RecordingSource(kv, log), steps=2)
+        tiny.edit(images(2, 2), template_kv=recording_source(kv, log), steps=2)
     finally:
         for h in hooks:
             h.remove()
@@ -170,7 +139,7 @@ def test_keep_mask_and_perturbation_change_the_output(tiny):
     assert torch.allclose(tiny.edit(photo, template_kv=junk, steps=2).image, out_m, atol=1e-6)
 
 
-def test_bad_sources_and_inputs_rejected(tiny):
+def test_bad_sources_and_inputs_rejected(tiny, make_tiny_flux2):
     kv = tiny.extract_template_kv(images(1, 1), 1)
     photo = images(1, 2)
     other = make_tiny_flux2(seed=1)
@@ -200,7 +169,7 @@ def test_bad_sources_and_inputs_rejected(tiny):
         tiny.edit(photo, template=images(1, 1), mode="cahced")
 
 
-def test_weights_round_trip_and_registry(tmp_path):
+def test_weights_round_trip_and_registry(tmp_path, make_tiny_flux2):
     m = make_tiny_flux2(seed=2)
     path = save_flux2_mini_weights(m, tmp_path / "f.safetensors")
     loaded = load_model(f"flux2-mini:{path}")

@@ -14,11 +14,9 @@ from sakura.server import serve_in_thread
 from sakura.build.pipeline import build_store
 from sakura.tasks import get_template, heldout_photos
 
-from .test_flux2mini import make_tiny_flux2
-
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, make_tiny_flux2):
     root = tmp_path_factory.mktemp("store")
     weights = save_flux2_mini_weights(make_tiny_flux2(seed=4), root.parent / "flux2-tiny.safetensors")
     name = f"flux2-mini:{weights}"

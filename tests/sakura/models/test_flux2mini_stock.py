@@ -8,10 +8,7 @@ from sakura.models.flux2mini import Flux2MiniDiT
 from sakura.models.klein import ForwardSlot
 from sakura.training.loop import Recipe, new_state, train_step
 
-from .test_flux2mini import images, make_tiny_flux2
-
-
-def _captured(model: Flux2MiniDiT, template, photo):
+def _captured(model: Flux2MiniDiT, template, photo, images):
     n = model.cfg.tokens_per_image
     slot = ForwardSlot(num_template_tokens=n)
     with torch.no_grad():
@@ -19,20 +16,22 @@ def _captured(model: Flux2MiniDiT, template, photo):
     return slot.captured
 
 
-def test_stock_template_kv_depends_on_the_photo_and_isolation_removes_it():
+def test_stock_template_kv_depends_on_the_photo_and_isolation_removes_it(make_tiny_flux2, tiny_images):
+    images = tiny_images
     m = make_tiny_flux2(photo_reference=True, isolate_template=False)
     tmpl, p1, p2 = images(1, 1), images(1, 2), images(1, 3)
-    a, b = _captured(m, tmpl, p1), _captured(m, tmpl, p2)
+    a, b = _captured(m, tmpl, p1, images), _captured(m, tmpl, p2, images)
     assert max(float((ka - kb).abs().max()) for (ka, _), (kb, _) in zip(a, b)) > 1e-3   # layer 0 aside, they differ
     m.isolate_template = True
-    a, b = _captured(m, tmpl, p1), _captured(m, tmpl, p2)
+    a, b = _captured(m, tmpl, p1, images), _captured(m, tmpl, p2, images)
     assert all(torch.equal(ka, kb) and torch.equal(va, vb) for (ka, va), (kb, vb) in zip(a, b))
     # and the isolated in-sequence KV is the one the template alone gives (what a store caches)
     alone = m.template_stream(tmpl, 1)
     assert all(torch.allclose(ka, k, atol=1e-6) for (ka, _), (k, _) in zip(a, alone))
 
 
-def test_stock_model_isolated_edit_matches_the_cached_kv_edit_and_differs_from_stock():
+def test_stock_model_isolated_edit_matches_the_cached_kv_edit_and_differs_from_stock(make_tiny_flux2, tiny_images):
+    images = tiny_images
     m = make_tiny_flux2(photo_reference=True, isolate_template=False)
     tmpl, photo = images(1, 4), images(2, 5)
     kv = m.extract_template_kv(tmpl, 2)
@@ -45,7 +44,7 @@ def test_stock_model_isolated_edit_matches_the_cached_kv_edit_and_differs_from_s
     m.isolate_template = False
 
 
-def test_fingerprints_of_default_models_are_unchanged_by_the_new_fields():
+def test_fingerprints_of_default_models_are_unchanged_by_the_new_fields(make_tiny_flux2):
     a = make_tiny_flux2()
     b = make_tiny_flux2(photo_reference=True, isolate_template=False)
     from dataclasses import asdict

@@ -39,23 +39,8 @@ def test_load_model_from_a_saved_klein_folder_extracts_and_injects(klein_folder,
     assert load_model(f"klein:{klein_folder}").adapter.fingerprint() == adapter.fingerprint()
 
 
-class RecordingSource:
-    def __init__(self, kv, log):
-        self.kv, self.log = kv, log
-        self.model_fingerprint, self.template_fingerprint = kv.model_fingerprint, kv.template_fingerprint
-        self.positions, self.layout, self.instruction = kv.positions, kv.layout, kv.instruction
-
-    @property
-    def num_layers(self):
-        return self.kv.num_layers
-
-    def layer(self, i):
-        self.log.append(("layer", i))
-        return self.kv.layer(i)
-
-
 @pytest.mark.parametrize("with_photo", [False, True])
-def test_klein_injection_pulls_each_layer_when_its_block_runs(klein_folder, with_photo):
+def test_klein_injection_pulls_each_layer_when_its_block_runs(klein_folder, with_photo, recording_source):
     adapter = load_model(f"klein:{klein_folder}").adapter
     tr = adapter.transformer
     g = torch.Generator().manual_seed(0)
@@ -67,7 +52,7 @@ def test_klein_injection_pulls_each_layer_when_its_block_runs(klein_folder, with
     blocks = list(tr.transformer_blocks) + list(tr.single_transformer_blocks)
     hooks = [b.register_forward_pre_hook(lambda m, a, i=i: log.append(("block", i))) for i, b in enumerate(blocks)]
     try:
-        out = adapter.edit(photo, template_kv=RecordingSource(kv, log), prompt_embeds=prompt, steps=2)
+        out = adapter.edit(photo, template_kv=recording_source(kv, log), prompt_embeds=prompt, steps=2)
     finally:
         for h in hooks:
             h.remove()
