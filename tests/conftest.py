@@ -38,7 +38,7 @@ def klein_folder(tmp_path_factory):
 # default 'not slow'). Listed here, in one place, rather than in each file: (path under tests/,
 # substring of the test's name or "" for the whole file). A stale entry fails at collection.
 INTEGRATION = [
-    ("sakura/store/test_distributed.py", ""),          # Ray cluster
+    ("sakura/build/test_distributed.py", ""),          # Ray cluster
     ("sakura/server/test_edge.py", ""),                # nginx edge
     ("sakura/server/test_scale_smoke.py", ""),         # nginx origin + edge, scale model
     ("sakura/server/test_load_smoke.py", "test_load_benchmark_smoke"),  # `sakura serve` subprocess + load bench
@@ -53,7 +53,7 @@ INTEGRATION = [
     ("sakura/runtime/test_live.py", ""),               # live edits through a server and the pacer
     ("sakura/runtime/test_edit_cli.py", ""),           # `sakura edit`, live e2e bench, profile simulation
     ("sakura/models/test_flux2mini_pipeline.py", ""),  # build + serve + streamed edit
-    ("sakura/store/test_build_klein.py", ""),          # build + serve + streamed Klein edit
+    ("sakura/build/test_build_klein.py", ""),          # build + serve + streamed Klein edit
     ("sakura/client/test_streamed_kv.py", ""),         # streamed edits over an emulated link
     ("sakura/link/test_tc.py", ""),                    # tc tbf between network namespaces (root)
     ("sakura/codec/test_decode_pool.py", "test_bench_writes"),  # decode bench
