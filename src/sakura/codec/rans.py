@@ -446,7 +446,8 @@ def warm_up() -> float:
     sc, sl = np.array([0, 1], np.int32), np.array([2, 3], np.int64)
     w, c = encode(sym, sc, sl, m)
     decode(w, c, sc, sl, m)
-    from . import kernels
+    from . import fastdct, kernels
 
     kernels.warm_up()
+    fastdct.warm_up()
     return time.perf_counter() - t0
