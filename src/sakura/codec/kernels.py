@@ -203,6 +203,10 @@ def refine(mag, neg, starts, nz, counts, sym, m, g, low, signs):
         nbec += newv[k] > 0
     if nbec > (signs.size - 4) * 8:
         return 1
+    sv = np.empty(nbec + 1, np.uint8)        # the sign bits as bytes (one load in the merge)
+    for i in range(nbec):
+        sv[i] = (signs[_u(i >> 3)] >> (7 - (i & 7))) & 1
+    sv[nbec] = 0
     li = 0
     ki = 0
     si = 0
@@ -221,7 +225,7 @@ def refine(mag, neg, starts, nz, counts, sym, m, g, low, signs):
             r = lowv[_u(li)]
             v = newv[_u(ki)]
             became = nw * (v > 0)
-            sb = (signs[_u(si >> 3)] >> (7 - (si & 7))) & 1
+            sb = sv[_u(si)]
             # arithmetic blends, not selects: LLVM turns selects over loads back into branches
             mb[j] = sig * ((q << m) | r) + nw * v
             nb_[j] = sig * nb_[j] + became * sb
@@ -290,34 +294,39 @@ def cachegen_dequant(sym, amax, mx, out):
             o[t] = np.float32(sc[t] - mx) * scale[t]
 
 
-CG_TILE_T = 64    # tokens x channels per transposed tile of `cachegen_fp16` (4 KiB of float32)
-CG_TILE_C = 16
+CG_TILE_T = 256   # tokens x channels per tile of `cachegen_fp16` (the fp16 tile is 32 KiB, in L1)
+CG_TILE_C = 64
 
 
 @njit(nogil=True, cache=True)
 def cachegen_fp16(sym, amax, mx, lo, hi, out):
     """CacheGen, channels [lo, hi): (C, T) symbols (channel-major, as coded) -> fp16 bits of
-    (s - MAX) amax_t / MAX into out (T, C) uint16: `cachegen_dequant`'s float32 arithmetic, then
-    the transpose and the fp16 rounding through one L1 tile (the unfused path streamed a float32
-    (C, T) array, its transpose and the fp16 copy through memory)."""
+    (s - MAX) amax_t / MAX into out (T, C) uint16: `cachegen_dequant`'s float32 arithmetic and
+    the fp16 rounding along each channel's row (contiguous: vectorised) into an L1 tile, then the
+    tile transposed into place (the unfused path streamed a float32 (C, T) array, its transpose
+    and the fp16 copy through memory)."""
     C, T = sym.shape
     fmx = np.float32(mx)
     scale = np.empty(T, np.float32)
     for t in range(T):
         scale[t] = np.float32(amax[t]) / fmx
-    tile = np.empty((CG_TILE_T, CG_TILE_C), np.float32)
-    bits = tile.view(np.uint32)
+    row = np.empty(CG_TILE_T, np.float32)
+    rowb = row.view(np.uint32)
+    tile = np.empty((CG_TILE_C, CG_TILE_T), np.uint16)
     for c0 in range(lo, hi, CG_TILE_C):
         nc = min(CG_TILE_C, hi - c0)
         for t0 in range(0, T, CG_TILE_T):
             nt = min(CG_TILE_T, T - t0)
+            st = scale[t0:t0 + nt]
             for cc in range(nc):
                 sc = sym[c0 + cc, t0:t0 + nt]
-                st = scale[t0:t0 + nt]
                 for tt in range(nt):
-                    tile[tt, cc] = np.float32(sc[tt] - mx) * st[tt]
+                    row[tt] = np.float32(sc[tt] - mx) * st[tt]
+                to_fp16(row[:nt], rowb[:nt], tile[cc, :nt])
             for tt in range(nt):
-                to_fp16(tile[tt, :nc], bits[tt, :nc], out[t0 + tt, c0:c0 + nc])
+                o = out[t0 + tt, c0:c0 + nc]
+                for cc in range(nc):
+                    o[cc] = tile[cc, tt]
 
 
 @njit(nogil=True, cache=True, inline="always")
