@@ -384,3 +384,80 @@ def rate_for(rates: dict[tuple[str, int, int], float], rendition: str, tokens: i
                        f"{sorted({n for n, _, _ in rates})}")
     nearest = min(sizes, key=lambda t: abs(math.log(t / tokens)))
     return rates[(rendition, nearest, workers)]
+
+
+# ---------------------------------------------------------------------------------------------
+# old vs new decoder, side by side (a loaded machine slows both alike: compare ratios, not rates)
+
+_SIDE_SNIPPET = r"""
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+from sakura.bench.decode_rates import klein_layer
+from sakura.codec import ShardId, codec_from_spec
+from sakura.codec.rans import warm_up
+warm_up()
+specs, T, reps = json.loads(sys.argv[1])
+shard = klein_layer(T)
+ident = ShardId("bench", "klein", 5)
+res = {}
+for spec in specs:
+    c = codec_from_spec(spec)
+    tables = c.fit_tables([shard]) if c.uses_tables else None
+    data = c.encode(shard, ident, tables)
+    ends = c.level_ends(data) if c.supports_layers else [len(data)]
+    for rung, end in enumerate(ends):
+        name = f"{spec}#{rung}" if c.supports_layers else spec
+        c.decode(data[:end], ident, tables)
+        best = float("inf")
+        for _ in range(reps):
+            t = time.thread_time()
+            c.decode(data[:end], ident, tables)
+            best = min(best, time.thread_time() - t)
+        res[name] = [8 * end / shard.num_values, shard.fp16_bytes / best]
+print("RESULT " + json.dumps(res))
+"""
+
+
+def side_by_side(old_src: str | Path, specs: Sequence[str] = ("progressive", "cachegen:level=3", "cachegen:level=2",
+                                                               "cachegen:level=1"),
+                 tokens: Sequence[int] = TOKENS, rounds: int = 3, reps: int = 3,
+                 log: Callable[[str], None] = print) -> list[dict]:
+    """Per-core decode rate of the decoder in `old_src` (a `src` directory, e.g. `git archive` of
+    main) against this tree's, one process per tree, the two alternating `rounds` times (best per
+    rendition), so that a changing background load hits both alike. -> rows with both rates,
+    bits/value and the ratio; logs a markdown table with the load average."""
+    import subprocess
+    import sys
+
+    new_src = Path(__file__).resolve().parents[2]
+    rows = []
+    for T in tokens:
+        best: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
+        load0 = os.getloadavg()
+        for _ in range(rounds):
+            for tag, src in (("old", Path(old_src)), ("new", new_src)):
+                env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS="1")
+                out = subprocess.run([sys.executable, "-c", _SIDE_SNIPPET, json.dumps([list(specs), T, reps])],
+                                     env=env, capture_output=True, text=True, check=True).stdout
+                res = json.loads(out.split("RESULT ", 1)[1])
+                for name, (bpv, rate) in res.items():
+                    prev = best[tag].get(name)
+                    best[tag][name] = [bpv, max(rate, prev[1] if prev else 0.0)]
+        load1 = os.getloadavg()
+        log(f"\nside by side, {T} tokens, load average {load0[0]:.1f} -> {load1[0]:.1f} ({os.cpu_count()} CPUs)")
+        log("| rendition | bits/value old | bits/value new | old MB/s per core | new MB/s per core | new / old |")
+        log("|---|---:|---:|---:|---:|---:|")
+        for name, (bpv, rate) in best["new"].items():
+            ob, orate = best["old"].get(name, [float("nan"), float("nan")])
+            rows.append({"rendition": name, "tokens": T, "old_bits_per_value": ob, "new_bits_per_value": bpv,
+                         "old_fp16_bytes_per_cpu_s": orate, "new_fp16_bytes_per_cpu_s": rate,
+                         "speedup": rate / orate, "load": [load0[0], load1[0]]})
+            log(f"| `{name}` | {ob:.4f} | {bpv:.4f} | {orate / 1e6:.0f} | {rate / 1e6:.0f} | {rate / orate:.2f}x |")
+    return rows
+
+
+if __name__ == "__main__":   # python -m sakura.bench.decode_rates OLD_SRC [TOKENS...]
+    import sys
+
+    side_by_side(sys.argv[1], tokens=[int(t) for t in sys.argv[2:]] or TOKENS)

@@ -112,6 +112,17 @@ def _dequantise_cm(sym_cm: np.ndarray, amax: np.ndarray, bins: int, engine: str,
     return torch.from_numpy(out).t().contiguous().numpy()   # torch's blocked transpose releases the GIL
 
 
+def _fp16_cm(sym_cm: np.ndarray, amax: np.ndarray, bins: int, pool: Executor | None = None) -> torch.Tensor:
+    """Native, fp16 output: (C, rows) channel-major symbols -> (rows, C) fp16, dequantised,
+    transposed and rounded in one pass (`kernels.cachegen_fp16`); equal to `_dequantise_cm` then
+    torch's fp16 conversion bit for bit."""
+    C, rows = sym_cm.shape
+    out = np.empty((rows, C), np.uint16)
+    am = np.ascontiguousarray(amax, np.float32)
+    R.run_split(pool, lambda a, b: K.cachegen_fp16(sym_cm, am, bins // 2 - 1, a, b, out), C)
+    return torch.from_numpy(out.view(np.float16))
+
+
 def _anchor_rows(T: int, group: int) -> np.ndarray:
     return np.arange(0, T, group)
 
@@ -290,6 +301,10 @@ class CacheGenCodec(Codec):
             if table.shape != (C, bins - 1):
                 raise bs.CorruptError(f"cachegen: histogram {kv} has shape {table.shape}, expected {(C, bins - 1)}")
             words, counts = obj.section(f"rans.{kv}"), obj.section(f"pieces.{kv}")
+            if not delta and engine == "native" and dtype == torch.float16:
+                out.append(_fp16_cm(_rans_decode(words, counts, model, T, C, False, engine, pool), amax, bins,
+                                    pool).reshape(shape))
+                continue
             if not delta:
                 x = _dequantise_cm(_rans_decode(words, counts, model, T, C, False, engine, pool), amax, bins,
                                    engine, pool)

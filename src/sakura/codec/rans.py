@@ -221,11 +221,13 @@ def _fast(x, tab, f, cm, mask, bits, words, p):
 
 
 @njit(nogil=True, cache=True)
-def _decode_pieces(words, starts, seg_ctx, seg_len, freq, cum, bits, piece, lanes, n, p_lo, p_hi, out):
+def _decode_pieces(words, starts, seg_ctx, seg_len, freq, cum, bits, piece, lanes, n, p_lo, p_hi, out, tab):
     """Decode pieces [p_lo, p_hi) of a stream of n symbols into out[(first symbol)...]. Returns an
-    error code (0 = fine). `starts` (pieces + 1,) are the pieces' word offsets."""
+    error code (0 = fine). `starts` (pieces + 1,) are the pieces' word offsets. `tab` (2^bits,):
+    the slot -> symbol table's memory, uint8 for alphabets <= 256, else int16 (symbols < 2^15): a
+    14-bit table is 16 / 32 KiB (L1); CacheGen rebuilds it per channel of T symbols, and the
+    byte table halves that fill."""
     mask = (1 << bits) - 1
-    tab = np.empty(1 << bits, np.int16)   # symbols < 2^15: a 14-bit table is 32 KiB (L1)
     st = np.empty(lanes, np.int64)
     # the segment holding symbol p_lo * piece
     i = p_lo * piece
@@ -382,9 +384,11 @@ def decode(words: np.ndarray, counts: np.ndarray, seg_ctx: np.ndarray, seg_len: 
     if n == 0 or lo >= hi:
         return out
     lanes = lanes_for(n)
+    tdt = np.uint8 if model.alphabet <= 256 else np.int16
+
     def run(a: int, b: int) -> int:
         return int(_decode_pieces(words, starts, seg_ctx, seg_len, model.freq, model.cum, model.bits, piece,
-                                  lanes, n, lo + a, lo + b, out))
+                                  lanes, n, lo + a, lo + b, out, np.empty(1 << model.bits, tdt)))
     err = next((e for e in run_split(pool, run, hi - lo) if e), 0)
     if err:
         raise CorruptError(f"entropy-coded stream {_ERRORS[int(err)]}")
@@ -446,7 +450,13 @@ def warm_up() -> float:
     sc, sl = np.array([0, 1], np.int32), np.array([2, 3], np.int64)
     w, c = encode(sym, sc, sl, m)
     decode(w, c, sc, sl, m)
-    from . import kernels
+    wide = Model.from_counts(np.ones((1, 300)))   # the int16 slot table's specialisation
+    sym = np.array([299, 0, 7], np.int32)
+    sc, sl = np.array([0], np.int32), np.array([3], np.int64)
+    w, c = encode(sym, sc, sl, wide)
+    decode(w, c, sc, sl, wide)
+    from . import fastdct, kernels
 
     kernels.warm_up()
+    fastdct.warm_up()
     return time.perf_counter() - t0

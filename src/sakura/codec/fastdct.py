@@ -1,0 +1,212 @@
+"""The fast inverse DCT of the progressive ladder: Lee's (1984) recursive factorisation of the
+orthonormal DCT-III, unrolled into straight-line float32 code per power-of-two size.
+
+Why: the inverse 2-D DCT was a pair of float32 matmuls per channel block, n multiply-adds per
+output and pass (32 at 1,024 tokens, 64 at 4,096), 8-11 ms per Klein K or V, about half of a
+progressive decode. Lee's factorisation needs (n/2) log2 n multiplies and ~(3n/2) log2 n adds per
+n outputs: ~9 flops per output and pass at n = 32 against 64.
+
+How it stays exact: the generated module `_lee` holds one function `idct<n>(c0, ..., c<n-1>) ->
+(x0, ..., x<n-1>)` per size, made only of float32 `+`, `-` and `*` by float32 constants in a fixed
+order. The native kernels (`kernels.idct2_fp16` and friends) inline it over scalars, LLVM
+vectorising across channels; the reference decoder calls the very same Python function with numpy
+rows (`inverse_rows`). IEEE float32 arithmetic op for op is the same in both (numba does not
+contract to FMA or reorder without fastmath), so native == reference bit for bit. Sizes outside
+`SIZES` (non-power-of-two grids) keep the matmul inverse in both decoders.
+
+Regenerate with `python -m sakura.codec.fastdct` (a test checks `_lee.py` is up to date).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+SIZES = (2, 4, 8, 16, 32, 64)
+GENERATED = Path(__file__).with_name("_lee.py")
+
+
+class _Prog:
+    """Straight-line code under construction: every value a fresh local name."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.lines: list[str] = []
+        self.consts: dict[str, float] = {}
+        self.k = 0
+
+    def emit(self, expr: str) -> str:
+        name = f"t{self.k}"
+        self.k += 1
+        self.lines.append(f"    {name} = {expr}")
+        return name
+
+    def const(self, v: float) -> str:
+        name = f"_K{self.n}_{len(self.consts)}"
+        self.consts[name] = v
+        return name
+
+
+def _lee(p: _Prog, v: list[str]) -> list[str]:
+    """x[i] = sum_u v[u] cos(pi (2i+1) u / 2n) (unnormalised DCT-III), Lee's recursion."""
+    n = len(v)
+    if n == 1:
+        return list(v)
+    h = n // 2
+    alpha = [v[0]] + [v[2 * i] for i in range(1, h)]
+    beta = [v[1]] + [p.emit(f"{v[2 * i - 1]} + {v[2 * i + 1]}") for i in range(1, h)]
+    a = _lee(p, alpha)
+    b = _lee(p, beta)
+    out: list[str] = [""] * n
+    for i in range(h):
+        y = p.emit(f"{b[i]} * {p.const(1.0 / (2.0 * math.cos((i + 0.5) * math.pi / n)))}")
+        out[i] = p.emit(f"{a[i]} + {y}")
+        out[n - 1 - i] = p.emit(f"{a[i]} - {y}")
+    return out
+
+
+def source() -> str:
+    """The text of `_lee.py`."""
+    parts = [_HEAD]
+    for n in SIZES:
+        p = _Prog(n)
+        args = [f"c{i}" for i in range(n)]
+        # orthonormal weights folded into the inputs: sqrt(1/n) for u = 0, sqrt(2/n) otherwise
+        w0, w = p.const(math.sqrt(1.0 / n)), p.const(math.sqrt(2.0 / n))
+        scaled = [p.emit(f"{a} * {w0 if i == 0 else w}") for i, a in enumerate(args)]
+        outs = _lee(p, scaled)
+        consts = "".join(f"{k} = np.float32({v!r})\n" for k, v in p.consts.items())
+        body = "\n".join(p.lines)
+        parts.append(f"\n{consts}\n@njit(nogil=True, cache=True)\n"
+                     f"def idct{n}({', '.join(args)}):\n{body}\n    return ({', '.join(outs)},)\n")
+        # the kernels paste the same lines inline (numba's own inliner rejects a 64-tuple call)
+        body1 = "\n".join("        " + ln for ln in p.lines)
+        body2 = "\n".join("            " + ln for ln in p.lines)
+        cb = block_channels(n)
+        parts.append(_KERNEL.format(n=n, cb=cb, T=n * n, body1=body1, body2=body2,
+                                    load1="\n".join(f"            c{u} = fl[o + np.uint64({u * n * cb})]" for u in range(n)),
+                                    store1="\n".join(f"            fl[o + np.uint64({u * n * cb})] = {o}"
+                                                      for u, o in enumerate(outs)),
+                                    load2="\n".join(f"                c{v} = fl[o + np.uint64({v * cb})]" for v in range(n)),
+                                    store2="\n".join(f"                fl[o + np.uint64({v * cb})] = {o}"
+                                                      for v, o in enumerate(outs))))
+    return "\n".join(parts)
+
+
+# The fused 2-D kernel per size: pass 1 (over u) in place on each block (n, n, CB), pass 2 (over v)
+# in place on each token-grid row's (n, CB) slab, then / scale + mean and the output dtype, while
+# the slab is in L1. Flat indices with compile-time strides (CB is fixed per size): with a runtime
+# stride LLVM cannot prove the 2n loads and stores of an in-place column independent and does not
+# vectorise (measured 4x slower than the matmul); with constant strides and trip counts it does.
+_KERNEL = '''
+CB{n} = {cb}
+
+
+@njit(nogil=True, cache=True)
+def idct2_{n}(blocks, lo, hi, inv, mu, out16, out32):
+    """Channel blocks [lo, hi) of blocks (nblk, T, CB{n}) float32 coefficients (token-grid order)
+    -> tokens: 2-D inverse DCT in place, then x / inv[t] (if inv.size) + mu[c]; written as fp16
+    bits into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
+    fl = blocks.reshape(-1)
+    row = np.empty({cb}, np.float32)
+    rowb = row.view(np.uint32)
+    for b in range(lo, hi):
+        base = np.uint64(b * {T} * {cb})
+        for q in range({n} * {cb}):
+            o = base + np.uint64(q)
+{load1}
+{body1}
+{store1}
+        for i in range({n}):
+            bi = base + np.uint64(i * {n} * {cb})
+            for c in range({cb}):
+                o = bi + np.uint64(c)
+{load2}
+{body2}
+{store2}
+            m = mu[b * {cb}:(b + 1) * {cb}]
+            for j in range({n}):
+                t = i * {n} + j
+                src = fl[bi + np.uint64(j * {cb}):bi + np.uint64((j + 1) * {cb})]
+                if inv.size:
+                    d = inv[t]
+                    for c in range({cb}):
+                        row[c] = src[c] / d + m[c]
+                else:
+                    for c in range({cb}):
+                        row[c] = src[c] + m[c]
+                if out16.size:
+                    to_fp16(row, rowb, out16[t, b * {cb}:(b + 1) * {cb}])
+                else:
+                    out32[t, b * {cb}:(b + 1) * {cb}] = row
+'''
+
+
+def block_channels(n: int) -> int:
+    """CB: channels per block of the fused kernel at grid side n: 64 up to n = 32 (a (n, n, 64)
+    float32 block is <= 256 KiB, in L2; Klein's 3,072 channels and the mini model's are multiples),
+    32 at n = 64 (512 KiB; 16 channels measured ~8 % slower: two vectors per pass-2 row)."""
+    return max(32, min(64, (1 << 16) // (n * n)))
+
+
+_HEAD = '''"""Generated by `python -m sakura.codec.fastdct`: do not edit. Orthonormal inverse DCT
+(DCT-III) per power-of-two size, straight-line float32, and the fused 2-D kernels (see `fastdct`)."""
+
+import numpy as np
+from numba import njit
+
+from .kernels import to_fp16
+'''
+
+
+
+def write() -> None:
+    GENERATED.write_text(source())
+
+
+def fits(n: int, C: int) -> bool:
+    """Whether grid side n and C channels take the fast inverse (else both decoders use the matmul)."""
+    return n in SIZES and C % block_channels(n) == 0
+
+
+def kernel(n: int):
+    """The native fused kernel `idct2_<n>` (see `_KERNEL`)."""
+    from . import _lee
+
+    return getattr(_lee, f"idct2_{n}")
+
+
+def inverse_2d(c: np.ndarray, n: int) -> np.ndarray:
+    """The reference decoder's 2-D inverse: (T, C) float32 coefficients (token-grid order) ->
+    (T, C) float32 tokens, pass 1 over u then pass 2 over v, the native kernel's operations."""
+    T, C = c.shape
+    g = np.ascontiguousarray(c, dtype=np.float32).reshape(n, n, C)
+    t = np.stack(inverse_rows([g[u] for u in range(n)]))               # (i, v, C)
+    return np.stack(inverse_rows([t[:, v] for v in range(n)]), axis=1).reshape(T, C)   # (i, j, C)
+
+
+def inverse_rows(rows: list[np.ndarray]) -> list[np.ndarray]:
+    """The reference decoder's 1-D inverse DCT over n float32 arrays (one per frequency), the same
+    generated code as the native kernels: the result's x_i = sum_u D[u, i] rows[u]."""
+    from . import _lee
+
+    fn = getattr(_lee, f"idct{len(rows)}").py_func
+    return list(fn(*rows))
+
+
+def warm_up() -> None:
+    """Compile or load every size's fused kernel (tiny inputs: one block, both output kinds)."""
+    for n in SIZES:
+        cb = block_channels(n)
+        blocks = np.zeros((1, n * n, cb), np.float32)
+        fn = kernel(n)
+        fn(blocks, 0, 1, np.ones(n * n, np.float32), np.zeros(cb, np.float32), np.empty((n * n, cb), np.uint16),
+           np.empty((0, 0), np.float32))
+        fn(blocks, 0, 1, np.empty(0, np.float32), np.zeros(cb, np.float32), np.empty((0, 0), np.uint16),
+           np.empty((n * n, cb), np.float32))
+
+
+if __name__ == "__main__":
+    write()
