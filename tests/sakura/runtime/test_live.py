@@ -15,7 +15,7 @@ from sakura.link.pacer import pacer_in_thread
 from sakura.link.traces import constant_trace
 from sakura.models import load_model
 from sakura.runtime import (BandwidthEstimator, FixedPolicy, MeetInMiddlePolicy, RttEstimator, SakuraPolicy)
-from sakura.runtime.live import DeviceProfile, profile_model, shard_specs, streamed_edit
+from sakura.runtime.live import DeviceProfile, Emulation, profile_model, shard_specs, streamed_edit
 from sakura.runtime.sim import simulate_edit
 from sakura.server import serve_in_thread
 from sakura.store.build import build_store
@@ -94,7 +94,7 @@ def test_fast_link_streams_within_the_quality_floor(setup):
 def test_every_fault_ends_with_the_on_device_image(setup, fault, tmp_path):
     model, tpl, photo, url, m, root = setup
     want = _on_device(setup)
-    kw = dict(renditions=("lossless",), allow_fast_path=False, profile=DeviceProfile(compute_s=0.002, local_s=0.05))
+    kw = dict(emulate=Emulation(renditions=("lossless",)), allow_fast_path=False, profile=DeviceProfile(compute_s=0.002, local_s=0.05))
     t = time.monotonic()
     if fault == "unreachable":
         res = _edit(setup, SakuraPolicy(), url="http://127.0.0.1:9", manifest=False, **kw)
@@ -186,12 +186,12 @@ def test_live_and_simulated_runs_take_the_same_decisions(setup, mbps):
     model, tpl, photo, url, m, _ = setup
     slow = SlowDevice(model, local_s=0.20, compute_s=0.03)
     prof = DeviceProfile(compute_s=0.03 + 0.003, local_s=0.20 + 0.003, decode_workers=2)
-    kw = dict(bw=mbps * 1e6 / 8, rtt=0.04, renditions=("lossless",), allow_fast_path=False, profile=prof)
+    kw = dict(bw=mbps * 1e6 / 8, rtt=0.04, emulate=Emulation(renditions=("lossless",)), allow_fast_path=False, profile=prof)
     with pacer_in_thread(url, constant_trace(mbps), 0.0, 0.040) as purl:
         live = streamed_edit(slow, photo, base_url=purl, template_id="sticker-00", template_image=tpl.image[None],
                              instruction=tpl.instruction, policy=SakuraPolicy(loss_bound=0.1), manifest=m, steps=1,
                              bandwidth=BandwidthEstimator(prior_bps=kw["bw"]), rtt=RttEstimator(prior_s=0.04),
-                             renditions=kw["renditions"], allow_fast_path=False, profile=prof)
+                             emulate=kw["emulate"], allow_fast_path=False, profile=prof)
     from dataclasses import replace
 
     specs = [replace(s, routes=tuple(r for r in s.routes if r.name == "lossless")) for s in shard_specs(m, prof)]
