@@ -181,6 +181,16 @@ class SlowDevice:
         return self.m.edit(photo, template_kv=Slow(), **kw)
 
 
+#: The loss bound of the live-vs-sim test. Why it failed about 1 run in 20 at 100 Mbit/s: at layer 0
+#: nothing can be hedged (the local generator is not behind), so the layer waits for its shard
+#: within the slack or is computed, and with a 10 % bound the slack (140 ms) was only ~100 ms more
+#: than the expected wait (one RTT and a transfer): a loaded machine's thread scheduling flipped
+#: it. Later layers no longer sit on a threshold: a shard late past its deadline is hedged
+#: (ADVANCE) and still used when it arrives, as in the simulator. At 50 % the slack at layer 0
+#: (0.7 s) is 16x the expected wait.
+LIVE_SIM_BOUND = 0.5
+
+
 @pytest.mark.parametrize("mbps", [0.1, 100])
 def test_live_and_simulated_runs_take_the_same_decisions(setup, mbps):
     model, tpl, photo, url, m, _ = setup
@@ -189,7 +199,8 @@ def test_live_and_simulated_runs_take_the_same_decisions(setup, mbps):
     kw = dict(bw=mbps * 1e6 / 8, rtt=0.04, emulate=Emulation(renditions=("lossless",)), allow_fast_path=False, profile=prof)
     with pacer_in_thread(url, constant_trace(mbps), 0.0, 0.040) as purl:
         live = streamed_edit(slow, photo, base_url=purl, template_id="sticker-00", template_image=tpl.image[None],
-                             instruction=tpl.instruction, policy=SakuraPolicy(loss_bound=0.1), manifest=m, steps=1,
+                             instruction=tpl.instruction, policy=SakuraPolicy(loss_bound=LIVE_SIM_BOUND), manifest=m,
+                             steps=1,
                              bandwidth=BandwidthEstimator(prior_bps=kw["bw"]), rtt=RttEstimator(prior_s=0.04),
                              emulate=kw["emulate"], allow_fast_path=False, profile=prof)
     from dataclasses import replace
@@ -197,20 +208,14 @@ def test_live_and_simulated_runs_take_the_same_decisions(setup, mbps):
     specs = [replace(s, routes=tuple(r for r in s.routes if r.name == "lossless")) for s in shard_specs(m, prof)]
     from sakura.runtime import ConstantLink
 
-    # a 10 % loss bound: the 1 % default's slack (14 ms here) is below one RTT, so the first layers'
-    # decisions would sit on a threshold that a busy machine's timing can flip
-    sim = simulate_edit(specs, SakuraPolicy(loss_bound=0.1), link=ConstantLink(mbps * 1e6 / 8), rtt_s=0.04,
+    sim = simulate_edit(specs, SakuraPolicy(loss_bound=LIVE_SIM_BOUND), link=ConstantLink(mbps * 1e6 / 8), rtt_s=0.04,
                         bandwidth=BandwidthEstimator(prior_bps=kw["bw"]), rtt=RttEstimator(prior_s=0.04), decode_workers=2)
     assert live.choices() == [r.source for r in sim.records]
     assert [r.index for r in live.records if r.route] == [j for j, _ in sim.requests]
-    # the two links are clear-cut: all local, or all fetched but a local prefix (the first shard's
-    # round trip may be more wait than the loss bound allows before layer 0)
+    # the two links are clear-cut: all local (a probe for the last layer is requested and not used
+    # in time), or all fetched
     ch = live.choices()
-    if mbps == 100:
-        k = ch.index("lossless")
-        assert k <= 1 and set(ch[k:]) == {"lossless"}
-    else:
-        assert set(ch) == {"local"}
+    assert set(ch) == ({"lossless"} if mbps == 100 else {"local"})
 
 
 def test_meet_in_the_middle_live(setup):
