@@ -191,7 +191,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     from sakura.models import TemplateKV, load_model
     from sakura.runtime import (BandwidthEstimator, CacheGenPolicy, Route, RttEstimator, SakuraPolicy, ShardSpec,
                                 TraceLink, psnr_db)
-    from sakura.runtime.live import DeviceProfile, streamed_edit
+    from sakura.runtime.live import DeviceProfile, Emulation, streamed_edit
     from sakura.runtime.sim import simulate_edit
     from sakura.server import serve_in_thread
     from sakura.build.pipeline import DEFAULT_LADDER, build_store
@@ -243,7 +243,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     def simulate(policy, sp, tr, off, prior):
         return simulate_edit(sp, policy, link=TraceLink(tr, off), rtt_s=dil.rtt_s,
                              bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
-                             decode_workers=decode_workers, compute_start_s=dil.pre_s)
+                             decode_workers=decode_workers, compute_start_s=dil.pre_s, post_s=dil.post_s)
 
     def specs_for(method: str) -> list:
         return [ShardSpec(tuple(Route(r.name, r.nbytes, pad[r.name], float(r.distortion.get("image_mse", 0.0)))
@@ -280,10 +280,10 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                         res = streamed_edit(device, photo, base_url=purl, template_id=template, template_image=timg,
                                             instruction=tpl.instruction, policy=policy,
                                             profile=DeviceProfile(dil.compute_s, dil.local_s, decode_workers=decode_workers,
-                                                                  pre_s=dil.pre_s),
+                                                                  pre_s=dil.pre_s, post_s=dil.post_s),
                                             bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
-                                            decode_workers=decode_workers, steps=1, manifest=m, specs=sp,
-                                            renditions=allowed[method], decode_pad_s=pad, allow_fast_path=True)
+                                            decode_workers=decode_workers, steps=1, manifest=m, allow_fast_path=True,
+                                            emulate=Emulation(specs=sp, renditions=allowed[method], decode_pad_s=pad))
                     sim = simulate(make_policy(method), sp, tr, off, prior)
                     used = res.used_kv if res.path == "streamed" else device.last_used
                     row.update(live_s=res.latency_s, sim_s=sim.first_step_s + dil.post_s, image_mse=res.image_mse,

@@ -67,7 +67,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     from sakura.link.pacer import pacer_in_thread
     from sakura.models import load_model
     from sakura.runtime import BandwidthEstimator, CacheGenPolicy, FixedPolicy, RttEstimator, SakuraPolicy
-    from sakura.runtime.live import profile_model, streamed_edit
+    from sakura.runtime.live import Emulation, profile_model, streamed_edit
     from sakura.server import serve_in_thread
     from sakura.build.pipeline import build_store
     from sakura.tasks import get_task, get_template, heldout_photos
@@ -135,7 +135,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
                                         instruction=tpl.instruction, policy=policy, profile=profile,
                                         bandwidth=BandwidthEstimator(prior_bps=prior),
                                         rtt=RttEstimator(prior_s=rtt_ms / 1000), steps=steps, seed=seed,
-                                        manifest=manifest, renditions=allowed)
+                                        manifest=manifest, emulate=Emulation(renditions=allowed))
                 b = res.breakdown()
                 row.update(latency_s=res.latency_s, bytes=int(b["bytes"]), stall_s=b["stall_s"],
                            local_shards=int(b["local_shards"]), fetch_s=b["fetch_s"],

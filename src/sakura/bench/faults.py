@@ -28,7 +28,7 @@ def run_faults(out_dir: str | Path | None = None, *, template: str = "sticker-00
     from sakura.link.faults import fault_proxy_in_thread
     from sakura.models import load_model
     from sakura.runtime import BandwidthEstimator, RttEstimator, SakuraPolicy
-    from sakura.runtime.live import profile_model, streamed_edit
+    from sakura.runtime.live import Emulation, profile_model, streamed_edit
     from sakura.server import serve_in_thread
     from sakura.build.pipeline import build_store
     from sakura.store.store import Store
@@ -66,7 +66,7 @@ def run_faults(out_dir: str | Path | None = None, *, template: str = "sticker-00
                              instruction=tpl.instruction, policy=SakuraPolicy(), profile=profile,
                              bandwidth=BandwidthEstimator(prior_bps=1e9), rtt=RttEstimator(prior_s=0.001),
                              steps=steps, seed=seed, manifest=manifest if with_manifest else None,
-                             renditions=("lossless",), allow_fast_path=False)
+                             emulate=Emulation(renditions=("lossless",)), allow_fast_path=False)
 
     rows = []
     with serve_in_thread(root) as url, serve_in_thread(corrupt_root) as bad_url:

@@ -209,7 +209,7 @@ def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, de
     def sim(policy, allowed) -> dict:
         res = simulate_edit(specs_for(allowed), policy, link=link, rtt_s=rtt_s,
                             bandwidth=BandwidthEstimator(prior_bps=prior_bps), rtt=RttEstimator(prior_s=rtt_s),
-                            decode_workers=decode_workers, compute_start_s=pre)
+                            decode_workers=decode_workers, compute_start_s=pre, post_s=post)
         return {"latency_s": res.first_step_s + post, "bytes": res.bytes, "image_mse": res.image_mse,
                 "local_layers": res.local_layers, "stall_s": res.stall_s}
 

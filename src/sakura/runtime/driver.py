@@ -23,18 +23,55 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from enum import Enum
+from typing import ClassVar, Protocol, Sequence
 
 from .estimator import BandwidthEstimator, RttEstimator
 from .plan import (LOCAL, ConstantLink, PipelineState, PlanResult, Route, ShardSpec, image_budget, plan_split,
                    psnr_db)
 
-USE, WAIT = "use", "wait"
-#: sakura's default loss bound e: never more than 1 % slower than on-device, by construction
-#: (`EditDriver.slack_s`).
-LOSS_BOUND = 0.01
+
+class ActionKind(str, Enum):
+    """What the forward pass does at a layer (`LayerAction.kind`)."""
+
+    USE = "use"            # use the fetched KV
+    LOCAL = "local"        # compute the layer's template KV on the device, catching the generator up
+    WAIT = "wait"          # wait for the shard until a deadline
+    ADVANCE = "advance"    # run the local generator one template layer, then ask again (a hedge)
+
+
+class ShardStatus(str, Enum):
+    """Where a shard stands (`ShardRecord.status`)."""
+
+    PENDING = "pending"
+    REQUESTED = "requested"
+    FETCHED = "fetched"       # its bytes are on the phone, decoding
+    READY = "ready"           # decoded
+    FAILED = "failed"
+    CANCELLED = "cancelled"   # its layer was computed locally
+
+
+class QualityFloor(str, Enum):
+    """`SakuraPolicy.floor`: hold the image's summed MSE, or every shard, to CacheGen level 3."""
+
+    IMAGE = "image"
+    SHARD = "shard"
+
+
+class PlanEstimate(str, Enum):
+    """`SakuraPolicy.estimate`: plan on the RobustMPC-discounted estimate or the plain prediction."""
+
+    ROBUST = "robust"
+    PREDICT = "predict"
+
+
+USE, WAIT, ADVANCE = ActionKind.USE, ActionKind.WAIT, ActionKind.ADVANCE
+PENDING, REQUESTED, FETCHED, READY, FAILED, CANCELLED = ShardStatus
+#: sakura's default loss bound e: never more than 2 % slower than on-device (its whole latency), by
+#: construction (`EditDriver.slack_s`, docs/runtime.md); 2 % is the never-slower check's tolerance.
+LOSS_BOUND = 0.02
 #: what sakura's planner plans with by default ("robust" or "predict", see `SakuraPolicy`)
-PLAN_ESTIMATE = "robust"
+PLAN_ESTIMATE = PlanEstimate.ROBUST
 #: the share of the loss bound's slack a plan may spend on predicted stalls (the rest absorbs
 #: what the estimates miss)
 PLAN_STALL_SHARE = 1.0
@@ -46,11 +83,15 @@ SUSPECT_CATCH_UP = 1
 @dataclass(frozen=True)
 class LayerAction:
     """What the forward pass does at a layer: USE the fetched KV, compute it LOCAL (running the
-    local generator over `catch_up` template layers), or WAIT for the shard until `deadline`."""
+    local generator over `catch_up` template layers), WAIT for the shard until `deadline`, or
+    ADVANCE (run the local generator one template layer, then call `EditDriver.on_advanced`)."""
 
-    kind: str
+    kind: ActionKind
     deadline: float = math.inf
     catch_up: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ActionKind(self.kind))
 
 
 @dataclass
@@ -62,7 +103,7 @@ class ShardRecord:
     source: str = ""                # how the forward pass got it: a rendition name or "local"
     nbytes: int = 0                 # bytes received for it (wasted if source is local)
     image_mse: float = 0.0          # expected image MSE contribution of the KV used
-    status: str = "pending"         # pending | requested | fetched | ready | failed | cancelled
+    status: ShardStatus = PENDING
     t_request: float = math.nan
     t_first_byte: float = math.nan
     fetch_end: float = math.nan
@@ -76,6 +117,9 @@ class ShardRecord:
     t_progress: float = math.nan    # when bytes last arrived
     note: str = ""
 
+    def __post_init__(self) -> None:
+        self.status = ShardStatus(self.status)
+
     @property
     def stall_s(self) -> float:
         if self.delivered != self.delivered or self.needed != self.needed:
@@ -84,16 +128,44 @@ class ShardRecord:
 
 
 class Policy(Protocol):
-    """Which shard to request next with which rendition, and which layers to compute locally."""
+    """Which shard to request next with which rendition, and which layers to compute locally.
+    Everything the driver and the executors read off a policy is declared here (`PolicyDefaults`
+    gives the defaults a policy need not set)."""
 
     name: str
-    adaptive: bool  # give up on a late shard and compute it (sakura); baselines wait
+    adaptive: bool                 # give up on a late shard and compute it (sakura); baselines wait
+    loss_bound: float | None       # e of the loss bound (`EditDriver.slack_s`); None: no bound
+    max_inflight: int | None       # most requests outstanding (None: the executor's limit)
+    estimate: PlanEstimate         # what `EditDriver.bytes_per_s` plans with
+    quality_scale: float           # the image floor's MSE budget x this
 
     def replan(self, d: "EditDriver", now: float) -> None: ...
 
     def next_fetch(self, d: "EditDriver", now: float) -> tuple[int, Route] | None: ...
 
     def prefers_local(self, d: "EditDriver", j: int) -> bool: ...
+
+    def planned_route(self, j: int) -> Route | None:
+        """The rendition the policy would fetch for layer j if it were requested now (None: none)."""
+
+    def fetches_nothing(self, d: "EditDriver") -> bool:
+        """The current plan computes every layer on the device (the executor may then run the plain
+        on-device edit)."""
+
+
+class PolicyDefaults:
+    """Defaults of the `Policy` contract (policies inherit them)."""
+
+    loss_bound: ClassVar[float | None] = None
+    max_inflight: ClassVar[int | None] = None
+    estimate: ClassVar[PlanEstimate] = PlanEstimate.ROBUST
+    quality_scale: ClassVar[float] = 1.0
+
+    def planned_route(self, j: int) -> Route | None:
+        return None
+
+    def fetches_nothing(self, d: "EditDriver") -> bool:
+        return False
 
 
 class EditDriver:
@@ -107,10 +179,14 @@ class EditDriver:
         max_inflight: most requests outstanding at once.
         compute_start_s: when the forward pass is expected to reach layer 0 (work before the
             transformer, e.g. the text encoder, overlaps with fetching; the first plan knows it).
+        other_s: the work of the edit outside the first step's transformer pass, which every method
+            pays alike (text encoder and VAE encode before it, the later passes and the VAE decode
+            after it): the loss bound's reference is on-device's whole latency (`slack_s`).
     """
 
     def __init__(self, specs: Sequence[ShardSpec], policy: Policy, *, bandwidth: BandwidthEstimator,
-                 rtt: RttEstimator, decode_workers: int = 1, max_inflight: int = 8, compute_start_s: float = 0.0):
+                 rtt: RttEstimator, decode_workers: int = 1, max_inflight: int = 8, compute_start_s: float = 0.0,
+                 other_s: float = 0.0):
         if decode_workers < 1 or max_inflight < 1:
             raise ValueError("decode_workers and max_inflight must be >= 1")
         self.specs = list(specs)
@@ -119,8 +195,9 @@ class EditDriver:
         self.bw = bandwidth
         self.rtt = rtt
         self.workers = decode_workers
+        self.other_s = other_s
         # a policy may fetch one chunk at a time (CacheGen as published)
-        self.max_inflight = min(max_inflight, getattr(policy, "max_inflight", None) or max_inflight)
+        self.max_inflight = min(max_inflight, policy.max_inflight or max_inflight)
         self.records = [ShardRecord(j) for j in range(self.L)]
         self.events: list[str] = []
         self.routes: dict[int, Route] = {}
@@ -139,7 +216,7 @@ class EditDriver:
     def bytes_per_s(self) -> float:
         """The rate the planner plans with: the robust (discounted) estimate, or the plain
         prediction when the policy plans on it (`SakuraPolicy.estimate`)."""
-        if getattr(self.policy, "estimate", "robust") == "predict":
+        if self.policy.estimate == PlanEstimate.PREDICT:
             return self.bw.predict_bps() or 1e5
         return self.bw.robust_bps() or 1e5
 
@@ -159,7 +236,7 @@ class EditDriver:
         make it sooner. Returns (finish, its wait on decodes, whether it uses layer j's shard).
         local_first: layer j is computed locally whatever its shard."""
         here = {i: (r.decode_end if r.decode_end == r.decode_end else now) for i, r in enumerate(self.records)
-                if i >= j and r.status in ("fetched", "ready") and not (local_first and i == j)}
+                if i >= j and r.status in (FETCHED, READY) and not (local_first and i == j)}
         must = max([i for i in range(j, self.L) if i not in here] + [j - 1])
         best = (math.inf, 0.0, False)
         for m in range(must, self.L):
@@ -180,14 +257,18 @@ class EditDriver:
         """How much longer than the fallback the forward pass may still take from layer j without
         breaking the loss bound (inf when the policy sets none): t_bound - `fallback_finish`.
 
-        The bound: the first step ends by t_bound = t0 + (1 + e) x (the on-device first step),
-        t0 = when the forward pass reached layer 0, e = the policy's `loss_bound`. Invariant:
+        The bound: the first step ends by t_bound = t0 + W0 + e x (W0 + other_s), W0 = the on-device
+        first step (`worst_remaining_s(0)`), t0 = when the forward pass reached layer 0, e = the
+        policy's `loss_bound`, other_s = the rest of the edit (every method pays it alike), so the
+        edit ends within e x on-device's whole latency of on-device's. Invariant:
         the fallback from where the pass stands (use what is on the phone, compute the rest)
         ends by t_bound. It holds at layer 0 (the fallback is at most on-device); bytes that arrive
         only make the fallback sooner; a wait on a shard that is not on the phone ends by a
-        deadline at most the slack; a wait on one being decoded is the fallback's own; LOCAL is
-        taken only where the fallback from after it still ends in time. So the edit is never more
-        than e slower than on-device (docs/runtime.md)."""
+        deadline at most the slack; a wait on one being decoded is the fallback's own; LOCAL and
+        ADVANCE are taken only where the fallback from after them still ends in time (ADVANCE, one
+        template layer of the generator, is the first step of a fallback that computes layer j,
+        so it spends no slack). So the edit is never more than e slower than on-device
+        (docs/runtime.md)."""
         if self.t_bound is None:
             return math.inf
         return self.t_bound - self.fallback_finish(j, now)[0]
@@ -201,7 +282,7 @@ class EditDriver:
         return self.rtt.rtt_s()
 
     def inflight(self) -> list[ShardRecord]:
-        return [r for r in self.records if r.status == "requested"]
+        return [r for r in self.records if r.status == REQUESTED]
 
     def link_free(self, now: float) -> float:
         """When the link will have carried everything requested (seconds). The requests in flight
@@ -234,11 +315,11 @@ class EditDriver:
         r = self.records[j]
         route = self.routes.get(j)
         dec = route.decode_s if route else 0.0
-        if r.status == "ready":
+        if r.status == READY:
             return r.decode_end
-        if r.status == "fetched":
+        if r.status == FETCHED:
             return max(now, r.decode_end)  # the decode end expected when it was queued
-        if r.status == "requested":
+        if r.status == REQUESTED:
             return max(now, r.exp_end) + dec
         return math.inf
 
@@ -247,7 +328,7 @@ class EditDriver:
         nxt = self.next_layer()
         self.link_free(now)  # refresh the in-flight transfers' expected ends
         ready = {r.index: self.expected_ready(r.index, now) for r in self.records
-                 if r.status in ("fetched", "ready") and r.index >= nxt}
+                 if r.status in (FETCHED, READY) and r.index >= nxt}
         # shards in flight queue for the decode workers behind the fetched ones, in arrival order
         workers = sorted(max(now, t) for t in self.decode_free)
         for r in sorted(self.inflight(), key=lambda r: r.exp_end):
@@ -269,14 +350,7 @@ class EditDriver:
         """The plan from now with the current estimates. image_floor: hold the summed image MSE of
         the streamed shards within the summed per-shard floors (what is already requested
         counts), instead of holding every shard to its own floor."""
-        budget = None
-        if image_floor and (total := image_budget(self.specs)) is not None:
-            spent = sum(self.routes[r.index].image_mse for r in self.records
-                        if r.index in self.routes and r.status in ("requested", "fetched", "ready")
-                        and r.source in ("", self.routes[r.index].name))
-            budget = max(0.0, total - spent)
-        if budget is not None:
-            budget *= getattr(self.policy, "quality_scale", 1.0)
+        budget = self.image_budget_left() if image_floor else None
         stall_budget = None
         if self.t_bound is not None:
             # the slack at the next layer the forward pass will reach, when it reaches it
@@ -287,12 +361,23 @@ class EditDriver:
                 stall_budget = max(0.0, self.t_bound - finish) + decode_wait
             else:
                 stall_budget = 0.0
-        elif getattr(self.policy, "loss_bound", None) is not None:
-            stall_budget = self.policy.loss_bound * sum(s.compute_s + s.local_s for s in self.specs)
+        elif self.policy.loss_bound is not None:
+            w0 = self.worst_remaining_s(self.next_layer())
+            stall_budget = self.policy.loss_bound * (w0 + self.other_s)
         if stall_budget is not None:
             stall_budget = None if PLAN_STALL_SHARE is None else stall_budget * PLAN_STALL_SHARE
         return plan_split(self.specs, self.state(now), ConstantLink(self.bytes_per_s()), self.rtt_s(),
                           allow_local=allow_local, mse_budget=budget, stall_budget=stall_budget)
+
+    def image_budget_left(self) -> float | None:
+        """The image floor's MSE budget (x the policy's quality_scale) less what the shards
+        requested so far spend (None: no floor known)."""
+        if (total := image_budget(self.specs)) is None:
+            return None
+        spent = sum(self.routes[r.index].image_mse for r in self.records
+                    if r.index in self.routes and r.status in (REQUESTED, FETCHED, READY)
+                    and r.source in ("", self.routes[r.index].name))
+        return max(0.0, total - spent) * self.policy.quality_scale
 
     # ---------------------------------------------------------------------------- requesting
     def start(self, now: float) -> None:
@@ -318,10 +403,10 @@ class EditDriver:
                 break
             j, route = nxt
             r = self.records[j]
-            if r.status != "pending":
+            if r.status != PENDING:
                 raise RuntimeError(f"policy {self.policy.name} asked for shard {j} twice")
             start = max(lf, now + rtt)
-            r.status, r.route, r.t_request = "requested", route.name, now
+            r.status, r.route, r.t_request = REQUESTED, route.name, now
             r.exp_end = start + route.nbytes / self.timing_bytes_per_s()
             r.remaining = route.nbytes
             self.routes[j] = route
@@ -336,7 +421,7 @@ class EditDriver:
     def on_progress(self, j: int, remaining_bytes: int, now: float) -> None:
         """Bytes are arriving for shard j: refine when it will end; the link is alive."""
         r = self.records[j]
-        if r.status == "requested":
+        if r.status == REQUESTED:
             r.remaining, r.t_progress = remaining_bytes, now
             if r.t_first_byte != r.t_first_byte:
                 r.t_first_byte = now
@@ -348,7 +433,7 @@ class EditDriver:
         """Shard j's last byte arrived at `now`. sample_*: the link-level throughput sample
         (bytes carried over first-byte-to-last-byte time). Returns the expected decode end."""
         r = self.records[j]
-        r.status, r.fetch_end, r.nbytes = "fetched", now, nbytes
+        r.status, r.fetch_end, r.nbytes = FETCHED, now, nbytes
         self.link_suspect = False
         self.bw.observe(sample_bytes, sample_s)
         w = min(range(self.workers), key=lambda i: self.decode_free[i])
@@ -359,24 +444,24 @@ class EditDriver:
 
     def on_fetch_failed(self, j: int, error: str, now: float) -> None:
         r = self.records[j]
-        if r.status in ("requested", "fetched"):
-            r.status = "failed"
+        if r.status in (REQUESTED, FETCHED):
+            r.status = FAILED
             r.note = error
             self.events.append(f"{now * 1000:.0f} ms: shard {j} fetch failed: {error}")
 
     def on_decoded(self, j: int, now: float) -> None:
         r = self.records[j]
-        if r.status == "fetched":
-            r.status, r.decode_end = "ready", now
+        if r.status == FETCHED:
+            r.status, r.decode_end = READY, now
 
     def on_decode_failed(self, j: int, error: str, now: float) -> None:
         r = self.records[j]
-        r.status, r.note = "failed", error
+        r.status, r.note = FAILED, error
         self.events.append(f"{now * 1000:.0f} ms: shard {j} decode failed: {error}")
 
     def to_cancel(self) -> list[int]:
         """Requests the executor should abort (their layer was computed locally)."""
-        return [r.index for r in self.records if r.status == "cancelled" and r.t_request == r.t_request
+        return [r.index for r in self.records if r.status == CANCELLED and r.t_request == r.t_request
                 and r.fetch_end != r.fetch_end]
 
     # ---------------------------------------------------------------------------- the compute
@@ -385,22 +470,34 @@ class EditDriver:
         r = self.records[j]
         r.needed = now
         self.compute_at = j
-        bound = getattr(self.policy, "loss_bound", None)
+        bound = self.policy.loss_bound
         if self.t_bound is None and bound is not None and self.policy.adaptive:
-            self.t_bound = now + (1 + bound) * self.worst_remaining_s(j)
-        if r.status == "ready":
+            w0 = self.worst_remaining_s(j)
+            self.t_bound = now + w0 + bound * (w0 + self.other_s)
+        return self._decide(j, now)
+
+    def on_advanced(self, j: int, now: float) -> LayerAction:
+        """The local generator finished the template layer an ADVANCE asked for; the forward pass
+        is still at layer j: decide again."""
+        return self._decide(j, now)
+
+    def _decide(self, j: int, now: float) -> LayerAction:
+        r = self.records[j]
+        if r.status == READY:
             return self._use(j, now)
-        certain = r.status == "fetched"  # its bytes are on the phone: the fallback waits for its decode
+        certain = r.status == FETCHED  # its bytes are on the phone: the fallback waits for its decode
+        if r.status in (FAILED, CANCELLED):
+            return self._local(j, now, ShardStatus(r.status).value)
         # a shard being decoded is computed instead only if that is sooner than its decode and
         # keeps the loss bound
-        if r.status in ("failed", "cancelled") or (self.policy.prefers_local(self, j) and (
+        if self.policy.prefers_local(self, j) and (
                 not certain or ((j - self.generator_at + 1) * self.specs[j].local_s < r.decode_end - now
-                                and self._local_keeps_bound(j, now)))):
-            return self._local(j, now, "" if r.status == "pending" else r.status)
+                                and self._local_keeps_bound(j, now))):
+            return self._go_local(j, now, "" if r.status == PENDING else ShardStatus(r.status).value)
         self.link_free(now)  # refresh the in-flight transfers' expected ends
         e = self.expected_ready(j, now)
         local_cost = (j - self.generator_at + 1) * self.specs[j].local_s
-        if r.status == "pending":
+        if r.status == PENDING:
             # not requested yet (in-flight limit): when it would arrive if requested now
             route = self.policy_route(j)
             e = (max(self.link_free(now), now + self.rtt_s()) + route.nbytes / self.bytes_per_s() + route.decode_s
@@ -414,10 +511,17 @@ class EditDriver:
         suspect = self.link_suspect and (j - self.generator_at + 1 <= SUSPECT_CATCH_UP) and not certain
         if self.policy.adaptive and ((suspect or e - now >= local_cost) and self._local_keeps_bound(j, now)
                                      or (slack <= 0 and not certain)):
-            return self._local(j, now, ("late" if r.status != "pending" else "") if slack > 0 or certain
-                               else "loss bound")
+            return self._go_local(j, now, ("late" if r.status != PENDING else "") if slack > 0 or certain
+                                  else "loss bound")
         if not self.policy.adaptive:
             return LayerAction(WAIT)
+        # The hedge: the shard is not expected before the local generator (behind the forward
+        # pass) could compute its next template layer, so compute that layer meanwhile instead of
+        # waiting idle. It spends no slack (the fallback would compute it), and a late shard then
+        # costs a shorter catch-up.
+        if r.status == REQUESTED and self.generator_at < j and e - now >= self.specs[self.generator_at].local_s \
+                and self._advance_keeps_bound(j, now):
+            return self._advance(j, now, "hedge")
         # Expected sooner than computing it: wait for about what the estimate says (twice it, or
         # it plus two RTTs), never longer than computing it would take. After a deadline passes
         # with no bytes since, the link is suspect and later layers go local at once, so a link
@@ -427,26 +531,58 @@ class EditDriver:
         cap = (e - now) + max(0.0, slack) if certain else slack
         return LayerAction(WAIT, deadline=now + min(local_cost, wait, cap))
 
+    def _go_local(self, j: int, now: float, why: str) -> LayerAction:
+        """Layer j is to be computed on the device. If its shard may still come (requested or
+        decoding) and the generator is behind, catch up one template layer at a time (ADVANCE)
+        and use the shard if it is ready by then: never later than LOCAL, and within the bound."""
+        if self.records[j].status in (REQUESTED, FETCHED) and self.generator_at < j \
+                and self._advance_keeps_bound(j, now):
+            return self._advance(j, now, why)
+        return self._local(j, now, why)
+
+    def _advance_keeps_bound(self, j: int, now: float) -> bool:
+        """Does the fallback from after one more template layer of the generator still end by t_bound?"""
+        if self.t_bound is None:
+            return True
+        g = self.generator_at
+        self.generator_at = g + 1
+        try:
+            fin = self.fallback_finish(j, now + self.specs[g].local_s)[0]
+        finally:
+            self.generator_at = g
+        return fin <= self.t_bound + 1e-9
+
+    def _advance(self, j: int, now: float, why: str) -> LayerAction:
+        r = self.records[j]
+        g = self.generator_at
+        self.generator_at = g + 1
+        dt = self.specs[g].local_s
+        r.local_s += dt  # planned; executors overwrite with measured
+        self.compute_free = now + dt
+        self.events.append(f"{now * 1000:.0f} ms: layer {j} waits on its shard; the local generator computes "
+                           f"template layer {g} meanwhile{' (' + why + ')' if why else ''}")
+        return LayerAction(ADVANCE, catch_up=1)
+
     def _local_keeps_bound(self, j: int, now: float) -> bool:
         return self.t_bound is None or self.fallback_finish(j, now, local_first=True)[0] <= self.t_bound + 1e-9
 
     def policy_route(self, j: int) -> Route | None:
-        return self.routes.get(j) or getattr(self.policy, "routes", {}).get(j)
+        return self.routes.get(j) or self.policy.planned_route(j)
 
     def on_wait_expired(self, j: int, now: float) -> LayerAction:
         """The deadline passed and shard j is still not ready: compute it on the device, unless
         its bytes have arrived meanwhile and the loss bound's fallback now waits for its decode
         (then WAIT again, until the decode ends plus the slack)."""
         r = self.records[j]
-        if r.status == "ready":
+        if r.status == READY:
             return self._use(j, now)
-        if r.status == "fetched" and self.t_bound is not None:
+        if r.status == FETCHED and self.t_bound is not None:
             fin, _, uses = self.fallback_finish(j, now)
             if uses and fin <= self.t_bound:
                 return LayerAction(WAIT, deadline=max(now, r.decode_end) + (self.t_bound - fin) + 1e-9)
         self.link_suspect = True
         self.events.append(f"{now * 1000:.0f} ms: shard {j} late past its deadline; computing it locally")
-        return self._local(j, now, "deadline")
+        return self._go_local(j, now, "deadline")
 
     def on_ready_while_waiting(self, j: int, now: float) -> LayerAction:
         return self._use(j, now)
@@ -457,10 +593,10 @@ class EditDriver:
         per chunk when the request is due, which can be after the forward pass got there), else
         None (keep waiting)."""
         r = self.records[j]
-        if r.status == "ready":
+        if r.status == READY:
             return self._use(j, now)
-        if r.status in ("failed", "cancelled") or (r.status == "pending" and self.policy.prefers_local(self, j)):
-            return self._local(j, now, r.status if r.status != "pending" else "")
+        if r.status in (FAILED, CANCELLED) or (r.status == PENDING and self.policy.prefers_local(self, j)):
+            return self._local(j, now, ShardStatus(r.status).value if r.status != PENDING else "")
         return None
 
     def _use(self, j: int, now: float) -> LayerAction:
@@ -477,16 +613,16 @@ class EditDriver:
         r = self.records[j]
         if r.needed == r.needed:
             self.waited_s += max(0.0, now - r.needed)
-        if r.status in ("requested", "fetched"):
-            r.status = "cancelled"
+        if r.status in (REQUESTED, FETCHED):
+            r.status = CANCELLED
         catch_up = j - self.generator_at + 1
         if catch_up > 1:
             self.events.append(f"{now * 1000:.0f} ms: layer {j} computed on the device "
                                f"(catching up {catch_up} template layers{', ' + why if why else ''})")
         self.generator_at = j + 1
         r.source, r.image_mse = LOCAL, 0.0
-        r.local_s = catch_up * self.specs[j].local_s  # planned; executors overwrite with measured
-        self.compute_free = now + r.local_s + self.specs[j].compute_s
+        r.local_s += catch_up * self.specs[j].local_s  # planned; executors overwrite with measured
+        self.compute_free = now + catch_up * self.specs[j].local_s + self.specs[j].compute_s
         if why:
             r.note = r.note or why
         return LayerAction(LOCAL, catch_up=catch_up)
@@ -503,7 +639,7 @@ class EditDriver:
 
 
 @dataclass
-class SakuraPolicy:
+class SakuraPolicy(PolicyDefaults):
     """sakura: the plan that finishes soonest within the quality floor (`plan_split`),
     re-planned after every shard; layers below the split are computed on the way up while the
     rest stream in consumption order; a late shard is computed instead (adaptive).
@@ -524,32 +660,66 @@ class SakuraPolicy:
 
     name: str = "sakura"
     adaptive: bool = True
-    floor: str = "image"
+    floor: QualityFloor = QualityFloor.IMAGE
     quality_scale: float = 1.0
     loss_bound: float | None = field(default_factory=lambda: LOSS_BOUND)
-    estimate: str = field(default_factory=lambda: PLAN_ESTIMATE)
+    estimate: PlanEstimate = field(default_factory=lambda: PLAN_ESTIMATE)
+    probe_idle_link: bool = True
     k: int = 0
     routes: dict[int, Route] = field(default_factory=dict)
     last_plan: PlanResult | None = None
 
+    def __post_init__(self) -> None:
+        try:
+            self.floor = QualityFloor(self.floor)
+            self.estimate = PlanEstimate(self.estimate)
+        except ValueError as e:
+            raise ValueError(f"SakuraPolicy: {e} (floor: 'image' or 'shard'; estimate: 'robust' or 'predict')") from None
+        if self.loss_bound is not None and not self.loss_bound >= 0:
+            raise ValueError(f"SakuraPolicy: loss_bound must be >= 0 or None, got {self.loss_bound!r}")
+        if not self.quality_scale > 0:
+            raise ValueError(f"SakuraPolicy: quality_scale must be > 0, got {self.quality_scale!r}")
+
     def replan(self, d: EditDriver, now: float) -> None:
-        if self.floor not in ("image", "shard"):
-            raise ValueError(f"floor must be 'image' or 'shard', got {self.floor!r}")
-        res = d.plan(now, image_floor=self.floor == "image")
+        res = d.plan(now, image_floor=self.floor == QualityFloor.IMAGE)
         self.k, self.routes, self.last_plan = res.k, dict(res.routes), res
+
+    def planned_route(self, j: int) -> Route | None:
+        return self.routes.get(j)
+
+    def fetches_nothing(self, d: EditDriver) -> bool:
+        return self.k >= d.L
 
     def next_fetch(self, d: EditDriver, now: float) -> tuple[int, Route] | None:
         for j in range(max(self.k, d.compute_at), d.L):
-            if d.records[j].status == "pending" and d.records[j].source == "" and j in self.routes:
+            if d.records[j].status == PENDING and d.records[j].source == "" and j in self.routes:
                 return j, self.routes[j]
+        return self.probe(d) if self.probe_idle_link else None
+
+    def probe(self, d: EditDriver) -> tuple[int, Route] | None:
+        """With nothing in flight and a plan that fetches nothing more, fetch one shard anyway:
+        the latest layer not yet requested (the most time to arrive), at its fewest bytes within
+        the floor. A plan that computes everything locally measures nothing, so an estimate that
+        a slow start (or a dead first seconds) pushed down never recovers; the probe is used if it
+        is ready in time (`EditDriver.at_layer` uses any ready shard) and costs only an idle link."""
+        if d.inflight():
+            return None
+        left = d.image_budget_left() if self.floor == QualityFloor.IMAGE else None
+        for j in range(d.L - 1, d.next_layer(), -1):
+            r = d.records[j]
+            if r.status != PENDING or r.source != "":
+                continue
+            routes = (d.specs[j].admissible() if self.floor == QualityFloor.SHARD
+                      else [x for x in d.specs[j].routes if left is None or x.image_mse <= left * (1 + 1e-9)])
+            return (j, min(routes, key=lambda x: x.nbytes)) if routes else None
         return None
 
     def prefers_local(self, d: EditDriver, j: int) -> bool:
-        return j < self.k
+        return j < self.k  # a probe below the split is still used if it is ready in time
 
 
 @dataclass
-class MeetInMiddlePolicy:
+class MeetInMiddlePolicy(PolicyDefaults):
     """Compute from the first layer up while streaming from the last layer down; they meet
     wherever the real link lets them, with no bandwidth prediction needed for the split. Each
     shard takes the best admissible rendition that the link can deliver faster than the phone
@@ -565,7 +735,7 @@ class MeetInMiddlePolicy:
 
     def next_fetch(self, d: EditDriver, now: float) -> tuple[int, Route] | None:
         for j in range(d.L - 1, d.compute_at - 1, -1):
-            if d.records[j].status == "pending" and d.records[j].source == "":
+            if d.records[j].status == PENDING and d.records[j].source == "":
                 adm = d.specs[j].admissible()
                 if not adm:
                     return None
@@ -579,9 +749,12 @@ class MeetInMiddlePolicy:
     def prefers_local(self, d: EditDriver, j: int) -> bool:
         return not d.switched
 
+    def planned_route(self, j: int) -> Route | None:
+        return self.routes.get(j)
+
 
 @dataclass
-class FixedPolicy:
+class FixedPolicy(PolicyDefaults):
     """Every shard as the named rendition, in consumption order (raw-stream: "lossless")."""
 
     rendition: str
@@ -593,7 +766,7 @@ class FixedPolicy:
 
     def next_fetch(self, d, now):
         for j in range(d.L):
-            if d.records[j].status == "pending":
+            if d.records[j].status == PENDING:
                 for r in d.specs[j].routes:
                     if r.name == self.rendition:
                         return j, r
@@ -605,7 +778,7 @@ class FixedPolicy:
 
 
 @dataclass
-class CacheGenPolicy:
+class CacheGenPolicy(PolicyDefaults):
     """CacheGen's streaming adaptation (Liu et al., SIGCOMM 2024, section 5.3), adapted to DiT
     template KV (a chunk = one layer's KV).
 
@@ -655,7 +828,7 @@ class CacheGenPolicy:
         t0 = self.t0 if self.t0 is not None else now
         for j in range(d.L):
             rec = d.records[j]
-            if rec.status != "pending" or j in self.local:
+            if rec.status != PENDING or j in self.local:
                 continue
             by_name = {r.name: r for r in d.specs[j].routes}
             missing = [n for n in self.levels if n not in by_name]

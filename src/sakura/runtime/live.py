@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
-import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -30,80 +29,35 @@ import torch
 
 from sakura.models.kv import KVSourceDefaults, LayerKV
 
-from .driver import USE, WAIT, EditDriver, Policy, ShardRecord
+# DeviceProfile, profile_model and shard_specs live in .device; imported here for callers of this module
+from .device import DeviceProfile, default_decode_workers, profile_model, shard_specs  # noqa: F401
+from .driver import ADVANCE, FAILED, PENDING, REQUESTED, USE, WAIT, EditDriver, Policy, ShardRecord
 from .estimator import BandwidthEstimator, RttEstimator
 from .plan import LOCAL, Route, ShardSpec, psnr_db
 
 
-# ---------------------------------------------------------------------------------------------
-# what the planner assumes about this device
+@dataclass(frozen=True)
+class Emulation:
+    """What a benchmark overrides to run the live executor as another device (the time-dilated
+    bench, the link and fault benches); a phone app passes none.
 
+    specs: planner inputs to use instead of the ones derived from the manifest and the profile
+        (the emulated phone's per-layer times and decode rates).
+    renditions: rendition names the policy may fetch (None: every one in the manifest).
+    decode_pad_s: per rendition name, the least time a decode takes (the real decode, then a
+        sleep for the rest): a slower decoder.
+    """
 
-@dataclass
-class DeviceProfile:
-    """Per-layer times the planner assumes (seconds), measured by `profile_model` or scaled to a
-    phone. decode_bytes_per_s: fp16-KV bytes one decode worker produces per second, per codec
-    name (the codec's name before ':'), else `default_decode_bytes_per_s`."""
-
-    compute_s: float
-    local_s: float
-    decode_bytes_per_s: dict[str, float] = field(default_factory=dict)
-    default_decode_bytes_per_s: float = 80e6
-    decode_workers: int = 1
-    pre_s: float = 0.0   # work before the transformer's first layer (text encoder, VAE encode)
-
-    def decode_s(self, codec: str, fp16_bytes: int) -> float:
-        rate = self.decode_bytes_per_s.get(codec.split(":")[0], self.default_decode_bytes_per_s)
-        return fp16_bytes / rate
-
-
-def default_decode_workers() -> int:
-    """What the device has: one decode worker per core the process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def profile_model(model: Any, repeats: int = 3) -> DeviceProfile:
-    """Measure this machine's per-layer forward compute (photo+target stream, one step) and
-    per-layer template compute, median of `repeats` runs."""
-    size = model.cfg.image_size
-    g = torch.Generator().manual_seed(0)
-    tmpl, photo = torch.rand(1, 3, size, size, generator=g), torch.rand(1, 3, size, size, generator=g)
-    comp, loc = [], []
-    with torch.no_grad():
-        for _ in range(repeats):
-            t = time.perf_counter()
-            kv = model.extract_template_kv(tmpl)
-            loc.append((time.perf_counter() - t) / model.num_layers)
-            t = time.perf_counter()
-            model.edit(photo, template_kv=kv, steps=1)
-            comp.append((time.perf_counter() - t) / model.num_layers)
-    return DeviceProfile(compute_s=sorted(comp)[len(comp) // 2], local_s=sorted(loc)[len(loc) // 2],
-                         decode_workers=default_decode_workers())
-
-
-def shard_specs(manifest: Any, profile: DeviceProfile) -> list[ShardSpec]:
-    """Planner inputs from a manifest: every rendition with its size, decode time and measured
-    image distortion (``image_mse``, recorded at build time), and each shard's quality floor
-    (``quality_floor.image_mse``: CacheGen level 3 on that shard). A manifest without image
-    distortions gives routes of unknown quality (treated as exact) and no floor."""
-    specs = []
-    for shard in manifest.shards:
-        routes = tuple(Route(r.name, r.nbytes, profile.decode_s(r.codec, shard.fp16_bytes),
-                             float(r.distortion.get("image_mse", 0.0))) for r in shard.renditions)
-        floor = getattr(shard, "quality_floor", None) or {}
-        specs.append(ShardSpec(routes, profile.compute_s, profile.local_s,
-                               float(floor["image_mse"]) if "image_mse" in floor else None))
-    return specs
+    specs: Sequence[ShardSpec] | None = None
+    renditions: Sequence[str] | None = None
+    decode_pad_s: Mapping[str, float] | None = None
 
 
 #: How often the fetch stage asks the driver again while requests are in flight (seconds): bytes
 #: arriving refine when the link will drain, so the next request goes out on time.
 POLL_S = 0.005
 
-#: Shortest link-level throughput sample (seconds) while other transfers are still running.
+#: Shortest link-level throughput sample (seconds); a shorter window is merged into the next one.
 MIN_SAMPLE_S = 0.01
 
 #: Pass as `manifest=` when the phone has none (server down and not cached): the edit runs on the device.
@@ -137,34 +91,55 @@ class LiveKVSource(KVSourceDefaults):
     def num_layers(self) -> int:
         return self.driver.L
 
+    def _settle(self, i: int, action: Any) -> Any:
+        """Wait (holding the condition) until the driver's answer for layer i is not WAIT."""
+        d = self.driver
+        now = self.clock()
+        while action.kind == WAIT:
+            changed = d.recheck(i, now)
+            if changed is not None:
+                return changed
+            if now >= action.deadline:
+                action = d.on_wait_expired(i, now)  # may WAIT again: the shard's bytes came meanwhile
+                continue
+            self.cond.wait(timeout=min(action.deadline - now, 0.5))
+            now = self.clock()
+        return action
+
+    def _step_generator(self, n: int) -> LayerKV | None:
+        if self._gen is None:
+            self._gen = self._local_layers()
+        kv = None
+        with torch.no_grad():
+            for _ in range(n):
+                kv = next(self._gen)
+        return kv
+
     def layer(self, i: int) -> LayerKV:
         d = self.driver
+        spent = 0.0  # on-device compute at this layer (ADVANCE steps and the catch-up), measured
         with self.cond:
-            now = self.clock()
-            action = d.at_layer(i, now)
-            while action.kind == WAIT:
-                changed = d.recheck(i, now)
-                if changed is not None:
-                    action = changed
-                    break
-                if now >= action.deadline:
-                    action = d.on_wait_expired(i, now)  # may WAIT again: the shard's bytes came meanwhile
-                    continue
-                self.cond.wait(timeout=min(action.deadline - now, 0.5))
-                now = self.clock()
+            action = self._settle(i, d.at_layer(i, self.clock()))
             kv = self.decoded.get(i) if action.kind == USE else None
         self.on_layer()
+        while action.kind == ADVANCE:  # one template layer while the shard may still come
+            t = time.perf_counter()
+            self._step_generator(1)
+            spent += time.perf_counter() - t
+            with self.cond:
+                action = self._settle(i, d.on_advanced(i, self.clock()))
+                kv = self.decoded.get(i) if action.kind == USE else None
+            self.on_layer()
         if action.kind == USE:
             assert kv is not None
+            if spent:
+                with self.cond:
+                    d.records[i].local_s = spent
             self.used[i] = kv
             return kv
         t = time.perf_counter()
-        if self._gen is None:
-            self._gen = self._local_layers()
-        with torch.no_grad():
-            for _ in range(action.catch_up):
-                kv = next(self._gen)
-        spent = time.perf_counter() - t
+        kv = self._step_generator(action.catch_up)
+        spent += time.perf_counter() - t
         with self.cond:
             rec = d.records[i]
             rec.local_s = spent
@@ -256,9 +231,11 @@ class _LinkMeter:
     def sample(self, j: int, t_last: float) -> tuple[int, float]:
         first = self.active_first.pop(j, t_last)
         a = max(self.last_done, min([first] + list(self.active_first.values())))
-        if t_last - a < MIN_SAMPLE_S and self.active_first:
+        if t_last - a < MIN_SAMPLE_S:
             # overlapped transfers ending a few ms apart: a window that short measures timer
-            # noise (rates several times off); the next completion's sample covers this one
+            # noise or a link mostly idle (the other transfer's tail: 110 Mbit/s read on a
+            # 1,000 Mbit/s link, which put the estimate after three shards 73 % low); the next
+            # completion's sample covers this one (its window starts at the last sample's end)
             return 0, 0.0
         self.last_done = t_last
         n = sum(b for t, b in self.chunks if a < t <= t_last)
@@ -271,8 +248,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
                   bandwidth: BandwidthEstimator | None = None, rtt: RttEstimator | None = None,
                   decode_workers: int | None = None, max_inflight: int = 8, steps: int = 8, seed: int = 0,
                   manifest: Any = None, manifest_timeout_s: float = 2.0, allow_fast_path: bool = True,
-                  renditions: Sequence[str] | None = None, specs: Sequence[ShardSpec] | None = None,
-                  decode_pad_s: Mapping[str, float] | None = None) -> StreamedEdit:
+                  emulate: Emulation | None = None) -> StreamedEdit:
     """Edit `photo` with the template's KV streamed from `base_url`, pipelined with compute.
 
     Args:
@@ -287,11 +263,8 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
             fetches it inside the timed edit, and a manifest that cannot be had means on-device.
         allow_fast_path: when the first plan fetches nothing, run the plain on-device edit (no
             threads, so no overhead over on-device).
-        renditions: rendition names the policy may fetch (None: every one in the manifest).
-        specs: planner inputs to use instead of the ones derived from `manifest` and `profile`
-            (the time-dilated benchmark emulates a phone's per-layer times).
-        decode_pad_s: per rendition name, the least time a decode takes (the real decode, then a
-            sleep for the rest): emulates a slower decoder in the time-dilated benchmark.
+        emulate: a benchmark's overrides (`Emulation`: planner inputs, allowed renditions, decode
+            padding); None on a phone.
 
     Never raises because of the network: every failure ends in local compute, listed in `events`.
     """
@@ -348,14 +321,16 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     if problem:
         return on_device(problem)
 
-    specs = list(specs) if specs is not None else shard_specs(manifest, profile)
-    if renditions is not None:
-        specs = [replace(s, routes=tuple(r for r in s.routes if r.name in renditions)) for s in specs]
+    emulate = emulate or Emulation()
+    specs = list(emulate.specs) if emulate.specs is not None else shard_specs(manifest, profile)
+    if emulate.renditions is not None:
+        specs = [replace(s, routes=tuple(r for r in s.routes if r.name in emulate.renditions)) for s in specs]
+    decode_pad_s = emulate.decode_pad_s
     quality_known = all("image_mse" in r.distortion for s in manifest.shards for r in s.renditions)
     driver = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt, decode_workers=workers, max_inflight=max_inflight,
-                        compute_start_s=clock() + profile.pre_s)
+                        compute_start_s=clock() + profile.pre_s, other_s=profile.pre_s + profile.post_s)
     driver.start(clock())
-    if allow_fast_path and getattr(policy, "k", None) == driver.L:
+    if allow_fast_path and policy.fetches_nothing(driver):
         res = on_device("", driver.records)
         res.manifest_s = manifest_s
         return res
@@ -448,9 +423,9 @@ class FetchStage:
         except BaseException as e:  # the client itself failed: every pending shard goes local
             with self.cond:
                 for r in self.driver.records:
-                    if r.status in ("pending", "requested"):
+                    if r.status in (PENDING, REQUESTED):
                         self.driver.on_fetch_failed(r.index, f"fetch stage: {_short(e)}", self.clock())
-                        r.status = "failed"
+                        r.status = FAILED
                 self.cond.notify_all()
 
     async def _run(self) -> None:
@@ -505,7 +480,7 @@ class FetchStage:
                 with cond:
                     t_last = res.t_done - self.t0
                     n, s = self.meter.sample(j, t_last)
-                    if driver.records[j].status == "requested":
+                    if driver.records[j].status == REQUESTED:
                         driver.on_fetched(j, len(res.data), t_last, sample_bytes=n, sample_s=s)
                         self.on_fetched(j, res.data, rendition)
                     cond.notify_all()

@@ -14,12 +14,12 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .driver import USE, WAIT, EditDriver, LayerAction, Policy, ShardRecord
+from .driver import ADVANCE, READY, REQUESTED, USE, WAIT, EditDriver, LayerAction, Policy, ShardRecord
 from .estimator import BandwidthEstimator, RttEstimator
 from .plan import LinkModel, ShardSpec
 
 # event kinds, in the order they are handled when simultaneous (data before decisions)
-_FETCHED, _DECODED, _DEADLINE, _WAKE, _COMPUTE = range(5)
+_FETCHED, _DECODED, _DEADLINE, _WAKE, _COMPUTE, _ADVANCED = range(6)
 
 
 @dataclass
@@ -49,12 +49,15 @@ class SimulatedEdit:
 
 def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel, rtt_s: float,
                   bandwidth: BandwidthEstimator, rtt: RttEstimator | None = None, decode_workers: int = 1,
-                  max_inflight: int = 8, compute_start_s: float = 0.0) -> SimulatedEdit:
+                  max_inflight: int = 8, compute_start_s: float = 0.0, post_s: float = 0.0) -> SimulatedEdit:
     """Play one edit's first step. `link` and `rtt_s` are the truth; the driver only sees what
     its estimators learn from the transfers. compute_start_s: when the forward pass reaches
-    layer 0 (work before the transformer, e.g. the text encoder, overlaps with fetching)."""
+    layer 0 (work before the transformer, e.g. the text encoder, overlaps with fetching).
+    post_s: the edit's work after the first step (later passes, VAE decode), not simulated but
+    part of the loss bound's reference (`EditDriver` other_s)."""
     d = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt or RttEstimator(prior_s=rtt_s),
-                   decode_workers=decode_workers, max_inflight=max_inflight, compute_start_s=compute_start_s)
+                   decode_workers=decode_workers, max_inflight=max_inflight, compute_start_s=compute_start_s,
+                   other_s=compute_start_s + post_s)
     L = len(specs)
     heap: list = []
     seq = itertools.count()
@@ -89,12 +92,14 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
                 push(a.deadline, _DEADLINE, j)
             return
         waiting = None
+        if a.kind == ADVANCE:  # the generator computes one template layer; the shard may come meanwhile
+            push(now + specs[d.generator_at - 1].local_s, _ADVANCED, j)
+            return
         decisions.append((j, d.records[j].source))
         spec = specs[j]
         t = now + (a.catch_up * spec.local_s if a.kind != USE else 0.0) + spec.compute_s
-        if a.kind != USE:
-            d.records[j].local_s = a.catch_up * spec.local_s
-            d.records[j].delivered = now + d.records[j].local_s
+        if a.kind != USE:  # the driver recorded the local time (exact here)
+            d.records[j].delivered = now + a.catch_up * spec.local_s
         if j + 1 < L:
             push(t, _COMPUTE, j + 1)
         else:
@@ -107,20 +112,22 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
         now, kind, _, data = heapq.heappop(heap)
         if kind == _FETCHED:
             j, nbytes, start = data
-            if d.records[j].status == "requested":
+            if d.records[j].status == REQUESTED:
                 d.on_fetched(j, nbytes, now, sample_bytes=nbytes, sample_s=now - start)
                 w = min(range(decode_workers), key=lambda i: workers[i])
                 workers[w] = max(now, workers[w]) + d.routes[j].decode_s
                 push(workers[w], _DECODED, j)
         elif kind == _DECODED:
             d.on_decoded(data, now)
-            if waiting is not None and waiting[0] == data and d.records[data].status == "ready":
+            if waiting is not None and waiting[0] == data and d.records[data].status == READY:
                 act(data, d.on_ready_while_waiting(data, now), now)
         elif kind == _DEADLINE:
             if waiting is not None and waiting[0] == data and now >= waiting[1]:
                 act(data, d.on_wait_expired(data, now), now)
         elif kind == _COMPUTE:
             act(data, d.at_layer(data, now), now)
+        elif kind == _ADVANCED:
+            act(data, d.on_advanced(data, now), now)
         issue(now)
         if waiting is not None and finish is None:
             changed = d.recheck(waiting[0], now)  # e.g. CacheGen chose to compute the chunk meanwhile

@@ -11,7 +11,7 @@ from sakura.capture import calibration_photos
 from sakura.models import load_model
 from sakura.runtime import BandwidthEstimator, FixedPolicy, RttEstimator
 from sakura.runtime.discovery import list_templates
-from sakura.runtime.live import DeviceProfile, streamed_edit
+from sakura.runtime.live import DeviceProfile, Emulation, streamed_edit
 from sakura.server import serve_in_thread
 from sakura.store.template_ref import decode_template_ref, split_template_images
 from sakura.store.store import Store
@@ -142,7 +142,7 @@ def test_klein_runtime_falls_back_to_local_layers_through_template_layers(klein_
     photo = torch.rand(1, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(4))
     res = streamed_edit(model, photo, base_url=url, template_id="sun", template_image=images,
                         instruction=m.kv_layout["instruction"], policy=MeetInMiddlePolicy(),
-                        profile=DeviceProfile(compute_s=0.05, local_s=0.0005), renditions=("lossless",),
+                        profile=DeviceProfile(compute_s=0.05, local_s=0.0005), emulate=Emulation(renditions=("lossless",)),
                         bandwidth=BandwidthEstimator(prior_bps=1e9), rtt=RttEstimator(prior_s=0.001), steps=STEPS,
                         manifest=m, allow_fast_path=False)
     sources = [r.source for r in res.records]

@@ -40,6 +40,11 @@ def test_robust_discount_scores_against_the_prediction_used():
     est2 = BandwidthEstimator(prior_bps=None, min_sample_bytes=1)
     est2.observe(500, 1.0)          # no prior: nothing to score against
     assert est2.robust_bps() == 500
+    est3 = BandwidthEstimator(prior_bps=250.0, min_sample_bytes=1)
+    est3.observe(500, 1.0)          # faster than the prior: no stall to guard against, no discount
+    assert est3.robust_bps() == 500
+    est3.observe(100, 1.0)          # slower than the 500 predicted: error 4 (predicted 500, got 100)
+    assert est3.robust_bps() == pytest.approx(est3.predict_bps() / 5.0)
 
 
 def test_harmonic_mean_and_small_samples_merge():

@@ -15,7 +15,7 @@ from sakura.link.pacer import pacer_in_thread
 from sakura.link.traces import constant_trace
 from sakura.models import load_model
 from sakura.runtime import (BandwidthEstimator, FixedPolicy, MeetInMiddlePolicy, RttEstimator, SakuraPolicy)
-from sakura.runtime.live import DeviceProfile, profile_model, shard_specs, streamed_edit
+from sakura.runtime.live import DeviceProfile, Emulation, profile_model, shard_specs, streamed_edit
 from sakura.runtime.sim import simulate_edit
 from sakura.server import serve_in_thread
 from sakura.build.pipeline import build_store
@@ -94,7 +94,7 @@ def test_fast_link_streams_within_the_quality_floor(setup):
 def test_every_fault_ends_with_the_on_device_image(setup, fault, tmp_path):
     model, tpl, photo, url, m, root = setup
     want = _on_device(setup)
-    kw = dict(renditions=("lossless",), allow_fast_path=False, profile=DeviceProfile(compute_s=0.002, local_s=0.05))
+    kw = dict(emulate=Emulation(renditions=("lossless",)), allow_fast_path=False, profile=DeviceProfile(compute_s=0.002, local_s=0.05))
     t = time.monotonic()
     if fault == "unreachable":
         res = _edit(setup, SakuraPolicy(), url="http://127.0.0.1:9", manifest=False, **kw)
@@ -156,8 +156,8 @@ class SlowDevice:
     """sakura-mini with a phone's per-layer times added (sleeps): template layers take `local_s`
     more, each forward layer `compute_s` more, so decisions are clear-cut on a loaded CPU."""
 
-    def __init__(self, model, local_s, compute_s):
-        self.m, self.local_s, self.compute_s = model, local_s, compute_s
+    def __init__(self, model, local_s, compute_s, pre_s=0.0):
+        self.m, self.local_s, self.compute_s, self.pre_s = model, local_s, compute_s, pre_s
         self.num_layers, self.cfg = model.num_layers, model.cfg
 
     def __getattr__(self, name):
@@ -172,6 +172,7 @@ class SlowDevice:
         if template_kv is None:
             return self.m.edit(photo, **kw)
         dev = self
+        time.sleep(self.pre_s)  # text encoder + VAE encode before the first layer (fetching runs)
 
         class Slow:
             model_fingerprint, template_fingerprint = template_kv.model_fingerprint, template_kv.template_fingerprint
@@ -185,36 +186,47 @@ class SlowDevice:
         return self.m.edit(photo, template_kv=Slow(), **kw)
 
 
+#: Why the live-vs-sim test failed about 1 run in 20 at 100 Mbit/s (and 4 in 6 at load 9): layer 0
+#: waited for its shard until the wait rule's deadline (the expected arrival + 2 RTTs, 120 ms), but
+#: the live first request also pays a TCP handshake through the 40 ms pacer, which the simulator
+#: does not model, so it arrived at ~190 ms on a loaded machine and live computed layer 0 while the
+#: simulator used the shard. At layer 0 nothing can be hedged (the local generator is not behind).
+#: The fix: the device spends LIVE_SIM_PRE_S on the text encoder and VAE encode before layer 0, as a
+#: phone does, so the first shards are here before the forward pass needs them; later layers no
+#: longer sit on a threshold either (a shard late past its deadline is hedged, ADVANCE, and still
+#: used when it arrives, as in the simulator). A 50 % loss bound keeps the slack far from the waits.
+LIVE_SIM_BOUND = 0.5
+LIVE_SIM_PRE_S = 0.4
+
+
 @pytest.mark.parametrize("mbps", [0.1, 100])
 def test_live_and_simulated_runs_take_the_same_decisions(setup, mbps):
     model, tpl, photo, url, m, _ = setup
-    slow = SlowDevice(model, local_s=0.20, compute_s=0.03)
-    prof = DeviceProfile(compute_s=0.03 + 0.003, local_s=0.20 + 0.003, decode_workers=2)
-    kw = dict(bw=mbps * 1e6 / 8, rtt=0.04, renditions=("lossless",), allow_fast_path=False, profile=prof)
+    slow = SlowDevice(model, local_s=0.20, compute_s=0.03, pre_s=LIVE_SIM_PRE_S)
+    prof = DeviceProfile(compute_s=0.03 + 0.003, local_s=0.20 + 0.003, decode_workers=2, pre_s=LIVE_SIM_PRE_S)
+    kw = dict(bw=mbps * 1e6 / 8, rtt=0.04, emulate=Emulation(renditions=("lossless",)), allow_fast_path=False, profile=prof)
     with pacer_in_thread(url, constant_trace(mbps), 0.0, 0.040) as purl:
         live = streamed_edit(slow, photo, base_url=purl, template_id="sticker-00", template_image=tpl.image[None],
-                             instruction=tpl.instruction, policy=SakuraPolicy(loss_bound=0.1), manifest=m, steps=1,
+                             instruction=tpl.instruction, policy=SakuraPolicy(loss_bound=LIVE_SIM_BOUND), manifest=m,
+                             steps=1,
                              bandwidth=BandwidthEstimator(prior_bps=kw["bw"]), rtt=RttEstimator(prior_s=0.04),
-                             renditions=kw["renditions"], allow_fast_path=False, profile=prof)
+                             emulate=kw["emulate"], allow_fast_path=False, profile=prof)
     from dataclasses import replace
 
     specs = [replace(s, routes=tuple(r for r in s.routes if r.name == "lossless")) for s in shard_specs(m, prof)]
     from sakura.runtime import ConstantLink
 
-    # a 10 % loss bound: the 1 % default's slack (14 ms here) is below one RTT, so the first layers'
-    # decisions would sit on a threshold that a busy machine's timing can flip
-    sim = simulate_edit(specs, SakuraPolicy(loss_bound=0.1), link=ConstantLink(mbps * 1e6 / 8), rtt_s=0.04,
-                        bandwidth=BandwidthEstimator(prior_bps=kw["bw"]), rtt=RttEstimator(prior_s=0.04), decode_workers=2)
-    assert live.choices() == [r.source for r in sim.records]
+    sim = simulate_edit(specs, SakuraPolicy(loss_bound=LIVE_SIM_BOUND), link=ConstantLink(mbps * 1e6 / 8), rtt_s=0.04,
+                        bandwidth=BandwidthEstimator(prior_bps=kw["bw"]), rtt=RttEstimator(prior_s=0.04), decode_workers=2,
+                        compute_start_s=LIVE_SIM_PRE_S)
+    timeline = [(r.index, r.source, round(r.t_request, 3), round(r.fetch_end, 3), round(r.decode_end, 3),
+                 round(r.needed, 3), r.note) for r in live.records]
+    assert live.choices() == [r.source for r in sim.records], (live.events, timeline)
     assert [r.index for r in live.records if r.route] == [j for j, _ in sim.requests]
-    # the two links are clear-cut: all local, or all fetched but a local prefix (the first shard's
-    # round trip may be more wait than the loss bound allows before layer 0)
+    # the two links are clear-cut: all local (a probe for the last layer is requested and not used
+    # in time), or all fetched
     ch = live.choices()
-    if mbps == 100:
-        k = ch.index("lossless")
-        assert k <= 1 and set(ch[k:]) == {"lossless"}
-    else:
-        assert set(ch) == {"local"}
+    assert set(ch) == ({"lossless"} if mbps == 100 else {"local"})
 
 
 def test_meet_in_the_middle_live(setup):
