@@ -191,6 +191,11 @@ class EditDriver:
             raise ValueError("decode_workers and max_inflight must be >= 1")
         self.specs = list(specs)
         self.L = len(self.specs)
+        # local_s summed over specs[:k]: fallback_finish's catch-ups read it in O(1) (the profile
+        # calls fallback_finish at every decision while it waits, O(L^2) each)
+        self._local_before = [0.0]
+        for sp in self.specs:
+            self._local_before.append(self._local_before[-1] + sp.local_s)
         self.policy = policy
         self.bw = bandwidth
         self.rtt = rtt
@@ -247,7 +252,7 @@ class EditDriver:
                     t = max(t, here[i]) + self.specs[i].compute_s
                     uses = uses or i == j
                 else:
-                    t += sum(x.local_s for x in self.specs[g:i + 1]) + self.specs[i].compute_s
+                    t += (self._local_before[i + 1] - self._local_before[g]) + self.specs[i].compute_s
                     g = i + 1
             if t < best[0]:
                 best = (t, waited, uses)
