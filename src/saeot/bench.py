@@ -78,12 +78,9 @@ def plot_recovery(r: dict, path: Path) -> Path:
 
 
 def write_json(obj, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=float))
-    tmp.replace(path)
-    return path
+    from saeot.fsutil import atomic_write
+
+    return atomic_write(path, json.dumps(obj, indent=1, default=float).encode("utf-8"))
 
 
 def timing_all_pairs(A, B, candidates: int = 32, progress: bool = True, sinkhorn_sample: int = 8192) -> dict:
