@@ -444,6 +444,9 @@ def bench_speed(
     legacy: str = typer.Option("0b04a39", help="Git revision whose solvers are timed side by side ('' = none)."),
     geometry: str = typer.Option(DEFAULT_GEOMETRY, help="Reference-space geometry (saeot.geometry)."),
     spaces: str = typer.Option("reference,pca", help="reference and/or pca (64 components)."),
+    prefilters: str = typer.Option("sliced,pca-sliced,pca-bound,bound-mid",
+                                   help="Pre-filters whose candidate recall is measured and exact run timed."),
+    pruned: bool = typer.Option(True, help="Also time exact NN by lower-bound pruning (slow)."),
     out: Path = typer.Option(Path("docs/saeot/speed.json")),
 ) -> None:
     """Wall time of all-pairs OT between two layers: sliced, exact on candidates, PCA-64, per core, legacy."""
@@ -458,8 +461,13 @@ def bench_speed(
     _check_choice("--geometry", geometry, GEOMETRIES)
     for x in _csv(spaces):
         _check_choice("--spaces", x, ("reference", "pca"))
+    from saeot.wasserstein import PREFILTERS
+
+    for x in _csv(prefilters):
+        _check_choice("--prefilters", x, PREFILTERS)
     r = speed_bench(acts, saes, layer_a, layer_b, k=k, candidates=candidates, recall_sources=recall_sources,
-                    legacy_rev=legacy or None, log=typer.echo, geometry=geometry, spaces=tuple(_csv(spaces)))
+                    legacy_rev=legacy or None, log=typer.echo, geometry=geometry, spaces=tuple(_csv(spaces)),
+                    prefilters=tuple(_csv(prefilters)), pruned=pruned)
     write_json(r, out)
     typer.echo(f"wrote {out}")
 
