@@ -79,17 +79,25 @@ def collect(
     ctx_len: int = typer.Option(128, help="Tokens per chunk."),
     layers: str = typer.Option("all", help="Comma-separated residual layers (0 = embeddings), or 'all'."),
     batch_size: int = typer.Option(8, help="Chunks per forward pass / shard."),
+    exclude: Optional[Path] = typer.Option(None, help="Activation cache whose chunks are left out (a training-only "
+                                           "extra for `train-sae --extra-acts`: no token chunk of it is collected)."),
 ) -> None:
     """Collect residual-stream activations over the bundled corpus into a safetensors cache."""
     _check_int_list("--layers", layers)
     for opt, v in (("--n-tokens", n_tokens), ("--ctx-len", ctx_len), ("--batch-size", batch_size)):
         _check_positive(opt, v)
-    from saeot.collect import collect_activations
+    if exclude is not None:
+        _check_folder("--exclude", exclude, "an activation cache from `saeot collect`")
+    from saeot.collect import collect_activations, excluding_chunks
     from saeot.corpus import chunk_corpus
     from saeot.models import load_model
 
     lm = load_model(model)
     chunks = chunk_corpus(lm.tokenizer, n_tokens, ctx_len)
+    if exclude is not None:
+        chunks = excluding_chunks(chunks, exclude)
+        if not chunks:
+            _fail(f"every chunk of the first {n_tokens} corpus tokens is in {exclude}; raise --n-tokens")
     collect_activations(lm, chunks, out, _layers(layers), batch_size)
     typer.echo(f"cached {len(chunks) * ctx_len} tokens x layers {layers} of {model} in {out}")
 
@@ -108,6 +116,9 @@ def train_sae(
     seed: int = typer.Option(0, help="Initialisation and batch-sampling seed."),
     stop_after: int = typer.Option(0, help="Run at most this many steps per layer now, checkpoint, resume on the "
                                    "next call (0 = train to --steps)."),
+    extra_acts: Optional[Path] = typer.Option(None, help="Training-only activation cache (`saeot collect --exclude "
+                                              "ACTS`): all its tokens join the fit tokens; refused if it shares a "
+                                              "chunk with ACTS' val/test chunks."),
 ) -> None:
     """Train a TopK SAE (with AuxK) per layer on the *fit* chunks only (saeot.evaluate.chunk_split:
     the val/test chunks that `saeot evaluate` judges on stay outside the training data); print and
@@ -120,19 +131,37 @@ def train_sae(
     if k > d_sae:
         _fail(f"--k {k} must be <= --d-sae {d_sae}")
     _check_folder("--acts", acts, "run `saeot collect`")
-    from saeot.collect import load_activations, load_manifest
+    if extra_acts is not None:
+        _check_folder("--extra-acts", extra_acts, "run `saeot collect --exclude ACTS`")
+    import numpy as np
+
+    from saeot.collect import chunk_token_set, load_activations, load_manifest
     from saeot.evaluate import chunk_split
     from saeot.sae import sae_metadata, sae_report, save_sae, train_topk_sae
 
     man = load_manifest(acts)
     todo = man["layers"] if _layers(layers) is None else _layers(layers)
     split = chunk_split(load_activations(acts, "chunk"))
+    if extra_acts is not None:
+        # the guarantee that judged tokens stay outside training, checked on token content, not on names
+        held = chunk_token_set(acts, split["held"])
+        shared = held & chunk_token_set(extra_acts)
+        if shared:
+            _fail(f"--extra-acts {extra_acts} holds {len(shared)} val/test chunks of --acts {acts}; "
+                  f"collect it with --exclude {acts}")
+        man_x = load_manifest(extra_acts)
+        missing = [l for l in todo if l not in man_x["layers"]]
+        if missing or man_x["model"] != man["model"]:
+            _fail(f"--extra-acts {extra_acts} lacks layers {missing} or is from another model ({man_x['model']})")
     rpath = out / "report.json"
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     for l in todo:
         X = load_activations(acts, l)
+        X_fit = X[split["fit"]]
+        if extra_acts is not None:
+            X_fit = np.concatenate([X_fit, load_activations(extra_acts, l)], 0)
         ck = out / "checkpoints" / f"layer_{l}.pt"
-        sae = train_topk_sae(X[split["fit"]], d_sae, k, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+        sae = train_topk_sae(X_fit, d_sae, k, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                              aux_k=None if aux_k < 0 else aux_k, cfg=sae_metadata(man["model"], l),
                              checkpoint=ck, stop_after=stop_after or None)
         if sae is None:
@@ -140,8 +169,10 @@ def train_sae(
             continue
         save_sae(sae, out / f"layer_{l}")
         rep = sae_report(sae, X[split["held"]])
-        rep["dead_frac_train"] = sae_report(sae, X[split["fit"]])["dead_frac"]
-        rep.update({"steps": steps, "batch_size": batch_size, "seed": seed, "train_tokens": int(split["fit"].sum()),
+        fit_rep = sae_report(sae, X_fit[:40960])
+        rep["dead_frac_train"], rep["fvu_train"] = fit_rep["dead_frac"], fit_rep["fvu"]
+        rep.update({"steps": steps, "batch_size": batch_size, "seed": seed, "lr": lr, "train_tokens": len(X_fit),
+                    "extra_acts": None if extra_acts is None else str(extra_acts),
                     "held_out": "val + test chunks (saeot.evaluate.chunk_split), never trained on"})
         typer.echo(f"layer {l}: FVU {rep['fvu']:.3f}  L0 {rep['l0']:.1f}  dead {rep['dead_frac']:.1%} (held-out "
                    f"{rep['n_tokens']} tokens; dead on train {rep['dead_frac_train']:.1%})")
@@ -413,6 +444,9 @@ def bench_speed(
     legacy: str = typer.Option("0b04a39", help="Git revision whose solvers are timed side by side ('' = none)."),
     geometry: str = typer.Option(DEFAULT_GEOMETRY, help="Reference-space geometry (saeot.geometry)."),
     spaces: str = typer.Option("reference,pca", help="reference and/or pca (64 components)."),
+    prefilters: str = typer.Option("sliced,pca-sliced,pca-bound,bound-mid",
+                                   help="Pre-filters whose candidate recall is measured and exact run timed."),
+    pruned: bool = typer.Option(True, help="Also time exact NN by lower-bound pruning (slow)."),
     out: Path = typer.Option(Path("docs/saeot/speed.json")),
 ) -> None:
     """Wall time of all-pairs OT between two layers: sliced, exact on candidates, PCA-64, per core, legacy."""
@@ -427,8 +461,13 @@ def bench_speed(
     _check_choice("--geometry", geometry, GEOMETRIES)
     for x in _csv(spaces):
         _check_choice("--spaces", x, ("reference", "pca"))
+    from saeot.wasserstein import PREFILTERS
+
+    for x in _csv(prefilters):
+        _check_choice("--prefilters", x, PREFILTERS)
     r = speed_bench(acts, saes, layer_a, layer_b, k=k, candidates=candidates, recall_sources=recall_sources,
-                    legacy_rev=legacy or None, log=typer.echo, geometry=geometry, spaces=tuple(_csv(spaces)))
+                    legacy_rev=legacy or None, log=typer.echo, geometry=geometry, spaces=tuple(_csv(spaces)),
+                    prefilters=tuple(_csv(prefilters)), pruned=pruned)
     write_json(r, out)
     typer.echo(f"wrote {out}")
 

@@ -11,7 +11,7 @@ Cache layout (``out_dir``)::
     shard_00000.safetensors  tokens (n,) int64, chunk (n,) int64, pos (n,) int64,
                              layer_<l> (n, d) float32 for each collected layer
 
-A shard holds one batch of chunks; each is written to a temp file then renamed, so an
+A shard holds one batch of chunks; each is written atomically and durably (:mod:`saeot.fsutil`), so an
 interrupted run resumes from the first missing shard.  The BOS token the model is fed (when the
 tokenizer has one) is never stored: only corpus tokens are.
 """
@@ -19,18 +19,16 @@ tokenizer has one) is never stored: only corpus tokens are.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from saeot.corpus import chunks_fingerprint
+from saeot.fsutil import atomic_write
 
 
 def _atomic_write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=1).encode("utf-8"))
 
 
 def collect_activations(lm, chunks: list[list[int]], out_dir: Path, layers: list[int] | None = None,
@@ -54,7 +52,7 @@ def collect_activations(lm, chunks: list[list[int]], out_dir: Path, layers: list
         ``out_dir``.
     """
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import save as safetensors_bytes
     from tqdm.auto import tqdm
 
     layers = list(range(lm.n_layers)) if layers is None else sorted(set(int(l) for l in layers))
@@ -112,14 +110,29 @@ def collect_activations(lm, chunks: list[list[int]], out_dir: Path, layers: list
             for l in layers:
                 h = captured[l][:, skip:, :]  # (B, T, d) corpus tokens only
                 tensors[f"layer_{l}"] = h.reshape(B * T, -1).float().contiguous()
-            path = out_dir / f"shard_{s:05d}.safetensors"
-            tmp = path.with_suffix(".tmp")
-            save_file(tensors, str(tmp))
-            os.replace(tmp, path)
+            atomic_write(out_dir / f"shard_{s:05d}.safetensors", safetensors_bytes(tensors))
     finally:
         for h in handles:
             h.remove()
     return out_dir
+
+
+def chunk_token_set(cache_dir: Path, mask: np.ndarray | None = None) -> set[bytes]:
+    """The token content of a cache's chunks (one ``bytes`` key per chunk), optionally only the
+    chunks of the tokens selected by ``mask`` (n_tokens,) bool."""
+    tokens, chunk = load_activations(cache_dir, "tokens"), load_activations(cache_dir, "chunk")
+    if mask is not None:
+        tokens, chunk = tokens[mask], chunk[mask]
+    # chunks are stored contiguously, one row per token in position order
+    cuts = np.flatnonzero(np.diff(chunk)) + 1
+    return {t.astype(np.int64).tobytes() for t in np.split(tokens, cuts)}
+
+
+def excluding_chunks(chunks: list[list[int]], cache_dir: Path) -> list[list[int]]:
+    """``chunks`` without those whose tokens already lie in the cache at ``cache_dir``, so a
+    training-only collection never repeats (say) the evaluation's held-out chunks."""
+    seen = chunk_token_set(cache_dir)
+    return [c for c in chunks if np.asarray(c, dtype=np.int64).tobytes() not in seen]
 
 
 def load_manifest(cache_dir: Path) -> dict:

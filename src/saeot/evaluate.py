@@ -372,7 +372,9 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
 
         by_space: dict = {}
         ot_cache: dict = {}
-        for c in configs:
+        # a configuration listed twice (eval scripts add "the one chosen on val", often the default)
+        # is solved once; the second copy used to overwrite the first one's fit_seconds with ~0
+        for c in dict.fromkeys(configs):
             if (c.geometry, c.k) not in by_space:
                 by_space[(c.geometry, c.k)] = fitted_features(sae_a, sae_b, Ha, Hb, masks, setting, k=c.k,
                                                               geometry=c.geometry, acts=fit_acts)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import html
-import os
 from pathlib import Path
 
 import numpy as np
@@ -138,12 +137,9 @@ def write_report(path: Path, *, title: str, tokens: np.ndarray, chunk: np.ndarra
     for p in plots:
         h.append(_img(p))
     h.append("</body></html>")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(h), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    from saeot.fsutil import atomic_write
+
+    return atomic_write(path, "".join(h).encode("utf-8"))
 
 
 def pair_rows(A, B, results: dict, n_pairs: int = 20, n_ctx: int = 4) -> tuple[list[str], list[dict]]:

@@ -34,7 +34,6 @@ output of transformer block L-1.  So SAELens ``blocks.L.hook_resid_post`` is lay
 from __future__ import annotations
 
 import json
-import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -316,11 +315,12 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
             log.extend(st.get("log", []))
 
     def save_checkpoint(step_done: int) -> None:
-        tmp = Path(str(checkpoint) + ".tmp")
-        torch.save({"meta": ck_meta, "params": [t.detach().clone() for t in (W_enc, b_enc, W_dec, b_dec)],
-                    "opt": opt.state_dict(), "rng": g.get_state(), "since_fired": since_fired, "step": step_done,
-                    "log": list(log or [])}, tmp)
-        os.replace(tmp, checkpoint)
+        from saeot.fsutil import atomic_write
+
+        state = {"meta": ck_meta, "params": [t.detach().clone() for t in (W_enc, b_enc, W_dec, b_dec)],
+                 "opt": opt.state_dict(), "rng": g.get_state(), "since_fired": since_fired, "step": step_done,
+                 "log": list(log or [])}
+        atomic_write(checkpoint, lambda f: torch.save(state, f))
 
     end = steps if stop_after is None else min(steps, start + int(stop_after))
     for step in tqdm(range(start, end), initial=start, total=steps, disable=not progress,

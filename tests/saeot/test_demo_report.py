@@ -194,3 +194,33 @@ def test_evaluate_command_on_the_demo_cache(demo_out, tmp_path):
     md = (tmp_path / "summary.md").read_text()
     assert "| 2->4 | distant | MiniLM judge |" in md and "OT - sae-match" in md and "p99" in md
     assert md.count(" win") + md.count(" tie") + md.count(" loss") >= 8
+
+
+def test_extra_training_acts_exclude_the_judged_chunks(tmp_path):
+    """`collect --exclude` skips every chunk already cached; `train-sae --extra-acts` trains on
+    fit + extra tokens and refuses an extra cache that holds the evaluation's val/test chunks."""
+    from saeot.collect import chunk_token_set, load_activations
+    from saeot.evaluate import chunk_split
+
+    run = CliRunner().invoke
+    base, extra, leaky = tmp_path / "acts", tmp_path / "extra", tmp_path / "leaky"
+    common = ["--model", "tiny-random", "--ctx-len", "32", "--layers", "1"]
+    assert run(app, ["collect", "--out", str(base), "--n-tokens", "512", *common]).exit_code == 0
+    r = run(app, ["collect", "--out", str(extra), "--n-tokens", "1024", "--exclude", str(base), *common])
+    assert r.exit_code == 0, r.output
+    assert not chunk_token_set(base) & chunk_token_set(extra)
+    assert len(load_activations(extra, "tokens")) == 512  # the corpus prefix is shared: 16 new chunks
+    r = run(app, ["train-sae", "--acts", str(base), "--extra-acts", str(extra), "--out", str(tmp_path / "s"),
+                  "--d-sae", "32", "--k", "4", "--steps", "20", "--batch-size", "64"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "s" / "report.json").read_text())["1"]
+    n_fit = int(chunk_split(load_activations(base, "chunk"))["fit"].sum())
+    assert rep["train_tokens"] == n_fit + 512 and rep["extra_acts"] == str(extra)
+    # a cache with the judged chunks in it (the base collection itself, bigger) is refused, nothing written
+    assert run(app, ["collect", "--out", str(leaky), "--n-tokens", "1024", *common]).exit_code == 0
+    r = run(app, ["train-sae", "--acts", str(base), "--extra-acts", str(leaky), "--out", str(tmp_path / "s2"),
+                  "--d-sae", "32", "--k", "4", "--steps", "20"])
+    assert r.exit_code != 0 and "val/test chunks" in r.output
+    assert not (tmp_path / "s2" / "report.json").exists()
+    r = run(app, ["collect", "--out", str(tmp_path / "none"), "--n-tokens", "512", "--exclude", str(base), *common])
+    assert r.exit_code != 0 and "raise --n-tokens" in r.output
