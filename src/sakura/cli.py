@@ -45,9 +45,18 @@ def demo(
     photo with on-device, CacheGen and sakura, live and time-dilated to a workload where streaming can
     pay (a three-image style template on a ~3.6 TFLOP/s phone), with the simulator beside each."""
     from sakura.demo import run_demo
+    from sakura.link.traces import traces_root
 
+    if traces_root() is None:  # before minutes of building: the demo replays a real 5G trace
+        typer.echo("error: no bandwidth traces found: set SAKURA_TRACES to a traces folder, or put "
+                   "../shared/traces beside the repo", err=True)
+        raise typer.Exit(2)
     typer.echo(f"codec decoders ready ({_warm_codec():.2f} s: numba JIT, disk-cached after the first run)")
-    run_demo(out_dir=out, seed=seed, model_name=model, log=typer.echo)
+    try:
+        run_demo(out_dir=out, seed=seed, model_name=model, log=typer.echo)
+    except (ValueError, FileNotFoundError) as e:  # a trace or store that cannot be read: one line, no traceback
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()

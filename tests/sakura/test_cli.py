@@ -47,3 +47,12 @@ def test_info_rejects_unknown_model():
     res = runner.invoke(app, ["info", "--model", "nope"])
     assert res.exit_code != 0
     assert "unknown model" in str(res.exception)
+
+
+def test_demo_without_traces_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAKURA_TRACES", str(tmp_path / "no-such-folder"))
+    res = subprocess.run([sys.executable, "-m", "sakura", "demo", "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "SAKURA_TRACES" in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists()
