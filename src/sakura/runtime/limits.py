@@ -59,13 +59,6 @@ def check_template_ref(manifest: Any, image_size: int) -> None:
                          f"template needs at most {cap}")
 
 
-def _model_heads(model: Any) -> tuple[int | None, int | None]:
-    cfg = getattr(model, "cfg", None)
-    heads = getattr(cfg, "heads", None)
-    head_dim = getattr(cfg, "head_dim", None)
-    return (heads if isinstance(heads, int) else None), (head_dim if isinstance(head_dim, int) else None)
-
-
 def shard_shapes(model: Any, manifest: Any) -> list[tuple[int, int, int]]:
     """Each shard's K/V shape (tokens, heads, head_dim), checked against the manifest's own
     ``fp16_bytes`` and the model's config; raises `LimitError` naming the first mismatch."""
@@ -73,8 +66,8 @@ def shard_shapes(model: Any, manifest: Any) -> list[tuple[int, int, int]]:
     heads, head_dim = lay.get("heads"), lay.get("head_dim")
     if not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 16 for v in (heads, head_dim)):
         raise LimitError(f"manifest kv_layout has no valid heads/head_dim ({heads!r}, {head_dim!r})")
-    m_heads, m_dim = _model_heads(model)
-    if (m_heads is not None and heads != m_heads) or (m_dim is not None and head_dim != m_dim):
+    m_heads, m_dim = model.cfg.heads, model.cfg.head_dim  # ImageModelConfig (models/base.py)
+    if heads != m_heads or head_dim != m_dim:
         raise LimitError(f"manifest KV has {heads} heads x {head_dim}, the model {m_heads} x {m_dim}")
     out = []
     for s in manifest.shards:

@@ -74,7 +74,9 @@ def load_run_model(path: str | Path) -> tuple[torch.nn.Module, int]:
 def measure_isolation(model, *, steps: int = 8, seed: int = 0, photos_per_source: int = 4,
                       tasks: tuple[str, ...] = TASK_NAMES) -> list[IsolationRow]:
     """Stock vs cached (isolated) edits of a `photo_reference` flux2-mini, per task."""
-    if not getattr(model.cfg, "photo_reference", False):
+    from sakura.models.flux2mini import Flux2MiniConfig
+
+    if not (isinstance(model.cfg, Flux2MiniConfig) and model.cfg.photo_reference):
         raise ValueError("the isolation cost is measured on a flux2-mini trained with --stock-references "
                          "(its photo is a second reference); this model keeps the photo out of the references")
     size = model.cfg.image_size
