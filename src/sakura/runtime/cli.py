@@ -60,7 +60,10 @@ def refresh_failure(e: BaseException, template: str) -> str:
         return f"server redirected elsewhere ({_short(e, 100)})"
     if isinstance(e, ValueError):  # decode_template_ref
         return f"server's template image for {template} is unusable ({_short(e, 100)})"
-    return f"server unavailable ({_short(e, 100)})"
+    # the root cause (connection refused, DNS, reset) says more than the retry wrapper, whose
+    # message starts with the 64-hex template fingerprint
+    cause = e.__cause__ or e
+    return f"server unavailable ({_short(cause, 140)})"
 
 
 def edit_command(*, photo: Path, server: str, template: str | None, out: Path, policy: str, steps: int, seed: int,

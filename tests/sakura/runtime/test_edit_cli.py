@@ -124,3 +124,18 @@ def test_profile_bench_smoke(tmp_path):
     md = (tmp_path / "e2e_profile.md").read_text()
     assert "## Never slower" in md and "equal quality vs cachegen-L3" in md
     assert "losing runs" in (tmp_path / "e2e_profile_checks.txt").read_text()
+
+
+def test_server_unavailable_names_the_root_cause_not_the_fingerprint():
+    from sakura.client.client import FetchError
+    from sakura.runtime.cli import refresh_failure
+
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 9)")
+        except ConnectionRefusedError as cause:
+            raise FetchError(f"manifest {'ab' * 32}/sticker-00: gave up after 4 attempts ({cause!r})") from cause
+    except FetchError as e:
+        msg = refresh_failure(e, "sticker-00")
+    assert msg.startswith("server unavailable (ConnectionRefusedError") and "Connect call failed" in msg
+    assert "ab" * 32 not in msg
