@@ -114,13 +114,7 @@ def run_faults(out_dir: str | Path | None = None, *, template: str = "sticker-00
     result = {"mode": "live (real execution on this machine, CPU, loopback with injected faults)",
               "template": template, "steps": steps, "profile": {"compute_s": profile.compute_s, "local_s": profile.local_s},
               "rows": rows}
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "faults.json").write_text(json.dumps(result, indent=2, default=float))
-        (out / "faults.md").write_text(faults_table(result))
-    log(faults_table(result))
-    return result
+    return _publish(result, "faults", faults_table, out_dir, log)
 
 
 def faults_table(result: dict) -> str:
@@ -303,13 +297,7 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
               "template": template, "steps": steps, "timeout_s": timeout_s, "loadavg": list(os.getloadavg()),
               "rows": rows, "cpu_count": os.cpu_count(), "slow_headers": slow, "fuzz": fuzz,
               "parent_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "hostile.json").write_text(json.dumps(result, indent=2, default=float))
-        (out / "hostile.md").write_text(hostile_table(result))
-    log(hostile_table(result))
-    return result
+    return _publish(result, "hostile", hostile_table, out_dir, log)
 
 
 def hostile_table(result: dict) -> str:
@@ -497,3 +485,15 @@ def run_parser_fuzz(cases: int = 2000, *, seed: int = 0, log: Callable[[str], No
         log(f"  fuzz {k:12s}: {cases} cases, {typed[k]} typed errors, {valid[k]} valid, "
             f"{out[k]['escapes']} escapes {escapes[k] or ''}")
     return out
+
+
+def _publish(result: dict, name: str, table, out_dir, log) -> dict:
+    """Write `<name>.json` and `<name>.md` (the table) under `out_dir` if given, log the table."""
+    text = table(result)
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.json").write_text(json.dumps(result, indent=2, default=float))
+        (out / f"{name}.md").write_text(text)
+    log(text)
+    return result
