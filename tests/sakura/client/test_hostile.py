@@ -5,7 +5,6 @@ did not hang": the hang used to be infinite); the deadlines themselves are count
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -54,29 +53,27 @@ def test_deadline_formula_is_bounded():
     assert c.deadline_for(10**12) == 50.0
 
 
+@pytest.mark.timeout(60)  # a hang guard for the harness; what the test checks is the typed error and the count
 def test_dripping_manifest_ends_at_its_deadline(ours):
     # one byte every 0.5 s: each read arrives well inside read_timeout, so only an overall deadline ends it
     with hostile_in_thread(ours, "drip", drip_s=0.5) as (url, srv):
         async def go():
             async with _client(url) as c:
                 await c.get_manifest(FP, "tpl-000", deadline_s=2.0)
-        t = time.monotonic()
         with pytest.raises(DeadlineExceeded, match="deadline"):
             run(go())
-        assert time.monotonic() - t < 30
         assert len(srv.requests) == 1  # a deadline is not retried
 
 
+@pytest.mark.timeout(60)
 def test_object_stalled_after_headers_ends_at_its_deadline(ours, manifest):
     ref = manifest.shards[0].renditions[0].object
     with hostile_in_thread(ours, "stall-body") as (url, _):
         async def go():
             async with _client(url) as c:
                 await c.fetch_object(ref, deadline_s=1.5)
-        t = time.monotonic()
-        with pytest.raises(DeadlineExceeded):
+        with pytest.raises(DeadlineExceeded):  # the overall deadline, not the 3 s read timeout's retries
             run(go())
-        assert time.monotonic() - t < 30
 
 
 def test_default_deadline_applies_without_one_given(ours, manifest):
