@@ -76,20 +76,44 @@ def pytest_collection_modifyitems(config, items):
 TINY_FLUX2_PX = 16
 
 
-def _make_tiny_flux2(seed=0, **overrides):
-    """Tiny random flux2-mini (16 px, 4 px patches, width 32, 1 double + 2 single blocks); the
-    zero-initialised output head is randomised so the output depends on every input."""
-    from sakura.models.flux2mini import Flux2MiniConfig, Flux2MiniDiT
-
-    cfg = Flux2MiniConfig(**{"image_size": TINY_FLUX2_PX, "patch_size": 4, "dim": 32, "heads": 2, "double_layers": 1,
-                             "single_layers": 2, "text_dim": 16, **overrides})
-    torch.manual_seed(seed)
-    m = Flux2MiniDiT(cfg)
+def _randomised(m):
+    """`m` with every parameter jittered (a fresh DiT's zero-initialised output head and gates make
+    its output zero, independent of the input), fingerprint recomputed, in eval mode."""
     with torch.no_grad():
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     m.invalidate_fingerprint()
     return m.eval()
+
+
+def _make_tiny_flux2(seed=0, **overrides):
+    """Tiny random flux2-mini (16 px, 4 px patches, width 32, 1 double + 2 single blocks)."""
+    from sakura.models.flux2mini import Flux2MiniConfig, Flux2MiniDiT
+
+    cfg = Flux2MiniConfig(**{"image_size": TINY_FLUX2_PX, "patch_size": 4, "dim": 32, "heads": 2, "double_layers": 1,
+                             "single_layers": 2, "text_dim": 16, **overrides})
+    torch.manual_seed(seed)
+    return _randomised(Flux2MiniDiT(cfg))
+
+
+def _make_tiny_mini(seed: int = 0, **overrides):
+    """A small random sakura-mini (16 px, 4 px patches, width 32, 3 blocks)."""
+    from sakura.models.mini import MiniConfig, MiniDiT
+
+    cfg = MiniConfig(**{"image_size": 16, "patch_size": 4, "dim": 32, "depth": 3, "heads": 2, **overrides})
+    torch.manual_seed(seed)
+    return _randomised(MiniDiT(cfg))
+
+
+@pytest.fixture
+def tiny_mini():
+    return _make_tiny_mini()
+
+
+@pytest.fixture
+def mini_factory():
+    """Factory of tiny random sakura-mini models: mini_factory(seed=0, **config overrides)."""
+    return _make_tiny_mini
 
 
 @pytest.fixture(scope="session")

@@ -20,12 +20,7 @@ from sakura.store import ManifestError, Store
 from sakura.store.layout import INDEX_URL, MANIFEST_URL_RE, OBJECT_URL_RE
 from sakura.store.synthetic import make_synthetic_store
 
-FP = "synthetic-model"
-
-
-def run(coro, timeout=60):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
+from .conftest import FP, run
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
@@ -33,12 +28,6 @@ def store(tmp_path_factory):
     # fp16 renditions: 2*256*256*2 = 256 KiB each
     make_synthetic_store(root, templates=2, layers=3, tokens=256, width=256, model_fingerprint=FP)
     return root
-
-
-@pytest.fixture(scope="module")
-def ours(store):
-    with serve_in_thread(store) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -11,30 +11,18 @@ import pytest
 from sakura.client import DeadlineExceeded, IntegrityError, RedirectRefused, TemplateClient
 from sakura.client.client import FetchError
 from sakura.link.faults import hostile_in_thread
-from sakura.server import serve_in_thread
 from sakura.store import Store
 from sakura.store.layout import manifest_relpath
 from sakura.store.synthetic import make_synthetic_store
 
+from .conftest import FP, run
+
 pytestmark = pytest.mark.timeout(120)
-FP = "synthetic-model"
-
-
-def run(coro, timeout=60):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("hstore")
     make_synthetic_store(root, templates=1, layers=2, tokens=64, width=64, model_fingerprint=FP)
     return root
-
-
-@pytest.fixture(scope="module")
-def ours(store):
-    with serve_in_thread(store) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
