@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from sakura.psnr import psnr_db as _psnr  # dependency-free (math only)
+
 MODES = ("Every figure says where it comes from: **live** = real execution on the machine that ran the bench "
          "(CPU, shared, 1 torch thread); **live, time-dilated** = the real runtime at a phone workload's times "
          "divided by D; **phone profile** = the runtime's own driver on a virtual clock with published model "
@@ -59,12 +61,6 @@ def _table(head: list[str], rows: list[list[str]], align: str = "") -> str:
     sep = ["---:" if a == "r" else "---" for a in al]
     return "\n".join(["| " + " | ".join(head) + " |", "| " + " | ".join(sep) + " |"]
                      + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def _psnr(mse: float) -> float:
-    from sakura.psnr import psnr_db
-
-    return psnr_db(mse)
 
 
 # ------------------------------------------------------------------------------------ sections
