@@ -12,6 +12,7 @@ import collections
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +99,17 @@ class OriginLog:
         """Origin GETs per object (``sha256[:12]`` -> count); ``ok_only``: 200/206 answers only."""
         return collections.Counter(r.label for r in self.requests() if r.kind == "object" and r.method == "GET"
                                    and (not ok_only or r.status in (200, 206)))
+
+    def wait_for_object_requests(self, n: int, timeout_s: float = 5.0) -> bool:
+        """Wait until at least `n` origin object GETs are logged, or `timeout_s` passes; -> whether
+        they were. A streamed response is logged after its last byte leaves the origin, which can be
+        after an edge has already handed that byte to the phone: read the log only once it caught up."""
+        end = time.monotonic() + timeout_s
+        while sum(self.object_requests().values()) < n:
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.01)
+        return True
 
     def object_bytes(self) -> int:
         return sum(r.bytes for r in self.requests() if r.kind == "object")
