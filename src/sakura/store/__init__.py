@@ -9,17 +9,8 @@ Public API (what ``sakura build``, the server and the phone runtime use)::
 from sakura.store.api import AsyncTemplateStore, StoreIntegrityError, StoreNotFound, TemplateStore
 
 from sakura.store.layout import check_name, check_sha256, manifest_relpath, object_relpath
-from sakura.store.manifest import (
-    SCHEMA_VERSION,
-    Manifest,
-    ManifestError,
-    ObjectRef,
-    Prefix,
-    Rendition,
-    Shard,
-    Table,
-    TemplateRef,
-)
+from sakura.store import manifest as _manifest
+from sakura.store.manifest import *  # noqa: F403 (its __all__: the manifest types, listed once there)
 from sakura.store.store import (
     RenditionInput,
     Store,
@@ -37,7 +28,7 @@ from sakura.store.store import (
 
 __all__ = [
     "TemplateStore", "AsyncTemplateStore", "StoreNotFound", "StoreIntegrityError", "ObjectMissing", "ObjectDamaged",
-    "SCHEMA_VERSION", "Manifest", "ManifestError", "ObjectRef", "Prefix", "Rendition", "Shard", "Table", "TemplateRef",
+    *_manifest.__all__,
     "RenditionInput", "Store", "StoreError", "StoreStats", "StoreWriter", "TemplateStats", "VerifyReport",
     "atomic_write", "put_object", "sha256_file", "check_name", "check_sha256", "manifest_relpath", "object_relpath",
 ]

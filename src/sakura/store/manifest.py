@@ -27,6 +27,10 @@ from sakura.store.layout import check_name, check_sha256, object_relpath
 
 SCHEMA = "sakura.manifest"
 SCHEMA_VERSION = 1
+
+#: The manifest names `sakura.store` re-exports, listed once: the package star-imports them.
+__all__ = ["SCHEMA_VERSION", "Manifest", "ManifestError", "ObjectRef", "Prefix", "Rendition", "Shard", "Table",
+           "TemplateRef"]
 #: Largest manifest accepted on read (bytes): a bound against memory bombs from a bad server.
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
