@@ -63,21 +63,22 @@ def load_source(name: str) -> torch.Tensor:
     return img.clamp(0.0, 1.0)
 
 
+def _of_split(split: str, train: tuple[str, ...], heldout: tuple[str, ...]) -> tuple[str, ...]:
+    if split == "train":
+        return train
+    if split == "heldout":
+        return heldout
+    raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+
+
 def photo_sources(split: str) -> tuple[str, ...]:
     """Source names of a split: "train" or "heldout"."""
-    if split == "train":
-        return TRAIN_PHOTOS
-    if split == "heldout":
-        return HELDOUT_PHOTOS
-    raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    return _of_split(split, TRAIN_PHOTOS, HELDOUT_PHOTOS)
 
 
 def texture_sources(split: str) -> tuple[str, ...]:
-    if split == "train":
-        return TRAIN_TEXTURES
-    if split == "heldout":
-        return HELDOUT_TEXTURES
-    raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    """Texture names of a split: "train" or "heldout"."""
+    return _of_split(split, TRAIN_TEXTURES, HELDOUT_TEXTURES)
 
 
 def random_crop(img: torch.Tensor, size: int, gen: torch.Generator, *, min_frac: float = 0.3,
