@@ -25,10 +25,12 @@ import socket
 from dataclasses import dataclass
 from typing import Iterator
 
+from sakura.link.listener import Listener
+
 FAULTS = ("reset", "reset-always", "stall", "http500")
 
 
-class FaultProxy:
+class FaultProxy(Listener):
     def __init__(self, upstream: tuple[str, int], fault: str, after_bytes: int = 0):
         if fault not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
@@ -37,17 +39,7 @@ class FaultProxy:
         self.after_bytes = int(after_bytes)
         self.down_bytes = 0
         self.triggered = 0
-        self._server: asyncio.base_events.Server | None = None
         self._stalled = asyncio.Event()
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
-
-    async def start(self) -> "FaultProxy":
-        self._server = await asyncio.start_server(self._on_client, "127.0.0.1", 0)
-        return self
 
     async def close(self) -> None:
         if self._server is not None:
@@ -171,7 +163,7 @@ class RecordedRequest:
     raw: bytes  # the request head's bytes
 
 
-class HostileServer:
+class HostileServer(Listener):
     """An HTTP/1.1 front on 127.0.0.1 for an upstream ``sakura serve`` that misbehaves on purpose
     (`HOSTILE`). Each client request goes upstream on its own connection (``Connection: close``),
     so response bodies are delimited by EOF and the front can rewrite or pace them."""
@@ -190,18 +182,8 @@ class HostileServer:
         self.honest_paths = frozenset(honest_paths)  # answered honestly (e.g. the manifest, to reach the shards)
         self.requests: list[RecordedRequest] = []
         self.huge_sha: str | None = None
-        self._server: asyncio.base_events.Server | None = None
         self._closed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
-
-    async def start(self) -> "HostileServer":
-        self._server = await asyncio.start_server(self._on_client, "127.0.0.1", 0)
-        return self
 
     async def close(self) -> None:
         if self._server is not None:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Iterator
 
+from sakura.link.listener import Listener
 from sakura.link.traces import Trace
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class ProxyStats:
     cut: int = 0               # connections dropped by fault injection
 
 
-class PacingProxy:
+class PacingProxy(Listener):
     """TCP proxy on ``listen_host`` that shapes server->client traffic with a ``Link``.
 
     Args:
@@ -109,21 +110,11 @@ class PacingProxy:
         self.listen = (listen_host, listen_port)
         self.clock = clock
         self.stats = ProxyStats()
-        self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.Task] = set()
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None, "proxy not started"
-        return self._server.sockets[0].getsockname()[1]
 
     @property
     def url(self) -> str:
         return f"http://{self.listen[0]}:{self.port}"
-
-    async def start(self) -> "PacingProxy":
-        self._server = await asyncio.start_server(self._on_client, *self.listen)
-        return self
 
     async def close(self) -> None:
         if self._server is not None:
