@@ -46,20 +46,21 @@ def refresh_failure(e: BaseException, template: str) -> str:
     from sakura.runtime.live import _short
     from sakura.store.manifest import ManifestError
 
-    if isinstance(e, ManifestError):
-        return f"server sent a corrupt manifest for {template} ({_short(e, 100)})"
-    if isinstance(e, LimitError):
-        return f"server's manifest for {template} is over this model's limits ({_short(e, 100)})"
-    if isinstance(e, NotFound):
-        return f"server has no template {template}"
-    if isinstance(e, IntegrityError):
-        return f"server sent damaged bytes for {template} ({_short(e, 100)})"
-    if isinstance(e, DeadlineExceeded):
-        return f"server too slow ({_short(e, 100)})"
-    if isinstance(e, RedirectRefused):
-        return f"server redirected elsewhere ({_short(e, 100)})"
-    if isinstance(e, ValueError):  # decode_template_ref
-        return f"server's template image for {template} is unusable ({_short(e, 100)})"
+    # (kind, line, add the exception's text): the first kind that matches says it; order matters
+    # (ManifestError and LimitError are ValueErrors, which alone mean a bad template image)
+    kinds: tuple[tuple[type[BaseException], str, bool], ...] = (
+        (ManifestError, "server sent a corrupt manifest for {t}", True),
+        (LimitError, "server's manifest for {t} is over this model's limits", True),
+        (NotFound, "server has no template {t}", False),
+        (IntegrityError, "server sent damaged bytes for {t}", True),
+        (DeadlineExceeded, "server too slow", True),
+        (RedirectRefused, "server redirected elsewhere", True),
+        (ValueError, "server's template image for {t} is unusable", True),  # decode_template_ref
+    )
+    for kind, says, with_why in kinds:
+        if isinstance(e, kind):
+            line = says.format(t=template)
+            return f"{line} ({_short(e, 100)})" if with_why else line
     # the root cause (connection refused, DNS, reset) says more than the retry wrapper, whose
     # message starts with the 64-hex template fingerprint
     cause = e.__cause__ or e

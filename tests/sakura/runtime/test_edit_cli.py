@@ -139,3 +139,22 @@ def test_server_unavailable_names_the_root_cause_not_the_fingerprint():
         msg = refresh_failure(e, "sticker-00")
     assert msg.startswith("server unavailable (ConnectionRefusedError") and "Connect call failed" in msg
     assert "ab" * 32 not in msg
+
+
+def test_refresh_failure_names_each_kind():
+    """Each failure kind gets its own line; the ValueError subclasses are not read as a bad image."""
+    from sakura.client import DeadlineExceeded, IntegrityError, NotFound, RedirectRefused
+    from sakura.runtime.cli import refresh_failure
+    from sakura.runtime.limits import LimitError
+    from sakura.store.manifest import ManifestError
+
+    said = {kind.__name__: refresh_failure(kind("why"), "sticker-00") for kind in
+            (ManifestError, LimitError, NotFound, IntegrityError, DeadlineExceeded, RedirectRefused, ValueError)}
+    assert said["ManifestError"] == "server sent a corrupt manifest for sticker-00 (ManifestError: why)"
+    assert said["LimitError"].startswith("server's manifest for sticker-00 is over this model's limits (")
+    assert said["NotFound"] == "server has no template sticker-00"
+    assert said["IntegrityError"].startswith("server sent damaged bytes for sticker-00 (")
+    assert said["DeadlineExceeded"] == "server too slow (DeadlineExceeded: why)"
+    assert said["RedirectRefused"] == "server redirected elsewhere (RedirectRefused: why)"
+    assert said["ValueError"] == "server's template image for sticker-00 is unusable (ValueError: why)"
+    assert refresh_failure(OSError("down"), "sticker-00") == "server unavailable (OSError: down)"
