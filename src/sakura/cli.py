@@ -327,6 +327,8 @@ def bench_isolation(
         typer.echo(f"wrote {out}")
 
 
+# The bench commands' typer option lists are alike in shape only (bench_load ~ bench_scale_model):
+# each option is its own command's knob, with its own default and help.
 @bench_app.command("load")
 def bench_load(
     clients: str = typer.Option("1,8,32", help="Concurrency levels, comma-separated."),
@@ -557,6 +559,7 @@ def bench_build_scale(
         raise typer.Exit(1)
 
 
+# Alike in shape only to bench_load's options (see there).
 @bench_app.command("scale-model")
 def bench_scale_model(
     out: Optional[Path] = typer.Option(None, help="Write the results JSON here (docs/scale_model.json)."),

@@ -165,6 +165,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     return result
 
 
+# Alike in shape only to sakura.bench.faults.hostile_table: other columns, other result.
 def live_table(result: dict) -> str:
     lines = [f"Live (real execution on this machine, CPU, 1 thread): {result.get('model', 'sakura-mini')}, template `{result['template']}`, "
              f"held-out photo {result['photo_index']}, trace `{result['trace']}` from {result['offset_s']} s, "

@@ -70,6 +70,8 @@ def run_faults(out_dir: str | Path | None = None, *, template: str = "sticker-00
 
     rows = []
     with serve_in_thread(root) as url, serve_in_thread(corrupt_root) as bad_url:
+        # Alike in shape only to run_hostile's case loop below: each bench has its own cases and
+        # its own fault server (FaultProxy here, HostileServer there), so they are not one table.
         for case in cases:
             t = time.perf_counter()
             ref = model.edit(photo, template=timg, instruction=tpl.instruction, steps=steps, seed=seed)
@@ -253,6 +255,7 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
     with serve_in_thread(root) as url, serve_in_thread(root) as elsewhere_url:
         if any("gallery" in c for c in cases):
             edit(url, warm)  # fills the warm gallery (and the page cache); not reported
+        # Alike in shape only to run_faults' case loop above (other cases, other servers).
         for case in cases:
             gal = warm if "gallery" in case else base / f"gallery-{len(rows)}"
             extra: dict = {}
@@ -300,6 +303,8 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
     return _publish(result, "hostile", hostile_table, out_dir, log)
 
 
+# Alike in shape only to sakura.bench.e2e.live_table (a caption, a header row, one row per case):
+# the columns differ, so each table is written where its result is made.
 def hostile_table(result: dict) -> str:
     base = next((r for r in result["rows"] if r["case"].startswith("server down")), None)
     lines = [f"Hostile servers, {result['mode']}; template `{result['template']}`, {result['steps']} steps; "

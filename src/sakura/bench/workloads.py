@@ -136,6 +136,8 @@ class Workload:
     denoising pass; `passes` = steps x cfg_passes.
     """
 
+    # Alike in shape only to sakura.models.klein_config.KleinConfig (both are field lists of
+    # int shapes): a Workload is what a method pays per edit, KleinConfig a transformer's shapes.
     name: str
     model: str
     layers: int                       # transformer blocks that carry template KV

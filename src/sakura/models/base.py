@@ -165,6 +165,8 @@ class PatchGridConfig:
             raise ValueError(f"dim {self.dim} / heads {self.heads} must give a head_dim divisible by {m} "
                              f"({self.rope_axes}-axis RoPE)")
 
+    # Alike in shape only to sakura.models.klein_config.KleinConfig's properties: see there why
+    # they are kept separate.
     @property
     def grid(self) -> int:
         return self.image_size // self.patch_size

@@ -29,6 +29,9 @@ class KleinConfig:
     pixels_per_token: int = 16
     text_tokens: int = 512
 
+    # Alike in shape only to sakura.models.base.PatchGridConfig's properties (grid, tokens_per_image):
+    # kept separate because this module imports no torch (the phone-profile workloads read it) and a
+    # Klein token spans pixels_per_token pixels (VAE factor x 2), a bundled model's one patch_size patch.
     @property
     def depth(self) -> int:
         return self.double_layers + self.single_layers

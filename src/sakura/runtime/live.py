@@ -170,6 +170,8 @@ class StreamedEdit:
     link_idle_s: float = math.nan    # time with nothing in flight between the first request and the last byte
     used_kv: dict[int, LayerKV] = field(default_factory=dict)  # the KV each layer used (streamed path)
 
+    # Alike in shape only to sakura.runtime.sim.SimulatedEdit (the two executors' results each
+    # total their own ShardRecords); the fields differ, so each result type keeps its own.
     @property
     def bytes_fetched(self) -> int:
         return sum(r.nbytes for r in self.records)

@@ -34,6 +34,7 @@ class SimulatedEdit:
     link_busy_s: float = 0.0
     image_mse: float = 0.0
 
+    # Alike in shape only to sakura.runtime.live.StreamedEdit's totals (see there).
     @property
     def bytes(self) -> int:
         return sum(r.nbytes for r in self.records)
