@@ -15,6 +15,7 @@ from sakura.link.pacer import pacer_in_thread
 from sakura.link.traces import constant_trace
 from sakura.models import load_model
 from sakura.runtime import (BandwidthEstimator, FixedPolicy, MeetInMiddlePolicy, RttEstimator, SakuraPolicy)
+from sakura.runtime.driver import ShardStatus
 from sakura.runtime.live import DeviceProfile, Emulation, profile_model, shard_specs, streamed_edit
 from sakura.runtime.sim import simulate_edit
 from sakura.server import serve_in_thread
@@ -90,12 +91,12 @@ def test_fast_link_streams_within_the_quality_floor(setup):
     assert abs(got - res.implied_psnr_db) < 3 or (got > 45 and res.implied_psnr_db > 45)
 
 
+@pytest.mark.timeout(120)  # a hang guard for the harness; what bounds the edit is checked on its records
 @pytest.mark.parametrize("fault", ["unreachable", "manifest-500", "shards-500", "reset-always", "stall", "corrupt"])
 def test_every_fault_ends_with_the_on_device_image(setup, fault, tmp_path):
     model, tpl, photo, url, m, root = setup
     want = _on_device(setup)
     kw = dict(emulate=Emulation(renditions=("lossless",)), allow_fast_path=False, profile=DeviceProfile(compute_s=0.002, local_s=0.05))
-    t = time.monotonic()
     if fault == "unreachable":
         res = _edit(setup, SakuraPolicy(), url="http://127.0.0.1:9", manifest=False, **kw)
     elif fault == "manifest-500":
@@ -128,14 +129,18 @@ def test_every_fault_ends_with_the_on_device_image(setup, fault, tmp_path):
             res = _edit(setup, FixedPolicy("lossless"), url=burl, **kw)
         assert res.records[2].source == "local" and any("IntegrityError" in e for e in res.events)
         assert all(r.source == "lossless" for r in res.records if r.index != 2)
-    elapsed = time.monotonic() - t
     # the right image: on-device's up to the fp16 rounding of stored KV (~80 dB)
     assert psnr_per_image(res.image, want).item() > 60
     if fault in ("unreachable", "manifest-500"):
         assert res.path == "on-device" and torch.equal(res.image, want)
     if fault != "reset-always":
         assert res.events, "the report must say what happened"
-    assert elapsed < 15  # bounded by deadlines from the estimates, not a 120 s timeout
+    if fault == "stall":
+        # bounded by the driver's deadlines from the estimates, not by the client's read timeout:
+        # every stalled shard was given up at a deadline (cancelled, computed locally), none failed
+        not_by_deadline = [(r.index, r.status, r.note) for r in res.records
+                           if not (r.status == ShardStatus.CANCELLED and r.note in ("deadline", "late"))]
+        assert not not_by_deadline and all(r.source == "local" for r in res.records)
 
 
 def test_link_does_not_idle_between_shards(setup):
