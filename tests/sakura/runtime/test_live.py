@@ -136,7 +136,7 @@ def test_every_fault_ends_with_the_on_device_image(setup, fault, tmp_path):
     if fault != "reset-always":
         assert res.events, "the report must say what happened"
     if fault == "stall":
-        # bounded by the driver's deadlines from the estimates, not by the client's read timeout:
+        # bounded by the driver's deadlines from the estimates, not by the client's per-object deadline:
         # every stalled shard was given up at a deadline (cancelled, computed locally), none failed
         not_by_deadline = [(r.index, r.status, r.note) for r in res.records
                            if not (r.status == ShardStatus.CANCELLED and r.note in ("deadline", "late"))]
