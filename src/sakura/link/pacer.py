@@ -50,6 +50,9 @@ class Link:
         # Position of the link in the trace's cumulative-bytes axis: everything reserved so far.
         self._served = trace.cumulative(self.offset_s) if trace is not None else 0.0
         self.bytes_reserved = 0
+        #: capacity that passed unused beyond the bucket (bytes): what the trace offered and nobody
+        #: booked in time (an idle phone, or a proxy that ran late on a loaded machine)
+        self.lost_bytes = 0.0
 
     def trace_time(self, now: float) -> float:
         """Trace time (seconds) corresponding to monotonic ``now``."""
@@ -62,7 +65,10 @@ class Link:
         if self.trace is None:
             return now
         cap_now = self.trace.cumulative(self.trace_time(now))
-        base = max(self._served, cap_now - self.burst_bytes)  # idle capacity beyond the burst is lost
+        floor = cap_now - self.burst_bytes  # idle capacity beyond the burst is lost
+        if floor > self._served:
+            self.lost_bytes += floor - self._served
+        base = max(self._served, floor)
         self._served = base + nbytes
         return self.start + (self.trace.time_at(self._served) - self.offset_s)
 

@@ -1,7 +1,9 @@
 """Pacing proxy: the pure token-bucket arithmetic, and delivered throughput through real sockets.
 
-Runtime budget: the accuracy test replays three formats *concurrently* for one 10-s window each
-(after 1 s of warm-up), so the whole file takes ~12 s of wall time.
+Runtime budget: the accuracy test replays three formats *concurrently*
+for ~11 s, so the whole file takes ~12 s of wall time. Throughput is checked by counting bytes:
+early delivery against the trace by every arrival (load cannot break it), and the shortfall
+against the capacity the link itself counted as lost (`Link.lost_bytes`), not by wall-clock windows.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ def test_reserve_is_pure_and_fifo():
     assert link.reserve(100_000, now=10.0) == pytest.approx(10.2)   # queued behind the first
     # idle for a long time: capacity is lost, not banked (burst 0) -> a new chunk takes its own time
     assert link.reserve(50_000, now=20.0) == pytest.approx(20.05)
+    # ... and counted: 10 s at 1 MB/s passed with 200 kB booked
+    assert link.lost_bytes == pytest.approx(10_000_000 - 200_000) and link.bytes_reserved == 250_000
 
 
 def test_reserve_burst_and_offset():
@@ -61,7 +65,8 @@ async def _saturating_source():
 
 
 async def _delivered(spec, troot, offset, seconds, rtt=0.0):
-    """Bytes a saturating server delivers through the proxy, timestamped at the receiver."""
+    """Bytes a saturating server delivers through the proxy, timestamped at the receiver (seconds
+    since the link's start); also the link, for its own accounting."""
     tr = load_trace(spec, troot)
     srv, port = await _saturating_source()
     link = Link(tr, offset_s=offset)
@@ -81,7 +86,27 @@ async def _delivered(spec, troot, offset, seconds, rtt=0.0):
             w.close()
     finally:
         srv.close()
-    return tr, np.array(arrivals)
+    return tr, np.array(arrivals), link
+
+
+#: how far delivery may run ahead of the trace: none, up to float rounding (bytes)
+_AHEAD_BYTES = 1.0
+
+
+def _ahead(tr, off, arr):
+    """The most bytes received by an arrival (seconds since the link's start) beyond what the
+    trace had carried by then: > 0 means the proxy let bytes through early. Load only delays
+    arrivals, so this cannot grow on a loaded machine."""
+    t, n = arr[:, 0], arr[:, 1]
+    carried = np.array([tr.bytes_between(off, off + ti) for ti in t])
+    return float((np.cumsum(n) - carried).max())
+
+
+def _short(tr, off, arr, link):
+    """What the receiver got, plus the capacity the link itself counted as lost (nothing booked
+    in time: the proxy ran late), as a fraction of what the trace carried by the last arrival."""
+    carried = tr.bytes_between(off, off + arr[-1, 0])
+    return 1 - (arr[:, 1].sum() + link.lost_bytes) / carried
 
 
 # One of each format; offsets pick ordinary stretches (not the very start) to exercise offset_s.
@@ -92,15 +117,18 @@ ACCURACY_CASES = [
 ]
 
 
-def test_delivered_bytes_within_5pct_over_10s(troot):
+def test_delivered_bytes_follow_the_trace(troot):
+    """A saturating server behind the proxy gets what the trace carries, checked by counting bytes,
+    not against the clock. Never more: by every arrival, at most what the trace had carried since
+    the start. Never less: over ~11 s, what arrived plus the capacity the link counted as lost
+    (a proxy that runs late on a loaded machine loses it, as an idle real link does) is within 5 %
+    of what the trace carried; what load costs is that count, not a tolerance here."""
     async def go():
         return await asyncio.gather(*(_delivered(s, troot, off, 11.2) for s, off in ACCURACY_CASES))
     results = asyncio.run(asyncio.wait_for(go(), 30))
-    for (spec, off), (tr, arr) in zip(ACCURACY_CASES, results):
-        t, n = arr[:, 0], arr[:, 1]
-        got = n[(t >= 1.0) & (t < 11.0)].sum()           # one 10-s window after 1 s of warm-up
-        want = tr.bytes_between(off + 1.0, off + 11.0)
-        assert abs(got / want - 1) < 0.05, f"{spec}: delivered {got} B, trace allows {want:.0f} B"
+    for (spec, off), (tr, arr, link) in zip(ACCURACY_CASES, results):
+        assert _ahead(tr, off, arr) <= _AHEAD_BYTES, spec
+        assert _short(tr, off, arr, link) < 0.05, (spec, arr[:, 1].sum(), link.lost_bytes)
 
 
 def test_rtt_and_handshake_delay(troot, loop_lag):
@@ -192,12 +220,15 @@ def _up(url):
 
 
 def test_connections_share_one_link():
-    """Two saturating connections through one proxy share the phone's link: together they get
-    the trace's bytes (not twice), each about half."""
+    """Two saturating connections through one proxy share the phone's link: together they never
+    get more than the trace carries (not twice; by every arrival), together they get what it
+    carries less what the link counted as lost (within 5 %), and each about half."""
+    rate = 1_000_000.0  # bytes/s (8 Mbit/s)
+
     async def go():
         srv, port = await _saturating_source()
-        link = Link(const(1_000_000.0))  # 8 Mbit/s
-        got = [0, 0]
+        link = Link(const(rate))
+        arrivals: list[tuple[float, int, int]] = []   # (seconds since the link's start, bytes, connection)
         try:
             async with PacingProxy(("127.0.0.1", port), link) as px:
                 async def conn(i):
@@ -210,13 +241,15 @@ def test_connections_share_one_link():
                             b = await asyncio.wait_for(r.read(1 << 16), end - now)
                         except asyncio.TimeoutError:
                             break
-                        if time.monotonic() - link.start >= 0.5:
-                            got[i] += len(b)
+                        arrivals.append((time.monotonic() - link.start, len(b), i))
                     w.close()
                 await asyncio.gather(conn(0), conn(1))
         finally:
             srv.close()
-        return got
-    a, b = asyncio.run(asyncio.wait_for(go(), 20))
-    assert (a + b) == pytest.approx(3_000_000, rel=0.05)
+        return np.array(sorted(arrivals)), link
+    arr, link = asyncio.run(asyncio.wait_for(go(), 20))
+    assert _ahead(const(rate), 0.0, arr) <= _AHEAD_BYTES
+    assert _short(const(rate), 0.0, arr, link) < 0.05, (arr[:, 1].sum(), link.lost_bytes)
+    window = arr[arr[:, 0] >= 0.5]
+    a, b = window[window[:, 2] == 0, 1].sum(), window[window[:, 2] == 1, 1].sum()
     assert 0.35 < a / (a + b) < 0.65
