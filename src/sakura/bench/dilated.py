@@ -151,6 +151,9 @@ class DilatedDevice:
         self.num_layers, self.cfg = model.num_layers, model.cfg
         self.last_used: dict[int, Any] = {}
 
+    # A documented plugin boundary: a bench-side stand-in that is the wrapped model plus a phone's
+    # timings. What it does not override (fingerprint, check_template_kv, ...) is the model's own,
+    # so it satisfies the same ImageTemplateEditModel Protocol as the model it wraps.
     def __getattr__(self, name: str) -> Any:
         return getattr(self.m, name)
 

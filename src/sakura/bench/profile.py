@@ -80,7 +80,7 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
             d = out.setdefault(r.name, {"codec": r.codec, "bpv": [], "mse": []})
             d["bpv"].append(8 * r.nbytes / (shard.fp16_bytes / 2))
             d["mse"].append(float(r.distortion.get("image_mse", 0.0)))
-    floors = [s.quality_floor["image_mse"] for s in m.shards if getattr(s, "quality_floor", None)]
+    floors = [s.quality_floor["image_mse"] for s in m.shards if s.quality_floor]
     renditions = {k: {"codec": v["codec"], "bits_per_value": statistics.mean(v["bpv"]),
                       "image_mse": statistics.mean(v["mse"])} for k, v in out.items()}
     rates = decode_rates(list(renditions))

@@ -69,7 +69,7 @@ def shard_specs(manifest: Any, profile: DeviceProfile) -> list[ShardSpec]:
     for shard in manifest.shards:
         routes = tuple(Route(r.name, r.nbytes, profile.decode_s(r.codec, shard.fp16_bytes),
                              float(r.distortion.get("image_mse", 0.0))) for r in shard.renditions)
-        floor = getattr(shard, "quality_floor", None) or {}
+        floor = shard.quality_floor or {}
         specs.append(ShardSpec(routes, profile.compute_s, profile.local_s,
                                float(floor["image_mse"]) if "image_mse" in floor else None))
     return specs
