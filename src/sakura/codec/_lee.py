@@ -22,31 +22,45 @@ def idct2(c0, c1):
 
 
 CB2 = 64
+RS2 = 144
 
 
 @njit(nogil=True, cache=True)
-def idct2_2(blocks, lo, hi, inv, mu, out16, out32):
-    """Channel blocks [lo, hi) of blocks (nblk, T, CB2) float32 coefficients (token-grid order)
-    -> tokens: 2-D inverse DCT in place, then x / inv[t] (if inv.size) + mu[c]; written as fp16
-    bits into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
-    fl = blocks.reshape(-1)
+def idct2_2(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+    """Channel blocks [lo, hi) (CB2 channels each) of one part's band-sorted magnitudes and
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
+    into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
+    C = mu.size
+    fl = np.empty(2 * 144, np.float32)
     row = np.empty(64, np.float32)
     rowb = row.view(np.uint32)
+    half = np.float32(0.5)
+    st = np.float32(step)
+    zero = np.float32(0.0)
     for b in range(lo, hi):
-        base = np.uint64(b * 4 * 64)
+        for r in range(4):
+            gi = np.uint64(perm[r])
+            dst = (gi >> np.uint64(1)) * np.uint64(144) + (gi & np.uint64(2 - 1)) * np.uint64(64)
+            src = np.uint64(r) * np.uint64(C) + np.uint64(b * 64)
+            for c in range(64):
+                q = mag[src + np.uint64(c)]
+                v = (np.float32(q) + half) * st
+                v = -v if neg[src + np.uint64(c)] else v
+                fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range(2 * 64):
-            o = base + np.uint64(q)
+            o = np.uint64(q)
             c0 = fl[o + np.uint64(0)]
-            c1 = fl[o + np.uint64(128)]
+            c1 = fl[o + np.uint64(144)]
             t0 = c0 * _K2_0
             t1 = c1 * _K2_1
             t2 = t1 * _K2_2
             t3 = t0 + t2
             t4 = t0 - t2
             fl[o + np.uint64(0)] = t3
-            fl[o + np.uint64(128)] = t4
+            fl[o + np.uint64(144)] = t4
         for i in range(2):
-            bi = base + np.uint64(i * 2 * 64)
+            bi = np.uint64(i * 144)
             for c in range(64):
                 o = bi + np.uint64(c)
                 c0 = fl[o + np.uint64(0)]
@@ -105,24 +119,38 @@ def idct4(c0, c1, c2, c3):
 
 
 CB4 = 64
+RS4 = 272
 
 
 @njit(nogil=True, cache=True)
-def idct2_4(blocks, lo, hi, inv, mu, out16, out32):
-    """Channel blocks [lo, hi) of blocks (nblk, T, CB4) float32 coefficients (token-grid order)
-    -> tokens: 2-D inverse DCT in place, then x / inv[t] (if inv.size) + mu[c]; written as fp16
-    bits into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
-    fl = blocks.reshape(-1)
+def idct2_4(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+    """Channel blocks [lo, hi) (CB4 channels each) of one part's band-sorted magnitudes and
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
+    into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
+    C = mu.size
+    fl = np.empty(4 * 272, np.float32)
     row = np.empty(64, np.float32)
     rowb = row.view(np.uint32)
+    half = np.float32(0.5)
+    st = np.float32(step)
+    zero = np.float32(0.0)
     for b in range(lo, hi):
-        base = np.uint64(b * 16 * 64)
+        for r in range(16):
+            gi = np.uint64(perm[r])
+            dst = (gi >> np.uint64(2)) * np.uint64(272) + (gi & np.uint64(4 - 1)) * np.uint64(64)
+            src = np.uint64(r) * np.uint64(C) + np.uint64(b * 64)
+            for c in range(64):
+                q = mag[src + np.uint64(c)]
+                v = (np.float32(q) + half) * st
+                v = -v if neg[src + np.uint64(c)] else v
+                fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range(4 * 64):
-            o = base + np.uint64(q)
+            o = np.uint64(q)
             c0 = fl[o + np.uint64(0)]
-            c1 = fl[o + np.uint64(256)]
-            c2 = fl[o + np.uint64(512)]
-            c3 = fl[o + np.uint64(768)]
+            c1 = fl[o + np.uint64(272)]
+            c2 = fl[o + np.uint64(544)]
+            c3 = fl[o + np.uint64(816)]
             t0 = c0 * _K4_0
             t1 = c1 * _K4_1
             t2 = c2 * _K4_1
@@ -141,11 +169,11 @@ def idct2_4(blocks, lo, hi, inv, mu, out16, out32):
             t15 = t7 + t14
             t16 = t7 - t14
             fl[o + np.uint64(0)] = t12
-            fl[o + np.uint64(256)] = t15
-            fl[o + np.uint64(512)] = t16
-            fl[o + np.uint64(768)] = t13
+            fl[o + np.uint64(272)] = t15
+            fl[o + np.uint64(544)] = t16
+            fl[o + np.uint64(816)] = t13
         for i in range(4):
-            bi = base + np.uint64(i * 4 * 64)
+            bi = np.uint64(i * 272)
             for c in range(64):
                 o = bi + np.uint64(c)
                 c0 = fl[o + np.uint64(0)]
@@ -260,28 +288,42 @@ def idct8(c0, c1, c2, c3, c4, c5, c6, c7):
 
 
 CB8 = 64
+RS8 = 528
 
 
 @njit(nogil=True, cache=True)
-def idct2_8(blocks, lo, hi, inv, mu, out16, out32):
-    """Channel blocks [lo, hi) of blocks (nblk, T, CB8) float32 coefficients (token-grid order)
-    -> tokens: 2-D inverse DCT in place, then x / inv[t] (if inv.size) + mu[c]; written as fp16
-    bits into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
-    fl = blocks.reshape(-1)
+def idct2_8(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+    """Channel blocks [lo, hi) (CB8 channels each) of one part's band-sorted magnitudes and
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
+    into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
+    C = mu.size
+    fl = np.empty(8 * 528, np.float32)
     row = np.empty(64, np.float32)
     rowb = row.view(np.uint32)
+    half = np.float32(0.5)
+    st = np.float32(step)
+    zero = np.float32(0.0)
     for b in range(lo, hi):
-        base = np.uint64(b * 64 * 64)
+        for r in range(64):
+            gi = np.uint64(perm[r])
+            dst = (gi >> np.uint64(3)) * np.uint64(528) + (gi & np.uint64(8 - 1)) * np.uint64(64)
+            src = np.uint64(r) * np.uint64(C) + np.uint64(b * 64)
+            for c in range(64):
+                q = mag[src + np.uint64(c)]
+                v = (np.float32(q) + half) * st
+                v = -v if neg[src + np.uint64(c)] else v
+                fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range(8 * 64):
-            o = base + np.uint64(q)
+            o = np.uint64(q)
             c0 = fl[o + np.uint64(0)]
-            c1 = fl[o + np.uint64(512)]
-            c2 = fl[o + np.uint64(1024)]
-            c3 = fl[o + np.uint64(1536)]
-            c4 = fl[o + np.uint64(2048)]
-            c5 = fl[o + np.uint64(2560)]
-            c6 = fl[o + np.uint64(3072)]
-            c7 = fl[o + np.uint64(3584)]
+            c1 = fl[o + np.uint64(528)]
+            c2 = fl[o + np.uint64(1056)]
+            c3 = fl[o + np.uint64(1584)]
+            c4 = fl[o + np.uint64(2112)]
+            c5 = fl[o + np.uint64(2640)]
+            c6 = fl[o + np.uint64(3168)]
+            c7 = fl[o + np.uint64(3696)]
             t0 = c0 * _K8_0
             t1 = c1 * _K8_1
             t2 = c2 * _K8_1
@@ -332,15 +374,15 @@ def idct2_8(blocks, lo, hi, inv, mu, out16, out32):
             t47 = t20 + t46
             t48 = t20 - t46
             fl[o + np.uint64(0)] = t38
-            fl[o + np.uint64(512)] = t41
-            fl[o + np.uint64(1024)] = t44
-            fl[o + np.uint64(1536)] = t47
-            fl[o + np.uint64(2048)] = t48
-            fl[o + np.uint64(2560)] = t45
-            fl[o + np.uint64(3072)] = t42
-            fl[o + np.uint64(3584)] = t39
+            fl[o + np.uint64(528)] = t41
+            fl[o + np.uint64(1056)] = t44
+            fl[o + np.uint64(1584)] = t47
+            fl[o + np.uint64(2112)] = t48
+            fl[o + np.uint64(2640)] = t45
+            fl[o + np.uint64(3168)] = t42
+            fl[o + np.uint64(3696)] = t39
         for i in range(8):
-            bi = base + np.uint64(i * 8 * 64)
+            bi = np.uint64(i * 528)
             for c in range(64):
                 o = bi + np.uint64(c)
                 c0 = fl[o + np.uint64(0)]
@@ -595,36 +637,50 @@ def idct16(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15)
 
 
 CB16 = 64
+RS16 = 1040
 
 
 @njit(nogil=True, cache=True)
-def idct2_16(blocks, lo, hi, inv, mu, out16, out32):
-    """Channel blocks [lo, hi) of blocks (nblk, T, CB16) float32 coefficients (token-grid order)
-    -> tokens: 2-D inverse DCT in place, then x / inv[t] (if inv.size) + mu[c]; written as fp16
-    bits into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
-    fl = blocks.reshape(-1)
+def idct2_16(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+    """Channel blocks [lo, hi) (CB16 channels each) of one part's band-sorted magnitudes and
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
+    into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
+    C = mu.size
+    fl = np.empty(16 * 1040, np.float32)
     row = np.empty(64, np.float32)
     rowb = row.view(np.uint32)
+    half = np.float32(0.5)
+    st = np.float32(step)
+    zero = np.float32(0.0)
     for b in range(lo, hi):
-        base = np.uint64(b * 256 * 64)
+        for r in range(256):
+            gi = np.uint64(perm[r])
+            dst = (gi >> np.uint64(4)) * np.uint64(1040) + (gi & np.uint64(16 - 1)) * np.uint64(64)
+            src = np.uint64(r) * np.uint64(C) + np.uint64(b * 64)
+            for c in range(64):
+                q = mag[src + np.uint64(c)]
+                v = (np.float32(q) + half) * st
+                v = -v if neg[src + np.uint64(c)] else v
+                fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range(16 * 64):
-            o = base + np.uint64(q)
+            o = np.uint64(q)
             c0 = fl[o + np.uint64(0)]
-            c1 = fl[o + np.uint64(1024)]
-            c2 = fl[o + np.uint64(2048)]
-            c3 = fl[o + np.uint64(3072)]
-            c4 = fl[o + np.uint64(4096)]
-            c5 = fl[o + np.uint64(5120)]
-            c6 = fl[o + np.uint64(6144)]
-            c7 = fl[o + np.uint64(7168)]
-            c8 = fl[o + np.uint64(8192)]
-            c9 = fl[o + np.uint64(9216)]
-            c10 = fl[o + np.uint64(10240)]
-            c11 = fl[o + np.uint64(11264)]
-            c12 = fl[o + np.uint64(12288)]
-            c13 = fl[o + np.uint64(13312)]
-            c14 = fl[o + np.uint64(14336)]
-            c15 = fl[o + np.uint64(15360)]
+            c1 = fl[o + np.uint64(1040)]
+            c2 = fl[o + np.uint64(2080)]
+            c3 = fl[o + np.uint64(3120)]
+            c4 = fl[o + np.uint64(4160)]
+            c5 = fl[o + np.uint64(5200)]
+            c6 = fl[o + np.uint64(6240)]
+            c7 = fl[o + np.uint64(7280)]
+            c8 = fl[o + np.uint64(8320)]
+            c9 = fl[o + np.uint64(9360)]
+            c10 = fl[o + np.uint64(10400)]
+            c11 = fl[o + np.uint64(11440)]
+            c12 = fl[o + np.uint64(12480)]
+            c13 = fl[o + np.uint64(13520)]
+            c14 = fl[o + np.uint64(14560)]
+            c15 = fl[o + np.uint64(15600)]
             t0 = c0 * _K16_0
             t1 = c1 * _K16_1
             t2 = c2 * _K16_1
@@ -755,23 +811,23 @@ def idct2_16(blocks, lo, hi, inv, mu, out16, out32):
             t127 = t54 + t126
             t128 = t54 - t126
             fl[o + np.uint64(0)] = t106
-            fl[o + np.uint64(1024)] = t109
-            fl[o + np.uint64(2048)] = t112
-            fl[o + np.uint64(3072)] = t115
-            fl[o + np.uint64(4096)] = t118
-            fl[o + np.uint64(5120)] = t121
-            fl[o + np.uint64(6144)] = t124
-            fl[o + np.uint64(7168)] = t127
-            fl[o + np.uint64(8192)] = t128
-            fl[o + np.uint64(9216)] = t125
-            fl[o + np.uint64(10240)] = t122
-            fl[o + np.uint64(11264)] = t119
-            fl[o + np.uint64(12288)] = t116
-            fl[o + np.uint64(13312)] = t113
-            fl[o + np.uint64(14336)] = t110
-            fl[o + np.uint64(15360)] = t107
+            fl[o + np.uint64(1040)] = t109
+            fl[o + np.uint64(2080)] = t112
+            fl[o + np.uint64(3120)] = t115
+            fl[o + np.uint64(4160)] = t118
+            fl[o + np.uint64(5200)] = t121
+            fl[o + np.uint64(6240)] = t124
+            fl[o + np.uint64(7280)] = t127
+            fl[o + np.uint64(8320)] = t128
+            fl[o + np.uint64(9360)] = t125
+            fl[o + np.uint64(10400)] = t122
+            fl[o + np.uint64(11440)] = t119
+            fl[o + np.uint64(12480)] = t116
+            fl[o + np.uint64(13520)] = t113
+            fl[o + np.uint64(14560)] = t110
+            fl[o + np.uint64(15600)] = t107
         for i in range(16):
-            bi = base + np.uint64(i * 16 * 64)
+            bi = np.uint64(i * 1040)
             for c in range(64):
                 o = bi + np.uint64(c)
                 c0 = fl[o + np.uint64(0)]
@@ -1362,52 +1418,66 @@ def idct32(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15,
 
 
 CB32 = 64
+RS32 = 2064
 
 
 @njit(nogil=True, cache=True)
-def idct2_32(blocks, lo, hi, inv, mu, out16, out32):
-    """Channel blocks [lo, hi) of blocks (nblk, T, CB32) float32 coefficients (token-grid order)
-    -> tokens: 2-D inverse DCT in place, then x / inv[t] (if inv.size) + mu[c]; written as fp16
-    bits into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
-    fl = blocks.reshape(-1)
+def idct2_32(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+    """Channel blocks [lo, hi) (CB32 channels each) of one part's band-sorted magnitudes and
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
+    into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
+    C = mu.size
+    fl = np.empty(32 * 2064, np.float32)
     row = np.empty(64, np.float32)
     rowb = row.view(np.uint32)
+    half = np.float32(0.5)
+    st = np.float32(step)
+    zero = np.float32(0.0)
     for b in range(lo, hi):
-        base = np.uint64(b * 1024 * 64)
+        for r in range(1024):
+            gi = np.uint64(perm[r])
+            dst = (gi >> np.uint64(5)) * np.uint64(2064) + (gi & np.uint64(32 - 1)) * np.uint64(64)
+            src = np.uint64(r) * np.uint64(C) + np.uint64(b * 64)
+            for c in range(64):
+                q = mag[src + np.uint64(c)]
+                v = (np.float32(q) + half) * st
+                v = -v if neg[src + np.uint64(c)] else v
+                fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range(32 * 64):
-            o = base + np.uint64(q)
+            o = np.uint64(q)
             c0 = fl[o + np.uint64(0)]
-            c1 = fl[o + np.uint64(2048)]
-            c2 = fl[o + np.uint64(4096)]
-            c3 = fl[o + np.uint64(6144)]
-            c4 = fl[o + np.uint64(8192)]
-            c5 = fl[o + np.uint64(10240)]
-            c6 = fl[o + np.uint64(12288)]
-            c7 = fl[o + np.uint64(14336)]
-            c8 = fl[o + np.uint64(16384)]
-            c9 = fl[o + np.uint64(18432)]
-            c10 = fl[o + np.uint64(20480)]
-            c11 = fl[o + np.uint64(22528)]
-            c12 = fl[o + np.uint64(24576)]
-            c13 = fl[o + np.uint64(26624)]
-            c14 = fl[o + np.uint64(28672)]
-            c15 = fl[o + np.uint64(30720)]
-            c16 = fl[o + np.uint64(32768)]
-            c17 = fl[o + np.uint64(34816)]
-            c18 = fl[o + np.uint64(36864)]
-            c19 = fl[o + np.uint64(38912)]
-            c20 = fl[o + np.uint64(40960)]
-            c21 = fl[o + np.uint64(43008)]
-            c22 = fl[o + np.uint64(45056)]
-            c23 = fl[o + np.uint64(47104)]
-            c24 = fl[o + np.uint64(49152)]
-            c25 = fl[o + np.uint64(51200)]
-            c26 = fl[o + np.uint64(53248)]
-            c27 = fl[o + np.uint64(55296)]
-            c28 = fl[o + np.uint64(57344)]
-            c29 = fl[o + np.uint64(59392)]
-            c30 = fl[o + np.uint64(61440)]
-            c31 = fl[o + np.uint64(63488)]
+            c1 = fl[o + np.uint64(2064)]
+            c2 = fl[o + np.uint64(4128)]
+            c3 = fl[o + np.uint64(6192)]
+            c4 = fl[o + np.uint64(8256)]
+            c5 = fl[o + np.uint64(10320)]
+            c6 = fl[o + np.uint64(12384)]
+            c7 = fl[o + np.uint64(14448)]
+            c8 = fl[o + np.uint64(16512)]
+            c9 = fl[o + np.uint64(18576)]
+            c10 = fl[o + np.uint64(20640)]
+            c11 = fl[o + np.uint64(22704)]
+            c12 = fl[o + np.uint64(24768)]
+            c13 = fl[o + np.uint64(26832)]
+            c14 = fl[o + np.uint64(28896)]
+            c15 = fl[o + np.uint64(30960)]
+            c16 = fl[o + np.uint64(33024)]
+            c17 = fl[o + np.uint64(35088)]
+            c18 = fl[o + np.uint64(37152)]
+            c19 = fl[o + np.uint64(39216)]
+            c20 = fl[o + np.uint64(41280)]
+            c21 = fl[o + np.uint64(43344)]
+            c22 = fl[o + np.uint64(45408)]
+            c23 = fl[o + np.uint64(47472)]
+            c24 = fl[o + np.uint64(49536)]
+            c25 = fl[o + np.uint64(51600)]
+            c26 = fl[o + np.uint64(53664)]
+            c27 = fl[o + np.uint64(55728)]
+            c28 = fl[o + np.uint64(57792)]
+            c29 = fl[o + np.uint64(59856)]
+            c30 = fl[o + np.uint64(61920)]
+            c31 = fl[o + np.uint64(63984)]
             t0 = c0 * _K32_0
             t1 = c1 * _K32_1
             t2 = c2 * _K32_1
@@ -1730,39 +1800,39 @@ def idct2_32(blocks, lo, hi, inv, mu, out16, out32):
             t319 = t138 + t318
             t320 = t138 - t318
             fl[o + np.uint64(0)] = t274
-            fl[o + np.uint64(2048)] = t277
-            fl[o + np.uint64(4096)] = t280
-            fl[o + np.uint64(6144)] = t283
-            fl[o + np.uint64(8192)] = t286
-            fl[o + np.uint64(10240)] = t289
-            fl[o + np.uint64(12288)] = t292
-            fl[o + np.uint64(14336)] = t295
-            fl[o + np.uint64(16384)] = t298
-            fl[o + np.uint64(18432)] = t301
-            fl[o + np.uint64(20480)] = t304
-            fl[o + np.uint64(22528)] = t307
-            fl[o + np.uint64(24576)] = t310
-            fl[o + np.uint64(26624)] = t313
-            fl[o + np.uint64(28672)] = t316
-            fl[o + np.uint64(30720)] = t319
-            fl[o + np.uint64(32768)] = t320
-            fl[o + np.uint64(34816)] = t317
-            fl[o + np.uint64(36864)] = t314
-            fl[o + np.uint64(38912)] = t311
-            fl[o + np.uint64(40960)] = t308
-            fl[o + np.uint64(43008)] = t305
-            fl[o + np.uint64(45056)] = t302
-            fl[o + np.uint64(47104)] = t299
-            fl[o + np.uint64(49152)] = t296
-            fl[o + np.uint64(51200)] = t293
-            fl[o + np.uint64(53248)] = t290
-            fl[o + np.uint64(55296)] = t287
-            fl[o + np.uint64(57344)] = t284
-            fl[o + np.uint64(59392)] = t281
-            fl[o + np.uint64(61440)] = t278
-            fl[o + np.uint64(63488)] = t275
+            fl[o + np.uint64(2064)] = t277
+            fl[o + np.uint64(4128)] = t280
+            fl[o + np.uint64(6192)] = t283
+            fl[o + np.uint64(8256)] = t286
+            fl[o + np.uint64(10320)] = t289
+            fl[o + np.uint64(12384)] = t292
+            fl[o + np.uint64(14448)] = t295
+            fl[o + np.uint64(16512)] = t298
+            fl[o + np.uint64(18576)] = t301
+            fl[o + np.uint64(20640)] = t304
+            fl[o + np.uint64(22704)] = t307
+            fl[o + np.uint64(24768)] = t310
+            fl[o + np.uint64(26832)] = t313
+            fl[o + np.uint64(28896)] = t316
+            fl[o + np.uint64(30960)] = t319
+            fl[o + np.uint64(33024)] = t320
+            fl[o + np.uint64(35088)] = t317
+            fl[o + np.uint64(37152)] = t314
+            fl[o + np.uint64(39216)] = t311
+            fl[o + np.uint64(41280)] = t308
+            fl[o + np.uint64(43344)] = t305
+            fl[o + np.uint64(45408)] = t302
+            fl[o + np.uint64(47472)] = t299
+            fl[o + np.uint64(49536)] = t296
+            fl[o + np.uint64(51600)] = t293
+            fl[o + np.uint64(53664)] = t290
+            fl[o + np.uint64(55728)] = t287
+            fl[o + np.uint64(57792)] = t284
+            fl[o + np.uint64(59856)] = t281
+            fl[o + np.uint64(61920)] = t278
+            fl[o + np.uint64(63984)] = t275
         for i in range(32):
-            bi = base + np.uint64(i * 32 * 64)
+            bi = np.uint64(i * 2064)
             for c in range(64):
                 o = bi + np.uint64(c)
                 c0 = fl[o + np.uint64(0)]
@@ -3137,84 +3207,98 @@ def idct64(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15,
 
 
 CB64 = 32
+RS64 = 2064
 
 
 @njit(nogil=True, cache=True)
-def idct2_64(blocks, lo, hi, inv, mu, out16, out32):
-    """Channel blocks [lo, hi) of blocks (nblk, T, CB64) float32 coefficients (token-grid order)
-    -> tokens: 2-D inverse DCT in place, then x / inv[t] (if inv.size) + mu[c]; written as fp16
-    bits into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
-    fl = blocks.reshape(-1)
+def idct2_64(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+    """Channel blocks [lo, hi) (CB64 channels each) of one part's band-sorted magnitudes and
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
+    into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
+    C = mu.size
+    fl = np.empty(64 * 2064, np.float32)
     row = np.empty(32, np.float32)
     rowb = row.view(np.uint32)
+    half = np.float32(0.5)
+    st = np.float32(step)
+    zero = np.float32(0.0)
     for b in range(lo, hi):
-        base = np.uint64(b * 4096 * 32)
+        for r in range(4096):
+            gi = np.uint64(perm[r])
+            dst = (gi >> np.uint64(6)) * np.uint64(2064) + (gi & np.uint64(64 - 1)) * np.uint64(32)
+            src = np.uint64(r) * np.uint64(C) + np.uint64(b * 32)
+            for c in range(32):
+                q = mag[src + np.uint64(c)]
+                v = (np.float32(q) + half) * st
+                v = -v if neg[src + np.uint64(c)] else v
+                fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range(64 * 32):
-            o = base + np.uint64(q)
+            o = np.uint64(q)
             c0 = fl[o + np.uint64(0)]
-            c1 = fl[o + np.uint64(2048)]
-            c2 = fl[o + np.uint64(4096)]
-            c3 = fl[o + np.uint64(6144)]
-            c4 = fl[o + np.uint64(8192)]
-            c5 = fl[o + np.uint64(10240)]
-            c6 = fl[o + np.uint64(12288)]
-            c7 = fl[o + np.uint64(14336)]
-            c8 = fl[o + np.uint64(16384)]
-            c9 = fl[o + np.uint64(18432)]
-            c10 = fl[o + np.uint64(20480)]
-            c11 = fl[o + np.uint64(22528)]
-            c12 = fl[o + np.uint64(24576)]
-            c13 = fl[o + np.uint64(26624)]
-            c14 = fl[o + np.uint64(28672)]
-            c15 = fl[o + np.uint64(30720)]
-            c16 = fl[o + np.uint64(32768)]
-            c17 = fl[o + np.uint64(34816)]
-            c18 = fl[o + np.uint64(36864)]
-            c19 = fl[o + np.uint64(38912)]
-            c20 = fl[o + np.uint64(40960)]
-            c21 = fl[o + np.uint64(43008)]
-            c22 = fl[o + np.uint64(45056)]
-            c23 = fl[o + np.uint64(47104)]
-            c24 = fl[o + np.uint64(49152)]
-            c25 = fl[o + np.uint64(51200)]
-            c26 = fl[o + np.uint64(53248)]
-            c27 = fl[o + np.uint64(55296)]
-            c28 = fl[o + np.uint64(57344)]
-            c29 = fl[o + np.uint64(59392)]
-            c30 = fl[o + np.uint64(61440)]
-            c31 = fl[o + np.uint64(63488)]
-            c32 = fl[o + np.uint64(65536)]
-            c33 = fl[o + np.uint64(67584)]
-            c34 = fl[o + np.uint64(69632)]
-            c35 = fl[o + np.uint64(71680)]
-            c36 = fl[o + np.uint64(73728)]
-            c37 = fl[o + np.uint64(75776)]
-            c38 = fl[o + np.uint64(77824)]
-            c39 = fl[o + np.uint64(79872)]
-            c40 = fl[o + np.uint64(81920)]
-            c41 = fl[o + np.uint64(83968)]
-            c42 = fl[o + np.uint64(86016)]
-            c43 = fl[o + np.uint64(88064)]
-            c44 = fl[o + np.uint64(90112)]
-            c45 = fl[o + np.uint64(92160)]
-            c46 = fl[o + np.uint64(94208)]
-            c47 = fl[o + np.uint64(96256)]
-            c48 = fl[o + np.uint64(98304)]
-            c49 = fl[o + np.uint64(100352)]
-            c50 = fl[o + np.uint64(102400)]
-            c51 = fl[o + np.uint64(104448)]
-            c52 = fl[o + np.uint64(106496)]
-            c53 = fl[o + np.uint64(108544)]
-            c54 = fl[o + np.uint64(110592)]
-            c55 = fl[o + np.uint64(112640)]
-            c56 = fl[o + np.uint64(114688)]
-            c57 = fl[o + np.uint64(116736)]
-            c58 = fl[o + np.uint64(118784)]
-            c59 = fl[o + np.uint64(120832)]
-            c60 = fl[o + np.uint64(122880)]
-            c61 = fl[o + np.uint64(124928)]
-            c62 = fl[o + np.uint64(126976)]
-            c63 = fl[o + np.uint64(129024)]
+            c1 = fl[o + np.uint64(2064)]
+            c2 = fl[o + np.uint64(4128)]
+            c3 = fl[o + np.uint64(6192)]
+            c4 = fl[o + np.uint64(8256)]
+            c5 = fl[o + np.uint64(10320)]
+            c6 = fl[o + np.uint64(12384)]
+            c7 = fl[o + np.uint64(14448)]
+            c8 = fl[o + np.uint64(16512)]
+            c9 = fl[o + np.uint64(18576)]
+            c10 = fl[o + np.uint64(20640)]
+            c11 = fl[o + np.uint64(22704)]
+            c12 = fl[o + np.uint64(24768)]
+            c13 = fl[o + np.uint64(26832)]
+            c14 = fl[o + np.uint64(28896)]
+            c15 = fl[o + np.uint64(30960)]
+            c16 = fl[o + np.uint64(33024)]
+            c17 = fl[o + np.uint64(35088)]
+            c18 = fl[o + np.uint64(37152)]
+            c19 = fl[o + np.uint64(39216)]
+            c20 = fl[o + np.uint64(41280)]
+            c21 = fl[o + np.uint64(43344)]
+            c22 = fl[o + np.uint64(45408)]
+            c23 = fl[o + np.uint64(47472)]
+            c24 = fl[o + np.uint64(49536)]
+            c25 = fl[o + np.uint64(51600)]
+            c26 = fl[o + np.uint64(53664)]
+            c27 = fl[o + np.uint64(55728)]
+            c28 = fl[o + np.uint64(57792)]
+            c29 = fl[o + np.uint64(59856)]
+            c30 = fl[o + np.uint64(61920)]
+            c31 = fl[o + np.uint64(63984)]
+            c32 = fl[o + np.uint64(66048)]
+            c33 = fl[o + np.uint64(68112)]
+            c34 = fl[o + np.uint64(70176)]
+            c35 = fl[o + np.uint64(72240)]
+            c36 = fl[o + np.uint64(74304)]
+            c37 = fl[o + np.uint64(76368)]
+            c38 = fl[o + np.uint64(78432)]
+            c39 = fl[o + np.uint64(80496)]
+            c40 = fl[o + np.uint64(82560)]
+            c41 = fl[o + np.uint64(84624)]
+            c42 = fl[o + np.uint64(86688)]
+            c43 = fl[o + np.uint64(88752)]
+            c44 = fl[o + np.uint64(90816)]
+            c45 = fl[o + np.uint64(92880)]
+            c46 = fl[o + np.uint64(94944)]
+            c47 = fl[o + np.uint64(97008)]
+            c48 = fl[o + np.uint64(99072)]
+            c49 = fl[o + np.uint64(101136)]
+            c50 = fl[o + np.uint64(103200)]
+            c51 = fl[o + np.uint64(105264)]
+            c52 = fl[o + np.uint64(107328)]
+            c53 = fl[o + np.uint64(109392)]
+            c54 = fl[o + np.uint64(111456)]
+            c55 = fl[o + np.uint64(113520)]
+            c56 = fl[o + np.uint64(115584)]
+            c57 = fl[o + np.uint64(117648)]
+            c58 = fl[o + np.uint64(119712)]
+            c59 = fl[o + np.uint64(121776)]
+            c60 = fl[o + np.uint64(123840)]
+            c61 = fl[o + np.uint64(125904)]
+            c62 = fl[o + np.uint64(127968)]
+            c63 = fl[o + np.uint64(130032)]
             t0 = c0 * _K64_0
             t1 = c1 * _K64_1
             t2 = c2 * _K64_1
@@ -3985,71 +4069,71 @@ def idct2_64(blocks, lo, hi, inv, mu, out16, out32):
             t767 = t338 + t766
             t768 = t338 - t766
             fl[o + np.uint64(0)] = t674
-            fl[o + np.uint64(2048)] = t677
-            fl[o + np.uint64(4096)] = t680
-            fl[o + np.uint64(6144)] = t683
-            fl[o + np.uint64(8192)] = t686
-            fl[o + np.uint64(10240)] = t689
-            fl[o + np.uint64(12288)] = t692
-            fl[o + np.uint64(14336)] = t695
-            fl[o + np.uint64(16384)] = t698
-            fl[o + np.uint64(18432)] = t701
-            fl[o + np.uint64(20480)] = t704
-            fl[o + np.uint64(22528)] = t707
-            fl[o + np.uint64(24576)] = t710
-            fl[o + np.uint64(26624)] = t713
-            fl[o + np.uint64(28672)] = t716
-            fl[o + np.uint64(30720)] = t719
-            fl[o + np.uint64(32768)] = t722
-            fl[o + np.uint64(34816)] = t725
-            fl[o + np.uint64(36864)] = t728
-            fl[o + np.uint64(38912)] = t731
-            fl[o + np.uint64(40960)] = t734
-            fl[o + np.uint64(43008)] = t737
-            fl[o + np.uint64(45056)] = t740
-            fl[o + np.uint64(47104)] = t743
-            fl[o + np.uint64(49152)] = t746
-            fl[o + np.uint64(51200)] = t749
-            fl[o + np.uint64(53248)] = t752
-            fl[o + np.uint64(55296)] = t755
-            fl[o + np.uint64(57344)] = t758
-            fl[o + np.uint64(59392)] = t761
-            fl[o + np.uint64(61440)] = t764
-            fl[o + np.uint64(63488)] = t767
-            fl[o + np.uint64(65536)] = t768
-            fl[o + np.uint64(67584)] = t765
-            fl[o + np.uint64(69632)] = t762
-            fl[o + np.uint64(71680)] = t759
-            fl[o + np.uint64(73728)] = t756
-            fl[o + np.uint64(75776)] = t753
-            fl[o + np.uint64(77824)] = t750
-            fl[o + np.uint64(79872)] = t747
-            fl[o + np.uint64(81920)] = t744
-            fl[o + np.uint64(83968)] = t741
-            fl[o + np.uint64(86016)] = t738
-            fl[o + np.uint64(88064)] = t735
-            fl[o + np.uint64(90112)] = t732
-            fl[o + np.uint64(92160)] = t729
-            fl[o + np.uint64(94208)] = t726
-            fl[o + np.uint64(96256)] = t723
-            fl[o + np.uint64(98304)] = t720
-            fl[o + np.uint64(100352)] = t717
-            fl[o + np.uint64(102400)] = t714
-            fl[o + np.uint64(104448)] = t711
-            fl[o + np.uint64(106496)] = t708
-            fl[o + np.uint64(108544)] = t705
-            fl[o + np.uint64(110592)] = t702
-            fl[o + np.uint64(112640)] = t699
-            fl[o + np.uint64(114688)] = t696
-            fl[o + np.uint64(116736)] = t693
-            fl[o + np.uint64(118784)] = t690
-            fl[o + np.uint64(120832)] = t687
-            fl[o + np.uint64(122880)] = t684
-            fl[o + np.uint64(124928)] = t681
-            fl[o + np.uint64(126976)] = t678
-            fl[o + np.uint64(129024)] = t675
+            fl[o + np.uint64(2064)] = t677
+            fl[o + np.uint64(4128)] = t680
+            fl[o + np.uint64(6192)] = t683
+            fl[o + np.uint64(8256)] = t686
+            fl[o + np.uint64(10320)] = t689
+            fl[o + np.uint64(12384)] = t692
+            fl[o + np.uint64(14448)] = t695
+            fl[o + np.uint64(16512)] = t698
+            fl[o + np.uint64(18576)] = t701
+            fl[o + np.uint64(20640)] = t704
+            fl[o + np.uint64(22704)] = t707
+            fl[o + np.uint64(24768)] = t710
+            fl[o + np.uint64(26832)] = t713
+            fl[o + np.uint64(28896)] = t716
+            fl[o + np.uint64(30960)] = t719
+            fl[o + np.uint64(33024)] = t722
+            fl[o + np.uint64(35088)] = t725
+            fl[o + np.uint64(37152)] = t728
+            fl[o + np.uint64(39216)] = t731
+            fl[o + np.uint64(41280)] = t734
+            fl[o + np.uint64(43344)] = t737
+            fl[o + np.uint64(45408)] = t740
+            fl[o + np.uint64(47472)] = t743
+            fl[o + np.uint64(49536)] = t746
+            fl[o + np.uint64(51600)] = t749
+            fl[o + np.uint64(53664)] = t752
+            fl[o + np.uint64(55728)] = t755
+            fl[o + np.uint64(57792)] = t758
+            fl[o + np.uint64(59856)] = t761
+            fl[o + np.uint64(61920)] = t764
+            fl[o + np.uint64(63984)] = t767
+            fl[o + np.uint64(66048)] = t768
+            fl[o + np.uint64(68112)] = t765
+            fl[o + np.uint64(70176)] = t762
+            fl[o + np.uint64(72240)] = t759
+            fl[o + np.uint64(74304)] = t756
+            fl[o + np.uint64(76368)] = t753
+            fl[o + np.uint64(78432)] = t750
+            fl[o + np.uint64(80496)] = t747
+            fl[o + np.uint64(82560)] = t744
+            fl[o + np.uint64(84624)] = t741
+            fl[o + np.uint64(86688)] = t738
+            fl[o + np.uint64(88752)] = t735
+            fl[o + np.uint64(90816)] = t732
+            fl[o + np.uint64(92880)] = t729
+            fl[o + np.uint64(94944)] = t726
+            fl[o + np.uint64(97008)] = t723
+            fl[o + np.uint64(99072)] = t720
+            fl[o + np.uint64(101136)] = t717
+            fl[o + np.uint64(103200)] = t714
+            fl[o + np.uint64(105264)] = t711
+            fl[o + np.uint64(107328)] = t708
+            fl[o + np.uint64(109392)] = t705
+            fl[o + np.uint64(111456)] = t702
+            fl[o + np.uint64(113520)] = t699
+            fl[o + np.uint64(115584)] = t696
+            fl[o + np.uint64(117648)] = t693
+            fl[o + np.uint64(119712)] = t690
+            fl[o + np.uint64(121776)] = t687
+            fl[o + np.uint64(123840)] = t684
+            fl[o + np.uint64(125904)] = t681
+            fl[o + np.uint64(127968)] = t678
+            fl[o + np.uint64(130032)] = t675
         for i in range(64):
-            bi = base + np.uint64(i * 64 * 32)
+            bi = np.uint64(i * 2064)
             for c in range(32):
                 o = bi + np.uint64(c)
                 c0 = fl[o + np.uint64(0)]
