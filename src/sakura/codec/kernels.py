@@ -261,22 +261,25 @@ def refine(mag, neg, starts, nz, counts, sym, m, g, low, signs, lowv, newv, sv):
     return 0
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _deadzone(mr, nr, st, o):
+    """o[c] = sign (mr[c] + 1/2) st, 0 where mr[c] is 0 (float32, as the reference decoder)."""
+    half = np.float32(0.5)
+    for c in range(o.size):
+        q = mr[c]
+        v = (np.float32(q) + half) * st
+        v = -v if nr[c] else v
+        o[c] = v if q != 0 else np.float32(0.0)
+
+
 @njit(nogil=True, cache=True)
 def reconstruct(mag, neg, perm, C, step, out):
     """Dead-zone reconstruction into (T, C) float32 in token-grid order: sign (mag + 1/2) step,
     0 where mag is 0; band-sorted row r lands at row perm[r]. float32 arithmetic as the reference."""
     T = perm.size
-    half = np.float32(0.5)
     st = np.float32(step)
     for r in range(T):
-        mr = mag[r * C:(r + 1) * C]
-        nr = neg[r * C:(r + 1) * C]
-        o = out[perm[r]]
-        for c in range(C):
-            q = mr[c]
-            v = (np.float32(q) + half) * st
-            v = -v if nr[c] else v
-            o[c] = v if q != 0 else np.float32(0.0)
+        _deadzone(mag[r * C:(r + 1) * C], neg[r * C:(r + 1) * C], st, out[perm[r]])
 
 
 @njit(nogil=True, cache=True)
@@ -285,22 +288,13 @@ def reconstruct_blocks(mag, neg, perm, C, step, cb, out):
     channels [b cb, (b+1) cb) of every token-grid row, so the inverse DCT reads each block in place
     (no copy) while it is in cache. Same float32 arithmetic as `reconstruct`."""
     T = perm.size
-    half = np.float32(0.5)
     st = np.float32(step)
     nblk = C // cb
     for r in range(T):
-        mr = mag[r * C:(r + 1) * C]
-        nr = neg[r * C:(r + 1) * C]
         row = perm[r]
         for b in range(nblk):
-            o = out[b, row]
-            mb = mr[b * cb:(b + 1) * cb]
-            nb_ = nr[b * cb:(b + 1) * cb]
-            for c in range(cb):
-                q = mb[c]
-                v = (np.float32(q) + half) * st
-                v = -v if nb_[c] else v
-                o[c] = v if q != 0 else np.float32(0.0)
+            a = r * C + b * cb
+            _deadzone(mag[a:a + cb], neg[a:a + cb], st, out[b, row])
 
 
 @njit(nogil=True, cache=True)
