@@ -216,6 +216,18 @@ class Layout:
         return out
 
 
+_LAYOUTS: dict[tuple[int, int, int], Layout] = {}
+
+
+def _layout(T: int, C: int, grid: int) -> Layout:
+    """`Layout.of`, memoised (nothing writes a layout's arrays; read-only flags would make numba
+    compile every kernel again for read-only array types): a decode need not sort the bands again."""
+    key = (T, C, grid)
+    if key not in _LAYOUTS:
+        _LAYOUTS[key] = Layout.of(T, C, grid)
+    return _LAYOUTS[key]
+
+
 def group_size(m: int, big: bool) -> int:
     """Refinement symbols of m bits are coded g at a time (alphabet 2^(m g) <= 16) in big layouts."""
     return max(1, 4 // m) if big and m <= 4 else 1
@@ -545,12 +557,9 @@ ENGINES = ("native", "reference")
 
 
 @dataclass
-class ProgressiveState:
-    """Decoded magnitudes/signs of a shard at some rung; `upgrade` adds the next rung in place.
-
-    `engine`: "native" (numba kernels in `rans` / `kernels`, the GIL released throughout) or
-    "reference" (plain Python rANS and numpy, the straightforward decoder the native one is
-    tested against bit for bit)."""
+class LadderState:
+    """What every ladder's decode state carries: its codec, the shard's identity, the tables, the
+    output dtype and shape, and the base object's header (`nested.NestedState` too)."""
 
     codec: Any
     ident: ShardId
@@ -558,6 +567,16 @@ class ProgressiveState:
     dtype: torch.dtype
     shape: tuple[int, int, int]
     header: dict[str, Any]
+
+
+@dataclass
+class ProgressiveState(LadderState):
+    """Decoded magnitudes/signs of a shard at some rung; `upgrade` adds the next rung in place.
+
+    `engine`: "native" (numba kernels in `rans` / `kernels`, the GIL released throughout) or
+    "reference" (plain Python rANS and numpy, the straightforward decoder the native one is
+    tested against bit for bit)."""
+
     engine: str = "native"
     level: int = -1
     last_crc: int = 0
@@ -636,7 +655,7 @@ class ProgressiveState:
                     or not (n == 0 or n * n == T) or mean_dt.str not in ("<f2", "<f4")):
                 raise bs.CorruptError(f"{self.codec.name}: bad progressive header {prog[kv]!r}")
             if self.layout is None or self.layout.grid != n:
-                self.layout = Layout.of(T, C, n)
+                self.layout = _layout(T, C, n)
             lay = self.layout
             mu = self.tables.get(f"L{layer}.{kv}.mean") if self.tables is not None else rd.next(mean_dt.str, (C,))
             if mu.shape != (C,) or mu.dtype.kind != "f" or not np.isfinite(mu).all():
@@ -901,16 +920,16 @@ class ProgressiveState:
         return res.reshape(self.shape)
 
     def _bound(self) -> float:
-        """An upper bound of |decoded value| over both parts (the inverse DCT's gain is <= n)."""
+        """An upper bound of |decoded value| over both parts from the header alone (no pass over
+        the magnitudes, which cost ~1 ms of GIL-held numpy per Klein decode): a rung-0 index is
+        <= m0, so after k planes a magnitude is < (m0 + 1) 2^k and |coefficient| < (m0 + 1) step0;
+        the inverse DCT's gain is <= n."""
         b = 0.0
         for kv in PARTS:
-            step, planes, _m0, n = self._part(kv)
-            st = step * 2.0 ** -planes[self.level]
+            step, _planes, m0, n = self._part(kv)
             sc = self.scale.get(kv)
             inv = 1.0 / float(sc.min()) if sc is not None and sc.size else 1.0
-            mag = self.mag[kv]
-            top = (float(mag.max()) + 1.0) if mag.size else 0.0
-            b = max(b, top * st * max(n, 1) * inv + float(np.abs(self.mean[kv]).max(initial=0.0)))
+            b = max(b, (m0 + 1.0) * step * max(n, 1) * inv + float(np.abs(self.mean[kv]).max(initial=0.0)))
         return b
 
 
