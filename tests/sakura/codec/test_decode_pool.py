@@ -126,3 +126,19 @@ def test_live_pool_splits_a_shard_over_idle_workers_bit_exactly(monkeypatch):
     finally:
         release.set()
         pool.shutdown()
+
+
+def test_gil_held_share_is_measured_and_the_kernels_restored():
+    """`decode_rates.gil_held`: a share in (0, 1) per rendition (every decode has some Python glue
+    and spends most of its CPU in the kernels at Klein width), and the numba entry points it timed
+    are the original dispatchers again afterwards."""
+    import numba
+
+    from sakura.bench.decode_rates import gil_held
+    from sakura.codec import kernels, rans
+
+    res = gil_held(["progressive", "cachegen:level=2"], tokens=256, reps=2, log=lambda s: None)
+    assert set(res) == {"progressive#0", "progressive#1", "progressive#2", "cachegen:level=2"}
+    assert all(0.0 < f < 1.0 for f in res.values()), res
+    assert isinstance(rans._decode_pieces, numba.core.registry.CPUDispatcher)
+    assert isinstance(kernels.refine, numba.core.registry.CPUDispatcher)
