@@ -457,6 +457,71 @@ def side_by_side(old_src: str | Path, specs: Sequence[str] = ("progressive", "ca
     return rows
 
 
+def gil_held(specs: Sequence[str] = ("progressive", "cachegen:level=3"), tokens: int = 1024, reps: int = 7,
+             log: Callable[[str], None] = print) -> dict[str, float]:
+    """Share of one decode's thread CPU spent outside the native (numba, nogil) kernels, i.e.
+    with the GIL held (Python glue, numpy and torch calls; an upper bound: a few numpy copies and
+    zlib's checksum release it too), per rendition of a Klein layer -> {rendition: share}; logs
+    the ms and the Amdahl bound on the 2-worker speedup it implies, 1 / (f + (1 - f) / 2). CPU
+    time, so robust to other processes. Every numba entry point of `rans`, `kernels` and `_lee`
+    is timed from Python while it runs; decoded once before, so that nothing compiles then."""
+    import numba
+
+    from sakura.codec import ShardId, codec_from_spec
+    from sakura.codec import _lee, kernels, rans
+
+    rans.warm_up()
+    shard = klein_layer(tokens)
+    ident = ShardId("bench-decode", f"klein-{tokens}", 5)
+    blobs = []
+    for spec in specs:
+        codec = codec_from_spec(spec)
+        tables = codec.fit_tables([shard]) if codec.uses_tables else None
+        data = codec.encode(shard, ident, tables)
+        ends = codec.level_ends(data) if codec.supports_layers else [len(data)]
+        for r, e in enumerate(ends):
+            name = f"{spec}#{r}" if codec.supports_layers else spec
+            codec.decode(data[:e], ident, tables)
+            blobs.append((name, codec, data[:e], tables))
+    inside = [0.0]
+    saved = []
+
+    def timed(f):
+        def w(*a, **k):
+            c0 = time.thread_time()
+            try:
+                return f(*a, **k)
+            finally:
+                inside[0] += time.thread_time() - c0
+        return w
+
+    for mod in (rans, kernels, _lee):
+        for name in dir(mod):
+            f = getattr(mod, name)
+            if isinstance(f, numba.core.registry.CPUDispatcher):
+                saved.append((mod, name, f))
+                setattr(mod, name, timed(f))
+    out = {}
+    try:
+        for name, codec, blob, tables in blobs:
+            best = None
+            for _ in range(reps):
+                inside[0] = 0.0
+                c0 = time.thread_time()
+                codec.decode(blob, ident, tables)
+                tot = time.thread_time() - c0
+                if best is None or tot - inside[0] < best[0]:
+                    best = (tot - inside[0], tot)
+            f = best[0] / best[1]
+            out[name] = f
+            log(f"  {name:<24} T={tokens}: CPU {best[1] * 1e3:.1f} ms, GIL held {best[0] * 1e3:.2f} ms = {f:.1%} "
+                f"(2 workers at most {1 / (f + (1 - f) / 2):.2f}x)")
+    finally:
+        for mod, name, f in saved:
+            setattr(mod, name, f)
+    return out
+
+
 if __name__ == "__main__":   # python -m sakura.bench.decode_rates OLD_SRC [TOKENS...]
     import sys
 

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import math
 from abc import ABC, abstractmethod
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol, Sequence
 
@@ -444,8 +446,11 @@ def _split_top(s: str) -> list[str]:
     return out
 
 
-def decode_any(data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
-    """Decode an object with whichever registered codec wrote it (named in its header)."""
+def decode_any(data: bytes, ident: ShardId, tables: CodecTables | None = None,
+               pool: Executor | None = None) -> DecodedShard:
+    """Decode an object with whichever registered codec wrote it (named in its header). `pool`:
+    threads that may share this one shard, for codecs whose `decode` takes one (the native
+    progressive and CacheGen decoders; bit-equal to the serial decode); ignored by the others."""
     obj = bs.parse(data, whole=False)
     codec = obj.header.get("codec")
     if not isinstance(codec, str):
@@ -459,6 +464,8 @@ def decode_any(data: bytes, ident: ShardId, tables: CodecTables | None = None) -
         raise
     except (ValueError, TypeError) as e:
         raise bs.CorruptError(f"object header has invalid {codec} parameters: {e}") from None
+    if pool is not None and "pool" in inspect.signature(codec_obj.decode).parameters:
+        return codec_obj.decode(data, ident, tables, pool=pool)
     return codec_obj.decode(data, ident, tables)
 
 

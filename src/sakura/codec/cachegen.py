@@ -24,7 +24,7 @@ Same bound on deltas: |x - x^| <= amax(delta_t) / (2 MAX).
 from __future__ import annotations
 
 from concurrent.futures import Executor
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -139,6 +139,29 @@ def _dequantise(sym: np.ndarray, amax: np.ndarray, bins: int) -> np.ndarray:
     return x
 
 
+def _encoder_model(w: bs.Writer, tables: CodecTables | None, name: str, section: str,
+                   count: Callable[[], np.ndarray]) -> tuple[np.ndarray, R.Model]:
+    """(counts, rANS model) of one stream: the template's table `name`, or without tables the
+    shard's own counts, which the object then carries as `section`."""
+    if tables is not None:
+        table = tables.get(name)
+        return table, tables.cached(f"rans:{name}", lambda: R.Model.from_counts(table))
+    table = count()
+    w.add(section, table, zstd_level=3)
+    return table, R.Model.from_counts(table)
+
+
+def _decoder_model(obj: bs.Object, tables: CodecTables | None, name: str, section: str
+                   ) -> tuple[np.ndarray, R.Model | None]:
+    """The decoder's side of `_encoder_model` (None for a malformed carried histogram; the caller
+    checks the shape)."""
+    if tables is not None:
+        table = tables.get(name)
+        return table, tables.cached(f"rans:{name}", lambda: R.Model.from_counts(table))
+    table = obj.section(section)
+    return table, R.Model.from_counts(table) if table.ndim == 2 and table.shape[1] >= 2 else None
+
+
 @register
 class CacheGenCodec(Codec):
     name = "cachegen"
@@ -209,25 +232,14 @@ class CacheGenCodec(Codec):
             w.add(f"{kv}_amax", amax[:shard.shape[0]][rows] if a_sym is not None else amax)
             if a_sym is not None:
                 w.add(f"{kv}_anchor_amax", amax[shard.shape[0]:])
-                aname = f"L{shard.layer}.{kv}.anchor"
-                if tables is not None:
-                    at = tables.get(aname)
-                    amodel = tables.cached(f"rans:{aname}", lambda t=at: R.Model.from_counts(t))
-                else:
-                    at = E.counts(a_sym, ANCHOR_BINS - 1, per_channel=False)
-                    w.add(f"ahist.{kv}", at, zstd_level=3)
-                    amodel = R.Model.from_counts(at)
+                _at, amodel = _encoder_model(w, tables, f"L{shard.layer}.{kv}.anchor", f"ahist.{kv}",
+                                             lambda: E.counts(a_sym, ANCHOR_BINS - 1, per_channel=False))
                 aw, ac = _rans_encode(a_sym, amodel, pooled=True)
                 w.add(f"arans.{kv}", aw)
                 w.add(f"apieces.{kv}", ac)
             tname = f"L{shard.layer}.{kv}.b{bins}"
-            if tables is not None:
-                table = tables.get(tname)
-                model = tables.cached(f"rans:{tname}", lambda t=table: R.Model.from_counts(t))
-            else:
-                table = E.counts(sym, bins - 1, per_channel=True)
-                w.add(f"hist.{kv}", table, zstd_level=3)
-                model = R.Model.from_counts(table)
+            table, model = _encoder_model(w, tables, tname, f"hist.{kv}",
+                                          lambda: E.counts(sym, bins - 1, per_channel=True))
             if model.rows != sym.shape[1] or model.alphabet != bins - 1:
                 raise bs.IdentityError(f"codec table {tname} has shape {table.shape}, shard needs "
                                        f"({sym.shape[1]}, {bins - 1})")
@@ -278,26 +290,14 @@ class CacheGenCodec(Codec):
                 if a_amax.shape != (anchors.size,) or a_amax.dtype.kind != "f" or not np.isfinite(a_amax).all() or \
                         float(np.abs(a_amax).max(initial=0.0)) > lim:
                     raise bs.CorruptError(f"cachegen: {kv}_anchor_amax has shape {a_amax.shape} or is not finite")
-                aname = f"L{layer}.{kv}.anchor"
-                if tables is not None:
-                    at = tables.get(aname)
-                    amodel = tables.cached(f"rans:{aname}", lambda t=at: R.Model.from_counts(t))
-                else:
-                    at = obj.section(f"ahist.{kv}")
-                    amodel = R.Model.from_counts(at)
+                at, amodel = _decoder_model(obj, tables, f"L{layer}.{kv}.anchor", f"ahist.{kv}")
                 if at.shape != (1, ANCHOR_BINS - 1):
                     raise bs.CorruptError(f"cachegen: anchor histogram {kv} has shape {at.shape}")
                 a_sym = _rans_decode(obj.section(f"arans.{kv}"), obj.section(f"apieces.{kv}"), amodel,
                                      anchors.size, C, True, engine, pool)
                 a_hat = _dequantise_cm(a_sym, a_amax, ANCHOR_BINS, engine, pool)
                 ref = a_hat[_anchor_of(T, group)]  # (T, C)
-            if tables is not None:
-                tname = f"L{layer}.{kv}.b{bins}"
-                table = tables.get(tname)
-                model = tables.cached(f"rans:{tname}", lambda t=table: R.Model.from_counts(t))
-            else:
-                table = obj.section(f"hist.{kv}")
-                model = R.Model.from_counts(table) if table.ndim == 2 and table.shape[1] >= 2 else None
+            table, model = _decoder_model(obj, tables, f"L{layer}.{kv}.b{bins}", f"hist.{kv}")
             if table.shape != (C, bins - 1):
                 raise bs.CorruptError(f"cachegen: histogram {kv} has shape {table.shape}, expected {(C, bins - 1)}")
             words, counts = obj.section(f"rans.{kv}"), obj.section(f"pieces.{kv}")

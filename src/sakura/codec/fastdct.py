@@ -8,7 +8,7 @@ n outputs: ~9 flops per output and pass at n = 32 against 64.
 
 How it stays exact: the generated module `_lee` holds one function `idct<n>(c0, ..., c<n-1>) ->
 (x0, ..., x<n-1>)` per size, made only of float32 `+`, `-` and `*` by float32 constants in a fixed
-order. The native kernels (`kernels.idct2_fp16` and friends) inline it over scalars, LLVM
+order. The native kernels (`_lee.idct2_<n>`) inline it over scalars, LLVM
 vectorising across channels; the reference decoder calls the very same Python function with numpy
 rows (`inverse_rows`). IEEE float32 arithmetic op for op is the same in both (numba does not
 contract to FMA or reorder without fastmath), so native == reference bit for bit. Sizes outside
@@ -85,9 +85,10 @@ def source() -> str:
         body1 = "\n".join("        " + ln for ln in p.lines)
         body2 = "\n".join("            " + ln for ln in p.lines)
         cb = block_channels(n)
-        parts.append(_KERNEL.format(n=n, cb=cb, T=n * n, body1=body1, body2=body2,
-                                    load1="\n".join(f"            c{u} = fl[o + np.uint64({u * n * cb})]" for u in range(n)),
-                                    store1="\n".join(f"            fl[o + np.uint64({u * n * cb})] = {o}"
+        rs = row_stride(n)
+        parts.append(_KERNEL.format(n=n, cb=cb, T=n * n, rs=rs, lg=n.bit_length() - 1, body1=body1, body2=body2,
+                                    load1="\n".join(f"            c{u} = fl[o + np.uint64({u * rs})]" for u in range(n)),
+                                    store1="\n".join(f"            fl[o + np.uint64({u * rs})] = {o}"
                                                       for u, o in enumerate(outs)),
                                     load2="\n".join(f"                c{v} = fl[o + np.uint64({v * cb})]" for v in range(n)),
                                     store2="\n".join(f"                fl[o + np.uint64({v * cb})] = {o}"
@@ -95,32 +96,52 @@ def source() -> str:
     return "\n".join(parts)
 
 
-# The fused 2-D kernel per size: pass 1 (over u) in place on each block (n, n, CB), pass 2 (over v)
-# in place on each token-grid row's (n, CB) slab, then / scale + mean and the output dtype, while
-# the slab is in L1. Flat indices with compile-time strides (CB is fixed per size): with a runtime
-# stride LLVM cannot prove the 2n loads and stores of an in-place column independent and does not
-# vectorise (measured 4x slower than the matmul); with constant strides and trip counts it does.
+# The fused kernel per size, per channel block: the dead-zone reconstruction of the block's
+# channels (band-sorted rows scattered to their token-grid rows) into a block buffer that stays in
+# L2, pass 1 (over u) in place, pass 2 (over v) in place on each token-grid row's (n, CB) slab,
+# then / scale + mean and the output dtype, while the slab is in L1. Flat indices with
+# compile-time strides: with a runtime stride LLVM cannot prove the 2n loads and stores of an
+# in-place column independent and does not vectorise (measured 4x slower than the matmul); with
+# constant strides and trip counts it does. The buffer's grid rows are RS = n CB + 16 floats
+# apart, not n CB: pass 1's n column loads were 8 KiB apart, all in one L1 set (8 KiB is a
+# multiple of the set stride), so each evicted the last; one cache line of padding spreads them.
+# Reconstructing here instead of into a (C / CB, T, CB) array in memory saves a write and a read
+# of 4 bytes per value (and, at 4,096 tokens, 50 MB of fresh pages per part).
 _KERNEL = '''
 CB{n} = {cb}
+RS{n} = {rs}
 
 
 @njit(nogil=True, cache=True)
-def idct2_{n}(blocks, lo, hi, inv, mu, out16, out32):
-    """Channel blocks [lo, hi) of blocks (nblk, T, CB{n}) float32 coefficients (token-grid order)
-    -> tokens: 2-D inverse DCT in place, then x / inv[t] (if inv.size) + mu[c]; written as fp16
-    bits into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
-    fl = blocks.reshape(-1)
+def idct2_{n}(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+    """Channel blocks [lo, hi) (CB{n} channels each) of one part's band-sorted magnitudes and
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
+    into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
+    C = mu.size
+    fl = np.empty({n} * {rs}, np.float32)
     row = np.empty({cb}, np.float32)
     rowb = row.view(np.uint32)
+    half = np.float32(0.5)
+    st = np.float32(step)
+    zero = np.float32(0.0)
     for b in range(lo, hi):
-        base = np.uint64(b * {T} * {cb})
+        for r in range({T}):
+            gi = np.uint64(perm[r])
+            dst = (gi >> np.uint64({lg})) * np.uint64({rs}) + (gi & np.uint64({n} - 1)) * np.uint64({cb})
+            src = np.uint64(r) * np.uint64(C) + np.uint64(b * {cb})
+            for c in range({cb}):
+                q = mag[src + np.uint64(c)]
+                v = (np.float32(q) + half) * st
+                v = -v if neg[src + np.uint64(c)] else v
+                fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range({n} * {cb}):
-            o = base + np.uint64(q)
+            o = np.uint64(q)
 {load1}
 {body1}
 {store1}
         for i in range({n}):
-            bi = base + np.uint64(i * {n} * {cb})
+            bi = np.uint64(i * {rs})
             for c in range({cb}):
                 o = bi + np.uint64(c)
 {load2}
@@ -144,6 +165,11 @@ def idct2_{n}(blocks, lo, hi, inv, mu, out16, out32):
 '''
 
 
+def row_stride(n: int) -> int:
+    """RS: floats between grid rows of the fused kernel's block buffer (n CB plus a cache line)."""
+    return n * block_channels(n) + 16
+
+
 def block_channels(n: int) -> int:
     """CB: channels per block of the fused kernel at grid side n: 64 up to n = 32 (a (n, n, 64)
     float32 block is <= 256 KiB, in L2; Klein's 3,072 channels and the mini model's are multiples),
@@ -151,7 +177,8 @@ def block_channels(n: int) -> int:
     return max(32, min(64, (1 << 16) // (n * n)))
 
 
-_HEAD = '''"""Generated by `python -m sakura.codec.fastdct`: do not edit. Orthonormal inverse DCT
+_HEAD = '''# @generated by `python -m sakura.codec.fastdct` (from sakura/codec/fastdct.py): do not edit.
+"""Generated by `python -m sakura.codec.fastdct`: do not edit. Orthonormal inverse DCT
 (DCT-III) per power-of-two size, straight-line float32, and the fused 2-D kernels (see `fastdct`)."""
 
 import numpy as np
@@ -200,12 +227,13 @@ def warm_up() -> None:
     """Compile or load every size's fused kernel (tiny inputs: one block, both output kinds)."""
     for n in SIZES:
         cb = block_channels(n)
-        blocks = np.zeros((1, n * n, cb), np.float32)
+        T = n * n
+        mag, neg, perm = np.zeros(T * cb, np.int32), np.zeros(T * cb, np.uint8), np.arange(T, dtype=np.int64)
         fn = kernel(n)
-        fn(blocks, 0, 1, np.ones(n * n, np.float32), np.zeros(cb, np.float32), np.empty((n * n, cb), np.uint16),
+        fn(mag, neg, perm, 0.5, 0, 1, np.ones(T, np.float32), np.zeros(cb, np.float32), np.empty((T, cb), np.uint16),
            np.empty((0, 0), np.float32))
-        fn(blocks, 0, 1, np.empty(0, np.float32), np.zeros(cb, np.float32), np.empty((0, 0), np.uint16),
-           np.empty((n * n, cb), np.float32))
+        fn(mag, neg, perm, 0.5, 0, 1, np.empty(0, np.float32), np.zeros(cb, np.float32), np.empty((0, 0), np.uint16),
+           np.empty((T, cb), np.float32))
 
 
 if __name__ == "__main__":

@@ -350,15 +350,9 @@ def start_state(codec, piece: bytes, ident: ShardId, tables: CodecTables | None)
 
 
 @dataclass
-class NestedState:
+class NestedState(PG.LadderState):
     """Decoded indices of a shard at some ladder level; `upgrade` adds the next level in place."""
 
-    codec: Any
-    ident: ShardId
-    tables: CodecTables | None
-    dtype: torch.dtype
-    shape: tuple[int, int, int]
-    header: dict[str, Any]
     scales: dict[str, np.ndarray]
     idx: dict[str, np.ndarray]
     bits: np.ndarray

@@ -216,6 +216,18 @@ class Layout:
         return out
 
 
+_LAYOUTS: dict[tuple[int, int, int], Layout] = {}
+
+
+def _layout(T: int, C: int, grid: int) -> Layout:
+    """`Layout.of`, memoised (nothing writes a layout's arrays; read-only flags would make numba
+    compile every kernel again for read-only array types): a decode need not sort the bands again."""
+    key = (T, C, grid)
+    if key not in _LAYOUTS:
+        _LAYOUTS[key] = Layout.of(T, C, grid)
+    return _LAYOUTS[key]
+
+
 def group_size(m: int, big: bool) -> int:
     """Refinement symbols of m bits are coded g at a time (alphabet 2^(m g) <= 16) in big layouts."""
     return max(1, 4 // m) if big and m <= 4 else 1
@@ -545,12 +557,9 @@ ENGINES = ("native", "reference")
 
 
 @dataclass
-class ProgressiveState:
-    """Decoded magnitudes/signs of a shard at some rung; `upgrade` adds the next rung in place.
-
-    `engine`: "native" (numba kernels in `rans` / `kernels`, the GIL released throughout) or
-    "reference" (plain Python rANS and numpy, the straightforward decoder the native one is
-    tested against bit for bit)."""
+class LadderState:
+    """What every ladder's decode state carries: its codec, the shard's identity, the tables, the
+    output dtype and shape, and the base object's header (`nested.NestedState` too)."""
 
     codec: Any
     ident: ShardId
@@ -558,6 +567,16 @@ class ProgressiveState:
     dtype: torch.dtype
     shape: tuple[int, int, int]
     header: dict[str, Any]
+
+
+@dataclass
+class ProgressiveState(LadderState):
+    """Decoded magnitudes/signs of a shard at some rung; `upgrade` adds the next rung in place.
+
+    `engine`: "native" (numba kernels in `rans` / `kernels`, the GIL released throughout) or
+    "reference" (plain Python rANS and numpy, the straightforward decoder the native one is
+    tested against bit for bit)."""
+
     engine: str = "native"
     level: int = -1
     last_crc: int = 0
@@ -567,6 +586,7 @@ class ProgressiveState:
     scale: dict[str, np.ndarray | None] = field(default_factory=dict)   # per-token weights (T,) or None
     layout: Layout | None = None
     pool: Executor | None = None   # native: threads that share this one shard (rANS pieces, channel blocks)
+    borrow: bool = False           # native, one-shot decodes: magnitudes/signs in the thread's scratch memory
 
     def _part(self, kv: str) -> tuple[float, list[int], int, int]:
         e = self.header["prog"][kv]
@@ -591,9 +611,11 @@ class ProgressiveState:
             out.append(self.tables.cached(f"rans:{full}", lambda t=t: _models_of(t)))
         return out
 
-    def _stream(self, rd: Chunks, model: R.Model, lens: np.ndarray, flagged: bool) -> tuple[np.ndarray, np.ndarray]:
+    def _stream(self, rd: Chunks, model: R.Model, lens: np.ndarray, flagged: bool, name: str = "sym"
+                ) -> tuple[np.ndarray, np.ndarray]:
         """Read one rANS stream over the bands (`lens` symbols per band if flagged nonzero) ->
-        (symbols of the coded bands, (nb,) uint8 flags)."""
+        (symbols of the coded bands, (nb,) uint8 flags). Native: the symbols are in the thread's
+        scratch buffer `name`, valid until the next stream of that name."""
         nb = self.layout.nbands
         if flagged:
             raw = rd.next("|u1")
@@ -606,7 +628,8 @@ class ProgressiveState:
         words, counts = rd.next("<u2"), rd.next("<u4")
         if self.engine == "reference":
             return R.decode_reference(words, counts, sc, sl, model), nz
-        return R.decode(words, counts, sc, sl, model, pool=self.pool), nz
+        out = K.scratch(name, int(sl.sum()), np.int32)
+        return R.decode(words, counts, sc, sl, model, out=out, pool=self.pool), nz
 
     def start(self, obj: bs.Object, crc: int) -> None:
         bs.require_version(obj, FORMAT_VERSION, self.codec.name)
@@ -632,7 +655,7 @@ class ProgressiveState:
                     or not (n == 0 or n * n == T) or mean_dt.str not in ("<f2", "<f4")):
                 raise bs.CorruptError(f"{self.codec.name}: bad progressive header {prog[kv]!r}")
             if self.layout is None or self.layout.grid != n:
-                self.layout = Layout.of(T, C, n)
+                self.layout = _layout(T, C, n)
             lay = self.layout
             mu = self.tables.get(f"L{layer}.{kv}.mean") if self.tables is not None else rd.next(mean_dt.str, (C,))
             if mu.shape != (C,) or mu.dtype.kind != "f" or not np.isfinite(mu).all():
@@ -648,10 +671,13 @@ class ProgressiveState:
             if self.engine == "reference":
                 self.mag[kv], self.neg[kv] = self._rung0_reference(rd, models, sizes, m0)
                 continue
-            mag, neg = np.empty(T * C, np.int32), np.empty(T * C, np.uint8)
+            if self.borrow:
+                mag, neg = K.scratch(f"mag.{kv}", T * C, np.int32), K.scratch(f"neg.{kv}", T * C, np.uint8)
+            else:
+                mag, neg = np.empty(T * C, np.int32), np.empty(T * C, np.uint8)
             if lay.big:
-                qsym, nzq = self._stream(rd, models[0], -(-sizes // 4), True)
-                esc_pos, esc_end = np.empty(qsym.size, np.int64), np.empty(qsym.size, np.int64)
+                qsym, nzq = self._stream(rd, models[0], -(-sizes // 4), True, "qsym")
+                esc_pos, esc_end = K.scratch("esc_pos", qsym.size, np.int64), K.scratch("esc_end", qsym.size, np.int64)
                 esc_count = np.zeros(lay.nbands, np.int64)
                 ne = K.expand_quads(qsym, nzq, lay.starts, m0, mag, neg, esc_pos, esc_end, esc_count)
                 if ne < 0:
@@ -748,8 +774,10 @@ class ProgressiveState:
             sym, nz = self._stream(rd, models[0], -(-counts // g), True)
             raw, sraw = rd.next(), rd.next()
             pad = np.zeros(4, np.uint8)  # the kernel reads whole 3-byte windows past the last bit
+            nins = int(counts.sum())
             err = K.refine(mag, neg, lay.starts, nz, counts, sym, m, g, np.concatenate([raw, pad]),
-                           np.concatenate([sraw, pad]))
+                           np.concatenate([sraw, pad]), K.scratch("lowv", mag.size - nins + 1, np.int32),
+                           K.scratch("newv", nins + 1, np.int32), K.scratch("sv", nins + 1, np.uint8))
             if err == 2:
                 raise bs.CorruptError(f"{self.codec.name}: refinement symbols do not cover the bands")
             if err:
@@ -836,19 +864,16 @@ class ProgressiveState:
         return self._result_matmul(kv, n)
 
     def _result_fast(self, kv: str, n: int) -> torch.Tensor:
-        """The native path of `result` for one part with the fast inverse DCT (`fastdct`): the
-        reconstruction straight into (blocks, T, CB), then one fused numba kernel per channel block
-        (both DCT passes, token scales, mean and fp16 bits while the block is in cache). Equal to
-        the reference path (`fastdct.inverse_2d`) bit for bit: the same float32 operations."""
+        """The native path of `result` for one part with the fast inverse DCT (`fastdct`): one
+        fused numba kernel per channel block (the reconstruction into an L2-resident block buffer,
+        both DCT passes, token scales, mean and fp16 bits). Equal to the reference path
+        (`reconstruct`, then `fastdct.inverse_2d`) bit for bit: the same float32 operations."""
         T, H, D = self.shape
         C = H * D
         step, planes, _m0, _n = self._part(kv)
-        st = np.float32(step * 2.0 ** -planes[self.level])
+        st = float(np.float32(step * 2.0 ** -planes[self.level]))
         cb = fastdct.block_channels(n)
-        blocks = np.empty((C // cb, T, cb), np.float32)
         mag, neg, perm = self.mag[kv], self.neg[kv], self.layout.perm
-        R.run_split(self.pool, lambda a, b: K.reconstruct_blocks(mag[a * C:b * C], neg[a * C:b * C], perm[a:b],
-                                                                  C, st, cb, blocks), T)
         mu = np.ascontiguousarray(self.mean[kv], dtype=np.float32)
         sc = self.scale.get(kv)
         inv = sc.astype(np.float32) if sc is not None else np.empty(0, np.float32)
@@ -856,7 +881,7 @@ class ProgressiveState:
         out16 = np.empty((T, C) if half else (0, 0), np.uint16)
         out32 = np.empty((0, 0) if half else (T, C), np.float32)
         fn = fastdct.kernel(n)
-        R.run_split(self.pool, lambda lo, hi: fn(blocks, lo, hi, inv, mu, out16, out32), C // cb)
+        R.run_split(self.pool, lambda lo, hi: fn(mag, neg, perm, st, lo, hi, inv, mu, out16, out32), C // cb)
         res = torch.from_numpy(out16.view(np.float16)) if half else torch.from_numpy(out32).to(self.dtype)
         return res.reshape(self.shape)
 
@@ -895,16 +920,16 @@ class ProgressiveState:
         return res.reshape(self.shape)
 
     def _bound(self) -> float:
-        """An upper bound of |decoded value| over both parts (the inverse DCT's gain is <= n)."""
+        """An upper bound of |decoded value| over both parts from the header alone (no pass over
+        the magnitudes, which cost ~1 ms of GIL-held numpy per Klein decode): a rung-0 index is
+        <= m0, so after k planes a magnitude is < (m0 + 1) 2^k and |coefficient| < (m0 + 1) step0;
+        the inverse DCT's gain is <= n."""
         b = 0.0
         for kv in PARTS:
-            step, planes, _m0, n = self._part(kv)
-            st = step * 2.0 ** -planes[self.level]
+            step, _planes, m0, n = self._part(kv)
             sc = self.scale.get(kv)
             inv = 1.0 / float(sc.min()) if sc is not None and sc.size else 1.0
-            mag = self.mag[kv]
-            top = (float(mag.max()) + 1.0) if mag.size else 0.0
-            b = max(b, top * st * max(n, 1) * inv + float(np.abs(self.mean[kv]).max(initial=0.0)))
+            b = max(b, (m0 + 1.0) * step * max(n, 1) * inv + float(np.abs(self.mean[kv]).max(initial=0.0)))
         return b
 
 
@@ -947,9 +972,9 @@ def inverse_f32(c: np.ndarray, n: int) -> np.ndarray:
 
 
 def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: CodecTables | None, dtype,
-                shape, engine: str = "native", pool: Executor | None = None) -> ProgressiveState:
+                shape, engine: str = "native", pool: Executor | None = None, borrow: bool = False) -> ProgressiveState:
     st = ProgressiveState(codec=codec, ident=ident, tables=tables, dtype=dtype, shape=shape, header=obj.header,
-                          engine=engine, pool=pool)
+                          engine=engine, pool=pool, borrow=borrow and engine == "native")
     st.start(obj, zlib.crc32(piece))
     return st
 
@@ -959,7 +984,8 @@ def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, 
     """Decode every complete rung of `data` with `engine` ("reference": the plain decoder the native
     one is tested against; the bench's reference column). `pool` (native only): threads that share
     this one shard's rANS pieces, token rows and channel blocks; the output is the serial one bit
-    for bit."""
+    for bit. One-shot: the native state's magnitudes live in the calling thread's scratch memory
+    (`kernels.scratch`; the result refers to none of it)."""
     mv = memoryview(data)
     spans = list(bs.split_objects(mv))
     if not spans or spans[-1][1] != len(mv):
@@ -968,7 +994,7 @@ def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, 
     obj, dtype, shape = codec._open(first, ident, tables)
     if obj.header.get("prog") is None or obj.header.get("level") != 0:
         raise bs.CorruptError("not the base object of a progressive ladder")
-    st = start_state(codec, obj, first, ident, tables, dtype, shape, engine, pool)
+    st = start_state(codec, obj, first, ident, tables, dtype, shape, engine, pool, borrow=True)
     for a, e in spans[1:]:
         st.upgrade(bytes(mv[a:e]))
     return st.result()
@@ -1028,9 +1054,7 @@ class ProgressiveCodec(Codec):
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
                pool: Executor | None = None) -> DecodedShard:
         """`pool`: threads that share this one shard (see `decode_with`); bit-equal to the serial decode."""
-        if pool is not None:
-            return decode_with(self, data, ident, tables, "native", pool)
-        return self.decode_state(data, ident, tables).result()
+        return decode_with(self, data, ident, tables, "native", pool)
 
     def start_state(self, piece: bytes, ident: ShardId, tables: CodecTables | None) -> ProgressiveState:
         obj, dtype, shape = self._open(piece, ident, tables, kind=bs.KIND_SHARD)

@@ -220,6 +220,21 @@ def _fast(x, tab, f, cm, mask, bits, words, p):
     return x, s, p
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _singles(st, tab, f, cm, mask, bits, words, p, pend, out, a, j, stop, lanes, to_lane0):
+    """Single checked steps from symbol j until `stop`, or (to_lane0) until the next lane-0
+    symbol: the head and the tail around the unrolled 8-lane body. -> (j, p, ok)."""
+    while j < stop and not (to_lane0 and ((j - a) & (lanes - 1)) == 0):
+        lane = (j - a) & (lanes - 1)
+        x, s, p, ok = _step(st[lane], tab, f, cm, mask, bits, words, p, pend)
+        if not ok:
+            return j, p, False
+        st[lane] = x
+        out[j] = s
+        j += 1
+    return j, p, True
+
+
 @njit(nogil=True, cache=True)
 def _decode_pieces(words, starts, seg_ctx, seg_len, freq, cum, bits, piece, lanes, n, p_lo, p_hi, out, tab):
     """Decode pieces [p_lo, p_hi) of a stream of n symbols into out[(first symbol)...]. Returns an
@@ -259,16 +274,10 @@ def _decode_pieces(words, starts, seg_ctx, seg_len, freq, cum, bits, piece, lane
             stop = min(b, seg_end)
             f = freq[c]
             cm = cum[c]
-            j = i
             # head: single steps until lane 0 (so the unrolled body sees lanes 0..7 in order)
-            while j < stop and ((j - a) & (lanes - 1)) != 0:
-                lane = (j - a) & (lanes - 1)
-                x, s, p, ok = _step(st[lane], tab, f, cm, mask, bits, words, p, pend)
-                if not ok:
-                    return ERR_WORDS
-                st[lane] = x
-                out[j] = s
-                j += 1
+            j, p, ok = _singles(st, tab, f, cm, mask, bits, words, p, pend, out, a, i, stop, lanes, True)
+            if not ok:
+                return ERR_WORDS
             if lanes == 8 and j + 8 <= stop:
                 x0, x1, x2, x3, x4, x5, x6, x7 = st[0], st[1], st[2], st[3], st[4], st[5], st[6], st[7]
                 # a step reads at most one word: with >= 8 words left a block needs no bounds checks
@@ -291,14 +300,9 @@ def _decode_pieces(words, starts, seg_ctx, seg_len, freq, cum, bits, piece, lane
                     out[j + 7] = s7
                     j += 8
                 st[0], st[1], st[2], st[3], st[4], st[5], st[6], st[7] = x0, x1, x2, x3, x4, x5, x6, x7
-            while j < stop:
-                lane = (j - a) & (lanes - 1)
-                x, s, p, ok = _step(st[lane], tab, f, cm, mask, bits, words, p, pend)
-                if not ok:
-                    return ERR_WORDS
-                st[lane] = x
-                out[j] = s
-                j += 1
+            j, p, ok = _singles(st, tab, f, cm, mask, bits, words, p, pend, out, a, j, stop, lanes, False)
+            if not ok:
+                return ERR_WORDS
             i = stop
         if p != pend:
             return ERR_LEFTOVER

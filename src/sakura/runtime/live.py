@@ -271,7 +271,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     Never raises because of the network: every failure ends in local compute, listed in `events`.
     """
     from sakura.client import TemplateClient
-    from sakura.codec import CodecTables, ShardId, decode_any
+    from sakura.codec import CodecTables, ShardId
     from sakura.runtime.limits import LimitError, check_shard_object, shard_shapes
 
     bandwidth = bandwidth or BandwidthEstimator(prior_bps=1e6)
@@ -340,14 +340,14 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     cond = threading.Condition()
     local_layers = lambda: (LayerKV(k[0], v[0]) for k, v in model.template_layers(template_image, instruction))  # noqa: E731
     source = LiveKVSource(driver, cond, clock, local_layers, model_fp, tfp, instruction)
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sakura-decode")
+    pool = DecodePool(workers)
 
     def decode(j: int, data: bytes, rendition: Any, tables: dict[str, Any]) -> None:
         try:
             t = time.monotonic()
             tbl = tables.get(rendition.tables[0]) if rendition.tables else None
             check_shard_object(data, shapes[j], f"shard {j}")  # header shape, before the decoder allocates
-            dec = decode_any(data, ShardId(model_fp, tfp, j), tbl)
+            dec = pool.decode(data, ShardId(model_fp, tfp, j), tbl)
             kv = LayerKV(dec.key, dec.value, dec.keep_mask)
             if decode_pad_s and rendition.name in decode_pad_s:
                 time.sleep(max(0.0, decode_pad_s[rendition.name] - (time.monotonic() - t)))
@@ -369,7 +369,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
         out = model.edit(photo, template_kv=source, steps=steps, seed=seed)
     finally:
         stage.stop()
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown()
     latency = clock()
     events.extend(driver.events)
     requested = [r for r in driver.records if r.t_request == r.t_request]
@@ -377,6 +377,59 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     return StreamedEdit(image=out.image, latency_s=latency, records=driver.records, policy=policy.name, events=events,
                         tables_bytes=stage.tables_bytes, manifest_s=manifest_s, image_mse=driver.image_mse(),
                         quality_known=quality_known, timings_s=out.timings_s, link_idle_s=idle, used_kv=source.used)
+
+
+class DecodePool:
+    """The decode pool: `workers` threads, one shard per job (`submit`). A job whose decode starts
+    while other workers are idle and no other job waits shares its one shard with them
+    (`decode(..., pool=)`: rANS pieces, channel blocks; bit-equal to the serial decode), so one
+    large layer (shard 0 at the start of an edit, the last shard) does not serialise on one core.
+    Helpers are plain tasks on the same executor: a job that arrives meanwhile queues behind at
+    most the helpers' remaining ranges of that shard, and helpers that never started are
+    cancelled (`rans.run_split`), so a busy pool loses nothing."""
+
+    def __init__(self, workers: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.workers = max(1, int(workers))
+        self.executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sakura-decode")
+        self._lock = threading.Lock()
+        self._running = 0      # jobs in a worker now
+        self._waiting = 0      # jobs submitted, not started
+        self.split_jobs = 0    # jobs that shared their shard (for tests and logs)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        with self._lock:
+            self._waiting += 1
+        return self.executor.submit(self._job, fn, args)
+
+    def _job(self, fn: Callable[..., Any], args: tuple) -> Any:
+        with self._lock:
+            self._waiting -= 1
+            self._running += 1
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def share(self) -> concurrent.futures.Executor | None:
+        """The executor the calling job may split its shard over, or None (no idle worker, or a
+        job waiting for one)."""
+        with self._lock:
+            if self.workers > 1 and self._running < self.workers and self._waiting == 0:
+                self.split_jobs += 1
+                return self.executor
+        return None
+
+    def decode(self, data: bytes, ident: Any, tables: Any) -> Any:
+        """`decode_any` of one shard, split over the idle workers where the codec can (`share`)."""
+        from sakura.codec import decode_any
+
+        return decode_any(data, ident, tables, pool=self.share())
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 class FetchStage:

@@ -79,3 +79,66 @@ def test_native_decode_releases_the_gil():
     stop.set()
     th.join()
     assert inside > 0, f"no Python progress during a {t1 - t0:.3f} s native decode: the GIL was held"
+
+
+def test_live_pool_splits_a_shard_over_idle_workers_bit_exactly(monkeypatch):
+    """The live runtime's decode pool (`runtime.live.DecodePool`): a real progressive decode that
+    starts while the other worker is idle shares the shard with it (ranges run on both threads)
+    and equals the unsplit decode bit for bit; a job that starts while every worker is busy keeps
+    its shard to itself."""
+    import torch
+
+    from sakura.codec import ShardId, ShardKV, get_codec
+    from sakura.codec import rans as R
+    from sakura.runtime.live import DecodePool
+
+    g = torch.Generator().manual_seed(3)
+    shard = ShardKV((torch.randn(1024, 2, 64, generator=g) * 2).half(), torch.randn(1024, 2, 64, generator=g).half(),
+                    layer=0, num_layers=1)
+    ident = ShardId("m", "t", 0)
+    codec = get_codec("progressive", budgets=[0.3, 1.0, 2.0])
+    tables = codec.fit_tables([shard])
+    data = codec.encode(shard, ident, tables)
+    serial = codec.decode(data, ident, tables)
+    ran_on: set[str] = set()
+    real = R.run_split
+
+    def spy(pool, fn, n, per_worker=4):
+        def rec(lo, hi):
+            ran_on.add(threading.current_thread().name)
+            return fn(lo, hi)
+        return real(pool, rec, n, per_worker)
+
+    monkeypatch.setattr(R, "run_split", spy)
+    pool = DecodePool(2)
+    release = threading.Event()
+    try:
+        split = pool.submit(pool.decode, data, ident, tables).result(timeout=120)
+        assert pool.split_jobs == 1 and len(ran_on) == 2, ran_on   # both workers ran ranges of the one shard
+        assert torch.equal(split.key, serial.key) and torch.equal(split.value, serial.value)
+        blocker = pool.submit(release.wait, 60)
+        while pool._running < 1:
+            time.sleep(0.001)
+        busy = pool.submit(pool.share).result(timeout=60)
+        release.set()
+        blocker.result(timeout=60)
+        assert busy is None and pool.split_jobs == 1   # every worker busy: no split
+    finally:
+        release.set()
+        pool.shutdown()
+
+
+def test_gil_held_share_is_measured_and_the_kernels_restored():
+    """`decode_rates.gil_held`: a share in (0, 1) per rendition (every decode has some Python glue
+    and spends most of its CPU in the kernels at Klein width), and the numba entry points it timed
+    are the original dispatchers again afterwards."""
+    import numba
+
+    from sakura.bench.decode_rates import gil_held
+    from sakura.codec import kernels, rans
+
+    res = gil_held(["progressive", "cachegen:level=2"], tokens=256, reps=2, log=lambda s: None)
+    assert set(res) == {"progressive#0", "progressive#1", "progressive#2", "cachegen:level=2"}
+    assert all(0.0 < f < 1.0 for f in res.values()), res
+    assert isinstance(rans._decode_pieces, numba.core.registry.CPUDispatcher)
+    assert isinstance(kernels.refine, numba.core.registry.CPUDispatcher)
