@@ -66,8 +66,8 @@ def test_interleaved_speedup_tells_a_gil_holding_decode_from_a_releasing_one():
         for i in range(600_000):
             n += i
 
-    def releases():
-        time.sleep(0.04)
+    def releases():  # long enough that a loaded machine's thread wake-up jitter (ms) stays small beside it
+        time.sleep(0.15)
 
     pools = {1: ThreadPoolExecutor(1), 2: ThreadPoolExecutor(2)}
     try:
