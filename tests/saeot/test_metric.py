@@ -168,7 +168,7 @@ def test_max_sliced_bound_is_a_lower_bound_and_prunes():
     np.testing.assert_allclose(d2, ex.min(1), rtol=1e-6)
 
 
-def test_exact_in_worker_processes_equals_in_process():
+def test_exact_in_worker_threads_equals_one_thread():
     from saeot.wasserstein import _exact_parallel
 
     rng = np.random.default_rng(9)
