@@ -428,7 +428,9 @@ def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "ex
         Rows ``(i, j)``: source feature i, target feature j.
     solver : {"exact", "sinkhorn", "sinkhorn-debiased", "sliced"}
     reg : float
-        Sinkhorn only: entropic regularisation relative to the mean cost of each problem.
+        Sinkhorn only: entropic regularisation relative to the mean cost of each problem
+        (``sinkhorn``), or to the median pair's mean cost, one epsilon for all pairs and the
+        self terms (``sinkhorn-debiased``: the divergence needs the same epsilon in its three terms).
     max_iter, tol : Sinkhorn only (see :func:`sinkhorn_batch`).
     n_proj, n_quantiles, seed : int
         Sliced only.
@@ -467,30 +469,51 @@ def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "ex
         return out
     # sinkhorn (optionally debiased), batched
     it = np.flatnonzero(alive)
+    xa, xb = _shared_index(ma, mb)
     bad, worst = 0, 0.0
+
+    def solve(Xs, Ws, Ys, Vs, ia, ib, eps):
+        nonlocal bad, worst
+        M = _batch_costs(Xs, Ys, ia, ib)
+        r = sinkhorn_batch(M, Ws, Vs, reg=reg, eps=None if eps is None else np.full(len(M), eps),
+                           max_iter=max_iter, tol=tol, warn=False)
+        bad += int((~r.converged).sum())
+        worst = max(worst, float(r.marginal_error.max(initial=0.0)))
+        return r
+
+    def sub(idx, rows):
+        return None if idx is None else idx[rows]
+
+    eps_all = None
+    if solver == "sinkhorn-debiased" and len(it):
+        # One epsilon for the whole call (reg x the median pair's mean cost, from an evenly spaced
+        # sample of pairs): the self terms OT(a, a), OT(b, b) then depend on one feature each and are
+        # solved once per feature instead of once per pair (a third of the problems instead of 2/3).
+        smp = it[np.linspace(0, len(it) - 1, min(len(it), 2048)).astype(int)]
+        Ms = _batch_costs(ma.X[pairs[smp, 0]], mb.X[pairs[smp, 1]], sub(xa, pairs[smp, 0]), sub(xb, pairs[smp, 1]))
+        eps_all = float(reg * np.median(Ms.mean(axis=(1, 2))))
+        self_a, self_b = np.zeros(len(ma.w)), np.zeros(len(mb.w))
+        for m_, self_, feats in ((ma, self_a, np.unique(pairs[it, 0])), (mb, self_b, np.unique(pairs[it, 1]))):
+            for s in range(0, len(feats), batch_size):
+                f = feats[s:s + batch_size]
+                sf = None if m_.index is None else m_.index[f]
+                r = sinkhorn_symmetric(_batch_costs(m_.X[f], m_.X[f], sf, sf), m_.w[f], np.full(len(f), eps_all),
+                                       max_iter=max_iter, tol=tol)
+                bad += int((~r.converged).sum())
+                worst = max(worst, float(r.marginal_error.max(initial=0.0)))
+                self_[f] = r.dual
     for s in tqdm(range(0, len(it), batch_size), disable=not progress, desc=f"{solver} W2", unit="batch"):
         sel = it[s:s + batch_size]
         i, j = pairs[sel, 0], pairs[sel, 1]
-        xa, xb = _shared_index(ma, mb)
-        M = _batch_costs(ma.X[i], mb.X[j], None if xa is None else xa[i], None if xb is None else xb[j])
-        eps = reg * M.mean(axis=(1, 2))  # (B,) one epsilon per pair, shared by the debiasing terms
-        r = sinkhorn_batch(M, ma.w[i], mb.w[j], eps=eps, max_iter=max_iter, tol=tol, warn=False)
-        bad += int((~r.converged).sum())
-        worst = max(worst, float(r.marginal_error.max(initial=0.0)))
+        r = solve(ma.X[i], ma.w[i], mb.X[j], mb.w[j], sub(xa, i), sub(xb, j), eps_all)
         if solver == "sinkhorn":
             out[sel] = np.sqrt(np.maximum(r.cost, 0.0))
-            continue
-        sa = None if ma.index is None else ma.index[i]
-        sb = None if mb.index is None else mb.index[j]
-        ra = sinkhorn_batch(_batch_costs(ma.X[i], ma.X[i], sa, sa), ma.w[i], ma.w[i], eps=eps, max_iter=max_iter,
-                            tol=tol, warn=False)
-        rb = sinkhorn_batch(_batch_costs(mb.X[j], mb.X[j], sb, sb), mb.w[j], mb.w[j], eps=eps, max_iter=max_iter,
-                            tol=tol, warn=False)
-        bad += int((~ra.converged).sum() + (~rb.converged).sum())
-        worst = max(worst, float(ra.marginal_error.max(initial=0.0)), float(rb.marginal_error.max(initial=0.0)))
-        out[sel] = np.sqrt(np.maximum(r.dual - 0.5 * ra.dual - 0.5 * rb.dual, 0.0))
+        else:
+            out[sel] = np.sqrt(np.maximum(r.dual - 0.5 * self_a[i] - 0.5 * self_b[j], 0.0))
     if info is not None:
         info.update({"not_converged": bad, "max_marginal_error": worst, "tol": tol, "max_iter": max_iter})
+        if eps_all is not None:
+            info["eps"] = eps_all
     if bad:
         import warnings
 
@@ -592,6 +615,61 @@ def sinkhorn_batch(M: np.ndarray, a: np.ndarray, b: np.ndarray, reg: float = 0.0
     # entropic OT value (KL to a x b) at the optimal potentials: <a, F> + <b, G>
     dual = torch.where(fa, la.exp() * F, 0.0).sum(1) + torch.where(fb, lb.exp() * G, 0.0).sum(1)
     return SinkhornResult(cost.numpy(), dual.numpy(), err.numpy(), converged, it)
+
+
+def sinkhorn_symmetric(M: np.ndarray, a: np.ndarray, eps: np.ndarray, max_iter: int = 5000, tol: float = 1e-4,
+                       scaling: float = 0.5) -> SinkhornResult:
+    r"""Batched log-domain Sinkhorn for the self terms OT_eps(a, a) of the Sinkhorn divergence.
+
+    With equal marginals the optimal potentials are equal (F = G); the averaged update
+    :math:`F \leftarrow (F + T(F)) / 2` (Feydy et al. 2019) converges in a few iterations where the
+    alternating one oscillates for hundreds (measured: 29 s against 1.8 s for the cross terms on
+    3,000 real pairs).  Epsilon scaling and the stopping rule are those of :func:`sinkhorn_batch`.
+
+    Parameters
+    ----------
+    M : (B, n, n) symmetric costs;  a : (B, n) weights (zeros = padding);  eps : (B,) regularisation
+
+    Returns
+    -------
+    SinkhornResult (``cost`` = <P, M>, ``dual`` = 2 <a, F>)
+    """
+    import torch
+
+    M = torch.from_numpy(np.ascontiguousarray(M, dtype=np.float64))
+    e_target = torch.from_numpy(np.asarray(eps, np.float64)).clamp_min(1e-12)[:, None, None]
+    with np.errstate(divide="ignore"):
+        la = torch.from_numpy(np.log(np.asarray(a, dtype=np.float64)))
+    fa = torch.isfinite(la)
+    F = torch.zeros_like(la)
+
+    def t_of(Fs, e, s=slice(None)):
+        return torch.where(fa[s], -e[:, :, 0] * torch.logsumexp(la[s][:, None, :] + (Fs[:, None, :] - M[s]) / e, 2), 0.0)
+
+    e = torch.maximum(M.amax(dim=(1, 2), keepdim=True), e_target)
+    while bool((e > e_target).any()):
+        F = 0.5 * (F + t_of(F, e))
+        e = torch.maximum(e * scaling, e_target)
+    e = e_target
+
+    def row_error(idx):
+        logP = la[idx][:, :, None] + la[idx][:, None, :] + (F[idx][:, :, None] + F[idx][:, None, :] - M[idx]) / e[idx]
+        return torch.where(fa[idx], (torch.exp(torch.logsumexp(logP, 2)) - la[idx].exp()).abs(), 0.0).sum(1)
+
+    err = torch.full((M.shape[0],), float("inf"), dtype=torch.float64)
+    active = torch.arange(M.shape[0])
+    it = 0
+    for it in range(1, max_iter + 1):
+        F[active] = 0.5 * (F[active] + t_of(F[active], e[active], active))
+        if it % 5 == 0 or it == max_iter:
+            err[active] = row_error(active)
+            active = active[err[active] > tol]
+            if len(active) == 0:
+                break
+    logP = la[:, :, None] + la[:, None, :] + (F[:, :, None] + F[:, None, :] - M) / e
+    cost = (torch.exp(logP) * M).sum(dim=(1, 2))
+    dual = 2.0 * torch.where(fa, la.exp() * F, 0.0).sum(1)
+    return SinkhornResult(cost.numpy(), dual.numpy(), err.numpy(), (err <= tol).numpy(), it)
 
 
 @dataclass
