@@ -265,7 +265,8 @@ def transport_cost(a, b, C, max_iter=10_000, start=0, block=4):
 
 @nb.njit(nogil=True, cache=True)
 def transport_costs(M, A, B, max_iter=10_000, start=0, block=4):
-    """Optimal transport costs of a batch: ``M`` (P, k, k') costs, ``A`` (P, k), ``B`` (P, k')
+    """Optimal transport costs of a batch: ``M`` (P, k, k') float32 or float64 costs (widened to
+    float64 here), ``A`` (P, k), ``B`` (P, k')
     non-negative weights (zeros = padding, dropped; each row renormalised to mass 1 in float64).
 
     Returns (P,) float64 costs (NaN for a problem with an all-zero side or not solved within
