@@ -266,6 +266,15 @@ def match(
                    f"{r.seconds:.1f} s, {r.evaluated} pairs evaluated")
 
 
+def _echo_planted(r: dict, width: int, rest) -> None:
+    """One line per (setting, method) of a planted-recovery result: NN accuracy with its interval,
+    then ``rest(x)``."""
+    for st, v in r["settings"].items():
+        for n, x in v.items():
+            typer.echo(f"{st:>8} {n:>{width}}: NN {x['nn']['mean']:.2f} [{x['nn']['lo']:.2f}, {x['nn']['hi']:.2f}]  "
+                       + rest(x))
+
+
 @app.command()
 def bench(
     out: Path = typer.Option(Path("docs/saeot"), help="Folder for JSON results and plots."),
@@ -288,17 +297,13 @@ def bench(
 
         r = planted_geometry(seeds=range(seeds))
         write_json(r, out / "planted_geometry.json")
-        for st, v in r["settings"].items():
-            for n, x in v.items():
-                typer.echo(f"{st:>8} {n:>36}: NN {x['nn']['mean']:.2f} [{x['nn']['lo']:.2f}, {x['nn']['hi']:.2f}]  "
-                           f"Hungarian {x['hungarian']['mean']:.2f}  max in-degree {x['max_in_degree']:.1f}")
+        _echo_planted(r, 36, lambda x: f"Hungarian {x['hungarian']['mean']:.2f}  "
+                                        f"max in-degree {x['max_in_degree']:.1f}")
     if disjoint:
         r = disjoint_recovery(seeds=range(seeds))
         write_json(r, out / "planted_disjoint.json")
-        for st, v in r["settings"].items():
-            for n, x in v.items():
-                typer.echo(f"{st:>8} {n:>20}: NN {x['nn']['mean']:.2f} [{x['nn']['lo']:.2f}, {x['nn']['hi']:.2f}]  "
-                           f"Hungarian {x['hungarian']['mean']:.2f} [{x['hungarian']['lo']:.2f}, {x['hungarian']['hi']:.2f}]")
+        _echo_planted(r, 20, lambda x: f"Hungarian {x['hungarian']['mean']:.2f} "
+                                        f"[{x['hungarian']['lo']:.2f}, {x['hungarian']['hi']:.2f}]")
 
     if acts is not None:
         if saes is None:

@@ -35,6 +35,17 @@ def _find(parent, x):
 
 
 @nb.njit(nogil=True, cache=True)
+def _link(adj_n, adj_e, deg, r, c, k):
+    """Add tree edge ``k`` between nodes ``r`` and ``c`` to both adjacency lists."""
+    adj_n[r, deg[r]] = c
+    adj_e[r, deg[r]] = k
+    deg[r] += 1
+    adj_n[c, deg[c]] = r
+    adj_e[c, deg[c]] = k
+    deg[c] += 1
+
+
+@nb.njit(nogil=True, cache=True)
 def transport_cost(a, b, C, max_iter=10_000, start=0, block=4):
     """Optimal transport cost min <P, C> over couplings P of ``a`` (n,) and ``b`` (m,).
 
@@ -133,13 +144,7 @@ def transport_cost(a, b, C, max_iter=10_000, start=0, block=4):
     adj_e = np.empty((N, cap), np.int64)
     deg = np.zeros(N, np.int64)
     for k in range(ne):
-        r, c = ei[k], n + ej[k]
-        adj_n[r, deg[r]] = c
-        adj_e[r, deg[r]] = k
-        deg[r] += 1
-        adj_n[c, deg[c]] = r
-        adj_e[c, deg[c]] = k
-        deg[c] += 1
+        _link(adj_n, adj_e, deg, ei[k], n + ej[k], k)
     parent = np.empty(N, np.int64)
     pedge = np.empty(N, np.int64)
     depth = np.empty(N, np.int64)
@@ -244,12 +249,7 @@ def transport_cost(a, b, C, max_iter=10_000, start=0, block=4):
         ej[leave] = bq
         x[leave] = theta
         r, c = bp, n + bq
-        adj_n[r, deg[r]] = c
-        adj_e[r, deg[r]] = leave
-        deg[r] += 1
-        adj_n[c, deg[c]] = r
-        adj_e[c, deg[c]] = leave
-        deg[c] += 1
+        _link(adj_n, adj_e, deg, r, c, leave)
         # the moved subtree hangs from the entering cell: walk it from its end inside
         w, z = (r, c) if on_p else (c, r)
         parent[w] = z
