@@ -1,0 +1,49 @@
+# Regenerate the tables of docs/saeot.md section A7 from the result files (run from the repo root):
+#   docs/saeot/speed_r4.json (speed4.py), docs/saeot/eval/sae_report_r{3,4}.json (train-sae reports),
+#   docs/saeot/eval/sinkhorn/eval_9_18.md (saeot evaluate), runs/acts-extra*/manifest.json when present.
+import json
+from pathlib import Path
+
+doc = Path("docs/saeot.md")
+
+
+def block(name, text):
+    s = doc.read_text()
+    a = s.index(f"<!-- {name}:begin")
+    a = s.index("\n", a) + 1
+    b = s.index(f"<!-- {name}:end -->")
+    doc.write_text(s[:a] + text.rstrip() + "\n" + s[b:])
+
+
+sp = json.loads(Path("docs/saeot/speed_r4.json").read_text())
+pf = sp["prefilter_s"]
+rows = ["| solver | threads | pairs | total wall | total CPU | of which pre-filter (CPU) | recall of the exact NN | load |",
+        "|---|---|---|---|---|---|---|---|"]
+for r in sp["runs"]:
+    name = "numba transport simplex" if r["solver"] == "numba" else "POT network simplex"
+    rows.append(f"| {name} | {r['threads']} | {sp['pairs']:,} | {r['total_wall_s']:.1f} s | {r['total_cpu_s']:.1f} s | "
+                f"{pf['cpu']:.1f} s | {r['recall']:.3f} ({sp['recall_sources']} sources) | {r['load']:.1f} |")
+rows += ["", f"max |W2 numba - W2 POT| over the {sp['pairs']:,} pairs: {sp['max_abs_w2_numba_minus_pot']:.1e}; "
+         f"2 threads give the same values as 1: {sp['numba_2_threads_equals_1']}."]
+block("a7-speed", "\n".join(rows))
+
+r3 = json.loads(Path("docs/saeot/eval/sae_report_r3.json").read_text())
+p4 = Path("docs/saeot/eval/sae_report_r4.json")
+r4 = json.loads(p4.read_text()) if p4.exists() else {}
+rows = ["| layer | round 3: held-out FVU (train tokens) | round 4: held-out FVU | round 4: FVU on train tokens | round 4 train tokens | <= 0.15? |",
+        "|---|---|---|---|---|---|"]
+for l in sorted(set(r3) | set(r4), key=int):
+    a, b = r3.get(l), r4.get(l)
+    rows.append(f"| {l} | {a['fvu']:.3f} ({a['train_tokens']:,}) | " + (
+        f"{b['fvu']:.3f} | {b['fvu_train']:.3f} | {b['train_tokens']:,} | {'yes' if b['fvu'] <= 0.15 else 'no'} |"
+        if b else "not trained (time) | - | - | - |"))
+for m in sorted(Path("runs").glob("acts-extra*/manifest.json")):
+    man = json.loads(m.read_text())
+    rows.append("")
+    rows.append(f"`{m.parent}`: {man['n_chunks']} chunks x {man['ctx_len']} = {man['n_chunks'] * man['ctx_len']:,} "
+                f"tokens, layers {man['layers']}.")
+block("a7-sae", "\n".join(rows))
+
+md = Path("docs/saeot/eval/sinkhorn/eval_9_18.md")
+if md.exists():
+    block("a7-sinkhorn", md.read_text())
