@@ -225,7 +225,7 @@ def match(
     hubness: str = typer.Option("none", help="Hubness correction before matching: none or csls."),
     k: int = typer.Option(32, help="Top-k support size."),
     candidates: int = typer.Option(32, help="Pre-filter: candidates per feature (0 = all pairs)."),
-    n_jobs: int = typer.Option(0, help="Processes for exact W2 (0 = one per core)."),
+    n_jobs: int = typer.Option(0, help="Threads for exact W2 (0 = one per core)."),
     out: Path = typer.Option(Path("runs/match.json")),
 ) -> None:
     """Match features of layer A to layer B with one or all methods; write pairs, scores, timings."""

@@ -462,7 +462,7 @@ def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "ex
     batch_size : int
         Pairs per Sinkhorn batch.
     n_jobs : int, optional
-        Exact only: worker processes (default: one per core; small jobs stay in-process).
+        Exact only: worker threads (default: one per core; small jobs stay on one thread).
     info : dict, optional
         Filled with solver diagnostics (Sinkhorn: ``not_converged``, ``max_marginal_error``).
 

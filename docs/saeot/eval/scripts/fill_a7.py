@@ -36,7 +36,7 @@ for l in sorted(set(r3) | set(r4), key=int):
     a, b = r3.get(l), r4.get(l)
     rows.append(f"| {l} | {a['fvu']:.3f} ({a['train_tokens']:,}) | " + (
         f"{b['fvu']:.3f} | {b['fvu_train']:.3f} | {b['train_tokens']:,} | {'yes' if b['fvu'] <= 0.15 else 'no'} |"
-        if b else "not trained (time) | - | - | - |"))
+        if b else "not trained: stopped once layer 18 showed no gain | - | - | - |"))
 for m in sorted(Path("runs").glob("acts-extra*/manifest.json")):
     man = json.loads(m.read_text())
     rows.append("")
@@ -47,3 +47,27 @@ block("a7-sae", "\n".join(rows))
 md = Path("docs/saeot/eval/sinkhorn/eval_9_18.md")
 if md.exists():
     block("a7-sinkhorn", md.read_text())
+
+# debiased Sinkhorn - exact W2 on the same candidates, paired over the same judged sources (test split, NN)
+ej = Path("docs/saeot/eval/sinkhorn/eval_9_18.json")
+if ej.exists():
+    from saeot.stats import fmt_paired, paired_bootstrap
+
+    s = json.loads(ej.read_text())["pairs"]["9->18"]["settings"]["shared"]
+    deb, ex = s["configs"] if "configs" in s else list(s["scores"])[:2]
+    rows = ["| metric (test split, NN) | debiased Sinkhorn | exact W2 | debiased - exact (paired 95% bootstrap) |",
+            "|---|---|---|---|"]
+    for m, name in (("judge", "MiniLM judge"), ("jaccard", "held-out Jaccard"), ("rel_effect", "intervention rel. effect"),
+                    ("hit10", "intervention hit@10")):
+        a, b = s["summary"][deb]["nn"]["test"].get(m), s["summary"][ex]["nn"]["test"].get(m)
+        if a is None or b is None:
+            continue
+        pb = paired_bootstrap(s["scores"][deb]["nn"]["test"][m], s["scores"][ex]["nn"]["test"][m])
+        rows.append(f"| {name} | {a['mean']:.3f} [{a['lo']:.3f}, {a['hi']:.3f}] | {b['mean']:.3f} [{b['lo']:.3f}, "
+                    f"{b['hi']:.3f}] | {fmt_paired(pb)} |")
+    info = s["ot_info"][deb]
+    rows += ["", f"Distances: debiased Sinkhorn {s['fit_seconds'][deb]:.0f} s, exact {s['fit_seconds'][ex]:.0f} s wall "
+             f"for {info['evaluated_pairs']:,} candidate pairs (load ~4-6); epsilon {info['eps']:.3f}, "
+             f"{info['not_converged']} problems not converged to marginal error {info['tol']:g}. "
+             f"Exact W2's NN equals debiased Sinkhorn's for {s['agree_with_first_ot_nn'][ex]:.1%} of the sources."]
+    block("a7-sinkhorn-vs-exact", "\n".join(rows))
