@@ -71,3 +71,14 @@ if ej.exists():
              f"{info['not_converged']} problems not converged to marginal error {info['tol']:g}. "
              f"Exact W2's NN equals debiased Sinkhorn's for {s['agree_with_first_ot_nn'][ex]:.1%} of the sources."]
     block("a7-sinkhorn-vs-exact", "\n".join(rows))
+
+# the published bench (saeot bench-speed): exact on 32+32 bound-mid candidates, this round against round 3
+rows = ["| `saeot bench-speed` run | exact solver | pairs | wall | CPU | recall (bench's sources) |", "|---|---|---|---|---|---|"]
+for f, label, solver in (("docs/saeot/speed_r3.json", "round 3", "POT, 2 processes"),
+                         ("docs/saeot/speed_r4_bench.json", "this pass", "numba, 2 threads")):
+    r = json.loads(Path(f).read_text())["spaces"]["reference"]
+    b = r["by_prefilter"]["bound-mid"]
+    n_src = json.loads(Path(f).read_text()).get("recall_sources", 32)
+    rows.append(f"| {label} (`{f}`) | {solver} | {b['pairs']:,} (c = {b['timed_candidates']}) | {b['exact_s']:.1f} s | "
+                f"{b['exact_cpu_s']:.1f} s | {b['recall']:.2f} |")
+block("a7-bench", "\n".join(rows))
