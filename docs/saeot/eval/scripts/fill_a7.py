@@ -82,3 +82,10 @@ for f, label, solver in (("docs/saeot/speed_r3.json", "round 3", "POT, 2 process
     rows.append(f"| {label} (`{f}`) | {solver} | {b['pairs']:,} (c = {b['timed_candidates']}) | {b['exact_s']:.1f} s | "
                 f"{b['exact_cpu_s']:.1f} s | {b['recall']:.2f} |")
 block("a7-bench", "\n".join(rows))
+
+# the pairs rerun on the round-3 SAEs (saeot summarize docs/saeot/eval/sae3/eval_*.json --select-pairs 9:18
+#   --out docs/saeot/eval/sae3/summary.md)
+sm = Path("docs/saeot/eval/sae3/summary.md")
+if sm.exists():
+    t = "\n".join(l for l in sm.read_text().splitlines() if not l.startswith("Validation means by configuration"))
+    block("a7-r3pairs", t)
