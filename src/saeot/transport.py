@@ -304,3 +304,58 @@ def transport_costs(M, A, B, max_iter=10_000, start=0, block=4):
             b[c] = B[p, ib[c]] / sb
         out[p], piv[p] = transport_cost(a, b, C, max_iter, start, block)
     return out, piv
+
+
+@nb.njit(nogil=True, cache=True)
+def quantile_cells(Pz, index, w, n_quantiles, out):
+    """Cell averages of 1-D weighted quantile functions (the sliced embedding's kernel).
+
+    ``Pz`` (n, L) float32: projections of n points on L directions; ``index`` (F, k) int64: each
+    measure's support (rows of Pz); ``w`` (F, k) weights (zeros = padding).  For measure f and
+    direction l, with F^-1 the quantile function of the projected measure and cells
+    [q/Q, (q+1)/Q), writes ``out[f, l, q]`` = Q * integral of F^-1 over cell q (float32 out
+    (F, L, Q)).  Supports are sorted stably (insertion sort: k is small), weights renormalised.
+    """
+    F, k = index.shape
+    L = Pz.shape[1]
+    Q = n_quantiles
+    vals = np.empty(k)
+    order = np.empty(k, np.int64)
+    cw = np.empty(k)
+    ci = np.empty(k)
+    for f in range(F):
+        for l in range(L):
+            for i in range(k):
+                vals[i] = Pz[index[f, i], l]
+                order[i] = i
+            for i in range(1, k):
+                o = order[i]
+                v = vals[o]
+                j = i - 1
+                while j >= 0 and vals[order[j]] > v:
+                    order[j + 1] = order[j]
+                    j -= 1
+                order[j + 1] = o
+            tot = 0.0
+            for i in range(k):
+                tot += w[f, order[i]]
+            tot = max(tot, 1e-300)
+            c1, c2 = 0.0, 0.0
+            for i in range(k):
+                wi = w[f, order[i]] / tot
+                c1 += wi
+                c2 += wi * vals[order[i]]
+                cw[i] = c1
+                ci[i] = c2
+            # I(t) = ci[j-1] + x_j (t - cw[j-1]) for the first j with cw[j] >= t (the last if none)
+            j = 0
+            prev = 0.0
+            for q in range(Q + 1):
+                t = q / Q
+                while j < k and cw[j] < t:
+                    j += 1
+                jj = min(j, k - 1)
+                I = (ci[jj - 1] if jj > 0 else 0.0) + vals[order[jj]] * (t - (cw[jj - 1] if jj > 0 else 0.0))
+                if q > 0:
+                    out[f, l, q - 1] = (I - prev) * Q
+                prev = I

@@ -333,8 +333,6 @@ def sliced_embedding(m: Measures, n_proj: int = 64, n_quantiles: int = 32, seed:
     -------
     (F, L * Q) float32
     """
-    import torch
-
     F, k, d = m.X.shape
     if directions is None:
         directions = random_directions(d, n_proj, seed)
@@ -342,32 +340,21 @@ def sliced_embedding(m: Measures, n_proj: int = 64, n_quantiles: int = 32, seed:
     Q = n_quantiles
     th = directions.astype(np.float32)
     Pz = None if m.Z is None or m.index is None else m.Z.astype(np.float32, copy=False) @ th  # (n, L)
-    grid = np.arange(Q + 1) / Q  # cell edges
     out = np.empty((F, L, Q), dtype=np.float32)
+    w_all = np.ascontiguousarray(m.w, dtype=np.float64)
 
-    def run(s):  # one block of features (numpy's sorts and products release the GIL)
-        P = (Pz[m.index[s:s + block]] if Pz is not None
-             else m.X[s:s + block].astype(np.float32) @ th).astype(np.float64)  # (f, k, L)
-        w = m.w[s:s + block]
-        order = np.argsort(P, axis=1, kind="stable")
-        Ps = np.take_along_axis(P, order, axis=1)  # sorted support per direction
-        ws = np.take_along_axis(np.broadcast_to(w[:, :, None], P.shape), order, axis=1)
-        tot = np.maximum(ws.sum(1, keepdims=True), 1e-300)
-        ws = ws / tot
-        cw = np.cumsum(ws, axis=1)  # (f, k, L) W_j
-        ci = np.cumsum(ws * Ps, axis=1)  # (f, k, L) integral of the quantile function up to W_j
-        # I(t) = ci[j-1] + Ps[j] (t - cw[j-1]) for j = first index with cw[j] >= t
-        cwt = np.ascontiguousarray(cw.transpose(0, 2, 1))  # (f, L, k)
-        j = torch.searchsorted(torch.from_numpy(cwt), torch.from_numpy(np.broadcast_to(
-            grid, cwt.shape[:2] + (Q + 1,)).copy()), side="left").numpy().clip(0, k - 1)  # (f, L, Q+1)
-        Pt = Ps.transpose(0, 2, 1)
-        prev_cw = np.concatenate([np.zeros(cwt.shape[:2] + (1,)), cwt[:, :, :-1]], 2)
-        prev_ci = np.concatenate([np.zeros(cwt.shape[:2] + (1,)), ci.transpose(0, 2, 1)[:, :, :-1]], 2)
-        I = (np.take_along_axis(prev_ci, j, 2)
-             + np.take_along_axis(Pt, j, 2) * (grid - np.take_along_axis(prev_cw, j, 2)))  # (f, L, Q+1)
-        out[s:s + block] = (np.diff(I, axis=2) * Q).astype(np.float32)
+    def run(s):  # one block of features on one thread (the compiled kernel releases the GIL)
+        e = min(F, s + block)
+        if Pz is not None:
+            pz, idx = Pz, np.ascontiguousarray(m.index[s:e], dtype=np.int64)
+        else:  # no shared token embedding: project this block's support points
+            pz = np.ascontiguousarray(m.X[s:e].astype(np.float32).reshape(-1, d) @ th)
+            idx = np.arange((e - s) * k, dtype=np.int64).reshape(e - s, k)
+        quantile_cells(pz, idx, w_all[s:e], Q, out[s:e])
 
     from concurrent.futures import ThreadPoolExecutor
+
+    from saeot.transport import quantile_cells
 
     with ThreadPoolExecutor(default_jobs()) as pool:
         list(pool.map(run, range(0, F, block)))

@@ -59,3 +59,27 @@ def test_exact_block_numba_equals_pot_on_measures_with_shared_tokens_and_threads
     two = _exact_parallel(ma, mb, pairs, n_jobs=2, min_pairs_per_job=100)
     np.testing.assert_array_equal(two, _exact_parallel(ma, mb, pairs, n_jobs=1))
     np.testing.assert_allclose(two, ref, rtol=0, atol=1e-9)
+
+
+def test_quantile_cells_equal_the_exact_cell_integrals_of_the_quantile_function():
+    from saeot.transport import quantile_cells
+
+    rng = np.random.default_rng(5)
+    n, F, k, L, Q = 200, 30, 9, 4, 5
+    Pz = rng.standard_normal((n, L)).astype(np.float32)
+    Pz[:20] = np.round(Pz[:20])  # tied values
+    index = rng.integers(0, n, (F, k))
+    w = rng.exponential(1.0, (F, k))
+    w[:8, 5:] = 0.0  # padding
+    out = np.empty((F, L, Q), np.float32)
+    quantile_cells(Pz, index, w, Q, out)
+    edges = np.arange(Q + 1) / Q
+    for f in range(F):
+        for l in range(L):
+            x = Pz[index[f], l].astype(np.float64)
+            o = np.argsort(x, kind="stable")
+            cw = np.cumsum(w[f, o] / w[f].sum())
+            lo = np.r_[0.0, cw[:-1]]
+            # F^-1 = x_(j) on (lo_j, cw_j]; integral over each cell by overlap lengths
+            ov = np.clip(np.minimum(cw[None, :], edges[1:, None]) - np.maximum(lo[None, :], edges[:-1, None]), 0, None)
+            np.testing.assert_allclose(out[f, l], Q * (ov * x[o][None, :]).sum(1), rtol=1e-5, atol=1e-6)
