@@ -202,7 +202,7 @@ def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int =
     """All-pairs OT between two layers' SAE features, every variant timed in one run (same load).
 
     Variants: sliced (all pairs) and exact on pre-filtered candidates, in the full reference
-    space and in its PCA-64 projection, in one process and one per core; the code of
+    space and in its PCA-64 projection, on one thread and one per core; the code of
     ``legacy_rev`` (POT ``emd2`` per pair in float64, old sliced embedding) side by side.
     Candidate recall: for ``recall_sources`` random alive sources, the exact W2 nearest neighbour
     over *all* targets (brute force) is in the candidate set or not, for every pre-filter in
@@ -240,7 +240,7 @@ def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int =
             res[f"exact_candidates_cpu_s_jobs{jobs}"] = _cpu() - c0  # this process + its workers
             res["exact_candidates_stages"] = r.seconds
             res["exact_candidate_pairs"] = r.evaluated
-            log(f"[{space}] exact on {r.evaluated} candidate pairs, {jobs} process(es): "
+            log(f"[{space}] exact on {r.evaluated} candidate pairs, {jobs} thread(s): "
                 f"{res[f'exact_candidates_s_jobs{jobs}']:.1f} s")
         # candidate recall against brute-force exact NN
         alive_a, alive_b = np.flatnonzero(ma.alive), np.flatnonzero(mb.alive)

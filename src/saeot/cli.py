@@ -96,8 +96,17 @@ def collect(
     batch_size: int = typer.Option(8, help="Chunks per forward pass / shard."),
     exclude: Optional[Path] = typer.Option(None, help="Activation cache whose chunks are left out (a training-only "
                                            "extra for `train-sae --extra-acts`: no token chunk of it is collected)."),
+    sources: str = typer.Option("shakespeare,docstrings", help="Comma-separated corpus sources: shakespeare, "
+                                "docstrings (the default: every evaluation cache), or the training-only extras "
+                                "stdlib, packages, package-docs (saeot.corpus.EXTRA_SOURCES)."),
 ) -> None:
     """Collect residual-stream activations over the bundled corpus into a safetensors cache."""
+    from saeot.corpus import EXTRA_SOURCES, SOURCES
+
+    src = tuple(x.strip() for x in sources.split(",") if x.strip())
+    bad = [x for x in src if x not in SOURCES + EXTRA_SOURCES]
+    if not src or bad or len(set(src)) != len(src):
+        _fail(f"--sources {sources!r}: expected distinct names from {', '.join(SOURCES + EXTRA_SOURCES)}")
     _check_int_list("--layers", layers)
     for opt, v in (("--n-tokens", n_tokens), ("--ctx-len", ctx_len), ("--batch-size", batch_size)):
         _check_positive(opt, v)
@@ -108,7 +117,7 @@ def collect(
     from saeot.models import load_model
 
     lm = load_model(model)
-    chunks = chunk_corpus(lm.tokenizer, n_tokens, ctx_len)
+    chunks = chunk_corpus(lm.tokenizer, n_tokens, ctx_len, src)
     if exclude is not None:
         chunks = excluding_chunks(chunks, exclude)
         if not chunks:
@@ -131,9 +140,10 @@ def train_sae(
     seed: int = typer.Option(0, help="Initialisation and batch-sampling seed."),
     stop_after: int = typer.Option(0, help="Run at most this many steps per layer now, checkpoint, resume on the "
                                    "next call (0 = train to --steps)."),
-    extra_acts: Optional[Path] = typer.Option(None, help="Training-only activation cache (`saeot collect --exclude "
-                                              "ACTS`): all its tokens join the fit tokens; refused if it shares a "
-                                              "chunk with ACTS' val/test chunks."),
+    extra_acts: Optional[list[Path]] = typer.Option(None, help="Training-only activation cache (`saeot collect "
+                                                    "--exclude ACTS`; repeat the option for several): all its "
+                                                    "tokens join the fit tokens; refused if it shares a chunk "
+                                                    "with ACTS' val/test chunks."),
 ) -> None:
     """Train a TopK SAE (with AuxK) per layer on the *fit* chunks only (saeot.evaluate.chunk_split:
     the val/test chunks that `saeot evaluate` judges on stay outside the training data); print and
@@ -146,8 +156,9 @@ def train_sae(
     if k > d_sae:
         _fail(f"--k {k} must be <= --d-sae {d_sae}")
     _check_folder("--acts", acts, "run `saeot collect`")
-    if extra_acts is not None:
-        _check_folder("--extra-acts", extra_acts, "run `saeot collect --exclude ACTS`")
+    extra_acts = list(extra_acts or [])
+    for x in extra_acts:
+        _check_folder("--extra-acts", x, "run `saeot collect --exclude ACTS`")
     import numpy as np
 
     from saeot.collect import chunk_token_set, load_activations, load_manifest
@@ -157,24 +168,24 @@ def train_sae(
     man = load_manifest(acts)
     todo = man["layers"] if _layers(layers) is None else _layers(layers)
     split = chunk_split(load_activations(acts, "chunk"))
-    if extra_acts is not None:
-        # the guarantee that judged tokens stay outside training, checked on token content, not on names
-        held = chunk_token_set(acts, split["held"])
-        shared = held & chunk_token_set(extra_acts)
+    # the guarantee that judged tokens stay outside training, checked on token content, not on names
+    held = chunk_token_set(acts, split["held"]) if extra_acts else set()
+    for x in extra_acts:
+        shared = held & chunk_token_set(x)
         if shared:
-            _fail(f"--extra-acts {extra_acts} holds {len(shared)} val/test chunks of --acts {acts}; "
+            _fail(f"--extra-acts {x} holds {len(shared)} val/test chunks of --acts {acts}; "
                   f"collect it with --exclude {acts}")
-        man_x = load_manifest(extra_acts)
+        man_x = load_manifest(x)
         missing = [l for l in todo if l not in man_x["layers"]]
         if missing or man_x["model"] != man["model"]:
-            _fail(f"--extra-acts {extra_acts} lacks layers {missing} or is from another model ({man_x['model']})")
+            _fail(f"--extra-acts {x} lacks layers {missing} or is from another model ({man_x['model']})")
     rpath = out / "report.json"
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     for l in todo:
         X = load_activations(acts, l)
         X_fit = X[split["fit"]]
-        if extra_acts is not None:
-            X_fit = np.concatenate([X_fit, load_activations(extra_acts, l)], 0)
+        if extra_acts:
+            X_fit = np.concatenate([X_fit] + [load_activations(x, l) for x in extra_acts], 0)
         ck = out / "checkpoints" / f"layer_{l}.pt"
         sae = train_topk_sae(X_fit, d_sae, k, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                              aux_k=None if aux_k < 0 else aux_k, cfg=sae_metadata(man["model"], l),
@@ -187,7 +198,8 @@ def train_sae(
         fit_rep = sae_report(sae, X_fit[:40960])
         rep["dead_frac_train"], rep["fvu_train"] = fit_rep["dead_frac"], fit_rep["fvu"]
         rep.update({"steps": steps, "batch_size": batch_size, "seed": seed, "lr": lr, "train_tokens": len(X_fit),
-                    "extra_acts": None if extra_acts is None else str(extra_acts),
+                    "extra_acts": (None if not extra_acts else str(extra_acts[0]) if len(extra_acts) == 1
+                                   else [str(x) for x in extra_acts]),
                     "held_out": "val + test chunks (saeot.evaluate.chunk_split), never trained on"})
         typer.echo(f"layer {l}: FVU {rep['fvu']:.3f}  L0 {rep['l0']:.1f}  dead {rep['dead_frac']:.1%} (held-out "
                    f"{rep['n_tokens']} tokens; dead on train {rep['dead_frac_train']:.1%})")
@@ -213,7 +225,7 @@ def match(
     hubness: str = typer.Option("none", help="Hubness correction before matching: none or csls."),
     k: int = typer.Option(32, help="Top-k support size."),
     candidates: int = typer.Option(32, help="Pre-filter: candidates per feature (0 = all pairs)."),
-    n_jobs: int = typer.Option(0, help="Processes for exact W2 (0 = one per core)."),
+    n_jobs: int = typer.Option(0, help="Threads for exact W2 (0 = one per core)."),
     out: Path = typer.Option(Path("runs/match.json")),
 ) -> None:
     """Match features of layer A to layer B with one or all methods; write pairs, scores, timings."""
@@ -254,6 +266,15 @@ def match(
                    f"{r.seconds:.1f} s, {r.evaluated} pairs evaluated")
 
 
+def _echo_planted(r: dict, width: int, rest) -> None:
+    """One line per (setting, method) of a planted-recovery result: NN accuracy with its interval,
+    then ``rest(x)``."""
+    for st, v in r["settings"].items():
+        for n, x in v.items():
+            typer.echo(f"{st:>8} {n:>{width}}: NN {x['nn']['mean']:.2f} [{x['nn']['lo']:.2f}, {x['nn']['hi']:.2f}]  "
+                       + rest(x))
+
+
 @app.command()
 def bench(
     out: Path = typer.Option(Path("docs/saeot"), help="Folder for JSON results and plots."),
@@ -276,17 +297,13 @@ def bench(
 
         r = planted_geometry(seeds=range(seeds))
         write_json(r, out / "planted_geometry.json")
-        for st, v in r["settings"].items():
-            for n, x in v.items():
-                typer.echo(f"{st:>8} {n:>36}: NN {x['nn']['mean']:.2f} [{x['nn']['lo']:.2f}, {x['nn']['hi']:.2f}]  "
-                           f"Hungarian {x['hungarian']['mean']:.2f}  max in-degree {x['max_in_degree']:.1f}")
+        _echo_planted(r, 36, lambda x: f"Hungarian {x['hungarian']['mean']:.2f}  "
+                                        f"max in-degree {x['max_in_degree']:.1f}")
     if disjoint:
         r = disjoint_recovery(seeds=range(seeds))
         write_json(r, out / "planted_disjoint.json")
-        for st, v in r["settings"].items():
-            for n, x in v.items():
-                typer.echo(f"{st:>8} {n:>20}: NN {x['nn']['mean']:.2f} [{x['nn']['lo']:.2f}, {x['nn']['hi']:.2f}]  "
-                           f"Hungarian {x['hungarian']['mean']:.2f} [{x['hungarian']['lo']:.2f}, {x['hungarian']['hi']:.2f}]")
+        _echo_planted(r, 20, lambda x: f"Hungarian {x['hungarian']['mean']:.2f} "
+                                        f"[{x['hungarian']['lo']:.2f}, {x['hungarian']['hi']:.2f}]")
 
     if acts is not None:
         if saes is None:

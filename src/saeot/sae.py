@@ -118,6 +118,8 @@ class SAE:
         if self.architecture == "jumprelu" and self.threshold is None:
             raise ValueError("jumprelu SAE without threshold")
 
+    # Copied from saeot.distributions.FeatureDistributions (n_features, k): two shape properties of
+    # the same form over another array; a shared helper would be longer than the four lines.
     @property
     def d_in(self) -> int:
         return self.W_enc.shape[0]

@@ -107,10 +107,26 @@ def measures(dist: FeatureDistributions, Z: np.ndarray, dtype=np.float32) -> Mea
     return Measures(X=Zc[idx], w=dist.weight.astype(np.float64), Z=Zc, index=idx)
 
 
-def _sqdist(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """(n, d), (m, d) -> (n, m) squared Euclidean distances, clipped at 0."""
-    M = (x * x).sum(1)[:, None] + (y * y).sum(1)[None, :] - 2.0 * x @ y.T
-    return np.maximum(M, 0.0)
+def _sqdist(x: np.ndarray, y: np.ndarray, block: int = 512) -> np.ndarray:
+    """(n, d), (m, d) -> (n, m) squared Euclidean distances, clipped at 0.
+
+    Large products run in blocks of ``block`` rows on :func:`default_jobs` threads (the matrix
+    product releases the GIL; BLAS itself runs one thread under OMP_NUM_THREADS=1); the blocks
+    are fixed, so the result does not depend on the thread count."""
+    yy = (y * y).sum(1)[None, :]
+    if len(x) * len(y) * x.shape[1] < 1 << 26:
+        return np.maximum((x * x).sum(1)[:, None] + yy - 2.0 * x @ y.T, 0.0)
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = np.empty((len(x), len(y)), dtype=np.result_type(x, y))
+
+    def run(s):
+        xb = x[s:s + block]
+        out[s:s + block] = np.maximum((xb * xb).sum(1)[:, None] + yy - 2.0 * xb @ y.T, 0.0)
+
+    with ThreadPoolExecutor(default_jobs()) as pool:
+        list(pool.map(run, range(0, len(x), block)))
+    return out
 
 
 def _batch_costs(Xa: np.ndarray, Xb: np.ndarray, ia: np.ndarray | None = None, ib: np.ndarray | None = None
@@ -180,20 +196,27 @@ def w2_exact(x: np.ndarray, a: np.ndarray, y: np.ndarray, b: np.ndarray) -> floa
     return float(np.sqrt(max(_emd_cost(a, b, M), 0.0)))
 
 
-def _exact_block(ma: Measures, mb: Measures, pairs: np.ndarray, batch: int = 2048) -> np.ndarray:
-    """W2 of ``pairs`` (P, 2) (all alive): one C network-simplex solve per pair.
+def _exact_block(ma: Measures, mb: Measures, pairs: np.ndarray, batch: int = 2048, backend: str = "numba"
+                 ) -> np.ndarray:
+    """W2 of ``pairs`` (P, 2) (all alive): exact transport on per-pair cost matrices.
 
     Cost matrices are built per source feature: its support (k, d) times the stacked supports of
     all its targets in this block (k' * n_targets, d) is one float32 matrix product, against one
     small product per pair (measured 0.68 ms of CPU per pair for the per-pair batch at d = 640,
-    k = 32, mostly the gather and temporaries; the solve itself is ~0.1 ms).
+    k = 32, mostly the gather and temporaries).  ``backend``: ``numba`` solves each source's
+    problems in one compiled call (:func:`saeot.transport.transport_costs`, GIL released; a
+    problem it leaves unsolved goes to POT), ``pot`` calls POT's network simplex per pair (the
+    reference the numba solver is tested against).
     """
     from ot.lp.emd_wrap import emd_c
 
+    from saeot.transport import transport_costs
+
+    if backend not in ("numba", "pot"):
+        raise ValueError(f"unknown exact backend {backend!r}; expected 'numba' or 'pot'")
     out = np.empty(len(pairs))
     xa, xb = _shared_index(ma, mb)
     Xa_all, Xb_all = ma.X, mb.X
-    na = np.einsum("fkd,fkd->fk", Xa_all, Xa_all, dtype=np.float32) if len(pairs) > 4 * len(Xa_all) else None
     # weights renormalised in float64 (equal masses for the solver); full = no padding to drop
     Wa = ma.w / np.maximum(ma.w.sum(1, keepdims=True), 1e-300)
     Wb = mb.w / np.maximum(mb.w.sum(1, keepdims=True), 1e-300)
@@ -202,45 +225,48 @@ def _exact_block(ma: Measures, mb: Measures, pairs: np.ndarray, batch: int = 204
     src_sorted = pairs[order, 0]
     starts = np.flatnonzero(np.r_[True, src_sorted[1:] != src_sorted[:-1]])
     ends = np.r_[starts[1:], len(order)]
+
+    def pot(i, jr, Mr):  # Mr (k', k): target rows, source columns
+        Mr = Mr.astype(np.float64)
+        if full_a[i] and full_b[jr]:
+            a, b = Wb[jr], Wa[i]
+        else:
+            ka, kbm = Wa[i] > 0, Wb[jr] > 0
+            a, b = Wb[jr, kbm] / Wb[jr, kbm].sum(), Wa[i, ka] / Wa[i, ka].sum()
+            Mr = np.ascontiguousarray(Mr[np.ix_(kbm, ka)])
+        _, cost, _, _, code = emd_c(a, b, Mr, 200_000, 1, None, None)
+        if code != 1:  # 1 = OPTIMAL in POT's result codes
+            raise RuntimeError(f"network simplex did not reach an optimum (POT result code {code})")
+        return cost
+
     for s0, e0 in zip(starts, ends):
         i = int(src_sorted[s0])
         Xa = Xa_all[i].astype(np.float32, copy=False)  # (k, d)
-        a_sq = na[i] if na is not None else np.einsum("kd,kd->k", Xa, Xa)
+        a_sq = np.einsum("kd,kd->k", Xa, Xa)
         for s in range(s0, e0, batch // 8):
             rows = order[s:min(e0, s + batch // 8)]
             j = pairs[rows, 1]
             Xb = Xb_all[j].astype(np.float32, copy=False)  # (c, k', d)
             c, kb, d = Xb.shape
             Xb2 = Xb.reshape(c * kb, d)
-            M = (a_sq[:, None] + np.einsum("nd,nd->n", Xb2, Xb2)[None, :] - 2.0 * (Xa @ Xb2.T))  # (k, c k')
-            M = np.ascontiguousarray(np.maximum(M, 0.0).reshape(len(Xa), c, kb).transpose(1, 0, 2), dtype=np.float64)
+            # the transposed problems (target support as rows): W2 is symmetric, and this product's
+            # shape and layout need no transposed copy; float32 costs, widened inside the solver
+            Mt = np.einsum("nd,nd->n", Xb2, Xb2)[:, None] + a_sq[None, :] - 2.0 * (Xb2 @ Xa.T)  # (c k', k)
+            Mt = np.maximum(Mt, 0.0).reshape(c, kb, len(Xa))
             if xa is not None:
-                M[xa[i][None, :, None] == xb[j][:, None, :]] = 0.0  # the same token: exactly 0
-            for r in range(c):
-                jr = j[r]
-                if full_a[i] and full_b[jr]:
-                    a, b, Mr = Wa[i], Wb[jr], M[r]
-                else:
-                    ka, kbm = Wa[i] > 0, Wb[jr] > 0
-                    a, b = Wa[i, ka] / Wa[i, ka].sum(), Wb[jr, kbm] / Wb[jr, kbm].sum()
-                    Mr = np.ascontiguousarray(M[r][np.ix_(ka, kbm)])
-                _, cost, _, _, code = emd_c(a, b, Mr, 200_000, 1, None, None)
-                if code != 1:  # 1 = OPTIMAL in POT's result codes
-                    raise RuntimeError(f"network simplex did not reach an optimum (POT result code {code})")
-                out[rows[r]] = cost
+                Mt[xb[j][:, :, None] == xa[i][None, None, :]] = 0.0  # the same token: exactly 0
+            if backend == "pot":
+                out[rows] = [pot(i, j[r], Mt[r]) for r in range(c)]
+                continue
+            cost, _ = transport_costs(Mt, Wb[j], np.repeat(Wa[i][None], c, 0))
+            for r in np.flatnonzero(np.isnan(cost)):  # not solved within the pivot limit
+                cost[r] = pot(i, j[r], Mt[r])
+            out[rows] = cost
     return np.sqrt(np.maximum(out, 0.0))
 
 
-_FORK_STATE: tuple | None = None  # (ma, mb, pairs) inherited by forked workers
-
-
-def _exact_worker(bounds: tuple[int, int]) -> np.ndarray:
-    ma, mb, pairs = _FORK_STATE
-    return _exact_block(ma, mb, pairs[bounds[0]:bounds[1]])
-
-
 def default_jobs() -> int:
-    """Worker processes for exact W2: one per core this process may use."""
+    """Worker threads for exact W2: one per core this process may use."""
     import os
 
     try:
@@ -250,24 +276,29 @@ def default_jobs() -> int:
 
 
 def _exact_parallel(ma: Measures, mb: Measures, pairs: np.ndarray, n_jobs: int | None,
-                    min_pairs_per_job: int = 20_000) -> np.ndarray:
-    """Exact W2 for ``pairs`` with one process per core (fork: the measures are shared, not copied)."""
-    import multiprocessing as mp
+                    min_pairs_per_job: int = 20_000, backend: str = "numba") -> np.ndarray:
+    """Exact W2 for ``pairs`` with one thread per core: the solver and the cost products release
+    the GIL, and threads share the measures without the copies or start-up of processes."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    global _FORK_STATE
     n_jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
     n_jobs = min(n_jobs, max(1, len(pairs) // max(1, min_pairs_per_job)))
-    if n_jobs == 1 or "fork" not in mp.get_all_start_methods():
-        return _exact_block(ma, mb, pairs)
-    # many small chunks so a slow (shared) core does not leave the others idle at the end
-    edges = np.linspace(0, len(pairs), 8 * n_jobs + 1).astype(int)
-    _FORK_STATE = (ma, mb, pairs)
-    try:
-        with mp.get_context("fork").Pool(n_jobs) as pool:
-            parts = pool.map(_exact_worker, list(zip(edges[:-1], edges[1:])), chunksize=1)
-    finally:
-        _FORK_STATE = None
-    return np.concatenate(parts)
+    if n_jobs == 1:
+        return _exact_block(ma, mb, pairs, backend=backend)
+    # whole sources per chunk (each source's cost product is shared by its targets); many chunks
+    # so that a slow (shared) core does not leave the others idle at the end
+    order = np.argsort(pairs[:, 0], kind="stable")
+    src = pairs[order, 0]
+    # chunk edges moved to source boundaries: a source's cost product (float32) is then the same
+    # matrix product as in one thread, so the result does not depend on the thread count
+    cuts = np.searchsorted(src, src[np.linspace(0, len(pairs) - 1, 8 * n_jobs + 1).astype(int)])
+    edges = np.unique(np.r_[0, cuts, len(pairs)])
+    with ThreadPoolExecutor(n_jobs) as pool:
+        parts = list(pool.map(lambda se: _exact_block(ma, mb, pairs[order[se[0]:se[1]]], backend=backend),
+                              zip(edges[:-1], edges[1:])))
+    out = np.empty(len(pairs))
+    out[order] = np.concatenate(parts)
+    return out
 
 
 def random_directions(d: int, n_proj: int, seed: int = 0) -> np.ndarray:
@@ -302,8 +333,6 @@ def sliced_embedding(m: Measures, n_proj: int = 64, n_quantiles: int = 32, seed:
     -------
     (F, L * Q) float32
     """
-    import torch
-
     F, k, d = m.X.shape
     if directions is None:
         directions = random_directions(d, n_proj, seed)
@@ -311,29 +340,24 @@ def sliced_embedding(m: Measures, n_proj: int = 64, n_quantiles: int = 32, seed:
     Q = n_quantiles
     th = directions.astype(np.float32)
     Pz = None if m.Z is None or m.index is None else m.Z.astype(np.float32, copy=False) @ th  # (n, L)
-    grid = np.arange(Q + 1) / Q  # cell edges
     out = np.empty((F, L, Q), dtype=np.float32)
-    for s in range(0, F, block):
-        P = (Pz[m.index[s:s + block]] if Pz is not None
-             else m.X[s:s + block].astype(np.float32) @ th).astype(np.float64)  # (f, k, L)
-        w = m.w[s:s + block]
-        order = np.argsort(P, axis=1, kind="stable")
-        Ps = np.take_along_axis(P, order, axis=1)  # sorted support per direction
-        ws = np.take_along_axis(np.broadcast_to(w[:, :, None], P.shape), order, axis=1)
-        tot = np.maximum(ws.sum(1, keepdims=True), 1e-300)
-        ws = ws / tot
-        cw = np.cumsum(ws, axis=1)  # (f, k, L) W_j
-        ci = np.cumsum(ws * Ps, axis=1)  # (f, k, L) integral of the quantile function up to W_j
-        # I(t) = ci[j-1] + Ps[j] (t - cw[j-1]) for j = first index with cw[j] >= t
-        cwt = np.ascontiguousarray(cw.transpose(0, 2, 1))  # (f, L, k)
-        j = torch.searchsorted(torch.from_numpy(cwt), torch.from_numpy(np.broadcast_to(
-            grid, cwt.shape[:2] + (Q + 1,)).copy()), side="left").numpy().clip(0, k - 1)  # (f, L, Q+1)
-        Pt = Ps.transpose(0, 2, 1)
-        prev_cw = np.concatenate([np.zeros(cwt.shape[:2] + (1,)), cwt[:, :, :-1]], 2)
-        prev_ci = np.concatenate([np.zeros(cwt.shape[:2] + (1,)), ci.transpose(0, 2, 1)[:, :, :-1]], 2)
-        I = (np.take_along_axis(prev_ci, j, 2)
-             + np.take_along_axis(Pt, j, 2) * (grid - np.take_along_axis(prev_cw, j, 2)))  # (f, L, Q+1)
-        out[s:s + block] = (np.diff(I, axis=2) * Q).astype(np.float32)
+    w_all = np.ascontiguousarray(m.w, dtype=np.float64)
+
+    def run(s):  # one block of features on one thread (the compiled kernel releases the GIL)
+        e = min(F, s + block)
+        if Pz is not None:
+            pz, idx = Pz, np.ascontiguousarray(m.index[s:e], dtype=np.int64)
+        else:  # no shared token embedding: project this block's support points
+            pz = np.ascontiguousarray(m.X[s:e].astype(np.float32).reshape(-1, d) @ th)
+            idx = np.arange((e - s) * k, dtype=np.int64).reshape(e - s, k)
+        quantile_cells(pz, idx, w_all[s:e], Q, out[s:e])
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    from saeot.transport import quantile_cells
+
+    with ThreadPoolExecutor(default_jobs()) as pool:
+        list(pool.map(run, range(0, F, block)))
     return out.reshape(F, L * Q) / np.float32(np.sqrt(L * Q))
 
 
@@ -416,14 +440,16 @@ def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "ex
         Rows ``(i, j)``: source feature i, target feature j.
     solver : {"exact", "sinkhorn", "sinkhorn-debiased", "sliced"}
     reg : float
-        Sinkhorn only: entropic regularisation relative to the mean cost of each problem.
+        Sinkhorn only: entropic regularisation relative to the mean cost of each problem
+        (``sinkhorn``), or to the median pair's mean cost, one epsilon for all pairs and the
+        self terms (``sinkhorn-debiased``: the divergence needs the same epsilon in its three terms).
     max_iter, tol : Sinkhorn only (see :func:`sinkhorn_batch`).
     n_proj, n_quantiles, seed : int
         Sliced only.
     batch_size : int
         Pairs per Sinkhorn batch.
     n_jobs : int, optional
-        Exact only: worker processes (default: one per core; small jobs stay in-process).
+        Exact only: worker threads (default: one per core; small jobs stay on one thread).
     info : dict, optional
         Filled with solver diagnostics (Sinkhorn: ``not_converged``, ``max_marginal_error``).
 
@@ -455,30 +481,51 @@ def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "ex
         return out
     # sinkhorn (optionally debiased), batched
     it = np.flatnonzero(alive)
+    xa, xb = _shared_index(ma, mb)
     bad, worst = 0, 0.0
+
+    def solve(Xs, Ws, Ys, Vs, ia, ib, eps):
+        nonlocal bad, worst
+        M = _batch_costs(Xs, Ys, ia, ib)
+        r = sinkhorn_batch(M, Ws, Vs, reg=reg, eps=None if eps is None else np.full(len(M), eps),
+                           max_iter=max_iter, tol=tol, warn=False)
+        bad += int((~r.converged).sum())
+        worst = max(worst, float(r.marginal_error.max(initial=0.0)))
+        return r
+
+    def sub(idx, rows):
+        return None if idx is None else idx[rows]
+
+    eps_all = None
+    if solver == "sinkhorn-debiased" and len(it):
+        # One epsilon for the whole call (reg x the median pair's mean cost, from an evenly spaced
+        # sample of pairs): the self terms OT(a, a), OT(b, b) then depend on one feature each and are
+        # solved once per feature instead of once per pair (a third of the problems instead of 2/3).
+        smp = it[np.linspace(0, len(it) - 1, min(len(it), 2048)).astype(int)]
+        Ms = _batch_costs(ma.X[pairs[smp, 0]], mb.X[pairs[smp, 1]], sub(xa, pairs[smp, 0]), sub(xb, pairs[smp, 1]))
+        eps_all = float(reg * np.median(Ms.mean(axis=(1, 2))))
+        self_a, self_b = np.zeros(len(ma.w)), np.zeros(len(mb.w))
+        for m_, self_, feats in ((ma, self_a, np.unique(pairs[it, 0])), (mb, self_b, np.unique(pairs[it, 1]))):
+            for s in range(0, len(feats), batch_size):
+                f = feats[s:s + batch_size]
+                sf = None if m_.index is None else m_.index[f]
+                r = sinkhorn_symmetric(_batch_costs(m_.X[f], m_.X[f], sf, sf), m_.w[f], np.full(len(f), eps_all),
+                                       max_iter=max_iter, tol=tol)
+                bad += int((~r.converged).sum())
+                worst = max(worst, float(r.marginal_error.max(initial=0.0)))
+                self_[f] = r.dual
     for s in tqdm(range(0, len(it), batch_size), disable=not progress, desc=f"{solver} W2", unit="batch"):
         sel = it[s:s + batch_size]
         i, j = pairs[sel, 0], pairs[sel, 1]
-        xa, xb = _shared_index(ma, mb)
-        M = _batch_costs(ma.X[i], mb.X[j], None if xa is None else xa[i], None if xb is None else xb[j])
-        eps = reg * M.mean(axis=(1, 2))  # (B,) one epsilon per pair, shared by the debiasing terms
-        r = sinkhorn_batch(M, ma.w[i], mb.w[j], eps=eps, max_iter=max_iter, tol=tol, warn=False)
-        bad += int((~r.converged).sum())
-        worst = max(worst, float(r.marginal_error.max(initial=0.0)))
+        r = solve(ma.X[i], ma.w[i], mb.X[j], mb.w[j], sub(xa, i), sub(xb, j), eps_all)
         if solver == "sinkhorn":
             out[sel] = np.sqrt(np.maximum(r.cost, 0.0))
-            continue
-        sa = None if ma.index is None else ma.index[i]
-        sb = None if mb.index is None else mb.index[j]
-        ra = sinkhorn_batch(_batch_costs(ma.X[i], ma.X[i], sa, sa), ma.w[i], ma.w[i], eps=eps, max_iter=max_iter,
-                            tol=tol, warn=False)
-        rb = sinkhorn_batch(_batch_costs(mb.X[j], mb.X[j], sb, sb), mb.w[j], mb.w[j], eps=eps, max_iter=max_iter,
-                            tol=tol, warn=False)
-        bad += int((~ra.converged).sum() + (~rb.converged).sum())
-        worst = max(worst, float(ra.marginal_error.max(initial=0.0)), float(rb.marginal_error.max(initial=0.0)))
-        out[sel] = np.sqrt(np.maximum(r.dual - 0.5 * ra.dual - 0.5 * rb.dual, 0.0))
+        else:
+            out[sel] = np.sqrt(np.maximum(r.dual - 0.5 * self_a[i] - 0.5 * self_b[j], 0.0))
     if info is not None:
         info.update({"not_converged": bad, "max_marginal_error": worst, "tol": tol, "max_iter": max_iter})
+        if eps_all is not None:
+            info["eps"] = eps_all
     if bad:
         import warnings
 
@@ -582,6 +629,61 @@ def sinkhorn_batch(M: np.ndarray, a: np.ndarray, b: np.ndarray, reg: float = 0.0
     return SinkhornResult(cost.numpy(), dual.numpy(), err.numpy(), converged, it)
 
 
+def sinkhorn_symmetric(M: np.ndarray, a: np.ndarray, eps: np.ndarray, max_iter: int = 5000, tol: float = 1e-4,
+                       scaling: float = 0.5) -> SinkhornResult:
+    r"""Batched log-domain Sinkhorn for the self terms OT_eps(a, a) of the Sinkhorn divergence.
+
+    With equal marginals the optimal potentials are equal (F = G); the averaged update
+    :math:`F \leftarrow (F + T(F)) / 2` (Feydy et al. 2019) converges in a few iterations where the
+    alternating one oscillates for hundreds (measured: 29 s against 1.8 s for the cross terms on
+    3,000 real pairs).  Epsilon scaling and the stopping rule are those of :func:`sinkhorn_batch`.
+
+    Parameters
+    ----------
+    M : (B, n, n) symmetric costs;  a : (B, n) weights (zeros = padding);  eps : (B,) regularisation
+
+    Returns
+    -------
+    SinkhornResult (``cost`` = <P, M>, ``dual`` = 2 <a, F>)
+    """
+    import torch
+
+    M = torch.from_numpy(np.ascontiguousarray(M, dtype=np.float64))
+    e_target = torch.from_numpy(np.asarray(eps, np.float64)).clamp_min(1e-12)[:, None, None]
+    with np.errstate(divide="ignore"):
+        la = torch.from_numpy(np.log(np.asarray(a, dtype=np.float64)))
+    fa = torch.isfinite(la)
+    F = torch.zeros_like(la)
+
+    def t_of(Fs, e, s=slice(None)):
+        return torch.where(fa[s], -e[:, :, 0] * torch.logsumexp(la[s][:, None, :] + (Fs[:, None, :] - M[s]) / e, 2), 0.0)
+
+    e = torch.maximum(M.amax(dim=(1, 2), keepdim=True), e_target)
+    while bool((e > e_target).any()):
+        F = 0.5 * (F + t_of(F, e))
+        e = torch.maximum(e * scaling, e_target)
+    e = e_target
+
+    def row_error(idx):
+        logP = la[idx][:, :, None] + la[idx][:, None, :] + (F[idx][:, :, None] + F[idx][:, None, :] - M[idx]) / e[idx]
+        return torch.where(fa[idx], (torch.exp(torch.logsumexp(logP, 2)) - la[idx].exp()).abs(), 0.0).sum(1)
+
+    err = torch.full((M.shape[0],), float("inf"), dtype=torch.float64)
+    active = torch.arange(M.shape[0])
+    it = 0
+    for it in range(1, max_iter + 1):
+        F[active] = 0.5 * (F[active] + t_of(F[active], e[active], active))
+        if it % 5 == 0 or it == max_iter:
+            err[active] = row_error(active)
+            active = active[err[active] > tol]
+            if len(active) == 0:
+                break
+    logP = la[:, :, None] + la[:, None, :] + (F[:, :, None] + F[:, None, :] - M) / e
+    cost = (torch.exp(logP) * M).sum(dim=(1, 2))
+    dual = 2.0 * torch.where(fa, la.exp() * F, 0.0).sum(1)
+    return SinkhornResult(cost.numpy(), dual.numpy(), err.numpy(), (err <= tol).numpy(), it)
+
+
 @dataclass
 class PairwiseResult:
     """A (Fa, Fb) distance matrix between two layers' features, with how it was computed.
@@ -610,12 +712,16 @@ PREFILTERS = ("centroid", "sliced", "pca-sliced", "pca-bound", "bound-mid")
 def candidate_pairs(P: np.ndarray, candidates: int) -> np.ndarray:
     """(n, 2) pairs: each row's ``candidates`` smallest entries of the proxy ``P`` (Fa, Fb) and each
     column's ``candidates`` smallest; non-finite entries are never candidates."""
+    from concurrent.futures import ThreadPoolExecutor
+
     Fa, Fb = P.shape
-    c = min(candidates, Fb)
+    c, cr = min(candidates, Fb), min(candidates, Fa)
     mask = np.zeros((Fa, Fb), dtype=bool)
-    np.put_along_axis(mask, np.argpartition(P, c - 1, axis=1)[:, :c], True, axis=1)
-    cr = min(candidates, Fa)
-    np.put_along_axis(mask, np.argpartition(P, cr - 1, axis=0)[:cr, :], True, axis=0)
+    with ThreadPoolExecutor(2) as pool:  # the two partial sorts release the GIL
+        by_row = pool.submit(lambda: np.argpartition(P, c - 1, axis=1)[:, :c])
+        by_col = pool.submit(lambda: np.argpartition(P, cr - 1, axis=0)[:cr, :])
+        np.put_along_axis(mask, by_row.result(), True, axis=1)
+        np.put_along_axis(mask, by_col.result(), True, axis=0)
     mask &= np.isfinite(P)
     return np.argwhere(mask)
 
@@ -716,7 +822,8 @@ def bound_mid(ma: Measures, mb: Measures, n_proj: int = 64, n_quantiles: int = 1
     th = principal_directions(ma, mb, n_proj)
     lb2 = _sqdist(pca_bound_embedding(ma, th, n_quantiles), pca_bound_embedding(mb, th, n_quantiles))
     sa, sb = spread(ma), spread(mb)
-    ub2 = _sqdist(ma.centroid, mb.centroid) + sa[:, None] ** 2 + sb[None, :] ** 2
+    # float32 product: a ranking proxy, not a bound, needs no float64 (half the time)
+    ub2 = _sqdist(ma.centroid.astype(np.float32), mb.centroid.astype(np.float32)) + (sa[:, None] ** 2 + sb[None, :] ** 2)
     return np.sqrt(lb2.astype(np.float64) + ub2)
 
 

@@ -32,6 +32,23 @@ def test_chunking_is_deterministic_and_excludes_special_tokens(lm, chunks):
     assert any("return" in t or "function" in t or "string" in t for t in text[1::2])
 
 
+def test_extra_sources_leave_the_default_corpus_alone_and_share_no_text_with_it(lm, chunks):
+    from saeot.corpus import EXTRA_SOURCES, _default_source_files, extra_documents
+
+    # the default chunks do not depend on the extra sources existing (cache order and fingerprints stay)
+    assert chunks == chunk_corpus(lm.tokenizer, n_tokens=6 * 32, ctx_len=32, sources=("shakespeare", "docstrings"))
+    skip_files, skip_dir = _default_source_files()
+    assert skip_files and any(p.name == "textwrap.py" for p in skip_files)
+    docs = {s: extra_documents(s) for s in EXTRA_SOURCES}
+    assert all(len(d) > 0 for d in docs.values())
+    extra = chunk_corpus(lm.tokenizer, n_tokens=12 * 32, ctx_len=32, sources=EXTRA_SOURCES)
+    assert len(extra) == 12 and all(len(c) == 32 for c in extra)
+    assert extra == chunk_corpus(lm.tokenizer, n_tokens=12 * 32, ctx_len=32, sources=EXTRA_SOURCES)
+    assert not {tuple(c) for c in extra} & {tuple(c) for c in chunks}
+    with pytest.raises(ValueError, match="unknown"):
+        extra_documents("wiki")
+
+
 def test_collector_matches_the_forward_pass_and_resumes(lm, chunks, tmp_path):
     out = collect_activations(lm, chunks, tmp_path / "acts", layers=None, batch_size=4, progress=False)
     man = json.loads((out / "manifest.json").read_text())

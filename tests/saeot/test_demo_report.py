@@ -224,3 +224,15 @@ def test_extra_training_acts_exclude_the_judged_chunks(tmp_path):
     assert not (tmp_path / "s2" / "report.json").exists()
     r = run(app, ["collect", "--out", str(tmp_path / "none"), "--n-tokens", "512", "--exclude", str(base), *common])
     assert r.exit_code != 0 and "raise --n-tokens" in r.output
+    # a second extra cache from the training-only sources; both extras join the fit tokens
+    pk = tmp_path / "pk"
+    r = run(app, ["collect", "--out", str(pk), "--n-tokens", "256", "--exclude", str(base),
+                  "--sources", "stdlib,package-docs", *common])
+    assert r.exit_code == 0, r.output
+    r = run(app, ["train-sae", "--acts", str(base), "--extra-acts", str(extra), "--extra-acts", str(pk),
+                  "--out", str(tmp_path / "s3"), "--d-sae", "32", "--k", "4", "--steps", "5", "--batch-size", "64"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "s3" / "report.json").read_text())["1"]
+    assert rep["train_tokens"] == n_fit + 512 + 256 and rep["extra_acts"] == [str(extra), str(pk)]
+    r = run(app, ["collect", "--out", str(tmp_path / "bad"), "--sources", "shakespeare,wiki", *common])
+    assert r.exit_code != 0 and "--sources" in r.output and not (tmp_path / "bad").exists()

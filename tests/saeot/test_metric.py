@@ -141,6 +141,18 @@ def test_sinkhorn_reports_non_convergence_and_debiased_divergence_vanishes_on_id
     assert (ent[same] > 0.05 * ex[other].mean()).all()  # the entropic cost is biased away from 0
     np.testing.assert_allclose(deb[same], 0.0, atol=1e-3 * ex[other].mean())  # the divergence is not
     assert (deb[other] > 0).all() and np.corrcoef(deb[other], ex[other])[0, 1] > 0.9
+    # the self terms, solved once per feature, equal the divergence's three problems solved per pair
+    info = {}
+    deb = w2_pairs(m, m, pairs, "sinkhorn-debiased", reg=0.1, tol=1e-9, info=info)
+    i, j = pairs[:, 0], pairs[:, 1]
+
+    def dual(p, q):
+        M = ((m.X[p][:, :, None].astype(np.float64) - m.X[q][:, None, :]) ** 2).sum(-1)
+        M[m.index[p][:, :, None] == m.index[q][:, None, :]] = 0.0
+        return sinkhorn_batch(M, m.w[p], m.w[q], eps=np.full(len(p), info["eps"]), tol=1e-9).dual
+
+    direct = np.sqrt(np.maximum(dual(i, j) - 0.5 * dual(i, i) - 0.5 * dual(j, j), 0.0))
+    np.testing.assert_allclose(deb, direct, rtol=1e-4, atol=1e-5)
     # batched result: converged flags and costs are per problem
     M = np.stack([((Z[:3, None] - Z[None, 3:6]) ** 2).sum(-1)] * 2)
     r = sinkhorn_batch(M, np.full((2, 3), 1 / 3), np.full((2, 3), 1 / 3), reg=0.01)
@@ -168,7 +180,7 @@ def test_max_sliced_bound_is_a_lower_bound_and_prunes():
     np.testing.assert_allclose(d2, ex.min(1), rtol=1e-6)
 
 
-def test_exact_in_worker_processes_equals_in_process():
+def test_exact_in_worker_threads_equals_one_thread():
     from saeot.wasserstein import _exact_parallel
 
     rng = np.random.default_rng(9)
