@@ -57,6 +57,16 @@ SWEEP_SAKURA_QUALITY_X = (0.25, 0.5, 1.0, 2.0, 4.0)
 CACHEGEN_LEVELS = ("cachegen:level=3", "cachegen:level=2", "cachegen:level=1")
 CACHEGEN_DELTA_LEVELS = ("cachegen:level=3,delta=true", "cachegen:level=2,delta=true", "cachegen:level=1,delta=true")
 DEFAULT_RATES_MBPS = (5, 10, 20, 50, 100, 200, 300, 500, 1000)
+#: The profile's store also holds one progressive rendition at about CacheGen level 3's quality (a
+#: second `--ladder` entry a provider may build). Why: the default ladder's lowest rung must reach
+#: 38 dB on the calibration edits, which on the profile's template (sticker-00, a hard one) leaves a
+#: single rung at 2.25 bits/value and ~51 dB per shard, far above the image floor sakura is held to
+#: (CacheGen-L3 on every shard, ~42 dB per shard); with nothing cheaper, link-bound runs lost to
+#: CacheGen's levels 2 and 1 (2.27 and 1.80 bits/value, below sakura's quality). Measured on
+#: sticker-00 (sakura-mini): budget 1.2 gives 1.46 bits/value at a mean per-shard image MSE of
+#: 4.0e-5, under CacheGen-L3's 5.8e-5 (budget 1.0: 1.26 bits/value, 1.0e-4, above it). The
+#: runtime's image floor decides where it may be used; the planner takes it only where it is faster.
+FLOOR_RUNG_LADDER = ("progressive:budgets=[1.0]", "progressive:budgets=[1.2]")
 
 
 def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00", *,
@@ -67,7 +77,7 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
     from sakura.build.pipeline import DEFAULT_LADDER, build_store
     from sakura.store.store import Store
 
-    ladder = ("lossless",) + tuple(DEFAULT_LADDER) + CACHEGEN_LEVELS + CACHEGEN_DELTA_LEVELS
+    ladder = ("lossless",) + tuple(DEFAULT_LADDER) + FLOOR_RUNG_LADDER + CACHEGEN_LEVELS + CACHEGEN_DELTA_LEVELS
     with tempfile.TemporaryDirectory(prefix="sakura-profile-") as root:
         build_store(root, model_name=model_name, templates=[template], ladder=ladder, calibration=2, steps=4,
                     log=log)
@@ -100,7 +110,7 @@ def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: i
     Klein-sized layer, read from decode_rates.json: the one place the phone profile, the dilated
     bench and the demo get decode rates from. A layered rung without its own row takes its
     spec's row, a CacheGen delta level without one its plain level's (the same decoder and a
-    prefix sum); a name with no row at all is an error (rerun `sakura bench decode`)."""
+    prefix sum), a rendition with its own parameters its codec's rung row; a name with no row at all is an error (rerun `sakura bench decode`)."""
     import json as _json
 
     rows = _json.loads(Path(path or DECODE_RATES_PATH).read_text())["rows"]
@@ -110,7 +120,11 @@ def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: i
             table.setdefault(r["rendition"], {})[r["tokens"]] = r["fp16_bytes_per_cpu_s"]
     out = {}
     for n in names:
-        row = table.get(n) or table.get(n.split("#")[0]) or table.get(n.replace(",delta=true", ""))
+        base, _, rung = n.partition("#")
+        # a rendition with its own parameters (`progressive:budgets=[1.2]#0`) takes its codec's rung
+        # row: the same decoder (its rate by rung, as the default ladder's rungs are looked up)
+        row = (table.get(n) or table.get(base) or table.get(n.replace(",delta=true", ""))
+               or table.get(base.split(":")[0] + (f"#{rung}" if rung else "")))
         if row is None:
             raise KeyError(f"no decode rate for {n!r} in {path or DECODE_RATES_PATH}; run `sakura bench decode`")
         out[n] = row[min(row, key=lambda t: abs(math.log(t / tokens)))]
@@ -153,10 +167,11 @@ def workload_specs(costs, ladder: dict, allowed: Sequence[str], *, decode_scale:
 
 
 def sakura_renditions(ladder: dict) -> tuple[str, ...]:
-    """What sakura may fetch: the store's default ladder (its rungs)."""
+    """What sakura may fetch: the store's default ladder (its rungs) and the floor rung
+    (`FLOOR_RUNG_LADDER`, when the ladder was measured with it)."""
     from sakura.build.pipeline import DEFAULT_LADDER
 
-    return tuple(n for n in ladder["renditions"] if n.split("#")[0] in DEFAULT_LADDER)
+    return tuple(n for n in ladder["renditions"] if n.split("#")[0] in tuple(DEFAULT_LADDER) + FLOOR_RUNG_LADDER)
 
 
 def stronger_cachegen(ladder: dict) -> tuple[str, ...]:
