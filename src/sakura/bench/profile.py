@@ -283,9 +283,6 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     from tqdm import tqdm
 
     from sakura.bench.workloads import PHONES, WORKLOADS, ceilings, get_phone, get_workload, workload_costs
-    from sakura.link import list_traces, load_trace
-    from sakura.link.traces import constant_trace
-    from sakura.runtime import TraceLink
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -295,8 +292,55 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     decode_workers = pool.workers
     wls = [get_workload(w) for w in workloads] if workloads else list(WORKLOADS)
     phs = [get_phone(p) for p in phones] if phones else list(PHONES)
+    links = profile_links(families=families, offsets_per_trace=offsets_per_trace,
+                          traces_per_family=traces_per_family, rates_mbps=rates_mbps, seed=seed)
+    runs = []
+    total = len(wls) * len(phs) * len(links)
+    with tqdm(total=total, desc="profile runs", disable=None) as bar:
+        for w in wls:
+            for ph in phs:
+                costs = workload_costs(w, ph)
+                ceil = ceilings(costs)
+                for fam, name, link, prior in links:
+                    res = run_methods(costs, ladder, link, prior_bps=prior, rtt_s=rtt_ms / 1000,
+                                      decode_workers=decode_workers, sweep=sweep)
+                    runs.append({"workload": w.name, "phone": ph.name, "family": fam, "link": name,
+                                 "ceiling_vs_on_device": ceil["vs on-device"],
+                                 "ceiling_vs_nocache": ceil["vs on-device-nocache"], **res})
+                    bar.update()
+    result = {"mode": "phone profile (trace-driven simulation through the runtime's driver; EXTRAPOLATED)",
+              "ladder": ladder, "rtt_ms": rtt_ms, "decode_workers": decode_workers, "decode_pool": pool.describe(),
+              "offsets_per_trace": offsets_per_trace, "traces_per_family": traces_per_family,
+              "families": list(families) if families else None, "rates_mbps": list(rates_mbps),
+              "seed": seed, "workloads": [asdict(w) for w in wls], "phones": [asdict(p) for p in phs],
+              "wall_s": time.perf_counter() - t_start, "decode_rates": _rel(DECODE_RATES_PATH),
+              "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "runs": runs}
+    result["summary"] = summarize(runs)
+    result["family_checks"] = family_checks(runs)
+    write_json(result, out / "e2e_profile.json")
+    md = profile_markdown(result)
+    (out / "e2e_profile.md").write_text(md)
+    (out / "e2e_profile_checks.txt").write_text(checks_text(result))
+    plot_profile(result, out)
+    if sweep:
+        plot_frontiers(result, out)
+    log(md)
+    log(checks_text(result))
+    return result
+
+
+def profile_links(*, families: Sequence[str] | None = None, offsets_per_trace: int = 1,
+                  traces_per_family: int | None = None, rates_mbps: Sequence[float] = DEFAULT_RATES_MBPS,
+                  seed: int = 0) -> list[tuple[str, str, object, float]]:
+    """The profile's links, (family, name, link, prior bytes/s): every trace (or a seeded sample per
+    family) at seeded start offsets, the prior being what the phone saw in the 10 s before, and the
+    constant rates. Deterministic in its arguments, so a run can be replayed (`replay_runs`)."""
+    from sakura.link import list_traces, load_trace
+    from sakura.link.traces import constant_trace
+    from sakura.runtime import TraceLink
+
     rng = random.Random(seed)
-    links: list[tuple[str, str, object, float]] = []  # (family, name, link, prior bytes/s)
+    links: list[tuple[str, str, object, float]] = []
     specs = list_traces()
     if families:
         specs = [s for s in specs if s.split("/")[0] in families]
@@ -314,38 +358,40 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
                 links.append((fam, name, TraceLink(tr, offset_s=off), prior))
     for r in rates_mbps:
         links.append(("constant", f"constant {r:g} Mbit/s", TraceLink(constant_trace(r), 0.0), r * 1e6 / 8))
-    runs = []
-    total = len(wls) * len(phs) * len(links)
-    with tqdm(total=total, desc="profile runs", disable=None) as bar:
-        for w in wls:
-            for ph in phs:
-                costs = workload_costs(w, ph)
-                ceil = ceilings(costs)
-                for fam, name, link, prior in links:
-                    res = run_methods(costs, ladder, link, prior_bps=prior, rtt_s=rtt_ms / 1000,
-                                      decode_workers=decode_workers, sweep=sweep)
-                    runs.append({"workload": w.name, "phone": ph.name, "family": fam, "link": name,
-                                 "ceiling_vs_on_device": ceil["vs on-device"],
-                                 "ceiling_vs_nocache": ceil["vs on-device-nocache"], **res})
-                    bar.update()
-    result = {"mode": "phone profile (trace-driven simulation through the runtime's driver; EXTRAPOLATED)",
-              "ladder": ladder, "rtt_ms": rtt_ms, "decode_workers": decode_workers, "decode_pool": pool.describe(),
-              "offsets_per_trace": offsets_per_trace,
-              "seed": seed, "workloads": [asdict(w) for w in wls], "phones": [asdict(p) for p in phs],
-              "wall_s": time.perf_counter() - t_start, "decode_rates": _rel(DECODE_RATES_PATH),
-              "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "runs": runs}
-    result["summary"] = summarize(runs)
-    result["family_checks"] = family_checks(runs)
-    write_json(result, out / "e2e_profile.json")
-    md = profile_markdown(result)
-    (out / "e2e_profile.md").write_text(md)
-    (out / "e2e_profile_checks.txt").write_text(checks_text(result))
-    plot_profile(result, out)
-    if sweep:
-        plot_frontiers(result, out)
-    log(md)
-    log(checks_text(result))
-    return result
+    return links
+
+
+def replay_runs(profile_json: str | Path, *, losers_only: bool = True, log: Callable[[str], None] = print) -> list[dict]:
+    """Re-simulate sakura on the runs of a written profile (its ladder, seed and links; the baselines
+    are read from the file: they do not depend on sakura's policy), by default only the losing ones.
+    For checking a policy change against the published losers in seconds, not the full profile's
+    minutes. Returns per run: workload, phone, link, the ratio before (in the file) and now."""
+    from sakura.bench.workloads import get_phone, get_workload, workload_costs
+
+    d = json.loads(Path(profile_json).read_text())
+    if d.get("offsets_per_trace") is None:
+        raise ValueError(f"{profile_json}: not a `sakura bench profile` result")
+    links = {(fam, name): (link, prior) for fam, name, link, prior in profile_links(
+        families=d.get("families"), offsets_per_trace=d["offsets_per_trace"],
+        traces_per_family=d.get("traces_per_family"), rates_mbps=d.get("rates_mbps", DEFAULT_RATES_MBPS),
+        seed=d["seed"])}
+    runs = [r for r in d["runs"] if not losers_only or loss_ratio(r) > 1 + LOSS_TOLERANCE]
+    out = []
+    for r in runs:
+        if (r["family"], r["link"]) not in links:
+            raise ValueError(f"{r['link']}: not among this machine's traces (set SAKURA_TRACES)")
+        link, prior = links[(r["family"], r["link"])]
+        res = run_methods(workload_costs(get_workload(r["workload"]), get_phone(r["phone"])), d["ladder"], link,
+                          prior_bps=prior, rtt_s=d["rtt_ms"] / 1000, decode_workers=d["decode_workers"],
+                          methods=("sakura",))
+        now = {**r, "sakura": res["sakura"]}
+        out.append({"workload": r["workload"], "phone": r["phone"], "link": r["link"], "was": loss_ratio(r),
+                    "now": loss_ratio(now), "sakura_latency_s": res["sakura"]["latency_s"]})
+    n = sum(x["now"] > 1 + LOSS_TOLERANCE for x in out)
+    for x in sorted(out, key=lambda x: -x["now"]):
+        log(f"{x['now']:.3f} (was {x['was']:.3f})  {x['workload']:20s} {x['phone'][:13]:13s} {x['link']}")
+    log(f"{n} of {len(out)} replayed runs lose by > {100 * LOSS_TOLERANCE:.0f} %")
+    return out
 
 
 def write_json(result: dict, path: Path) -> None:
