@@ -479,9 +479,9 @@ def bench_profile(
     from sakura.bench.profile import replay_runs, run_profile
 
     if replay is not None:
-        if not replay.is_file():
-            raise typer.BadParameter(f"{replay}: no such file", param_hint="--replay")
         try:
+            if not replay.is_file():
+                raise ValueError(f"--replay {replay}: no such file")
             replay_runs(replay, log=typer.echo)
         except (ValueError, KeyError) as e:
             typer.echo(f"error: {e}", err=True)
