@@ -473,11 +473,22 @@ def bench_profile(
                                                      "(0: the pool measured by `sakura bench decode`, docs/decode_rates.json)."),
     model: str = typer.Option("sakura-mini", help="Model whose real template KV measures the renditions."),
     seed: int = typer.Option(0, help="Seed of the start offsets."),
+    replay: Optional[Path] = typer.Option(None, help="Only re-simulate sakura on this e2e_profile.json's losing "
+                                                     "runs (same ladder, seed and links; writes nothing)."),
 ) -> None:
     """Phone profile (EXTRAPOLATED): every method on named workloads x phone levels x every trace family
     and constant links, through the runtime's own driver; ceilings beside every ratio."""
-    from sakura.bench.profile import run_profile
+    from sakura.bench.profile import replay_runs, run_profile
 
+    if replay is not None:
+        try:
+            if not replay.is_file():
+                raise ValueError(f"--replay {replay}: no such file")
+            replay_runs(replay, log=typer.echo)
+        except (ValueError, KeyError) as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
+        return
     run_profile(out, workloads=workloads, phones=phones, families=families, offsets_per_trace=offsets_per_trace,
                 traces_per_family=traces_per_family or None, rtt_ms=rtt_ms, decode_workers=decode_workers or None,
                 model_name=model, seed=seed, log=typer.echo)

@@ -57,6 +57,16 @@ SWEEP_SAKURA_QUALITY_X = (0.25, 0.5, 1.0, 2.0, 4.0)
 CACHEGEN_LEVELS = ("cachegen:level=3", "cachegen:level=2", "cachegen:level=1")
 CACHEGEN_DELTA_LEVELS = ("cachegen:level=3,delta=true", "cachegen:level=2,delta=true", "cachegen:level=1,delta=true")
 DEFAULT_RATES_MBPS = (5, 10, 20, 50, 100, 200, 300, 500, 1000)
+#: The profile's store also holds one progressive rendition at about CacheGen level 3's quality (a
+#: second `--ladder` entry a provider may build). Why: the default ladder's lowest rung must reach
+#: 38 dB on the calibration edits, which on the profile's template (sticker-00, a hard one) leaves a
+#: single rung at 2.25 bits/value and ~51 dB per shard, far above the image floor sakura is held to
+#: (CacheGen-L3 on every shard, ~42 dB per shard); with nothing cheaper, link-bound runs lost to
+#: CacheGen's levels 2 and 1 (2.27 and 1.80 bits/value, below sakura's quality). Measured on
+#: sticker-00 (sakura-mini): budget 1.2 gives 1.46 bits/value at a mean per-shard image MSE of
+#: 4.0e-5, under CacheGen-L3's 5.8e-5 (budget 1.0: 1.26 bits/value, 1.0e-4, above it). The
+#: runtime's image floor decides where it may be used; the planner takes it only where it is faster.
+FLOOR_RUNG_LADDER = ("progressive:budgets=[1.0]", "progressive:budgets=[1.2]")
 
 
 def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00", *,
@@ -67,7 +77,7 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
     from sakura.build.pipeline import DEFAULT_LADDER, build_store
     from sakura.store.store import Store
 
-    ladder = ("lossless",) + tuple(DEFAULT_LADDER) + CACHEGEN_LEVELS + CACHEGEN_DELTA_LEVELS
+    ladder = ("lossless",) + tuple(DEFAULT_LADDER) + FLOOR_RUNG_LADDER + CACHEGEN_LEVELS + CACHEGEN_DELTA_LEVELS
     with tempfile.TemporaryDirectory(prefix="sakura-profile-") as root:
         build_store(root, model_name=model_name, templates=[template], ladder=ladder, calibration=2, steps=4,
                     log=log)
@@ -100,7 +110,7 @@ def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: i
     Klein-sized layer, read from decode_rates.json: the one place the phone profile, the dilated
     bench and the demo get decode rates from. A layered rung without its own row takes its
     spec's row, a CacheGen delta level without one its plain level's (the same decoder and a
-    prefix sum); a name with no row at all is an error (rerun `sakura bench decode`)."""
+    prefix sum), a rendition with its own parameters its codec's rung row; a name with no row at all is an error (rerun `sakura bench decode`)."""
     import json as _json
 
     rows = _json.loads(Path(path or DECODE_RATES_PATH).read_text())["rows"]
@@ -110,7 +120,11 @@ def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: i
             table.setdefault(r["rendition"], {})[r["tokens"]] = r["fp16_bytes_per_cpu_s"]
     out = {}
     for n in names:
-        row = table.get(n) or table.get(n.split("#")[0]) or table.get(n.replace(",delta=true", ""))
+        base, _, rung = n.partition("#")
+        # a rendition with its own parameters (`progressive:budgets=[1.2]#0`) takes its codec's rung
+        # row: the same decoder (its rate by rung, as the default ladder's rungs are looked up)
+        row = (table.get(n) or table.get(base) or table.get(n.replace(",delta=true", ""))
+               or table.get(base.split(":")[0] + (f"#{rung}" if rung else "")))
         if row is None:
             raise KeyError(f"no decode rate for {n!r} in {path or DECODE_RATES_PATH}; run `sakura bench decode`")
         out[n] = row[min(row, key=lambda t: abs(math.log(t / tokens)))]
@@ -153,10 +167,11 @@ def workload_specs(costs, ladder: dict, allowed: Sequence[str], *, decode_scale:
 
 
 def sakura_renditions(ladder: dict) -> tuple[str, ...]:
-    """What sakura may fetch: the store's default ladder (its rungs)."""
+    """What sakura may fetch: the store's default ladder (its rungs) and the floor rung
+    (`FLOOR_RUNG_LADDER`, when the ladder was measured with it)."""
     from sakura.build.pipeline import DEFAULT_LADDER
 
-    return tuple(n for n in ladder["renditions"] if n.split("#")[0] in DEFAULT_LADDER)
+    return tuple(n for n in ladder["renditions"] if n.split("#")[0] in tuple(DEFAULT_LADDER) + FLOOR_RUNG_LADDER)
 
 
 def stronger_cachegen(ladder: dict) -> tuple[str, ...]:
@@ -268,9 +283,6 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     from tqdm import tqdm
 
     from sakura.bench.workloads import PHONES, WORKLOADS, ceilings, get_phone, get_workload, workload_costs
-    from sakura.link import list_traces, load_trace
-    from sakura.link.traces import constant_trace
-    from sakura.runtime import TraceLink
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -280,8 +292,55 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     decode_workers = pool.workers
     wls = [get_workload(w) for w in workloads] if workloads else list(WORKLOADS)
     phs = [get_phone(p) for p in phones] if phones else list(PHONES)
+    links = profile_links(families=families, offsets_per_trace=offsets_per_trace,
+                          traces_per_family=traces_per_family, rates_mbps=rates_mbps, seed=seed)
+    runs = []
+    total = len(wls) * len(phs) * len(links)
+    with tqdm(total=total, desc="profile runs", disable=None) as bar:
+        for w in wls:
+            for ph in phs:
+                costs = workload_costs(w, ph)
+                ceil = ceilings(costs)
+                for fam, name, link, prior in links:
+                    res = run_methods(costs, ladder, link, prior_bps=prior, rtt_s=rtt_ms / 1000,
+                                      decode_workers=decode_workers, sweep=sweep)
+                    runs.append({"workload": w.name, "phone": ph.name, "family": fam, "link": name,
+                                 "ceiling_vs_on_device": ceil["vs on-device"],
+                                 "ceiling_vs_nocache": ceil["vs on-device-nocache"], **res})
+                    bar.update()
+    result = {"mode": "phone profile (trace-driven simulation through the runtime's driver; EXTRAPOLATED)",
+              "ladder": ladder, "rtt_ms": rtt_ms, "decode_workers": decode_workers, "decode_pool": pool.describe(),
+              "offsets_per_trace": offsets_per_trace, "traces_per_family": traces_per_family,
+              "families": list(families) if families else None, "rates_mbps": list(rates_mbps),
+              "seed": seed, "workloads": [asdict(w) for w in wls], "phones": [asdict(p) for p in phs],
+              "wall_s": time.perf_counter() - t_start, "decode_rates": _rel(DECODE_RATES_PATH),
+              "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "runs": runs}
+    result["summary"] = summarize(runs)
+    result["family_checks"] = family_checks(runs)
+    write_json(result, out / "e2e_profile.json")
+    md = profile_markdown(result)
+    (out / "e2e_profile.md").write_text(md)
+    (out / "e2e_profile_checks.txt").write_text(checks_text(result))
+    plot_profile(result, out)
+    if sweep:
+        plot_frontiers(result, out)
+    log(md)
+    log(checks_text(result))
+    return result
+
+
+def profile_links(*, families: Sequence[str] | None = None, offsets_per_trace: int = 1,
+                  traces_per_family: int | None = None, rates_mbps: Sequence[float] = DEFAULT_RATES_MBPS,
+                  seed: int = 0) -> list[tuple[str, str, object, float]]:
+    """The profile's links, (family, name, link, prior bytes/s): every trace (or a seeded sample per
+    family) at seeded start offsets, the prior being what the phone saw in the 10 s before, and the
+    constant rates. Deterministic in its arguments, so a run can be replayed (`replay_runs`)."""
+    from sakura.link import list_traces, load_trace
+    from sakura.link.traces import constant_trace
+    from sakura.runtime import TraceLink
+
     rng = random.Random(seed)
-    links: list[tuple[str, str, object, float]] = []  # (family, name, link, prior bytes/s)
+    links: list[tuple[str, str, object, float]] = []
     specs = list_traces()
     if families:
         specs = [s for s in specs if s.split("/")[0] in families]
@@ -299,38 +358,40 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
                 links.append((fam, name, TraceLink(tr, offset_s=off), prior))
     for r in rates_mbps:
         links.append(("constant", f"constant {r:g} Mbit/s", TraceLink(constant_trace(r), 0.0), r * 1e6 / 8))
-    runs = []
-    total = len(wls) * len(phs) * len(links)
-    with tqdm(total=total, desc="profile runs", disable=None) as bar:
-        for w in wls:
-            for ph in phs:
-                costs = workload_costs(w, ph)
-                ceil = ceilings(costs)
-                for fam, name, link, prior in links:
-                    res = run_methods(costs, ladder, link, prior_bps=prior, rtt_s=rtt_ms / 1000,
-                                      decode_workers=decode_workers, sweep=sweep)
-                    runs.append({"workload": w.name, "phone": ph.name, "family": fam, "link": name,
-                                 "ceiling_vs_on_device": ceil["vs on-device"],
-                                 "ceiling_vs_nocache": ceil["vs on-device-nocache"], **res})
-                    bar.update()
-    result = {"mode": "phone profile (trace-driven simulation through the runtime's driver; EXTRAPOLATED)",
-              "ladder": ladder, "rtt_ms": rtt_ms, "decode_workers": decode_workers, "decode_pool": pool.describe(),
-              "offsets_per_trace": offsets_per_trace,
-              "seed": seed, "workloads": [asdict(w) for w in wls], "phones": [asdict(p) for p in phs],
-              "wall_s": time.perf_counter() - t_start, "decode_rates": _rel(DECODE_RATES_PATH),
-              "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "runs": runs}
-    result["summary"] = summarize(runs)
-    result["family_checks"] = family_checks(runs)
-    write_json(result, out / "e2e_profile.json")
-    md = profile_markdown(result)
-    (out / "e2e_profile.md").write_text(md)
-    (out / "e2e_profile_checks.txt").write_text(checks_text(result))
-    plot_profile(result, out)
-    if sweep:
-        plot_frontiers(result, out)
-    log(md)
-    log(checks_text(result))
-    return result
+    return links
+
+
+def replay_runs(profile_json: str | Path, *, losers_only: bool = True, log: Callable[[str], None] = print) -> list[dict]:
+    """Re-simulate sakura on the runs of a written profile (its ladder, seed and links; the baselines
+    are read from the file: they do not depend on sakura's policy), by default only the losing ones.
+    For checking a policy change against the published losers in seconds, not the full profile's
+    minutes. Returns per run: workload, phone, link, the ratio before (in the file) and now."""
+    from sakura.bench.workloads import get_phone, get_workload, workload_costs
+
+    d = json.loads(Path(profile_json).read_text())
+    if d.get("offsets_per_trace") is None:
+        raise ValueError(f"{profile_json}: not a `sakura bench profile` result")
+    links = {(fam, name): (link, prior) for fam, name, link, prior in profile_links(
+        families=d.get("families"), offsets_per_trace=d["offsets_per_trace"],
+        traces_per_family=d.get("traces_per_family"), rates_mbps=d.get("rates_mbps", DEFAULT_RATES_MBPS),
+        seed=d["seed"])}
+    runs = [r for r in d["runs"] if not losers_only or loss_ratio(r) > 1 + LOSS_TOLERANCE]
+    out = []
+    for r in runs:
+        if (r["family"], r["link"]) not in links:
+            raise ValueError(f"{r['link']}: not among this machine's traces (set SAKURA_TRACES)")
+        link, prior = links[(r["family"], r["link"])]
+        res = run_methods(workload_costs(get_workload(r["workload"]), get_phone(r["phone"])), d["ladder"], link,
+                          prior_bps=prior, rtt_s=d["rtt_ms"] / 1000, decode_workers=d["decode_workers"],
+                          methods=("sakura",))
+        now = {**r, "sakura": res["sakura"]}
+        out.append({"workload": r["workload"], "phone": r["phone"], "link": r["link"], "was": loss_ratio(r),
+                    "now": loss_ratio(now), "sakura_latency_s": res["sakura"]["latency_s"]})
+    n = sum(x["now"] > 1 + LOSS_TOLERANCE for x in out)
+    for x in sorted(out, key=lambda x: -x["now"]):
+        log(f"{x['now']:.3f} (was {x['was']:.3f})  {x['workload']:20s} {x['phone'][:13]:13s} {x['link']}")
+    log(f"{n} of {len(out)} replayed runs lose by > {100 * LOSS_TOLERANCE:.0f} %")
+    return out
 
 
 def write_json(result: dict, path: Path) -> None:

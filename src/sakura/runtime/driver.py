@@ -75,6 +75,8 @@ PLAN_ESTIMATE = PlanEstimate.ROBUST
 #: the share of the loss bound's slack a plan may spend on predicted stalls (the rest absorbs
 #: what the estimates miss)
 PLAN_STALL_SHARE = 1.0
+#: requests kept out until a transfer has measured the link (the estimate may be stale)
+UNMEASURED_REQUESTS = 2
 #: after a missed deadline, layers whose local compute catches up over at most this many template
 #: layers go local at once; beyond it the layer waits (within its deadline and the loss bound)
 SUSPECT_CATCH_UP = 1
@@ -400,7 +402,7 @@ class EditDriver:
             ahead = 1.5 * rtt + 1e-6  # issue the next one an RTT and a half before the link drains
             # until a transfer has measured the link, keep two requests out: the estimate may be
             # stale (another network), and a second request costs nothing if it is right
-            unmeasured = self.bw.samples == 0 and len(self.inflight()) < 2
+            unmeasured = self.bw.samples == 0 and len(self.inflight()) < UNMEASURED_REQUESTS
             if self.inflight() and lf - now > ahead and not unmeasured:
                 return out, lf - ahead + 1e-9
             nxt = self.policy.next_fetch(self, now)

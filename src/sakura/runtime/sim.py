@@ -70,6 +70,9 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
     decisions: list[tuple[int, str]] = []
     waiting: tuple[int, float] | None = None  # (layer, deadline) the compute is blocked on
     finish = None
+    # wake-up times already queued: every event asks the driver again and it mostly answers the same
+    # wake-up, so a second one at the same time would only repeat the same (idempotent) call
+    wakes: set[float] = set()
 
     def issue(now: float) -> None:
         nonlocal link_free, busy
@@ -82,7 +85,8 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
             requests.append((j, route.name))
             d.on_first_byte(j, now, start)
             push(end, _FETCHED, (j, route.nbytes, start))
-        if wake is not None:
+        if wake is not None and max(wake, now) not in wakes:
+            wakes.add(max(wake, now))
             push(max(wake, now), _WAKE)
 
     def act(j: int, a: LayerAction, now: float) -> None:
@@ -129,6 +133,8 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
             act(data, d.at_layer(data, now), now)
         elif kind == _ADVANCED:
             act(data, d.on_advanced(data, now), now)
+        elif kind == _WAKE:
+            wakes.discard(now)
         issue(now)
         if waiting is not None and finish is None:
             changed = d.recheck(waiting[0], now)  # e.g. CacheGen chose to compute the chunk meanwhile

@@ -124,6 +124,14 @@ def test_profile_bench_smoke(tmp_path):
     md = (tmp_path / "e2e_profile.md").read_text()
     assert "## Never slower" in md and "equal quality vs cachegen-L3" in md
     assert "losing runs" in (tmp_path / "e2e_profile_checks.txt").read_text()
+    # the written profile replays: the same links, ladder and policy give every run's sakura latency again
+    from sakura.bench.profile import replay_runs
+
+    again = replay_runs(tmp_path / "e2e_profile.json", losers_only=False, log=lambda s: None)
+    assert len(again) == 4
+    by_link = {row["link"]: row["sakura"]["latency_s"] for row in r["runs"]}
+    for x in again:
+        assert x["sakura_latency_s"] == pytest.approx(by_link[x["link"]], rel=1e-12) and x["now"] == pytest.approx(x["was"])
 
 
 def test_server_unavailable_names_the_root_cause_not_the_fingerprint():
