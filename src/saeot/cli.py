@@ -558,6 +558,7 @@ def compress(
     typer.echo(md)
 
 
+# Alike in shape only to collect()'s options: typer declares each command's options on its own signature.
 @app.command()
 def demo(
     out: Path = typer.Option(Path("out/saeot-demo"), help="Folder for caches, SAEs, figures and report.html."),

@@ -389,6 +389,8 @@ def rate_for(rates: dict[tuple[str, int, int], float], rendition: str, tokens: i
 # ---------------------------------------------------------------------------------------------
 # old vs new decoder, side by side (a loaded machine slows both alike: compare ratios, not rates)
 
+# Deliberately standalone: this script runs inside another source tree (the "old" side), so it may
+# import only what every tree has; gil_held() below encodes the renditions the same way in this tree.
 _SIDE_SNIPPET = r"""
 import json, sys, time
 import torch
@@ -471,6 +473,7 @@ def gil_held(specs: Sequence[str] = ("progressive", "cachegen:level=3"), tokens:
     from sakura.codec import _lee, kernels, rans
 
     rans.warm_up()
+    # Alike to _SIDE_SNIPPET's encode loop, which must stay standalone (see there).
     shard = klein_layer(tokens)
     ident = ShardId("bench-decode", f"klein-{tokens}", 5)
     blobs = []

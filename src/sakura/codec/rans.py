@@ -81,6 +81,7 @@ class Model:
     cum: np.ndarray
     bits: int
 
+    # Alike in shape only to saeot.distributions.FeatureDistributions (two shape properties of an array).
     @property
     def rows(self) -> int:
         return self.freq.shape[0]
