@@ -45,6 +45,10 @@ RATES_PATH = Path("docs/decode_rates.json")
 NATIVE_CODECS = ("progressive", "layered", "cachegen")
 
 
+#: single-rung progressive specs measured beside the default ladder (see default_specs)
+PROGRESSIVE_SINGLE_RUNGS = ("progressive:budgets=[1.0]", "progressive:budgets=[1.2]", "progressive:budgets=[2.0]")
+
+
 def default_specs() -> list[str]:
     """Every codec family in `sakura.codec`, with the ladders the store and the benchmarks use now
     (read at call time, so a rerun picks up a changed ladder)."""
@@ -59,6 +63,9 @@ def default_specs() -> list[str]:
     except ImportError:  # the simulator is being rewritten; the store's ladder is enough
         pass
     specs += list(DEFAULT_LADDER)
+    # single-rung progressive renditions across the bits/value a store's calibrated ladder reaches
+    # (the profile's template lands at ~1.3-2.3): benches look rates up by the nearest bits/value
+    specs += list(PROGRESSIVE_SINGLE_RUNGS)
     if "sakura" in available_codecs():
         specs.append("sakura:budget=2.0")
     try:  # CacheGen's token-delta variant, where the codec has it

@@ -224,7 +224,9 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     from sakura.bench.profile import DECODE_RATES_PATH, decode_rates
 
     log(f"decode rates from {DECODE_RATES_PATH}")
-    rates = decode_rates([r.name for r in m.shards[0].renditions])
+    bpv = {r.name: statistics.mean(8 * next(x for x in s.renditions if x.name == r.name).nbytes / (s.fp16_bytes / 2)
+                                   for s in m.shards) for r in m.shards[0].renditions}
+    rates = decode_rates([r.name for r in m.shards[0].renditions], bits_per_value=bpv)
     from sakura.bench.decode_rates import load_scaling
 
     pool = load_scaling(decode_workers)   # the measured pool (docs/decode_rates.json), not an assumed count

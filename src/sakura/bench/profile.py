@@ -93,7 +93,8 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
     floors = [s.quality_floor["image_mse"] for s in m.shards if s.quality_floor]
     renditions = {k: {"codec": v["codec"], "bits_per_value": statistics.mean(v["bpv"]),
                       "image_mse": statistics.mean(v["mse"])} for k, v in out.items()}
-    rates = decode_rates(list(renditions))
+    rates = decode_rates(list(renditions),
+                         bits_per_value={k: v["bits_per_value"] for k, v in renditions.items()})
     log(f"decode rates from {DECODE_RATES_PATH} (per core, Klein-sized layer)")
     for name, r in renditions.items():
         r["decode_fp16_bytes_per_cpu_s"] = rates[name]
@@ -105,22 +106,41 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
 DECODE_RATES_PATH = Path(__file__).resolve().parents[3] / "docs" / "decode_rates.json"
 
 
-def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: int = 1024) -> dict[str, float]:
+def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: int = 1024,
+                 bits_per_value: dict[str, float] | None = None) -> dict[str, float]:
     """Per-core decode rate (fp16 KV bytes per CPU second, one worker) of each rendition name on a
     Klein-sized layer, read from decode_rates.json: the one place the phone profile, the dilated
     bench and the demo get decode rates from. A layered rung without its own row takes its
     spec's row, a CacheGen delta level without one its plain level's (the same decoder and a
-    prefix sum), a rendition with its own parameters its codec's rung row; a name with no row at all is an error (rerun `sakura bench decode`)."""
+    prefix sum), a rendition with its own parameters its codec's rung row; a name with no row at all is an error (rerun `sakura bench decode`).
+
+    `bits_per_value` (name -> bits per value of that rendition, cumulative for a rung): a
+    progressive rung then takes the measured progressive row of the same rung index nearest in
+    bits/value (log scale), not the row of the bench's own ladder that shares its name. Why: a
+    store's ladder is calibrated per template (sticker-00's single rung sits at ~2.25 bits/value,
+    the bench ladder's rung 0 at ~0.22), and a rung's decode cost grows with its bits/value
+    (2.0 bits/value decodes at ~0.4x the rate of 0.22)."""
     import json as _json
 
     rows = _json.loads(Path(path or DECODE_RATES_PATH).read_text())["rows"]
     table: dict[str, dict[int, float]] = {}
+    bpv_of: dict[str, float] = {}
     for r in rows:
         if r["workers"] == 1:
             table.setdefault(r["rendition"], {})[r["tokens"]] = r["fp16_bytes_per_cpu_s"]
+            bpv_of.setdefault(r["rendition"], r.get("bits_per_value", 0.0))
     out = {}
     for n in names:
         base, _, rung = n.partition("#")
+        want = (bits_per_value or {}).get(n)
+        if want and rung and base.split(":")[0] == "progressive":
+            same_rung = [k for k in table if k.split(":")[0].split("#")[0] == "progressive"
+                         and k.partition("#")[2] == rung and bpv_of.get(k, 0.0) > 0]
+            if same_rung:
+                k = min(same_rung, key=lambda k: abs(math.log(bpv_of[k] / want)))
+                row = table[k]
+                out[n] = row[min(row, key=lambda t: abs(math.log(t / tokens)))]
+                continue
         # a rendition with its own parameters (`progressive:budgets=[1.2]#0`) takes its codec's rung
         # row: the same decoder (its rate by rung, as the default ladder's rungs are looked up)
         row = (table.get(n) or table.get(base) or table.get(n.replace(",delta=true", ""))

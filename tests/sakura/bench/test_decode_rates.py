@@ -96,3 +96,27 @@ def test_the_profile_reads_per_core_rates_from_the_rates_file(tmp_path):
     assert got == {"progressive#1": 1e8 + 4096, "cachegen:level=2,delta=true": 7e7}
     with pytest.raises(KeyError, match="sakura bench decode"):
         decode_rates(["uniform:bits=4"], tmp_path / "r.json")
+
+
+def test_a_calibrated_rung_takes_the_measured_row_nearest_its_bits_per_value(tmp_path):
+    """A store's rung named like the bench ladder's (`progressive#0`) but at 10x its bits/value
+    decodes at that bits/value's rate, not at the cheap bench rung's."""
+    import json
+
+    from sakura.bench.profile import decode_rates
+
+    def row(name, bpv, rate):
+        return {"rendition": name, "tokens": 1024, "workers": 1, "bits_per_value": bpv,
+                "fp16_bytes_per_cpu_s": rate, "fp16_bytes_per_s": 1.0}
+    rows = [row("progressive#0", 0.22, 9e8), row("progressive#1", 0.8, 4e8),
+            row("progressive:budgets=[1.2]#0", 1.18, 5e8), row("progressive:budgets=[2.0]#0", 2.04, 3.5e8),
+            row("cachegen:level=3", 2.1, 6e8)]
+    (tmp_path / "r.json").write_text(json.dumps({"rows": rows}))
+    names = ["progressive#0", "progressive:budgets=[1.2]#0", "progressive#1", "cachegen:level=3"]
+    by_name = decode_rates(names, tmp_path / "r.json")
+    assert by_name["progressive#0"] == 9e8
+    by_bpv = decode_rates(names, tmp_path / "r.json",
+                          bits_per_value={"progressive#0": 2.25, "progressive:budgets=[1.2]#0": 1.46,
+                                          "progressive#1": 0.9, "cachegen:level=3": 2.77})
+    assert by_bpv == {"progressive#0": 3.5e8, "progressive:budgets=[1.2]#0": 5e8, "progressive#1": 4e8,
+                      "cachegen:level=3": 6e8}
