@@ -221,12 +221,10 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     m = st.get_manifest(fp, tid)
     dil = make_dilation(workload, phone, D, mini_layers=model.num_layers, mini_fp16_bytes_per_layer=m.shards[0].fp16_bytes,
                         rtt_ms=rtt_ms)
-    from sakura.bench.profile import DECODE_RATES_PATH, decode_rates
+    from sakura.bench.profile import DECODE_RATES_PATH, decode_rates, mean_bits_per_value
 
     log(f"decode rates from {DECODE_RATES_PATH}")
-    bpv = {r.name: statistics.mean(8 * next(x for x in s.renditions if x.name == r.name).nbytes / (s.fp16_bytes / 2)
-                                   for s in m.shards) for r in m.shards[0].renditions}
-    rates = decode_rates([r.name for r in m.shards[0].renditions], bits_per_value=bpv)
+    rates = decode_rates([r.name for r in m.shards[0].renditions], bits_per_value=mean_bits_per_value(m))
     from sakura.bench.decode_rates import load_scaling
 
     pool = load_scaling(decode_workers)   # the measured pool (docs/decode_rates.json), not an assumed count

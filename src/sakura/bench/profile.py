@@ -87,11 +87,11 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
     out: dict[str, dict] = {}
     for shard in m.shards:
         for r in shard.renditions:
-            d = out.setdefault(r.name, {"codec": r.codec, "bpv": [], "mse": []})
-            d["bpv"].append(8 * r.nbytes / (shard.fp16_bytes / 2))
+            d = out.setdefault(r.name, {"codec": r.codec, "mse": []})
             d["mse"].append(float(r.distortion.get("image_mse", 0.0)))
+    bpv = mean_bits_per_value(m)
     floors = [s.quality_floor["image_mse"] for s in m.shards if s.quality_floor]
-    renditions = {k: {"codec": v["codec"], "bits_per_value": statistics.mean(v["bpv"]),
+    renditions = {k: {"codec": v["codec"], "bits_per_value": bpv[k],
                       "image_mse": statistics.mean(v["mse"])} for k, v in out.items()}
     rates = decode_rates(list(renditions),
                          bits_per_value={k: v["bits_per_value"] for k, v in renditions.items()})
@@ -100,6 +100,16 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
         r["decode_fp16_bytes_per_cpu_s"] = rates[name]
     return {"model": model_name, "template": template, "layers": len(m.shards), "renditions": renditions,
             "floor_image_mse": statistics.mean(floors) if floors else None}
+
+
+def mean_bits_per_value(manifest) -> dict[str, float]:
+    """Rendition name -> its bits per fp16 value, the mean over the manifest's shards (a layered
+    rung counts its prefix: cumulative)."""
+    per: dict[str, list[float]] = {}
+    for shard in manifest.shards:
+        for r in shard.renditions:
+            per.setdefault(r.name, []).append(8 * r.nbytes / (shard.fp16_bytes / 2))
+    return {k: statistics.mean(v) for k, v in per.items()}
 
 
 #: The one file every benchmark reads decode rates from (`sakura bench decode` writes it).
@@ -133,18 +143,16 @@ def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: i
     for n in names:
         base, _, rung = n.partition("#")
         want = (bits_per_value or {}).get(n)
-        if want and rung and base.split(":")[0] == "progressive":
-            same_rung = [k for k in table if k.split(":")[0].split("#")[0] == "progressive"
-                         and k.partition("#")[2] == rung and bpv_of.get(k, 0.0) > 0]
-            if same_rung:
-                k = min(same_rung, key=lambda k: abs(math.log(bpv_of[k] / want)))
-                row = table[k]
-                out[n] = row[min(row, key=lambda t: abs(math.log(t / tokens)))]
-                continue
-        # a rendition with its own parameters (`progressive:budgets=[1.2]#0`) takes its codec's rung
-        # row: the same decoder (its rate by rung, as the default ladder's rungs are looked up)
-        row = (table.get(n) or table.get(base) or table.get(n.replace(",delta=true", ""))
-               or table.get(base.split(":")[0] + (f"#{rung}" if rung else "")))
+        same_rung = [k for k in table if k.split(":")[0].split("#")[0] == "progressive"
+                     and k.partition("#")[2] == rung and bpv_of.get(k, 0.0) > 0] \
+            if want and rung and base.split(":")[0] == "progressive" else []
+        if same_rung:
+            row = table[min(same_rung, key=lambda k: abs(math.log(bpv_of[k] / want)))]
+        else:
+            # a rendition with its own parameters (`progressive:budgets=[1.2]#0`) takes its codec's
+            # rung row: the same decoder (its rate by rung, as the default ladder's rungs are looked up)
+            row = (table.get(n) or table.get(base) or table.get(n.replace(",delta=true", ""))
+                   or table.get(base.split(":")[0] + (f"#{rung}" if rung else "")))
         if row is None:
             raise KeyError(f"no decode rate for {n!r} in {path or DECODE_RATES_PATH}; run `sakura bench decode`")
         out[n] = row[min(row, key=lambda t: abs(math.log(t / tokens)))]
