@@ -35,7 +35,6 @@ def idct2_2(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
     C = mu.size
     fl = np.empty(2 * 144, np.float32)
     row = np.empty(64, np.float32)
-    rowb = row.view(np.uint32)
     half = np.float32(0.5)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -85,7 +84,7 @@ def idct2_2(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                     for c in range(64):
                         row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, rowb, out16[t, b * 64:(b + 1) * 64])
+                    to_fp16(row, out16[t, b * 64:(b + 1) * 64])
                 else:
                     out32[t, b * 64:(b + 1) * 64] = row
 
@@ -132,7 +131,6 @@ def idct2_4(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
     C = mu.size
     fl = np.empty(4 * 272, np.float32)
     row = np.empty(64, np.float32)
-    rowb = row.view(np.uint32)
     half = np.float32(0.5)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -214,7 +212,7 @@ def idct2_4(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                     for c in range(64):
                         row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, rowb, out16[t, b * 64:(b + 1) * 64])
+                    to_fp16(row, out16[t, b * 64:(b + 1) * 64])
                 else:
                     out32[t, b * 64:(b + 1) * 64] = row
 
@@ -301,7 +299,6 @@ def idct2_8(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
     C = mu.size
     fl = np.empty(8 * 528, np.float32)
     row = np.empty(64, np.float32)
-    rowb = row.view(np.uint32)
     half = np.float32(0.5)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -463,7 +460,7 @@ def idct2_8(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                     for c in range(64):
                         row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, rowb, out16[t, b * 64:(b + 1) * 64])
+                    to_fp16(row, out16[t, b * 64:(b + 1) * 64])
                 else:
                     out32[t, b * 64:(b + 1) * 64] = row
 
@@ -650,7 +647,6 @@ def idct2_16(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
     C = mu.size
     fl = np.empty(16 * 1040, np.float32)
     row = np.empty(64, np.float32)
-    rowb = row.view(np.uint32)
     half = np.float32(0.5)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -1004,7 +1000,7 @@ def idct2_16(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                     for c in range(64):
                         row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, rowb, out16[t, b * 64:(b + 1) * 64])
+                    to_fp16(row, out16[t, b * 64:(b + 1) * 64])
                 else:
                     out32[t, b * 64:(b + 1) * 64] = row
 
@@ -1431,7 +1427,6 @@ def idct2_32(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
     C = mu.size
     fl = np.empty(32 * 2064, np.float32)
     row = np.empty(64, np.float32)
-    rowb = row.view(np.uint32)
     half = np.float32(0.5)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -2233,7 +2228,7 @@ def idct2_32(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                     for c in range(64):
                         row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, rowb, out16[t, b * 64:(b + 1) * 64])
+                    to_fp16(row, out16[t, b * 64:(b + 1) * 64])
                 else:
                     out32[t, b * 64:(b + 1) * 64] = row
 
@@ -3220,7 +3215,6 @@ def idct2_64(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
     C = mu.size
     fl = np.empty(64 * 2064, np.float32)
     row = np.empty(32, np.float32)
-    rowb = row.view(np.uint32)
     half = np.float32(0.5)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -5046,6 +5040,6 @@ def idct2_64(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                     for c in range(32):
                         row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, rowb, out16[t, b * 32:(b + 1) * 32])
+                    to_fp16(row, out16[t, b * 32:(b + 1) * 32])
                 else:
                     out32[t, b * 32:(b + 1) * 32] = row

@@ -121,7 +121,6 @@ def idct2_{n}(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
     C = mu.size
     fl = np.empty({n} * {rs}, np.float32)
     row = np.empty({cb}, np.float32)
-    rowb = row.view(np.uint32)
     half = np.float32(0.5)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -159,7 +158,7 @@ def idct2_{n}(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                     for c in range({cb}):
                         row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, rowb, out16[t, b * {cb}:(b + 1) * {cb}])
+                    to_fp16(row, out16[t, b * {cb}:(b + 1) * {cb}])
                 else:
                     out32[t, b * {cb}:(b + 1) * {cb}] = row
 '''

@@ -554,6 +554,24 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
 # decode
 
 ENGINES = ("native", "reference")
+#: a refinement that changes at most this share of a part's coefficients (significant ones + new
+#: ones) runs sparse (`ProgressiveState._refine_sparse`): on the Klein layer, rung 2 refines K at
+#: ~2 %; the dense merge (`kernels.refine`) is faster where ~30 % change (V at rung 1: branches)
+SPARSE_REFINE = 0.08
+
+
+def _band_cuts(lay: "Layout", units: int = 16) -> np.ndarray:
+    """Band indices cutting [0, nbands) into <= `units` runs of about equal coefficient counts
+    (the ranges `run_split` hands to threads; bands differ ~n-fold in size)."""
+    key = (lay.T, lay.C, lay.grid, units)
+    if key not in _CUTS:
+        want = np.linspace(0, lay.starts[-1], units + 1)
+        cuts = np.unique(np.searchsorted(lay.starts, want[1:-1]))
+        _CUTS[key] = np.unique(np.concatenate([[0], cuts, [lay.nbands]])).astype(np.int64)
+    return _CUTS[key]
+
+
+_CUTS: dict[tuple[int, int, int, int], np.ndarray] = {}
 
 
 @dataclass
@@ -631,42 +649,54 @@ class ProgressiveState(LadderState):
         out = K.scratch(name, int(sl.sum()), np.int32)
         return R.decode(words, counts, sc, sl, model, out=out, pool=self.pool), nz
 
-    def start(self, obj: bs.Object, crc: int) -> None:
+    def _base_part(self, rd: Chunks, obj: bs.Object, i: int, kv: str) -> tuple[list[R.Model], int]:
+        """Check part `kv`'s base header entry, read its mean, token scales and rung-0 models
+        (the chunks before its streams) -> (models, m0); sets the layout."""
+        T, H, D = self.shape
+        C = H * D
+        prog = self.header["prog"]
+        levels = self.header.get("levels")
+        layer = self.header.get("layer", 0)
+        try:
+            step, planes, m0, n = self._part(kv)
+            mean_dt = np.dtype(prog[kv]["mean"])
+        except (KeyError, TypeError, ValueError):
+            raise bs.CorruptError(f"{self.codec.name}: bad progressive header {prog.get(kv)!r}") from None
+        if (not (math.isfinite(step) and step > 0) or not 1 <= m0 <= R.MAX_ALPHABET // 2 - 1
+                or not isinstance(levels, int) or len(planes) != levels
+                or planes[0] != 0 or any(b < a for a, b in zip(planes, planes[1:])) or planes[-1] > MAX_PLANES
+                or not (n == 0 or n * n == T) or mean_dt.str not in ("<f2", "<f4")):
+            raise bs.CorruptError(f"{self.codec.name}: bad progressive header {prog[kv]!r}")
+        if self.layout is None or self.layout.grid != n:
+            self.layout = _layout(T, C, n)
+        lay = self.layout
+        mu = self.tables.get(f"L{layer}.{kv}.mean") if self.tables is not None else rd.next(mean_dt.str, (C,))
+        if mu.shape != (C,) or mu.dtype.kind != "f" or not np.isfinite(mu).all():
+            raise bs.CorruptError(f"{self.codec.name}: {kv} mean has shape {mu.shape} or is not finite")
+        self.mean[kv] = mu
+        scaled = prog[kv].get("scaled", False)
+        if not isinstance(scaled, bool):
+            raise bs.CorruptError(f"{self.codec.name}: bad progressive header {prog[kv]!r}")
+        self.scale[kv] = scales_of(rd.next("|u1", (T,))) if scaled else None
+        names = [("e0q", QUAD_ESC + 1), ("e0", 2 * m0 + 1)] if lay.big else [("e0", 2 * m0 + 1)]
+        return self._streams_models(rd, obj.header.get("own"), i, names), m0
+
+    def _check_start(self, obj: bs.Object) -> None:
         bs.require_version(obj, FORMAT_VERSION, self.codec.name)
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}")
-        T, H, D = self.shape
-        C = H * D
         prog = self.header.get("prog")
         if not isinstance(prog, dict) or set(prog) != set(PARTS):
             raise bs.CorruptError(f"{self.codec.name}: progressive header missing")
-        levels = self.header.get("levels")
-        layer = self.header.get("layer", 0)
+
+    def start(self, obj: bs.Object, crc: int) -> None:
+        self._check_start(obj)
+        T, H, D = self.shape
+        C = H * D
         rd = Chunks(obj.section("p"))
         for i, kv in enumerate(PARTS):
-            try:
-                step, planes, m0, n = self._part(kv)
-                mean_dt = np.dtype(prog[kv]["mean"])
-            except (KeyError, TypeError, ValueError):
-                raise bs.CorruptError(f"{self.codec.name}: bad progressive header {prog.get(kv)!r}") from None
-            if (not (math.isfinite(step) and step > 0) or not 1 <= m0 <= R.MAX_ALPHABET // 2 - 1
-                    or not isinstance(levels, int) or len(planes) != levels
-                    or planes[0] != 0 or any(b < a for a, b in zip(planes, planes[1:])) or planes[-1] > MAX_PLANES
-                    or not (n == 0 or n * n == T) or mean_dt.str not in ("<f2", "<f4")):
-                raise bs.CorruptError(f"{self.codec.name}: bad progressive header {prog[kv]!r}")
-            if self.layout is None or self.layout.grid != n:
-                self.layout = _layout(T, C, n)
+            models, m0 = self._base_part(rd, obj, i, kv)
             lay = self.layout
-            mu = self.tables.get(f"L{layer}.{kv}.mean") if self.tables is not None else rd.next(mean_dt.str, (C,))
-            if mu.shape != (C,) or mu.dtype.kind != "f" or not np.isfinite(mu).all():
-                raise bs.CorruptError(f"{self.codec.name}: {kv} mean has shape {mu.shape} or is not finite")
-            self.mean[kv] = mu
-            scaled = prog[kv].get("scaled", False)
-            if not isinstance(scaled, bool):
-                raise bs.CorruptError(f"{self.codec.name}: bad progressive header {prog[kv]!r}")
-            self.scale[kv] = scales_of(rd.next("|u1", (T,))) if scaled else None
-            names = [("e0q", QUAD_ESC + 1), ("e0", 2 * m0 + 1)] if lay.big else [("e0", 2 * m0 + 1)]
-            models = self._streams_models(rd, obj.header.get("own"), i, names)
             sizes = np.diff(lay.starts)
             if self.engine == "reference":
                 self.mag[kv], self.neg[kv] = self._rung0_reference(rd, models, sizes, m0)
@@ -739,19 +769,11 @@ class ProgressiveState(LadderState):
 
     def upgrade(self, piece: bytes) -> "ProgressiveState":
         """Apply the next rung's object (in place; returns self). Mismatches raise `IdentityError`."""
-        obj = bs.parse(piece)
-        if obj.kind != bs.KIND_LAYER:
-            raise bs.IdentityError(f"expected a refinement object, got kind {obj.kind}")
-        bs.require_version(obj, FORMAT_VERSION, self.codec.name)
-        h = obj.header
-        if h.get("level") != self.level + 1:
-            raise bs.IdentityError(f"refinement object is level {h.get('level')!r}; expected {self.level + 1}")
-        if h.get("parent_crc") != self.last_crc:
-            raise bs.IdentityError("refinement object does not refine this base (parent checksum differs)")
+        obj = self._check_refinement(piece, self.level + 1, self.last_crc)
         l = self.level + 1
         lay = self.layout
         rd = Chunks(obj.section("p"))
-        own = h.get("own")
+        own = obj.header.get("own")
         j = 0
         for kv in PARTS:
             step, planes, _m0, _n = self._part(kv)
@@ -773,11 +795,23 @@ class ProgressiveState(LadderState):
             K.insignificant_counts(mag, lay.starts, counts)
             sym, nz = self._stream(rd, models[0], -(-counts // g), True)
             raw, sraw = rd.next(), rd.next()
-            pad = np.zeros(4, np.uint8)  # the kernel reads whole 3-byte windows past the last bit
+            pad = np.zeros(4, np.uint8)  # the kernels read whole 3-byte windows past the last bit
             nins = int(counts.sum())
-            err = K.refine(mag, neg, lay.starts, nz, counts, sym, m, g, np.concatenate([raw, pad]),
-                           np.concatenate([sraw, pad]), K.scratch("lowv", mag.size - nins + 1, np.int32),
-                           K.scratch("newv", nins + 1, np.int32), K.scratch("sv", nins + 1, np.uint8))
+            nsig = mag.size - nins
+            low, signs = np.concatenate([raw, pad]), np.concatenate([sraw, pad])
+            sptr = np.empty(lay.nbands + 1, np.int64)
+            became = np.empty(lay.nbands, np.int64)
+            if not K.refinement_counts(sym, nz, counts, m, g, sptr, became):
+                raise bs.CorruptError(f"{self.codec.name}: refinement symbols do not cover the bands")
+            nbec = int(became.sum())
+            if nsig * m > raw.size * 8 or nbec > sraw.size * 8:
+                raise bs.CorruptError(f"refinement or sign bits {kv} too short")
+            if nsig + nbec <= SPARSE_REFINE * mag.size:
+                self._refine_sparse(kv, counts, sym, nz, sptr, m, g, low, signs, sraw.size * 8, became)
+                continue
+            err = K.refine(mag, neg, lay.starts, nz, counts, sym, m, g, low, signs,
+                           K.scratch("lowv", nsig + 1, np.int32), K.scratch("newv", nins + 1, np.int32),
+                           K.scratch("sv", nins + 1, np.uint8))
             if err == 2:
                 raise bs.CorruptError(f"{self.codec.name}: refinement symbols do not cover the bands")
             if err:
@@ -785,6 +819,40 @@ class ProgressiveState(LadderState):
         rd.done()
         self.level, self.last_crc = l, zlib.crc32(piece)
         return self
+
+    def _refine_sparse(self, kv: str, counts: np.ndarray, sym: np.ndarray, nz: np.ndarray, sptr: np.ndarray, m: int,
+                       g: int, low: np.ndarray, signs: np.ndarray, nsign: int, became: np.ndarray) -> None:
+        """A refinement that changes few coefficients (`SPARSE_REFINE`), touching only those
+        (`kernels.refine_sparse`): the positions of the significant ones (one scan), then their
+        low bits and the new significant ones, band ranges split over `pool`."""
+        lay = self.layout
+        mag, neg = self.mag[kv], self.neg[kv]
+        sigptr = np.zeros(lay.nbands + 1, np.int64)
+        np.cumsum(np.diff(lay.starts) - counts, out=sigptr[1:])
+        sigpos = K.scratch("sigpos", int(sigptr[-1]), np.int32)
+        if not K.sig_positions(mag, lay.starts, sigptr, sigpos):
+            raise bs.CorruptError(f"{self.codec.name}: significant coefficients disagree with their counts")
+        sbit0 = np.zeros(lay.nbands, np.int64)
+        np.cumsum(became[:-1], out=sbit0[1:])
+        cuts = _band_cuts(lay)
+        got = np.empty(lay.nbands, np.int64)
+        errs = R.run_split(self.pool, lambda a, b: K.refine_sparse(
+            int(cuts[a]), int(cuts[b]), lay.starts, counts, sym, nz, sptr, m, g, low, sigptr[:-1] * m, signs, sbit0,
+            nsign, sigpos, sigptr, mag, neg, got), cuts.size - 1)
+        if any(errs):
+            raise bs.CorruptError(f"refinement or sign bits {kv} too short")
+
+    def _check_refinement(self, piece: bytes, level: int, parent_crc: int) -> bs.Object:
+        obj = bs.parse(piece)
+        if obj.kind != bs.KIND_LAYER:
+            raise bs.IdentityError(f"expected a refinement object, got kind {obj.kind}")
+        bs.require_version(obj, FORMAT_VERSION, self.codec.name)
+        h = obj.header
+        if h.get("level") != level:
+            raise bs.IdentityError(f"refinement object is level {h.get('level')!r}; expected {level}")
+        if h.get("parent_crc") != parent_crc:
+            raise bs.IdentityError("refinement object does not refine this base (parent checksum differs)")
+        return obj
 
     def _refine_reference(self, rd: Chunks, model: R.Model, kv: str, m: int, g: int) -> None:
         lay = self.layout
@@ -994,9 +1062,10 @@ def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, 
     obj, dtype, shape = codec._open(first, ident, tables)
     if obj.header.get("prog") is None or obj.header.get("level") != 0:
         raise bs.CorruptError("not the base object of a progressive ladder")
+    pieces = [bytes(mv[a:e]) for a, e in spans[1:]]
     st = start_state(codec, obj, first, ident, tables, dtype, shape, engine, pool, borrow=True)
-    for a, e in spans[1:]:
-        st.upgrade(bytes(mv[a:e]))
+    for piece in pieces:
+        st.upgrade(piece)
     return st.result()
 
 

@@ -144,6 +144,24 @@ def test_progressive_native_equals_reference(big, with_tables):
     _check_ladder(c, shard, c.fit_tables([shard]) if with_tables else None)
 
 
+@pytest.mark.parametrize("sparse", [0.0, 1.0])
+@pytest.mark.parametrize("big", [False, True])
+def test_progressive_sparse_and_dense_refinements_equal_reference(big, sparse, monkeypatch):
+    """Every refinement forced through the dense merge (0) or the sparse one (1), serial and
+    split over threads: both equal the reference decoder."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(PG, "SPARSE_REFINE", sparse)
+    shard = _big_shard(1) if big else make_shard(T=64, H=4, D=16)[0]
+    c = get_codec("progressive", budgets=[0.3, 0.8, 2.0, 3.5])
+    tables = c.fit_tables([shard])
+    data = _check_ladder(c, shard, tables)
+    with ThreadPoolExecutor(3) as pool:
+        for e in c.level_ends(data):
+            ref = PG.decode_with(c, data[:e], ID, tables, "reference")
+            assert _equal(c.decode(data[:e], ID, tables, pool=pool), ref)
+
+
 def test_progressive_weighted_and_untransformed_equal_reference():
     shard = make_shard(T=48, H=2, D=16)[0]
     for c in (get_codec("layered", quantiser="ecsq", budgets=[0.5, 1.5], weighting="importance"),
