@@ -605,6 +605,7 @@ class ProgressiveState(LadderState):
     layout: Layout | None = None
     pool: Executor | None = None   # native: threads that share this one shard (rANS pieces, channel blocks)
     borrow: bool = False           # native, one-shot decodes: magnitudes/signs in the thread's scratch memory
+    zeros: dict[str, np.ndarray] = field(default_factory=dict)   # native: (nb,) zero magnitudes per band
 
     def _part(self, kv: str) -> tuple[float, list[int], int, int]:
         e = self.header["prog"][kv]
@@ -705,20 +706,22 @@ class ProgressiveState(LadderState):
                 mag, neg = K.scratch(f"mag.{kv}", T * C, np.int32), K.scratch(f"neg.{kv}", T * C, np.uint8)
             else:
                 mag, neg = np.empty(T * C, np.int32), np.empty(T * C, np.uint8)
+            zeros = np.empty(lay.nbands, np.int64)
             if lay.big:
                 qsym, nzq = self._stream(rd, models[0], -(-sizes // 4), True, "qsym")
                 esc_pos, esc_end = K.scratch("esc_pos", qsym.size, np.int64), K.scratch("esc_end", qsym.size, np.int64)
+                esc_band = K.scratch("esc_band", qsym.size, np.int64)
                 esc_count = np.zeros(lay.nbands, np.int64)
-                ne = K.expand_quads(qsym, nzq, lay.starts, m0, mag, neg, esc_pos, esc_end, esc_count)
+                ne = K.expand_quads(qsym, nzq, lay.starts, m0, mag, neg, esc_pos, esc_end, esc_band, esc_count, zeros)
                 if ne < 0:
                     raise bs.CorruptError(f"{self.codec.name}: quad symbols do not cover the bands")
                 ev, _ = self._stream(rd, models[1], 4 * esc_count, False)
-                K.fill_escapes(ev, esc_pos, esc_end, ne, m0, mag, neg)
+                K.fill_escapes(ev, esc_pos, esc_end, esc_band, ne, m0, mag, neg, zeros)
             else:
                 sym, nz = self._stream(rd, models[0], sizes, True)
-                if not K.signed_to_mag(sym, nz, lay.starts, m0, mag, neg):
+                if not K.signed_to_mag(sym, nz, lay.starts, m0, mag, neg, zeros):
                     raise bs.CorruptError(f"{self.codec.name}: symbols do not cover the bands")
-            self.mag[kv], self.neg[kv] = mag, neg
+            self.mag[kv], self.neg[kv], self.zeros[kv] = mag, neg, zeros
         rd.done()
         self.level, self.last_crc = 0, crc
 
@@ -791,8 +794,10 @@ class ProgressiveState(LadderState):
             if self.engine == "reference":
                 self._refine_reference(rd, models[0], kv, m, g)
                 continue
-            counts = np.empty(lay.nbands, np.int64)
-            K.insignificant_counts(mag, lay.starts, counts)
+            counts = self.zeros.get(kv)
+            if counts is None:   # (a state whose magnitudes were set otherwise)
+                counts = np.empty(lay.nbands, np.int64)
+                K.insignificant_counts(mag, lay.starts, counts)
             sym, nz = self._stream(rd, models[0], -(-counts // g), True)
             raw, sraw = rd.next(), rd.next()
             pad = np.zeros(4, np.uint8)  # the kernels read whole 3-byte windows past the last bit
@@ -806,11 +811,12 @@ class ProgressiveState(LadderState):
             nbec = int(became.sum())
             if nsig * m > raw.size * 8 or nbec > sraw.size * 8:
                 raise bs.CorruptError(f"refinement or sign bits {kv} too short")
+            self.zeros[kv] = counts - became   # the next refinement's counts, without a pass over mag
             if nsig + nbec <= SPARSE_REFINE * mag.size:
                 self._refine_sparse(kv, counts, sym, nz, sptr, m, g, low, signs, sraw.size * 8, became)
                 continue
             err = K.refine(mag, neg, lay.starts, nz, counts, sym, m, g, low, signs,
-                           K.scratch("lowv", nsig + 1, np.int32), K.scratch("newv", nins + 1, np.int32),
+                           K.scratch("lowv", nsig + 1, np.int16), K.scratch("newv", nins + 1, np.int16),
                            K.scratch("sv", nins + 1, np.uint8))
             if err == 2:
                 raise bs.CorruptError(f"{self.codec.name}: refinement symbols do not cover the bands")
