@@ -383,6 +383,24 @@ def load_scaling(workers: int | None = None, path: str | Path = RATES_PATH) -> P
     return PoolScaling(w, measured[at], f"{p}, {at} worker(s) measured")
 
 
+def load_split(path: str | Path = RATES_PATH, tokens: int | None = None) -> float:
+    """The measured intra-shard split of the live decode pool: the median `split` speedup (one
+    shard on SPLIT_THREADS threads / serial, wall) over the native decoders' renditions (at the
+    size nearest `tokens`, else all sizes), never below 1; 1.0 without a measurement. For
+    `runtime.sim.simulate_edit(decode_split=)`, so that the simulator's decode matches the live
+    pool's."""
+    try:
+        rows = json.loads(Path(path).read_text())["rows"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return 1.0
+    rows = [r for r in rows if r.get("codec") in NATIVE_CODECS and r.get("split_speedup") and r.get("workers") == 1]
+    if tokens is not None and rows:
+        sizes = sorted({r["tokens"] for r in rows})
+        near = min(sizes, key=lambda t: abs(math.log(t / tokens)))
+        rows = [r for r in rows if r["tokens"] == near]
+    return max(1.0, statistics.median(r["split_speedup"] for r in rows)) if rows else 1.0
+
+
 def rate_for(rates: dict[tuple[str, int, int], float], rendition: str, tokens: int, workers: int = 1) -> float:
     """The measured rate of `rendition` at the nearest measured layer size (log scale) and `workers`."""
     sizes = sorted({t for (n, t, w) in rates if n == rendition and w == workers})

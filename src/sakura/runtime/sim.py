@@ -50,12 +50,19 @@ class SimulatedEdit:
 
 def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel, rtt_s: float,
                   bandwidth: BandwidthEstimator, rtt: RttEstimator | None = None, decode_workers: int = 1,
-                  max_inflight: int = 8, compute_start_s: float = 0.0, post_s: float = 0.0) -> SimulatedEdit:
+                  max_inflight: int = 8, compute_start_s: float = 0.0, post_s: float = 0.0,
+                  decode_split: float = 1.0) -> SimulatedEdit:
     """Play one edit's first step. `link` and `rtt_s` are the truth; the driver only sees what
     its estimators learn from the transfers. compute_start_s: when the forward pass reaches
     layer 0 (work before the transformer, e.g. the text encoder, overlaps with fetching).
     post_s: the edit's work after the first step (later passes, VAE decode), not simulated but
-    part of the loss bound's reference (`EditDriver` other_s)."""
+    part of the loss bound's reference (`EditDriver` other_s). decode_split: the live decode
+    pool's intra-shard split (`runtime.live.DecodePool`: a shard whose decode starts while another
+    worker idles shares it with the idle workers), as the measured speedup of one shard on 2
+    threads (`sakura.bench.decode_rates.load_split`; 1.0: no split modelled). Such a decode runs
+    decode_split x faster and holds the idle workers until it ends or the next shard arrives (a
+    live helper leaves after its current range; then the decode goes on alone); more idle workers
+    than one are assumed to gain no more than the 2 threads measured."""
     d = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt or RttEstimator(prior_s=rtt_s),
                    decode_workers=decode_workers, max_inflight=max_inflight, compute_start_s=compute_start_s,
                    other_s=compute_start_s + post_s)
@@ -120,8 +127,22 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
             if d.records[j].status == REQUESTED:
                 d.on_fetched(j, nbytes, now, sample_bytes=nbytes, sample_s=now - start)
                 w = min(range(decode_workers), key=lambda i: workers[i])
-                workers[w] = max(now, workers[w]) + d.routes[j].decode_s
-                push(workers[w], _DECODED, j)
+                start = max(now, workers[w])
+                idle = [i for i in range(decode_workers) if i != w and workers[i] <= start]
+                dec = d.routes[j].decode_s
+                if idle and decode_split > 1.0:
+                    # split over the idle workers until the next shard arrives (a live helper then
+                    # leaves after its current range), the rest on this worker alone
+                    t_next = max(start, min((t for t, k, _, _ in heap if k == _FETCHED), default=float("inf")))
+                    end = start + dec / decode_split
+                    if end > t_next:
+                        end = t_next + dec - (t_next - start) * decode_split
+                    for i in idle:
+                        workers[i] = min(end, t_next)
+                else:
+                    end = start + dec
+                workers[w] = end
+                push(end, _DECODED, j)
         elif kind == _DECODED:
             d.on_decoded(data, now)
             if waiting is not None and waiting[0] == data and d.records[data].status == READY:

@@ -9,6 +9,8 @@ import json
 import threading
 import time
 
+import pytest
+
 from sakura.bench.decode_rates import PoolScaling, load_scaling, run
 
 
@@ -142,3 +144,32 @@ def test_gil_held_share_is_measured_and_the_kernels_restored():
     assert all(0.0 < f < 1.0 for f in res.values()), res
     assert isinstance(rans._decode_pieces, numba.core.registry.CPUDispatcher)
     assert isinstance(kernels.refine, numba.core.registry.CPUDispatcher)
+
+
+def test_simulator_models_the_live_pool_split_from_the_measured_factor(tmp_path):
+    """Shards that arrive one at a time (a slow link) on a 2-worker pool: with the measured split
+    x1.5 each decode takes decode_s / 1.5 on the idle pool, so the first step ends earlier; shards
+    that all arrive at once leave no worker idle to share: as without a split; one worker:
+    unchanged; the split factor is the median of the measured ones."""
+    import json
+
+    from sakura.bench.decode_rates import load_split
+    from sakura.runtime import BandwidthEstimator, ConstantLink, FixedPolicy, Route, RttEstimator, ShardSpec
+    from sakura.runtime.sim import simulate_edit
+
+    route = Route("r", 100_000, 0.030, 1e-4)
+    specs = [ShardSpec((route,), compute_s=0.001, local_s=0.5) for _ in range(4)]
+
+    def run(split, workers=2, bps=2e6):   # 2 MB/s: a shard every 50 ms, decoded in 30 ms
+        return simulate_edit(specs, FixedPolicy("r"), link=ConstantLink(bps), rtt_s=0.0,
+                             bandwidth=BandwidthEstimator(prior_bps=bps), rtt=RttEstimator(prior_s=0.0),
+                             decode_workers=workers, decode_split=split).first_step_s
+
+    assert run(1.5) == pytest.approx(run(1.0) - 0.010, abs=1e-9)   # the last decode: 30 ms -> 20 ms
+    assert run(1.5, bps=1e12) == pytest.approx(run(1.0, bps=1e12), abs=0.011)
+    assert run(1.5, workers=1) == run(1.0, workers=1)
+    rows = [{"codec": "progressive", "workers": 1, "tokens": 1024, "split_speedup": x} for x in (1.2, 1.4, 1.9)]
+    (tmp_path / "r.json").write_text(json.dumps({"rows": rows + [{"codec": "lossless", "workers": 1, "tokens": 1024,
+                                                                  "split_speedup": None}]}))
+    assert load_split(tmp_path / "r.json") == 1.4
+    assert load_split(tmp_path / "missing.json") == 1.0
