@@ -59,6 +59,8 @@ class Link:
         #: capacity that passed unused beyond the bucket (bytes): what the trace offered and nobody
         #: booked in time (an idle phone, or a proxy that ran late on a loaded machine)
         self.lost_bytes = 0.0
+        #: ... of which before the first byte was booked (the link idle before any traffic)
+        self.lost_before_first_bytes = 0.0
 
     def trace_time(self, now: float) -> float:
         """Trace time (seconds) corresponding to monotonic ``now``."""
@@ -76,6 +78,8 @@ class Link:
         floor = cap_now - burst  # idle capacity beyond the burst is lost
         if floor > self._served:
             self.lost_bytes += floor - self._served
+            if self.bytes_reserved == nbytes:  # the first booking: all of it was idle before traffic
+                self.lost_before_first_bytes = self.lost_bytes
         base = max(self._served, floor)
         self._served = base + nbytes
         return self.start + (self.trace.time_at(self._served) - self.offset_s)
