@@ -233,6 +233,9 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     log(f"decode: {pool.describe()}")
     pad = {r.name: dil.decode_s(rates[r.name]) for r in m.shards[0].renditions}
     floor = [s.quality_floor["image_mse"] if s.quality_floor else None for s in m.shards]
+    # the phone holds the codec tables with the manifest: dilated, the mini model's tables (7.5-15 kB)
+    # would stand for 1/beta times as many phone bytes, and the planner counts shard bytes only
+    held_tables = {t.name: st.get_object(t.object) for t in m.tables}
     allowed = {"sakura": tuple(n for n in pad if n.split("#")[0] in DEFAULT_LADDER), "cachegen": CACHEGEN_LEVELS,
                "cachegen-fair": CACHEGEN_LEVELS, "cachegen-L3": CACHEGEN_LEVELS}
 
@@ -286,7 +289,8 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                                                                   pre_s=dil.pre_s, post_s=dil.post_s),
                                             bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
                                             decode_workers=decode_workers, steps=1, manifest=m, allow_fast_path=True,
-                                            emulate=Emulation(specs=sp, renditions=allowed[method], decode_pad_s=pad))
+                                            emulate=Emulation(specs=sp, renditions=allowed[method], decode_pad_s=pad,
+                                                              tables=held_tables))
                     sim = simulate(make_policy(method), sp, tr, off, prior)
                     used = res.used_kv if res.path == "streamed" else device.last_used
                     row.update(live_s=res.latency_s, sim_s=sim.first_step_s + dil.post_s, image_mse=res.image_mse,

@@ -16,7 +16,10 @@ takes ~`shard_ms` of link time at that rate. Reported per rate:
   rate;
 * **estimate after three shards**: the runtime's throughput estimate (first byte to last byte,
   link level) vs the true rate, and beside it what the old estimate (request to last byte, one
-  shard at a time, RTT included) would read.
+  shard at a time, RTT included) would read;
+* **lost at the pacer**: the capacity the link offered while streaming (after its first byte)
+  that nobody booked in time (`Link.lost_bytes`), as a share of the bytes carried: the pacer's
+  side of the idle figure, plus whatever a late proxy (a loaded machine) let pass.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Callable, Sequence
 def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: float = 40.0, shards: int = 12,
                    shard_ms: float = 50.0, out_dir: str | Path | None = None,
                    log: Callable[[str], None] = print) -> dict:
-    from sakura.link.pacer import pacer_in_thread
+    from sakura.link.pacer import pacing_proxy_in_thread
     from sakura.link.traces import constant_trace
     from sakura.runtime import BandwidthEstimator, FixedPolicy, Route, RttEstimator, ShardSpec
     from sakura.runtime.driver import EditDriver
@@ -69,12 +72,13 @@ def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: flo
                 if len(seen) == shards:
                     done.set()
 
-            with serve_in_thread(root) as url, pacer_in_thread(url, constant_trace(mbps), 0.0, rtt_ms / 1000) as purl:
+            with serve_in_thread(root) as url, pacing_proxy_in_thread(url, constant_trace(mbps), 0.0, rtt_ms / 1000) as px:
                 t0 = time.monotonic()
-                stage = FetchStage(purl, m, driver, cond, lambda: time.monotonic() - t0, t0, on_fetched=on_fetched)
+                stage = FetchStage(px.url, m, driver, cond, lambda: time.monotonic() - t0, t0, on_fetched=on_fetched)
                 stage.start()
                 ok = done.wait(timeout=120)
                 stage.stop()
+                lost = px.link.lost_bytes - px.link.lost_before_first_bytes  # while streaming
             recs = [r for r in driver.records if r.fetch_end == r.fetch_end]
             last = max(r.fetch_end for r in recs)
             total = sum(r.nbytes for r in recs)
@@ -108,6 +112,7 @@ def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: flo
                    "delivered_mbps": delivered * 8 / 1e6,
                    "estimate_error_vs_delivered": est_after.get(3, float("nan")) / delivered - 1,
                    "naive_first_shard_mbps": naive * 8 / 1e6, "rtt_estimate_ms": driver.rtt.rtt_s() * 1000,
+                   "lost_bytes": lost, "lost_share": lost / total if total else float("nan"),
                    "loadavg": list(os.getloadavg()), "samples_after_3_mbps": est_after.get("samples"),
                    "timeline_ms": [[r.index, round(1000 * r.t_request, 1), round(1000 * r.t_first_byte, 1),
                                     round(1000 * r.fetch_end, 1), r.first_chunk_bytes] for r in recs]}
@@ -115,7 +120,8 @@ def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: flo
             log(f"  {mbps:6g} Mbit/s: idle {100 * row['idle_share']:.1f} % of {1000 * span:.0f} ms streaming; estimate after "
                 f"3 shards {row['estimate_after_3_mbps']:.1f} Mbit/s ({100 * row['estimate_error']:+.1f} % vs nominal, "
                 f"{100 * row['estimate_error_vs_delivered']:+.1f} % vs delivered {row['delivered_mbps']:.0f}); request-to-last-"
-                f"byte would read {row['naive_first_shard_mbps']:.1f}; RTT estimate {row['rtt_estimate_ms']:.1f} ms")
+                f"byte would read {row['naive_first_shard_mbps']:.1f}; RTT estimate {row['rtt_estimate_ms']:.1f} ms; "
+                f"lost at the pacer {lost / 1e3:.0f} kB ({100 * row['lost_share']:.1f} % of the bytes carried)")
     result = {"mode": "live (real sockets and pacer on this machine)", "rows": rows}
     if out_dir is not None:
         out = Path(out_dir)
@@ -128,11 +134,19 @@ def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: flo
 def link_markdown(result: dict) -> str:
     lines = [f"Link check, {result['mode']}: raw-stream's fetch stage alone, constant rate through the pacer. "
              "Reproduce: `./dev sakura bench link --out docs/e2e` (per-shard timelines in link.json).", "",
-             "| rate (Mbit/s) | RTT (ms) | shards x bytes | link idle (share of streaming) | delivered (Mbit/s) | estimate after 3 shards (Mbit/s) | error vs nominal | error vs delivered | request-to-last-byte reading (Mbit/s) | load average (1 min) |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| rate (Mbit/s) | RTT (ms) | shards x bytes | link idle (share of streaming) | delivered (Mbit/s) | estimate after 3 shards (Mbit/s) | error vs nominal | error vs delivered | request-to-last-byte reading (Mbit/s) | lost at the pacer (kB, share of carried) | load average (1 min) |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         lines.append(f"| {r['mbps']:g} | {r['rtt_ms']:g} | {r['shards']} x {r['shard_bytes']} | {100 * r['idle_share']:.1f} % | "
                      f"{r['delivered_mbps']:.0f} | {r['estimate_after_3_mbps']:.1f} | {100 * r['estimate_error']:+.1f} % | "
                      f"{100 * r['estimate_error_vs_delivered']:+.1f} % | {r['naive_first_shard_mbps']:.1f} | "
+                     f"{_lost(r)} | "
                      f"{(r.get('loadavg') or [float('nan')])[0]:.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def _lost(row: dict) -> str:
+    """The lost-capacity cell (rows written before it was measured show '-')."""
+    if "lost_bytes" not in row:
+        return "-"
+    return f"{row['lost_bytes'] / 1e3:.0f} ({100 * row['lost_share']:.1f} %)"

@@ -38,6 +38,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
+# the floor rungs are `sakura build`'s own: its default ladder makes them (where the calibrated ladder
+# stays above them, as on sticker-00: one rung at 2.25 bits/value), so the profile measures that store
+from sakura.build.pipeline import FLOOR_RUNG_LADDER  # noqa: F401
 from sakura.psnr import psnr_db
 from sakura.runtime.driver import LOSS_BOUND
 
@@ -57,16 +60,6 @@ SWEEP_SAKURA_QUALITY_X = (0.25, 0.5, 1.0, 2.0, 4.0)
 CACHEGEN_LEVELS = ("cachegen:level=3", "cachegen:level=2", "cachegen:level=1")
 CACHEGEN_DELTA_LEVELS = ("cachegen:level=3,delta=true", "cachegen:level=2,delta=true", "cachegen:level=1,delta=true")
 DEFAULT_RATES_MBPS = (5, 10, 20, 50, 100, 200, 300, 500, 1000)
-#: The profile's store also holds one progressive rendition at about CacheGen level 3's quality (a
-#: second `--ladder` entry a provider may build). Why: the default ladder's lowest rung must reach
-#: 38 dB on the calibration edits, which on the profile's template (sticker-00, a hard one) leaves a
-#: single rung at 2.25 bits/value and ~51 dB per shard, far above the image floor sakura is held to
-#: (CacheGen-L3 on every shard, ~42 dB per shard); with nothing cheaper, link-bound runs lost to
-#: CacheGen's levels 2 and 1 (2.27 and 1.80 bits/value, below sakura's quality). Measured on
-#: sticker-00 (sakura-mini): budget 1.2 gives 1.46 bits/value at a mean per-shard image MSE of
-#: 4.0e-5, under CacheGen-L3's 5.8e-5 (budget 1.0: 1.26 bits/value, 1.0e-4, above it). The
-#: runtime's image floor decides where it may be used; the planner takes it only where it is faster.
-FLOOR_RUNG_LADDER = ("progressive:budgets=[1.0]", "progressive:budgets=[1.2]")
 
 
 def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00", *,
@@ -77,7 +70,7 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
     from sakura.build.pipeline import DEFAULT_LADDER, build_store
     from sakura.store.store import Store
 
-    ladder = ("lossless",) + tuple(DEFAULT_LADDER) + FLOOR_RUNG_LADDER + CACHEGEN_LEVELS + CACHEGEN_DELTA_LEVELS
+    ladder = ("lossless",) + tuple(DEFAULT_LADDER) + CACHEGEN_LEVELS + CACHEGEN_DELTA_LEVELS
     with tempfile.TemporaryDirectory(prefix="sakura-profile-") as root:
         build_store(root, model_name=model_name, templates=[template], ladder=ladder, calibration=2, steps=4,
                     log=log)
@@ -199,7 +192,7 @@ def sakura_renditions(ladder: dict) -> tuple[str, ...]:
     (`FLOOR_RUNG_LADDER`, when the ladder was measured with it)."""
     from sakura.build.pipeline import DEFAULT_LADDER
 
-    return tuple(n for n in ladder["renditions"] if n.split("#")[0] in tuple(DEFAULT_LADDER) + FLOOR_RUNG_LADDER)
+    return tuple(n for n in ladder["renditions"] if n.split("#")[0] in DEFAULT_LADDER)
 
 
 def stronger_cachegen(ladder: dict) -> tuple[str, ...]:

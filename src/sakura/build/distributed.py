@@ -82,8 +82,25 @@ def manifest_is_current(store: str | os.PathLike[str], model_fingerprint: str, t
         m = st.get_manifest(model_fingerprint, template_id)
     except (StoreError, KeyError, ValueError):
         return False
-    want = expected_rendition_bases(ladder)
+    want = expected_rendition_bases(ladder) - _skipped_floor_rungs(m, ladder)
     return bool(m.shards) and all({r.name.split("#", 1)[0] for r in s.renditions} == want for s in m.shards)
+
+
+def _skipped_floor_rungs(m: Any, ladder: Sequence[str]) -> set[str]:
+    """The floor rungs this manifest's build left out by rule (`pipeline.skipped_floor_rungs`),
+    judged from the budgets its plain ``progressive`` entry was calibrated to (its table's params)."""
+    from sakura.build.pipeline import skipped_floor_rungs
+
+    if "progressive" not in {s.strip() for s in ladder}:
+        return set()
+    try:
+        params = m.table("progressive").params
+    except KeyError:
+        return set()  # no plain progressive entry on record: every floor rung must be there
+    from sakura.codec import get_codec
+
+    lowest = min(params.get("budgets") or get_codec("progressive").params["budgets"])  # not calibrated: the defaults
+    return skipped_floor_rungs(ladder, lowest)
 
 
 def _build_one(store: str, template: str, opts: dict[str, Any], model_fingerprint: str, force: bool) -> TemplateBuild:

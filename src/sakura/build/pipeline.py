@@ -34,13 +34,26 @@ from sakura.psnr import psnr_db
 from sakura.store.store import RenditionInput, StoreWriter
 from sakura.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, decode_template_ref, encode_template_images, split_template_images
 
-#: Default ladder: the progressive transform coder alone (``progressive`` = ECSQ + token-grid DCT
-#: coded by successive refinement, top rung 1.0 bit per value, the lowest fitted per template to
-#: ``BASE_RUNG_PSNR_DB``; docs/codec.md), three rungs stored as one object per shard (rung l = a byte prefix: one Range per
-#: rung, upgrades fetch only the missing bytes). The exact fallback is computing the KV on the phone
-#: from the template reference, so the store keeps no lossless copy. Add "lossless" /
-#: "uniform:bits=8" with --ladder when raw streaming is wanted.
-DEFAULT_LADDER = ("progressive",)
+#: Floor rungs: single-rung progressive renditions at about CacheGen level 3's quality, below the
+#: calibrated ladder's 38 dB. The runtime holds sakura to the *image* floor (CacheGen-L3 on every
+#: shard), not to 38 dB; on a hard template (sticker-00) the calibrated ladder is one rung at 2.25
+#: bits/value (~51 dB a shard), and with nothing cheaper inside the floor link-bound runs lost to
+#: CacheGen's levels 2 and 1. Budget 1.2 gives 1.46 bits/value at a mean shard image MSE of 4.0e-5
+#: (under CacheGen-L3's 5.8e-5), budget 1.0 1.26 bits/value at 1.0e-4; the planner takes them
+#: only where the link makes them faster and the image floor allows (docs/runtime.md: 81 -> 47
+#: losing profile runs). Made only where the calibrated ladder has no rung as cheap
+#: (`skipped_floor_rungs`): an easy template's ladder already reaches down to 0.15-1.0 bits/value,
+#: and there they would add ~2.2x the ladder's storage for renditions the planner never picks.
+FLOOR_RUNG_LADDER = ("progressive:budgets=[1.0]", "progressive:budgets=[1.2]")
+#: Default ladder: the progressive transform coder (``progressive`` = ECSQ + token-grid DCT coded by
+#: successive refinement, top rung 1.0 bit per value, the lowest fitted per template to
+#: ``BASE_RUNG_PSNR_DB``; docs/codec.md), its rungs stored as one object per shard (rung l = a byte
+#: prefix: one Range per rung, upgrades fetch only the missing bytes), and the floor rungs where the
+#: calibrated ladder stays above them. The profile, the dilated bench and the demo build this same
+#: ladder. The exact fallback is computing the KV on the phone from the template reference, so the
+#: store keeps no lossless copy. Add "lossless" / "uniform:bits=8" with --ladder when raw streaming
+#: is wanted; ``--ladder progressive`` alone leaves the floor rungs out.
+DEFAULT_LADDER = ("progressive",) + FLOOR_RUNG_LADDER
 #: The lowest rung of the default ladder must reach this image PSNR vs the lossless-KV edit on the
 #: calibration photos. On the 12 held-out templates (docs/codec.md) >= 36-37 dB vs lossless kept the
 #: edit within 0.5 dB of the lossless edit's PSNR against ground truth; 38 leaves a margin.
@@ -51,6 +64,19 @@ BASE_RUNG_BUDGETS = (0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0)
 MAX_SINGLE_RUNG_BUDGETS = (1.4, 2.0)
 #: The reference codec of every shard's ``quality_floor`` (measured even when not in the ladder).
 QUALITY_FLOOR_SPEC = "cachegen:level=3"
+
+
+def skipped_floor_rungs(ladder: Sequence[str], calibrated_lowest_budget: float | None) -> set[str]:
+    """The floor rungs (`FLOOR_RUNG_LADDER` entries of `ladder`) a build leaves out: those whose
+    budget is at or above the lowest budget of the ladder's plain ``progressive`` entry (as
+    calibrated for the template: `calibrated_lowest_budget`; None: no such entry, every floor rung
+    is made)."""
+    from sakura.codec.base import parse_spec
+
+    if calibrated_lowest_budget is None:
+        return set()
+    return {s.strip() for s in ladder if s.strip() in FLOOR_RUNG_LADDER
+            and min(parse_spec(s.strip())[1]["budgets"]) >= calibrated_lowest_budget}
 
 
 def default_templates() -> list[str]:
@@ -148,10 +174,17 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         with StoreWriter(store, model_fingerprint=model_fp, template_id=name) as w:
             w.set_template_ref(ref_png, media_type=TEMPLATE_REF_MEDIA_TYPE)
             encoded: list[list[RenditionInput]] = [[] for _ in shards]
+            calibrated_lowest = None  # lowest budget of the calibrated progressive entry, once fitted
             for rname, codec in zip(names, codecs):
                 params = _jsonable(parse_spec(rname)[1])
-                if base_psnr_db is not None and codec.name == "progressive" and "budgets" not in params:
-                    codec, params = _fit_ladder_to_template(codec, shards, calib_edit_layers, base_psnr_db, log)
+                if rname in skipped_floor_rungs([rname], calibrated_lowest):
+                    log(f"  {rname}: not made (the calibrated ladder's lowest rung, budget {calibrated_lowest:g}, "
+                        f"is already as cheap)")
+                    continue
+                if codec.name == "progressive" and "budgets" not in params:
+                    if base_psnr_db is not None:
+                        codec, params = _fit_ladder_to_template(codec, shards, calib_edit_layers, base_psnr_db, log)
+                    calibrated_lowest = min(codec.params["budgets"])
                 tables = codec.fit_tables(shards) if codec.uses_tables else None
                 table_names: tuple[str, ...] = ()
                 if tables is not None:

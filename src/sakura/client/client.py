@@ -218,6 +218,28 @@ class TemplateClient:
             await self._session.close()
             self._session = None
 
+    async def open_connections(self, n: int) -> int:
+        """Open up to ``n`` connections to the server and leave them idle in the pool (a TCP
+        handshake each, no request: nothing crosses the downlink). Requests issued later while
+        another transfer runs then find a connection ready instead of paying a handshake round
+        trip. Returns how many opened; a failure only means the next request connects itself.
+        (Warming with a real request, e.g. the index, put its whole answer on the link ahead of
+        the first shard: the index grows with the store.)"""
+        from yarl import URL
+
+        s = self._ensure_session()
+        loop = asyncio.get_running_loop()
+
+        async def one() -> Any:
+            req = aiohttp.ClientRequest("GET", URL(self.base_url + "/"), loop=loop)
+            return await s.connector.connect(req, [], self._timeout)  # type: ignore[union-attr]
+
+        res = await asyncio.gather(*(one() for _ in range(max(0, int(n)))), return_exceptions=True)
+        opened = [c for c in res if not isinstance(c, BaseException)]
+        for c in opened:
+            c.release()  # back to the pool, idle and keep-alive
+        return len(opened)
+
     def _url(self, relpath: str) -> str:
         return f"{self.base_url}/{relpath}"
 

@@ -40,13 +40,34 @@ class FaultProxy(Listener):
         self.down_bytes = 0
         self.triggered = 0
         self._stalled = asyncio.Event()
+        self._conns: set[asyncio.Task] = set()
 
     async def close(self) -> None:
+        """Stop listening and end every connection's task before the loop closes: a connection
+        still open (an idle keep-alive one, or one `reset-always` left half-done) otherwise had
+        its tasks destroyed pending and cancelled them on a closed loop ("Event loop is closed")."""
         if self._server is not None:
             self._server.close()
             self._stalled.set()
+            for t in list(self._conns):
+                t.cancel()
+            await asyncio.gather(*self._conns, return_exceptions=True)
+            await self._server.wait_closed()
+            self._server = None
 
     async def _on_client(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        try:
+            await self._serve(cr, cw)
+        except asyncio.CancelledError:
+            pass  # proxy closing; asyncio would log a handler's CancelledError as an error
+        finally:
+            cw.close()
+            self._conns.discard(task)
+
+    async def _serve(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         if self.fault == "http500":
             try:
                 while await _read_request(cr):
@@ -103,6 +124,7 @@ class FaultProxy(Listener):
         finally:
             for t in tasks:
                 t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # ended here, not left to the loop's close
             uw.close()
             cw.close()
 

@@ -36,16 +36,22 @@ class Link:
         offset_s: trace time (seconds) at which the emulation starts.
         burst_bytes: capacity that may accumulate while the link is idle (bytes); like tbf's
             bucket. Anything beyond is lost, as an idle real link's capacity is.
+        burst_s: ... and at most what the trace offered in the last ``burst_s`` seconds. The
+            bucket is there to absorb the proxy's own late wake-ups (milliseconds); in bytes
+            alone, a slow link banked seconds of capacity (15 kB is 5.5 s of the dilated LTE
+            trace), which then arrived at once, where the simulator (no bucket) and a mahimahi
+            link (an unused delivery opportunity is gone) carry it at the trace's rate.
         start: ``time.monotonic()`` value at which trace time ``offset_s`` begins (default: now).
     """
 
     def __init__(self, trace: Trace | None, *, offset_s: float = 0.0, burst_bytes: int = 15_000,
-                 start: float | None = None) -> None:
+                 burst_s: float = 0.005, start: float | None = None) -> None:
         if offset_s < 0:
             raise ValueError(f"offset_s must be >= 0, got {offset_s}")
         self.trace = trace
         self.offset_s = float(offset_s)
         self.burst_bytes = int(burst_bytes)
+        self.burst_s = float(burst_s)
         self.start = time.monotonic() if start is None else float(start)
         # Position of the link in the trace's cumulative-bytes axis: everything reserved so far.
         self._served = trace.cumulative(self.offset_s) if trace is not None else 0.0
@@ -53,6 +59,8 @@ class Link:
         #: capacity that passed unused beyond the bucket (bytes): what the trace offered and nobody
         #: booked in time (an idle phone, or a proxy that ran late on a loaded machine)
         self.lost_bytes = 0.0
+        #: ... of which before the first byte was booked (the link idle before any traffic)
+        self.lost_before_first_bytes = 0.0
 
     def trace_time(self, now: float) -> float:
         """Trace time (seconds) corresponding to monotonic ``now``."""
@@ -64,10 +72,14 @@ class Link:
         self.bytes_reserved += nbytes
         if self.trace is None:
             return now
-        cap_now = self.trace.cumulative(self.trace_time(now))
-        floor = cap_now - self.burst_bytes  # idle capacity beyond the burst is lost
+        t = self.trace_time(now)
+        cap_now = self.trace.cumulative(t)
+        burst = min(self.burst_bytes, cap_now - self.trace.cumulative(max(0.0, t - self.burst_s)))
+        floor = cap_now - burst  # idle capacity beyond the burst is lost
         if floor > self._served:
             self.lost_bytes += floor - self._served
+            if self.bytes_reserved == nbytes:  # the first booking: all of it was idle before traffic
+                self.lost_before_first_bytes = self.lost_bytes
         base = max(self._served, floor)
         self._served = base + nbytes
         return self.start + (self.trace.time_at(self._served) - self.offset_s)
@@ -267,14 +279,23 @@ def proxy_in_thread(start, name: str = "sakura-proxy", timeout_s: float = 30.0) 
 
 
 @contextlib.contextmanager
-def pacer_in_thread(upstream_url: str, trace, offset_s: float, rtt_s: float) -> Iterator[str]:
-    """The pacing proxy in a daemon thread (see `proxy_in_thread`); yields its URL."""
+def pacing_proxy_in_thread(upstream_url: str, trace, offset_s: float, rtt_s: float, **kw) -> Iterator[PacingProxy]:
+    """The pacing proxy in a daemon thread (see `proxy_in_thread`); yields the proxy (``.url``,
+    ``.stats``, ``.link``: read them, from this thread, once its traffic has ended). ``kw``:
+    `PacingProxy` options."""
     from urllib.parse import urlsplit
 
     u = urlsplit(upstream_url)
 
     async def start() -> PacingProxy:
-        return await PacingProxy((u.hostname, u.port), Link(trace, offset_s=offset_s), rtt_s=rtt_s).start()
+        return await PacingProxy((u.hostname, u.port), Link(trace, offset_s=offset_s), rtt_s=rtt_s, **kw).start()
 
     with proxy_in_thread(start, name="sakura-pacer") as px:
+        yield px
+
+
+@contextlib.contextmanager
+def pacer_in_thread(upstream_url: str, trace, offset_s: float, rtt_s: float) -> Iterator[str]:
+    """The pacing proxy in a daemon thread (see `proxy_in_thread`); yields its URL."""
+    with pacing_proxy_in_thread(upstream_url, trace, offset_s, rtt_s) as px:
         yield px.url

@@ -46,11 +46,17 @@ class Emulation:
     renditions: rendition names the policy may fetch (None: every one in the manifest).
     decode_pad_s: per rendition name, the least time a decode takes (the real decode, then a
         sleep for the rest): a slower decoder.
+    tables: codec tables the emulated phone already holds (table name -> the object's bytes, as
+        the store has them), so they are not fetched. The planner counts shard bytes only; on
+        the time-dilated bench a table's bytes stand for 1/beta as many phone bytes (the mini
+        model's 7.5 kB progressive table for 144 MB on the LTE trace, 4.6x the shard it came
+        with), where a Klein-sized table is a few percent of one shard.
     """
 
     specs: Sequence[ShardSpec] | None = None
     renditions: Sequence[str] | None = None
     decode_pad_s: Mapping[str, float] | None = None
+    tables: Mapping[str, bytes] | None = None
 
 
 #: How often the fetch stage asks the driver again while requests are in flight (seconds): bytes
@@ -362,7 +368,8 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
 
     stage = FetchStage(base_url, manifest, driver, cond, clock, t0, max_inflight=max_inflight,
                        on_fetched=lambda j, data, rend: pool.submit(decode, j, data, rend, stage.tables),
-                       decode_table=lambda blob: CodecTables.from_bytes(blob, ShardId(model_fp, tfp, -1)))
+                       decode_table=lambda blob: CodecTables.from_bytes(blob, ShardId(model_fp, tfp, -1)),
+                       held_tables=emulate.tables)
     source.on_layer = stage.kick
     stage.start()
     try:
@@ -438,19 +445,21 @@ class FetchStage:
     hands each completed shard to `on_fetched(layer, bytes, rendition)` (from the loop's thread).
 
     It needs no model: a link check runs it alone. Thread-safe entry points: `kick` (something
-    changed: ask the driver again), `stop`.
+    changed: ask the driver again), `stop`. `held_tables` (name -> object bytes): tables already
+    on the phone, decoded here and never fetched.
     """
 
     def __init__(self, base_url: str, manifest: Any, driver: EditDriver, cond: threading.Condition,
                  clock: Callable[[], float], t0: float, *, max_inflight: int = 8,
-                 on_fetched: Callable[[int, bytes, Any], None], decode_table: Callable[[bytes], Any] = lambda b: b):
+                 on_fetched: Callable[[int, bytes, Any], None], decode_table: Callable[[bytes], Any] = lambda b: b,
+                 held_tables: Mapping[str, bytes] | None = None):
         self.base_url, self.manifest, self.driver, self.cond, self.clock, self.t0 = base_url, manifest, driver, cond, clock, t0
         self.max_inflight = max_inflight
         self.warm_connections = min(2, max_inflight - 1)
         self.on_fetched, self.decode_table = on_fetched, decode_table
         self.meter = _LinkMeter()
-        self.tables: dict[str, Any] = {}
-        self.tables_bytes = 0
+        self.tables: dict[str, Any] = {name: decode_table(blob) for name, blob in (held_tables or {}).items()}
+        self.tables_bytes = 0   # fetched (held tables do not count)
         self._stop = threading.Event()
         self._kick: Callable[[], None] | None = None
         self._thread: threading.Thread | None = None
@@ -554,8 +563,11 @@ class FetchStage:
         async with TemplateClient(self.base_url, max_connections=self.max_inflight) as client:
             # Open a second and third connection now, alongside the first request: a request
             # issued ahead while another transfer runs needs a free connection, and a new one
-            # costs a handshake round trip (as a phone keeps its CDN connections warm).
-            warm = [asyncio.create_task(_swallow(client.manifest_keys())) for _ in range(self.warm_connections)]
+            # costs a handshake round trip (as a phone keeps its CDN connections warm). Handshakes
+            # only: warming with a request (it was the index) put its answer on the downlink ahead
+            # of the first shard, which the planner does not count (on the dilated LTE trace two
+            # 559-byte index answers stood for 2 x 10.7 MB of phone traffic and made shard 5 late).
+            warm = [asyncio.create_task(_swallow(client.open_connections(self.warm_connections)))]
             while not self._stop.is_set():
                 with cond:
                     reqs, wake = driver.next_requests(clock())

@@ -139,17 +139,49 @@ def test_manifest_validates_image_distortion_and_quality_floor(built):
 
 def test_default_ladder_fits_its_lowest_rung_to_the_template(tmp_path):
     """`progressive` without budgets: the build picks the lowest rung by calibration and names the
-    rungs progressive#0.. (a trivial target: the cheapest candidate, three rungs up to the top)."""
-    from sakura.build.pipeline import BASE_RUNG_BUDGETS
+    rungs progressive#0.. (a trivial target: the cheapest candidate, three rungs up to the top).
+    The default ladder's floor rungs are not made: the calibrated ladder reaches below them
+    (`skipped_floor_rungs`), and the manifest is current for the default ladder all the same."""
+    from sakura.build.distributed import manifest_is_current
+    from sakura.build.pipeline import BASE_RUNG_BUDGETS, DEFAULT_LADDER, FLOOR_RUNG_LADDER
 
-    build_store(tmp_path, templates=["look-00"], ladder=["progressive"], calibration=1, steps=1, base_psnr_db=0.0,
-                log=lambda s: None)
+    assert DEFAULT_LADDER == ("progressive",) + FLOOR_RUNG_LADDER
+    build_store(tmp_path, templates=["look-00"], calibration=1, steps=1, base_psnr_db=0.0, log=lambda s: None)
     st = Store(tmp_path)
     (fp, tid), = st.manifest_keys()
     m = st.get_manifest(fp, tid)
     budgets = m.tables[0].params["budgets"]
     assert budgets[0] == BASE_RUNG_BUDGETS[0] and budgets[-1] == 1.0 and budgets == sorted(budgets) and len(budgets) == 3
     assert [r.name for r in m.shards[0].renditions] == [f"progressive#{i}" for i in range(3)]
+    assert manifest_is_current(tmp_path, fp, tid, DEFAULT_LADDER) and manifest_is_current(tmp_path, fp, tid, ["progressive"])
+
+
+def test_floor_rungs_are_skipped_at_or_above_the_calibrated_lowest_budget():
+    from sakura.build.pipeline import DEFAULT_LADDER, skipped_floor_rungs
+
+    assert skipped_floor_rungs(DEFAULT_LADDER, None) == set()          # nothing calibrated: make them
+    assert skipped_floor_rungs(DEFAULT_LADDER, 2.0) == set()           # sticker-00 at 38 dB: one rung at 2.0
+    assert skipped_floor_rungs(DEFAULT_LADDER, 1.2) == {"progressive:budgets=[1.2]"}
+    assert skipped_floor_rungs(DEFAULT_LADDER, 0.4) == {"progressive:budgets=[1.0]", "progressive:budgets=[1.2]"}
+    assert skipped_floor_rungs(["progressive:budgets=[0.5]"], 0.4) == set()  # only the floor rungs are skipped
+
+
+@pytest.mark.slow
+def test_default_ladder_makes_the_floor_rungs_on_a_hard_template(tmp_path):
+    """An unreachable PSNR target gives a hard template's ladder (one rung at the largest budget,
+    as sticker-00 gets at 38 dB): both floor rungs are made, after it, one rung each; the manifest
+    is current for the default ladder, not for `progressive` alone (slow: 11 candidate budgets)."""
+    from sakura.build.distributed import manifest_is_current
+    from sakura.build.pipeline import DEFAULT_LADDER, FLOOR_RUNG_LADDER
+
+    build_store(tmp_path, templates=["look-00"], calibration=1, steps=1, base_psnr_db=1e9, log=lambda s: None)
+    st = Store(tmp_path)
+    (fp, tid), = st.manifest_keys()
+    m = st.get_manifest(fp, tid)
+    assert [r.name for r in m.shards[0].renditions] == ["progressive#0"] + [f"{s}#0" for s in FLOOR_RUNG_LADDER]
+    assert m.table("progressive").params["budgets"] == [2.0]
+    assert manifest_is_current(tmp_path, fp, tid, DEFAULT_LADDER)
+    assert not manifest_is_current(tmp_path, fp, tid, ["progressive"])
 
 
 def test_ladder_search_climbs_to_a_single_rung_when_the_top_misses():

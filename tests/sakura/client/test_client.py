@@ -282,6 +282,7 @@ def test_client_only_ever_requests_public_objects(store):
     public = {n for n, _ in inspect.getmembers(TemplateClient, inspect.iscoroutinefunction) if not n.startswith("_")}
     assert public == {"manifest_keys", "get_manifest", "get_object", "get_rendition",  # the store API
                       "fetch_object", "fetch_rendition",  # timed forms
+                      "open_connections",  # TCP handshakes only (takes a count, sends no request)
                       "close"}
     with pytest.raises(TypeError, match="ObjectRef"):
         run(TemplateClient("http://127.0.0.1:1").fetch_object("objects/../../secret"))

@@ -42,6 +42,27 @@ def test_reserve_burst_and_offset():
     assert link2.reserve(20_000 + 1_000_000, now=0.0) == pytest.approx(0.01 + 1.0)
 
 
+def test_lost_capacity_before_the_first_byte_is_told_apart():
+    link = Link(const(1e6), start=0.0, burst_bytes=0)
+    link.reserve(100_000, now=5.0)          # idle 5 s before any traffic: 5 MB passed unused
+    assert link.lost_before_first_bytes == pytest.approx(5e6) == link.lost_bytes
+    link.reserve(100_000, now=10.0)         # idle again while "streaming": counted, not as before-first
+    assert link.lost_before_first_bytes == pytest.approx(5e6)
+    assert link.lost_bytes == pytest.approx(5e6 + (10e6 - 5.1e6))
+
+
+def test_idle_capacity_is_banked_for_burst_s_only():
+    """The bucket holds at most `burst_s` of the trace's capacity: on a slow link 15 kB would be
+    seconds of it, delivered at once after any idle spell (live faster than the simulator, which
+    banks nothing); on a fast link the byte cap still binds."""
+    slow = Link(const(1_000.0), start=0.0, burst_bytes=15_000, burst_s=0.005)
+    # idle 100 s: 5 bytes banked (5 ms at 1 kB/s), the rest of 1 kB takes its own time
+    assert slow.reserve(1_000, now=100.0) == pytest.approx(100.0 + (1_000 - 5) / 1_000)
+    fast = Link(const(1e9), start=0.0, burst_bytes=15_000, burst_s=0.005)
+    assert fast.reserve(15_000, now=1.0) == pytest.approx(1.0)           # 15 kB < 5 ms at 1 GB/s
+    assert fast.reserve(1e6, now=1.0) == pytest.approx(1.0 + 1e6 / 1e9)  # then the rate
+
+
 def test_unlimited_link_only_delays():
     link = Link(None)
     assert link.reserve(10**9, now=5.0) == 5.0

@@ -157,6 +157,32 @@ def test_link_does_not_idle_between_shards(setup):
     assert all(b.t_request < a.fetch_end for a, b in zip(recs, recs[1:])), [(r.t_request, r.fetch_end) for r in recs]
 
 
+def test_only_the_shards_cross_the_link(setup):
+    """The downlink carries the shards (and one response head each): the fetch stage's spare
+    connections are handshakes, not requests (it warmed them with the index, whose answers went
+    ahead of the first shard), and tables the phone holds (`Emulation.tables`) are not fetched.
+    On the dilated LTE trace those bytes made the one streamed shard miss its deadline live."""
+    from sakura.link.pacer import pacing_proxy_in_thread
+
+    model, tpl, photo, url, m, root = setup
+    name = next(r.name for r in m.shards[0].renditions if r.tables)   # a rendition that needs a table
+    tables = {t.name: Store(root).get_object(t.object) for t in m.tables}
+    shard_bytes = sum(s.rendition(name).nbytes for s in m.shards)
+    got = {}
+    for held in (None, tables):
+        with pacing_proxy_in_thread(url, constant_trace(100), 0.0, 0.002) as px:
+            res = _edit(setup, FixedPolicy(name), url=px.url, bw=100e6 / 8, rtt=0.002,
+                        emulate=Emulation(renditions=(name,), tables=held), allow_fast_path=False)
+            assert res.choices() == [name] * 6, res.events
+            got["held" if held else "fetched"] = (px.stats.down_bytes, px.stats.accepted, res.tables_bytes)
+    down, accepted, tables_bytes = got["held"]
+    head = 400  # one HTTP response head (status, length, range, etag, cache headers), generously
+    assert tables_bytes == 0 and shard_bytes <= down <= shard_bytes + len(m.shards) * head, got
+    assert accepted >= 3, got  # the spare connections were opened (handshakes only)
+    down_f, _, tables_f = got["fetched"]
+    assert tables_f == sum(len(b) for b in tables.values() if b) and down_f >= down + tables_f, got
+
+
 class SlowDevice:
     """sakura-mini with a phone's per-layer times added (sleeps): template layers take `local_s`
     more, each forward layer `compute_s` more, so decisions are clear-cut on a loaded CPU."""
