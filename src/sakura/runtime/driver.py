@@ -316,7 +316,10 @@ class EditDriver:
         ended since t_a. So rate <= those bytes / (now - t_a). No sample says this: the estimator
         learns from completed transfers, and a link that collapses mid-transfer completes none, so
         the plan kept requesting at the rate of before (phone profile: a 131 Mbit/s prior on a
-        25 Mbit/s link, every shard late). Sound on a shared link as on a FIFO one."""
+        25 Mbit/s link, every shard late). Sound on a first-in-first-out link (the planner's and the
+        simulator's model). Live, transfers share the link: one given up (aborted) during the window
+        carried bytes that are not counted, so after a cancellation the bound can read low (more
+        cautious plans; the loss bound does not depend on the rate, so it still holds)."""
         started = [r for r in self.inflight() if r.t_first_byte == r.t_first_byte and r.t_first_byte < now]
         if not started:
             return None
