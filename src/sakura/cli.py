@@ -475,6 +475,7 @@ def bench_profile(
     seed: int = typer.Option(0, help="Seed of the start offsets."),
     replay: Optional[Path] = typer.Option(None, help="Only re-simulate sakura on this e2e_profile.json's losing "
                                                      "runs (same ladder, seed and links; writes nothing)."),
+    all_runs: bool = typer.Option(False, help="With --replay: every run, not only the losing ones (new losers show)."),
 ) -> None:
     """Phone profile (EXTRAPOLATED): every method on named workloads x phone levels x every trace family
     and constant links, through the runtime's own driver; ceilings beside every ratio."""
@@ -484,7 +485,7 @@ def bench_profile(
         try:
             if not replay.is_file():
                 raise ValueError(f"--replay {replay}: no such file")
-            replay_runs(replay, log=typer.echo)
+            replay_runs(replay, losers_only=not all_runs, log=typer.echo)
         except (ValueError, KeyError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None

@@ -384,7 +384,8 @@ def profile_links(*, families: Sequence[str] | None = None, offsets_per_trace: i
 
 def replay_runs(profile_json: str | Path, *, losers_only: bool = True, log: Callable[[str], None] = print) -> list[dict]:
     """Re-simulate sakura on the runs of a written profile (its ladder, seed and links; the baselines
-    are read from the file: they do not depend on sakura's policy), by default only the losing ones.
+    are read from the file: they do not depend on sakura's policy), by default only the losing ones
+    (losers_only=False: every run, so a policy change's new losers show; it prints the runs that lose now or lost).
     For checking a policy change against the published losers in seconds, not the full profile's
     minutes. Returns per run: workload, phone, link, the ratio before (in the file) and now."""
     from sakura.bench.workloads import get_phone, get_workload, workload_costs
@@ -407,11 +408,14 @@ def replay_runs(profile_json: str | Path, *, losers_only: bool = True, log: Call
                           methods=("sakura",))
         now = {**r, "sakura": res["sakura"]}
         out.append({"workload": r["workload"], "phone": r["phone"], "link": r["link"], "was": loss_ratio(r),
-                    "now": loss_ratio(now), "sakura_latency_s": res["sakura"]["latency_s"]})
+                    "now": loss_ratio(now), "sakura_latency_s": res["sakura"]["latency_s"],
+                    "vs_on_device": res["sakura"]["latency_s"] / r["on-device"]["latency_s"]})
     n = sum(x["now"] > 1 + LOSS_TOLERANCE for x in out)
-    for x in sorted(out, key=lambda x: -x["now"]):
+    shown = out if losers_only else [x for x in out if max(x["now"], x["was"]) > 1 + LOSS_TOLERANCE]
+    for x in sorted(shown, key=lambda x: -x["now"]):
         log(f"{x['now']:.3f} (was {x['was']:.3f})  {x['workload']:20s} {x['phone'][:13]:13s} {x['link']}")
-    log(f"{n} of {len(out)} replayed runs lose by > {100 * LOSS_TOLERANCE:.0f} %")
+    log(f"{n} of {len(out)} replayed runs lose by > {100 * LOSS_TOLERANCE:.0f} % (worst {max(x['now'] for x in out):.3f}; "
+        f"sakura / on-device at worst {max(x['vs_on_device'] for x in out):.4f})")
     return out
 
 

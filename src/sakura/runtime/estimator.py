@@ -68,6 +68,16 @@ class BandwidthEstimator:
             self._errors.append(max(0.0, predicted - actual) / actual)
         self._samples.append(actual)
 
+    def observe_bound(self, nbytes: int, seconds: float) -> None:
+        """A transfer ran `seconds` since its first byte without delivering more than `nbytes`
+        (it was given up): the link's rate was at most nbytes / seconds. Recorded as a sample (and
+        scored as an error) only when that is below the prediction; else it says nothing new."""
+        if seconds <= 0 or nbytes < self.min_sample_bytes:
+            return
+        p = self.predict_bps()
+        if p is None or nbytes / seconds < p:
+            self.observe(nbytes, seconds)
+
     def observe_fetch(self, nbytes: int, first_chunk_bytes: int, t_first_byte: float, t_last_byte: float) -> None:
         """A completed fetch: the bytes after the first chunk over first-to-last-byte time.
 

@@ -150,10 +150,16 @@ class PlanResult:
 
 
 def evaluate(specs: Sequence[ShardSpec], state: PipelineState, k: int, routes: Mapping[int, Route],
-             link: LinkModel, rtt_s: float) -> PlanResult:
+             link: LinkModel, rtt_s: float, *, hedged: bool = False) -> PlanResult:
     """Play a plan: layers in [compute_at, k) local, the rest streamed. Shards already in
     `state.ready` keep their times; every other streamed layer needs a route in `routes`
-    (requested now, in layer order). Returns finish time, stall, bytes and quality."""
+    (requested now, in layer order). Returns finish time, stall, bytes and quality.
+
+    hedged: while the forward pass waits for a shard and the local generator is behind it, the
+    generator computes template layers (the driver's ADVANCE) while the shard is at least one
+    template layer away; the rest is waited. `stall_s` then counts only waits with the generator
+    caught up (what spends the loss bound's slack: a wait with the generator behind can always be
+    one more template layer instead). Each hedge step lowers later catch-ups by its cost."""
     L = len(specs)
     ready = dict(state.ready)
     link_free = state.link_free
@@ -183,8 +189,12 @@ def evaluate(specs: Sequence[ShardSpec], state: PipelineState, k: int, routes: M
             n_local += 1
             continue
         r_t = ready[j]
+        while hedged and g < j and r_t - t >= specs[g].local_s:
+            t += specs[g].local_s
+            g += 1
         if r_t > t:
-            stall += r_t - t
+            if not (hedged and g < j):  # a shorter wait with the generator behind could be one more
+                stall += r_t - t        # template layer instead, so it need not spend slack
             t = r_t
         t += spec.compute_s
         if j in routes:
@@ -195,7 +205,8 @@ def evaluate(specs: Sequence[ShardSpec], state: PipelineState, k: int, routes: M
 
 def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel, rtt_s: float, *,
                allow_local: bool = True, rel_tol: float = 0.01, mse_budget: float | None = None,
-               stall_weight: float = STALL_WEIGHT, stall_budget: float | None = None) -> PlanResult:
+               stall_weight: float = STALL_WEIGHT, stall_budget: float | None = None,
+               robust_link: LinkModel | None = None, hedged: bool = False) -> PlanResult:
     """The plan that finishes soonest within the quality floor; among plans within `rel_tol` of
     that finish time, the best quality (lowest summed image MSE).
 
@@ -213,6 +224,12 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
     stall_budget: plans whose predicted stall exceeds it (seconds) are not taken (the runtime
     passes the slack its loss bound leaves, so it does not plan on waits it could not afford);
     computing everything left is always allowed.
+
+    robust_link: a pessimistic link (e.g. the estimate x a share). Among the plans within
+    `rel_tol` of the fastest on `link`, only those within `rel_tol` of the fastest *on this one*
+    are kept, and an upgrade is taken only if it costs nothing on either: bytes that are free at
+    the estimated rate still lengthen the window in which a falling link can make a shard late.
+    hedged: plans are played with the driver's hedge (`evaluate(hedged=True)`).
     """
     L = len(specs)
     lo = state.compute_at
@@ -234,18 +251,26 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
             routes = {j: adm[j][max(0, len(adm[j]) - 1 - rung)] for j in pending if j >= k}
             if mse_budget is not None and not _fit_budget(routes, adm, mse_budget):
                 continue
-            c = evaluate(specs, state, k, routes, link, rtt_s)
+            c = evaluate(specs, state, k, routes, link, rtt_s, hedged=hedged)
             if stall_budget is None or c.stall_s <= stall_budget * (1 + 1e-9) or k == L:
                 candidates.append(c)
             if all(j < k for j in pending):
                 break  # nothing to stream: rungs are all the same plan
     if not candidates:  # nothing streamed fits the image budget: compute what is left
-        return evaluate(specs, state, L, {}, link, rtt_s)
+        return evaluate(specs, state, L, {}, link, rtt_s, hedged=hedged)
     score = lambda c: c.finish_s + stall_weight * c.stall_s  # noqa: E731
     best_score = min(score(c) for c in candidates)
     budget_left = math.inf if mse_budget is None else mse_budget
     limit = best_score + rel_tol * max(best_score - state.now, 1e-9)
-    best = min((c for c in candidates if score(c) <= limit), key=lambda c: (c.image_mse, score(c), c.nbytes))
+    near = [c for c in candidates if score(c) <= limit]
+    robust = lambda c: evaluate(specs, state, c.k, c.routes, robust_link, rtt_s, hedged=hedged).finish_s  # noqa: E731
+    limit_r = math.inf
+    if robust_link is not None:
+        fin_r = {id(c): robust(c) for c in near}
+        best_r = min(fin_r.values())
+        limit_r = best_r + rel_tol * max(best_r - state.now, 1e-9)
+        near = [c for c in near if fin_r[id(c)] <= limit_r]
+    best = min(near, key=lambda c: (c.image_mse, score(c), c.nbytes))
     # per-shard upgrades, latest layer first
     routes = dict(best.routes)
     for j in sorted(routes, reverse=True):
@@ -256,8 +281,9 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
             trial[j] = r
             if sum(x.image_mse for x in trial.values()) > budget_left * (1 + 1e-9):
                 continue
-            res = evaluate(specs, state, best.k, trial, link, rtt_s)
-            if score(res) <= limit and (stall_budget is None or res.stall_s <= max(stall_budget, best.stall_s)):
+            res = evaluate(specs, state, best.k, trial, link, rtt_s, hedged=hedged)
+            if score(res) <= limit and (stall_budget is None or res.stall_s <= max(stall_budget, best.stall_s)) \
+                    and (robust_link is None or robust(res) <= limit_r):
                 routes, best = trial, res
                 break
     return best

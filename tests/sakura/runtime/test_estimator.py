@@ -70,3 +70,14 @@ def test_rtt_is_the_minimum_of_recent_samples():
     assert r.rtt_s() == pytest.approx(0.040)
     with pytest.raises(ValueError):
         r.observe(1.0, 0.5)
+
+
+def test_a_transfer_given_up_is_an_upper_bound_sample():
+    """A 1 MB transfer that had not ended after 2 s proves the link slower than 0.5 MB/s: below the
+    prediction it is a sample (and an error of the prediction); above it, it says nothing new."""
+    est = BandwidthEstimator(prior_bps=5e6)
+    est.observe_bound(1_000_000, 2.0)
+    assert est.samples == 1 and est.predict_bps() == pytest.approx(5e5)
+    assert est.robust_bps() == pytest.approx(5e5 / (1 + (5e6 - 5e5) / 5e5))
+    est.observe_bound(10_000_000, 1.0)   # 10 MB/s: no news
+    assert est.samples == 1

@@ -323,3 +323,105 @@ def test_a_rung_at_cachegen_l3s_quality_wins_the_link_bound_runs(workload, phone
     assert before > 1.02  # the run lost with the one rung
     assert after <= 1.02, (before, after)
     assert res["sakura"]["psnr_db"] >= 34.0  # the image floor: CacheGen-L3 on every shard (~34.6 dB here)
+
+
+# ------------------------- round 4: links that fall mid-edit (docs/runtime.md, "This round (evaluation4)")
+
+# The ladder of the published profile (docs/e2e/e2e_profile.json "ladder": sakura-mini sticker-00, decode
+# rates per worker of the measured 2-worker pool, bits/value-matched): sakura's rungs and CacheGen's levels.
+PROFILE_LADDER_R4 = {
+    "model": "sakura-mini", "template": "sticker-00", "layers": 6, "floor_image_mse": 5.8436001333333333e-05,
+    "renditions": {
+        "progressive#0": {"codec": "progressive", "bits_per_value": 2.250732421875, "image_mse": 7.844101666666667e-06,
+                          "decode_fp16_bytes_per_cpu_s": 429182443.8342947},
+        "progressive:budgets=[1.0]#0": {"codec": "progressive", "bits_per_value": 1.2583821614583333,
+                                        "image_mse": 0.00010105283333333334, "decode_fp16_bytes_per_cpu_s": 464411463.9675453},
+        "progressive:budgets=[1.2]#0": {"codec": "progressive", "bits_per_value": 1.4580078125, "image_mse": 4.018395e-05,
+                                        "decode_fp16_bytes_per_cpu_s": 464411463.9675453},
+        "cachegen:level=3": {"codec": "cachegen", "bits_per_value": 2.7650553385416665, "image_mse": 5.8436001333333333e-05,
+                             "decode_fp16_bytes_per_cpu_s": 377687914.86315954},
+        "cachegen:level=2": {"codec": "cachegen", "bits_per_value": 2.26611328125, "image_mse": 9.838393666666667e-05,
+                             "decode_fp16_bytes_per_cpu_s": 521218389.2007768},
+        "cachegen:level=1": {"codec": "cachegen", "bits_per_value": 1.7958984375, "image_mse": 0.0002746908283333333,
+                             "decode_fp16_bytes_per_cpu_s": 374165318.2446052}}}
+
+
+def replayed_run(monkeypatch, workload, phone, trace, offset_s, prior_bps, **driver_constants):
+    """One published profile run through the profile's own per-run code (`run_methods`), with some of the
+    driver's policy constants set (`driver_constants`, e.g. ROBUST_SHARE=None: the fix off): (sakura / the
+    best of on-device and both CacheGens at equal or lower quality, sakura / on-device, the results)."""
+    import sakura.runtime.driver as driver
+    from sakura.bench.profile import loss_ratio, run_methods
+    from sakura.bench.workloads import get_phone, get_workload, workload_costs
+    from sakura.link import load_trace
+
+    try:
+        tr = load_trace(trace)
+    except Exception as e:  # noqa: BLE001 - no traces on this machine
+        pytest.skip(f"real traces not found (SAKURA_TRACES or ../shared/traces): {e}")
+    with monkeypatch.context() as m:
+        for k, v in driver_constants.items():
+            assert hasattr(driver, k), k
+            m.setattr(driver, k, v)
+        res = run_methods(workload_costs(get_workload(workload), get_phone(phone)), PROFILE_LADDER_R4,
+                          TraceLink(tr, offset_s=offset_s), prior_bps=prior_bps, rtt_s=0.04, decode_workers=2,
+                          methods=("on-device", "cachegen", "cachegen-fair", "sakura"))
+    return loss_ratio(res), res["sakura"]["latency_s"] / res["on-device"]["latency_s"], res
+
+
+def test_bytes_free_at_the_estimate_are_not_spent_where_the_link_may_halve(monkeypatch):
+    """Profile loser (template1024-out512, ~1 TFLOP/s, 5G car-driving-trace-2 TMobile): 1.135, the worst
+    run. The link carried ~70 Mbit/s and died at 20 s. The plan was compute-bound, so upgrading every
+    shard to the 7.1 MB rung was free at the estimate; the last shard was still on the link when it died
+    and layer 24 cost a 24-layer catch-up (ADVANCE, to the loss bound). Plans must now also be near-fastest
+    on a link at half the estimate (`ROBUST_SHARE`): the shards come at 4.6 MB and are all here by 14 s."""
+    args = ("template1024-out512", "~1", "umn_5gophers/All-Carriers/03-User-Mobility/car-driving-trace-2.csv#TMobile",
+            15.0725475622097, 24943611.832345475)
+    before, _, _ = replayed_run(monkeypatch, *args, ROBUST_SHARE=None)
+    after, vs_od, res = replayed_run(monkeypatch, *args)
+    assert before > 1.13
+    assert after <= 1.02 and vs_od < 0.8, (before, after)
+    assert res["sakura"]["psnr_db"] >= 34.0  # the image floor (CacheGen-L3 on every shard, ~34.6 dB)
+
+
+def test_a_wait_the_generator_can_hedge_is_not_charged_to_the_slack(monkeypatch):
+    """Profile loser (style3x1024-out512, ~3.6 TFLOP/s, 5G VERIZON/1/US-East/87): 1.065 (1.095 with the robust
+    plan alone). The link fell from 257 to 16 Mbit/s at 6 s; waiting on shards 14-16 spent the slack, and the
+    planner then refused every plan with a predicted stall, so it computed layer 17 with a 13-layer catch-up
+    (17 s) rather than wait ~6 s for its shard. A wait with the local generator behind is hedged (ADVANCE) and
+    spends no slack; the planner now plays plans with the hedge (`evaluate(hedged=True)`)."""
+    args = ("style3x1024-out512", "~3.6", "umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/1/US-East/87",
+            10.0, 26878749.97156923)
+    before, _, _ = replayed_run(monkeypatch, *args, PLAN_HEDGE=False)
+    after, _, _ = replayed_run(monkeypatch, *args)
+    assert before > 1.02
+    assert after <= 1.02, (before, after)
+
+
+def test_a_transfer_that_never_ends_lowers_the_estimate(monkeypatch):
+    """Profile loser (klein9b-1024, ~1 TFLOP/s, mahimahi ATT-LTE-driving): 1.040. A 9 Mbit/s prior on a link at
+    1-6 Mbit/s: no shard arrived in time, every one was given up, so no fetch completed and the estimate
+    never fell; each next shard was requested one layer ahead at the prior's rate and was late too (sakura =
+    on-device, CacheGen-fair 4 % faster at 32.9 dB). The transfers in flight now bound the rate the planner
+    uses (`EditDriver.inflight_bound_bps`), a shard given up mid-transfer is a sample
+    (`BandwidthEstimator.observe_bound`), and the plan is redone when that bound falls below
+    `REPLAN_BELOW` of its rate: sakura streams the upper layers early enough."""
+    args = ("klein9b-1024", "~1", "mahimahi_cellular/ATT-LTE-driving-2016.down", 10.001009373711632, 1154088.751546068)
+    before, _, _ = replayed_run(monkeypatch, *args, BOUND_BY_INFLIGHT=False)
+    after, _, res = replayed_run(monkeypatch, *args)
+    assert before > 1.02
+    assert after <= 1.0, (before, after)
+    assert res["sakura"]["local_layers"] < 32
+
+
+def test_a_run_that_spends_its_whole_slack_is_within_the_check(monkeypatch):
+    """Profile loser (style3x1024-out512, ~3.6 TFLOP/s, TMobile-LTE-short): sakura spent its whole slack and
+    ended at 1.0200000000000002 x on-device with e = 2 %, the check's own tolerance (float rounding). The bound
+    is now 1.99 %. (This round's other fixes are off here: with them the run no longer spends its slack.)"""
+    args = ("style3x1024-out512", "~3.6", "mahimahi_cellular/TMobile-LTE-short.down", 22.35872276755317,
+            1481250.0000000335)
+    off = dict(ROBUST_SHARE=None, PLAN_HEDGE=False, BOUND_BY_INFLIGHT=False)
+    _, before, _ = replayed_run(monkeypatch, *args, LOSS_BOUND=0.02, **off)
+    _, after, _ = replayed_run(monkeypatch, *args, **off)
+    assert before > 1.02
+    assert after <= 1.0199 + 1e-12

@@ -95,3 +95,39 @@ def test_offline_plan_and_psnr():
     assert offline_plan(sp, ConstantLink(1e9), 0.0, decode_workers=2).k == 0
     assert psnr_db(0.0) == math.inf and psnr_db(1e-3) == pytest.approx(30.0)
     assert LOCAL == "local"
+
+
+def test_hedged_evaluation_runs_the_generator_while_waiting_and_charges_no_slack():
+    """Layer 2's shard is 0.05 s away with the generator two layers behind: hedged, the generator computes
+    template layers 0 and 1 (0.02 s each) meanwhile; only the last 0.01 s, with the generator caught up, is
+    a stall (what spends the loss bound's slack)."""
+    sp = specs(3)
+    st = PipelineState(compute_at=2, generator_at=0, ready={2: 0.05})
+    plain = evaluate(sp, st, 2, {}, ConstantLink(1e9), 0.0)
+    hedged = evaluate(sp, st, 2, {}, ConstantLink(1e9), 0.0, hedged=True)
+    assert plain.stall_s == pytest.approx(0.05) and plain.finish_s == pytest.approx(0.06)
+    assert hedged.stall_s == pytest.approx(0.01) and hedged.finish_s == pytest.approx(0.06)
+    # 0.03 s away: one template layer, then 0.01 s waited with the generator still behind (it could be one
+    # more template layer instead, so it need not spend slack): no stall
+    near = evaluate(sp, PipelineState(compute_at=2, generator_at=0, ready={2: 0.03}), 2, {}, ConstantLink(1e9), 0.0,
+                    hedged=True)
+    assert near.stall_s == 0.0 and near.finish_s == pytest.approx(0.04)
+    # with the generator caught up there is nothing to hedge with: the wait is a stall
+    caught_up = evaluate(sp, PipelineState(compute_at=2, generator_at=2, ready={2: 0.05}), 2, {}, ConstantLink(1e9),
+                         0.0, hedged=True)
+    assert caught_up.stall_s == pytest.approx(0.05)
+
+
+def test_robust_link_keeps_the_plan_that_survives_a_halved_link():
+    """Compute-bound at the estimate, so the best-quality rung is free there; at half the estimate it
+    is not, and with `robust_link` the planner keeps cheaper rungs (the image floor still holds)."""
+    sp = [ShardSpec(R, 0.01, 0.05, 1e-4) for _ in range(6)]
+    st = PipelineState()
+    rate = 3000 / 0.0105   # q3 (3,000 B) arrives just as fast as the forward pass consumes layers
+    free = plan_split(sp, st, ConstantLink(rate), 0.0)
+    robust = plan_split(sp, st, ConstantLink(rate), 0.0, robust_link=ConstantLink(rate / 2))
+    assert free.nbytes > robust.nbytes
+    assert all(r.image_mse <= 1e-4 for r in robust.routes.values())
+    half = ConstantLink(rate / 2)
+    assert evaluate(sp, st, robust.k, robust.routes, half, 0.0).finish_s < \
+        evaluate(sp, st, free.k, free.routes, half, 0.0).finish_s
