@@ -201,7 +201,7 @@ def train_sae(
             rep[f"fvu_{part}"], rep[f"n_tokens_{part}"] = p_rep["fvu"], p_rep["n_tokens"]
         fit_rep = sae_report(sae, X_fit[:40960])
         rep["dead_frac_train"], rep["fvu_train"] = fit_rep["dead_frac"], fit_rep["fvu"]
-        rep.update({"steps": steps, "batch_size": batch_size, "seed": seed, "lr": lr, "train_tokens": len(X_fit),
+        rep.update({"d_sae": d_sae, "k": k, "steps": steps, "batch_size": batch_size, "seed": seed, "lr": lr, "train_tokens": len(X_fit),
                     "extra_acts": (None if not extra_acts else str(extra_acts[0]) if len(extra_acts) == 1
                                    else [str(x) for x in extra_acts]),
                     "held_out": "val + test chunks (saeot.evaluate.chunk_split), never trained on"})
