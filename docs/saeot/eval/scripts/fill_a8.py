@@ -17,6 +17,21 @@ def block(name, text):
     doc.write_text(s[:a] + text.rstrip() + "\n" + s[b:])
 
 
+# gather the train-sae reports when the SAE folders are here (they are git-ignored; the copy is committed)
+R = Path("runs")
+if (R / "saes5-l9" / "report.json").exists():
+    r5 = {}
+    for folder in ("saes5-l9", "saes5-k96", "saes5-k128"):
+        if not (R / folder / "report.json").exists():
+            continue
+        for l, r in json.loads((R / folder / "report.json").read_text()).items():
+            cfg = json.loads((R / folder / f"layer_{l}" / "cfg.json").read_text())
+            r.setdefault("d_sae", cfg["d_sae"])
+            r.setdefault("k", cfg.get("k") or cfg.get("metadata", {}).get("k") or 64)
+            r["folder"] = f"runs/{folder}"
+            r5[l if folder == "saes5-l9" else f"{l}/k{r['k']}"] = r
+    (E / "sae_report_r5.json").write_text(json.dumps(r5, indent=1))
+
 r2 = json.loads((E / "sae_report.json").read_text())
 r3 = json.loads((E / "sae_report_r3.json").read_text())
 r5 = json.loads((E / "sae_report_r5.json").read_text())
@@ -28,7 +43,7 @@ for key in sorted(r5, key=lambda x: (int(x.split("/")[0]), x)):
     l = key.split("/")[0]
     old = r3.get(l) if r["extra_acts"] else r2.get(l)
     rows.append(f"| {l} | {r['steps']:,} steps, batch {r['batch_size']}, {r['d_sae']:,} features | {r['train_tokens']:,} | "
-                f"{r['k']} ({r['l0']:.1f}) | {r['fvu_val']:.3f} | {r['fvu_test']:.3f} | {r['fvu']:.3f} | "
+                f"{r['k']} ({r['l0']:.1f}) | {r['fvu_val']:.4f} | {r['fvu_test']:.4f} | {r['fvu']:.3f} | "
                 f"{r['fvu_train']:.3f} | {r['dead_frac']:.1%} | {old['fvu']:.3f} ({'round 3' if r['extra_acts'] else 'round 2'}) | "
                 f"{'yes' if r['fvu_val'] <= 0.15 else 'no'} | {'yes' if r['fvu_test'] <= 0.15 else 'no'} |")
 block("a8-sae", "\n".join(rows))
