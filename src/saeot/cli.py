@@ -195,14 +195,19 @@ def train_sae(
             continue
         save_sae(sae, out / f"layer_{l}")
         rep = sae_report(sae, X[split["held"]])
+        # val and test apart too: a recipe is chosen on val, and test is reported once
+        for part in ("val", "test"):
+            p_rep = sae_report(sae, X[split[part]])
+            rep[f"fvu_{part}"], rep[f"n_tokens_{part}"] = p_rep["fvu"], p_rep["n_tokens"]
         fit_rep = sae_report(sae, X_fit[:40960])
         rep["dead_frac_train"], rep["fvu_train"] = fit_rep["dead_frac"], fit_rep["fvu"]
-        rep.update({"steps": steps, "batch_size": batch_size, "seed": seed, "lr": lr, "train_tokens": len(X_fit),
+        rep.update({"d_sae": d_sae, "k": k, "steps": steps, "batch_size": batch_size, "seed": seed, "lr": lr, "train_tokens": len(X_fit),
                     "extra_acts": (None if not extra_acts else str(extra_acts[0]) if len(extra_acts) == 1
                                    else [str(x) for x in extra_acts]),
                     "held_out": "val + test chunks (saeot.evaluate.chunk_split), never trained on"})
-        typer.echo(f"layer {l}: FVU {rep['fvu']:.3f}  L0 {rep['l0']:.1f}  dead {rep['dead_frac']:.1%} (held-out "
-                   f"{rep['n_tokens']} tokens; dead on train {rep['dead_frac_train']:.1%})")
+        typer.echo(f"layer {l}: FVU {rep['fvu']:.3f} (val {rep['fvu_val']:.3f}, test {rep['fvu_test']:.3f})  "
+                   f"L0 {rep['l0']:.1f}  dead {rep['dead_frac']:.1%} (held-out {rep['n_tokens']} tokens; "
+                   f"dead on train {rep['dead_frac_train']:.1%})")
         (out / f"layer_{l}" / "report.json").write_text(json.dumps(rep, indent=1))
         # re-read before writing: another train-sae run may have added layers to the same folder meanwhile
         reports = json.loads(rpath.read_text()) if rpath.exists() else {}

@@ -77,6 +77,28 @@ def test_collector_matches_the_forward_pass_and_resumes(lm, chunks, tmp_path):
         collect_activations(lm, chunks, tmp_path / "x", layers=[99], progress=False)
 
 
+def test_collector_stops_the_forward_after_the_deepest_collected_layer(lm, chunks, tmp_path):
+    """Later blocks and the unembedding (most of a causal LM's cost) never run; values are unchanged."""
+    full = collect_activations(lm, chunks, tmp_path / "full", layers=None, batch_size=4, progress=False)
+    ran = []
+    hooks = [m.register_forward_hook(lambda *_a, name=name: ran.append(name))
+             for name, m in (("lm_head", lm.model.lm_head), ("norm", lm.model.model.norm),
+                             ("block2", lm.blocks[2]), ("block0", lm.blocks[0]))]
+    try:
+        part = collect_activations(lm, chunks, tmp_path / "part", layers=[0, 2], batch_size=4, progress=False)
+        # the deepest layer being the last one skips the final norm and the head only
+        collect_activations(lm, chunks, tmp_path / "last", layers=[lm.n_layers - 1], batch_size=4, progress=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert ran.count("block0") == 4 and ran.count("block2") == 2  # 2 shards per collection; block 2 = layer 3
+    assert "lm_head" not in ran and "norm" not in ran
+    for l in (0, 2):
+        np.testing.assert_array_equal(load_activations(part, l), load_activations(full, l))
+    np.testing.assert_array_equal(load_activations(tmp_path / "last", lm.n_layers - 1),
+                                  load_activations(full, lm.n_layers - 1))
+
+
 def _sparse_data(n=6000, d=32, F=64, k=3, seed=0):
     rng = np.random.default_rng(seed)
     D = rng.standard_normal((F, d))

@@ -78,7 +78,11 @@ def test_cli_chain_collect_train_match_report(demo_out, tmp_path):
                   "--k", "4", "--steps", "30", "--batch-size", "64"])
     assert r.exit_code == 0, r.output
     rep = json.loads((tmp_path / "saes" / "report.json").read_text())
-    assert set(rep) == {"1", "3"} and all(v["l0"] <= 4 for v in rep.values())
+    assert set(rep) == {"1", "3"} and all(v["l0"] <= 4 and (v["k"], v["d_sae"]) == (4, 32) for v in rep.values())
+    # held-out FVU also per split (val chooses a recipe, test is reported): val + test = the held-out tokens,
+    # and the pooled FVU is at most the worse part's (its total variance is at least the parts' sum)
+    assert all(v["n_tokens_val"] + v["n_tokens_test"] == v["n_tokens"] > 0 and
+               0 < v["fvu"] <= max(v["fvu_val"], v["fvu_test"]) + 1e-9 for v in rep.values())
     out = tmp_path / "match.json"
     r = run(app, ["match", "--acts", str(demo_out / "acts"), "--saes", str(demo_out / "saes"), "--layer-a", "0",
                   "--layer-b", "4", "--method", "all", "--strategy", "hungarian", "--space", "pca", "--out", str(out)])
