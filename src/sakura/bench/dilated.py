@@ -225,12 +225,15 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
 
     log(f"decode rates from {DECODE_RATES_PATH}")
     rates = decode_rates([r.name for r in m.shards[0].renditions], bits_per_value=mean_bits_per_value(m))
-    from sakura.bench.decode_rates import load_scaling
+    from sakura.bench.decode_rates import load_scaling, load_split
 
     pool = load_scaling(decode_workers)   # the measured pool (docs/decode_rates.json), not an assumed count
     decode_workers = pool.workers
     rates = {k: v * pool.per_worker for k, v in rates.items()}
-    log(f"decode: {pool.describe()}")
+    # the live pool beside this simulation splits a shard over idle workers: model that too, at the
+    # measured factor, so live and simulated decode the same way (1.0 with one worker)
+    split = load_split() if decode_workers > 1 else 1.0
+    log(f"decode: {pool.describe()}; one shard over idle workers x{split:.2f}")
     pad = {r.name: dil.decode_s(rates[r.name]) for r in m.shards[0].renditions}
     floor = [s.quality_floor["image_mse"] if s.quality_floor else None for s in m.shards]
     # the phone holds the codec tables with the manifest: dilated, the mini model's tables (7.5-15 kB)
@@ -249,7 +252,8 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     def simulate(policy, sp, tr, off, prior):
         return simulate_edit(sp, policy, link=TraceLink(tr, off), rtt_s=dil.rtt_s,
                              bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
-                             decode_workers=decode_workers, compute_start_s=dil.pre_s, post_s=dil.post_s)
+                             decode_workers=decode_workers, compute_start_s=dil.pre_s, post_s=dil.post_s,
+                             decode_split=split)
 
     def specs_for(method: str) -> list:
         return [ShardSpec(tuple(Route(r.name, r.nbytes, pad[r.name], float(r.distortion.get("image_mse", 0.0)))
