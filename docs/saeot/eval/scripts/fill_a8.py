@@ -83,3 +83,41 @@ if new_p.exists():
              f"{hub_n['distinct_targets']}. Evaluation time {old['seconds']:.0f} s (6 configurations) -> "
              f"{new['seconds']:.0f} s (1)."]
     block("a8-eval", "\n".join(rows))
+
+# the other distant pairs that use the deep layers (eval5_rest.sh): verdicts of the default configuration,
+# round-3 SAEs (docs/saeot/eval/sae3/) -> round-5 SAEs (docs/saeot/eval/sae5/), per baseline x strategy x metric
+PAIRS = [("0", "18"), ("3", "12"), ("6", "15")]
+if all((E / "sae5" / f"eval_{a}_{b}.json").exists() for a, b in PAIRS):
+    cfg = "ot[standardise+unit,exact,k32,c32,none]"
+    metrics = ("judge", "jaccard", "rel_effect", "hit10")
+    arrow = lambda va, vb: (f"{va} -> **{vb}**" if va != vb else f"{vb}")  # noqa: E731
+    rows = ["| pair | baseline | strategy | MiniLM judge | held-out Jaccard | intervention rel. effect | intervention hit@10 |",
+            "|---|---|---|---|---|---|---|"]
+    tally = {"changed": 0, "total": 0, "lost": 0, "gained": 0}
+    rank = {"loss": 0, "tie": 1, "win": 2}
+    secs = []
+    for a, b in PAIRS:
+        key = f"{a}->{b}"
+        old = json.loads((E / "sae3" / f"eval_{a}_{b}.json").read_text())["pairs"][key]["settings"]["shared"]
+        new = json.loads((E / "sae5" / f"eval_{a}_{b}.json").read_text())["pairs"][key]["settings"]["shared"]
+        secs.append(f"{key} {new['seconds']:.0f} s")
+        for base in ("decoder-cosine", "sae-match", "act-corr"):
+            for strat in ("nn", "mutual"):
+                cells = []
+                for m in metrics:
+                    x = old["paired"][cfg][base][strat]["test"].get(m) or {}
+                    y = new["paired"][cfg][base][strat]["test"].get(m) or {}
+                    va, vb = x.get("verdict", "n/a"), y.get("verdict", "n/a")
+                    tally["total"] += 1
+                    if va != vb:
+                        tally["changed"] += 1
+                        if va in rank and vb in rank:
+                            tally["gained" if rank[vb] > rank[va] else "lost"] += 1
+                    ok = "mean" in y and y["mean"] == y["mean"]  # nan: no source had a match of this kind
+                    mean = f" ({y['mean']:+.3f} [{y['lo']:+.3f}, {y['hi']:+.3f}])" if ok else " (no matched sources)"
+                    cells.append(arrow(va, vb) + mean)
+                rows.append(f"| {key} | {base} | {strat} | " + " | ".join(cells) + " |")
+    rows += ["", f"{tally['changed']} of {tally['total']} paired verdicts changed ({tally['gained']} towards OT, "
+             f"{tally['lost']} against it); cells: round-3 verdict -> round-5 verdict where it changed, and the round-5 "
+             f"OT - baseline interval. Evaluation time (1 configuration): {', '.join(secs)}."]
+    block("a8-pairs", "\n".join(rows))
