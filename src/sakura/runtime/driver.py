@@ -326,8 +326,7 @@ class EditDriver:
         t_a = min(r.t_first_byte for r in started)
         if now - t_a < max(self.rtt_s(), 1e-3):
             return None
-        carried = sum((self.routes[r.index].nbytes - r.remaining) if r.t_progress == r.t_progress
-                      else self.routes[r.index].nbytes for r in started)
+        carried = sum(self._received_bytes(r) for r in started)
         carried += sum(r.nbytes for r in self.records if r.fetch_end == r.fetch_end and r.fetch_end > t_a)
         return max(carried, 1) / (now - t_a)
 
@@ -629,9 +628,12 @@ class EditDriver:
         a sample too (an upper bound on the rate: `BandwidthEstimator.observe_bound`), else a link
         that collapsed mid-transfer would leave the estimate where it was."""
         if r.t_first_byte == r.t_first_byte and r.t_first_byte < now:
-            got = (self.routes[r.index].nbytes - r.remaining) if r.t_progress == r.t_progress \
-                else self.routes[r.index].nbytes
-            self.bw.observe_bound(got, now - r.t_first_byte)
+            self.bw.observe_bound(self._received_bytes(r), now - r.t_first_byte)
+
+    def _received_bytes(self, r: ShardRecord) -> int:
+        """Bytes of shard r's transfer received so far: all of it unless progress says less."""
+        nbytes = self.routes[r.index].nbytes
+        return nbytes - r.remaining if r.t_progress == r.t_progress else nbytes
 
     def _local_keeps_bound(self, j: int, now: float) -> bool:
         return self.t_bound is None or self.fallback_finish(j, now, local_first=True)[0] <= self.t_bound + 1e-9

@@ -282,11 +282,10 @@ PROFILE_LADDER = {
                              "decode_fp16_bytes_per_cpu_s": 510273298.8198158}}}
 
 
-def profile_loss(workload: str, phone: str, trace: str, offset_s: float, prior_bps: float, *, floor_rungs: bool):
-    """One phone-profile run replayed through the profile's own per-run code (`run_methods`, the
-    same workload costs, ladder scaling and policies): (sakura / best baseline at equal or lower
-    quality, the renditions sakura used)."""
-    from sakura.bench.profile import loss_ratio, run_methods
+def run_profile(ladder: dict, workload: str, phone: str, trace: str, offset_s: float, prior_bps: float) -> dict:
+    """One phone-profile run through the profile's own per-run code (`run_methods`: the same workload
+    costs, ladder scaling and policies) on a real trace, on-device, both CacheGens and sakura."""
+    from sakura.bench.profile import run_methods
     from sakura.bench.workloads import get_phone, get_workload, workload_costs
     from sakura.link import load_trace
 
@@ -294,11 +293,19 @@ def profile_loss(workload: str, phone: str, trace: str, offset_s: float, prior_b
         tr = load_trace(trace)
     except Exception as e:  # noqa: BLE001 - no traces on this machine
         pytest.skip(f"real traces not found (SAKURA_TRACES or ../shared/traces): {e}")
+    return run_methods(workload_costs(get_workload(workload), get_phone(phone)), ladder, TraceLink(tr, offset_s=offset_s),
+                       prior_bps=prior_bps, rtt_s=0.04, decode_workers=2,
+                       methods=("on-device", "cachegen", "cachegen-fair", "sakura"))
+
+
+def profile_loss(workload: str, phone: str, trace: str, offset_s: float, prior_bps: float, *, floor_rungs: bool):
+    """One phone-profile run replayed (`run_profile`): (sakura / best baseline at equal or lower
+    quality, the results)."""
+    from sakura.bench.profile import loss_ratio
+
     ladder = PROFILE_LADDER if floor_rungs else {**PROFILE_LADDER, "renditions": {
         k: v for k, v in PROFILE_LADDER["renditions"].items() if "budgets" not in k}}
-    res = run_methods(workload_costs(get_workload(workload), get_phone(phone)), ladder, TraceLink(tr, offset_s=offset_s),
-                      prior_bps=prior_bps, rtt_s=0.04, decode_workers=2,
-                      methods=("on-device", "cachegen", "cachegen-fair", "sakura"))
+    res = run_profile(ladder, workload, phone, trace, offset_s, prior_bps)
     return loss_ratio(res), res
 
 
@@ -347,25 +354,17 @@ PROFILE_LADDER_R4 = {
 
 
 def replayed_run(monkeypatch, workload, phone, trace, offset_s, prior_bps, **driver_constants):
-    """One published profile run through the profile's own per-run code (`run_methods`), with some of the
-    driver's policy constants set (`driver_constants`, e.g. ROBUST_SHARE=None: the fix off): (sakura / the
+    """One published profile run (`run_profile` on the published ladder), with some of the driver's
+    policy constants set (`driver_constants`, e.g. ROBUST_SHARE=None: the fix off): (sakura / the
     best of on-device and both CacheGens at equal or lower quality, sakura / on-device, the results)."""
     import sakura.runtime.driver as driver
-    from sakura.bench.profile import loss_ratio, run_methods
-    from sakura.bench.workloads import get_phone, get_workload, workload_costs
-    from sakura.link import load_trace
+    from sakura.bench.profile import loss_ratio
 
-    try:
-        tr = load_trace(trace)
-    except Exception as e:  # noqa: BLE001 - no traces on this machine
-        pytest.skip(f"real traces not found (SAKURA_TRACES or ../shared/traces): {e}")
     with monkeypatch.context() as m:
         for k, v in driver_constants.items():
             assert hasattr(driver, k), k
             m.setattr(driver, k, v)
-        res = run_methods(workload_costs(get_workload(workload), get_phone(phone)), PROFILE_LADDER_R4,
-                          TraceLink(tr, offset_s=offset_s), prior_bps=prior_bps, rtt_s=0.04, decode_workers=2,
-                          methods=("on-device", "cachegen", "cachegen-fair", "sakura"))
+        res = run_profile(PROFILE_LADDER_R4, workload, phone, trace, offset_s, prior_bps)
     return loss_ratio(res), res["sakura"]["latency_s"] / res["on-device"]["latency_s"], res
 
 

@@ -4,15 +4,7 @@
 import json
 from pathlib import Path
 
-doc = Path("docs/saeot.md")
-
-
-def block(name, text):
-    s = doc.read_text()
-    a = s.index(f"<!-- {name}:begin")
-    a = s.index("\n", a) + 1
-    b = s.index(f"<!-- {name}:end -->")
-    doc.write_text(s[:a] + text.rstrip() + "\n" + s[b:])
+from docblock import block  # the script's own folder is on sys.path
 
 
 sp = json.loads(Path("docs/saeot/speed_r4.json").read_text())

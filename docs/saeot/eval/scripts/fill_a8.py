@@ -5,16 +5,9 @@
 import json
 from pathlib import Path
 
-doc = Path("docs/saeot.md")
+from docblock import block  # the script's own folder is on sys.path
+
 E = Path("docs/saeot/eval")
-
-
-def block(name, text):
-    s = doc.read_text()
-    a = s.index(f"<!-- {name}:begin")
-    a = s.index("\n", a) + 1
-    b = s.index(f"<!-- {name}:end -->")
-    doc.write_text(s[:a] + text.rstrip() + "\n" + s[b:])
 
 
 # gather the train-sae reports when the SAE folders are here (they are git-ignored; the copy is committed)
