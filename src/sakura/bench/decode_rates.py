@@ -550,6 +550,76 @@ def gil_held(specs: Sequence[str] = ("progressive", "cachegen:level=3"), tokens:
     return out
 
 
+
+def stage_profile(specs: Sequence[str] = ("progressive", "progressive:budgets=[2.0]", "cachegen:level=3"),
+                  tokens: int = 1024, reps: int = 7, log: Callable[[str], None] = print) -> dict[str, dict[str, float]]:
+    """Where one decode's thread CPU goes, per native kernel (`rans`, `kernels`, `_lee` entry
+    points, timed from Python while they run) and the rest ("glue": Python, numpy, zlib), per
+    rendition of a Klein layer -> {rendition: {stage: seconds}} of the fastest of `reps` decodes.
+    Same wrapping as `gil_held`; CPU time, so robust to other processes.
+    `python -c "from sakura.bench.decode_rates import stage_profile; stage_profile()"`."""
+    import collections
+
+    import numba
+
+    from sakura.codec import ShardId, codec_from_spec
+    from sakura.codec import _lee, kernels, rans
+
+    rans.warm_up()
+    shard = klein_layer(tokens)
+    ident = ShardId("bench-decode", f"klein-{tokens}", 5)
+    blobs = []
+    for spec in specs:
+        codec = codec_from_spec(spec)
+        tables = codec.fit_tables([shard]) if codec.uses_tables else None
+        data = codec.encode(shard, ident, tables)
+        ends = codec.level_ends(data) if codec.supports_layers else [len(data)]
+        for r, e in enumerate(ends):
+            name = f"{spec}#{r}" if codec.supports_layers else spec
+            codec.decode(data[:e], ident, tables)
+            blobs.append((name, codec, data[:e], tables))
+    acc: dict[str, float] = collections.defaultdict(float)
+
+    def timed(label, f):
+        def w(*a, **k):
+            c0 = time.thread_time()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[label] += time.thread_time() - c0
+        return w
+
+    saved = []
+    for mod in (rans, kernels, _lee):
+        for name in dir(mod):
+            f = getattr(mod, name)
+            if isinstance(f, numba.core.registry.CPUDispatcher):
+                saved.append((mod, name, f))
+                setattr(mod, name, timed(f"{mod.__name__.rsplit('.', 1)[-1]}.{name}", f))
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for name, codec, blob, tables in blobs:
+            best = None
+            for _ in range(reps):
+                acc.clear()
+                c0 = time.thread_time()
+                codec.decode(blob, ident, tables)
+                tot = time.thread_time() - c0
+                if best is None or tot < best[0]:
+                    best = (tot, dict(acc))
+            tot, stages = best
+            stages["glue"] = tot - sum(stages.values())
+            out[name] = stages
+            rate = 2 * tokens * KLEIN_HEADS * KLEIN_HEAD_DIM * 2 / tot
+            log(f"{name} T={tokens}: {tot * 1e3:.1f} ms CPU = {rate / 1e6:.0f} MB/s per core")
+            for k, v in sorted(stages.items(), key=lambda kv: -kv[1]):
+                log(f"    {k:<28} {v * 1e3:6.2f} ms")
+    finally:
+        for mod, name, f in saved:
+            setattr(mod, name, f)
+    return out
+
+
 if __name__ == "__main__":   # python -m sakura.bench.decode_rates OLD_SRC [TOKENS...]
     import sys
 

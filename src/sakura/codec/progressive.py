@@ -709,14 +709,16 @@ class ProgressiveState(LadderState):
             zeros = np.empty(lay.nbands, np.int64)
             if lay.big:
                 qsym, nzq = self._stream(rd, models[0], -(-sizes // 4), True, "qsym")
-                esc_pos, esc_end = K.scratch("esc_pos", qsym.size, np.int64), K.scratch("esc_end", qsym.size, np.int64)
-                esc_band = K.scratch("esc_band", qsym.size, np.int64)
-                esc_count = np.zeros(lay.nbands, np.int64)
-                ne = K.expand_quads(qsym, nzq, lay.starts, m0, mag, neg, esc_pos, esc_end, esc_band, esc_count, zeros)
+                esc_count = np.empty(lay.nbands, np.int64)
+                ne = K.quad_escape_counts(qsym, nzq, lay.starts, esc_count)
                 if ne < 0:
                     raise bs.CorruptError(f"{self.codec.name}: quad symbols do not cover the bands")
                 ev, _ = self._stream(rd, models[1], 4 * esc_count, False)
-                K.fill_escapes(ev, esc_pos, esc_end, esc_band, ne, m0, mag, neg, zeros)
+                if ev.size != 4 * ne:
+                    raise bs.CorruptError(f"{self.codec.name}: escape symbols do not match the quads")
+                # one pass over quads and escapes (the escape stream decoded first; its per-band
+                # counts come from a scan of the quad symbols): the escaped quads are written once
+                K.expand_quads_escapes(qsym, nzq, lay.starts, m0, ev, mag, neg, zeros)
             else:
                 sym, nz = self._stream(rd, models[0], sizes, True)
                 if not K.signed_to_mag(sym, nz, lay.starts, m0, mag, neg, zeros):
