@@ -408,7 +408,9 @@ def test_a_transfer_that_never_ends_lowers_the_estimate(monkeypatch):
     args = ("klein9b-1024", "~1", "mahimahi_cellular/ATT-LTE-driving-2016.down", 10.001009373711632, 1154088.751546068)
     before, _, _ = replayed_run(monkeypatch, *args, BOUND_BY_INFLIGHT=False)
     after, _, res = replayed_run(monkeypatch, *args)
-    assert before > 1.02
+    # 1.016 without the bound since the simulator aborts a given-up transfer as the live runtime does
+    # (1.040 while it kept it on the link): the late shards no longer delay the next ones
+    assert before > 1.01
     assert after <= 1.0, (before, after)
     assert res["sakura"]["local_layers"] < 32
 
