@@ -484,7 +484,9 @@ def checks_text(result: dict) -> str:
     runs, S = result["runs"], result["summary"]
     fc = result.get("family_checks") or family_checks(runs)
     lines = [f"{len(runs)} runs in {result['wall_s']:.0f} s (load average at the end: "
-             f"{', '.join(f'{x:.1f}' for x in result.get('loadavg') or [])})",
+             f"{', '.join(f'{x:.1f}' for x in result.get('loadavg') or [])}; {result.get('jobs', 1)} job(s))",
+             f"decode: {result.get('decode_pool', '?')}; one shard over idle workers x{result.get('decode_split', 1.0):.2f} "
+             f"for every simulated streaming method (`decode_rates.load_split`, as `sakura bench dilated`)",
              f"never slower (> {100 * LOSS_TOLERANCE:.0f} % slower than the best of {', '.join(NEVER_SLOWER_THAN)} at "
              f"equal or lower quality), per family: losing runs (floor-bound) worst ratio, worst vs on-device"]
     for fam, c in fc.items():
