@@ -22,6 +22,10 @@ from .driver import ADVANCE, READY, REQUESTED, USE, WAIT, EditDriver, LayerActio
 from .estimator import BandwidthEstimator, RttEstimator
 from .plan import LinkModel, ShardSpec
 
+#: abort a cancelled transfer as the live runtime does (False: the previous, conservative model that
+#: kept it on the link to its end; for A/B and the regression test only)
+ABORT_CANCELLED = True
+
 # event kinds, in the order they are handled when simultaneous (data before decisions)
 _FETCHED, _DECODED, _DEADLINE, _WAKE, _COMPUTE, _ADVANCED = range(6)
 
@@ -92,6 +96,8 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
         """Take the cancelled transfers off the link (see the module doc) and move the ones queued
         behind them up."""
         nonlocal link_free, busy
+        if not ABORT_CANCELLED:
+            return
         gone = [j for j in d.to_cancel() if j in onlink]
         if not gone:
             return
