@@ -476,6 +476,8 @@ def bench_profile(
     replay: Optional[Path] = typer.Option(None, help="Only re-simulate sakura on this e2e_profile.json's losing "
                                                      "runs (same ladder, seed and links; writes nothing)."),
     all_runs: bool = typer.Option(False, help="With --replay: every run, not only the losing ones (new losers show)."),
+    jobs: int = typer.Option(1, min=1, help="Processes over the independent runs (workload x phone x link); "
+                                           "the same result as 1."),
 ) -> None:
     """Phone profile (EXTRAPOLATED): every method on named workloads x phone levels x every trace family
     and constant links, through the runtime's own driver; ceilings beside every ratio."""
@@ -492,7 +494,7 @@ def bench_profile(
         return
     run_profile(out, workloads=workloads, phones=phones, families=families, offsets_per_trace=offsets_per_trace,
                 traces_per_family=traces_per_family or None, rtt_ms=rtt_ms, decode_workers=decode_workers or None,
-                model_name=model, seed=seed, log=typer.echo)
+                model_name=model, seed=seed, jobs=jobs, log=typer.echo)
 
 
 @bench_app.command("both-models")

@@ -222,11 +222,13 @@ def make_policy(method: str, ladder: dict, costs):
 
 
 def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, decode_workers: int,
-                methods: Sequence[str] = METHODS, sweep: bool = False) -> dict[str, dict]:
+                methods: Sequence[str] = METHODS, sweep: bool = False, decode_split: float = 1.0) -> dict[str, dict]:
     """Every method on one link. Latency = work before the transformer (text encoder, VAE
     encode; fetching starts at once and overlaps with it) + the first pass (where template KV is
     consumed) + the other passes + VAE decode. sweep: also the latency-quality frontier points
-    (`out["sweep"]`: CacheGen's level cap x target, sakura's quality floor)."""
+    (`out["sweep"]`: CacheGen's level cap x target, sakura's quality floor). decode_split: the live
+    decode pool's measured intra-shard split (`simulate_edit(decode_split=)`), for every simulated
+    streaming method alike (the offline planner's open-loop evaluation does not model it)."""
     from sakura.runtime import BandwidthEstimator, CacheGenPolicy, RttEstimator, SakuraPolicy, offline_plan
     from sakura.runtime.plan import PipelineState, evaluate
     from sakura.runtime.sim import simulate_edit
@@ -245,7 +247,8 @@ def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, de
     def sim(policy, allowed) -> dict:
         res = simulate_edit(specs_for(allowed), policy, link=link, rtt_s=rtt_s,
                             bandwidth=BandwidthEstimator(prior_bps=prior_bps), rtt=RttEstimator(prior_s=rtt_s),
-                            decode_workers=decode_workers, compute_start_s=pre, post_s=post)
+                            decode_workers=decode_workers, compute_start_s=pre, post_s=post,
+                            decode_split=decode_split)
         return {"latency_s": res.first_step_s + post, "bytes": res.bytes, "image_mse": res.image_mse,
                 "local_layers": res.local_layers, "stall_s": res.stall_s}
 
@@ -298,9 +301,12 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
                 families: Sequence[str] | None = None, offsets_per_trace: int = 1, traces_per_family: int | None = None,
                 rates_mbps: Sequence[float] = DEFAULT_RATES_MBPS, rtt_ms: float = 40.0, decode_workers: int | None = None,
                 seed: int = 0, model_name: str = "sakura-mini", ladder: dict | None = None, sweep: bool = True,
-                log: Callable[[str], None] = print) -> dict:
+                jobs: int = 1, decode_split: float | None = None, log: Callable[[str], None] = print) -> dict:
     """Every method x workload x phone level x (every trace at seeded offsets + constant links).
-    `decode_workers`: None = the pool `sakura bench decode` measured (docs/decode_rates.json)."""
+    `decode_workers`: None = the pool `sakura bench decode` measured (docs/decode_rates.json).
+    `decode_split`: None = the live pool's measured intra-shard split (`decode_rates.load_split`, as
+    `sakura bench dilated`; 1.0 with one worker). `jobs`: processes over the independent runs
+    (workload x phone x link); the result is the same as with one."""
     from tqdm import tqdm
 
     from sakura.bench.workloads import PHONES, WORKLOADS, ceilings, get_phone, get_workload, workload_costs
@@ -315,25 +321,38 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     phs = [get_phone(p) for p in phones] if phones else list(PHONES)
     links = profile_links(families=families, offsets_per_trace=offsets_per_trace,
                           traces_per_family=traces_per_family, rates_mbps=rates_mbps, seed=seed)
+    if decode_split is None:
+        from sakura.bench.decode_rates import load_split
+
+        decode_split = load_split() if decode_workers > 1 else 1.0
+    log(f"decode: {pool.describe()}; one shard over idle workers x{decode_split:.2f} (every streaming method)")
+    link_args = dict(families=families, offsets_per_trace=offsets_per_trace, traces_per_family=traces_per_family,
+                     rates_mbps=rates_mbps, seed=seed)
+    cells = [(w, ph, i) for w in wls for ph in phs for i in range(len(links))]
+    cfg = dict(ladder=ladder, rtt_s=rtt_ms / 1000, decode_workers=decode_workers, sweep=sweep,
+               decode_split=decode_split)
     runs = []
-    total = len(wls) * len(phs) * len(links)
-    with tqdm(total=total, desc="profile runs", disable=None) as bar:
-        for w in wls:
-            for ph in phs:
-                costs = workload_costs(w, ph)
-                ceil = ceilings(costs)
-                for fam, name, link, prior in links:
-                    res = run_methods(costs, ladder, link, prior_bps=prior, rtt_s=rtt_ms / 1000,
-                                      decode_workers=decode_workers, sweep=sweep)
-                    runs.append({"workload": w.name, "phone": ph.name, "family": fam, "link": name,
-                                 "ceiling_vs_on_device": ceil["vs on-device"],
-                                 "ceiling_vs_nocache": ceil["vs on-device-nocache"], **res})
+    with tqdm(total=len(cells), desc="profile runs", disable=None) as bar:
+        if jobs <= 1:
+            _init_worker(cfg, None, links)
+            for c in cells:
+                runs.append(_profile_run(c))
+                bar.update()
+        else:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            # each worker rebuilds the (deterministic) links once; results come back in cell order
+            with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_init_worker,
+                                     initargs=(cfg, link_args, None)) as ex:
+                for r in ex.map(_profile_run, cells, chunksize=4):
+                    runs.append(r)
                     bar.update()
     result = {"mode": "phone profile (trace-driven simulation through the runtime's driver; EXTRAPOLATED)",
               "ladder": ladder, "rtt_ms": rtt_ms, "decode_workers": decode_workers, "decode_pool": pool.describe(),
               "offsets_per_trace": offsets_per_trace, "traces_per_family": traces_per_family,
               "families": list(families) if families else None, "rates_mbps": list(rates_mbps),
-              "seed": seed, "workloads": [asdict(w) for w in wls], "phones": [asdict(p) for p in phs],
+              "seed": seed, "decode_split": decode_split, "jobs": jobs, "workloads": [asdict(w) for w in wls], "phones": [asdict(p) for p in phs],
               "wall_s": time.perf_counter() - t_start, "decode_rates": _rel(DECODE_RATES_PATH),
               "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "runs": runs}
     result["summary"] = summarize(runs)
@@ -348,6 +367,29 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     log(md)
     log(checks_text(result))
     return result
+
+
+_WORKER: dict = {}
+
+
+def _init_worker(cfg: dict, link_args: dict | None, links: list | None) -> None:
+    _WORKER.clear()
+    _WORKER.update(cfg, links=links if links is not None else profile_links(**link_args))
+
+
+def _profile_run(cell) -> dict:
+    """One profile run (a workload, a phone, the index of a link of `profile_links`)."""
+    from sakura.bench.workloads import ceilings, workload_costs
+
+    w, ph, i = cell
+    fam, name, link, prior = _WORKER["links"][i]
+    costs = workload_costs(w, ph)
+    ceil = ceilings(costs)
+    res = run_methods(costs, _WORKER["ladder"], link, prior_bps=prior, rtt_s=_WORKER["rtt_s"],
+                      decode_workers=_WORKER["decode_workers"], sweep=_WORKER["sweep"],
+                      decode_split=_WORKER["decode_split"])
+    return {"workload": w.name, "phone": ph.name, "family": fam, "link": name,
+            "ceiling_vs_on_device": ceil["vs on-device"], "ceiling_vs_nocache": ceil["vs on-device-nocache"], **res}
 
 
 def profile_links(*, families: Sequence[str] | None = None, offsets_per_trace: int = 1,
@@ -405,7 +447,7 @@ def replay_runs(profile_json: str | Path, *, losers_only: bool = True, log: Call
         link, prior = links[(r["family"], r["link"])]
         res = run_methods(workload_costs(get_workload(r["workload"]), get_phone(r["phone"])), d["ladder"], link,
                           prior_bps=prior, rtt_s=d["rtt_ms"] / 1000, decode_workers=d["decode_workers"],
-                          methods=("sakura",))
+                          methods=("sakura",), decode_split=d.get("decode_split", 1.0))
         now = {**r, "sakura": res["sakura"]}
         out.append({"workload": r["workload"], "phone": r["phone"], "link": r["link"], "was": loss_ratio(r),
                     "now": loss_ratio(now), "sakura_latency_s": res["sakura"]["latency_s"],
@@ -442,7 +484,9 @@ def checks_text(result: dict) -> str:
     runs, S = result["runs"], result["summary"]
     fc = result.get("family_checks") or family_checks(runs)
     lines = [f"{len(runs)} runs in {result['wall_s']:.0f} s (load average at the end: "
-             f"{', '.join(f'{x:.1f}' for x in result.get('loadavg') or [])})",
+             f"{', '.join(f'{x:.1f}' for x in result.get('loadavg') or [])}; {result.get('jobs', 1)} job(s))",
+             f"decode: {result.get('decode_pool', '?')}; one shard over idle workers x{result.get('decode_split', 1.0):.2f} "
+             f"for every simulated streaming method (`decode_rates.load_split`, as `sakura bench dilated`)",
              f"never slower (> {100 * LOSS_TOLERANCE:.0f} % slower than the best of {', '.join(NEVER_SLOWER_THAN)} at "
              f"equal or lower quality), per family: losing runs (floor-bound) worst ratio, worst vs on-device"]
     for fam, c in fc.items():

@@ -197,7 +197,8 @@ def profile(docs: Path) -> str:
     losing = sum(v.get("losing_runs", 0) for k, v in al.items() if k.endswith("| all"))
     worst_od = max(v.get("worst_vs_on_device", 0) for k, v in al.items() if k.endswith("| all"))
     text = (f"EXTRAPOLATED. {len(p['runs']):,} runs ({len(p['workloads'])} workloads x {len(phones)} phone levels x "
-            f"every trace of every family + constant rates), RTT {p['rtt_ms']:.0f} ms, {p['decode_pool']}. Median over "
+            f"every trace of every family + constant rates), RTT {p['rtt_ms']:.0f} ms, {p['decode_pool']}, one shard over "
+            f"idle workers x{p.get('decode_split', 1.0):.2f} (every streaming method). Median over "
             "the 5G family; ceilings in brackets; equal quality holds CacheGen to level 3 on every chunk.\n\n"
             + _table(["workload", "phone", "vs on-device", "vs on-device-nocache",
                       "equal quality: vs cachegen-L3 / -fair-L3", "defaults: vs cachegen / -fair",
@@ -327,7 +328,7 @@ SECTIONS = (
     Section("Decode rates (live)", "./dev sakura bench decode", ("decode_rates.json",), decode, "docs/decode_rates.md"),
     Section("Where streaming can pay: workload ceilings", "./dev sakura bench workloads", (), workloads,
             "docs/workloads.md"),
-    Section("End to end, phone profile (EXTRAPOLATED)", "./dev sakura bench profile --traces-per-family 0",
+    Section("End to end, phone profile (EXTRAPOLATED)", "./dev sakura bench profile --traces-per-family 0 --jobs 2",
             ("e2e/e2e_profile.json",), profile, "docs/e2e/e2e_profile.md, docs/runtime.md"),
     Section("End to end, live and time-dilated", "./dev sakura bench dilated", ("e2e/dilated.json",), dilated,
             "docs/e2e/dilated.md, docs/e2e/demo.md"),

@@ -2,8 +2,12 @@
 decode pool and compute unit (discrete events). Used by the phone-profile benchmark.
 
 The link is first in, first out with one round trip before the first byte of a request to an
-idle link (`sakura.runtime.plan`); a request the driver cancels still occupies the link (a
-conservative model of a transfer that was already under way). Compute is serial: layer j's
+idle link (`sakura.runtime.plan`). A request the driver cancels (`EditDriver.to_cancel`: its layer
+was computed on the device) is aborted as the live runtime aborts it: the fetch stage cancels the
+fetch's task (`runtime.live.FetchStage`, `for j in driver.to_cancel(): t.cancel()`) and the client
+then closes its connection at once (`client.TemplateClient`: "Cancel a fetch by cancelling its
+task: the connection is closed at once"). So the transfer leaves the link when it is cancelled (a
+transfer not yet started never takes it) and the transfers queued behind it move up. Compute is serial: layer j's
 forward compute starts when the compute unit is free and the driver has answered USE or LOCAL.
 """
 
@@ -17,6 +21,10 @@ from typing import Sequence
 from .driver import ADVANCE, READY, REQUESTED, USE, WAIT, EditDriver, LayerAction, Policy, ShardRecord
 from .estimator import BandwidthEstimator, RttEstimator
 from .plan import LinkModel, ShardSpec
+
+#: abort a cancelled transfer as the live runtime does (False: the previous, conservative model that
+#: kept it on the link to its end; for A/B and the regression test only)
+ABORT_CANCELLED = True
 
 # event kinds, in the order they are handled when simultaneous (data before decisions)
 _FETCHED, _DECODED, _DEADLINE, _WAKE, _COMPUTE, _ADVANCED = range(6)
@@ -80,9 +88,43 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
     # wake-up times already queued: every event asks the driver again and it mostly answers the same
     # wake-up, so a second one at the same time would only repeat the same (idempotent) call
     wakes: set[float] = set()
+    # transfers on the link, in issue (FIFO) order: j -> [nbytes, t_request, start, end, generation]
+    onlink: dict[int, list] = {}
+    gen = itertools.count()
+
+    def abort(now: float) -> None:
+        """Take the cancelled transfers off the link (see the module doc) and move the ones queued
+        behind them up."""
+        nonlocal link_free, busy
+        if not ABORT_CANCELLED:
+            return
+        gone = [j for j in d.to_cancel() if j in onlink]
+        if not gone:
+            return
+        for j in gone:
+            nbytes, t_req, start, end, _ = onlink.pop(j)
+            busy -= max(0.0, end - now) if start < now else end - start  # cut now, or never started
+        # replay the rest first in, first out: one still transmitting keeps its end; the ones not
+        # started start when the link is free again (not before now: until now the link was the
+        # cancelled transfer's)
+        link_free = now
+        for j, x in onlink.items():  # dict order = issue order = FIFO order
+            nbytes, t_req, start, end, _ = x
+            if start < now:
+                link_free = end
+                continue
+            new_start = max(link_free, t_req + rtt_s, now)
+            if new_start != start:
+                new_end = link.deliver(new_start, nbytes)
+                busy += (new_end - new_start) - (end - start)
+                x[2], x[3], x[4] = new_start, new_end, next(gen)
+                d.records[j].t_first_byte = new_start
+                push(new_end, _FETCHED, (j, nbytes, new_start, x[4]))
+            link_free = x[3]
 
     def issue(now: float) -> None:
         nonlocal link_free, busy
+        abort(now)
         reqs, wake = d.next_requests(now)
         for j, route in reqs:
             start = max(link_free, now + rtt_s)
@@ -91,7 +133,9 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
             link_free = end
             requests.append((j, route.name))
             d.on_first_byte(j, now, start)
-            push(end, _FETCHED, (j, route.nbytes, start))
+            g = next(gen)
+            onlink[j] = [route.nbytes, now, start, end, g]
+            push(end, _FETCHED, (j, route.nbytes, start, g))
         if wake is not None and max(wake, now) not in wakes:
             wakes.add(max(wake, now))
             push(max(wake, now), _WAKE)
@@ -123,7 +167,10 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
     while heap and finish is None:
         now, kind, _, data = heapq.heappop(heap)
         if kind == _FETCHED:
-            j, nbytes, start = data
+            j, nbytes, start, g = data
+            if j not in onlink or onlink[j][4] != g:
+                continue  # aborted, or moved up (its new end is queued)
+            del onlink[j]
             if d.records[j].status == REQUESTED:
                 d.on_fetched(j, nbytes, now, sample_bytes=nbytes, sample_s=now - start)
                 w = min(range(decode_workers), key=lambda i: workers[i])
@@ -133,7 +180,7 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
                 if idle and decode_split > 1.0:
                     # split over the idle workers until the next shard arrives (a live helper then
                     # leaves after its current range), the rest on this worker alone
-                    t_next = max(start, min((t for t, k, _, _ in heap if k == _FETCHED), default=float("inf")))
+                    t_next = max(start, min((x[3] for x in onlink.values()), default=float("inf")))
                     end = start + dec / decode_split
                     if end > t_next:
                         end = t_next + dec - (t_next - start) * decode_split
@@ -161,6 +208,7 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
             changed = d.recheck(waiting[0], now)  # e.g. CacheGen chose to compute the chunk meanwhile
             if changed is not None:
                 act(waiting[0], changed, now)
+                abort(now)
     if finish is None:
         raise RuntimeError("simulation ended before the forward pass finished (a shard never arrived)")
     return SimulatedEdit(first_step_s=finish, records=d.records, events=d.events, decisions=decisions,

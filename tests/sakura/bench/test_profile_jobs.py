@@ -1,0 +1,22 @@
+"""`sakura bench profile --jobs N` runs the independent runs in processes: the same result as one."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sakura.bench.profile import run_profile
+
+
+@pytest.mark.skipif(not os.environ.get("SAKURA_TRACES"), reason="needs SAKURA_TRACES")
+def test_profile_jobs_give_the_same_runs(tmp_path):
+    ladder = json.loads((Path(__file__).parents[3] / "docs/e2e/e2e_profile.json").read_text())["ladder"]
+    kw = dict(workloads=["style3x1024-out512"], phones=["~3.6"], families=["mahimahi_cellular"],
+              traces_per_family=2, rates_mbps=(50.0,), ladder=ladder, decode_workers=2,
+              sweep=False, log=lambda *_: None)
+    one = run_profile(tmp_path / "one", jobs=1, **kw)
+    two = run_profile(tmp_path / "two", jobs=2, **kw)
+    assert len(one["runs"]) == 3
+    assert one["runs"] == two["runs"]
+    assert one["decode_split"] == two["decode_split"] >= 1.0
