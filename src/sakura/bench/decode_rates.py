@@ -24,6 +24,7 @@ depends mostly on the symbol count. torch runs one thread per worker. Wall rates
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -484,18 +485,11 @@ def side_by_side(old_src: str | Path, specs: Sequence[str] = ("progressive", "ca
     return rows
 
 
-def gil_held(specs: Sequence[str] = ("progressive", "cachegen:level=3"), tokens: int = 1024, reps: int = 7,
-             log: Callable[[str], None] = print) -> dict[str, float]:
-    """Share of one decode's thread CPU spent outside the native (numba, nogil) kernels, i.e.
-    with the GIL held (Python glue, numpy and torch calls; an upper bound: a few numpy copies and
-    zlib's checksum release it too), per rendition of a Klein layer -> {rendition: share}; logs
-    the ms and the Amdahl bound on the 2-worker speedup it implies, 1 / (f + (1 - f) / 2). CPU
-    time, so robust to other processes. Every numba entry point of `rans`, `kernels` and `_lee`
-    is timed from Python while it runs; decoded once before, so that nothing compiles then."""
-    import numba
-
+def _klein_renditions(specs: Sequence[str], tokens: int):
+    """-> (ident, [(name, codec, blob, tables)]): every rung of every spec encoded from one Klein
+    layer of `tokens` tokens, each decoded once so that nothing compiles while it is timed."""
     from sakura.codec import ShardId, codec_from_spec
-    from sakura.codec import _lee, kernels, rans
+    from sakura.codec import rans
 
     rans.warm_up()
     # Alike to _SIDE_SNIPPET's encode loop, which must stay standalone (see there).
@@ -511,26 +505,56 @@ def gil_held(specs: Sequence[str] = ("progressive", "cachegen:level=3"), tokens:
             name = f"{spec}#{r}" if codec.supports_layers else spec
             codec.decode(data[:e], ident, tables)
             blobs.append((name, codec, data[:e], tables))
-    inside = [0.0]
-    saved = []
+    return ident, blobs
 
-    def timed(f):
+
+@contextlib.contextmanager
+def _timed_kernels(record: Callable[[str, float], None]):
+    """While inside, every numba entry point of `rans`, `kernels` and `_lee` reports
+    record("module.name", thread-CPU seconds) after each call (timed from Python); restored after."""
+    import numba
+
+    from sakura.codec import _lee, kernels, rans
+
+    def timed(label, f):
         def w(*a, **k):
             c0 = time.thread_time()
             try:
                 return f(*a, **k)
             finally:
-                inside[0] += time.thread_time() - c0
+                record(label, time.thread_time() - c0)
         return w
 
+    saved = []
     for mod in (rans, kernels, _lee):
         for name in dir(mod):
             f = getattr(mod, name)
             if isinstance(f, numba.core.registry.CPUDispatcher):
                 saved.append((mod, name, f))
-                setattr(mod, name, timed(f))
-    out = {}
+                setattr(mod, name, timed(f"{mod.__name__.rsplit('.', 1)[-1]}.{name}", f))
     try:
+        yield
+    finally:
+        for mod, name, f in saved:
+            setattr(mod, name, f)
+
+
+def gil_held(specs: Sequence[str] = ("progressive", "cachegen:level=3"), tokens: int = 1024, reps: int = 7,
+             log: Callable[[str], None] = print) -> dict[str, float]:
+    """Share of one decode's thread CPU spent outside the native (numba, nogil) kernels, i.e.
+    with the GIL held (Python glue, numpy and torch calls; an upper bound: a few numpy copies and
+    zlib's checksum release it too), per rendition of a Klein layer -> {rendition: share}; logs
+    the ms and the Amdahl bound on the 2-worker speedup it implies, 1 / (f + (1 - f) / 2). CPU
+    time, so robust to other processes. Every numba entry point of `rans`, `kernels` and `_lee`
+    is timed from Python while it runs; decoded once before, so that nothing compiles then."""
+    ident, blobs = _klein_renditions(specs, tokens)
+    inside = [0.0]
+
+    def record(_label, seconds):
+        inside[0] += seconds
+
+    out = {}
+    with _timed_kernels(record):
         for name, codec, blob, tables in blobs:
             best = None
             for _ in range(reps):
@@ -544,11 +568,7 @@ def gil_held(specs: Sequence[str] = ("progressive", "cachegen:level=3"), tokens:
             out[name] = f
             log(f"  {name:<24} T={tokens}: CPU {best[1] * 1e3:.1f} ms, GIL held {best[0] * 1e3:.2f} ms = {f:.1%} "
                 f"(2 workers at most {1 / (f + (1 - f) / 2):.2f}x)")
-    finally:
-        for mod, name, f in saved:
-            setattr(mod, name, f)
     return out
-
 
 
 def stage_profile(specs: Sequence[str] = ("progressive", "progressive:budgets=[2.0]", "cachegen:level=3"),
@@ -560,44 +580,14 @@ def stage_profile(specs: Sequence[str] = ("progressive", "progressive:budgets=[2
     `python -c "from sakura.bench.decode_rates import stage_profile; stage_profile()"`."""
     import collections
 
-    import numba
-
-    from sakura.codec import ShardId, codec_from_spec
-    from sakura.codec import _lee, kernels, rans
-
-    rans.warm_up()
-    shard = klein_layer(tokens)
-    ident = ShardId("bench-decode", f"klein-{tokens}", 5)
-    blobs = []
-    for spec in specs:
-        codec = codec_from_spec(spec)
-        tables = codec.fit_tables([shard]) if codec.uses_tables else None
-        data = codec.encode(shard, ident, tables)
-        ends = codec.level_ends(data) if codec.supports_layers else [len(data)]
-        for r, e in enumerate(ends):
-            name = f"{spec}#{r}" if codec.supports_layers else spec
-            codec.decode(data[:e], ident, tables)
-            blobs.append((name, codec, data[:e], tables))
+    ident, blobs = _klein_renditions(specs, tokens)
     acc: dict[str, float] = collections.defaultdict(float)
 
-    def timed(label, f):
-        def w(*a, **k):
-            c0 = time.thread_time()
-            try:
-                return f(*a, **k)
-            finally:
-                acc[label] += time.thread_time() - c0
-        return w
+    def record(label, seconds):
+        acc[label] += seconds
 
-    saved = []
-    for mod in (rans, kernels, _lee):
-        for name in dir(mod):
-            f = getattr(mod, name)
-            if isinstance(f, numba.core.registry.CPUDispatcher):
-                saved.append((mod, name, f))
-                setattr(mod, name, timed(f"{mod.__name__.rsplit('.', 1)[-1]}.{name}", f))
     out: dict[str, dict[str, float]] = {}
-    try:
+    with _timed_kernels(record):
         for name, codec, blob, tables in blobs:
             best = None
             for _ in range(reps):
@@ -614,9 +604,6 @@ def stage_profile(specs: Sequence[str] = ("progressive", "progressive:budgets=[2
             log(f"{name} T={tokens}: {tot * 1e3:.1f} ms CPU = {rate / 1e6:.0f} MB/s per core")
             for k, v in sorted(stages.items(), key=lambda kv: -kv[1]):
                 log(f"    {k:<28} {v * 1e3:6.2f} ms")
-    finally:
-        for mod, name, f in saved:
-            setattr(mod, name, f)
     return out
 
 

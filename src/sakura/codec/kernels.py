@@ -55,102 +55,6 @@ for _s in range(81):
 
 
 @njit(nogil=True, cache=True)
-def expand_quads(qsym, nzq, starts, m0, mag, neg, esc_pos, esc_end, esc_band, esc_count, zeros):
-    """Rung 0 of a big layout: quad symbols of the flagged bands -> magnitudes / signs, and per
-    band the number of zero magnitudes (zeros (nb,): what the first refinement's segments need,
-    counted here from the symbols instead of in a pass over the magnitudes); escaped quads' flat
-    offsets, band ends and bands are listed for `fill_escapes` (which counts their zeros).
-    Returns the number of escapes, or -1 if the symbols do not cover the flagged bands exactly."""
-    nb = starts.size - 1
-    qm = _QMAG
-    qn = _QNEG
-    qz = _QZERO
-    ptr = 0
-    ne = 0
-    for b in range(nb):
-        a = starts[b]
-        e = starts[b + 1]
-        esc_count[b] = 0
-        if not nzq[b]:
-            mag[a:e] = 0
-            neg[a:e] = 0
-            zeros[b] = e - a
-            continue
-        nq = (e - a + 3) // 4
-        if ptr + nq > qsym.size:
-            return -1
-        full = (e - a) // 4
-        qs = qsym[ptr:ptr + nq]
-        mb = mag[a:e]
-        nb_ = neg[a:e]
-        z = 0
-        for k in range(full):   # whole quads; escapes (rare) are listed, their values zeroed for now
-            s = _u(qs[k])
-            z += qz[s]
-            if s == QUAD_ESC:
-                esc_pos[ne] = a + 4 * k
-                esc_end[ne] = e
-                esc_band[ne] = b
-                ne += 1
-                esc_count[b] += 1
-            for i in range(4):
-                mb[4 * k + i] = qm[s, i]
-                nb_[4 * k + i] = qn[s, i]
-        if full < nq:           # the band's last, partial quad
-            s = qsym[ptr + full]
-            pos = a + 4 * full
-            if s == QUAD_ESC:
-                esc_pos[ne] = pos
-                esc_end[ne] = e
-                esc_band[ne] = b
-                ne += 1
-                esc_count[b] += 1
-            for i in range(e - pos):
-                mag[pos + i] = qm[s, i]
-                neg[pos + i] = qn[s, i]
-                z += (qm[s, i] == 0) and s != QUAD_ESC   # (the padding past the band is not counted)
-        zeros[b] = z
-        ptr += nq
-    if ptr != qsym.size:
-        return -1
-    return ne
-
-
-@njit(nogil=True, cache=True)
-def fill_escapes(ev, esc_pos, esc_end, esc_band, ne, m0, mag, neg, zeros):
-    """Escaped quads' four values (symbols v + m0, band order) into magnitudes / signs; their
-    zeros are added to their band's count. Escapes come in band order, so a band's zeros are
-    summed in a register and stored once per band (a store per value through `zeros` kept the
-    loop serial: 3x slower at high rates, where most quads escape); whole quads skip the
-    band-end check."""
-    if ne == 0:
-        return
-    cur = esc_band[0]
-    z = 0
-    for k in range(ne):
-        pos = esc_pos[k]
-        e = esc_end[k]
-        b = esc_band[k]
-        if b != cur:
-            zeros[cur] += z
-            z = 0
-            cur = b
-        if pos + 4 <= e:
-            for i in range(4):
-                v = ev[4 * k + i] - m0
-                mag[pos + i] = -v if v < 0 else v
-                neg[pos + i] = 1 if v < 0 else 0
-                z += v == 0
-        else:
-            for i in range(e - pos):
-                v = ev[4 * k + i] - m0
-                mag[pos + i] = -v if v < 0 else v
-                neg[pos + i] = 1 if v < 0 else 0
-                z += v == 0
-    zeros[cur] += z
-
-
-@njit(nogil=True, cache=True)
 def quad_escape_counts(qsym, nzq, starts, esc_count):
     """Rung 0 of a big layout, before the escape stream: the escaped quads per band (esc_count
     (nb,): the escape stream's segment lengths are 4x these). Returns the number of escapes, or
@@ -181,8 +85,8 @@ def expand_quads_escapes(qsym, nzq, starts, m0, ev, mag, neg, zeros):
     """Rung 0 of a big layout in one pass (after `quad_escape_counts` and the escape stream):
     quad symbols of the flagged bands -> magnitudes / signs, an escaped quad's four values from
     `ev` (symbols v + m0, 4 per escape, band order; a band's last partial quad uses the first
-    e - pos), and per band the number of zero magnitudes. Equal to `expand_quads` then
-    `fill_escapes`, without writing the escaped quads twice (at high rates most quads escape).
+    e - pos), and per band the number of zero magnitudes. It replaced a two-pass expansion (quads,
+    then escapes over them) that wrote the escaped quads twice (at high rates most quads escape).
     The caller has checked the coverage (`quad_escape_counts`) and that ev holds 4 per escape."""
     qm = _QMAG
     qn = _QNEG
@@ -505,11 +409,9 @@ def warm_up() -> None:
     mag = np.zeros(8, np.int32)
     neg = np.zeros(8, np.uint8)
     nz = np.array([1, 0], np.uint8)
-    ep, ee, eb, ec = np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.int64)
+    ec = np.zeros(2, np.int64)
     cnt = np.zeros(2, np.int64)
-    ne = expand_quads(np.array([QUAD_ESC], np.int32), nz, starts, 2, mag, neg, ep, ee, eb, ec, cnt)
-    fill_escapes(np.array([0, 1, 2, 4], np.int32), ep, ee, eb, ne, 2, mag, neg, cnt)
-    ne = quad_escape_counts(np.array([QUAD_ESC], np.int32), nz, starts, ec)
+    quad_escape_counts(np.array([QUAD_ESC], np.int32), nz, starts, ec)
     expand_quads_escapes(np.array([QUAD_ESC], np.int32), nz, starts, 2, np.array([0, 1, 2, 4], np.int32), mag, neg, cnt)
     signed_to_mag(np.array([0, 1, 2, 3], np.int32), nz, starts, 2, mag, neg, cnt)
     insignificant_counts(mag, starts, cnt)
