@@ -5,7 +5,9 @@
 import numpy as np
 from numba import njit
 
-from .kernels import to_fp16
+from .kernels import prefetch, to_fp16
+
+PREFETCH_ROWS = 8   # fastdct.PREFETCH_ROWS
 
 
 _K2_0 = np.float32(0.7071067811865476)
@@ -43,6 +45,9 @@ def idct2_2(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
             gi = np.uint64(perm[r])
             dst = (gi >> np.uint64(1)) * np.uint64(144) + (gi & np.uint64(2 - 1)) * np.uint64(64)
             src = np.uint64(r) * np.uint64(C) + np.uint64(b * 64)
+            ahead = src + np.uint64(PREFETCH_ROWS * C)
+            for pq in range(0, 64, 16):
+                prefetch(mag, ahead + np.uint64(pq))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + half) * st
@@ -139,6 +144,9 @@ def idct2_4(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
             gi = np.uint64(perm[r])
             dst = (gi >> np.uint64(2)) * np.uint64(272) + (gi & np.uint64(4 - 1)) * np.uint64(64)
             src = np.uint64(r) * np.uint64(C) + np.uint64(b * 64)
+            ahead = src + np.uint64(PREFETCH_ROWS * C)
+            for pq in range(0, 64, 16):
+                prefetch(mag, ahead + np.uint64(pq))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + half) * st
@@ -307,6 +315,9 @@ def idct2_8(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
             gi = np.uint64(perm[r])
             dst = (gi >> np.uint64(3)) * np.uint64(528) + (gi & np.uint64(8 - 1)) * np.uint64(64)
             src = np.uint64(r) * np.uint64(C) + np.uint64(b * 64)
+            ahead = src + np.uint64(PREFETCH_ROWS * C)
+            for pq in range(0, 64, 16):
+                prefetch(mag, ahead + np.uint64(pq))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + half) * st
@@ -655,6 +666,9 @@ def idct2_16(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
             gi = np.uint64(perm[r])
             dst = (gi >> np.uint64(4)) * np.uint64(1040) + (gi & np.uint64(16 - 1)) * np.uint64(64)
             src = np.uint64(r) * np.uint64(C) + np.uint64(b * 64)
+            ahead = src + np.uint64(PREFETCH_ROWS * C)
+            for pq in range(0, 64, 16):
+                prefetch(mag, ahead + np.uint64(pq))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + half) * st
@@ -1435,6 +1449,9 @@ def idct2_32(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
             gi = np.uint64(perm[r])
             dst = (gi >> np.uint64(5)) * np.uint64(2064) + (gi & np.uint64(32 - 1)) * np.uint64(64)
             src = np.uint64(r) * np.uint64(C) + np.uint64(b * 64)
+            ahead = src + np.uint64(PREFETCH_ROWS * C)
+            for pq in range(0, 64, 16):
+                prefetch(mag, ahead + np.uint64(pq))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + half) * st
@@ -3223,6 +3240,9 @@ def idct2_64(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
             gi = np.uint64(perm[r])
             dst = (gi >> np.uint64(6)) * np.uint64(2064) + (gi & np.uint64(64 - 1)) * np.uint64(32)
             src = np.uint64(r) * np.uint64(C) + np.uint64(b * 32)
+            ahead = src + np.uint64(PREFETCH_ROWS * C)
+            for pq in range(0, 32, 16):
+                prefetch(mag, ahead + np.uint64(pq))
             for c in range(32):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + half) * st
