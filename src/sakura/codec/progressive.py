@@ -819,7 +819,7 @@ class ProgressiveState(LadderState):
                 continue
             err = K.refine(mag, neg, lay.starts, nz, counts, sym, m, g, low, signs,
                            K.scratch("lowv", nsig + 1, np.int16), K.scratch("newv", nins + 1, np.int16),
-                           K.scratch("sv", nins + 1, np.uint8))
+                           K.scratch("sv", nins + 1, np.uint8), K.MERGE_LANES)
             if err == 2:
                 raise bs.CorruptError(f"{self.codec.name}: refinement symbols do not cover the bands")
             if err:

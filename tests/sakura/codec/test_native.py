@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from sakura.codec import CodecError, ShardId, ShardKV, VersionError, get_codec
 from sakura.codec import bitstream as bs
+from sakura.codec import kernels as K
 from sakura.codec import cachegen as CG
 from sakura.codec import progressive as PG
 from sakura.codec import rans as R
@@ -144,14 +145,17 @@ def test_progressive_native_equals_reference(big, with_tables):
     _check_ladder(c, shard, c.fit_tables([shard]) if with_tables else None)
 
 
+@pytest.mark.parametrize("lanes", [0, 16])
 @pytest.mark.parametrize("sparse", [0.0, 1.0])
 @pytest.mark.parametrize("big", [False, True])
-def test_progressive_sparse_and_dense_refinements_equal_reference(big, sparse, monkeypatch):
-    """Every refinement forced through the dense merge (0) or the sparse one (1), serial and
-    split over threads: both equal the reference decoder."""
+def test_progressive_sparse_and_dense_refinements_equal_reference(big, sparse, lanes, monkeypatch):
+    """Every refinement forced through the dense merge (0) or the sparse one (1), the dense one
+    scalar (lanes 0) or vector (16: expanding loads, correct on any CPU, fast with AVX-512
+    VBMI2), serial and split over threads: all equal the reference decoder."""
     from concurrent.futures import ThreadPoolExecutor
 
     monkeypatch.setattr(PG, "SPARSE_REFINE", sparse)
+    monkeypatch.setattr(K, "MERGE_LANES", lanes)
     shard = _big_shard(1) if big else make_shard(T=64, H=4, D=16)[0]
     c = get_codec("progressive", budgets=[0.3, 0.8, 2.0, 3.5])
     tables = c.fit_tables([shard])
@@ -160,6 +164,37 @@ def test_progressive_sparse_and_dense_refinements_equal_reference(big, sparse, m
         for e in c.level_ends(data):
             ref = PG.decode_with(c, data[:e], ID, tables, "reference")
             assert _equal(c.decode(data[:e], ID, tables, pool=pool), ref)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_refine_vector_merge_equals_scalar(seed):
+    """The dense merge 16 lanes at a time (`kernels._merge_lanes`) against the scalar merge on
+    random refinements: bands of lengths that are and are not multiples of 16, every mix of
+    significant / newly significant coefficients, m = 1-4 bits."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 70, 12)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    n = int(starts[-1])
+    p_sig = rng.uniform(0, 1)
+    mag = np.where(rng.random(n) < p_sig, rng.integers(1, 50, n), 0).astype(np.int32)
+    neg = np.where(mag > 0, rng.integers(0, 2, n), 0).astype(np.uint8)
+    m, g = int(rng.integers(1, 5)), 1
+    counts = np.array([int((mag[starts[b]:starts[b + 1]] == 0).sum()) for b in range(sizes.size)], np.int64)
+    nz = (rng.random(sizes.size) < 0.8).astype(np.uint8)
+    sym = np.concatenate([rng.integers(0, 1 << m, int(counts[b])) if nz[b] else np.zeros(0, np.int64)
+                          for b in range(sizes.size)]).astype(np.int32)
+    nsig, nins = n - int(counts.sum()), int(counts.sum())
+    low = np.concatenate([rng.integers(0, 256, (nsig * m + 7) // 8), np.zeros(4, np.int64)]).astype(np.uint8)
+    signs = np.concatenate([rng.integers(0, 256, (nins + 7) // 8), np.zeros(4, np.int64)]).astype(np.uint8)
+    outs = []
+    for lanes in (0, 16):
+        mg, ng = mag.copy(), neg.copy()
+        err = K.refine(mg, ng, starts, nz, counts, sym, m, g, low, signs, np.empty(nsig + 1, np.int16),
+                       np.empty(nins + 1, np.int16), np.empty(nins + 1, np.uint8), lanes)
+        outs.append((err, mg, ng))
+    assert outs[0][0] == outs[1][0] == 0
+    assert np.array_equal(outs[0][1], outs[1][1]) and np.array_equal(outs[0][2], outs[1][2])
+    assert not np.array_equal(outs[0][1], mag) or n == 0   # the refinement did something
 
 
 def test_progressive_weighted_and_untransformed_equal_reference():
