@@ -229,11 +229,12 @@ def _host_has(feature: str) -> bool:
         return False
 
 
-# Lanes of `refine`'s vector merge (`_merge_lanes`), 0 for the scalar merge. The vector merge needs
+# Lanes of the vector kernels (`refine`'s merge, `_merge_lanes`; `sig_positions`), 0 for their
+# scalar loops. The vector merge needs
 # an expanding load of 16- and 8-bit elements (AVX-512 VBMI2 `vpexpandw` / `vpexpandb`); elsewhere
 # LLVM lowers `llvm.masked.expandload` to one conditional load per lane, slower than the scalar
 # merge, so there the scalar merge runs. Both give the same bits (tests run both).
-MERGE_LANES = 16 if _host_has("avx512vbmi2") else 0
+VECTOR_LANES = 16 if _host_has("avx512vbmi2") else 0
 
 
 @intrinsic
@@ -524,11 +525,11 @@ def warm_up() -> None:
     sp, bec = np.zeros(3, np.int64), np.zeros(2, np.int64)
     refinement_counts(np.zeros(2, np.int32), nz, cnt, 1, 4, sp, bec)
     sigptr = np.array([0, 0, 0], np.int64)
-    sig_positions(mag, starts, sigptr, np.zeros(8, np.int32))
+    sig_positions(mag, starts, sigptr, np.zeros(8, np.int32), VECTOR_LANES)
     refine_sparse(0, 2, starts, cnt, np.zeros(2, np.int32), nz, sp, 1, 4, np.zeros(6, np.uint8), np.zeros(2, np.int64),
                   np.zeros(6, np.uint8), np.zeros(2, np.int64), 0, np.zeros(1, np.int32), sigptr, mag, neg, bec)
     refine(mag, neg, starts, nz, cnt, np.zeros(4, np.int32), 1, 1, np.zeros(6, np.uint8), np.zeros(6, np.uint8),
-           np.empty(9, np.int16), np.empty(9, np.int16), np.empty(9, np.uint8), MERGE_LANES)
+           np.empty(9, np.int16), np.empty(9, np.int16), np.empty(9, np.uint8), VECTOR_LANES)
     out = np.empty((2, 4), np.float32)
     reconstruct(mag, neg, np.array([1, 0], np.int64), 4, 0.5, out)
     reconstruct_blocks(mag, neg, np.array([1, 0], np.int64), 4, 0.5, 2, np.empty((2, 2, 2), np.float32))
@@ -654,16 +655,57 @@ def refine_sparse(b_lo, b_hi, starts, counts, sym, nz, sptr, m, g, low, lbit0, s
     return 0
 
 
+@intrinsic
+def _nonzero_positions16(typingctx, mag, j, sigpos, sp):
+    """The positions j..j+15 whose mag is nonzero, stored in order at sigpos[sp:] (a compressing
+    vector store: `llvm.masked.compressstore`, vpcompressd on AVX-512) -> how many. Writes only
+    those elements."""
+    if not (isinstance(mag, types.Array) and mag.dtype == types.int32 and isinstance(sigpos, types.Array)
+            and sigpos.dtype == types.int32):
+        return None
+    W = 16
+
+    def codegen(context, builder, signature, args):
+        amag, jj, apos, ss = args
+        tys = signature.args
+        i1, i16, i32 = ir.IntType(1), ir.IntType(16), ir.IntType(32)
+        v32, vm = ir.VectorType(i32, W), ir.VectorType(i1, W)
+        j = context.cast(builder, jj, tys[1], types.intp)
+        pm = builder.gep(context.make_array(tys[0])(context, builder, amag).data, [j])
+        q = builder.load(builder.bitcast(pm, v32.as_pointer()), align=4)
+        nz = builder.icmp_unsigned("!=", q, ir.Constant(v32, None))
+        base = builder.insert_element(ir.Constant(v32, ir.Undefined), builder.trunc(j, i32), i32(0))
+        base = builder.shuffle_vector(base, ir.Constant(v32, ir.Undefined), ir.Constant(v32, None))
+        pos = builder.add(base, ir.Constant(v32, list(range(W))))
+        sp = context.cast(builder, ss, tys[3], types.intp)
+        pp = builder.gep(context.make_array(tys[2])(context, builder, apos).data, [sp])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [v32, pp.type, vm]),
+                                            "llvm.masked.compressstore.v16i32")
+        builder.call(fn, [pos, pp, nz])
+        pc = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i16, [i16]), "llvm.ctpop.i16")
+        return builder.zext(builder.call(pc, [builder.bitcast(nz, i16)]), ir.IntType(64))
+    return types.int64(mag, j, sigpos, sp), codegen
+
+
 @njit(nogil=True, cache=True)
-def sig_positions(mag, starts, sigptr, sigpos):
+def sig_positions(mag, starts, sigptr, sigpos, lanes=0):
     """The flat positions of the nonzero magnitudes, in order, band by band, into
     sigpos[sigptr[b]:sigptr[b + 1]] (sigptr from the counts). Runs of 32 are tested at once
-    (vectorised; ~1-5 % of them are nonzero where this runs). False if a band's count disagrees."""
+    (vectorised; ~1-5 % of them are nonzero where this runs). False if a band's count disagrees.
+    `lanes` = 16 (`VECTOR_LANES`): 16 at a time with a compressing store, the same positions.
+    Positions are int32 (flat indices < 2^31)."""
     for b in range(starts.size - 1):
         sp = sigptr[b]
         end = sigptr[b + 1]
         a = starts[b]
         e = starts[b + 1]
+        if lanes == 16:   # 16 at a time, the nonzero ones' positions compressed into sigpos
+            while a + 16 <= e:
+                c = _nonzero_positions16(mag, a, sigpos, sp) if sp + 16 <= sigpos.size else -1
+                if c < 0 or sp + c > end:
+                    break     # (near the end of sigpos, or a count disagrees: the scalar scan decides)
+                sp += c
+                a += 16
         for j0 in range(a, e, 32):
             j1 = min(j0 + 32, e)
             blk = mag[j0:j1]

@@ -819,7 +819,7 @@ class ProgressiveState(LadderState):
                 continue
             err = K.refine(mag, neg, lay.starts, nz, counts, sym, m, g, low, signs,
                            K.scratch("lowv", nsig + 1, np.int16), K.scratch("newv", nins + 1, np.int16),
-                           K.scratch("sv", nins + 1, np.uint8), K.MERGE_LANES)
+                           K.scratch("sv", nins + 1, np.uint8), K.VECTOR_LANES)
             if err == 2:
                 raise bs.CorruptError(f"{self.codec.name}: refinement symbols do not cover the bands")
             if err:
@@ -838,7 +838,7 @@ class ProgressiveState(LadderState):
         sigptr = np.zeros(lay.nbands + 1, np.int64)
         np.cumsum(np.diff(lay.starts) - counts, out=sigptr[1:])
         sigpos = K.scratch("sigpos", int(sigptr[-1]), np.int32)
-        if not K.sig_positions(mag, lay.starts, sigptr, sigpos):
+        if not K.sig_positions(mag, lay.starts, sigptr, sigpos, K.VECTOR_LANES):
             raise bs.CorruptError(f"{self.codec.name}: significant coefficients disagree with their counts")
         sbit0 = np.zeros(lay.nbands, np.int64)
         np.cumsum(became[:-1], out=sbit0[1:])

@@ -155,7 +155,7 @@ def test_progressive_sparse_and_dense_refinements_equal_reference(big, sparse, l
     from concurrent.futures import ThreadPoolExecutor
 
     monkeypatch.setattr(PG, "SPARSE_REFINE", sparse)
-    monkeypatch.setattr(K, "MERGE_LANES", lanes)
+    monkeypatch.setattr(K, "VECTOR_LANES", lanes)
     shard = _big_shard(1) if big else make_shard(T=64, H=4, D=16)[0]
     c = get_codec("progressive", budgets=[0.3, 0.8, 2.0, 3.5])
     tables = c.fit_tables([shard])
@@ -195,6 +195,27 @@ def test_refine_vector_merge_equals_scalar(seed):
     assert outs[0][0] == outs[1][0] == 0
     assert np.array_equal(outs[0][1], outs[1][1]) and np.array_equal(outs[0][2], outs[1][2])
     assert not np.array_equal(outs[0][1], mag) or n == 0   # the refinement did something
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sig_positions_vector_equals_scalar(seed):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 90, 10)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    mag = np.where(rng.random(int(starts[-1])) < rng.uniform(0, 0.5), 3, 0).astype(np.int32)
+    sigptr = np.zeros(sizes.size + 1, np.int64)
+    np.cumsum([int((mag[starts[b]:starts[b + 1]] != 0).sum()) for b in range(sizes.size)], out=sigptr[1:])
+    got = []
+    for lanes in (0, 16):
+        pos = np.full(int(sigptr[-1]), -1, np.int32)
+        assert K.sig_positions(mag, starts, sigptr, pos, lanes)
+        got.append(pos)
+    assert np.array_equal(got[0], np.flatnonzero(mag)) and np.array_equal(got[1], got[0])
+    b = int(np.flatnonzero(np.diff(sigptr) > 0)[-1])   # a band with nonzero magnitudes
+    short = sigptr.copy()
+    short[b + 1:] -= 1                                  # ... counted one short: both say so
+    for lanes in (0, 16):
+        assert not K.sig_positions(mag, starts, short, np.zeros(int(sigptr[-1]), np.int32), lanes)
 
 
 def test_progressive_weighted_and_untransformed_equal_reference():
