@@ -844,9 +844,10 @@ class ProgressiveState(LadderState):
         np.cumsum(became[:-1], out=sbit0[1:])
         cuts = _band_cuts(lay)
         got = np.empty(lay.nbands, np.int64)
+        newpos, newval = K.scratch("newpos", nsign + 1, np.int32), K.scratch("newval", nsign + 1, np.int16)
         errs = R.run_split(self.pool, lambda a, b: K.refine_sparse(
             int(cuts[a]), int(cuts[b]), lay.starts, counts, sym, nz, sptr, m, g, low, sigptr[:-1] * m, signs, sbit0,
-            nsign, sigpos, sigptr, mag, neg, got), cuts.size - 1)
+            nsign, sigpos, sigptr, mag, neg, got, newpos, newval), cuts.size - 1)
         if any(errs):
             raise bs.CorruptError(f"refinement or sign bits {kv} too short")
 
