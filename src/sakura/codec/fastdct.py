@@ -237,12 +237,14 @@ def warm_up() -> None:
     for n in SIZES:
         cb = block_channels(n)
         T = n * n
-        mag, neg, perm = np.zeros(T * cb, np.int32), np.zeros(T * cb, np.uint8), np.arange(T, dtype=np.int64)
+        neg, perm = np.zeros(T * cb, np.uint8), np.arange(T, dtype=np.int64)
         fn = kernel(n)
-        fn(mag, neg, perm, 0.5, 0, 1, np.ones(T, np.float32), np.zeros(cb, np.float32), np.empty((T, cb), np.uint16),
-           np.empty((0, 0), np.float32))
-        fn(mag, neg, perm, 0.5, 0, 1, np.empty(0, np.float32), np.zeros(cb, np.float32), np.empty((0, 0), np.uint16),
-           np.empty((T, cb), np.float32))
+        for mdt in (np.int32, np.int16):   # both magnitude dtypes (`progressive.magnitude_dtype`)
+            mag = np.zeros(T * cb, mdt)
+            fn(mag, neg, perm, 0.5, 0, 1, np.ones(T, np.float32), np.zeros(cb, np.float32),
+               np.empty((T, cb), np.uint16), np.empty((0, 0), np.float32))
+            fn(mag, neg, perm, 0.5, 0, 1, np.empty(0, np.float32), np.zeros(cb, np.float32),
+               np.empty((0, 0), np.uint16), np.empty((T, cb), np.float32))
 
 
 if __name__ == "__main__":

@@ -264,7 +264,7 @@ def _merge_lanes(typingctx, mag, neg, j, lowv, li, newv, ki, sv, si, m):
     and si. The scalar merge's arithmetic lane by lane (the same bits); reads no element past the
     ones it uses."""
     W = 16
-    if not (isinstance(mag, types.Array) and mag.dtype == types.int32 and isinstance(neg, types.Array)
+    if not (isinstance(mag, types.Array) and mag.dtype in (types.int32, types.int16) and isinstance(neg, types.Array)
             and neg.dtype == types.uint8 and isinstance(lowv, types.Array) and lowv.dtype == types.int16
             and isinstance(newv, types.Array) and newv.dtype == types.int16 and isinstance(sv, types.Array)
             and sv.dtype == types.uint8):
@@ -280,8 +280,13 @@ def _merge_lanes(typingctx, mag, neg, j, lowv, li, newv, ki, sv, si, m):
             return builder.gep(ary.data, [i])
 
         i1, i8, i16, i32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
-        v32, v16, v8, vm = ir.VectorType(i32, W), ir.VectorType(i16, W), ir.VectorType(i8, W), ir.VectorType(i1, W)
+        v16, v8, vm = ir.VectorType(i16, W), ir.VectorType(i8, W), ir.VectorType(i1, W)
+        wide = tys[0].dtype == types.int32
+        v32 = ir.VectorType(i32, W) if wide else v16      # the magnitudes' vector type
         mod = builder.module
+
+        def ext(v):
+            return builder.zext(v, v32) if wide else v
 
         def expand(vty, name, ptr, mask):
             fnty = ir.FunctionType(vty, [ptr.type, vm, vty])
@@ -294,17 +299,17 @@ def _merge_lanes(typingctx, mag, neg, j, lowv, li, newv, ki, sv, si, m):
 
         pmag = builder.bitcast(at(0, jj), v32.as_pointer())
         pneg = builder.bitcast(at(1, jj), v8.as_pointer())
-        q = builder.load(pmag, align=4)
+        q = builder.load(pmag, align=2)
         zero32 = ir.Constant(v32, None)
         sig = builder.icmp_unsigned("!=", q, zero32)
         ins = builder.not_(sig)
         lo = expand(v16, "v16i16", at(3, ll), sig)
         nw = expand(v16, "v16i16", at(5, kk), ins)
-        sh = context.cast(builder, mm, tys[9], types.int32)
+        sh = context.cast(builder, mm, tys[9], types.int32 if wide else types.int16)
         shv = builder.insert_element(ir.Constant(v32, ir.Undefined), sh, i32(0))
-        shv = builder.shuffle_vector(shv, ir.Constant(v32, ir.Undefined), ir.Constant(v32, None))
-        sigval = builder.or_(builder.shl(q, shv), builder.zext(lo, v32))
-        builder.store(builder.select(sig, sigval, builder.zext(nw, v32)), pmag, align=4)
+        shv = builder.shuffle_vector(shv, ir.Constant(v32, ir.Undefined), ir.Constant(ir.VectorType(i32, W), None))
+        sigval = builder.or_(builder.shl(q, shv), ext(lo))
+        builder.store(builder.select(sig, sigval, ext(nw)), pmag, align=2)
         bec = builder.and_(ins, builder.icmp_unsigned("!=", nw, ir.Constant(v16, None)))
         sb = expand(v8, "v16i8", at(7, ss), bec)
         n0 = builder.load(pneg, align=1)
@@ -528,29 +533,32 @@ def to_fp16(x, out):
 
 
 def warm_up() -> None:
-    """Compile or load every kernel once (tiny inputs)."""
+    """Compile or load every kernel once (tiny inputs), for both magnitude dtypes
+    (`progressive.magnitude_dtype`)."""
     starts = np.array([0, 4, 8], np.int64)
-    mag = np.zeros(8, np.int32)
-    neg = np.zeros(8, np.uint8)
     nz = np.array([1, 0], np.uint8)
     ec = np.zeros(2, np.int64)
     cnt = np.zeros(2, np.int64)
     quad_escape_counts(np.array([QUAD_ESC], np.int32), nz, starts, ec)
-    expand_quads_escapes(np.array([QUAD_ESC], np.int32), nz, starts, 2, np.array([0, 1, 2, 4], np.int32), mag, neg, cnt)
-    signed_to_mag(np.array([0, 1, 2, 3], np.int32), nz, starts, 2, mag, neg, cnt)
-    insignificant_counts(mag, starts, cnt)
     sp, bec = np.zeros(3, np.int64), np.zeros(2, np.int64)
     refinement_counts(np.zeros(2, np.int32), nz, cnt, 1, 4, sp, bec)
-    sigptr = np.array([0, 0, 0], np.int64)
-    sig_positions(mag, starts, sigptr, np.zeros(8, np.int32), VECTOR_LANES)
-    refine_sparse(0, 2, starts, cnt, np.zeros(2, np.int32), nz, sp, 1, 4, np.zeros(6, np.uint8), np.zeros(2, np.int64),
-                  np.zeros(6, np.uint8), np.zeros(2, np.int64), 0, np.zeros(1, np.int32), sigptr, mag, neg, bec,
-                  np.zeros(1, np.int32), np.zeros(1, np.int16))
-    refine(mag, neg, starts, nz, cnt, np.zeros(4, np.int32), 1, 1, np.zeros(6, np.uint8), np.zeros(6, np.uint8),
-           np.empty(9, np.int16), np.empty(9, np.int16), np.empty(9, np.uint8), VECTOR_LANES)
     out = np.empty((2, 4), np.float32)
-    reconstruct(mag, neg, np.array([1, 0], np.int64), 4, 0.5, out)
-    reconstruct_blocks(mag, neg, np.array([1, 0], np.int64), 4, 0.5, 2, np.empty((2, 2, 2), np.float32))
+    for mdt in (np.int32, np.int16):
+        mag = np.zeros(8, mdt)
+        neg = np.zeros(8, np.uint8)
+        expand_quads_escapes(np.array([QUAD_ESC], np.int32), nz, starts, 2, np.array([0, 1, 2, 4], np.int32), mag,
+                             neg, cnt)
+        signed_to_mag(np.array([0, 1, 2, 3], np.int32), nz, starts, 2, mag, neg, cnt)
+        insignificant_counts(mag, starts, cnt)
+        sigptr = np.array([0, 0, 0], np.int64)
+        sig_positions(mag, starts, sigptr, np.zeros(8, np.int32), VECTOR_LANES)
+        refine_sparse(0, 2, starts, cnt, np.zeros(2, np.int32), nz, sp, 1, 4, np.zeros(6, np.uint8),
+                      np.zeros(2, np.int64), np.zeros(6, np.uint8), np.zeros(2, np.int64), 0, np.zeros(1, np.int32),
+                      sigptr, mag, neg, bec, np.zeros(1, np.int32), np.zeros(1, np.int16))
+        refine(mag, neg, starts, nz, cnt, np.zeros(4, np.int32), 1, 1, np.zeros(6, np.uint8), np.zeros(6, np.uint8),
+               np.empty(9, np.int16), np.empty(9, np.int16), np.empty(9, np.uint8), VECTOR_LANES)
+        reconstruct(mag, neg, np.array([1, 0], np.int64), 4, 0.5, out)
+        reconstruct_blocks(mag, neg, np.array([1, 0], np.int64), 4, 0.5, 2, np.empty((2, 2, 2), np.float32))
     cachegen_dequant(np.zeros((2, 4), np.int32), np.ones(4, np.float32), 3, out)
     cachegen_fp16(np.zeros((2, 4), np.int32), np.ones(4, np.float32), 3, 0, 2, np.empty((4, 2), np.uint16))
 
@@ -701,10 +709,11 @@ def _nonzero_positions16(typingctx, mag, j, sigpos, sp):
     """The positions j..j+15 whose mag is nonzero, stored in order at sigpos[sp:] (a compressing
     vector store: `llvm.masked.compressstore`, vpcompressd on AVX-512) -> how many. Writes only
     those elements."""
-    if not (isinstance(mag, types.Array) and mag.dtype == types.int32 and isinstance(sigpos, types.Array)
-            and sigpos.dtype == types.int32):
+    if not (isinstance(mag, types.Array) and mag.dtype in (types.int32, types.int16)
+            and isinstance(sigpos, types.Array) and sigpos.dtype == types.int32):
         return None
     W = 16
+    mbits = 32 if mag.dtype == types.int32 else 16
 
     def codegen(context, builder, signature, args):
         amag, jj, apos, ss = args
@@ -713,8 +722,9 @@ def _nonzero_positions16(typingctx, mag, j, sigpos, sp):
         v32, vm = ir.VectorType(i32, W), ir.VectorType(i1, W)
         j = context.cast(builder, jj, tys[1], types.intp)
         pm = builder.gep(context.make_array(tys[0])(context, builder, amag).data, [j])
-        q = builder.load(builder.bitcast(pm, v32.as_pointer()), align=4)
-        nz = builder.icmp_unsigned("!=", q, ir.Constant(v32, None))
+        vq = ir.VectorType(ir.IntType(mbits), W)
+        q = builder.load(builder.bitcast(pm, vq.as_pointer()), align=mbits // 8)
+        nz = builder.icmp_unsigned("!=", q, ir.Constant(vq, None))
         base = builder.insert_element(ir.Constant(v32, ir.Undefined), builder.trunc(j, i32), i32(0))
         base = builder.shuffle_vector(base, ir.Constant(v32, ir.Undefined), ir.Constant(v32, None))
         pos = builder.add(base, ir.Constant(v32, list(range(W))))

@@ -145,17 +145,21 @@ def test_progressive_native_equals_reference(big, with_tables):
     _check_ladder(c, shard, c.fit_tables([shard]) if with_tables else None)
 
 
+@pytest.mark.parametrize("mdt", ["auto", "int32"])
 @pytest.mark.parametrize("lanes", [0, 16])
 @pytest.mark.parametrize("sparse", [0.0, 1.0])
 @pytest.mark.parametrize("big", [False, True])
-def test_progressive_sparse_and_dense_refinements_equal_reference(big, sparse, lanes, monkeypatch):
+def test_progressive_sparse_and_dense_refinements_equal_reference(big, sparse, lanes, mdt, monkeypatch):
     """Every refinement forced through the dense merge (0) or the sparse one (1), the dense one
     scalar (lanes 0) or vector (16: expanding loads, correct on any CPU, fast with AVX-512
-    VBMI2), serial and split over threads: all equal the reference decoder."""
+    VBMI2), magnitudes int16 where they fit ("auto") or always int32, serial and split over
+    threads: all equal the reference decoder."""
     from concurrent.futures import ThreadPoolExecutor
 
     monkeypatch.setattr(PG, "SPARSE_REFINE", sparse)
     monkeypatch.setattr(K, "VECTOR_LANES", lanes)
+    if mdt == "int32":
+        monkeypatch.setattr(PG, "magnitude_dtype", lambda m0, planes: np.int32)
     shard = _big_shard(1) if big else make_shard(T=64, H=4, D=16)[0]
     c = get_codec("progressive", budgets=[0.3, 0.8, 2.0, 3.5])
     tables = c.fit_tables([shard])
@@ -354,6 +358,14 @@ def test_fuzz_damaged_objects_raise_codec_errors_only(encoded, spec, data):
             crc = zlib.crc32(bytes(b[24:first_end]), zlib.crc32(bytes(b[:20])))
             b[20:24] = struct.pack("<I", crc)
     _decodes_or_raises(c, bytes(b), tables)
+
+
+def test_magnitude_dtype_bounds_every_rung():
+    assert PG.magnitude_dtype(30, [0, 1, 2]) == np.int16          # the default ladder's kind
+    assert PG.magnitude_dtype((1 << 15) - 1, [0]) == np.int16      # m0 + 1 = 2^15: magnitudes <= 2^15 - 1
+    assert PG.magnitude_dtype(1 << 15, [0]) == np.int32
+    assert PG.magnitude_dtype(3, [0, 6, 13]) == np.int16          # 4 << 13 = 2^15: still < 2^15
+    assert PG.magnitude_dtype(4, [0, 6, 13]) == np.int32          # 5 << 13 > 2^15
 
 
 def test_warm_up_compiles_every_kernel():
