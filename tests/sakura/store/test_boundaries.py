@@ -3,6 +3,7 @@ the codec never import the cloud build pipeline, the demo or the benchmarks (che
 source, including imports inside functions)."""
 
 import ast
+import gc
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,10 @@ CLOUD_OR_DEMO = ("sakura.build", "sakura.demo", "sakura.bench", "sakura.training
 
 
 def _imports(path: Path):
+    # Garbage first: an earlier test's abandoned coroutines finalised by a collection that fires
+    # inside ast.parse tripped CPython 3.11's "AST constructor recursion depth mismatch"
+    # (SystemError, seen after tests/sakura/runtime/test_live.py in one process).
+    gc.collect()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
