@@ -465,7 +465,7 @@ def replay_runs(profile_json: str | Path, *, losers_only: bool = True, families:
         out.append({"workload": r["workload"], "phone": r["phone"], "family": r["family"], "link": r["link"],
                     "was": loss_ratio(r), "now": loss_ratio(now), "sakura_latency_s": sk["latency_s"],
                     "vs_on_device": sk["latency_s"] / r["on-device"]["latency_s"], "psnr_db": sk["psnr_db"],
-                    "psnr_was_db": r["sakura"]["psnr_db"], "relaxed_x": sk.get("relaxed_x", 1.0),
+                    "psnr_was_db": r["sakura"]["psnr_db"],
                     "cachegen_L3_latency_s": r["cachegen-L3"]["latency_s"]})
     n = sum(x["now"] > 1 + LOSS_TOLERANCE for x in out)
     shown = out if losers_only else [x for x in out if max(x["now"], x["was"]) > 1 + LOSS_TOLERANCE]

@@ -651,7 +651,8 @@ class EditDriver:
         computed with its catch-up, any split above), both at the plain prediction (an optimistic
         bet: what it risks is link time, not compute or slack). Records the rescue (issued by the
         next `next_requests`); False if it does not pay."""
-        if not (RESCUE and self.policy.rescue and self.policy.adaptive) or self.records[j].source != "":
+        if not (RESCUE and self.policy.rescue and self.policy.adaptive) or self.records[j].source != "" \
+                or self.link_suspect:  # a deadline passed with no bytes since: no bet on the link
             return False
         route = self._rescue_route(j)
         if route is None:
