@@ -465,7 +465,8 @@ def bench_profile(
     out: Path = typer.Option(Path("docs/e2e"), help="Folder for e2e_profile.json/.md and the plots."),
     workloads: Optional[list[str]] = typer.Option(None, help="Named workloads (default: all; see docs/workloads.md)."),
     phones: Optional[list[str]] = typer.Option(None, help="Phone levels by name or TFLOP/s (default: all three)."),
-    families: Optional[list[str]] = typer.Option(None, help="Trace families (default: all)."),
+    families: Optional[list[str]] = typer.Option(None, help="Trace families (default: all; with --replay: only "
+                                                           "the runs of these families)."),
     offsets_per_trace: int = typer.Option(1, min=1, help="Seeded start offsets per trace."),
     traces_per_family: int = typer.Option(0, min=0, help="Sample this many traces per family (0: every trace)."),
     rtt_ms: float = typer.Option(40.0, min=0.0, help="Round-trip time (ms)."),
@@ -476,8 +477,8 @@ def bench_profile(
     replay: Optional[Path] = typer.Option(None, help="Only re-simulate sakura on this e2e_profile.json's losing "
                                                      "runs (same ladder, seed and links; writes nothing)."),
     all_runs: bool = typer.Option(False, help="With --replay: every run, not only the losing ones (new losers show)."),
-    jobs: int = typer.Option(1, min=1, help="Processes over the independent runs (workload x phone x link); "
-                                           "the same result as 1."),
+    jobs: int = typer.Option(1, min=1, help="Processes over the independent runs (workload x phone x link; "
+                                           "also with --replay); the same result as 1."),
 ) -> None:
     """Phone profile (EXTRAPOLATED): every method on named workloads x phone levels x every trace family
     and constant links, through the runtime's own driver; ceilings beside every ratio."""
@@ -487,7 +488,7 @@ def bench_profile(
         try:
             if not replay.is_file():
                 raise ValueError(f"--replay {replay}: no such file")
-            replay_runs(replay, losers_only=not all_runs, log=typer.echo)
+            replay_runs(replay, losers_only=not all_runs, families=families, jobs=jobs, log=typer.echo)
         except (ValueError, KeyError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None

@@ -424,41 +424,67 @@ def profile_links(*, families: Sequence[str] | None = None, offsets_per_trace: i
     return links
 
 
-def replay_runs(profile_json: str | Path, *, losers_only: bool = True, log: Callable[[str], None] = print) -> list[dict]:
+def replay_runs(profile_json: str | Path, *, losers_only: bool = True, families: Sequence[str] | None = None,
+                jobs: int = 1, log: Callable[[str], None] = print) -> list[dict]:
     """Re-simulate sakura on the runs of a written profile (its ladder, seed and links; the baselines
     are read from the file: they do not depend on sakura's policy), by default only the losing ones
     (losers_only=False: every run, so a policy change's new losers show; it prints the runs that lose now or lost).
+    families: only the runs of these trace families. jobs: processes over the runs (the same result as 1).
     For checking a policy change against the published losers in seconds, not the full profile's
-    minutes. Returns per run: workload, phone, link, the ratio before (in the file) and now."""
-    from sakura.bench.workloads import get_phone, get_workload, workload_costs
-
+    minutes. Returns per run: workload, phone, family, link, the ratio before (in the file) and now,
+    sakura's latency and PSNR now and before, and the run's cachegen-L3 latency."""
     d = json.loads(Path(profile_json).read_text())
     if d.get("offsets_per_trace") is None:
         raise ValueError(f"{profile_json}: not a `sakura bench profile` result")
-    links = {(fam, name): (link, prior) for fam, name, link, prior in profile_links(
-        families=d.get("families"), offsets_per_trace=d["offsets_per_trace"],
-        traces_per_family=d.get("traces_per_family"), rates_mbps=d.get("rates_mbps", DEFAULT_RATES_MBPS),
-        seed=d["seed"])}
-    runs = [r for r in d["runs"] if not losers_only or loss_ratio(r) > 1 + LOSS_TOLERANCE]
-    out = []
+    link_args = dict(families=d.get("families"), offsets_per_trace=d["offsets_per_trace"],
+                     traces_per_family=d.get("traces_per_family"), rates_mbps=d.get("rates_mbps", DEFAULT_RATES_MBPS),
+                     seed=d["seed"])
+    links = profile_links(**link_args)
+    index = {(fam, name): i for i, (fam, name, _, _) in enumerate(links)}
+    runs = [r for r in d["runs"] if (not losers_only or loss_ratio(r) > 1 + LOSS_TOLERANCE)
+            and (not families or r["family"] in families)]
     for r in runs:
-        if (r["family"], r["link"]) not in links:
+        if (r["family"], r["link"]) not in index:
             raise ValueError(f"{r['link']}: not among this machine's traces (set SAKURA_TRACES)")
-        link, prior = links[(r["family"], r["link"])]
-        res = run_methods(workload_costs(get_workload(r["workload"]), get_phone(r["phone"])), d["ladder"], link,
-                          prior_bps=prior, rtt_s=d["rtt_ms"] / 1000, decode_workers=d["decode_workers"],
-                          methods=("sakura",), decode_split=d.get("decode_split", 1.0))
-        now = {**r, "sakura": res["sakura"]}
-        out.append({"workload": r["workload"], "phone": r["phone"], "link": r["link"], "was": loss_ratio(r),
-                    "now": loss_ratio(now), "sakura_latency_s": res["sakura"]["latency_s"],
-                    "vs_on_device": res["sakura"]["latency_s"] / r["on-device"]["latency_s"]})
+    cfg = dict(ladder=d["ladder"], rtt_s=d["rtt_ms"] / 1000, decode_workers=d["decode_workers"],
+               decode_split=d.get("decode_split", 1.0))
+    cells = [(r["workload"], r["phone"], index[(r["family"], r["link"])]) for r in runs]
+    if jobs <= 1 or len(cells) < 2:
+        _init_worker(cfg, None, links)
+        results = [_replay_run(c) for c in cells]
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_init_worker,
+                                 initargs=(cfg, link_args, None)) as ex:
+            results = list(ex.map(_replay_run, cells, chunksize=4))
+    out = []
+    for r, sk in zip(runs, results):
+        now = {**r, "sakura": sk}
+        out.append({"workload": r["workload"], "phone": r["phone"], "family": r["family"], "link": r["link"],
+                    "was": loss_ratio(r), "now": loss_ratio(now), "sakura_latency_s": sk["latency_s"],
+                    "vs_on_device": sk["latency_s"] / r["on-device"]["latency_s"], "psnr_db": sk["psnr_db"],
+                    "psnr_was_db": r["sakura"]["psnr_db"],
+                    "cachegen_L3_latency_s": r["cachegen-L3"]["latency_s"]})
     n = sum(x["now"] > 1 + LOSS_TOLERANCE for x in out)
     shown = out if losers_only else [x for x in out if max(x["now"], x["was"]) > 1 + LOSS_TOLERANCE]
     for x in sorted(shown, key=lambda x: -x["now"]):
         log(f"{x['now']:.3f} (was {x['was']:.3f})  {x['workload']:20s} {x['phone'][:13]:13s} {x['link']}")
     log(f"{n} of {len(out)} replayed runs lose by > {100 * LOSS_TOLERANCE:.0f} % (worst {max(x['now'] for x in out):.3f}; "
-        f"sakura / on-device at worst {max(x['vs_on_device'] for x in out):.4f})")
+        f"sakura / on-device at worst {max(x['vs_on_device'] for x in out):.4f})" if out else "no runs to replay")
     return out
+
+
+def _replay_run(cell) -> dict:
+    """sakura alone on one run of a written profile (a workload name, a phone name, a link index)."""
+    from sakura.bench.workloads import get_phone, get_workload, workload_costs
+
+    w, ph, i = cell
+    _, _, link, prior = _WORKER["links"][i]
+    return run_methods(workload_costs(get_workload(w), get_phone(ph)), _WORKER["ladder"], link, prior_bps=prior,
+                       rtt_s=_WORKER["rtt_s"], decode_workers=_WORKER["decode_workers"], methods=("sakura",),
+                       decode_split=_WORKER["decode_split"])["sakura"]
 
 
 def write_json(result: dict, path: Path) -> None:

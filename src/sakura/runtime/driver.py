@@ -83,6 +83,12 @@ ROBUST_SHARE: float | None = 0.5
 #: plans are played with the driver's hedge: a wait while the local generator is behind computes
 #: template layers and spends no slack (`evaluate(hedged=True)`)
 PLAN_HEDGE = True
+#: with a robust link (`ROBUST_SHARE`), plans up to 1 % + this x the largest recent over-estimate of the
+#: link (`BandwidthEstimator.max_error`) slower than the fastest at the estimate, at most `PLAN_TOL_MAX`,
+#: are candidates for the robust choice: the more the link has fallen short of its prediction, the more
+#: the planner gives at the estimate for a plan that holds at half of it (None: 1 %, as before)
+PLAN_TOL_GAIN: float | None = 0.5
+PLAN_TOL_MAX = 0.10
 #: plan on at most the rate the transfers in flight allow (`EditDriver.inflight_bound_bps`)
 BOUND_BY_INFLIGHT = True
 #: re-plan before the next request when the rate the planner would use has fallen below this share
@@ -93,6 +99,13 @@ UNMEASURED_REQUESTS = 2
 #: after a missed deadline, layers whose local compute catches up over at most this many template
 #: layers go local at once; beyond it the layer waits (within its deadline and the loss bound)
 SUSPECT_CATCH_UP = 1
+#: a layer about to be computed with a catch-up whose shard was never requested is requested then
+#: (the *rescue*) when the plan with it finishes sooner, at the plain prediction, than the plan with
+#: the catch-up; the catch-up then runs one template layer at a time (ADVANCE) and the shard is used
+#: if it comes first (`EditDriver._rescue_pays`; policies opt in with `Policy.rescue`)
+RESCUE = True
+#: ... by at least this share of the time left
+RESCUE_GAIN = 0.01
 
 
 @dataclass(frozen=True)
@@ -155,6 +168,8 @@ class Policy(Protocol):
     quality_scale: float           # the image floor's MSE budget x this
     robust_share: float | None     # plans must also be near-fastest on a link at this share of the estimate
     bound_by_inflight: bool        # plan on at most the rate that the transfers still in flight allow
+    rescue: bool                   # request a dropped layer's shard when its catch-up starts (`RESCUE`)
+    image_floor: bool              # the quality floor is the image's summed MSE (else every shard's own)
 
     def replan(self, d: "EditDriver", now: float) -> None: ...
 
@@ -179,6 +194,8 @@ class PolicyDefaults:
     quality_scale: ClassVar[float] = 1.0
     robust_share: ClassVar[float | None] = None
     bound_by_inflight: ClassVar[bool] = False
+    rescue: ClassVar[bool] = False
+    image_floor: ClassVar[bool] = False
 
     def planned_route(self, j: int) -> Route | None:
         return None
@@ -235,6 +252,7 @@ class EditDriver:
         # The loss bound (see `slack_s`): set when the forward pass reaches its first layer.
         self.t_bound: float | None = None
         self.waited_s = 0.0          # total time the forward pass waited on the link
+        self.rescues: dict[int, Route] = {}  # layers whose catch-up asked for their shard (`_rescue_pays`)
 
     # ----------------------------------------------------------------------------- estimates
     def bytes_per_s(self) -> float:
@@ -427,7 +445,18 @@ class EditDriver:
         share = self.policy.robust_share
         return plan_split(self.specs, self.state(now), ConstantLink(rate), self.rtt_s(),
                           allow_local=allow_local, mse_budget=budget, stall_budget=stall_budget,
-                          robust_link=ConstantLink(rate * share) if share else None, hedged=PLAN_HEDGE)
+                          robust_link=ConstantLink(rate * share) if share else None, hedged=PLAN_HEDGE,
+                          estimate_tol=self.estimate_tol())
+
+    def estimate_tol(self) -> float | None:
+        """How much slower at the estimate than the fastest a plan may be and still be the robust
+        choice (`plan_split(estimate_tol=)`): 1 % plus `PLAN_TOL_GAIN` x the largest recent relative
+        over-estimate of the link, capped at `PLAN_TOL_MAX` (None: the planner's 1 %). A link that
+        keeps its predictions (errors ~0) is planned as before; one that has fallen short of them is
+        planned more for the half rate (docs/runtime.md, evaluation7)."""
+        if PLAN_TOL_GAIN is None:
+            return None
+        return min(PLAN_TOL_MAX, 0.01 + PLAN_TOL_GAIN * self.bw.max_error())
 
     def image_budget_left(self) -> float | None:
         """The image floor's MSE budget (x the policy's quality_scale) less what the shards
@@ -450,6 +479,9 @@ class EditDriver:
             self.start(now)
         out: list[tuple[int, Route]] = []
         rtt = self.rtt_s()
+        for j, route in self.rescues.items():  # at once, whatever the in-flight limit: its catch-up has begun
+            if self.records[j].status == PENDING and self.records[j].source == "":
+                out.append((j, self._issue(j, route, now)))
         while len(self.inflight()) < self.max_inflight:
             lf = self.link_free(now)
             ahead = 1.5 * rtt + 1e-6  # issue the next one an RTT and a half before the link drains
@@ -462,16 +494,19 @@ class EditDriver:
             if nxt is None:
                 break
             j, route = nxt
-            r = self.records[j]
-            if r.status != PENDING:
+            if self.records[j].status != PENDING:
                 raise RuntimeError(f"policy {self.policy.name} asked for shard {j} twice")
-            start = max(lf, now + rtt)
-            r.status, r.route, r.t_request = REQUESTED, route.name, now
-            r.exp_end = start + route.nbytes / self.timing_bytes_per_s()
-            r.remaining = route.nbytes
-            self.routes[j] = route
-            out.append((j, route))
+            out.append((j, self._issue(j, route, now)))
         return out, None
+
+    def _issue(self, j: int, route: Route, now: float) -> Route:
+        r = self.records[j]
+        start = max(self.link_free(now), now + self.rtt_s())
+        r.status, r.route, r.t_request = REQUESTED, route.name, now
+        r.exp_end = start + route.nbytes / self.timing_bytes_per_s()
+        r.remaining = route.nbytes
+        self.routes[j] = route
+        return route
 
     # ---------------------------------------------------------------------------- link events
     def on_first_byte(self, j: int, t_request: float, t_first_byte: float) -> None:
@@ -598,7 +633,76 @@ class EditDriver:
         if self.records[j].status in (REQUESTED, FETCHED) and self.generator_at < j \
                 and self._advance_keeps_bound(j, now):
             return self._advance(j, now, why)
+        if self.records[j].status == PENDING and self.generator_at < j and self._advance_keeps_bound(j, now) \
+                and (j in self.rescues or self._rescue_pays(j, now)):
+            return self._advance(j, now, "rescue" + (", " + why if why else ""))
         return self._local(j, now, why)
+
+    def _rescue_pays(self, j: int, now: float) -> bool:
+        """Layer j is to be computed with a catch-up (the generator is behind it) and its shard was
+        never requested (a re-plan dropped it, or the in-flight limit held it back). The *rescue*:
+        request it now and run the catch-up one template layer at a time (ADVANCE: the work LOCAL
+        would do, in the same order, so no slack is spent), using the shard if it comes first.
+        The generator computes every template layer up to the last layer computed on the device, so
+        sparing layer j's catch-up pays only if the layers above it stream too, and the rescue's
+        bytes delay the shards requested after it. So the planner judges it: the plan from the
+        rescue (shard j behind the transfers in flight, the generator where it is, every layer from
+        j streamed, played with the hedge) must finish sooner than the plan from LOCAL (layer j
+        computed with its catch-up, any split above), both at the plain prediction (an optimistic
+        bet: what it risks is link time, not compute or slack). Records the rescue (issued by the
+        next `next_requests`); False if it does not pay."""
+        if not (RESCUE and self.policy.rescue and self.policy.adaptive) or self.records[j].source != "" \
+                or self.link_suspect:  # a deadline passed with no bytes since: no bet on the link
+            return False
+        route = self._rescue_route(j)
+        if route is None:
+            return False
+        base = self.state(now)
+        if base.compute_at != j:
+            return False
+        # at the plain prediction: at the planner's own (robust) rate the rescue never pays, since that
+        # rate is what dropped the layer (measured on the profile's losers: no rescue taken)
+        g, rtt, rate = self.generator_at, self.rtt_s(), self.timing_bytes_per_s()
+        budget = self.image_budget_left() if self.policy.image_floor else None
+        done_local = base.now + (self._local_before[j + 1] - self._local_before[g]) + self.specs[j].compute_s
+        st_local = PipelineState(now=now, link_free=base.link_free, decode_free=base.decode_free, compute_at=j + 1,
+                                 compute_free=done_local, generator_at=j + 1,
+                                 ready={i: t for i, t in base.ready.items() if i > j})
+        end = max(base.link_free, now + rtt) + route.nbytes / rate
+        workers = sorted(base.decode_free)
+        workers[0] = max(end, workers[0]) + route.decode_s
+        st_rescue = PipelineState(now=now, link_free=end, decode_free=tuple(sorted(workers)), compute_at=j,
+                                  compute_free=base.compute_free, generator_at=g,
+                                  ready={**base.ready, j: workers[0]})
+        kw = dict(hedged=True)
+        fin_local = plan_split(self.specs, st_local, ConstantLink(rate), rtt, mse_budget=budget, **kw).finish_s \
+            if j + 1 < self.L else done_local
+        try:
+            fin_rescue = plan_split(self.specs, st_rescue, ConstantLink(rate), rtt, allow_local=False,
+                                    mse_budget=None if budget is None else max(0.0, budget - route.image_mse),
+                                    **kw).finish_s
+        except ValueError:  # a layer above has no rendition within its floor: it must be computed
+            return False
+        if not fin_rescue < fin_local - RESCUE_GAIN * max(fin_local - now, 0.0):
+            return False
+        self.rescues[j] = route
+        self.events.append(f"{now * 1000:.0f} ms: layer {j} needs a {j - g + 1}-layer catch-up; requesting its "
+                           f"shard meanwhile (the rescue: planned finish {fin_rescue * 1000:.0f} ms, "
+                           f"{fin_local * 1000:.0f} ms with the catch-up)")
+        return True
+
+    def _rescue_route(self, j: int) -> Route | None:
+        """The route a rescue fetches for layer j: the policy's own if it has one, else the fewest
+        bytes within the floor (what is left of the image floor, as the probe)."""
+        route = self.policy.planned_route(j)
+        if route is not None and not route.is_local:
+            return route
+        if not self.policy.image_floor:
+            routes = list(self.specs[j].admissible())
+        else:
+            left = self.image_budget_left()
+            routes = [x for x in self.specs[j].routes if left is None or x.image_mse <= left * (1 + 1e-9)]
+        return min(routes, key=lambda x: x.nbytes) if routes else None
 
     def _advance_keeps_bound(self, j: int, now: float) -> bool:
         """Does the fallback from after one more template layer of the generator still end by t_bound?"""
@@ -739,6 +843,7 @@ class SakuraPolicy(PolicyDefaults):
     loss_bound: float | None = field(default_factory=lambda: LOSS_BOUND)
     estimate: PlanEstimate = field(default_factory=lambda: PLAN_ESTIMATE)
     probe_idle_link: bool = True
+    rescue: bool = True
     robust_share: float | None = field(default_factory=lambda: ROBUST_SHARE)
     bound_by_inflight: bool = field(default_factory=lambda: BOUND_BY_INFLIGHT)
     k: int = 0
@@ -757,8 +862,12 @@ class SakuraPolicy(PolicyDefaults):
         if not self.quality_scale > 0:
             raise ValueError(f"SakuraPolicy: quality_scale must be > 0, got {self.quality_scale!r}")
 
+    @property
+    def image_floor(self) -> bool:  # type: ignore[override]
+        return self.floor == QualityFloor.IMAGE
+
     def replan(self, d: EditDriver, now: float) -> None:
-        res = d.plan(now, image_floor=self.floor == QualityFloor.IMAGE)
+        res = d.plan(now, image_floor=self.image_floor)
         self.k, self.routes, self.last_plan = res.k, dict(res.routes), res
         self.planned_bps = d.plan_bytes_per_s(now)
 

@@ -93,6 +93,11 @@ class BandwidthEstimator:
             return self.prior_bps
         return len(self._samples) / sum(1.0 / s for s in self._samples)
 
+    def max_error(self) -> float:
+        """The largest recent relative over-estimate (0 before any): how far the link has fallen short
+        of what was predicted lately."""
+        return max(self._errors) if self._errors else 0.0
+
     def robust_bps(self) -> float | None:
         """The prediction discounted by the worst recent relative over-estimate (bytes/s), or None."""
         p = self.predict_bps()

@@ -206,7 +206,8 @@ def evaluate(specs: Sequence[ShardSpec], state: PipelineState, k: int, routes: M
 def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel, rtt_s: float, *,
                allow_local: bool = True, rel_tol: float = 0.01, mse_budget: float | None = None,
                stall_weight: float = STALL_WEIGHT, stall_budget: float | None = None,
-               robust_link: LinkModel | None = None, hedged: bool = False) -> PlanResult:
+               robust_link: LinkModel | None = None, hedged: bool = False,
+               estimate_tol: float | None = None) -> PlanResult:
     """The plan that finishes soonest within the quality floor; among plans within `rel_tol` of
     that finish time, the best quality (lowest summed image MSE).
 
@@ -230,6 +231,10 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
     are kept, and an upgrade is taken only if it costs nothing on either: bytes that are free at
     the estimated rate still lengthen the window in which a falling link can make a shard late.
     hedged: plans are played with the driver's hedge (`evaluate(hedged=True)`).
+    estimate_tol: with a robust link, how far (a share of the time left) behind the fastest at `link`
+    a plan may be and still be a candidate for the robust choice (default `rel_tol`); the runtime
+    widens it with the link's measured over-estimates (`EditDriver.estimate_tol`). Upgrades are then
+    taken within it at `link` and within `rel_tol` at the robust link.
     """
     L = len(specs)
     lo = state.compute_at
@@ -261,7 +266,8 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
     score = lambda c: c.finish_s + stall_weight * c.stall_s  # noqa: E731
     best_score = min(score(c) for c in candidates)
     budget_left = math.inf if mse_budget is None else mse_budget
-    limit = best_score + rel_tol * max(best_score - state.now, 1e-9)
+    tol = rel_tol if robust_link is None or estimate_tol is None else estimate_tol
+    limit = best_score + tol * max(best_score - state.now, 1e-9)
     near = [c for c in candidates if score(c) <= limit]
     robust = lambda c: evaluate(specs, state, c.k, c.routes, robust_link, rtt_s, hedged=hedged).finish_s  # noqa: E731
     limit_r = math.inf

@@ -322,12 +322,20 @@ FLOOR_RUNG_LOSERS = [  # (workload, phone, trace, offset, prior bytes/s): the pr
 
 
 @pytest.mark.parametrize("workload,phone,trace,offset_s,prior_bps", FLOOR_RUNG_LOSERS)
-def test_a_rung_at_cachegen_l3s_quality_wins_the_link_bound_runs(workload, phone, trace, offset_s, prior_bps):
+def test_a_rung_at_cachegen_l3s_quality_wins_the_link_bound_runs(monkeypatch, workload, phone, trace, offset_s,
+                                                                  prior_bps):
     """Profile losers on swinging or collapsing 5G links: sakura's only rung (2.25 bits/value, ~51 dB a
     shard) cost more bytes than CacheGen's levels 2 and 1 (2.27 and 1.80 bits/value), which won at lower
     quality. With the floor rungs (1.26 and 1.46 bits/value, the runtime's image floor still holding the
-    image to CacheGen-L3's quality) the planner spends fewer bytes where the link is the bottleneck."""
-    before, _ = profile_loss(workload, phone, trace, offset_s, prior_bps, floor_rungs=False)
+    image to CacheGen-L3's quality) the planner spends fewer bytes where the link is the bottleneck.
+    (Evaluation7's rescue and error-widened plan tolerance are off for the one-rung run: with them the
+    SPRINT/1/US-East/6 run no longer loses even with one rung.)"""
+    import sakura.runtime.driver as driver
+
+    with monkeypatch.context() as m:
+        m.setattr(driver, "RESCUE", False)
+        m.setattr(driver, "PLAN_TOL_GAIN", None)
+        before, _ = profile_loss(workload, phone, trace, offset_s, prior_bps, floor_rungs=False)
     after, res = profile_loss(workload, phone, trace, offset_s, prior_bps, floor_rungs=True)
     assert before > 1.02  # the run lost with the one rung
     assert after <= 1.02, (before, after)
@@ -370,6 +378,11 @@ def replayed_run(monkeypatch, workload, phone, trace, offset_s, prior_bps, **dri
     return loss_ratio(res), res["sakura"]["latency_s"] / res["on-device"]["latency_s"], res
 
 
+#: evaluation7's fixes (the rescue, the error-widened plan tolerance), off where a regression of an earlier
+#: round shows its run losing without that round's fix: with them several such runs no longer lose at all
+OFF7 = dict(RESCUE=False, PLAN_TOL_GAIN=None)
+
+
 def test_bytes_free_at_the_estimate_are_not_spent_where_the_link_may_halve(monkeypatch):
     """Profile loser (template1024-out512, ~1 TFLOP/s, 5G car-driving-trace-2 TMobile): 1.135, the worst
     run. The link carried ~70 Mbit/s and died at 20 s. The plan was compute-bound, so upgrading every
@@ -378,7 +391,7 @@ def test_bytes_free_at_the_estimate_are_not_spent_where_the_link_may_halve(monke
     on a link at half the estimate (`ROBUST_SHARE`): the shards come at 4.6 MB and are all here by 14 s."""
     args = ("template1024-out512", "~1", "umn_5gophers/All-Carriers/03-User-Mobility/car-driving-trace-2.csv#TMobile",
             15.0725475622097, 24943611.832345475)
-    before, _, _ = replayed_run(monkeypatch, *args, ROBUST_SHARE=None)
+    before, _, _ = replayed_run(monkeypatch, *args, ROBUST_SHARE=None, **OFF7)
     after, vs_od, res = replayed_run(monkeypatch, *args)
     assert before > 1.13
     assert after <= 1.02 and vs_od < 0.8, (before, after)
@@ -393,7 +406,7 @@ def test_a_wait_the_generator_can_hedge_is_not_charged_to_the_slack(monkeypatch)
     spends no slack; the planner now plays plans with the hedge (`evaluate(hedged=True)`)."""
     args = ("style3x1024-out512", "~3.6", "umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/1/US-East/87",
             10.0, 26878749.97156923)
-    before, _, _ = replayed_run(monkeypatch, *args, PLAN_HEDGE=False)
+    before, _, _ = replayed_run(monkeypatch, *args, PLAN_HEDGE=False, **OFF7)
     after, _, _ = replayed_run(monkeypatch, *args)
     assert before > 1.02
     assert after <= 1.02, (before, after)
@@ -408,7 +421,7 @@ def test_a_transfer_that_never_ends_lowers_the_estimate(monkeypatch):
     (`BandwidthEstimator.observe_bound`), and the plan is redone when that bound falls below
     `REPLAN_BELOW` of its rate: sakura streams the upper layers early enough."""
     args = ("klein9b-1024", "~1", "mahimahi_cellular/ATT-LTE-driving-2016.down", 10.001009373711632, 1154088.751546068)
-    before, _, _ = replayed_run(monkeypatch, *args, BOUND_BY_INFLIGHT=False)
+    before, _, _ = replayed_run(monkeypatch, *args, BOUND_BY_INFLIGHT=False, **OFF7)
     after, _, res = replayed_run(monkeypatch, *args)
     # 1.016 without the bound since the simulator aborts a given-up transfer as the live runtime does
     # (1.040 while it kept it on the link): the late shards no longer delay the next ones
@@ -423,7 +436,7 @@ def test_a_run_that_spends_its_whole_slack_is_within_the_check(monkeypatch):
     is now 1.99 %. (This round's other fixes are off here: with them the run no longer spends its slack.)"""
     args = ("style3x1024-out512", "~3.6", "mahimahi_cellular/TMobile-LTE-short.down", 22.35872276755317,
             1481250.0000000335)
-    off = dict(ROBUST_SHARE=None, PLAN_HEDGE=False, BOUND_BY_INFLIGHT=False)
+    off = dict(ROBUST_SHARE=None, PLAN_HEDGE=False, BOUND_BY_INFLIGHT=False, **OFF7)
     _, before, _ = replayed_run(monkeypatch, *args, LOSS_BOUND=0.02, **off)
     _, after, _ = replayed_run(monkeypatch, *args, **off)
     assert before > 1.02
@@ -445,10 +458,100 @@ def test_a_given_up_transfer_leaves_the_link(monkeypatch):
             15.799293418259099, 16408851.184389824)  # the profile's seeded draw (every family)
     # the ladder of the profile this run lost in (docs/e2e/e2e_profile.json before evaluation5's rerun)
     ladder = json.loads((Path(__file__).parent / "profile_ladder_r5.json").read_text())
+    import sakura.runtime.driver as driver
+
+    # evaluation7's fixes off for both (this tests the abort alone): with them this run, on this older
+    # ladder, is 1.012 aborted and 1.021 kept (the widened plan tolerance costs it 1.9 %)
     with monkeypatch.context() as m:
+        for k, v in OFF7.items():
+            m.setattr(driver, k, v)
         m.setattr(sim, "ABORT_CANCELLED", False)
         kept = run_profile(ladder, *args)
-    aborted = run_profile(ladder, *args)
+        m.setattr(sim, "ABORT_CANCELLED", True)
+        aborted = run_profile(ladder, *args)
     assert loss_ratio(kept) > 1.02
     assert loss_ratio(aborted) <= 1.0, (loss_ratio(kept), loss_ratio(aborted))
     assert aborted["sakura"]["latency_s"] <= 1.0199 * aborted["on-device"]["latency_s"] + 1e-9
+
+
+# --------------- evaluation7: the 20 losers of session 6's profile (docs/runtime.md, "This round (evaluation7)")
+
+LOSERS_R7 = json.loads((Path(__file__).parent / "profile_losers_r7.json").read_text())
+
+
+def loser_r7(monkeypatch, trace: str, workload: str, phone: str, **driver_constants):
+    """One of the 20 published losers, sakura re-simulated as `sakura bench profile --replay` does (the
+    profile's ladder, decode pool and split, the run's link draw and prior; the baselines are the file's:
+    they do not depend on sakura's policy), with some driver constants set: (sakura / the best of
+    on-device and both CacheGens at equal or lower PSNR, sakura / on-device, sakura's result, the run)."""
+    import sakura.runtime.driver as driver
+    from sakura.bench.profile import loss_ratio, run_methods
+    from sakura.bench.workloads import get_phone, get_workload, workload_costs
+    from sakura.link import load_trace
+
+    run = next(r for r in LOSERS_R7["runs"] if r["trace"] == trace and r["workload"] == workload
+               and r["phone"].startswith(phone))
+    try:
+        tr = load_trace(trace)
+    except Exception as e:  # noqa: BLE001 - no traces on this machine
+        pytest.skip(f"real traces not found (SAKURA_TRACES or ../shared/traces): {e}")
+    with monkeypatch.context() as m:
+        for k, v in driver_constants.items():
+            assert hasattr(driver, k), k
+            m.setattr(driver, k, v)
+        res = run_methods(workload_costs(get_workload(workload), get_phone(run["phone"])), LOSERS_R7["ladder"],
+                          TraceLink(tr, offset_s=run["offset_s"]), prior_bps=run["prior_bps"],
+                          rtt_s=LOSERS_R7["rtt_ms"] / 1000, decode_workers=LOSERS_R7["decode_workers"],
+                          methods=("sakura",), decode_split=LOSERS_R7["decode_split"])["sakura"]
+    now = {**run, "sakura": res}
+    return loss_ratio(now), res["latency_s"] / run["on-device"]["latency_s"], res, run
+
+
+def test_a_dropped_layer_is_rescued_when_its_catch_up_begins(monkeypatch):
+    """Published loser, the worst (style3x1024-out512, ~3.6 TFLOP/s, 5G TMOBILE/1/US-East/49): 1.064. The link dipped
+    from ~94 to ~42 Mbit/s at 6-21 s; at 7.8 s the plan was redone at 47 Mbit/s, where every split from 8 to 16 ties
+    (link-bound), and the robust tie-break dropped layer 15: it was computed with an 8-layer catch-up (10.7 s) while
+    shards 16-24 streamed and the link recovered. Now, when that catch-up begins, the driver asks the planner
+    whether requesting the shard meanwhile finishes sooner (at the plain prediction) and, if so, requests it and
+    runs the catch-up one template layer at a time (ADVANCE, no slack spent): the shard comes first."""
+    args = ("umn_5gophers/All-Carriers/01-Throughput/data.csv#TMOBILE/1/US-East/49", "style3x1024-out512", "~3.6")
+    before, _, _, _ = loser_r7(monkeypatch, *args, RESCUE=False)
+    after, vs_od, res, _ = loser_r7(monkeypatch, *args)
+    assert before > 1.06
+    assert after < 0.95 and vs_od <= 1 + LOSS_BOUND, (before, after)
+
+
+@pytest.mark.parametrize("trace,workload,phone", [
+    ("umn_5gophers/All-Carriers/01-Throughput/data.csv#SPRINT/1/US-East/7", "template1024-out512", "~3.6"),
+    ("umn_5gophers/All-Carriers/01-Throughput/data.csv#SPRINT/1/US-East/2", "template1024-out512", "~11"),
+])
+def test_a_link_that_falls_short_of_its_predictions_is_planned_for_half_of_it(monkeypatch, trace, workload, phone):
+    """Published losers on SPRINT/1 traces (the link falls steadily, e.g. 36 -> 18 Mbit/s): 1.055 and 1.053. The
+    first plans streamed from layer 12 at the prior's rate; every re-plan trailed the fall and dropped a layer
+    mid-stream, each costing a catch-up (layers 14 and 22: 3 and 8 template layers), while CacheGen-fair,
+    computing a longer prefix, won at 34.5-36.7 dB. The robust choice could only pick among plans within 1 % of
+    the fastest at the estimate; it may now give up to 1 % + 0.5 x the largest recent over-estimate (at most
+    10 %) at the estimate for a plan that holds at half of it (`EditDriver.estimate_tol`)."""
+    before, _, _, _ = loser_r7(monkeypatch, trace, workload, phone, PLAN_TOL_GAIN=None)
+    after, vs_od, _, _ = loser_r7(monkeypatch, trace, workload, phone)
+    assert before > 1.05
+    assert after <= 1.0 + 1e-9 and vs_od <= 1 + LOSS_BOUND, (before, after)
+
+
+def test_the_published_losers_lose_less():
+    """All 20 published losers replayed with this round's policy: at most 10 still lose by > 2 % (10 do), none by
+    more than 6.1 % (worst 1.060: template1024-out512 ~3.6 TFLOP/s SPRINT/1/US-East/8, 1.053 before), every one
+    within the loss bound of on-device and at or above the image floor (CacheGen-L3 on every shard, 34.56 dB)."""
+    from sakura.psnr import psnr_db
+
+    mp = pytest.MonkeyPatch()
+    floor_db = psnr_db(LOSERS_R7["ladder"]["floor_image_mse"] * LOSERS_R7["ladder"]["layers"])
+    ratios = []
+    for r in LOSERS_R7["runs"]:
+        ratio, vs_od, res, _ = loser_r7(mp, r["trace"], r["workload"], r["phone"][:4])
+        assert vs_od <= 1 + LOSS_BOUND + 1e-12, r["trace"]
+        assert res["psnr_db"] >= floor_db - 1e-6, r["trace"]
+        ratios.append(ratio)
+    assert all(r["published_loss_ratio"] > 1.02 for r in LOSERS_R7["runs"])
+    assert sum(x > 1.02 for x in ratios) <= 10, ratios
+    assert max(ratios) <= 1.061, ratios
