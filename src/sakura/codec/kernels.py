@@ -254,6 +254,20 @@ def _host_has(feature: str) -> bool:
 VECTOR_LANES = 16 if _host_has("avx512vbmi2") else 0
 
 
+def _splat(builder, vty, x):
+    """Codegen: the vector vty with x (a scalar of its element type) in every lane."""
+    one = builder.insert_element(ir.Constant(vty, ir.Undefined), x, ir.IntType(32)(0))
+    zeros = ir.Constant(ir.VectorType(ir.IntType(32), vty.count), None)   # shuffle mask: lane 0 everywhere
+    return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), zeros)
+
+
+def _popcount(builder, mask):
+    """Codegen: the number of set lanes of a 16-lane i1 mask, as an i64."""
+    i16 = ir.IntType(16)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i16, [i16]), "llvm.ctpop.i16")
+    return builder.zext(builder.call(fn, [builder.bitcast(mask, i16)]), ir.IntType(64))
+
+
 @intrinsic
 def _merge_lanes(typingctx, mag, neg, j, lowv, li, newv, ki, sv, si, m):
     """`refine`'s merge of 16 coefficients mag[j:j+16], neg[j:j+16] in one go: a lane whose
@@ -293,28 +307,21 @@ def _merge_lanes(typingctx, mag, neg, j, lowv, li, newv, ki, sv, si, m):
             fn = cgutils.get_or_insert_function(mod, fnty, f"llvm.masked.expandload.{name}")
             return builder.call(fn, [ptr, mask, ir.Constant(vty, None)])
 
-        def popcount(mask):
-            fn = cgutils.get_or_insert_function(mod, ir.FunctionType(i16, [i16]), "llvm.ctpop.i16")
-            return builder.zext(builder.call(fn, [builder.bitcast(mask, i16)]), ir.IntType(64))
-
         pmag = builder.bitcast(at(0, jj), v32.as_pointer())
         pneg = builder.bitcast(at(1, jj), v8.as_pointer())
         q = builder.load(pmag, align=2)
-        zero32 = ir.Constant(v32, None)
-        sig = builder.icmp_unsigned("!=", q, zero32)
+        sig = builder.icmp_unsigned("!=", q, ir.Constant(v32, None))
         ins = builder.not_(sig)
         lo = expand(v16, "v16i16", at(3, ll), sig)
         nw = expand(v16, "v16i16", at(5, kk), ins)
         sh = context.cast(builder, mm, tys[9], types.int32 if wide else types.int16)
-        shv = builder.insert_element(ir.Constant(v32, ir.Undefined), sh, i32(0))
-        shv = builder.shuffle_vector(shv, ir.Constant(v32, ir.Undefined), ir.Constant(ir.VectorType(i32, W), None))
-        sigval = builder.or_(builder.shl(q, shv), ext(lo))
+        sigval = builder.or_(builder.shl(q, _splat(builder, v32, sh)), ext(lo))
         builder.store(builder.select(sig, sigval, ext(nw)), pmag, align=2)
         bec = builder.and_(ins, builder.icmp_unsigned("!=", nw, ir.Constant(v16, None)))
         sb = expand(v8, "v16i8", at(7, ss), bec)
         n0 = builder.load(pneg, align=1)
         builder.store(builder.select(sig, n0, sb), pneg, align=1)
-        return context.make_tuple(builder, signature.return_type, [popcount(sig), popcount(bec)])
+        return context.make_tuple(builder, signature.return_type, [_popcount(builder, sig), _popcount(builder, bec)])
     return types.UniTuple(types.int64, 2)(mag, neg, j, lowv, li, newv, ki, sv, si, m), codegen
 
 
@@ -643,7 +650,6 @@ def refine_sparse(b_lo, b_hi, starts, counts, sym, nz, sptr, m, g, low, lbit0, s
     prefetch ahead: at 4,096 tokens a part's 50 MB are out of cache and the writes, ~100 floats
     apart, were one DRAM round trip each."""
     mmask = (1 << m) - 1
-    lg = 0 if g == 1 else 1 if g == 2 else 2
     sb = sbit0[b_lo]
     for b in range(b_lo, b_hi):
         a = starts[b]
@@ -718,23 +724,20 @@ def _nonzero_positions16(typingctx, mag, j, sigpos, sp):
     def codegen(context, builder, signature, args):
         amag, jj, apos, ss = args
         tys = signature.args
-        i1, i16, i32 = ir.IntType(1), ir.IntType(16), ir.IntType(32)
+        i1, i32 = ir.IntType(1), ir.IntType(32)
         v32, vm = ir.VectorType(i32, W), ir.VectorType(i1, W)
         j = context.cast(builder, jj, tys[1], types.intp)
         pm = builder.gep(context.make_array(tys[0])(context, builder, amag).data, [j])
         vq = ir.VectorType(ir.IntType(mbits), W)
         q = builder.load(builder.bitcast(pm, vq.as_pointer()), align=mbits // 8)
         nz = builder.icmp_unsigned("!=", q, ir.Constant(vq, None))
-        base = builder.insert_element(ir.Constant(v32, ir.Undefined), builder.trunc(j, i32), i32(0))
-        base = builder.shuffle_vector(base, ir.Constant(v32, ir.Undefined), ir.Constant(v32, None))
-        pos = builder.add(base, ir.Constant(v32, list(range(W))))
+        pos = builder.add(_splat(builder, v32, builder.trunc(j, i32)), ir.Constant(v32, list(range(W))))
         sp = context.cast(builder, ss, tys[3], types.intp)
         pp = builder.gep(context.make_array(tys[2])(context, builder, apos).data, [sp])
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [v32, pp.type, vm]),
                                             "llvm.masked.compressstore.v16i32")
         builder.call(fn, [pos, pp, nz])
-        pc = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i16, [i16]), "llvm.ctpop.i16")
-        return builder.zext(builder.call(pc, [builder.bitcast(nz, i16)]), ir.IntType(64))
+        return _popcount(builder, nz)
     return types.int64(mag, j, sigpos, sp), codegen
 
 
