@@ -498,6 +498,33 @@ def bench_profile(
                 model_name=model, seed=seed, jobs=jobs, log=typer.echo)
 
 
+@bench_app.command("templates")
+def bench_templates(
+    out: Path = typer.Option(Path("docs/e2e"), help="Folder for templates.json/.md/.png."),
+    templates: Optional[list[str]] = typer.Option(None, "--template", help="Templates whose real KV measures the "
+                                                 "renditions (default: look-00, texture-00, sticker-00)."),
+    families: Optional[list[str]] = typer.Option(None, help="Trace families (default: umn_5gophers)."),
+    workloads: Optional[list[str]] = typer.Option(None, help="Named workloads (default: all)."),
+    phones: Optional[list[str]] = typer.Option(None, help="Phone levels by name or TFLOP/s (default: all three)."),
+    traces_per_family: int = typer.Option(0, min=0, help="Sample this many traces per family (0: every trace)."),
+    model: str = typer.Option("sakura-mini", help="Model whose real template KV measures the renditions."),
+    jobs: int = typer.Option(1, min=1, help="Processes over the independent runs of each template's profile."),
+) -> None:
+    """Phone profile (EXTRAPOLATED) once per template: the equal-quality ratio vs CacheGen-L3 and the
+    bytes at the image floor, per template, beside the ceiling."""
+    from sakura.bench.templates import DEFAULT_FAMILIES, DEFAULT_TEMPLATES, run_templates
+    from sakura.tasks.library import template_library
+
+    known = {t.name for t in template_library(64)}
+    bad = [t for t in (templates or []) if t not in known]
+    if bad:
+        typer.echo(f"error: unknown template(s) {', '.join(bad)}; known: {', '.join(sorted(known))}", err=True)
+        raise typer.Exit(2)
+    run_templates(out, templates=templates or DEFAULT_TEMPLATES, families=families or DEFAULT_FAMILIES,
+                  workloads=workloads, phones=phones, traces_per_family=traces_per_family, jobs=jobs,
+                  model_name=model, log=typer.echo)
+
+
 @bench_app.command("both-models")
 def bench_both_models(
     out: Path = typer.Option(Path("docs/codec"), help="Folder for both_models.json and both_models.md."),
