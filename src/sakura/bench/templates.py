@@ -55,6 +55,7 @@ def run_templates(out_dir: str | Path, *, templates: Sequence[str] = DEFAULT_TEM
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     per: dict[str, dict] = {}
+    phone_names: list[str] = []
     for t in templates:
         log(f"== template {t}: measuring its renditions")
         ladder = measure_ladder(model_name, t, log=lambda s: None)
@@ -64,13 +65,14 @@ def run_templates(out_dir: str | Path, *, templates: Sequence[str] = DEFAULT_TEM
                             jobs=jobs, log=lambda s: None,
                             **({} if rates_mbps is None else {"rates_mbps": tuple(rates_mbps)}))
         add_l3_ceiling(r["summary"], r["runs"])
+        phone_names = [ph["name"] for ph in r["phones"]]
         per[t] = {"ladder": r["ladder"], "floor": floor_bits(r["ladder"]), "summary": r["summary"],
                   "family_checks": r["family_checks"], "runs": len(r["runs"])}
         c = r["family_checks"]["all"]
         log(f"   {len(r['runs'])} runs, {c['losing_runs']} losing, worst {c['worst_loss_ratio']:.3f}")
     result = {"mode": "phone profile per template (trace-driven simulation; EXTRAPOLATED)", "model": model_name,
               "templates": list(templates), "families": list(families) if families else None,
-              "traces_per_family": traces_per_family, "wall_s": time.perf_counter() - t0, "per_template": per}
+              "traces_per_family": traces_per_family, "phones": phone_names, "wall_s": time.perf_counter() - t0, "per_template": per}
     (out / "templates.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
     md = templates_markdown(result)
     (out / "templates.md").write_text(md)
