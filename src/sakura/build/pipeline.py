@@ -162,8 +162,8 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
 
         probe = ShardDistortionProbe(model, kv, calib, steps=steps, seed=seed)
         L = kv.num_layers
-        shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=L, sensitivity=sens[i])
-                  for i, l in enumerate(kv.layers)]
+        shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=L, sensitivity=sens[i],
+                          distortion=_part_probe(probe, i, l)) for i, l in enumerate(kv.layers)]
         ident = lambda i: ShardId(model_fp, kv.template_fingerprint, i)  # noqa: E731
         floor_tables = floor_codec.fit_tables(shards) if floor_codec.uses_tables else None
         floors = []
@@ -308,6 +308,26 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log):
     log(f"  ladder budgets {budgets} (lowest rung: {got if got is not None else float('nan'):.1f} dB vs lossless "
         f"on the calibration photos at budget {base}, target {base_psnr_db} dB)")
     return get_codec(codec.name, **{**codec.params, "budgets": budgets}), {"budgets": budgets}
+
+
+def _part_probe(probe, layer: int, lossless):
+    """`ShardKV.distortion` for layer `layer`: the calibration edits' image MSE with this layer's keys
+    or values replaced (the progressive codec's image allocation, `allocate="image"`), memoised on
+    the decoded bytes (the ladder fit and every rendition's tables ask for the same grid points)."""
+    import torch
+
+    from sakura.models.kv import LayerKV
+
+    memo: dict[tuple[str, bytes], float] = {}
+
+    def distortion(kv: str, decoded) -> float:
+        key = (kv, hashlib.sha256(decoded.contiguous().view(torch.uint8).numpy().tobytes()).digest())
+        if key not in memo:
+            layer_kv = LayerKV(decoded, lossless.value) if kv == "k" else LayerKV(lossless.key, decoded)
+            memo[key] = probe.image_mse(layer, layer_kv)
+        return memo[key]
+
+    return distortion
 
 
 def _rounded(dist: dict[str, float]) -> dict[str, float]:
