@@ -14,6 +14,8 @@ Layout of one object (all integers little-endian, explicitly):
     6       1     kind (u8): 1 = shard rendition, 2 = codec tables, 3 = layered refinement
     7       1     flags (u8): bit 0 = header is zstd-compressed; bit 1 = zstd with the frozen header
                   dictionary `HEADER_DICT_1` (version >= 5 writers; not with bit 0); others must be 0
+                  (version-5 progressive/CacheGen shard objects also write the identity compactly:
+                  {"mt": `ShardId.digest()`, "shard": i})
     8       4     header length H (u32)
     12      8     payload length P (u64)
     20      4     crc32 of bytes [0, 20) + bytes [24, 24 + H + P)
@@ -55,15 +57,15 @@ FLAG_HEADER_DICT = 2    # header zstd-compressed with the frozen header dictiona
 #: dictionary; what remains is mostly the fingerprints (identity and tables).
 HEADER_DICT_1 = (
     b'{"level":1,"own":[0],"parent_crc":1814452301,"sections":[{"dtype":"|u1","name":"p","nbytes":843,"shape":[843]}]}'
-    b'{"codec":"cachegen","dtype":"float16","id":{"model":"0000000000000000000000000000000000000000000000000000000000000000",'
-    b'"shard":2,"template":"0000000000000000000000000000000000000000000000000000000000000000"},"key_bins":16,"layer":2,'
+    b'{"codec":"cachegen","dtype":"float16","id":{"mt":"00000000000000000000000000000000","shard":2},'
+    b'"key_bins":16,"layer":2,'
     b'"num_layers":6,"params":{"level":3},"scale_dtype":"<f2","sections":[{"dtype":"<f2","name":"k_amax","nbytes":128,'
     b'"shape":[64]},{"dtype":"<u2","name":"rans.k","nbytes":3356,"shape":[1678]},{"dtype":"<u4","name":"pieces.k","nbytes":4,'
     b'"shape":[1]},{"dtype":"<f2","name":"v_amax","nbytes":128,"shape":[64]},{"dtype":"<u2","name":"rans.v","nbytes":3382,'
     b'"shape":[1691]},{"dtype":"<u4","name":"pieces.v","nbytes":4,"shape":[1]}],"shape":[64,4,32],'
     b'"tables":"00000000000000000000000000000000","value_bins":16}'
-    b'{"codec":"progressive","dtype":"float16","id":{"model":"0000000000000000000000000000000000000000000000000000000000000000",'
-    b'"shard":2,"template":"0000000000000000000000000000000000000000000000000000000000000000"},"layer":2,"level":0,'
+    b'{"codec":"progressive","dtype":"float16","id":{"mt":"00000000000000000000000000000000","shard":2},'
+    b'"layer":2,"level":0,'
     b'"levels":1,"num_layers":6,"own":[0,0],"params":{"allocate":"image","budgets":[1.0],"transform":"dct"},'
     b'"prog":{"k":{"grid":8,"m0":2,"mean":"<f2","off":[0.5],"planes":[0],"scaled":false,"step":1.405645728111267},'
     b'"v":{"grid":8,"m0":2,"mean":"<f2","off":[0.625],"planes":[0],"scaled":false,"step":1.4121193885803223}},'
@@ -138,6 +140,17 @@ class ShardId:
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "template": self.template, "shard": int(self.shard)}
+
+    def digest(self) -> str:
+        """128-bit hex digest of (model, template): what version-5 shard objects carry instead of
+        the two fingerprints (~130 hex characters, most of a mini shard's compressed header)."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps([self.model, self.template]).encode()).hexdigest()[:32]
+
+    def to_compact_json(self) -> dict[str, Any]:
+        """The identity as version-5 objects write it: {"mt": digest, "shard": i}."""
+        return {"mt": self.digest(), "shard": int(self.shard)}
 
 
 @dataclass
@@ -335,7 +348,20 @@ def check_identity(obj: Object, expected: ShardId, *, codec: str | None = None,
     ident = obj.header.get("id")
     if not isinstance(ident, dict):
         raise CorruptError("header lacks the identity fields")
-    for k, want in expected.to_json().items():
+    if "mt" in ident:   # compact form (version >= 5): a digest of model and template, the shard index
+        if obj.version < 5:
+            raise VersionError(f"object of format version {obj.version} with a compact identity (version 5 "
+                               f"writes it): re-encode with this build")
+        if set(ident) != {"mt", "shard"}:
+            raise CorruptError(f"malformed compact identity {ident!r}")
+        if ident["mt"] != expected.digest():
+            raise IdentityError(f"object belongs to another model or template (identity digest {ident['mt']!r}, "
+                                f"expected {expected.digest()!r} for model={expected.model!r}, "
+                                f"template={expected.template!r})")
+        if ident["shard"] != int(expected.shard):
+            raise IdentityError(f"object belongs to shard={ident['shard']!r}, expected {int(expected.shard)!r}")
+        ident = None
+    for k, want in ([] if ident is None else expected.to_json().items()):
         if ident.get(k) != want:
             raise IdentityError(f"object belongs to {k}={ident.get(k)!r}, expected {want!r}")
     if codec is not None and obj.header.get("codec") != codec:

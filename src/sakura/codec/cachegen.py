@@ -249,8 +249,9 @@ class CacheGenCodec(Codec):
             w.add(f"rans.{kv}", words)
             w.add(f"pieces.{kv}", counts)
         kb, vb = syms["k"][2], syms["v"][2]
-        return w.to_bytes(bs.KIND_SHARD, self._header(shard, ident, tables, key_bins=kb, value_bins=vb,
-                                                      scale_dtype=sdt.str), FORMAT_VERSION, header_dict=True)
+        h = self._header(shard, ident, tables, key_bins=kb, value_bins=vb, scale_dtype=sdt.str)
+        h["id"] = ident.to_compact_json()   # version 5
+        return w.to_bytes(bs.KIND_SHARD, h, FORMAT_VERSION, header_dict=True)
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
                pool: Executor | None = None) -> DecodedShard:

@@ -699,6 +699,7 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
         w.add("p", pack_chunks(chunks[l]))
         if l == 0:
             h = codec._header(shard, ident, tables, levels=levels, prog=info, level=0, own=own[0])
+            h["id"] = ident.to_compact_json()   # version 5
             h["params"] = {k: p[k] for k in ("budgets", "quantiser", "transform", "allocate") if k in p}
             if codec.name == "layered":  # a `layered:quantiser="ecsq"` ladder: its header must say so
                 h["params"]["quantiser"] = "ecsq"

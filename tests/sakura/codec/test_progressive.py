@@ -240,6 +240,16 @@ def test_reconstruction_offsets_version_5(levels):
             assert np.array_equal(st.coefficients(kv), st.layout.from_flat(want))
 
 
+def _relabel(obj: bytes, version: int) -> bytes:
+    import struct
+    import zlib
+
+    b = bytearray(obj)
+    b[4:6] = struct.pack("<H", version)
+    b[20:24] = struct.pack("<I", zlib.crc32(bytes(b[24:]), zlib.crc32(bytes(b[:20]))))
+    return bytes(b)
+
+
 def test_offsets_header_is_checked_against_the_version():
     import json
     import struct
@@ -259,6 +269,8 @@ def test_offsets_header_is_checked_against_the_version():
         w = bs.Writer()
         w.add("p", obj.section("p"))
         h = {k: v for k, v in header.items() if k != "sections"}
+        if version < 5:   # version 4 spelled the identity out
+            h["id"] = ident.to_json()
         return w.to_bytes(bs.KIND_SHARD, h, version)
 
     h = json.loads(json.dumps(obj.header))
@@ -275,6 +287,13 @@ def test_offsets_header_is_checked_against_the_version():
             c.decode(forge(hb, 5), ident, tables)
     with pytest.raises(VersionError):
         c.decode(forge(h, 6), ident, tables)
+    hc = json.loads(json.dumps(h))
+    with pytest.raises(VersionError):                         # a compact identity in a version-4 object
+        bs.check_identity(bs.parse(_relabel(forge(hc, 5), 4)), ident)
+    with pytest.raises(IdentityError, match="model or template"):
+        c.decode(data, ShardId("m", "other", 1), tables)
+    with pytest.raises(IdentityError, match="shard"):
+        c.decode(data, ShardId("m", "t", 0), tables)
     # a version-4 object (before offsets: no "off", the midpoint) still decodes, as the midpoint
     mid = get_codec("progressive", budgets=[1.0], allocate="sensitivity")
     mt = mid.fit_tables(shards)
