@@ -37,9 +37,11 @@ from sakura.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, decode_template_r
 #: Floor rungs: single-rung progressive renditions at about CacheGen level 3's quality, below the
 #: calibrated ladder's 38 dB. The runtime holds sakura to the *image* floor (CacheGen-L3 on every
 #: shard), not to 38 dB; on a hard template (sticker-00) the calibrated ladder is one rung at 2.25
-#: bits/value (~51 dB a shard), and with nothing cheaper inside the floor link-bound runs lost to
+#: bits/value (~51 dB a shard; since session 8's image allocation one rung at budget 1.4, 1.50 bits/value), and with nothing cheaper inside the floor link-bound runs lost to
 #: CacheGen's levels 2 and 1. Budget 1.2 gives 1.46 bits/value at a mean shard image MSE of 4.0e-5
-#: (under CacheGen-L3's 5.8e-5), budget 1.0 1.26 bits/value at 1.0e-4; the planner takes them
+#: (under CacheGen-L3's 5.8e-5), budget 1.0 1.26 bits/value at 1.0e-4 (session 8, image allocation,
+#: offsets and compact headers: 1.28 / 3.1e-5 and 1.09 / 4.6e-5, both under the floor; budget 0.8
+#: would give 0.90 / 6.9e-5, docs/codec.md "Session 8"); the planner takes them
 #: only where the link makes them faster and the image floor allows (docs/runtime.md: 81 -> 47
 #: losing profile runs). Made only where the calibrated ladder has no rung as cheap
 #: (`skipped_floor_rungs`): an easy template's ladder already reaches down to 0.15-1.0 bits/value,

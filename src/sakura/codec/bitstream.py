@@ -53,8 +53,8 @@ FLAG_HEADER_ZSTD = 1
 FLAG_HEADER_DICT = 2    # header zstd-compressed with the frozen header dictionary below (version >= 5 writers)
 #: Header dictionary 1 (frozen: objects depend on it byte for byte; a new one needs a new flag):
 #: the JSON keys and typical values of progressive and CacheGen headers, fingerprints zeroed. A
-#: mini-model shard's header is ~650 bytes of JSON, 415 after plain zstd, ~130 with this
-#: dictionary; what remains is mostly the fingerprints (identity and tables).
+#: mini-model shard's header is ~650 bytes of JSON, 415 after plain zstd, ~115 with this
+#: dictionary and the compact identity; what remains is mostly the fingerprints and step floats.
 HEADER_DICT_1 = (
     b'{"level":1,"own":[0],"parent_crc":1814452301,"sections":[{"dtype":"|u1","name":"p","nbytes":843,"shape":[843]}]}'
     b'{"codec":"cachegen","dtype":"float16","id":{"mt":"00000000000000000000000000000000","shard":2},'

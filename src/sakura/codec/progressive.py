@@ -21,7 +21,11 @@ Rung 0 codes the signed index of every coefficient with band-context ANS (the EC
 Error bound in the coefficient domain at rung l: |c - c^| <= step_l / 2 where q > 0, < step_l where
 q = 0; the transform is orthonormal, so the squared error of the KV is the coefficients'.
 
-Rate allocation (`allocation.allocate_steps`): `budgets` are entropy-coded bits per value at each
+Rate allocation, `allocate="image"` (default; every shard has a `ShardKV.distortion` probe): as
+below, then rung 0's steps and every rung's planes re-chosen by the same Lagrangian on the *measured*
+image MSE of each part alone around the proxy's choice (`_image_steps`, `_image_planes`), and each
+part's per-rung reconstruction offset by the probe (`_image_offsets`, `OFFSETS`; wire version 5).
+Proxy (`allocate="sensitivity"`, or no probes; `allocation.allocate_steps`): `budgets` are entropy-coded bits per value at each
 rung, over the whole template. Rung 0's steps are chosen per part in half-bit steps by the
 Lagrangian that minimises sum sensitivity x relative MSE at budget 0 (sensitivities from
 `ShardKV.sensitivity` with `allocate="sensitivity"`, else 1); rung l adds whole planes per part by
@@ -1271,7 +1275,7 @@ def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, 
 class ProgressiveCodec(Codec):
     """`progressive`: the progressive transform ladder, `sakura build`'s default. Parameters (the
     only ones it takes): `budgets` (increasing entropy-coded bits per value per rung, over the
-    template), `transform` (dct / none), `allocate` (sensitivity / none), `weighting` (none /
+    template), `transform` (dct / none), `allocate` (image / sensitivity / none), `weighting` (none /
     importance), `gamma` ([0, 2]); `quantiser` is accepted only as "ecsq" (older specs name it)."""
 
     name = "progressive"
