@@ -37,9 +37,11 @@ from sakura.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, decode_template_r
 #: Floor rungs: single-rung progressive renditions at about CacheGen level 3's quality, below the
 #: calibrated ladder's 38 dB. The runtime holds sakura to the *image* floor (CacheGen-L3 on every
 #: shard), not to 38 dB; on a hard template (sticker-00) the calibrated ladder is one rung at 2.25
-#: bits/value (~51 dB a shard), and with nothing cheaper inside the floor link-bound runs lost to
+#: bits/value (~51 dB a shard; since session 8's image allocation one rung at budget 1.4, 1.50 bits/value), and with nothing cheaper inside the floor link-bound runs lost to
 #: CacheGen's levels 2 and 1. Budget 1.2 gives 1.46 bits/value at a mean shard image MSE of 4.0e-5
-#: (under CacheGen-L3's 5.8e-5), budget 1.0 1.26 bits/value at 1.0e-4; the planner takes them
+#: (under CacheGen-L3's 5.8e-5), budget 1.0 1.26 bits/value at 1.0e-4 (session 8, image allocation,
+#: offsets and compact headers: 1.28 / 3.1e-5 and 1.09 / 4.6e-5, both under the floor; budget 0.8
+#: would give 0.90 / 6.9e-5, docs/codec.md "Session 8"); the planner takes them
 #: only where the link makes them faster and the image floor allows (docs/runtime.md: 81 -> 47
 #: losing profile runs). Made only where the calibrated ladder has no rung as cheap
 #: (`skipped_floor_rungs`): an easy template's ladder already reaches down to 0.15-1.0 bits/value,
@@ -162,8 +164,8 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
 
         probe = ShardDistortionProbe(model, kv, calib, steps=steps, seed=seed)
         L = kv.num_layers
-        shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=L, sensitivity=sens[i])
-                  for i, l in enumerate(kv.layers)]
+        shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=L, sensitivity=sens[i],
+                          distortion=_part_probe(probe, i, l)) for i, l in enumerate(kv.layers)]
         ident = lambda i: ShardId(model_fp, kv.template_fingerprint, i)  # noqa: E731
         floor_tables = floor_codec.fit_tables(shards) if floor_codec.uses_tables else None
         floors = []
@@ -308,6 +310,26 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log):
     log(f"  ladder budgets {budgets} (lowest rung: {got if got is not None else float('nan'):.1f} dB vs lossless "
         f"on the calibration photos at budget {base}, target {base_psnr_db} dB)")
     return get_codec(codec.name, **{**codec.params, "budgets": budgets}), {"budgets": budgets}
+
+
+def _part_probe(probe, layer: int, lossless):
+    """`ShardKV.distortion` for layer `layer`: the calibration edits' image MSE with this layer's keys
+    or values replaced (the progressive codec's image allocation, `allocate="image"`), memoised on
+    the decoded bytes (the ladder fit and every rendition's tables ask for the same grid points)."""
+    import torch
+
+    from sakura.models.kv import LayerKV
+
+    memo: dict[tuple[str, bytes], float] = {}
+
+    def distortion(kv: str, decoded) -> float:
+        key = (kv, hashlib.sha256(decoded.contiguous().view(torch.uint8).numpy().tobytes()).digest())
+        if key not in memo:
+            layer_kv = LayerKV(decoded, lossless.value) if kv == "k" else LayerKV(lossless.key, decoded)
+            memo[key] = probe.image_mse(layer, layer_kv)
+        return memo[key]
+
+    return distortion
 
 
 def _rounded(dist: dict[str, float]) -> dict[str, float]:

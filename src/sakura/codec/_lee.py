@@ -29,15 +29,15 @@ RS2 = 144
 
 
 @njit(nogil=True, cache=True)
-def idct2_2(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+def idct2_2(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     """Channel blocks [lo, hi) (CB2 channels each) of one part's band-sorted magnitudes and
-    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + off) step (0
     where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty(2 * 144, np.float32)
     row = np.empty(64, np.float32)
-    half = np.float32(0.5)
+    of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
     for b in range(lo, hi):
@@ -50,7 +50,7 @@ def idct2_2(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                 prefetch(mag, ahead + np.uint64(pq))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
-                v = (np.float32(q) + half) * st
+                v = (np.float32(q) + of) * st
                 v = -v if neg[src + np.uint64(c)] else v
                 fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range(2 * 64):
@@ -128,15 +128,15 @@ RS4 = 272
 
 
 @njit(nogil=True, cache=True)
-def idct2_4(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+def idct2_4(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     """Channel blocks [lo, hi) (CB4 channels each) of one part's band-sorted magnitudes and
-    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + off) step (0
     where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty(4 * 272, np.float32)
     row = np.empty(64, np.float32)
-    half = np.float32(0.5)
+    of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
     for b in range(lo, hi):
@@ -149,7 +149,7 @@ def idct2_4(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                 prefetch(mag, ahead + np.uint64(pq))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
-                v = (np.float32(q) + half) * st
+                v = (np.float32(q) + of) * st
                 v = -v if neg[src + np.uint64(c)] else v
                 fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range(4 * 64):
@@ -299,15 +299,15 @@ RS8 = 528
 
 
 @njit(nogil=True, cache=True)
-def idct2_8(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+def idct2_8(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     """Channel blocks [lo, hi) (CB8 channels each) of one part's band-sorted magnitudes and
-    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + off) step (0
     where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty(8 * 528, np.float32)
     row = np.empty(64, np.float32)
-    half = np.float32(0.5)
+    of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
     for b in range(lo, hi):
@@ -320,7 +320,7 @@ def idct2_8(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                 prefetch(mag, ahead + np.uint64(pq))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
-                v = (np.float32(q) + half) * st
+                v = (np.float32(q) + of) * st
                 v = -v if neg[src + np.uint64(c)] else v
                 fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range(8 * 64):
@@ -650,15 +650,15 @@ RS16 = 1040
 
 
 @njit(nogil=True, cache=True)
-def idct2_16(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+def idct2_16(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     """Channel blocks [lo, hi) (CB16 channels each) of one part's band-sorted magnitudes and
-    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + off) step (0
     where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty(16 * 1040, np.float32)
     row = np.empty(64, np.float32)
-    half = np.float32(0.5)
+    of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
     for b in range(lo, hi):
@@ -671,7 +671,7 @@ def idct2_16(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                 prefetch(mag, ahead + np.uint64(pq))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
-                v = (np.float32(q) + half) * st
+                v = (np.float32(q) + of) * st
                 v = -v if neg[src + np.uint64(c)] else v
                 fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range(16 * 64):
@@ -1433,15 +1433,15 @@ RS32 = 2064
 
 
 @njit(nogil=True, cache=True)
-def idct2_32(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+def idct2_32(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     """Channel blocks [lo, hi) (CB32 channels each) of one part's band-sorted magnitudes and
-    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + off) step (0
     where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty(32 * 2064, np.float32)
     row = np.empty(64, np.float32)
-    half = np.float32(0.5)
+    of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
     for b in range(lo, hi):
@@ -1454,7 +1454,7 @@ def idct2_32(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                 prefetch(mag, ahead + np.uint64(pq))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
-                v = (np.float32(q) + half) * st
+                v = (np.float32(q) + of) * st
                 v = -v if neg[src + np.uint64(c)] else v
                 fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range(32 * 64):
@@ -3224,15 +3224,15 @@ RS64 = 2064
 
 
 @njit(nogil=True, cache=True)
-def idct2_64(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+def idct2_64(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     """Channel blocks [lo, hi) (CB64 channels each) of one part's band-sorted magnitudes and
-    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + off) step (0
     where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty(64 * 2064, np.float32)
     row = np.empty(32, np.float32)
-    half = np.float32(0.5)
+    of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
     for b in range(lo, hi):
@@ -3245,7 +3245,7 @@ def idct2_64(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                 prefetch(mag, ahead + np.uint64(pq))
             for c in range(32):
                 q = mag[src + np.uint64(c)]
-                v = (np.float32(q) + half) * st
+                v = (np.float32(q) + of) * st
                 v = -v if neg[src + np.uint64(c)] else v
                 fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range(64 * 32):

@@ -60,6 +60,11 @@ class ShardKV:
         sensitivity: optional (key, value) floats >= 0: how much the final image's MSE grows per
             unit of relative MSE in this layer's keys / values (calibrated on public photos, see
             `sakura.capture.sensitivity`); `sakura`/`layered` use it to split bits across layers and K/V.
+        distortion: optional image distortion probe, ``distortion(kv, decoded) -> float``: the image
+            MSE when this layer's keys (kv = "k") or values ("v") are replaced by `decoded` (a
+            (tokens, heads, head_dim) tensor in the shard's dtype), everything else lossless
+            (`sakura build` passes `sakura.capture.ShardDistortionProbe`). `progressive` with
+            ``allocate="image"`` (its default) picks its steps by it; the codec never runs a model.
     """
 
     key: torch.Tensor
@@ -68,6 +73,7 @@ class ShardKV:
     layer: int = 0
     num_layers: int = 1
     sensitivity: tuple[float, float] | None = None
+    distortion: Callable[[str, torch.Tensor], float] | None = field(default=None, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -113,6 +119,8 @@ class ShardKV:
             if (not isinstance(sens, (tuple, list)) or len(sens) != 2
                     or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in sens)):
                 raise CodecError(f"shard.sensitivity must be two finite floats >= 0, got {sens!r}")
+        if self.distortion is not None and not callable(self.distortion):
+            raise CodecError("shard.distortion must be callable (kv, decoded) -> image MSE")
         if not (0 <= self.layer < max(self.num_layers, 1)):
             raise CodecError(f"shard.layer={self.layer} outside [0, num_layers={self.num_layers})")
 

@@ -7,11 +7,15 @@ Layout of one object (all integers little-endian, explicitly):
     4       2     format version (u16), 1, 2 for `sakura`/`layered` objects with per-layer K/V width
                                 offsets (header `offsets`), 3 for progressive ladders (header `prog`) coded
                                 with constriction's ANS (no longer read), 4 for progressive ladders and
-                                `cachegen` objects coded with the interleaved rANS of `rans.py`; a newer
+                                `cachegen` objects coded with the interleaved rANS of `rans.py`, 5 for
+                                progressive ladders with reconstruction offsets (header `off`); a newer
                                 one raises `VersionError`, and so does an older one where its codec's
                                 bitstream changed (progressive v3, cachegen v1)
     6       1     kind (u8): 1 = shard rendition, 2 = codec tables, 3 = layered refinement
-    7       1     flags (u8): bit 0 = header is zstd-compressed; other bits must be 0
+    7       1     flags (u8): bit 0 = header is zstd-compressed; bit 1 = zstd with the frozen header
+                  dictionary `HEADER_DICT_1` (version >= 5 writers; not with bit 0); others must be 0
+                  (version-5 progressive/CacheGen shard objects also write the identity compactly:
+                  {"mt": `ShardId.digest()`, "shard": i})
     8       4     header length H (u32)
     12      8     payload length P (u64)
     20      4     crc32 of bytes [0, 20) + bytes [24, 24 + H + P)
@@ -43,9 +47,39 @@ from typing import Any, Iterator
 import numpy as np
 
 MAGIC = b"SKKV"
-FORMAT_VERSION = 4  # highest version this build reads; writers use the lowest version that can say what they wrote
+FORMAT_VERSION = 5  # highest version this build reads; writers use the lowest version that can say what they wrote
 _FIXED = struct.Struct("<4sHBBIQI")  # magic, version, kind, flags, H, P, crc
 FLAG_HEADER_ZSTD = 1
+FLAG_HEADER_DICT = 2    # header zstd-compressed with the frozen header dictionary below (version >= 5 writers)
+#: Header dictionary 1 (frozen: objects depend on it byte for byte; a new one needs a new flag):
+#: the JSON keys and typical values of progressive and CacheGen headers, fingerprints zeroed. A
+#: mini-model shard's header is ~650 bytes of JSON, 415 after plain zstd, ~115 with this
+#: dictionary and the compact identity; what remains is mostly the fingerprints and step floats.
+HEADER_DICT_1 = (
+    b'{"level":1,"own":[0],"parent_crc":1814452301,"sections":[{"dtype":"|u1","name":"p","nbytes":843,"shape":[843]}]}'
+    b'{"codec":"cachegen","dtype":"float16","id":{"mt":"00000000000000000000000000000000","shard":2},'
+    b'"key_bins":16,"layer":2,'
+    b'"num_layers":6,"params":{"level":3},"scale_dtype":"<f2","sections":[{"dtype":"<f2","name":"k_amax","nbytes":128,'
+    b'"shape":[64]},{"dtype":"<u2","name":"rans.k","nbytes":3356,"shape":[1678]},{"dtype":"<u4","name":"pieces.k","nbytes":4,'
+    b'"shape":[1]},{"dtype":"<f2","name":"v_amax","nbytes":128,"shape":[64]},{"dtype":"<u2","name":"rans.v","nbytes":3382,'
+    b'"shape":[1691]},{"dtype":"<u4","name":"pieces.v","nbytes":4,"shape":[1]}],"shape":[64,4,32],'
+    b'"tables":"00000000000000000000000000000000","value_bins":16}'
+    b'{"codec":"progressive","dtype":"float16","id":{"mt":"00000000000000000000000000000000","shard":2},'
+    b'"layer":2,"level":0,'
+    b'"levels":1,"num_layers":6,"own":[0,0],"params":{"allocate":"image","budgets":[1.0],"transform":"dct"},'
+    b'"prog":{"k":{"grid":8,"m0":2,"mean":"<f2","off":[0.5],"planes":[0],"scaled":false,"step":1.405645728111267},'
+    b'"v":{"grid":8,"m0":2,"mean":"<f2","off":[0.625],"planes":[0],"scaled":false,"step":1.4121193885803223}},'
+    b'"sections":[{"dtype":"|u1","name":"p","nbytes":1750,"shape":[1750]}],"shape":[64,4,32],'
+    b'"tables":"00000000000000000000000000000000"}')
+_ZDICT: list = []
+
+
+def _header_dict():
+    import zstandard
+
+    if not _ZDICT:
+        _ZDICT.append(zstandard.ZstdCompressionDict(HEADER_DICT_1, dict_type=zstandard.DICT_TYPE_RAWCONTENT))
+    return _ZDICT[0]
 FIXED_SIZE = _FIXED.size  # 24 bytes
 
 KIND_SHARD = 1
@@ -75,11 +109,14 @@ class VersionError(CodecError):
     no longer reads (re-encode it)."""
 
 
-def require_version(obj: "Object", want: int, codec: str) -> None:
-    """Raise `VersionError` unless `obj` has format version `want` (a codec whose bitstream changed)."""
-    if obj.version != want:
+def require_version(obj: "Object", want: "int | tuple[int, ...]", codec: str) -> None:
+    """Raise `VersionError` unless `obj` has format version `want` (or one of them: a codec whose
+    bitstream changed)."""
+    ok = want if isinstance(want, tuple) else (want,)
+    if obj.version not in ok:
+        said = " or ".join(str(v) for v in ok)
         raise VersionError(f"{codec} object has format version {obj.version}; this build reads {codec} objects of "
-                           f"version {want} only (older ones: re-encode with this build, e.g. `sakura build`)")
+                           f"version {said} only (older ones: re-encode with this build, e.g. `sakura build`)")
 
 
 class IdentityError(CodecError):
@@ -103,6 +140,17 @@ class ShardId:
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "template": self.template, "shard": int(self.shard)}
+
+    def digest(self) -> str:
+        """128-bit hex digest of (model, template): what version-5 shard objects carry instead of
+        the two fingerprints (~130 hex characters, most of a mini shard's compressed header)."""
+        import hashlib
+
+        return hashlib.sha256(json.dumps([self.model, self.template]).encode()).hexdigest()[:32]
+
+    def to_compact_json(self) -> dict[str, Any]:
+        """The identity as version-5 objects write it: {"mt": digest, "shard": i}."""
+        return {"mt": self.digest(), "shard": int(self.shard)}
 
 
 @dataclass
@@ -156,7 +204,11 @@ class Writer:
         self.chunks.append(raw)
         self.offset += len(raw)
 
-    def to_bytes(self, kind: int, header: dict[str, Any], version: int = 1) -> bytes:
+    def to_bytes(self, kind: int, header: dict[str, Any], version: int = 1, header_dict: bool = False) -> bytes:
+        """`header_dict`: also try the frozen header dictionary (`FLAG_HEADER_DICT`; version >= 5
+        objects only, so that builds before it answer `VersionError`, not a flags error)."""
+        if header_dict and version < 5:
+            raise ValueError("the header dictionary needs format version >= 5")
         header = dict(header)
         header["sections"] = self.sections
         hbytes = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
@@ -166,6 +218,12 @@ class Writer:
         packed = zstandard.ZstdCompressor(level=19).compress(hbytes)
         if len(packed) < len(hbytes):
             hbytes, flags = packed, FLAG_HEADER_ZSTD
+        if header_dict:
+            packed = zstandard.ZstdCompressor(level=19, dict_data=_header_dict(), write_content_size=False,
+                                              write_checksum=False, write_dict_id=False).compress(
+                json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode())
+            if len(packed) < len(hbytes):
+                hbytes, flags = packed, FLAG_HEADER_DICT
         payload = b"".join(self.chunks)
         fixed_wo_crc = _FIXED.pack(MAGIC, version, kind, flags, len(hbytes), len(payload), 0)[:20]
         crc = zlib.crc32(payload, zlib.crc32(hbytes, zlib.crc32(fixed_wo_crc)))
@@ -215,7 +273,7 @@ def read_fixed(data: bytes | memoryview, at: int = 0) -> tuple[int, int, int, in
         raise VersionError(f"object has invalid format version {version}")
     if kind not in _KIND_NAMES:
         raise CorruptError(f"unknown object kind {kind}")
-    if flags & ~FLAG_HEADER_ZSTD:
+    if flags & ~(FLAG_HEADER_ZSTD | FLAG_HEADER_DICT) or flags == FLAG_HEADER_ZSTD | FLAG_HEADER_DICT:
         raise CorruptError(f"unknown flags {flags:#04x}")
     if hlen > MAX_HEADER:
         raise CorruptError(f"header length {hlen} is implausible")
@@ -239,11 +297,13 @@ def parse(data: bytes | memoryview, at: int = 0, *, whole: bool = True) -> Objec
     if got != crc:
         raise CorruptError(f"checksum mismatch (crc32 {got:08x}, header says {crc:08x}): object is corrupt")
     hraw = bytes(mv[at + FIXED_SIZE:at + FIXED_SIZE + hlen])
-    if mv[at + 7] & FLAG_HEADER_ZSTD:
+    if mv[at + 7] & (FLAG_HEADER_ZSTD | FLAG_HEADER_DICT):
         import zstandard
 
+        dec = zstandard.ZstdDecompressor(dict_data=_header_dict()) if mv[at + 7] & FLAG_HEADER_DICT \
+            else zstandard.ZstdDecompressor()
         try:
-            hraw = zstandard.ZstdDecompressor().decompress(hraw, max_output_size=MAX_HEADER)
+            hraw = dec.decompress(hraw, max_output_size=MAX_HEADER)
         except zstandard.ZstdError as e:
             raise CorruptError(f"compressed header does not decompress: {e}") from None
     try:
@@ -288,7 +348,20 @@ def check_identity(obj: Object, expected: ShardId, *, codec: str | None = None,
     ident = obj.header.get("id")
     if not isinstance(ident, dict):
         raise CorruptError("header lacks the identity fields")
-    for k, want in expected.to_json().items():
+    if "mt" in ident:   # compact form (version >= 5): a digest of model and template, the shard index
+        if obj.version < 5:
+            raise VersionError(f"object of format version {obj.version} with a compact identity (version 5 "
+                               f"writes it): re-encode with this build")
+        if set(ident) != {"mt", "shard"}:
+            raise CorruptError(f"malformed compact identity {ident!r}")
+        if ident["mt"] != expected.digest():
+            raise IdentityError(f"object belongs to another model or template (identity digest {ident['mt']!r}, "
+                                f"expected {expected.digest()!r} for model={expected.model!r}, "
+                                f"template={expected.template!r})")
+        if ident["shard"] != int(expected.shard):
+            raise IdentityError(f"object belongs to shard={ident['shard']!r}, expected {int(expected.shard)!r}")
+        ident = None
+    for k, want in ([] if ident is None else expected.to_json().items()):
         if ident.get(k) != want:
             raise IdentityError(f"object belongs to {k}={ident.get(k)!r}, expected {want!r}")
     if codec is not None and obj.header.get("codec") != codec:

@@ -67,7 +67,9 @@ def _quantise(x: np.ndarray, bins: int, sdt: np.dtype) -> tuple[np.ndarray, np.n
 
 
 ANCHOR_BINS = 256  # anchors: 8-bit symmetric (MAX 127), per-token absmax
-FORMAT_VERSION = 4  # 1: constriction ANS (no longer read); 4: interleaved rANS (`rans`), channel-group pieces
+FORMAT_VERSION = 5  # 1: constriction ANS (no longer read); 4: interleaved rANS (`rans`), channel-group pieces;
+                    # 5: 4 with the header dictionary (`bitstream.FLAG_HEADER_DICT`), same payload
+READ_VERSIONS = (4, 5)
 
 
 def _piece(rows: int) -> int:
@@ -247,8 +249,9 @@ class CacheGenCodec(Codec):
             w.add(f"rans.{kv}", words)
             w.add(f"pieces.{kv}", counts)
         kb, vb = syms["k"][2], syms["v"][2]
-        return w.to_bytes(bs.KIND_SHARD, self._header(shard, ident, tables, key_bins=kb, value_bins=vb,
-                                                      scale_dtype=sdt.str), FORMAT_VERSION)
+        h = self._header(shard, ident, tables, key_bins=kb, value_bins=vb, scale_dtype=sdt.str)
+        h["id"] = ident.to_compact_json()   # version 5
+        return w.to_bytes(bs.KIND_SHARD, h, FORMAT_VERSION, header_dict=True)
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
                pool: Executor | None = None) -> DecodedShard:
@@ -260,7 +263,7 @@ class CacheGenCodec(Codec):
         what the native decoder is tested against bit for bit). `pool` (native only): threads that
         share this one shard's rANS pieces (whole channels each); bit-equal to the serial decode."""
         obj, dtype, shape = self._open(data, ident, tables)
-        bs.require_version(obj, FORMAT_VERSION, self.name)
+        bs.require_version(obj, READ_VERSIONS, self.name)
         h = obj.header
         T, H, D = shape
         C = H * D

@@ -118,15 +118,15 @@ RS{n} = {rs}
 
 
 @njit(nogil=True, cache=True)
-def idct2_{n}(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
+def idct2_{n}(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     """Channel blocks [lo, hi) (CB{n} channels each) of one part's band-sorted magnitudes and
-    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + 1/2) step (0
+    signs (mag, neg (T*C,), row r at token-grid row perm[r]) -> tokens: sign (mag + off) step (0
     where mag is 0), 2-D inverse DCT, then x / inv[t] (if inv.size) + mu[c]; written as fp16 bits
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty({n} * {rs}, np.float32)
     row = np.empty({cb}, np.float32)
-    half = np.float32(0.5)
+    of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
     for b in range(lo, hi):
@@ -139,7 +139,7 @@ def idct2_{n}(mag, neg, perm, step, lo, hi, inv, mu, out16, out32):
                 prefetch(mag, ahead + np.uint64(pq))
             for c in range({cb}):
                 q = mag[src + np.uint64(c)]
-                v = (np.float32(q) + half) * st
+                v = (np.float32(q) + of) * st
                 v = -v if neg[src + np.uint64(c)] else v
                 fl[dst + np.uint64(c)] = v if q != 0 else zero
         for q in range({n} * {cb}):
@@ -241,9 +241,9 @@ def warm_up() -> None:
         fn = kernel(n)
         for mdt in (np.int32, np.int16):   # both magnitude dtypes (`progressive.magnitude_dtype`)
             mag = np.zeros(T * cb, mdt)
-            fn(mag, neg, perm, 0.5, 0, 1, np.ones(T, np.float32), np.zeros(cb, np.float32),
+            fn(mag, neg, perm, 0.5, 0.5, 0, 1, np.ones(T, np.float32), np.zeros(cb, np.float32),
                np.empty((T, cb), np.uint16), np.empty((0, 0), np.float32))
-            fn(mag, neg, perm, 0.5, 0, 1, np.empty(0, np.float32), np.zeros(cb, np.float32),
+            fn(mag, neg, perm, 0.5, 0.5, 0, 1, np.empty(0, np.float32), np.zeros(cb, np.float32),
                np.empty((0, 0), np.uint16), np.empty((T, cb), np.float32))
 
 

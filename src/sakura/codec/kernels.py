@@ -409,39 +409,41 @@ def refine(mag, neg, starts, nz, counts, sym, m, g, low, signs, lowv, newv, sv, 
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _deadzone(mr, nr, st, o):
-    """o[c] = sign (mr[c] + 1/2) st, 0 where mr[c] is 0 (float32, as the reference decoder)."""
-    half = np.float32(0.5)
+def _deadzone(mr, nr, st, off, o):
+    """o[c] = sign (mr[c] + off) st, 0 where mr[c] is 0 (float32, as the reference decoder; off is
+    the part's reconstruction offset, 1/2 = the bin midpoint)."""
     for c in range(o.size):
         q = mr[c]
-        v = (np.float32(q) + half) * st
+        v = (np.float32(q) + off) * st
         v = -v if nr[c] else v
         o[c] = v if q != 0 else np.float32(0.0)
 
 
 @njit(nogil=True, cache=True)
-def reconstruct(mag, neg, perm, C, step, out):
-    """Dead-zone reconstruction into (T, C) float32 in token-grid order: sign (mag + 1/2) step,
+def reconstruct(mag, neg, perm, C, step, off, out):
+    """Dead-zone reconstruction into (T, C) float32 in token-grid order: sign (mag + off) step,
     0 where mag is 0; band-sorted row r lands at row perm[r]. float32 arithmetic as the reference."""
     T = perm.size
     st = np.float32(step)
+    of = np.float32(off)
     for r in range(T):
-        _deadzone(mag[r * C:(r + 1) * C], neg[r * C:(r + 1) * C], st, out[perm[r]])
+        _deadzone(mag[r * C:(r + 1) * C], neg[r * C:(r + 1) * C], st, of, out[perm[r]])
 
 
 @njit(nogil=True, cache=True)
-def reconstruct_blocks(mag, neg, perm, C, step, cb, out):
+def reconstruct_blocks(mag, neg, perm, C, step, off, cb, out):
     """`reconstruct` straight into channel blocks: out (C // cb, T, cb) float32, block b holding
     channels [b cb, (b+1) cb) of every token-grid row, so the inverse DCT reads each block in place
     (no copy) while it is in cache. Same float32 arithmetic as `reconstruct`."""
     T = perm.size
     st = np.float32(step)
+    of = np.float32(off)
     nblk = C // cb
     for r in range(T):
         row = perm[r]
         for b in range(nblk):
             a = r * C + b * cb
-            _deadzone(mag[a:a + cb], neg[a:a + cb], st, out[b, row])
+            _deadzone(mag[a:a + cb], neg[a:a + cb], st, of, out[b, row])
 
 
 @njit(nogil=True, cache=True)
@@ -564,8 +566,8 @@ def warm_up() -> None:
                       sigptr, mag, neg, bec, np.zeros(1, np.int32), np.zeros(1, np.int16))
         refine(mag, neg, starts, nz, cnt, np.zeros(4, np.int32), 1, 1, np.zeros(6, np.uint8), np.zeros(6, np.uint8),
                np.empty(9, np.int16), np.empty(9, np.int16), np.empty(9, np.uint8), VECTOR_LANES)
-        reconstruct(mag, neg, np.array([1, 0], np.int64), 4, 0.5, out)
-        reconstruct_blocks(mag, neg, np.array([1, 0], np.int64), 4, 0.5, 2, np.empty((2, 2, 2), np.float32))
+        reconstruct(mag, neg, np.array([1, 0], np.int64), 4, 0.5, 0.5, out)
+        reconstruct_blocks(mag, neg, np.array([1, 0], np.int64), 4, 0.5, 0.5, 2, np.empty((2, 2, 2), np.float32))
     cachegen_dequant(np.zeros((2, 4), np.int32), np.ones(4, np.float32), 3, out)
     cachegen_fp16(np.zeros((2, 4), np.int32), np.ones(4, np.float32), 3, 0, 2, np.empty((4, 2), np.uint16))
 

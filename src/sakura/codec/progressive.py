@@ -21,7 +21,11 @@ Rung 0 codes the signed index of every coefficient with band-context ANS (the EC
 Error bound in the coefficient domain at rung l: |c - c^| <= step_l / 2 where q > 0, < step_l where
 q = 0; the transform is orthonormal, so the squared error of the KV is the coefficients'.
 
-Rate allocation (`allocation.allocate_steps`): `budgets` are entropy-coded bits per value at each
+Rate allocation, `allocate="image"` (default; every shard has a `ShardKV.distortion` probe): as
+below, then rung 0's steps and every rung's planes re-chosen by the same Lagrangian on the *measured*
+image MSE of each part alone around the proxy's choice (`_image_steps`, `_image_planes`), and each
+part's per-rung reconstruction offset by the probe (`_image_offsets`, `OFFSETS`; wire version 5).
+Proxy (`allocate="sensitivity"`, or no probes; `allocation.allocate_steps`): `budgets` are entropy-coded bits per value at each
 rung, over the whole template. Rung 0's steps are chosen per part in half-bit steps by the
 Lagrangian that minimises sum sensitivity x relative MSE at budget 0 (sensitivities from
 `ShardKV.sensitivity` with `allocate="sensitivity"`, else 1); rung l adds whole planes per part by
@@ -49,7 +53,12 @@ from . import rans as R
 from .allocation import allocate_steps, allocate_planes
 from .base import Codec, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, check_params, finite, from_f32_2d, register
 
-FORMAT_VERSION = 4      # 3: constriction ANS (no longer read); 4: interleaved rANS streams (`rans`)
+FORMAT_VERSION = 5      # 3: constriction ANS (no longer read); 4: interleaved rANS streams (`rans`);
+                        # 5: 4 plus per-rung reconstruction offsets (header prog[kv]["off"])
+READ_VERSIONS = (4, 5)  # version-4 objects (no "off": the midpoint) still decode, as they did
+#: reconstruction offsets (sign (q + off) step for q > 0) the image allocation chooses among per part
+#: and rung; binary fractions, exact in float32 and in the JSON header
+OFFSETS = (0.5, 0.625, 0.75, 0.875)
 MAX_PLANES = 12         # refinement planes beyond rung 0's step, per part
 PARTS = ("k", "v")
 
@@ -61,6 +70,10 @@ class PartPlan:
     mean: np.ndarray
     step0: float
     planes: list[int]          # planes[0] == 0, non-decreasing
+    offsets: list[float] | None = None   # per rung reconstruction offset (None: the midpoint, 1/2)
+
+    def offs(self) -> list[float]:
+        return list(self.offsets) if self.offsets is not None else [0.5] * len(self.planes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,9 +130,161 @@ def _deadzone_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float) ->
     return err / energy, EQ.band_entropy_bits(s, band)
 
 
+#: image allocation (`allocate="image"`): grid points measured around the proxy's choice, each side
+IMAGE_WINDOW = 3
+#: ... and how many times a window is widened where the choice lands on its edge
+IMAGE_WIDEN = 3
+
+
+def _decoded_part(c: np.ndarray, step: float, n: int, mean: np.ndarray, scale: np.ndarray | None,
+                  shape: tuple[int, int, int], dtype: torch.dtype, off: float = 0.5) -> torch.Tensor:
+    """What a decoder reconstructs from the indices at `step` (sign (q + off) step, inverse DCT,
+    token scales, mean), as a (T, H, D) tensor of `dtype`: the probe's input."""
+    a = np.abs(c)
+    q = np.floor(a / step)
+    rec = np.where(q > 0, np.copysign((q + off) * step, c), 0.0)
+    y = EQ.inverse(rec, n).astype(np.float64) if n else rec
+    if scale is not None:
+        y = y / scale[:, None]
+    y = y + mean.astype(np.float64)[None, :]
+    return torch.from_numpy(y.astype(np.float32)).reshape(shape).to(dtype)
+
+
+def _image_steps(shards: Sequence[ShardKV], fine: dict, means: dict, step0: dict, budget_bits: float,
+                 transform: str) -> dict:
+    """Rung-0 steps by measured image MSE: per part, the shard's `distortion` probe at grid points
+    around the proxy allocation's step (`step0`), then the same Lagrangian with the measured image
+    MSE as the distortion (image MSEs of different parts add up: docs/codec.md). The window widens
+    where the choice lands on its edge. Costs ~(2 IMAGE_WINDOW + 1) probe calls per part."""
+    by_part = {(s.layer, kv): (s, kv) for s in shards for kv in PARTS}
+    measured: dict = {part: {} for part in fine}
+
+    def measure(part, i):
+        if i in measured[part]:
+            return
+        s, kv = by_part[part]
+        mu, c, _band, _energy, sc = means[part]
+        step = fine[part][i][0]
+        T = s.shape[0]
+        dec = _decoded_part(c, step, _grid(T, transform), mu, sc, s.shape, s.key.dtype)
+        mse = float(s.distortion(kv, dec))
+        if not (math.isfinite(mse) and mse >= 0):
+            raise ValueError(f"distortion probe returned {mse!r} for layer {part[0]} {kv}")
+        measured[part][i] = mse
+
+    centre = {part: min(range(len(pts)), key=lambda i: abs(math.log(pts[i][0] / step0[part]))) for part, pts in fine.items()}
+    lo = {p: max(0, centre[p] - IMAGE_WINDOW) for p in fine}
+    hi = {p: min(len(fine[p]) - 1, centre[p] + IMAGE_WINDOW) for p in fine}
+    for _round in range(IMAGE_WIDEN + 1):
+        for part in fine:
+            for i in range(lo[part], hi[part] + 1):
+                measure(part, i)
+        pts = {part: [(fine[part][i][0], measured[part][i], fine[part][i][2]) for i in sorted(measured[part])]
+               for part in fine}
+        chosen = allocate_steps(pts, {p: 1.0 for p in fine}, budget_bits)
+        edge = False
+        for part in fine:
+            i = next(i for i in measured[part] if fine[part][i][0] == chosen[part])
+            if i == lo[part] and lo[part] > 0:
+                lo[part] = max(0, lo[part] - IMAGE_WINDOW)
+                edge = True
+            if i == hi[part] and hi[part] < len(fine[part]) - 1:
+                hi[part] = min(len(fine[part]) - 1, hi[part] + IMAGE_WINDOW)
+                edge = True
+        if not edge:
+            break
+    return chosen
+
+
+def _image_offsets(shards: Sequence[ShardKV], means: dict, step0: dict, planes: dict, transform: str) -> dict:
+    """Per part and rung the reconstruction offset (`OFFSETS`) with the lowest measured image MSE
+    at that rung's step: the same indices and bytes, a different point in each bin. The image
+    penalises the dead-zone's shrinkage toward zero (an MSE-optimal centroid, below the midpoint,
+    measured worse than the midpoint; points above it better), which KV MSE does not see."""
+    out = {}
+    for s in shards:
+        for kv in PARTS:
+            part = (s.layer, kv)
+            mu, c, _band, _energy, sc = means[part]
+            n = _grid(s.shape[0], transform)
+            offs = []
+            for k in planes[part]:
+                st = float(np.float32(step0[part] * 2.0 ** -k))
+                mse = [float(s.distortion(kv, _decoded_part(c, st, n, mu, sc, s.shape, s.key.dtype, o))) for o in OFFSETS]
+                offs.append(OFFSETS[int(np.argmin(mse))])
+            out[part] = offs
+    return out
+
+
+def _ladder_planes(coarse_pts: dict, sens: dict, budgets: Sequence[float], total_values: int) -> dict:
+    """Planes per part and rung (planes[part][0] == 0) by the Lagrangian over `coarse_pts`
+    ({part: [(k, distortion, bits)]}, weights `sens`), never fewer than the rung before."""
+    planes = {part: [0] for part in coarse_pts}
+    for b in budgets[1:]:
+        prev = {part: planes[part][-1] for part in coarse_pts}
+        ks = allocate_planes(coarse_pts, sens, b * total_values, prev)
+        if all(ks[part] == prev[part] for part in coarse_pts):
+            # the budget step is finer than one plane anywhere: refine the part whose next plane
+            # buys the most weighted distortion per bit, so that no rung is empty
+            def gain(part):
+                pts = {t[0]: t for t in coarse_pts[part]}
+                k = prev[part]
+                if k + 1 not in pts:
+                    return -1.0
+                return sens[part] * (pts[k][1] - pts[k + 1][1]) / max(pts[k + 1][2] - pts[k][2], 1e-9)
+            best = max(coarse_pts, key=gain)
+            if gain(best) >= 0:
+                ks[best] = prev[best] + 1
+        for part in coarse_pts:
+            planes[part].append(ks[part])
+    return planes
+
+
+def _image_planes(shards: Sequence[ShardKV], means: dict, step0: dict, proxy: dict, coarse_pts: dict,
+                  budgets: Sequence[float], total_values: int, transform: str) -> dict:
+    """Refinement planes by measured image MSE: per part the probe at 0..k planes (k: the proxy's
+    top rung + 2, widened where the choice reaches it), the proxy's bits, the same Lagrangian."""
+    by_part = {(s.layer, kv): (s, kv) for s in shards for kv in PARTS}
+    measured: dict = {part: {} for part in proxy}
+    top = {part: min(MAX_PLANES, proxy[part][-1] + 2) for part in proxy}
+    for _round in range(IMAGE_WIDEN + 1):
+        for part in proxy:
+            s, kv = by_part[part]
+            mu, c, _band, _energy, sc = means[part]
+            for k in range(top[part] + 1):
+                if k not in measured[part]:
+                    st = float(np.float32(step0[part] * 2.0 ** -k))
+                    mse = float(s.distortion(kv, _decoded_part(c, st, _grid(s.shape[0], transform), mu, sc,
+                                                               s.shape, s.key.dtype)))
+                    if not (math.isfinite(mse) and mse >= 0):
+                        raise ValueError(f"distortion probe returned {mse!r} for layer {part[0]} {kv}")
+                    measured[part][k] = mse
+        pts = {part: [(k, measured[part][k], coarse_pts[part][k][2]) for k in sorted(measured[part])] for part in proxy}
+        planes = _ladder_planes(pts, {part: 1.0 for part in proxy}, budgets, total_values)
+        widen = [part for part in proxy if planes[part][-1] == top[part] and top[part] < MAX_PLANES]
+        if not widen:
+            break
+        for part in widen:
+            top[part] = min(MAX_PLANES, top[part] + 2)
+    return planes
+
+
+def allocation_modes(allocate: str, shards: Sequence[ShardKV]) -> tuple[bool, bool]:
+    """(use sensitivities, use image probes) for `allocate`: "image" measures rung 0's steps with the
+    shards' `distortion` probes when every shard has one (the proxy underneath, and every later
+    rung's planes, use sensitivities when every shard has them); "sensitivity" only the latter;
+    "none" neither (every part weighs 1)."""
+    use_sens = allocate in ("image", "sensitivity") and all(s.sensitivity is not None for s in shards)
+    use_img = allocate == "image" and all(s.distortion is not None for s in shards)
+    return use_sens, use_img
+
+
 def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: str,
-               use_sensitivity: bool, weighting: str = "none", gamma: float = 1.0) -> dict[tuple[int, str], PartPlan]:
-    """Steps and planes of every (layer, K/V) part for a ladder at `budgets` bits per value."""
+               use_sensitivity: bool, weighting: str = "none", gamma: float = 1.0,
+               use_image: bool = False) -> dict[tuple[int, str], PartPlan]:
+    """Steps and planes of every (layer, K/V) part for a ladder at `budgets` bits per value.
+    `use_image`: rung 0's steps by the shards' measured image distortion (`_image_steps`; every
+    shard must have a `distortion` probe), the proxy (sensitivity x relative MSE) otherwise."""
     sdt = Q.scale_dtype(np.array([max(float(s.key.abs().max()), float(s.value.abs().max())) for s in shards]))
     total_values = sum(s.num_values for s in shards)
     fine: dict = {}
@@ -146,29 +311,17 @@ def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: s
                 pts.append((step,) + _deadzone_rd(c, band, step, energy))
             fine[part] = pts
             sens[part] = float(s.sensitivity[j]) if use_sensitivity else 1.0
-            means[part] = (mu, c, band, energy)
+            means[part] = (mu, c, band, energy, sc)
     step0 = allocate_steps(fine, sens, budgets[0] * total_values)
-    for part, (mu, c, band, energy) in means.items():
+    if use_image:
+        step0 = _image_steps(shards, fine, means, step0, budgets[0] * total_values, transform)
+    for part, (mu, c, band, energy, _sc) in means.items():
         coarse_pts[part] = [(k,) + _deadzone_rd(c, band, step0[part] * 2.0 ** -k, energy) for k in range(MAX_PLANES + 1)]
-    planes = {part: [0] for part in means}
-    for b in budgets[1:]:
-        prev = {part: planes[part][-1] for part in means}
-        ks = allocate_planes(coarse_pts, sens, b * total_values, prev)
-        if all(ks[part] == prev[part] for part in means):
-            # the budget step is finer than one plane anywhere: refine the part whose next plane
-            # buys the most weighted distortion per bit, so that no rung is empty
-            def gain(part):
-                pts = coarse_pts[part]
-                k = prev[part]
-                if k >= MAX_PLANES:
-                    return -1.0
-                return sens[part] * (pts[k][1] - pts[k + 1][1]) / max(pts[k + 1][2] - pts[k][2], 1e-9)
-            best = max(means, key=gain)
-            if gain(best) >= 0:
-                ks[best] = prev[best] + 1
-        for part in means:
-            planes[part].append(ks[part])
-    return {part: PartPlan(means[part][0], float(step0[part]), planes[part]) for part in means}
+    planes = _ladder_planes(coarse_pts, sens, budgets, total_values)
+    if use_image and len(budgets) > 1:
+        planes = _image_planes(shards, means, step0, planes, coarse_pts, budgets, total_values, transform)
+    offsets = _image_offsets(shards, means, step0, planes, transform) if use_image else {}
+    return {part: PartPlan(means[part][0], float(step0[part]), planes[part], offsets.get(part)) for part in means}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,8 +493,8 @@ def fit_library_tables(codec: str, params: dict[str, Any], templates: Sequence[S
     wt, gm = params.get("weighting", "none"), float(params.get("gamma", 1.0))
     per_tpl = []
     for shards in templates:
-        use_sens = params["allocate"] == "sensitivity" and all(s.sensitivity is not None for s in shards)
-        per_tpl.append(plan_parts(shards, budgets, params["transform"], use_sens, wt, gm))
+        use_sens, use_img = allocation_modes(params["allocate"], shards)
+        per_tpl.append(plan_parts(shards, budgets, params["transform"], use_sens, wt, gm, use_img))
     plans: dict[tuple[int, str], PartPlan] = {}
     for part in per_tpl[0]:
         ps = [pt[part] for pt in per_tpl if part in pt]
@@ -352,7 +505,8 @@ def fit_library_tables(codec: str, params: dict[str, Any], templates: Sequence[S
         step0 = float(np.exp2(np.median(np.log2([p.step0 for p in ps]))))
         planes = [int(x) for x in np.round(np.median(np.array([p.planes for p in ps]), 0))]
         planes = [planes[0]] + [max(a, b) for a, b in zip(planes, planes[1:])]  # keep them non-decreasing
-        plans[part] = PartPlan(mean, float(np.float32(step0)), planes)
+        offs = [min(OFFSETS, key=lambda o: abs(o - x)) for x in np.median(np.array([p.offs() for p in ps]), 0)]
+        plans[part] = PartPlan(mean, float(np.float32(step0)), planes, offs)
     counts: dict[str, np.ndarray] = {}
     m0s: dict[tuple[int, str], int] = {}
     rungs_of: dict[tuple[int, str], list] = {}
@@ -380,6 +534,8 @@ def fit_library_tables(codec: str, params: dict[str, Any], templates: Sequence[S
     for (layer, kv), p in plans.items():
         arrays[f"L{layer}.{kv}.mean"] = p.mean
         arrays[f"L{layer}.{kv}.plan"] = np.array([p.step0] + p.planes, np.float64)
+        if any(o != 0.5 for o in p.offs()):
+            arrays[f"L{layer}.{kv}.off"] = np.array(p.offs(), np.float64)
     arrays.update({k: pack_counts(v) for k, v in counts.items()})
     meta = {"params": params} if len(templates) == 1 else {"params": params, "library_templates": len(templates)}
     return CodecTables(codec=codec, arrays=arrays, meta=meta)
@@ -482,8 +638,8 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
     levels = len(p["budgets"])
     wt, gm = p.get("weighting", "none"), float(p.get("gamma", 1.0))
     if tables is None:
-        use_sens = p["allocate"] == "sensitivity" and shard.sensitivity is not None
-        plans = plan_parts([shard], [float(b) for b in p["budgets"]], p["transform"], use_sens, wt, gm)
+        use_sens, use_img = allocation_modes(p["allocate"], [shard])
+        plans = plan_parts([shard], [float(b) for b in p["budgets"]], p["transform"], use_sens, wt, gm, use_img)
     else:
         plans = {}
         for kv in PARTS:
@@ -491,7 +647,11 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
             mu, plan = tables.get(f"{pre}.mean"), tables.get(f"{pre}.plan")
             if mu.shape != (C,) or plan.shape != (1 + levels,):
                 raise bs.IdentityError(f"codec tables for layer {shard.layer} do not fit this shard or ladder")
-            plans[(shard.layer, kv)] = PartPlan(mu, float(plan[0]), [int(x) for x in plan[1:]])
+            off = tables.arrays.get(f"{pre}.off")
+            if off is not None and (off.shape != (levels,) or not all(float(o) in OFFSETS for o in off)):
+                raise bs.IdentityError(f"codec tables for layer {shard.layer} have bad reconstruction offsets")
+            plans[(shard.layer, kv)] = PartPlan(mu, float(plan[0]), [int(x) for x in plan[1:]],
+                                                None if off is None else [float(o) for o in off])
     chunks: list[list[bytes]] = [[] for _ in range(levels)]
     own: list[list[int]] = [[] for _ in range(levels)]
     info: dict[str, Any] = {}
@@ -534,19 +694,23 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
             else:
                 chunks[l] += [Q.pack(rs.low, rs.m).tobytes() if rs.low.size else b"",
                               np.packbits(rs.signs).tobytes() if rs.signs.size else b""]
+    version = FORMAT_VERSION   # 5: every part says its offsets; the header may use the dictionary
+    for kv in PARTS:
+        info[kv]["off"] = [float(o) for o in plans[(shard.layer, kv)].offs()]
     out: list[bytes] = []
     for l in range(levels):
         w = bs.Writer()
         w.add("p", pack_chunks(chunks[l]))
         if l == 0:
             h = codec._header(shard, ident, tables, levels=levels, prog=info, level=0, own=own[0])
+            h["id"] = ident.to_compact_json()   # version 5
             h["params"] = {k: p[k] for k in ("budgets", "quantiser", "transform", "allocate") if k in p}
             if codec.name == "layered":  # a `layered:quantiser="ecsq"` ladder: its header must say so
                 h["params"]["quantiser"] = "ecsq"
-            out.append(w.to_bytes(bs.KIND_SHARD, h, FORMAT_VERSION))
+            out.append(w.to_bytes(bs.KIND_SHARD, h, version, header_dict=version >= 5))
         else:  # bound to its base by the parent's checksum; the base carries identity and shape
             out.append(w.to_bytes(bs.KIND_LAYER, {"level": l, "own": own[l], "parent_crc": zlib.crc32(out[-1])},
-                                  FORMAT_VERSION))
+                                  version, header_dict=version >= 5))
     return out
 
 
@@ -607,6 +771,7 @@ class ProgressiveState(LadderState):
     tested against bit for bit)."""
 
     engine: str = "native"
+    version: int = FORMAT_VERSION
     level: int = -1
     last_crc: int = 0
     mag: dict[str, np.ndarray] = field(default_factory=dict)   # flat (T*C,) int32, band-sorted
@@ -621,6 +786,11 @@ class ProgressiveState(LadderState):
     def _part(self, kv: str) -> tuple[float, list[int], int, int]:
         e = self.header["prog"][kv]
         return float(e["step"]), [int(x) for x in e["planes"]], int(e["m0"]), int(e["grid"])
+
+    def _off(self, kv: str) -> float:
+        """The reconstruction offset of part `kv` at the current rung (1/2 in version-4 objects)."""
+        off = self.header["prog"][kv].get("off")
+        return 0.5 if off is None else float(off[self.level])
 
     def _streams_models(self, rd: Chunks, own: Any, i: int, names: list[tuple[str, int]]) -> list[R.Model]:
         if not isinstance(own, list) or i >= len(own) or own[i] not in (0, 1):
@@ -674,6 +844,11 @@ class ProgressiveState(LadderState):
             mean_dt = np.dtype(prog[kv]["mean"])
         except (KeyError, TypeError, ValueError):
             raise bs.CorruptError(f"{self.codec.name}: bad progressive header {prog.get(kv)!r}") from None
+        off = prog[kv].get("off")
+        if (off is not None) != (self.version == 5) or (off is not None and (
+                not isinstance(off, list) or len(off) != len(planes)
+                or not all(isinstance(o, float) and 0.0 <= o < 1.0 for o in off))):
+            raise bs.CorruptError(f"{self.codec.name}: bad reconstruction offsets {off!r} (format version {self.version})")
         if (not (math.isfinite(step) and step > 0) or not 1 <= m0 <= R.MAX_ALPHABET // 2 - 1
                 or not isinstance(levels, int) or len(planes) != levels
                 or planes[0] != 0 or any(b < a for a, b in zip(planes, planes[1:])) or planes[-1] > MAX_PLANES
@@ -694,7 +869,8 @@ class ProgressiveState(LadderState):
         return self._streams_models(rd, obj.header.get("own"), i, names), m0
 
     def _check_start(self, obj: bs.Object) -> None:
-        bs.require_version(obj, FORMAT_VERSION, self.codec.name)
+        bs.require_version(obj, READ_VERSIONS, self.codec.name)
+        self.version = obj.version
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}")
         prog = self.header.get("prog")
@@ -867,7 +1043,7 @@ class ProgressiveState(LadderState):
         obj = bs.parse(piece)
         if obj.kind != bs.KIND_LAYER:
             raise bs.IdentityError(f"expected a refinement object, got kind {obj.kind}")
-        bs.require_version(obj, FORMAT_VERSION, self.codec.name)
+        bs.require_version(obj, self.version, self.codec.name)   # a refinement has its base's version
         h = obj.header
         if h.get("level") != level:
             raise bs.IdentityError(f"refinement object is level {h.get('level')!r}; expected {level}")
@@ -918,11 +1094,11 @@ class ProgressiveState(LadderState):
         mag, neg = self.mag[kv], self.neg[kv]
         if self.engine == "native":
             out = np.empty((T, H * D), np.float32)
-            K.reconstruct(mag, neg, lay.perm, H * D, st, out)
+            K.reconstruct(mag, neg, lay.perm, H * D, st, self._off(kv), out)
             return out
-        # (mag + 1/2) step where mag > 0, else 0; negative where flagged
+        # (mag + off) step where mag > 0, else 0; negative where flagged
         c = mag.astype(np.float32)
-        c += np.float32(0.5)
+        c += np.float32(self._off(kv))
         c[mag == 0] = 0.0
         c *= st
         c[neg > 0] *= -1.0
@@ -970,7 +1146,8 @@ class ProgressiveState(LadderState):
         out16 = np.empty((T, C) if half else (0, 0), np.uint16)
         out32 = np.empty((0, 0) if half else (T, C), np.float32)
         fn = fastdct.kernel(n)
-        R.run_split(self.pool, lambda lo, hi: fn(mag, neg, perm, st, lo, hi, inv, mu, out16, out32), C // cb)
+        off = float(np.float32(self._off(kv)))
+        R.run_split(self.pool, lambda lo, hi: fn(mag, neg, perm, st, off, lo, hi, inv, mu, out16, out32), C // cb)
         res = torch.from_numpy(out16.view(np.float16)) if half else torch.from_numpy(out32).to(self.dtype)
         return res.reshape(self.shape)
 
@@ -988,8 +1165,9 @@ class ProgressiveState(LadderState):
         blocks = np.empty((C // cb, T, cb), np.float32)
         mag, neg, perm = self.mag[kv], self.neg[kv], self.layout.perm
         # token rows [a, b) each write their own rows of every block: threads split them freely
+        off = float(np.float32(self._off(kv)))
         R.run_split(self.pool, lambda a, b: K.reconstruct_blocks(mag[a * C:b * C], neg[a * C:b * C], perm[a:b],
-                                                                  C, st, cb, blocks), T)
+                                                                  C, st, off, cb, blocks), T)
         d = _dct_t(n)
         g = torch.from_numpy(blocks)
         mu = torch.from_numpy(np.ascontiguousarray(self.mean[kv], dtype=np.float32))
@@ -1097,13 +1275,13 @@ def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, 
 class ProgressiveCodec(Codec):
     """`progressive`: the progressive transform ladder, `sakura build`'s default. Parameters (the
     only ones it takes): `budgets` (increasing entropy-coded bits per value per rung, over the
-    template), `transform` (dct / none), `allocate` (sensitivity / none), `weighting` (none /
+    template), `transform` (dct / none), `allocate` (image / sensitivity / none), `weighting` (none /
     importance), `gamma` ([0, 2]); `quantiser` is accepted only as "ecsq" (older specs name it)."""
 
     name = "progressive"
     uses_tables = True
     supports_layers = True
-    _defaults = {"budgets": [0.25, 0.5, 1.0], "transform": "dct", "allocate": "sensitivity", "weighting": "none",
+    _defaults = {"budgets": [0.25, 0.5, 1.0], "transform": "dct", "allocate": "image", "weighting": "none",
                  "gamma": 1.0}
 
     def __init__(self, **params: Any) -> None:
@@ -1119,8 +1297,8 @@ class ProgressiveCodec(Codec):
         p["budgets"] = budgets
         if p["transform"] not in ("none", "dct"):
             raise ValueError("progressive: transform must be 'none' or 'dct'")
-        if p["allocate"] not in ("sensitivity", "none"):
-            raise ValueError("progressive: allocate must be 'sensitivity' or 'none'")
+        if p["allocate"] not in ("image", "sensitivity", "none"):
+            raise ValueError("progressive: allocate must be 'image', 'sensitivity' or 'none'")
         if p["weighting"] not in ("none", "importance"):
             raise ValueError("progressive: weighting must be 'none' or 'importance'")
         if not isinstance(p["gamma"], (int, float)) or isinstance(p["gamma"], bool) or not 0 <= p["gamma"] <= 2:

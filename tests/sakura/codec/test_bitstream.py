@@ -160,3 +160,36 @@ def test_forged_huge_shape_and_bad_params_raise(ident):
                                          "dtype": "float16", "shape": [2, 1, 2], "tables": None})
     with pytest.raises(UnknownCodecError):
         decode_any(unknown, ident)
+
+
+def test_header_dictionary_round_trips_and_is_smaller():
+    """Version-5 progressive and CacheGen objects compress their headers with the frozen
+    dictionary: smaller than plain zstd on a mini-sized shard, and the flags are checked."""
+    import torch
+
+    from sakura.codec import ShardKV, ShardId, codec_from_spec
+
+    g = torch.Generator().manual_seed(0)
+    shard = ShardKV(torch.randn(64, 4, 32, generator=g).half(), torch.randn(64, 4, 32, generator=g).half(),
+                    layer=1, num_layers=6)
+    ident = ShardId("a" * 64, "b" * 64, 1)
+    for spec in ("progressive:budgets=[1.0]", "cachegen:level=3"):
+        c = codec_from_spec(spec)
+        t = c.fit_tables([shard])
+        data = c.encode(shard, ident, t)
+        assert data[7] == bs.FLAG_HEADER_DICT and struct.unpack_from("<H", data, 4)[0] == 5
+        obj = bs.parse(data)
+        w = bs.Writer()
+        for s_ in obj.header["sections"]:
+            w.add(s_["name"], obj.section(s_["name"]))
+        h = {k: v for k, v in obj.header.items() if k != "sections"}
+        plain = w.to_bytes(bs.KIND_SHARD, h, 5)
+        assert plain[7] == bs.FLAG_HEADER_ZSTD and len(data) < len(plain) - 150, (len(data), len(plain))
+        a, b = c.decode(data, ident, t), c.decode(plain, ident, t)
+        assert torch.equal(a.key, b.key) and torch.equal(a.value, b.value)
+        bad = bytearray(data)
+        bad[7] = bs.FLAG_HEADER_DICT | bs.FLAG_HEADER_ZSTD
+        with pytest.raises(CorruptError, match="flags"):
+            bs.parse(bytes(bad))
+    with pytest.raises(ValueError):
+        bs.Writer().to_bytes(bs.KIND_SHARD, {}, 4, header_dict=True)

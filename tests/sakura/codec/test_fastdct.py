@@ -44,7 +44,8 @@ def test_fused_kernel_equals_reference_passes(n, out, weighted):
     neg = ((rng.random((T, C)) < 0.5) & (mag > 0)).astype(np.uint8)
     perm = rng.permutation(T).astype(np.int64)
     st = np.float32(0.37)
-    c = mag.astype(np.float32) + np.float32(0.5)      # the reference reconstruction (`coefficients`)
+    off = np.float32(0.625)                            # a reconstruction offset other than the midpoint
+    c = mag.astype(np.float32) + off                   # the reference reconstruction (`coefficients`)
     c[mag == 0] = 0.0
     c *= st
     c[neg > 0] *= -1.0
@@ -59,7 +60,7 @@ def test_fused_kernel_equals_reference_passes(n, out, weighted):
     o16 = np.empty((T, C) if out == "fp16" else (0, 0), np.uint16)
     o32 = np.empty((0, 0) if out == "fp16" else (T, C), np.float32)
     for lo in range(2):
-        fastdct.kernel(n)(mag.reshape(-1), neg.reshape(-1), perm, float(st), lo, lo + 1, inv, mu, o16, o32)
+        fastdct.kernel(n)(mag.reshape(-1), neg.reshape(-1), perm, float(st), float(off), lo, lo + 1, inv, mu, o16, o32)
     if out == "fp16":
         assert np.array_equal(o16.view(np.float16), torch.from_numpy(x).half().numpy())
     else:

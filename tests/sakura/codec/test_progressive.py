@@ -130,7 +130,7 @@ def test_damaged_or_mismatched_objects_raise():
     state = c.decode_state(data[:ends[0]], ID, tables)
     with pytest.raises(IdentityError, match="parent"):
         c.upgrade(state, od[c.level_ends(od)[0]:])
-    assert struct_version(data) == PG.FORMAT_VERSION == 4
+    assert struct_version(data) == PG.FORMAT_VERSION == 5
 
 
 def struct_version(data: bytes) -> int:
@@ -152,3 +152,157 @@ def test_sensitivity_allocation_protects_the_sensitive_part():
     eb = float(((db.value - b.value) ** 2).mean())
     assert eb < ea / 2, (ea, eb)
     assert EQ.grid_side(64) == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# image allocation (`allocate="image"`, `ShardKV.distortion`) and reconstruction offsets (v5)
+
+def _probe(shard: ShardKV, weights: dict[str, float], shrink: float = 0.0, calls: list | None = None):
+    """A stand-in image probe: weight x relative MSE of the part, plus `shrink` x the squared loss
+    of the part's energy (what the real image penalises: dead-zone shrinkage toward zero)."""
+    def distortion(kv: str, decoded: torch.Tensor) -> float:
+        if calls is not None:
+            calls.append(kv)
+        x = (shard.key if kv == "k" else shard.value).double()
+        y = decoded.double()
+        xm, ym = x - x.mean(0), y - x.mean(0)
+        e = float(((y - x) ** 2).sum() / (x ** 2).sum())
+        loss = 1.0 - float((ym ** 2).sum() / (xm ** 2).sum())
+        return weights[kv] * (e + shrink * loss ** 2)
+    return distortion
+
+
+def _image_pair(shrink=0.0, calls=None):
+    a, b = _smooth_shard(seed=1, layer=0), _smooth_shard(seed=2, layer=1)
+    # the proxy says every part weighs the same; the probe says layer 1's keys weigh 50x
+    for s in (a, b):
+        s.sensitivity = (1.0, 1.0)
+    a.distortion = _probe(a, {"k": 1.0, "v": 1.0}, shrink, calls)
+    b.distortion = _probe(b, {"k": 50.0, "v": 1.0}, shrink, calls)
+    return [a, b]
+
+
+def _total(codec, shards):
+    tables = codec.fit_tables(shards)
+    bits, dist = 0, 0.0
+    for s in shards:
+        i = ShardId("m", "t", s.layer)
+        data = codec.encode(s, i, tables)
+        d = codec.decode(data, i, tables)
+        bits += 8 * len(data)
+        dist += s.distortion("k", d.key) + s.distortion("v", d.value)
+    return bits, dist, data
+
+
+def test_image_allocation_beats_the_proxy_where_the_probe_disagrees():
+    calls: list = []
+    shards = _image_pair(calls=calls)
+    bi, di, _ = _total(get_codec("progressive", budgets=[1.0]), shards)      # allocate="image", the default
+    n = len(calls)
+    bp, dp, _ = _total(get_codec("progressive", budgets=[1.0], allocate="sensitivity"), shards)
+    assert di < 0.8 * dp and bi <= 1.05 * bp, (di, dp, bi, bp)
+    # bounded probe cost: a window per part (plus offsets), widened a few times at most
+    assert 0 < n <= 4 * (2 * PG.IMAGE_WINDOW + 1) * (PG.IMAGE_WIDEN + 1) + 4 * len(PG.OFFSETS) + 8, n
+    # without probes on every shard, "image" falls back to the proxy (same tables, same bytes)
+    shards[0].distortion = None
+    c = get_codec("progressive", budgets=[1.0])
+    s = get_codec("progressive", budgets=[1.0], allocate="sensitivity")
+    assert c.fit_tables(shards).arrays["L1.k.plan"].tolist() == s.fit_tables(shards).arrays["L1.k.plan"].tolist()
+
+
+@pytest.mark.parametrize("levels", [[1.0], [0.4, 1.2]])
+def test_reconstruction_offsets_version_5(levels):
+    """A probe that penalises shrinkage picks offsets above the midpoint: the object is version 5,
+    decodes natively as the reference does (bit for bit), at every rung, and the decoded
+    coefficients are sign (q + off) step."""
+    shards = _image_pair(shrink=30.0)
+    c = get_codec("progressive", budgets=levels)
+    tables = c.fit_tables(shards)
+    s = shards[1]
+    data = c.encode(s, ShardId("m", "t", 1), tables)
+    assert struct_version(data) == 5
+    ends = c.level_ends(data)
+    st = c.decode_state(data[:ends[0]], ShardId("m", "t", 1), tables)
+    offs = {kv: st.header["prog"][kv]["off"] for kv in "kv"}
+    assert any(o > 0.5 for kv in "kv" for o in offs[kv]) and all(o in PG.OFFSETS for kv in "kv" for o in offs[kv])
+    for l, e in enumerate(ends):
+        nat = c.decode(data[:e], ShardId("m", "t", 1), tables)
+        ref = PG.decode_with(c, data[:e], ShardId("m", "t", 1), tables, "reference")
+        assert torch.equal(nat.key, ref.key) and torch.equal(nat.value, ref.value)
+        if l:
+            st.upgrade(data[ends[l - 1]:e])
+        for kv in "kv":
+            step, planes, _m0, n = st._part(kv)
+            stp = np.float32(step * 2.0 ** -planes[l])
+            mag, neg = st.mag[kv], st.neg[kv]
+            want = np.where(mag > 0, (mag.astype(np.float32) + np.float32(offs[kv][l])) * stp, 0).astype(np.float32)
+            want[neg > 0] *= -1
+            assert np.array_equal(st.coefficients(kv), st.layout.from_flat(want))
+
+
+def _relabel(obj: bytes, version: int) -> bytes:
+    import struct
+    import zlib
+
+    b = bytearray(obj)
+    b[4:6] = struct.pack("<H", version)
+    b[20:24] = struct.pack("<I", zlib.crc32(bytes(b[24:]), zlib.crc32(bytes(b[:20]))))
+    return bytes(b)
+
+
+def test_offsets_header_is_checked_against_the_version():
+    import json
+    import struct
+    import zlib
+
+    from sakura.codec import CorruptError, VersionError
+    from sakura.codec import bitstream as bs
+
+    shards = _image_pair(shrink=30.0)
+    c = get_codec("progressive", budgets=[1.0])
+    tables = c.fit_tables(shards)
+    ident = ShardId("m", "t", 1)
+    data = c.encode(shards[1], ident, tables)
+    obj = bs.parse(data)
+
+    def forge(header, version):
+        w = bs.Writer()
+        w.add("p", obj.section("p"))
+        h = {k: v for k, v in header.items() if k != "sections"}
+        if version < 5:   # version 4 spelled the identity out
+            h["id"] = ident.to_json()
+        return w.to_bytes(bs.KIND_SHARD, h, version)
+
+    h = json.loads(json.dumps(obj.header))
+    c.decode(forge(h, 5), ident, tables)                      # the forge itself is faithful
+    with pytest.raises(CorruptError, match="offsets"):       # offsets in a version-4 object
+        c.decode(forge(h, 4), ident, tables)
+    for bad in (None, [0.5, 0.5], [1.0], ["0.5"], [-0.1]):
+        hb = json.loads(json.dumps(h))
+        if bad is None:
+            del hb["prog"]["k"]["off"]
+        else:
+            hb["prog"]["k"]["off"] = bad
+        with pytest.raises(CorruptError, match="offsets"):
+            c.decode(forge(hb, 5), ident, tables)
+    with pytest.raises(VersionError):
+        c.decode(forge(h, 6), ident, tables)
+    hc = json.loads(json.dumps(h))
+    with pytest.raises(VersionError):                         # a compact identity in a version-4 object
+        bs.check_identity(bs.parse(_relabel(forge(hc, 5), 4)), ident)
+    with pytest.raises(IdentityError, match="model or template"):
+        c.decode(data, ShardId("m", "other", 1), tables)
+    with pytest.raises(IdentityError, match="shard"):
+        c.decode(data, ShardId("m", "t", 0), tables)
+    # a version-4 object (before offsets: no "off", the midpoint) still decodes, as the midpoint
+    mid = get_codec("progressive", budgets=[1.0], allocate="sensitivity")
+    mt = mid.fit_tables(shards)
+    m5 = mid.encode(shards[1], ident, mt)
+    o5 = bs.parse(m5)
+    assert all(o5.header["prog"][kv]["off"] == [0.5] for kv in "kv")
+    h4 = json.loads(json.dumps(o5.header))
+    for kv in "kv":
+        del h4["prog"][kv]["off"]
+    obj = o5
+    d4, d5 = mid.decode(forge(h4, 4), ident, mt), mid.decode(m5, ident, mt)
+    assert torch.equal(d4.key, d5.key) and torch.equal(d4.value, d5.value)
