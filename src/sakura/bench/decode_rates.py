@@ -47,7 +47,8 @@ NATIVE_CODECS = ("progressive", "layered", "cachegen")
 
 
 #: single-rung progressive specs measured beside the default ladder (see default_specs)
-PROGRESSIVE_SINGLE_RUNGS = ("progressive:budgets=[1.0]", "progressive:budgets=[1.2]", "progressive:budgets=[2.0]")
+PROGRESSIVE_SINGLE_RUNGS = ("progressive:budgets=[0.8]", "progressive:budgets=[1.0]", "progressive:budgets=[1.2]",
+                            "progressive:budgets=[2.0]")
 
 
 def default_specs() -> list[str]:

@@ -41,12 +41,14 @@ from sakura.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, decode_template_r
 #: CacheGen's levels 2 and 1. Budget 1.2 gives 1.46 bits/value at a mean shard image MSE of 4.0e-5
 #: (under CacheGen-L3's 5.8e-5), budget 1.0 1.26 bits/value at 1.0e-4 (session 8, image allocation,
 #: offsets and compact headers: 1.28 / 3.1e-5 and 1.09 / 4.6e-5, both under the floor; budget 0.8
-#: would give 0.90 / 6.9e-5, docs/codec.md "Session 8"); the planner takes them
+#: 0.90 / 6.9e-5, docs/codec.md "Session 8"). Since session 8 the floor rungs are budgets 0.8 and 1.0:
+#: [1.2] is no longer needed to get under the floor, and [0.8] sits just over it, so the planner can
+#: mix the two shard by shard to land on the floor with fewer bytes; the planner takes them
 #: only where the link makes them faster and the image floor allows (docs/runtime.md: 81 -> 47
 #: losing profile runs). Made only where the calibrated ladder has no rung as cheap
 #: (`skipped_floor_rungs`): an easy template's ladder already reaches down to 0.15-1.0 bits/value,
 #: and there they would add ~2.2x the ladder's storage for renditions the planner never picks.
-FLOOR_RUNG_LADDER = ("progressive:budgets=[1.0]", "progressive:budgets=[1.2]")
+FLOOR_RUNG_LADDER = ("progressive:budgets=[0.8]", "progressive:budgets=[1.0]")
 #: Default ladder: the progressive transform coder (``progressive`` = ECSQ + token-grid DCT coded by
 #: successive refinement, top rung 1.0 bit per value, the lowest fitted per template to
 #: ``BASE_RUNG_PSNR_DB``; docs/codec.md), its rungs stored as one object per shard (rung l = a byte

@@ -161,8 +161,9 @@ def test_floor_rungs_are_skipped_at_or_above_the_calibrated_lowest_budget():
 
     assert skipped_floor_rungs(DEFAULT_LADDER, None) == set()          # nothing calibrated: make them
     assert skipped_floor_rungs(DEFAULT_LADDER, 2.0) == set()           # sticker-00 at 38 dB: one rung at 2.0
-    assert skipped_floor_rungs(DEFAULT_LADDER, 1.2) == {"progressive:budgets=[1.2]"}
-    assert skipped_floor_rungs(DEFAULT_LADDER, 0.4) == {"progressive:budgets=[1.0]", "progressive:budgets=[1.2]"}
+    assert skipped_floor_rungs(DEFAULT_LADDER, 1.0) == {"progressive:budgets=[1.0]"}
+    assert skipped_floor_rungs(DEFAULT_LADDER, 0.9) == {"progressive:budgets=[1.0]"}
+    assert skipped_floor_rungs(DEFAULT_LADDER, 0.4) == {"progressive:budgets=[0.8]", "progressive:budgets=[1.0]"}
     assert skipped_floor_rungs(["progressive:budgets=[0.5]"], 0.4) == set()  # only the floor rungs are skipped
 
 
