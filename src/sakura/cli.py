@@ -479,6 +479,8 @@ def bench_profile(
     all_runs: bool = typer.Option(False, help="With --replay: every run, not only the losing ones (new losers show)."),
     jobs: int = typer.Option(1, min=1, help="Processes over the independent runs (workload x phone x link; "
                                            "also with --replay); the same result as 1."),
+    rerun_baselines: bool = typer.Option(False, help="With --replay: re-simulate the CacheGen baselines too instead "
+                                                     "of reading them from the file (for a simulator change)."),
 ) -> None:
     """Phone profile (EXTRAPOLATED): every method on named workloads x phone levels x every trace family
     and constant links, through the runtime's own driver; ceilings beside every ratio."""
@@ -488,7 +490,8 @@ def bench_profile(
         try:
             if not replay.is_file():
                 raise ValueError(f"--replay {replay}: no such file")
-            replay_runs(replay, losers_only=not all_runs, families=families, jobs=jobs, log=typer.echo)
+            replay_runs(replay, losers_only=not all_runs, families=families, jobs=jobs, baselines=rerun_baselines,
+                        log=typer.echo)
         except (ValueError, KeyError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None

@@ -424,15 +424,21 @@ def profile_links(*, families: Sequence[str] | None = None, offsets_per_trace: i
     return links
 
 
+#: the simulated baselines of the never-slower check and the best-cell ratio, re-run by `replay_runs(baselines=True)`
+REPLAY_BASELINES = ("cachegen", "cachegen-fair", "cachegen-L3", "cachegen-fair-L3")
+
+
 def replay_runs(profile_json: str | Path, *, losers_only: bool = True, families: Sequence[str] | None = None,
-                jobs: int = 1, log: Callable[[str], None] = print) -> list[dict]:
+                jobs: int = 1, baselines: bool = False, log: Callable[[str], None] = print) -> list[dict]:
     """Re-simulate sakura on the runs of a written profile (its ladder, seed and links; the baselines
     are read from the file: they do not depend on sakura's policy), by default only the losing ones
     (losers_only=False: every run, so a policy change's new losers show; it prints the runs that lose now or lost).
     families: only the runs of these trace families. jobs: processes over the runs (the same result as 1).
     For checking a policy change against the published losers in seconds, not the full profile's
     minutes. Returns per run: workload, phone, family, link, the ratio before (in the file) and now,
-    sakura's latency and PSNR now and before, and the run's cachegen-L3 latency."""
+    sakura's latency and PSNR now and before, and the run's cachegen-L3 latency. baselines: also re-simulate the
+    simulated baselines (`REPLAY_BASELINES`) instead of reading them from the file, for a change to the simulator
+    or to what every policy shares (with no change, the same figures as the file's)."""
     d = json.loads(Path(profile_json).read_text())
     if d.get("offsets_per_trace") is None:
         raise ValueError(f"{profile_json}: not a `sakura bench profile` result")
@@ -447,7 +453,7 @@ def replay_runs(profile_json: str | Path, *, losers_only: bool = True, families:
         if (r["family"], r["link"]) not in index:
             raise ValueError(f"{r['link']}: not among this machine's traces (set SAKURA_TRACES)")
     cfg = dict(ladder=d["ladder"], rtt_s=d["rtt_ms"] / 1000, decode_workers=d["decode_workers"],
-               decode_split=d.get("decode_split", 1.0))
+               decode_split=d.get("decode_split", 1.0), methods=(*REPLAY_BASELINES, "sakura") if baselines else ("sakura",))
     cells = [(r["workload"], r["phone"], index[(r["family"], r["link"])]) for r in runs]
     if jobs <= 1 or len(cells) < 2:
         _init_worker(cfg, None, links)
@@ -460,13 +466,14 @@ def replay_runs(profile_json: str | Path, *, losers_only: bool = True, families:
                                  initargs=(cfg, link_args, None)) as ex:
             results = list(ex.map(_replay_run, cells, chunksize=4))
     out = []
-    for r, sk in zip(runs, results):
-        now = {**r, "sakura": sk}
+    for r, res in zip(runs, results):
+        now = {**r, **res}
+        sk = res["sakura"]
         out.append({"workload": r["workload"], "phone": r["phone"], "family": r["family"], "link": r["link"],
                     "was": loss_ratio(r), "now": loss_ratio(now), "sakura_latency_s": sk["latency_s"],
                     "vs_on_device": sk["latency_s"] / r["on-device"]["latency_s"], "psnr_db": sk["psnr_db"],
                     "psnr_was_db": r["sakura"]["psnr_db"],
-                    "cachegen_L3_latency_s": r["cachegen-L3"]["latency_s"]})
+                    "cachegen_L3_latency_s": now["cachegen-L3"]["latency_s"]})
     n = sum(x["now"] > 1 + LOSS_TOLERANCE for x in out)
     shown = out if losers_only else [x for x in out if max(x["now"], x["was"]) > 1 + LOSS_TOLERANCE]
     for x in sorted(shown, key=lambda x: -x["now"]):
@@ -477,14 +484,15 @@ def replay_runs(profile_json: str | Path, *, losers_only: bool = True, families:
 
 
 def _replay_run(cell) -> dict:
-    """sakura alone on one run of a written profile (a workload name, a phone name, a link index)."""
+    """sakura (and the baselines, `replay_runs(baselines=True)`) on one run of a written profile (a workload name, a
+    phone name, a link index): {method: result}."""
     from sakura.bench.workloads import get_phone, get_workload, workload_costs
 
     w, ph, i = cell
     _, _, link, prior = _WORKER["links"][i]
     return run_methods(workload_costs(get_workload(w), get_phone(ph)), _WORKER["ladder"], link, prior_bps=prior,
-                       rtt_s=_WORKER["rtt_s"], decode_workers=_WORKER["decode_workers"], methods=("sakura",),
-                       decode_split=_WORKER["decode_split"])["sakura"]
+                       rtt_s=_WORKER["rtt_s"], decode_workers=_WORKER["decode_workers"], methods=_WORKER["methods"],
+                       decode_split=_WORKER["decode_split"])
 
 
 def write_json(result: dict, path: Path) -> None:

@@ -25,6 +25,12 @@ from .plan import LinkModel, ShardSpec
 #: abort a cancelled transfer as the live runtime does (False: the previous, conservative model that
 #: kept it on the link to its end; for A/B and the regression test only)
 ABORT_CANCELLED = True
+#: a throughput sample runs from when the link delivers the transfer's first byte (the live link meter's
+#: window starts at the first chunk's arrival, `runtime.live._LinkMeter`), not from when the transfer
+#: could start: a transfer that starts on a dead link measures the link once it carries bytes
+#: (False: from the start, the previous model: a 14 MB shard requested 10 s before a dead link came
+#: back read ~9 Mbit/s on a link then at ~100)
+SAMPLE_FROM_FIRST_BYTE = True
 
 # event kinds, in the order they are handled when simultaneous (data before decisions)
 _FETCHED, _DECODED, _DEADLINE, _WAKE, _COMPUTE, _ADVANCED = range(6)
@@ -172,7 +178,8 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
                 continue  # aborted, or moved up (its new end is queued)
             del onlink[j]
             if d.records[j].status == REQUESTED:
-                d.on_fetched(j, nbytes, now, sample_bytes=nbytes, sample_s=now - start)
+                t0 = link.deliver(start, 1) if SAMPLE_FROM_FIRST_BYTE else start
+                d.on_fetched(j, nbytes, now, sample_bytes=nbytes, sample_s=now - min(max(t0, start), now))
                 w = min(range(decode_workers), key=lambda i: workers[i])
                 start = max(now, workers[w])
                 idle = [i for i in range(decode_workers) if i != w and workers[i] <= start]

@@ -132,6 +132,11 @@ def test_profile_bench_smoke(tmp_path):
     by_link = {row["link"]: row["sakura"]["latency_s"] for row in r["runs"]}
     for x in again:
         assert x["sakura_latency_s"] == pytest.approx(by_link[x["link"]], rel=1e-12) and x["now"] == pytest.approx(x["was"])
+    # ... and with the CacheGen baselines re-simulated too (`--rerun-baselines`), every run's verdict again
+    cg = {row["link"]: row["cachegen-L3"]["latency_s"] for row in r["runs"]}
+    for x in replay_runs(tmp_path / "e2e_profile.json", losers_only=False, baselines=True, log=lambda s: None):
+        assert x["now"] == pytest.approx(x["was"], rel=1e-12)
+        assert x["cachegen_L3_latency_s"] == pytest.approx(cg[x["link"]], rel=1e-12)
 
 
 def test_server_unavailable_names_the_root_cause_not_the_fingerprint():

@@ -91,3 +91,42 @@ def test_a_chunk_cachegen_decides_to_compute_after_the_forward_pass_waits_on_it_
     assert reqs == []
     act = d.recheck(0, 0.002)
     assert act is not None and act.kind == "local"
+
+
+class _DeadThenUp:
+    """A link that carries nothing until `up_s`, then `bps` bytes/s."""
+
+    def __init__(self, up_s: float, bps: float):
+        self.up_s, self.bps = up_s, bps
+
+    def deliver(self, t_start: float, nbytes: int) -> float:
+        return max(t_start, self.up_s) + nbytes / self.bps
+
+
+def test_a_transfer_started_on_a_dead_link_measures_the_link_once_it_carries_bytes(monkeypatch):
+    """The live link meter's window starts at a shard's first chunk (`runtime.live._LinkMeter`): a shard requested
+    while the link is dead measures the link from when it came back. The simulator's throughput sample starts at
+    the first byte the link delivers (`sim.SAMPLE_FROM_FIRST_BYTE`); it used to start when the transfer could,
+    which read a link dead for 10 s and then at 100 Mbit/s as a few Mbit/s."""
+    import sakura.runtime.sim as simmod
+
+    bps = 100e6 / 8
+    link = _DeadThenUp(10.0, bps)
+
+    class Recorder(BandwidthEstimator):
+        seen: list
+
+        def observe(self, nbytes: int, seconds: float) -> None:
+            self.seen.append(nbytes / seconds)
+            super().observe(nbytes, seconds)
+
+    def first_sample() -> float:
+        bw = Recorder(prior_bps=bps)
+        bw.seen = []
+        simulate_edit(specs(), FixedPolicy("r3"), link=link, rtt_s=0.04, bandwidth=bw,
+                      rtt=RttEstimator(prior_s=0.04), decode_workers=2)
+        return bw.seen[0]
+
+    assert first_sample() == pytest.approx(bps, rel=1e-3)
+    monkeypatch.setattr(simmod, "SAMPLE_FROM_FIRST_BYTE", False)
+    assert first_sample() < 0.05 * bps
