@@ -150,6 +150,15 @@ def _decoded_part(c: np.ndarray, step: float, n: int, mean: np.ndarray, scale: n
     return torch.from_numpy(y.astype(np.float32)).reshape(shape).to(dtype)
 
 
+def _probe(s: ShardKV, kv: str, decoded: torch.Tensor) -> float:
+    """The shard's `distortion` probe on one decoded part (image MSE, >= 0), checked: a probe that
+    returns NaN, inf or a negative number is an error, not a point the allocator may pick."""
+    mse = float(s.distortion(kv, decoded))
+    if not (math.isfinite(mse) and mse >= 0):
+        raise ValueError(f"distortion probe returned {mse!r} for layer {s.layer} {kv}")
+    return mse
+
+
 def _image_steps(shards: Sequence[ShardKV], fine: dict, means: dict, step0: dict, budget_bits: float,
                  transform: str) -> dict:
     """Rung-0 steps by measured image MSE: per part, the shard's `distortion` probe at grid points
@@ -166,11 +175,7 @@ def _image_steps(shards: Sequence[ShardKV], fine: dict, means: dict, step0: dict
         mu, c, _band, _energy, sc = means[part]
         step = fine[part][i][0]
         T = s.shape[0]
-        dec = _decoded_part(c, step, _grid(T, transform), mu, sc, s.shape, s.key.dtype)
-        mse = float(s.distortion(kv, dec))
-        if not (math.isfinite(mse) and mse >= 0):
-            raise ValueError(f"distortion probe returned {mse!r} for layer {part[0]} {kv}")
-        measured[part][i] = mse
+        measured[part][i] = _probe(s, kv, _decoded_part(c, step, _grid(T, transform), mu, sc, s.shape, s.key.dtype))
 
     centre = {part: min(range(len(pts)), key=lambda i: abs(math.log(pts[i][0] / step0[part]))) for part, pts in fine.items()}
     lo = {p: max(0, centre[p] - IMAGE_WINDOW) for p in fine}
@@ -210,7 +215,7 @@ def _image_offsets(shards: Sequence[ShardKV], means: dict, step0: dict, planes: 
             offs = []
             for k in planes[part]:
                 st = float(np.float32(step0[part] * 2.0 ** -k))
-                mse = [float(s.distortion(kv, _decoded_part(c, st, n, mu, sc, s.shape, s.key.dtype, o))) for o in OFFSETS]
+                mse = [_probe(s, kv, _decoded_part(c, st, n, mu, sc, s.shape, s.key.dtype, o)) for o in OFFSETS]
                 offs.append(OFFSETS[int(np.argmin(mse))])
             out[part] = offs
     return out
@@ -254,11 +259,8 @@ def _image_planes(shards: Sequence[ShardKV], means: dict, step0: dict, proxy: di
             for k in range(top[part] + 1):
                 if k not in measured[part]:
                     st = float(np.float32(step0[part] * 2.0 ** -k))
-                    mse = float(s.distortion(kv, _decoded_part(c, st, _grid(s.shape[0], transform), mu, sc,
-                                                               s.shape, s.key.dtype)))
-                    if not (math.isfinite(mse) and mse >= 0):
-                        raise ValueError(f"distortion probe returned {mse!r} for layer {part[0]} {kv}")
-                    measured[part][k] = mse
+                    measured[part][k] = _probe(s, kv, _decoded_part(c, st, _grid(s.shape[0], transform), mu, sc,
+                                                                    s.shape, s.key.dtype))
         pts = {part: [(k, measured[part][k], coarse_pts[part][k][2]) for k in sorted(measured[part])] for part in proxy}
         planes = _ladder_planes(pts, {part: 1.0 for part in proxy}, budgets, total_values)
         widen = [part for part in proxy if planes[part][-1] == top[part] and top[part] < MAX_PLANES]
