@@ -38,24 +38,24 @@ def klein_folder(tmp_path_factory):
 # default 'not slow'). Listed here, in one place, rather than in each file: (path under tests/,
 # substring of the test's name or "" for the whole file). A stale entry fails at collection.
 INTEGRATION = [
-    ("sakura/build/test_distributed.py", ""),          # Ray cluster
-    ("sakura/server/test_edge.py", ""),                # nginx edge
-    ("sakura/server/test_scale_smoke.py", ""),         # nginx origin + edge, scale model
-    ("sakura/server/test_load_smoke.py", "test_load_benchmark_smoke"),  # `sakura serve` subprocess + load bench
-    ("sakura/server/test_serve_cli.py", ""),           # `sakura serve` subprocess
-    ("sakura/client/test_client.py", "[nginx]"),       # the client against stock nginx
-    ("sakura/client/test_edit_privacy.py", ""),        # real `sakura edit` subprocesses
-    ("sakura/client/test_edit_hostile.py", ""),        # real `sakura edit` subprocesses vs hostile servers
-    ("sakura/link/test_hostile_bench.py", ""),         # faults bench
+    ("sakura/cloud/builder/test_distributed.py", ""),          # Ray cluster
+    ("sakura/wire/server/test_edge.py", ""),                # nginx edge
+    ("sakura/wire/server/test_scale_smoke.py", ""),         # nginx origin + edge, scale model
+    ("sakura/wire/server/test_load_smoke.py", "test_load_benchmark_smoke"),  # `sakura serve` subprocess + load bench
+    ("sakura/wire/server/test_serve_cli.py", ""),           # `sakura serve` subprocess
+    ("sakura/wire/client/test_client.py", "[nginx]"),       # the client against stock nginx
+    ("sakura/wire/client/test_edit_privacy.py", ""),        # real `sakura edit` subprocesses
+    ("sakura/wire/client/test_edit_hostile.py", ""),        # real `sakura edit` subprocesses vs hostile servers
+    ("sakura/emulation/test_hostile_bench.py", ""),         # faults bench
     ("sakura/codec/test_bench_smoke.py", ""),          # codec bench
     ("sakura/bench/test_decode_rates.py", "test_run_writes_rows"),  # decode bench
     ("sakura/test_bench_commands.py", ""),             # the benches moved out of docs/ and argparse
-    ("sakura/runtime/test_live.py", ""),               # live edits through a server and the pacer
-    ("sakura/runtime/test_edit_cli.py", ""),           # `sakura edit`, live e2e bench, profile simulation
+    ("sakura/phone/test_live.py", ""),               # live edits through a server and the pacer
+    ("sakura/phone/test_edit_cli.py", ""),           # `sakura edit`, live e2e bench, profile simulation
     ("sakura/models/test_flux2mini_pipeline.py", ""),  # build + serve + streamed edit
-    ("sakura/build/test_build_klein.py", ""),          # build + serve + streamed Klein edit
-    ("sakura/client/test_streamed_kv.py", ""),         # streamed edits over an emulated link
-    ("sakura/link/test_tc.py", ""),                    # tc tbf between network namespaces (root)
+    ("sakura/cloud/builder/test_build_klein.py", ""),          # build + serve + streamed Klein edit
+    ("sakura/wire/client/test_streamed_kv.py", ""),         # streamed edits over an emulated link
+    ("sakura/emulation/test_tc.py", ""),                    # tc tbf between network namespaces (root)
     ("sakura/codec/test_decode_pool.py", "test_bench_writes"),  # decode bench
     ("sakura/test_cli.py", "test_demo_end_to_end"),    # `sakura demo`: build, serve, live time-dilated edits
 ]

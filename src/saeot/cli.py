@@ -642,7 +642,7 @@ def report(
     typer.echo(f"wrote {out}")
 
 
-from sakura.clihelp import reflow_help  # noqa: E402  (after the last command: one line per paragraph at any width)
+from sakura.util.clihelp import reflow_help  # noqa: E402  (after the last command: one line per paragraph at any width)
 
 reflow_help(app)
 

@@ -1,4 +1,4 @@
-"""Durable writes for saeot: the repository's one helper, :mod:`sakura.fsutil` (temp file in the
+"""Durable writes for saeot: the repository's one helper, :mod:`sakura.util.fsutil` (temp file in the
 same folder + fsync + rename + fsync of the folder), re-exported so saeot's call sites import it
 from one place.
 
@@ -6,10 +6,10 @@ from one place.
   JSON results and the HTML report (a crash never leaves a half-written file under its name).
 - ``with atomic_folder(dst) as tmp: write files into tmp``: SAE folders, the tiny model.
 
-saeot depends on sakura here on purpose: ``sakura.fsutil`` is standard library only and ships in
+saeot depends on sakura here on purpose: ``sakura.util.fsutil`` is standard library only and ships in
 the same distribution, so a saeot copy would only be a second helper to keep in step.
 """
 
-from sakura.fsutil import atomic_folder, atomic_write
+from sakura.util.fsutil import atomic_folder, atomic_write
 
 __all__ = ["atomic_folder", "atomic_write"]

@@ -1,3 +1,3 @@
-from sakura.cli import app
+from sakura.cli.main import app
 
 app()

@@ -1,6 +1,6 @@
 """Smoke runs, at tiny sizes, of the benchmarks that were scripts in docs/ or argparse modules and
 are now `sakura bench` commands: both-models, importance, speed, klein-e2e, build-scale and the
-scale model's --replot path (its measuring path: tests/sakura/server/test_scale_smoke.py)."""
+scale model's --replot path (its measuring path: tests/sakura/wire/server/test_scale_smoke.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sakura.cli import app
+from sakura.cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()

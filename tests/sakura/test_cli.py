@@ -7,7 +7,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from sakura.cli import app
+from sakura.cli.main import app
 
 runner = CliRunner()
 
@@ -27,7 +27,7 @@ def test_every_command_has_help(cmd):
 
 
 def test_demo_end_to_end(tmp_path):
-    from sakura.link import traces_root
+    from sakura.emulation import traces_root
 
     if traces_root() is None:
         pytest.skip("real traces not found (SAKURA_TRACES or ../shared/traces)")

@@ -9,8 +9,8 @@ import typer
 from typer.testing import CliRunner
 
 from saeot.cli import app as saeot_app
-from sakura.cli import app as sakura_app
-from sakura.clihelp import reflow
+from sakura.cli.main import app as sakura_app
+from sakura.util.clihelp import reflow
 
 runner = CliRunner()
 

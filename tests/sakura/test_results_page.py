@@ -11,7 +11,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from sakura.bench.results import SECTIONS, render
-from sakura.cli import app
+from sakura.cli.main import app
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -26,7 +26,7 @@ def run(out_dir: Path, models: Sequence[str] = MODELS, templates: Sequence[str] 
         log: Callable[[str], None] = print) -> dict:
     """Measure every (model, template) ladder; write out_dir/both_models.json and .md; return the JSON."""
     from sakura.bench.profile import measure_ladder
-    from sakura.psnr import psnr_db
+    from sakura.util.psnr import psnr_db
 
     out: dict[str, dict] = {}
     lines = [HEADER, "", "| model | template | rendition | bits/value | one-shard image PSNR (dB) | decode MB/s |",

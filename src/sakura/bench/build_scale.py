@@ -26,7 +26,7 @@ def _warm(seconds: float) -> int:
     """Runs on a worker: import the build path and load the model, then hold the CPU slot a
     moment so that every worker (not one worker n times) gets a warm-up task."""
     from sakura.models import load_model
-    import sakura.build.pipeline  # noqa: F401
+    import sakura.cloud.builder.pipeline  # noqa: F401
 
     load_model("sakura-mini")
     time.sleep(seconds)
@@ -55,7 +55,7 @@ def _cpu_s() -> float:
 def run_one(workers: int, names: list[str], store: Path, ladder: list[str], calibration: int, steps: int) -> dict:
     import ray
 
-    from sakura.build.distributed import build_templates
+    from sakura.cloud.builder.distributed import build_templates
 
     t0 = time.perf_counter()
     ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -89,8 +89,8 @@ def run(workers: Sequence[int] = (1, 2), rounds: int = 2, templates: int = 12, l
         calibration: int = 2, steps: int = 4, out: Path | None = None, log: Callable[[str], None] = print) -> dict:
     """Build `templates` library templates (tasks interleaved) with each worker count in `workers`,
     `rounds` alternating rounds; write the JSON to `out` if given; returns it."""
-    from sakura.build.pipeline import DEFAULT_LADDER
-    from sakura.tasks import TASK_NAMES
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER
+    from sakura.cloud.tasks import TASK_NAMES
 
     per_task = -(-templates // len(TASK_NAMES))
     names = [f"{t}-{i:02d}" for i in range(per_task) for t in TASK_NAMES][:templates]

@@ -2,12 +2,12 @@
 
 Per task of the model, on every held-out library template (4 per task) and 6 held-out photos:
   1. capture the template KV (stored as fp16: the reference every codec starts from);
-  2. on public calibration photos (crops of training sources, `sakura.capture`): per-layer K/V
+  2. on public calibration photos (crops of training sources, `sakura.cloud.capture`): per-layer K/V
      sensitivities, per-token K/V gradient sensitivity, attention-mass importance;
   3. the lossless-KV edit of the test photos (the reference) and the exact ground truth;
   4. every codec setting: fit tables (per template, or per model for the shared-table variant),
      encode + decode every layer, edit the test photos with the decoded KV; bytes (shards, tables),
-     PSNR/SSIM against the lossless-KV output (`sakura.tasks.quality.psnr_per_image` /
+     PSNR/SSIM against the lossless-KV output (`sakura.cloud.tasks.quality.psnr_per_image` /
      `ssim_per_image`, mean over photos) and PSNR against the ground truth.
 Plus: the whole store a template costs (`sakura build` + `Store.stats`), decode throughput of fp16
 KV per CPU-second on a Klein-sized layer (1024 tokens x 24 heads x 128) and its scaling with 1, 2, 4
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from sakura.codec import ShardId, ShardKV, codec_from_spec
-from sakura.psnr import psnr_db
+from sakura.util.psnr import psnr_db
 
 
 def _cpu() -> float:
@@ -75,7 +75,7 @@ def load_bench_model(name: str):
 
 
 def image_metrics(img: torch.Tensor, ref: torch.Tensor, gt: torch.Tensor) -> dict[str, float]:
-    from sakura.tasks.quality import psnr_per_image, ssim_per_image
+    from sakura.cloud.tasks.quality import psnr_per_image, ssim_per_image
 
     return {"psnr_vs_lossless_db": float(psnr_per_image(img, ref).mean()),
             "ssim_vs_lossless": float(ssim_per_image(img, ref).mean()),
@@ -88,7 +88,7 @@ def image_metrics(img: torch.Tensor, ref: torch.Tensor, gt: torch.Tensor) -> dic
 def run_template(model, tpl, photos: torch.Tensor, gt: torch.Tensor, calib: torch.Tensor, *, steps: int,
                  seed: int, cachegen: list[str], sakura: list[str], ladders: dict, model_tables: dict,
                  log: Callable[[str], None]) -> dict[str, Any]:
-    from sakura.capture import layer_sensitivity, template_importance, token_sensitivity
+    from sakura.cloud.capture import layer_sensitivity, template_importance, token_sensitivity
     from sakura.models.kv import LayerKV, TemplateKV
 
     kv = model.extract_template_kv(tpl.image[None], tpl.instruction).to(torch.float16)
@@ -143,7 +143,7 @@ def run_template(model, tpl, photos: torch.Tensor, gt: torch.Tensor, calib: torc
                            tables.nbytes, rung=r)
             row["ladder_total_bytes"] = sum(len(d) for d in full)
     zero = edit([LayerKV(torch.zeros_like(l.key), torch.zeros_like(l.value)) for l in kv.layers])
-    from sakura.tasks.quality import psnr_per_image
+    from sakura.cloud.tasks.quality import psnr_per_image
 
     out = {"template": tpl.name, "instruction": tpl.instruction, "fp16_bytes": fp16, "rows": rows,
            "lossless_psnr_vs_gt_db": float(psnr_per_image(ref, gt).mean()),
@@ -238,8 +238,8 @@ def compare(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def store_whole(model_name: str, templates: list[str], log) -> dict[str, Any]:
     """Build a store with the default ladder for `templates`; what `sakura store stats` reports."""
-    from sakura.store import Store
-    from sakura.build.pipeline import build_store
+    from sakura.wire.store import Store
+    from sakura.cloud.builder.pipeline import build_store
 
     with tempfile.TemporaryDirectory() as d:
         build_store(d, model_name=model_name, templates=templates, log=log)
@@ -367,9 +367,9 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, templ
         storage: bool = True, seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
     torch.set_num_threads(1)
     out_dir.mkdir(parents=True, exist_ok=True)
-    import sakura.build.pipeline  # noqa: F401  (loaded now: a long run must not pick up later edits halfway)
-    from sakura.capture import calibration_photos
-    from sakura.tasks import TASK_NAMES, get_task, heldout_photos, library_templates
+    import sakura.cloud.builder.pipeline  # noqa: F401  (loaded now: a long run must not pick up later edits halfway)
+    from sakura.cloud.capture import calibration_photos
+    from sakura.cloud.tasks import TASK_NAMES, get_task, heldout_photos, library_templates
 
     cachegen, sakura, ladders = (QUICK_CACHEGEN, QUICK_SAKURA, QUICK_LADDERS) if quick else (CACHEGEN, SAKURA, LADDERS)
     model, label = load_bench_model(model_name)
@@ -387,7 +387,7 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, templ
             lib.append([ShardKV(l.key, l.value, layer=i, num_layers=kv.num_layers) for i, l in enumerate(kv.layers)])
         model_tables[spec] = codec_from_spec(spec).fit_library_tables(lib)
     results: dict[str, Any] = {"model": label, "steps": steps, "photos": int(test.shape[0]), "tasks": {},
-                               "calibration": "crops of public training photos (sakura.capture.calibration_photos)"}
+                               "calibration": "crops of public training photos (sakura.cloud.capture.calibration_photos)"}
     for name in TASK_NAMES[:tasks]:
         task = get_task(name)
         tpls = library_templates(size, task=name, held_out=True)[:templates_per_task]
@@ -446,7 +446,7 @@ def summarise(res: dict[str, Any]) -> dict[str, Any]:
 def write_table(res: dict[str, Any], path: Path) -> None:
     lines = [f"Model: {res['model']}; {res['steps']} sampling steps; {res['photos']} held-out photos; "
              "bytes include the per-template (or per-model) tables a phone must fetch; PSNR/SSIM: "
-             "`sakura.tasks.quality` (mean over photos); MB/s: fp16 KV per CPU-second of one thread.", ""]
+             "`sakura.cloud.tasks.quality` (mean over photos); MB/s: fp16 KV per CPU-second of one thread.", ""]
     lines += ["## Summary", "", "| task | sakura/CacheGen bytes at equal PSNR, max (median) | vs CacheGen+delta | "
               "rung 0 ΔPSNR vs GT (dB) | whole template / fp16 |", "|---|---|---|---|---|"]
     for task, s in res["summary"].items():
@@ -530,12 +530,12 @@ def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_pe
     the store (prefix + shared tables, as a phone would) and edit the held-out photos with it:
     what each template costs whole (`sakura store stats`) and how far each rung's edit is from the
     lossless-KV edit's PSNR against ground truth."""
-    import sakura.build.pipeline as B
+    import sakura.cloud.builder.pipeline as B
     from sakura.codec import CodecTables, decode_any
     from sakura.models.kv import LayerKV, TemplateKV
-    from sakura.store import Store
-    from sakura.tasks import TASK_NAMES, get_task, heldout_photos, library_templates
-    from sakura.tasks.quality import psnr_per_image
+    from sakura.wire.store import Store
+    from sakura.cloud.tasks import TASK_NAMES, get_task, heldout_photos, library_templates
+    from sakura.cloud.tasks.quality import psnr_per_image
 
     torch.set_num_threads(1)
     out_dir.mkdir(parents=True, exist_ok=True)

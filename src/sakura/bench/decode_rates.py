@@ -55,7 +55,7 @@ def default_specs() -> list[str]:
     """Every codec family in `sakura.codec`, with the ladders the store and the benchmarks use now
     (read at call time, so a rerun picks up a changed ladder)."""
     from sakura.codec import available_codecs, codec_from_spec
-    from sakura.build.pipeline import DEFAULT_LADDER
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER
 
     specs = ["lossless", "uniform:bits=8", "uniform:bits=4",
              "cachegen:level=3", "cachegen:level=2", "cachegen:level=1"]

@@ -16,7 +16,7 @@ workload is kept while the clock runs D times faster:
 * decoding a shard takes at least the workload's decode time (per core, measured on a
   Klein-sized layer) x L_w/6 / D: the real decode, then a sleep.
 
-The simulator (`sakura.runtime.sim`) is given exactly these per-layer times, the scaled link and
+The simulator (`sakura.phone.sim`) is given exactly these per-layer times, the scaled link and
 the real rendition sizes; both run the same driver and policies. `validate` reports, per method
 and trace, live vs simulated latency (ratio), in dilated seconds and in phone seconds (x D).
 """
@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from sakura.models.kv import KVSourceDefaults
-from sakura.psnr import psnr_db
+from sakura.util.psnr import psnr_db
 
 METHODS = ("oracle", "on-device", "cachegen", "cachegen-fair", "cachegen-L3", "sakura")
 #: a fast and a median 5G trace and an LTE one (../shared/traces)
@@ -94,7 +94,7 @@ def make_dilation(workload: str, phone: str, D: float, *, mini_layers: int, mini
 
 def dilate_trace(trace, dil: Dilation):
     """The trace with time / D and rate x D x beta (bytes/s)."""
-    from sakura.link.traces import Trace
+    from sakura.emulation.traces import Trace
 
     return Trace(name=f"{trace.name} (dilated /{dil.D:g})", edges=trace.edges / dil.D, rate=trace.rate * dil.D * dil.beta)
 
@@ -189,18 +189,18 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                 model_name: str = "sakura-mini", log: Callable[[str], None] = print) -> dict:
     """Live (dilated) and simulated runs of every method on each trace; images for the first trace."""
     from sakura.bench.profile import CACHEGEN_LEVELS
-    from sakura.link import load_trace
-    from sakura.link.pacer import pacer_in_thread
+    from sakura.emulation import load_trace
+    from sakura.emulation.pacer import pacer_in_thread
     from sakura.models import TemplateKV, load_model
-    from sakura.runtime import (BandwidthEstimator, CacheGenPolicy, Route, RttEstimator, SakuraPolicy, ShardSpec,
+    from sakura.phone import (BandwidthEstimator, CacheGenPolicy, Route, RttEstimator, SakuraPolicy, ShardSpec,
                                 TraceLink, psnr_db)
-    from sakura.runtime.live import DeviceProfile, Emulation, streamed_edit
-    from sakura.runtime.sim import simulate_edit
-    from sakura.server import serve_in_thread
-    from sakura.build.pipeline import DEFAULT_LADDER, build_store
-    from sakura.store.store import Store
-    from sakura.tasks import get_task, get_template, heldout_photos
-    from sakura.tasks.quality import psnr_per_image
+    from sakura.phone.live import DeviceProfile, Emulation, streamed_edit
+    from sakura.phone.sim import simulate_edit
+    from sakura.wire.server import serve_in_thread
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER, build_store
+    from sakura.wire.store.store import Store
+    from sakura.cloud.tasks import get_task, get_template, heldout_photos
+    from sakura.cloud.tasks.quality import psnr_per_image
 
     torch.set_num_threads(1)
     model = load_model(model_name)

@@ -43,7 +43,7 @@ def sakura_renditions(manifest=None) -> tuple[str, ...] | None:
 
 
 def _quality(img: torch.Tensor, reference: torch.Tensor, truth: torch.Tensor, region: torch.Tensor | None) -> dict:
-    from sakura.tasks.quality import psnr_per_image, ssim_per_image
+    from sakura.cloud.tasks.quality import psnr_per_image, ssim_per_image
 
     q = {"bit_exact_vs_lossless": bool(torch.equal(img, reference)),
          "psnr_vs_lossless_db": float(psnr_per_image(img, reference).mean()),
@@ -63,14 +63,14 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
 
     Returns {"mode": "live", "rows": [per-method dict], ...}.
     """
-    from sakura.link import load_trace
-    from sakura.link.pacer import pacer_in_thread
+    from sakura.emulation import load_trace
+    from sakura.emulation.pacer import pacer_in_thread
     from sakura.models import load_model
-    from sakura.runtime import BandwidthEstimator, CacheGenPolicy, FixedPolicy, RttEstimator, SakuraPolicy
-    from sakura.runtime.live import Emulation, profile_model, streamed_edit
-    from sakura.server import serve_in_thread
-    from sakura.build.pipeline import build_store
-    from sakura.tasks import get_task, get_template, heldout_photos
+    from sakura.phone import BandwidthEstimator, CacheGenPolicy, FixedPolicy, RttEstimator, SakuraPolicy
+    from sakura.phone.live import Emulation, profile_model, streamed_edit
+    from sakura.wire.server import serve_in_thread
+    from sakura.cloud.builder.pipeline import build_store
+    from sakura.cloud.tasks import get_task, get_template, heldout_photos
 
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -108,7 +108,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     model.template_stream(timg, tpl.instruction)
     local_template_s = time.perf_counter() - t0
 
-    from sakura.store.store import Store
+    from sakura.wire.store.store import Store
 
     manifest = Store(store).get_manifest(model.fingerprint(), template)  # fetched with the gallery, untimed
     rows, images = [], {}

@@ -25,15 +25,15 @@ FAULT_CASES = ("none", "server unreachable", "manifest 404", "manifest 500", "sh
 
 def run_faults(out_dir: str | Path | None = None, *, template: str = "sticker-00", steps: int = 4, seed: int = 0,
                cases=FAULT_CASES, log: Callable[[str], None] = print) -> dict:
-    from sakura.link.faults import fault_proxy_in_thread
+    from sakura.emulation.faults import fault_proxy_in_thread
     from sakura.models import load_model
-    from sakura.runtime import BandwidthEstimator, RttEstimator, SakuraPolicy
-    from sakura.runtime.live import Emulation, profile_model, streamed_edit
-    from sakura.server import serve_in_thread
-    from sakura.build.pipeline import build_store
-    from sakura.store.store import Store
-    from sakura.tasks import get_template, heldout_photos
-    from sakura.tasks.quality import psnr_per_image
+    from sakura.phone import BandwidthEstimator, RttEstimator, SakuraPolicy
+    from sakura.phone.live import Emulation, profile_model, streamed_edit
+    from sakura.wire.server import serve_in_thread
+    from sakura.cloud.builder.pipeline import build_store
+    from sakura.wire.store.store import Store
+    from sakura.cloud.tasks import get_template, heldout_photos
+    from sakura.cloud.tasks.quality import psnr_per_image
 
     unknown = [c for c in cases if c not in FAULT_CASES]
     if unknown:
@@ -148,7 +148,7 @@ _CHILD = ("import atexit, sys\n"
           "    for ln in open('/proc/self/status'):\n"
           "        if ln.startswith('VmHWM:'): sys.stderr.write('SAKURA_VMHWM_KIB=' + ln.split()[1] + '\\n')\n"
           "atexit.register(_hwm)\n"
-          "from sakura.cli import app\n"
+          "from sakura.cli.main import app\n"
           "app()\n")
 
 
@@ -211,19 +211,19 @@ def _said(lines: list[str]) -> str:
 def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-00", steps: int = 4,
                 cases=HOSTILE_CASES, timeout_s: float = 120.0, slow_headers: int = 200, fuzz_cases: int = 2000,
                 log: Callable[[str], None] = print) -> dict:
-    """Each hostile server of `sakura.link.faults.HOSTILE` against the real `sakura edit` in a
+    """Each hostile server of `sakura.emulation.faults.HOSTILE` against the real `sakura edit` in a
     subprocess: time to outcome (exit), exit code, what it said, peak RSS, beside an on-device
     edit. A case that runs into ``timeout_s`` is reported as a hang."""
     import os
     import resource
 
-    from sakura.link.faults import hostile_in_thread
+    from sakura.emulation.faults import hostile_in_thread
     from sakura.models import load_model
-    from sakura.server import serve_in_thread
-    from sakura.build.pipeline import build_store
-    from sakura.store.layout import manifest_relpath
-    from sakura.store.store import Store
-    from sakura.tasks import heldout_photos
+    from sakura.wire.server import serve_in_thread
+    from sakura.cloud.builder.pipeline import build_store
+    from sakura.wire.store.layout import manifest_relpath
+    from sakura.wire.store.store import Store
+    from sakura.cloud.tasks import heldout_photos
 
     unknown = [c for c in cases if c not in HOSTILE_CASES]
     if unknown:
@@ -350,8 +350,8 @@ def run_slow_headers(n: int = 200, *, header_timeout_s: float = 10.0, max_connec
 
     import aiohttp
 
-    from sakura.server.app import ConnectionLimits, connection_counts, start_server
-    from sakura.store.synthetic import make_synthetic_store
+    from sakura.wire.server.app import ConnectionLimits, connection_counts, start_server
+    from sakura.wire.store.synthetic import make_synthetic_store
 
     tmp = tempfile.TemporaryDirectory(prefix="sakura-slowhdr-")
     make_synthetic_store(tmp.name, templates=1, layers=1, tokens=16, width=16)
@@ -413,9 +413,9 @@ def run_parser_fuzz(cases: int = 2000, *, seed: int = 0, log: Callable[[str], No
     import random
 
     from sakura.models.kv import LayerKV, TemplateKV, TemplateKVError
-    from sakura.store import ManifestError, Store
-    from sakura.store.manifest import Manifest
-    from sakura.store.synthetic import make_synthetic_store
+    from sakura.wire.store import ManifestError, Store
+    from sakura.wire.store.manifest import Manifest
+    from sakura.wire.store.synthetic import make_synthetic_store
 
     rnd = random.Random(seed)
     tmp = tempfile.TemporaryDirectory(prefix="sakura-fuzz-")

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from sakura.tasks import TASK_NAMES
+from sakura.cloud.tasks import TASK_NAMES
 
 SPECS = ("layered:budgets=[1.0,2.0,3.0]", 'sakura:budget=1.0,quantiser="ecsq"')
 SOURCES = ("none", "attention", "sensitivity")
@@ -24,11 +24,11 @@ def run(out: Path | None = None, tasks: Sequence[str] = TASK_NAMES, photos: int 
     text (one row a line, as docs/codec/importance_nested.txt) to `out` if given."""
     import torch
 
-    from sakura.capture import calibration_photos, template_importance, token_sensitivity
+    from sakura.cloud.capture import calibration_photos, template_importance, token_sensitivity
     from sakura.codec import ShardId, ShardKV, codec_from_spec
     from sakura.models import LayerKV, load_model
-    from sakura.tasks import heldout_photos, library_templates
-    from sakura.tasks.quality import psnr_per_image
+    from sakura.cloud.tasks import heldout_photos, library_templates
+    from sakura.cloud.tasks.quality import psnr_per_image
 
     m = load_model(model_name)
     size = m.cfg.image_size

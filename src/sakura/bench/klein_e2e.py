@@ -28,17 +28,17 @@ def run(out: Path | None = None, size: int = 32, steps: int = 4, log: Callable[[
     import torch
     from PIL import Image, ImageDraw
 
-    from sakura.capture import calibration_photos
+    from sakura.cloud.capture import calibration_photos
     from sakura.models import load_model
     from sakura.models.klein_tiny import write_tiny_klein_folder
-    from sakura.runtime import BandwidthEstimator, FixedPolicy, RttEstimator
-    from sakura.runtime.live import DeviceProfile, streamed_edit
-    from sakura.server import serve_in_thread
-    from sakura.build.pipeline import build_store
-    from sakura.store.template_ref import decode_template_ref, split_template_images
-    from sakura.store.store import Store
-    from sakura.build.template_files import load_library_file
-    from sakura.tasks.quality import psnr_per_image
+    from sakura.phone import BandwidthEstimator, FixedPolicy, RttEstimator
+    from sakura.phone.live import DeviceProfile, streamed_edit
+    from sakura.wire.server import serve_in_thread
+    from sakura.cloud.builder.pipeline import build_store
+    from sakura.wire.store.template_ref import decode_template_ref, split_template_images
+    from sakura.wire.store.store import Store
+    from sakura.cloud.builder.template_files import load_library_file
+    from sakura.cloud.tasks.quality import psnr_per_image
 
     work = Path(tempfile.mkdtemp(prefix="klein-e2e-"))
     try:

@@ -1,6 +1,6 @@
 """`sakura bench link`: does the runtime keep the link busy, and does it measure it right? Live.
 
-The runtime's fetch stage (`sakura.runtime.live.FetchStage`, the same object an edit uses) pulls
+The runtime's fetch stage (`sakura.phone.live.FetchStage`, the same object an edit uses) pulls
 every shard of a synthetic store through the pacing proxy at a constant rate with a 40 ms RTT,
 as raw-stream would (every shard, in order, requests issued ahead). Shards are sized so each
 takes ~`shard_ms` of link time at that rate. Reported per rate:
@@ -36,14 +36,14 @@ from typing import Callable, Sequence
 def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: float = 40.0, shards: int = 12,
                    shard_ms: float = 50.0, out_dir: str | Path | None = None,
                    log: Callable[[str], None] = print) -> dict:
-    from sakura.link.pacer import pacing_proxy_in_thread
-    from sakura.link.traces import constant_trace
-    from sakura.runtime import BandwidthEstimator, FixedPolicy, Route, RttEstimator, ShardSpec
-    from sakura.runtime.driver import EditDriver
-    from sakura.runtime.live import FetchStage
-    from sakura.server import serve_in_thread
-    from sakura.store.store import Store
-    from sakura.store.synthetic import make_synthetic_store
+    from sakura.emulation.pacer import pacing_proxy_in_thread
+    from sakura.emulation.traces import constant_trace
+    from sakura.phone import BandwidthEstimator, FixedPolicy, Route, RttEstimator, ShardSpec
+    from sakura.phone.driver import EditDriver
+    from sakura.phone.live import FetchStage
+    from sakura.wire.server import serve_in_thread
+    from sakura.wire.store.store import Store
+    from sakura.wire.store.synthetic import make_synthetic_store
 
     rows = []
     for mbps in rates_mbps:

@@ -33,9 +33,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from sakura.client import TemplateClient
-from sakura.store import Store
-from sakura.store.synthetic import make_synthetic_store
+from sakura.wire.client import TemplateClient
+from sakura.wire.store import Store
+from sakura.wire.store.synthetic import make_synthetic_store
 
 FP = "bench-model"
 
@@ -102,10 +102,10 @@ class RssSampler:
 def start_server(kind: str, store: Path, workdir: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     if kind == "sakura":
-        cmd = [sys.executable, "-c", "from sakura.cli import app; app()", "serve", str(store),
+        cmd = [sys.executable, "-c", "from sakura.cli.main import app; app()", "serve", str(store),
                "--port", str(port), "--quiet"]
     elif kind == "nginx":
-        from sakura.server.nginx import nginx_config
+        from sakura.wire.server.nginx import nginx_config
 
         exe = shutil.which("nginx") or "/usr/sbin/nginx"
         if not os.path.exists(exe):
@@ -161,7 +161,7 @@ async def level(url: str, templates: list[str], n: int, rounds: int, max_s: floa
     capacity = None
     if trace_spec is not None:
         # every phone behind its own emulated link, each starting at its own seeded trace offset
-        from sakura.link import Link, PacingProxy, load_trace
+        from sakura.emulation import Link, PacingProxy, load_trace
 
         tr = load_trace(trace_spec)
         rng = np.random.default_rng(seed)

@@ -12,7 +12,7 @@ What is real and what is modelled:
   per core; the phone is given `decode_workers` cores for decoding, every streaming method alike;
 * **links** are the measured traces of every family in ../shared/traces (each trace, seeded
   start offsets) and constant rates; RTT as given;
-* the **policies and the driver** are the runtime's own (`sakura.runtime`), run by the simulated
+* the **policies and the driver** are the runtime's own (`sakura.phone`), run by the simulated
   executor, closed loop with the estimators.
 
 Image quality of a streamed method is the PSNR vs the lossless-KV output that its renditions
@@ -40,9 +40,9 @@ from typing import Callable, Sequence
 
 # the floor rungs are `sakura build`'s own: its default ladder makes them (where the calibrated ladder
 # stays above them, as on sticker-00: one rung at 2.25 bits/value), so the profile measures that store
-from sakura.build.pipeline import FLOOR_RUNG_LADDER  # noqa: F401
-from sakura.psnr import psnr_db
-from sakura.runtime.driver import LOSS_BOUND
+from sakura.cloud.builder.pipeline import FLOOR_RUNG_LADDER  # noqa: F401
+from sakura.util.psnr import psnr_db
+from sakura.phone.driver import LOSS_BOUND
 
 METHODS = ("oracle", "on-device", "on-device-nocache", "raw-stream", "cachegen", "cachegen-fair", "cachegen-L3",
            "cachegen-fair-L3", "sakura", "sakura-meet", "offline")
@@ -67,8 +67,8 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
     """Build a store for one template with the default ladder + lossless + CacheGen (both variants);
     returns per rendition {codec, bits_per_value, image_mse (mean per shard)}, the mean quality
     floor, the model's layer count, and the decode rates of each rendition on a Klein-sized layer."""
-    from sakura.build.pipeline import DEFAULT_LADDER, build_store
-    from sakura.store.store import Store
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER, build_store
+    from sakura.wire.store.store import Store
 
     ladder = ("lossless",) + tuple(DEFAULT_LADDER) + CACHEGEN_LEVELS + CACHEGEN_DELTA_LEVELS
     with tempfile.TemporaryDirectory(prefix="sakura-profile-") as root:
@@ -171,7 +171,7 @@ def workload_specs(costs, ladder: dict, allowed: Sequence[str], *, decode_scale:
     """`ShardSpec`s for a workload: per layer its first-pass compute (the user's photo KV and the
     live tokens, both attending to the template), local template compute, and the allowed
     renditions scaled to the workload's layer size."""
-    from sakura.runtime import Route, ShardSpec
+    from sakura.phone import Route, ShardSpec
 
     B = costs.kv_fp16_bytes_per_layer
     spread = ladder["layers"] / costs.layers  # the mini model's total distortion over the workload's layers
@@ -206,7 +206,7 @@ def stronger_cachegen(ladder: dict) -> tuple[str, ...]:
 
 def make_policy(method: str, ladder: dict, costs):
     """The runtime policy of a streaming method (a fresh object: policies hold per-edit state)."""
-    from sakura.runtime import CacheGenPolicy, FixedPolicy, MeetInMiddlePolicy, SakuraPolicy
+    from sakura.phone import CacheGenPolicy, FixedPolicy, MeetInMiddlePolicy, SakuraPolicy
 
     cg = stronger_cachegen(ladder)
     if method == "raw-stream":
@@ -229,9 +229,9 @@ def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, de
     (`out["sweep"]`: CacheGen's level cap x target, sakura's quality floor). decode_split: the live
     decode pool's measured intra-shard split (`simulate_edit(decode_split=)`), for every simulated
     streaming method alike (the offline planner's open-loop evaluation does not model it)."""
-    from sakura.runtime import BandwidthEstimator, CacheGenPolicy, RttEstimator, SakuraPolicy, offline_plan
-    from sakura.runtime.plan import PipelineState, evaluate
-    from sakura.runtime.sim import simulate_edit
+    from sakura.phone import BandwidthEstimator, CacheGenPolicy, RttEstimator, SakuraPolicy, offline_plan
+    from sakura.phone.plan import PipelineState, evaluate
+    from sakura.phone.sim import simulate_edit
 
     pre = costs.text_encoder_s + costs.vae_encode_s
     post = (costs.passes - 1) * costs.layers * costs.live_layer_s + costs.vae_decode_s
@@ -398,9 +398,9 @@ def profile_links(*, families: Sequence[str] | None = None, offsets_per_trace: i
     """The profile's links, (family, name, link, prior bytes/s): every trace (or a seeded sample per
     family) at seeded start offsets, the prior being what the phone saw in the 10 s before, and the
     constant rates. Deterministic in its arguments, so a run can be replayed (`replay_runs`)."""
-    from sakura.link import list_traces, load_trace
-    from sakura.link.traces import constant_trace
-    from sakura.runtime import TraceLink
+    from sakura.emulation import list_traces, load_trace
+    from sakura.emulation.traces import constant_trace
+    from sakura.phone import TraceLink
 
     rng = random.Random(seed)
     links: list[tuple[str, str, object, float]] = []

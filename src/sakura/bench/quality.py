@@ -1,7 +1,7 @@
 """`sakura bench quality`: a model's quality benchmark (sakura-mini or flux2-mini) (edits against exact ground truth).
 
 The evaluation itself (`evaluate_quality`, the PSNR/SSIM definitions, the example grid) lives in
-`sakura.tasks.quality`, which training also uses for the model card; this module is the command:
+`sakura.cloud.tasks.quality`, which training also uses for the model card; this module is the command:
 load a model, run the evaluation, print the table, write quality.json and grid.png.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from sakura.models import ImageTemplateEditModel
-from sakura.tasks.quality import QualityReport, evaluate_quality, quality_grid
+from sakura.cloud.tasks.quality import QualityReport, evaluate_quality, quality_grid
 
 
 def run_quality_bench(model_name: str = "sakura-mini", *, steps: int = 8, photos_per_source: int = 4,

@@ -3,7 +3,7 @@
 Every table of the results page is read from a benchmark's own output file under docs/ and printed
 with the command that reproduces it, so a figure changes only when the benchmark is rerun: nothing
 in results.md is typed by hand. `sakura bench ...` regenerates the page after every benchmark run
-from the repository root (sakura/cli.py); `sakura bench results --check` fails when the committed
+from the repository root (sakura/cli/main.py); `sakura bench results --check` fails when the committed
 page differs from what the committed JSON gives (a test runs it).
 
 A section whose file is missing says which command writes it; one whose file no longer has the
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from sakura.psnr import psnr_db as _psnr  # dependency-free (math only)
+from sakura.util.psnr import psnr_db as _psnr  # dependency-free (math only)
 
 MODES = ("Every figure says where it comes from: **live** = real execution on the machine that ran the bench "
          "(CPU, shared, 1 torch thread); **live, time-dilated** = the real runtime at a phone workload's times "

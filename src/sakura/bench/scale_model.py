@@ -54,7 +54,7 @@ def measure_encode(tokens: int = 1024, repeats: int = 2) -> dict:
 
     from sakura.codec import ShardId, codec_from_spec
     from sakura.bench.codec import synthetic_layer
-    from sakura.build.pipeline import DEFAULT_LADDER
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER
 
     torch.set_num_threads(1)
     shard = synthetic_layer(tokens, 24, 128)
@@ -98,10 +98,10 @@ def _proc_cpu_s(pids: list[int]) -> float:
 def measure_edge(clients: int = 16, hot_seconds: float = 6.0, objects: int = 256, object_bytes: int = 1 << 20) -> dict:
     import aiohttp
 
-    from sakura.server import run_edge, run_nginx
-    from sakura.server.accesslog import OriginLog
-    from sakura.server.nginx import nginx_worker_pids
-    from sakura.store import StoreWriter, RenditionInput
+    from sakura.wire.server import run_edge, run_nginx
+    from sakura.wire.server.accesslog import OriginLog
+    from sakura.wire.server.nginx import nginx_worker_pids
+    from sakura.wire.store import StoreWriter, RenditionInput
 
     work = Path(tempfile.mkdtemp(prefix="sakura-edge-bench-"))
     store = work / "store"
@@ -164,10 +164,10 @@ def measure_crowd(phones: int = 32) -> dict:
     slices, objects < 1 slice): origin requests per object, errors, bytes verified (by the client)."""
     import shutil
 
-    from sakura.client import TemplateClient
-    from sakura.server import run_edge, serve_in_thread
-    from sakura.server.accesslog import OriginLog
-    from sakura.store.synthetic import make_synthetic_store
+    from sakura.wire.client import TemplateClient
+    from sakura.wire.server import run_edge, serve_in_thread
+    from sakura.wire.server.accesslog import OriginLog
+    from sakura.wire.store.synthetic import make_synthetic_store
 
     work = Path(tempfile.mkdtemp(prefix="sakura-crowd-bench-"))
     make_synthetic_store(work / "store", templates=1, layers=6, tokens=256, width=256)

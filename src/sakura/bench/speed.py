@@ -22,8 +22,8 @@ def run(models: Sequence[str] = MODELS, template: str = "sticker-h0", rounds: in
     import torch
 
     from sakura.models import load_model
-    from sakura.runtime.live import profile_model
-    from sakura.tasks import get_template, heldout_photos
+    from sakura.phone.live import profile_model
+    from sakura.cloud.tasks import get_template, heldout_photos
 
     loaded = {n: load_model(n) for n in models}
     times: dict[tuple[str, str], list[float]] = {}

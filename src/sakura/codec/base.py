@@ -52,18 +52,18 @@ class ShardKV:
         key: (tokens, heads, head_dim) tensor, float32/float16/bfloat16.
         value: (tokens, heads, head_dim) tensor, same shape and dtype as `key`.
         importance: optional (tokens,) float tensor >= 0 (need not sum to 1), or (2, tokens): keys'
-            and values' own (e.g. `sakura.capture.token_sensitivity`); codecs with one per-token
+            and values' own (e.g. `sakura.cloud.capture.token_sensitivity`); codecs with one per-token
             weight use their sum.
         layer: index of the layer this shard belongs to (codecs with per-layer settings or
             tables use it, e.g. CacheGen's bins by layer group).
         num_layers: how many layers the model has (for layer-group rules).
         sensitivity: optional (key, value) floats >= 0: how much the final image's MSE grows per
             unit of relative MSE in this layer's keys / values (calibrated on public photos, see
-            `sakura.capture.sensitivity`); `sakura`/`layered` use it to split bits across layers and K/V.
+            `sakura.cloud.capture.sensitivity`); `sakura`/`layered` use it to split bits across layers and K/V.
         distortion: optional image distortion probe, ``distortion(kv, decoded) -> float``: the image
             MSE when this layer's keys (kv = "k") or values ("v") are replaced by `decoded` (a
             (tokens, heads, head_dim) tensor in the shard's dtype), everything else lossless
-            (`sakura build` passes `sakura.capture.ShardDistortionProbe`). `progressive` with
+            (`sakura build` passes `sakura.cloud.capture.ShardDistortionProbe`). `progressive` with
             ``allocate="image"`` (its default) picks its steps by it; the codec never runs a model.
     """
 

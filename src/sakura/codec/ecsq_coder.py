@@ -8,7 +8,7 @@ Objects are format version 2 (header `ecsq`).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -16,8 +16,10 @@ import torch
 from . import bitstream as bs
 from . import ecsq as EQ
 from . import entropy as E
-from . import nested as N
 from .base import finite, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, from_f32_2d
+
+if TYPE_CHECKING:  # nested dispatches here for its ECSQ tables; the analysis comes in from the caller
+    from . import nested as N
 
 
 def ecsq_plan(codec, shards: Sequence[ShardKV], analyses: list[N.NestedAnalysis]) -> dict[tuple[int, str], tuple]:
@@ -93,8 +95,8 @@ def ecsq_counts(codec, shard: ShardKV, sym: np.ndarray, A: int) -> np.ndarray:
     return E.counts(sym, A, per_channel=A <= EQ.PER_CHANNEL_MAX_ALPHABET)
 
 
-def encode(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | None) -> bytes:
-    an = N.analyse(codec, shard)
+def encode(codec, shard: ShardKV, an: N.NestedAnalysis, ident: ShardId, tables: CodecTables | None) -> bytes:
+    """One shard's object; `an` is `nested.analyse(codec, shard)`."""
     T, H, D = shard.shape
     w = bs.Writer()
     n = grid_of(codec, shard)

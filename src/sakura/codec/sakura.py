@@ -88,7 +88,7 @@ class SakuraCodec(_SakuraBase):
 
     def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
         if self.params["quantiser"] == "ecsq":
-            return EQC.encode(self, shard, ident, tables)
+            return EQC.encode(self, shard, N.analyse(self, shard), ident, tables)
         return b"".join(N.encode_levels(self, shard, ident, tables))  # one rung: a single object
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Protocol, runtime_checkable
 
 import torch
 
-from sakura.fsutil import atomic_write
+from sakura.util.fsutil import atomic_write
 
 FORMAT = "sakura.template_kv"
 #: 2: ``content_sha256`` covers the metadata too (v1 covered tensors only, so ``num_layers: "1"``

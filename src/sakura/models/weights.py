@@ -12,7 +12,7 @@ from typing import Any, Callable, TypeVar
 
 import torch.nn as nn
 
-from sakura.fsutil import atomic_write
+from sakura.util.fsutil import atomic_write
 
 M = TypeVar("M", bound=nn.Module)
 

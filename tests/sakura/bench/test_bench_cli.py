@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from sakura.cli import app
+from sakura.cli.main import app
 
 runner = CliRunner()
 

@@ -11,7 +11,7 @@ from sakura.bench.decode_rates import default_specs, gil_verdict, klein_layer, l
 
 def test_default_specs_cover_every_codec_family_and_the_store_ladder():
     from sakura.codec import available_codecs
-    from sakura.build.pipeline import DEFAULT_LADDER
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER
 
     specs = default_specs()
     families = {s.split(":")[0] for s in specs}

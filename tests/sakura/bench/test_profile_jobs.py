@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from sakura.bench.profile import run_profile
-from sakura.link import traces_root
+from sakura.emulation import traces_root
 
 
 # traces_root: $SAKURA_TRACES, else <repo>/../shared/traces (as in CI), so this runs there too

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from sakura.bench.templates import floor_bits, run_templates
-from sakura.link import traces_root
+from sakura.emulation import traces_root
 
 
 def test_floor_bits_picks_the_cheapest_rendition_under_the_floor():

@@ -92,7 +92,7 @@ def test_live_pool_splits_a_shard_over_idle_workers_bit_exactly(monkeypatch):
 
     from sakura.codec import ShardId, ShardKV, get_codec
     from sakura.codec import rans as R
-    from sakura.runtime.live import DecodePool
+    from sakura.phone.live import DecodePool
 
     g = torch.Generator().manual_seed(3)
     shard = ShardKV((torch.randn(1024, 2, 64, generator=g) * 2).half(), torch.randn(1024, 2, 64, generator=g).half(),
@@ -154,8 +154,8 @@ def test_simulator_models_the_live_pool_split_from_the_measured_factor(tmp_path)
     import json
 
     from sakura.bench.decode_rates import load_split
-    from sakura.runtime import BandwidthEstimator, ConstantLink, FixedPolicy, Route, RttEstimator, ShardSpec
-    from sakura.runtime.sim import simulate_edit
+    from sakura.phone import BandwidthEstimator, ConstantLink, FixedPolicy, Route, RttEstimator, ShardSpec
+    from sakura.phone.sim import simulate_edit
 
     route = Route("r", 100_000, 0.030, 1e-4)
     specs = [ShardSpec((route,), compute_s=0.001, local_s=0.5) for _ in range(4)]

@@ -246,7 +246,7 @@ def test_cachegen_native_equals_reference(spec, with_tables):
 def real_layers():
     """Template KV of the bundled sakura-mini model (two layers of one library template)."""
     from sakura.models import MINI_WEIGHTS, load_mini
-    from sakura.tasks import library_templates
+    from sakura.cloud.tasks import library_templates
 
     if not MINI_WEIGHTS.is_file():
         pytest.skip("no bundled sakura-mini weights")

@@ -181,8 +181,8 @@ def test_weights_round_trip_and_registry(tmp_path, make_tiny_flux2):
 
 
 def test_runtime_profile_and_capture_probe_run_on_flux2(tiny):
-    from sakura.capture import template_importance
-    from sakura.runtime.live import profile_model
+    from sakura.cloud.capture import template_importance
+    from sakura.phone.live import profile_model
 
     prof = profile_model(tiny, repeats=1)
     assert prof.compute_s > 0 and prof.local_s > 0
@@ -203,9 +203,9 @@ def test_streamed_source_with_local_prefix_is_bit_exact(tiny):
     import time
 
     from sakura.models.kv import LayerKV
-    from sakura.runtime import BandwidthEstimator, Route, RttEstimator, SakuraPolicy, ShardSpec
-    from sakura.runtime.driver import EditDriver
-    from sakura.runtime.live import LiveKVSource
+    from sakura.phone import BandwidthEstimator, Route, RttEstimator, SakuraPolicy, ShardSpec
+    from sakura.phone.driver import EditDriver
+    from sakura.phone.live import LiveKVSource
 
     template, photo = images(1, 1), images(1, 2)
     kv = tiny.extract_template_kv(template, 3)

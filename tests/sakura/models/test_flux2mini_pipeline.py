@@ -8,11 +8,11 @@ import torch
 
 from sakura.models import load_model
 from sakura.models.flux2mini import save_flux2_mini_weights
-from sakura.runtime import BandwidthEstimator, FixedPolicy, RttEstimator, SakuraPolicy
-from sakura.runtime.live import profile_model, streamed_edit
-from sakura.server import serve_in_thread
-from sakura.build.pipeline import build_store
-from sakura.tasks import get_template, heldout_photos
+from sakura.phone import BandwidthEstimator, FixedPolicy, RttEstimator, SakuraPolicy
+from sakura.phone.live import profile_model, streamed_edit
+from sakura.wire.server import serve_in_thread
+from sakura.cloud.builder.pipeline import build_store
+from sakura.cloud.tasks import get_template, heldout_photos
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_store_holds_both_models_side_by_side(served):
     model, root, _ = served
     mini = load_model("sakura-mini")
     assert mini.fingerprint() != model.fingerprint()
-    from sakura.store.layout import manifest_relpath
+    from sakura.wire.store.layout import manifest_relpath
 
     for m in (model, mini):
         assert (root / manifest_relpath(m.fingerprint(), "sticker-00")).is_file()

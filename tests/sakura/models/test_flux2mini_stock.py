@@ -6,7 +6,7 @@ import torch
 
 from sakura.models.flux2mini import Flux2MiniDiT
 from sakura.models.klein import ForwardSlot
-from sakura.training.loop import Recipe, new_state, train_step
+from sakura.cloud.training.loop import Recipe, new_state, train_step
 
 def _captured(model: Flux2MiniDiT, template, photo, images):
     n = model.cfg.tokens_per_image
@@ -67,7 +67,7 @@ def test_stock_recipe_trains():
 
 
 def test_isolation_finetune_starts_from_the_given_weights(tmp_path):
-    from sakura.training.loop import save_checkpoint
+    from sakura.cloud.training.loop import save_checkpoint
 
     base = Recipe(model="flux2-mini", image_size=16, patch_size=4, dim=32, depth=3, heads=2, double_layers=1, steps=2,
                   batch_size=2, stock_references=True)

@@ -4,7 +4,7 @@ could fail: perturbing the KV changes the output, the KV does not depend on the 
 import pytest
 import torch
 
-from sakura.capture import template_importance
+from sakura.cloud.capture import template_importance
 from sakura.models import KVMode, LayerKV, TemplateKV, TemplateKVError
 
 
@@ -159,7 +159,7 @@ def test_probe_does_not_change_the_output(tiny_mini):
 
 
 def test_differentiable_edit_keeps_the_graph_and_edit_does_not(tiny_mini):
-    from sakura.capture import token_sensitivity
+    from sakura.cloud.capture import token_sensitivity
     from sakura.models.base import DifferentiableEditModel
 
     assert isinstance(tiny_mini, DifferentiableEditModel)

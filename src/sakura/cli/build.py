@@ -1,0 +1,58 @@
+"""The body of `sakura build` (wired into sakura.cli.main): one-line errors, then the local or Ray build."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import typer
+
+
+def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list[str] | None, calibration: int,
+              steps: int, *, executor: str = "local", address: str | None = None, workers: int | None = None,
+              force: bool = False, library: Path | None = None, task: str | None = None,
+              prompt: str | None = None) -> None:
+    """Body of `sakura build`: clear one-line errors for bad names/specs instead of tracebacks.
+
+    ``executor="local"`` (default) builds in this process as before; ``"ray"`` spreads templates
+    over a Ray cluster (``sakura.cloud.builder.distributed``), skipping templates already current; exit 1
+    if any template failed (the others are committed)."""
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER, build_store
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if executor not in ("local", "ray"):
+        typer.echo(f"error: --executor must be local or ray, got {executor!r}", err=True)
+        raise typer.Exit(2)
+    if executor == "local" and (address or workers or force):
+        typer.echo("error: --address/--workers/--force apply to --executor ray", err=True)
+        raise typer.Exit(2)
+    from sakura.cloud.builder.template_files import TemplateSpecError, template_args
+
+    try:
+        templates = template_args(templates, library=library, task=task, prompt=prompt)
+        if executor == "ray" and templates and not all(isinstance(t, str) for t in templates):
+            raise TemplateSpecError(["--executor ray builds library templates only; build --library / "
+                                     "--template ID=IMAGE with --executor local"])
+    except TemplateSpecError as e:
+        for line in e.problems:
+            typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(2)
+    try:
+        if executor == "local":
+            build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
+                        calibration=calibration, steps=steps, log=typer.echo)
+            return
+        from sakura.cloud.builder.distributed import build_templates
+
+        rep = build_templates(store, templates=templates or None, model_name=model, ladder=ladder or DEFAULT_LADDER,
+                              calibration=calibration, steps=steps, executor="ray", address=address, workers=workers,
+                              force=force, log=typer.echo)
+    except TemplateSpecError as e:
+        for line in e.problems:
+            typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(2)
+    except (ValueError, KeyError, NotImplementedError, FileNotFoundError, RuntimeError, ConnectionError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    if not rep.ok:
+        raise typer.Exit(1)

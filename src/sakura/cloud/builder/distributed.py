@@ -1,0 +1,245 @@
+"""`sakura build --executor ray`: spread templates over a Ray cluster; idempotent and resumable.
+
+Unit of work: one template (``build_store(store, templates=[name], ...)`` in a Ray task). Each
+task writes its content-addressed objects and then commits that template's manifest, atomically,
+last; nothing is sent back but the manifest path. So:
+
+- a rerun skips every template whose manifest is current (same model fingerprint, the requested
+  ladder, every referenced object present with the right size, sha256 and rung prefix digests:
+  ``Store.verify_manifest``, checked by the task itself, so re-hashing a large library is spread
+  over the workers too); ``force=True`` rebuilds anyway (needed after changing calibration
+  settings, which the manifest does not record);
+- a killed worker loses no committed work: templates it finished are committed on disk; the one
+  it was building has at most orphan objects, and Ray reruns the task (``max_retries``), which
+  finds its earlier objects intact and does not rewrite them;
+- two workers writing the same object (shared codec tables) is safe: each writes a private temp
+  file and renames it over the same content-addressed name.
+
+The store directory must be visible to every worker at the same path (one machine, or a shared
+filesystem on a multi-node cluster), and ``sakura`` must be importable on every node (a local
+cluster inherits the driver's environment). Ray is optional: ``pip install .[cluster]``.
+
+``executor="local"`` runs the same per-template loop in this process (the 1-worker baseline and
+the fallback without Ray); plain ``sakura build`` keeps calling ``build_store`` directly.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class TemplateBuild:
+    """Outcome for one template: ``status`` is ``built``, ``skipped`` (manifest already current)
+    or ``failed`` (``error`` says why); ``seconds`` / ``cpu_seconds`` are the task's own wall and
+    CPU time; ``worker`` the host:pid that ran it."""
+
+    template: str
+    status: str
+    manifest: str | None = None
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0  # CPU time of the process that built it (all its threads)
+    worker: str = ""
+    error: str | None = None
+
+
+@dataclass
+class BuildReport:
+    executor: str
+    workers: int
+    seconds: float = 0.0   # wall time of the whole build, including skipped-template checks
+    builds: list[TemplateBuild] = field(default_factory=list)
+
+    def by_status(self, status: str) -> list[str]:
+        return [b.template for b in self.builds if b.status == status]
+
+    @property
+    def ok(self) -> bool:
+        return not self.by_status("failed")
+
+
+def expected_rendition_bases(ladder: Sequence[str]) -> set[str]:
+    """Rendition names a ladder produces, without a layered codec's ``#rung`` suffix."""
+    return {s.strip() for s in ladder}
+
+
+def manifest_is_current(store: str | os.PathLike[str], model_fingerprint: str, template_id: str,
+                        ladder: Sequence[str]) -> bool:
+    """True if ``template_id``'s manifest for this model exists, offers exactly ``ladder`` on
+    every shard, and every object it references verifies (size, sha256, rung prefixes)."""
+    from sakura.wire.store.store import Store, StoreError
+
+    try:
+        st = Store(store)
+        if st.verify_manifest(model_fingerprint, template_id):
+            return False
+        m = st.get_manifest(model_fingerprint, template_id)
+    except (StoreError, KeyError, ValueError):
+        return False
+    want = expected_rendition_bases(ladder) - _skipped_floor_rungs(m, ladder)
+    return bool(m.shards) and all({r.name.split("#", 1)[0] for r in s.renditions} == want for s in m.shards)
+
+
+def _skipped_floor_rungs(m: Any, ladder: Sequence[str]) -> set[str]:
+    """The floor rungs this manifest's build left out by rule (`pipeline.skipped_floor_rungs`),
+    judged from the budgets its plain ``progressive`` entry was calibrated to (its table's params)."""
+    from sakura.cloud.builder.pipeline import skipped_floor_rungs
+
+    if "progressive" not in {s.strip() for s in ladder}:
+        return set()
+    try:
+        params = m.table("progressive").params
+    except KeyError:
+        return set()  # no plain progressive entry on record: every floor rung must be there
+    from sakura.codec import get_codec
+
+    lowest = min(params.get("budgets") or get_codec("progressive").params["budgets"])  # not calibrated: the defaults
+    return skipped_floor_rungs(ladder, lowest)
+
+
+def _build_one(store: str, template: str, opts: dict[str, Any], model_fingerprint: str, force: bool) -> TemplateBuild:
+    """One template, in whatever process runs it (a Ray worker or this one): skipped if its
+    manifest is current (verified here, so a rerun of a large library re-hashes in parallel on
+    the workers, not serially in the driver), else built and committed."""
+    import socket
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    if not force and manifest_is_current(store, model_fingerprint, template, opts["ladder"]):
+        return TemplateBuild(template, "skipped", str(Path(store) / "manifests" / model_fingerprint / f"{template}.json"),
+                             time.perf_counter() - t0, time.process_time() - c0, worker=worker)
+    from sakura.cloud.builder.pipeline import build_store
+
+    paths = build_store(store, templates=[template], log=lambda _s: None, **opts)
+    return TemplateBuild(template, "built", str(paths[0]), time.perf_counter() - t0, time.process_time() - c0,
+                         worker=worker)
+
+
+def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] | None = None,
+                    model_name: str = "sakura-mini", ladder: Sequence[str] | None = None, calibration: int = 2,
+                    steps: int = 4, seed: int = 0, executor: str = "ray", address: str | None = None,
+                    workers: int | None = None, force: bool = False, max_retries: int = 3, progress: bool = True,
+                    log: Callable[[str], None] = print) -> BuildReport:
+    """Build one manifest per template on ``executor``, skipping templates already current.
+
+    Args:
+        store: store directory (created if missing); absolute path seen by every worker.
+        templates: library template names; default one per task (as ``sakura build``).
+        executor: ``"ray"`` (a Ray cluster) or ``"local"`` (this process, one template at a time).
+        address: an existing Ray cluster (``ray://...`` or ``host:port``); default: start a local
+            one with ``workers`` CPUs (default: all cores) and shut it down afterwards. If Ray is
+            already initialised in this process, that cluster is used as is.
+        workers: concurrent templates on a local cluster (each task takes one CPU).
+        force: rebuild templates even if their manifest is current.
+        max_retries: Ray retries of a task whose worker died (a task that raises is not retried).
+        progress: a tqdm bar over templates (stderr).
+    Returns:
+        a ``BuildReport``; templates that failed are listed with the error, the others are committed.
+    """
+    from tqdm import tqdm
+
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER, default_templates
+
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    ladder = list(ladder or DEFAULT_LADDER)
+    names = list(templates) if templates else default_templates()
+    if len(set(names)) != len(names):
+        raise ValueError(f"templates listed twice: {sorted({n for n in names if names.count(n) > 1})}")
+    root = Path(store).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    opts = dict(model_name=model_name, ladder=ladder, calibration=calibration, steps=steps, seed=seed)
+    t_start = time.perf_counter()
+    model_fp = _check_inputs(model_name, names, ladder)  # bad names/specs fail here, not in every task
+    report = BuildReport(executor=executor, workers=1)
+    bar = tqdm(total=len(names), unit="template", disable=not progress, desc=f"build ({executor})")
+    try:
+        if executor == "local":
+            for n in names:
+                report.builds.append(_run_local(str(root), n, opts, model_fp, force))
+                bar.update(1)
+        else:
+            report.workers = _run_ray(str(root), names, opts, model_fp, force, report, bar, address=address,
+                                      workers=workers, max_retries=max_retries)
+    finally:
+        bar.close()
+    report.seconds = time.perf_counter() - t_start
+    order = {n: i for i, n in enumerate(names)}
+    report.builds.sort(key=lambda b: order[b.template])
+    for b in report.builds:
+        if b.status == "failed":
+            log(f"FAILED {b.template}: {b.error}")
+    skipped = report.by_status("skipped")
+    if skipped:
+        log(f"skipped {len(skipped)} template(s) whose manifest is current: "
+            f"{', '.join(skipped[:8])}{' ...' if len(skipped) > 8 else ''}")
+    log(f"{len(report.by_status('built'))} built, {len(skipped)} skipped, "
+        f"{len(report.by_status('failed'))} failed in {report.seconds:.1f} s ({executor}, {report.workers} worker(s))")
+    return report
+
+
+def _check_inputs(model_name: str, names: Sequence[str], ladder: Sequence[str]) -> str:
+    """Validate template names and codec specs; returns the model fingerprint."""
+    from sakura.codec import codec_from_spec
+    from sakura.models import load_model
+    from sakura.cloud.tasks import get_template
+
+    for spec in ladder:
+        codec_from_spec(spec)
+    model = load_model(model_name)
+    for n in names:  # every model load_model gives is an ImageTemplateEditModel: it has cfg.image_size
+        get_template(n, model.cfg.image_size)
+    return model.fingerprint()
+
+
+def _run_local(root: str, name: str, opts: dict[str, Any], model_fp: str, force: bool) -> TemplateBuild:
+    try:
+        return _build_one(root, name, opts, model_fp, force)
+    except Exception as e:  # noqa: BLE001 - one template's failure is reported, the rest still build
+        return TemplateBuild(name, "failed", error=f"{type(e).__name__}: {e}")
+
+
+def _run_ray(root: str, todo: list[str], opts: dict[str, Any], model_fp: str, force: bool, report: BuildReport,
+             bar: Any, *, address: str | None, workers: int | None, max_retries: int) -> int:
+    """Submit one task per template, collect as they finish; returns the cluster's CPU count."""
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--executor ray needs Ray: pip install '.[cluster]' (or use --executor local)") from None
+    started = False
+    if not ray.is_initialized():
+        kw: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        if address:
+            try:
+                ray.init(address=address, **kw)
+            except ConnectionError as e:
+                raise ConnectionError(f"{e} (a cluster with token authentication needs RAY_AUTH_MODE=token and its "
+                                      f"token in RAY_AUTH_TOKEN or ~/.ray/auth_token on this machine)") from None
+        else:  # "local": always a new cluster of our own, never one another user left running here
+            ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, **kw)
+        started = True
+    try:
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        task = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(_build_one)
+        pending = {task.remote(root, n, opts, model_fp, force): n for n in todo}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                name = pending.pop(ref)
+                try:
+                    report.builds.append(ray.get(ref))
+                except Exception as e:  # noqa: BLE001 - RayTaskError (raised) or worker death after retries
+                    cause = getattr(e, "cause", None) or e
+                    report.builds.append(TemplateBuild(name, "failed", error=f"{type(cause).__name__}: "
+                                                       f"{str(cause).strip().splitlines()[-1][:300]}"))
+                bar.update(1)
+        return cpus
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,66 @@
+"""Image distortion of one shard's rendition, measured through the edit (the cloud's job).
+
+For the manifest contract (docs/codec.md, "Image distortion in the manifest"): run the edit on the
+public calibration photos with only shard i's KV replaced by a decoded rendition and every other
+shard at the lossless (fp16) reference, and compare the output image with the all-lossless output.
+
+    image_mse     = mean over calibration photos of the per-pixel MSE, pixels in [0, 1]
+    image_psnr_db = 10 log10(1 / image_mse)    (inf when image_mse == 0)
+
+The model is any object with the image-level edit API the bundled models share:
+``model.edit(photos, template_kv=TemplateKV, steps=, seed=) -> .image (B, 3, S, S) in [0, 1]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sakura.models.kv import LayerKV, TemplateKV
+from sakura.util.psnr import psnr_db  # noqa: F401  (re-exported by sakura.cloud.capture)
+
+
+
+
+@dataclass
+class ShardDistortionProbe:
+    """Edits the calibration photos with one layer swapped; caches the all-lossless reference output.
+
+    Args:
+        model: the model the KV belongs to (image-level ``edit`` API).
+        reference: the template's lossless KV (fp16 as stored); every other shard stays at it.
+        photos: (N, 3, S, S) public calibration photos in [0, 1] (never a user's photo).
+        steps, seed: sampler settings of the calibration edits.
+    """
+
+    model: Any
+    reference: TemplateKV
+    photos: torch.Tensor
+    steps: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.photos.ndim != 4 or self.photos.shape[0] < 1:
+            raise ValueError(f"photos must be (N, 3, H, W) with N >= 1, got {tuple(self.photos.shape)}")
+        self._ref_image = self._edit(list(self.reference.layers)).double()  # (N, 3, S, S)
+
+    def _edit(self, layers: list[LayerKV]) -> torch.Tensor:
+        kv = TemplateKV(layers, self.reference.model_fingerprint, self.reference.template_fingerprint,
+                        self.reference.layout)
+        return self.model.edit(self.photos, template_kv=kv, steps=self.steps, seed=self.seed).image
+
+    def image_mse(self, layer: int, replacement: LayerKV) -> float:
+        """Mean per-pixel MSE (pixels in [0, 1]) of the edit with `layer` replaced, vs the lossless edit."""
+        layers = list(self.reference.layers)
+        if not 0 <= layer < len(layers):
+            raise IndexError(f"layer {layer} out of range ({len(layers)} layers)")
+        layers[layer] = replacement
+        img = self._edit(layers).double()
+        return float((img - self._ref_image).pow(2).mean(dim=(1, 2, 3)).mean())
+
+    def measure(self, layer: int, replacement: LayerKV) -> dict[str, float]:
+        """The manifest's image keys: {"image_mse", "image_psnr_db"}."""
+        mse = self.image_mse(layer, replacement)
+        return {"image_mse": mse, "image_psnr_db": psnr_db(mse)}

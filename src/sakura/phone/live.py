@@ -1,0 +1,606 @@
+"""The live executor: the `EditDriver` on real sockets, threads, decoders and the model.
+
+    fetch stage (asyncio thread)      decode pool (threads)        compute (caller's thread)
+    driver.next_requests() ──► GET    decode_any() ──► KV slot ◄── model.edit(...) calls
+    overlapped, several in flight     one shard per worker          source.layer(i): driver.at_layer
+    chunk timing ──► estimators                                     USE / LOCAL / WAIT(deadline)
+
+Stages share one lock and condition; the driver holds every decision. The model pulls layer i
+exactly when its forward pass reaches layer i, through `LiveKVSource` (a `TemplateKVSource`).
+A layer computed locally runs the template generator (`model.template_layers`) forward from
+wherever it stands, so fetched and local layers mix in any order and a failed, corrupt or late
+shard is always replaced by local compute: an edit never fails because the network did.
+
+Only public template objects are requested: `TemplateClient` has no method that can carry the
+photo or the prompt, and this module never hands it either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+
+from sakura.models.kv import KVSourceDefaults, LayerKV
+
+# DeviceProfile, profile_model and shard_specs live in .device; imported here for callers of this module
+from .device import DeviceProfile, default_decode_workers, profile_model, shard_specs  # noqa: F401
+from .driver import ADVANCE, FAILED, PENDING, REQUESTED, USE, WAIT, EditDriver, Policy, ShardRecord
+from .estimator import BandwidthEstimator, RttEstimator
+from .plan import LOCAL, Route, ShardSpec, psnr_db
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """What a benchmark overrides to run the live executor as another device (the time-dilated
+    bench, the link and fault benches); a phone app passes none.
+
+    specs: planner inputs to use instead of the ones derived from the manifest and the profile
+        (the emulated phone's per-layer times and decode rates).
+    renditions: rendition names the policy may fetch (None: every one in the manifest).
+    decode_pad_s: per rendition name, the least time a decode takes (the real decode, then a
+        sleep for the rest): a slower decoder.
+    tables: codec tables the emulated phone already holds (table name -> the object's bytes, as
+        the store has them), so they are not fetched. The planner counts shard bytes only; on
+        the time-dilated bench a table's bytes stand for 1/beta as many phone bytes (the mini
+        model's 7.5 kB progressive table for 144 MB on the LTE trace, 4.6x the shard it came
+        with), where a Klein-sized table is a few percent of one shard.
+    """
+
+    specs: Sequence[ShardSpec] | None = None
+    renditions: Sequence[str] | None = None
+    decode_pad_s: Mapping[str, float] | None = None
+    tables: Mapping[str, bytes] | None = None
+
+
+#: How often the fetch stage asks the driver again while requests are in flight (seconds): bytes
+#: arriving refine when the link will drain, so the next request goes out on time.
+POLL_S = 0.005
+
+#: Shortest link-level throughput sample (seconds); a shorter window is merged into the next one.
+MIN_SAMPLE_S = 0.01
+
+#: Pass as `manifest=` when the phone has none (server down and not cached): the edit runs on the device.
+NO_MANIFEST = object()
+
+
+# ---------------------------------------------------------------------------------------------
+# the KV source the model pulls from
+
+
+class LiveKVSource(KVSourceDefaults):
+    """A `TemplateKVSource` whose `layer(i)` asks the driver and then uses the fetched KV,
+    computes the layer (catching the local generator up), or waits until a deadline."""
+
+    def __init__(self, driver: EditDriver, cond: threading.Condition, clock: Callable[[], float],
+                 local_layers: Callable[[], Iterator[LayerKV]], model_fingerprint: str, template_fingerprint: str,
+                 instruction: int | None = None):
+        self.driver = driver
+        self.cond = cond
+        self.clock = clock
+        self._local_layers = local_layers
+        self._gen: Iterator[LayerKV] | None = None
+        self.decoded: dict[int, LayerKV] = {}
+        self.used: dict[int, LayerKV] = {}   # what the forward pass got, per layer (for reports)
+        self.model_fingerprint = model_fingerprint
+        self.template_fingerprint = template_fingerprint
+        self.instruction = instruction  # flux2-mini takes the template's instruction as prompt tokens
+        self.on_layer: Callable[[], None] = lambda: None  # wakes the fetch stage (compute moved)
+
+    @property
+    def num_layers(self) -> int:
+        return self.driver.L
+
+    def _settle(self, i: int, action: Any) -> Any:
+        """Wait (holding the condition) until the driver's answer for layer i is not WAIT."""
+        d = self.driver
+        now = self.clock()
+        while action.kind == WAIT:
+            changed = d.recheck(i, now)
+            if changed is not None:
+                return changed
+            if now >= action.deadline:
+                action = d.on_wait_expired(i, now)  # may WAIT again: the shard's bytes came meanwhile
+                continue
+            self.cond.wait(timeout=min(action.deadline - now, 0.5))
+            now = self.clock()
+        return action
+
+    def _step_generator(self, n: int) -> LayerKV | None:
+        if self._gen is None:
+            self._gen = self._local_layers()
+        kv = None
+        with torch.no_grad():
+            for _ in range(n):
+                kv = next(self._gen)
+        return kv
+
+    def layer(self, i: int) -> LayerKV:
+        d = self.driver
+        spent = 0.0  # on-device compute at this layer (ADVANCE steps and the catch-up), measured
+        with self.cond:
+            action = self._settle(i, d.at_layer(i, self.clock()))
+            kv = self.decoded.get(i) if action.kind == USE else None
+        self.on_layer()
+        while action.kind == ADVANCE:  # one template layer while the shard may still come
+            t = time.perf_counter()
+            self._step_generator(1)
+            spent += time.perf_counter() - t
+            with self.cond:
+                action = self._settle(i, d.on_advanced(i, self.clock()))
+                kv = self.decoded.get(i) if action.kind == USE else None
+            self.on_layer()
+        if action.kind == USE:
+            assert kv is not None
+            if spent:
+                with self.cond:
+                    d.records[i].local_s = spent
+            self.used[i] = kv
+            return kv
+        t = time.perf_counter()
+        kv = self._step_generator(action.catch_up)
+        spent += time.perf_counter() - t
+        with self.cond:
+            rec = d.records[i]
+            rec.local_s = spent
+            rec.delivered = self.clock()
+        self.used[i] = kv  # type: ignore[assignment]
+        return kv  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------
+# the result
+
+
+@dataclass
+class StreamedEdit:
+    """Result of `streamed_edit`. Times in seconds since the edit started (photo in)."""
+
+    image: torch.Tensor
+    latency_s: float
+    records: list[ShardRecord]
+    policy: str
+    events: list[str] = field(default_factory=list)
+    tables_bytes: int = 0
+    manifest_s: float = 0.0
+    path: str = "streamed"           # "streamed" | "on-device" (the plan needed no fetch)
+    image_mse: float = 0.0           # expected, from the build-time distortions of the KV used
+    quality_known: bool = True
+    timings_s: dict[str, float] = field(default_factory=dict)
+    link_idle_s: float = math.nan    # time with nothing in flight between the first request and the last byte
+    used_kv: dict[int, LayerKV] = field(default_factory=dict)  # the KV each layer used (streamed path)
+
+    # Alike in shape only to sakura.phone.sim.SimulatedEdit (the two executors' results each
+    # total their own ShardRecords); the fields differ, so each result type keeps its own.
+    @property
+    def bytes_fetched(self) -> int:
+        return sum(r.nbytes for r in self.records)
+
+    @property
+    def stall_s(self) -> float:
+        return sum(r.stall_s for r in self.records)
+
+    @property
+    def implied_psnr_db(self) -> float:
+        """Image PSNR vs the lossless-KV output that the chosen renditions imply."""
+        return psnr_db(self.image_mse)
+
+    def breakdown(self) -> dict[str, float]:
+        fetched = [r for r in self.records if r.fetch_end == r.fetch_end]
+        local = sum(r.local_s for r in self.records)
+        return {
+            "latency_s": self.latency_s,
+            "manifest_s": self.manifest_s,
+            "fetch_s": sum(r.fetch_end - r.t_request for r in fetched),
+            "local_compute_s": local,
+            "stall_s": self.stall_s,
+            "compute_s": self.timings_s.get("denoise", 0.0) - self.stall_s - local,
+            "bytes": float(self.bytes_fetched + self.tables_bytes),
+            "local_shards": float(sum(r.source == LOCAL for r in self.records)),
+        }
+
+    def choices(self) -> list[str]:
+        return [r.source or "?" for r in self.records]
+
+
+# ---------------------------------------------------------------------------------------------
+# the runtime
+
+
+class _LinkMeter:
+    """Link-level throughput across overlapped transfers: bytes that arrived between the last
+    completed fetch (or the first byte after an idle gap) and this one's last byte."""
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[float, int]] = []   # (arrival time, bytes)
+        self.active_first: dict[int, float] = {}     # shard -> its first byte time
+        self.last_done = -math.inf
+        self.idle_s = 0.0
+        self._idle_since: float | None = None
+        self._inflight = 0
+
+    def request(self, now: float) -> None:
+        if self._inflight == 0 and self._idle_since is not None:
+            self.idle_s += max(0.0, now - self._idle_since)
+            self._idle_since = None
+        self._inflight += 1
+
+    def done(self, now: float) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._idle_since = now
+
+    def sample(self, j: int, t_last: float) -> tuple[int, float]:
+        first = self.active_first.pop(j, t_last)
+        a = max(self.last_done, min([first] + list(self.active_first.values())))
+        if t_last - a < MIN_SAMPLE_S:
+            # overlapped transfers ending a few ms apart: a window that short measures timer
+            # noise or a link mostly idle (the other transfer's tail: 110 Mbit/s read on a
+            # 1,000 Mbit/s link, which put the estimate after three shards 73 % low); the next
+            # completion's sample covers this one (its window starts at the last sample's end)
+            return 0, 0.0
+        self.last_done = t_last
+        n = sum(b for t, b in self.chunks if a < t <= t_last)
+        self.chunks = [(t, b) for t, b in self.chunks if t > t_last]
+        return n, max(0.0, t_last - a)
+
+
+def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id: str,
+                  template_image: torch.Tensor, instruction: int, policy: Policy, profile: DeviceProfile,
+                  bandwidth: BandwidthEstimator | None = None, rtt: RttEstimator | None = None,
+                  decode_workers: int | None = None, max_inflight: int = 8, steps: int = 8, seed: int = 0,
+                  manifest: Any = None, manifest_timeout_s: float = 2.0, allow_fast_path: bool = True,
+                  emulate: Emulation | None = None) -> StreamedEdit:
+    """Edit `photo` with the template's KV streamed from `base_url`, pipelined with compute.
+
+    Args:
+        model: the on-device model (sakura-mini or flux2-mini; its fingerprint selects the manifest).
+        photo: (1, 3, H, W) in [0, 1]. Never leaves this function.
+        template_image, instruction: the template as the gallery holds it (for local compute).
+        policy: `SakuraPolicy` (default), `MeetInMiddlePolicy`, `CacheGenPolicy`, `FixedPolicy`.
+        profile: per-layer compute and decode rates the planner assumes.
+        bandwidth, rtt: the phone's estimators (kept across edits by a real app).
+        decode_workers: decode pool size (default: `profile.decode_workers`).
+        manifest: an already fetched `Manifest` (apps fetch manifests with the gallery); None
+            fetches it inside the timed edit, and a manifest that cannot be had means on-device.
+        allow_fast_path: when the first plan fetches nothing, run the plain on-device edit (no
+            threads, so no overhead over on-device).
+        emulate: a benchmark's overrides (`Emulation`: planner inputs, allowed renditions, decode
+            padding); None on a phone.
+
+    Never raises because of the network: every failure ends in local compute, listed in `events`.
+    """
+    from sakura.wire.client import TemplateClient
+    from sakura.codec import CodecTables, ShardId
+    from sakura.phone.limits import LimitError, check_shard_object, shard_shapes
+
+    bandwidth = bandwidth or BandwidthEstimator(prior_bps=1e6)
+    rtt = rtt or RttEstimator()
+    workers = decode_workers or profile.decode_workers
+    from sakura.codec.rans import warm_up
+
+    warm_up()  # the native decoders' JIT (compile, or load from numba's disk cache) is paid before the clock starts
+    t0 = time.monotonic()
+    clock = lambda: time.monotonic() - t0  # noqa: E731
+    events: list[str] = []
+    model_fp = model.fingerprint()
+    tfp = model.template_fingerprint(template_image, instruction)
+
+    def on_device(why: str, records: list[ShardRecord] | None = None) -> StreamedEdit:
+        if why:
+            events.append(f"{clock() * 1000:.0f} ms: {why}; computing the template on the device")
+        out = model.edit(photo, template=template_image, instruction=instruction, mode="extract", steps=steps, seed=seed)
+        recs = records or [ShardRecord(j, source=LOCAL) for j in range(model.num_layers)]
+        for r in recs:
+            r.source = LOCAL
+        return StreamedEdit(image=out.image, latency_s=clock(), records=recs, policy=policy.name, events=events,
+                            path="on-device", timings_s=out.timings_s)
+
+    if manifest is NO_MANIFEST:
+        return on_device("no manifest for this template (server down, not in the gallery)")
+    if manifest is None:
+        async def get_manifest():
+            async with TemplateClient(base_url, connect_timeout=manifest_timeout_s, read_timeout=manifest_timeout_s,
+                                      max_retries=0) as c:  # inside the timed edit: fail fast, compute
+                return await asyncio.wait_for(c.get_manifest(model_fp, template_id), manifest_timeout_s * 2)
+        try:
+            manifest = asyncio.run(get_manifest())
+        except Exception as e:  # any network or server failure: the device can still compute
+            return on_device(f"manifest unavailable ({_short(e)})")
+    manifest_s = clock()
+    problem = None
+    if manifest.template_id != template_id or manifest.model_fingerprint != model_fp:
+        problem = f"manifest is for {manifest.model_fingerprint[:16]}…/{manifest.template_id}"
+    elif manifest.kv_layout.get("template_fingerprint") != tfp:
+        problem = "manifest's template fingerprint differs from the gallery image's"
+    elif len(manifest.shards) != model.num_layers:
+        problem = f"manifest has {len(manifest.shards)} shards, the model has {model.num_layers} layers"
+    else:
+        try:  # sizes and shapes from the manifest and the model's config, before any allocation
+            shapes = shard_shapes(model, manifest)
+        except LimitError as e:
+            problem = str(e)
+    if problem:
+        return on_device(problem)
+
+    emulate = emulate or Emulation()
+    specs = list(emulate.specs) if emulate.specs is not None else shard_specs(manifest, profile)
+    if emulate.renditions is not None:
+        specs = [replace(s, routes=tuple(r for r in s.routes if r.name in emulate.renditions)) for s in specs]
+    decode_pad_s = emulate.decode_pad_s
+    quality_known = all("image_mse" in r.distortion for s in manifest.shards for r in s.renditions)
+    driver = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt, decode_workers=workers, max_inflight=max_inflight,
+                        compute_start_s=clock() + profile.pre_s, other_s=profile.pre_s + profile.post_s)
+    driver.start(clock())
+    if allow_fast_path and policy.fetches_nothing(driver):
+        res = on_device("", driver.records)
+        res.manifest_s = manifest_s
+        return res
+
+    cond = threading.Condition()
+    local_layers = lambda: (LayerKV(k[0], v[0]) for k, v in model.template_layers(template_image, instruction))  # noqa: E731
+    source = LiveKVSource(driver, cond, clock, local_layers, model_fp, tfp, instruction)
+    pool = DecodePool(workers)
+
+    def decode(j: int, data: bytes, rendition: Any, tables: dict[str, Any]) -> None:
+        try:
+            t = time.monotonic()
+            tbl = tables.get(rendition.tables[0]) if rendition.tables else None
+            check_shard_object(data, shapes[j], f"shard {j}")  # header shape, before the decoder allocates
+            dec = pool.decode(data, ShardId(model_fp, tfp, j), tbl)
+            kv = LayerKV(dec.key, dec.value, dec.keep_mask)
+            if decode_pad_s and rendition.name in decode_pad_s:
+                time.sleep(max(0.0, decode_pad_s[rendition.name] - (time.monotonic() - t)))
+            with cond:
+                source.decoded[j] = kv
+                driver.on_decoded(j, clock())
+                cond.notify_all()
+        except Exception as e:
+            with cond:
+                driver.on_decode_failed(j, _short(e), clock())
+                cond.notify_all()
+
+    stage = FetchStage(base_url, manifest, driver, cond, clock, t0, max_inflight=max_inflight,
+                       on_fetched=lambda j, data, rend: pool.submit(decode, j, data, rend, stage.tables),
+                       decode_table=lambda blob: CodecTables.from_bytes(blob, ShardId(model_fp, tfp, -1)),
+                       held_tables=emulate.tables)
+    source.on_layer = stage.kick
+    stage.start()
+    try:
+        out = model.edit(photo, template_kv=source, steps=steps, seed=seed)
+    finally:
+        stage.stop()
+        pool.shutdown()
+    latency = clock()
+    events.extend(driver.events)
+    requested = [r for r in driver.records if r.t_request == r.t_request]
+    idle = stage.meter.idle_s if requested else math.nan
+    return StreamedEdit(image=out.image, latency_s=latency, records=driver.records, policy=policy.name, events=events,
+                        tables_bytes=stage.tables_bytes, manifest_s=manifest_s, image_mse=driver.image_mse(),
+                        quality_known=quality_known, timings_s=out.timings_s, link_idle_s=idle, used_kv=source.used)
+
+
+class DecodePool:
+    """The decode pool: `workers` threads, one shard per job (`submit`). A job whose decode starts
+    while other workers are idle and no other job waits shares its one shard with them
+    (`decode(..., pool=)`: rANS pieces, channel blocks; bit-equal to the serial decode), so one
+    large layer (shard 0 at the start of an edit, the last shard) does not serialise on one core.
+    Helpers are plain tasks on the same executor: a job that arrives meanwhile queues behind at
+    most the helpers' remaining ranges of that shard, and helpers that never started are
+    cancelled (`rans.run_split`), so a busy pool loses nothing."""
+
+    def __init__(self, workers: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.workers = max(1, int(workers))
+        self.executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sakura-decode")
+        self._lock = threading.Lock()
+        self._running = 0      # jobs in a worker now
+        self._waiting = 0      # jobs submitted, not started
+        self.split_jobs = 0    # jobs that shared their shard (for tests and logs)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+        with self._lock:
+            self._waiting += 1
+        return self.executor.submit(self._job, fn, args)
+
+    def _job(self, fn: Callable[..., Any], args: tuple) -> Any:
+        with self._lock:
+            self._waiting -= 1
+            self._running += 1
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def share(self) -> concurrent.futures.Executor | None:
+        """The executor the calling job may split its shard over, or None (no idle worker, or a
+        job waiting for one)."""
+        with self._lock:
+            if self.workers > 1 and self._running < self.workers and self._waiting == 0:
+                self.split_jobs += 1
+                return self.executor
+        return None
+
+    def decode(self, data: bytes, ident: Any, tables: Any) -> Any:
+        """`decode_any` of one shard, split over the idle workers where the codec can (`share`)."""
+        from sakura.codec import decode_any
+
+        return decode_any(data, ident, tables, pool=self.share())
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class FetchStage:
+    """The fetch stage on its own thread and event loop: issues the driver's requests (ahead,
+    several in flight on one connection pool), feeds chunk timing to the driver's estimators and
+    hands each completed shard to `on_fetched(layer, bytes, rendition)` (from the loop's thread).
+
+    It needs no model: a link check runs it alone. Thread-safe entry points: `kick` (something
+    changed: ask the driver again), `stop`. `held_tables` (name -> object bytes): tables already
+    on the phone, decoded here and never fetched.
+    """
+
+    def __init__(self, base_url: str, manifest: Any, driver: EditDriver, cond: threading.Condition,
+                 clock: Callable[[], float], t0: float, *, max_inflight: int = 8,
+                 on_fetched: Callable[[int, bytes, Any], None], decode_table: Callable[[bytes], Any] = lambda b: b,
+                 held_tables: Mapping[str, bytes] | None = None):
+        self.base_url, self.manifest, self.driver, self.cond, self.clock, self.t0 = base_url, manifest, driver, cond, clock, t0
+        self.max_inflight = max_inflight
+        self.warm_connections = min(2, max_inflight - 1)
+        self.on_fetched, self.decode_table = on_fetched, decode_table
+        self.meter = _LinkMeter()
+        self.tables: dict[str, Any] = {name: decode_table(blob) for name, blob in (held_tables or {}).items()}
+        self.tables_bytes = 0   # fetched (held tables do not count)
+        self._stop = threading.Event()
+        self._kick: Callable[[], None] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="sakura-fetch", daemon=True)
+        self._thread.start()
+
+    def kick(self) -> None:
+        if self._kick is not None:
+            try:
+                self._kick()
+            except RuntimeError:
+                pass  # loop already closed
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self.kick()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as e:  # the client itself failed: every pending shard goes local
+            with self.cond:
+                for r in self.driver.records:
+                    if r.status in (PENDING, REQUESTED):
+                        self.driver.on_fetch_failed(r.index, f"fetch stage: {_short(e)}", self.clock())
+                        r.status = FAILED
+                self.cond.notify_all()
+
+    async def _run(self) -> None:
+        from sakura.wire.client import TemplateClient
+        from sakura.phone.limits import fetch_deadline_s
+
+        cond, driver, clock = self.cond, self.driver, self.clock
+        kick = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._kick = lambda: loop.call_soon_threadsafe(kick.set)
+        table_locks: dict[str, asyncio.Lock] = {}
+        tasks: dict[int, asyncio.Task] = {}
+
+        async def ensure_tables(client: TemplateClient, rendition: Any) -> None:
+            for name in rendition.tables:
+                lock = table_locks.setdefault(name, asyncio.Lock())
+                async with lock:
+                    if name not in self.tables:
+                        res = await client.fetch_object(self.manifest.table(name).object)
+                        self.tables[name] = self.decode_table(res.data)
+                        self.tables_bytes += len(res.data)
+
+        async def fetch_one(client: TemplateClient, j: int, route: Route) -> None:
+            rendition = self.manifest.shards[j].rendition(route.name)
+            first = {"seen": False}
+            got = [0]
+            t_req = clock()
+
+            def on_chunk(c: Any) -> None:
+                t_end = c.t_end - self.t0
+                with cond:
+                    self.meter.chunks.append((t_end, c.nbytes))
+                    if not first["seen"]:
+                        first["seen"] = True
+                        self.meter.active_first[j] = t_end
+                        driver.on_first_byte(j, t_req, t_end)
+                    got[0] += c.nbytes
+                    driver.on_progress(j, rendition.nbytes - got[0], t_end)
+
+            try:
+                await ensure_tables(client, rendition)
+                with cond:
+                    t_req = clock()
+                    self.meter.request(t_req)
+                    # an overall deadline from the estimates: a dripping server cannot hold raw-stream
+                    deadline_s = fetch_deadline_s(rendition.nbytes, driver.bytes_per_s(), self.max_inflight)
+                try:
+                    res = await client.fetch_rendition(rendition, on_chunk=on_chunk, deadline_s=deadline_s)
+                finally:
+                    with cond:
+                        self.meter.done(clock())
+                with cond:
+                    t_last = res.t_done - self.t0
+                    n, s = self.meter.sample(j, t_last)
+                    if driver.records[j].status == REQUESTED:
+                        driver.on_fetched(j, len(res.data), t_last, sample_bytes=n, sample_s=s)
+                        self.on_fetched(j, res.data, rendition)
+                    cond.notify_all()
+            except asyncio.CancelledError:
+                with cond:
+                    self.meter.active_first.pop(j, None)
+                raise
+            except Exception as e:  # FetchError, IntegrityError, table decode errors...
+                with cond:
+                    self.meter.active_first.pop(j, None)
+                    driver.on_fetch_failed(j, _short(e), clock())
+                    cond.notify_all()
+            finally:
+                kick.set()
+
+        async with TemplateClient(self.base_url, max_connections=self.max_inflight) as client:
+            # Open a second and third connection now, alongside the first request: a request
+            # issued ahead while another transfer runs needs a free connection, and a new one
+            # costs a handshake round trip (as a phone keeps its CDN connections warm). Handshakes
+            # only: warming with a request (it was the index) put its answer on the downlink ahead
+            # of the first shard, which the planner does not count (on the dilated LTE trace two
+            # 559-byte index answers stood for 2 x 10.7 MB of phone traffic and made shard 5 late).
+            warm = [asyncio.create_task(_swallow(client.open_connections(self.warm_connections)))]
+            while not self._stop.is_set():
+                with cond:
+                    reqs, wake = driver.next_requests(clock())
+                    cancel = driver.to_cancel()
+                    busy = bool(driver.inflight())
+                for j in cancel:
+                    t = tasks.pop(j, None)
+                    if t is not None and not t.done():
+                        t.cancel()
+                for j, route in reqs:
+                    tasks[j] = asyncio.create_task(fetch_one(client, j, route))
+                kick.clear()
+                timeout = 0.25 if wake is None else max(0.0, min(0.25, wake - clock()))
+                if busy:  # ask again soon: the transfer under way refines when the link drains
+                    timeout = min(timeout, POLL_S)
+                try:
+                    await asyncio.wait_for(kick.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+            for t in list(tasks.values()) + warm:
+                t.cancel()
+            await asyncio.gather(*tasks.values(), *warm, return_exceptions=True)
+
+
+async def _swallow(coro) -> None:
+    try:
+        await coro
+    except Exception:  # a warm-up request that fails costs nothing: the shard requests report errors
+        pass
+
+
+def _short(e: BaseException, limit: int = 160) -> str:
+    """One line naming an error: its type and the start of its message."""
+    msg = " ".join(str(e).split())
+    return f"{type(e).__name__}: {msg[:limit]}{'…' if len(msg) > limit else ''}"
+

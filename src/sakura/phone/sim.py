@@ -1,0 +1,222 @@
+"""The simulated executor: the same `EditDriver` as the live runtime, on a virtual clock, link,
+decode pool and compute unit (discrete events). Used by the phone-profile benchmark.
+
+The link is first in, first out with one round trip before the first byte of a request to an
+idle link (`sakura.phone.plan`). A request the driver cancels (`EditDriver.to_cancel`: its layer
+was computed on the device) is aborted as the live runtime aborts it: the fetch stage cancels the
+fetch's task (`runtime.live.FetchStage`, `for j in driver.to_cancel(): t.cancel()`) and the client
+then closes its connection at once (`client.TemplateClient`: "Cancel a fetch by cancelling its
+task: the connection is closed at once"). So the transfer leaves the link when it is cancelled (a
+transfer not yet started never takes it) and the transfers queued behind it move up. Compute is serial: layer j's
+forward compute starts when the compute unit is free and the driver has answered USE or LOCAL.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .driver import ADVANCE, READY, REQUESTED, USE, WAIT, EditDriver, LayerAction, Policy, ShardRecord
+from .estimator import BandwidthEstimator, RttEstimator
+from .plan import LinkModel, ShardSpec
+
+#: abort a cancelled transfer as the live runtime does (False: the previous, conservative model that
+#: kept it on the link to its end; for A/B and the regression test only)
+ABORT_CANCELLED = True
+#: a throughput sample runs from when the link delivers the transfer's first byte (the live link meter's
+#: window starts at the first chunk's arrival, `runtime.live._LinkMeter`), not from when the transfer
+#: could start: a transfer that starts on a dead link measures the link once it carries bytes
+#: (False: from the start, the previous model: a 14 MB shard requested 10 s before a dead link came
+#: back read ~9 Mbit/s on a link then at ~100)
+SAMPLE_FROM_FIRST_BYTE = True
+
+# event kinds, in the order they are handled when simultaneous (data before decisions)
+_FETCHED, _DECODED, _DEADLINE, _WAKE, _COMPUTE, _ADVANCED = range(6)
+
+
+@dataclass
+class SimulatedEdit:
+    """The first denoising step of one simulated edit (seconds since it started)."""
+
+    first_step_s: float
+    records: list[ShardRecord]
+    events: list[str] = field(default_factory=list)
+    decisions: list[tuple[int, str]] = field(default_factory=list)   # (layer, source) in order
+    requests: list[tuple[int, str]] = field(default_factory=list)    # (layer, route) in issue order
+    link_busy_s: float = 0.0
+    image_mse: float = 0.0
+
+    # Alike in shape only to sakura.phone.live.StreamedEdit's totals (see there).
+    @property
+    def bytes(self) -> int:
+        return sum(r.nbytes for r in self.records)
+
+    @property
+    def stall_s(self) -> float:
+        return sum(r.stall_s for r in self.records)
+
+    @property
+    def local_layers(self) -> int:
+        return sum(r.source == "local" for r in self.records)
+
+
+def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel, rtt_s: float,
+                  bandwidth: BandwidthEstimator, rtt: RttEstimator | None = None, decode_workers: int = 1,
+                  max_inflight: int = 8, compute_start_s: float = 0.0, post_s: float = 0.0,
+                  decode_split: float = 1.0) -> SimulatedEdit:
+    """Play one edit's first step. `link` and `rtt_s` are the truth; the driver only sees what
+    its estimators learn from the transfers. compute_start_s: when the forward pass reaches
+    layer 0 (work before the transformer, e.g. the text encoder, overlaps with fetching).
+    post_s: the edit's work after the first step (later passes, VAE decode), not simulated but
+    part of the loss bound's reference (`EditDriver` other_s). decode_split: the live decode
+    pool's intra-shard split (`runtime.live.DecodePool`: a shard whose decode starts while another
+    worker idles shares it with the idle workers), as the measured speedup of one shard on 2
+    threads (`sakura.bench.decode_rates.load_split`; 1.0: no split modelled). Such a decode runs
+    decode_split x faster and holds the idle workers until it ends or the next shard arrives (a
+    live helper leaves after its current range; then the decode goes on alone); more idle workers
+    than one are assumed to gain no more than the 2 threads measured."""
+    d = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt or RttEstimator(prior_s=rtt_s),
+                   decode_workers=decode_workers, max_inflight=max_inflight, compute_start_s=compute_start_s,
+                   other_s=compute_start_s + post_s)
+    L = len(specs)
+    heap: list = []
+    seq = itertools.count()
+    push = lambda t, kind, data=None: heapq.heappush(heap, (t, kind, next(seq), data))  # noqa: E731
+    link_free = 0.0
+    busy = 0.0
+    workers = [0.0] * decode_workers
+    requests: list[tuple[int, str]] = []
+    decisions: list[tuple[int, str]] = []
+    waiting: tuple[int, float] | None = None  # (layer, deadline) the compute is blocked on
+    finish = None
+    # wake-up times already queued: every event asks the driver again and it mostly answers the same
+    # wake-up, so a second one at the same time would only repeat the same (idempotent) call
+    wakes: set[float] = set()
+    # transfers on the link, in issue (FIFO) order: j -> [nbytes, t_request, start, end, generation]
+    onlink: dict[int, list] = {}
+    gen = itertools.count()
+
+    def abort(now: float) -> None:
+        """Take the cancelled transfers off the link (see the module doc) and move the ones queued
+        behind them up."""
+        nonlocal link_free, busy
+        if not ABORT_CANCELLED:
+            return
+        gone = [j for j in d.to_cancel() if j in onlink]
+        if not gone:
+            return
+        for j in gone:
+            nbytes, t_req, start, end, _ = onlink.pop(j)
+            busy -= max(0.0, end - now) if start < now else end - start  # cut now, or never started
+        # replay the rest first in, first out: one still transmitting keeps its end; the ones not
+        # started start when the link is free again (not before now: until now the link was the
+        # cancelled transfer's)
+        link_free = now
+        for j, x in onlink.items():  # dict order = issue order = FIFO order
+            nbytes, t_req, start, end, _ = x
+            if start < now:
+                link_free = end
+                continue
+            new_start = max(link_free, t_req + rtt_s, now)
+            if new_start != start:
+                new_end = link.deliver(new_start, nbytes)
+                busy += (new_end - new_start) - (end - start)
+                x[2], x[3], x[4] = new_start, new_end, next(gen)
+                d.records[j].t_first_byte = new_start
+                push(new_end, _FETCHED, (j, nbytes, new_start, x[4]))
+            link_free = x[3]
+
+    def issue(now: float) -> None:
+        nonlocal link_free, busy
+        abort(now)
+        reqs, wake = d.next_requests(now)
+        for j, route in reqs:
+            start = max(link_free, now + rtt_s)
+            end = link.deliver(start, route.nbytes)
+            busy += end - start
+            link_free = end
+            requests.append((j, route.name))
+            d.on_first_byte(j, now, start)
+            g = next(gen)
+            onlink[j] = [route.nbytes, now, start, end, g]
+            push(end, _FETCHED, (j, route.nbytes, start, g))
+        if wake is not None and max(wake, now) not in wakes:
+            wakes.add(max(wake, now))
+            push(max(wake, now), _WAKE)
+
+    def act(j: int, a: LayerAction, now: float) -> None:
+        nonlocal waiting, finish
+        if a.kind == WAIT:
+            waiting = (j, a.deadline)
+            if a.deadline < float("inf"):
+                push(a.deadline, _DEADLINE, j)
+            return
+        waiting = None
+        if a.kind == ADVANCE:  # the generator computes one template layer; the shard may come meanwhile
+            push(now + specs[d.generator_at - 1].local_s, _ADVANCED, j)
+            return
+        decisions.append((j, d.records[j].source))
+        spec = specs[j]
+        t = now + (a.catch_up * spec.local_s if a.kind != USE else 0.0) + spec.compute_s
+        if a.kind != USE:  # the driver recorded the local time (exact here)
+            d.records[j].delivered = now + a.catch_up * spec.local_s
+        if j + 1 < L:
+            push(t, _COMPUTE, j + 1)
+        else:
+            finish = t
+
+    d.start(0.0)
+    issue(0.0)
+    push(compute_start_s, _COMPUTE, 0)
+    while heap and finish is None:
+        now, kind, _, data = heapq.heappop(heap)
+        if kind == _FETCHED:
+            j, nbytes, start, g = data
+            if j not in onlink or onlink[j][4] != g:
+                continue  # aborted, or moved up (its new end is queued)
+            del onlink[j]
+            if d.records[j].status == REQUESTED:
+                t0 = link.deliver(start, 1) if SAMPLE_FROM_FIRST_BYTE else start
+                d.on_fetched(j, nbytes, now, sample_bytes=nbytes, sample_s=now - min(max(t0, start), now))
+                w = min(range(decode_workers), key=lambda i: workers[i])
+                start = max(now, workers[w])
+                idle = [i for i in range(decode_workers) if i != w and workers[i] <= start]
+                dec = d.routes[j].decode_s
+                if idle and decode_split > 1.0:
+                    # split over the idle workers until the next shard arrives (a live helper then
+                    # leaves after its current range), the rest on this worker alone
+                    t_next = max(start, min((x[3] for x in onlink.values()), default=float("inf")))
+                    end = start + dec / decode_split
+                    if end > t_next:
+                        end = t_next + dec - (t_next - start) * decode_split
+                    for i in idle:
+                        workers[i] = min(end, t_next)
+                else:
+                    end = start + dec
+                workers[w] = end
+                push(end, _DECODED, j)
+        elif kind == _DECODED:
+            d.on_decoded(data, now)
+            if waiting is not None and waiting[0] == data and d.records[data].status == READY:
+                act(data, d.on_ready_while_waiting(data, now), now)
+        elif kind == _DEADLINE:
+            if waiting is not None and waiting[0] == data and now >= waiting[1]:
+                act(data, d.on_wait_expired(data, now), now)
+        elif kind == _COMPUTE:
+            act(data, d.at_layer(data, now), now)
+        elif kind == _ADVANCED:
+            act(data, d.on_advanced(data, now), now)
+        elif kind == _WAKE:
+            wakes.discard(now)
+        issue(now)
+        if waiting is not None and finish is None:
+            changed = d.recheck(waiting[0], now)  # e.g. CacheGen chose to compute the chunk meanwhile
+            if changed is not None:
+                act(waiting[0], changed, now)
+                abort(now)
+    if finish is None:
+        raise RuntimeError("simulation ended before the forward pass finished (a shard never arrived)")
+    return SimulatedEdit(first_step_s=finish, records=d.records, events=d.events, decisions=decisions,
+                         requests=requests, link_busy_s=busy, image_mse=d.image_mse())

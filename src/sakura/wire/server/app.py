@@ -1,0 +1,485 @@
+"""`sakura serve`: an aiohttp server for a store directory.
+
+Routes (raw request path must match exactly; everything else is 404, or 400 if it looks like an
+escape attempt): ``/index.json``, ``/manifests/<fp>/<template>.json``, ``/objects/<xx>/<sha256>``.
+GET and HEAD only (405 otherwise). Objects are streamed from disk in ``chunk_bytes`` pieces, so
+memory per request is bounded; ETag of an object is its sha256 (strong, identical on every
+replica), of a manifest the sha256 of its current bytes. Single byte Range (206/416), If-Range,
+If-None-Match (304). The access log (logger ``sakura.wire.server.access``) holds method, resource kind,
+public object/template id, status, bytes and duration: no client address, no headers, no query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator, Awaitable, Callable, Iterator, Protocol
+
+from aiohttp import web, web_protocol, web_server
+
+from sakura.wire.server.ranges import RangeError, RangeNotSatisfiable, byte_range, if_none_match_hits, if_range_allows
+from sakura.wire.store.layout import INDEX_URL, MANIFEST_URL_RE, OBJECT_URL_RE
+from sakura.wire.store.store import open_in_store
+
+log = logging.getLogger("sakura.wire.server")
+access_log = logging.getLogger("sakura.wire.server.access")
+
+#: Bytes read from disk and written per step when streaming an object.
+DEFAULT_CHUNK_BYTES = 256 * 1024
+#: Manifests/index are read whole (they are small); anything larger is refused as corrupt.
+MAX_SMALL_FILE_BYTES = 16 * 1024 * 1024
+#: Largest request line / single header field accepted (bytes); larger -> 400 from aiohttp.
+MAX_FIELD_BYTES = 8190
+
+_OBJECT_CACHE_CONTROL = "public, max-age=31536000, immutable"  # content-addressed: never changes
+_MANIFEST_CACHE_CONTROL = "no-cache"  # may be rebuilt: revalidate with the ETag every time
+
+class _RedactFilter(logging.Filter):
+    """aiohttp's protocol errors name the client address and echo the bad request bytes; keep
+    the event, drop the details, so no log line holds user data."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        record.msg, record.args = "protocol error (%s); client details withheld", (type(exc).__name__ if exc else "-",)
+        record.exc_info = record.exc_text = None
+        return True
+
+
+protocol_log = logging.getLogger("sakura.wire.server.protocol")
+protocol_log.addFilter(_RedactFilter())
+
+
+class _RateLimitFilter(logging.Filter):
+    """At most ``burst`` records per message template per ``window_s``; the next one let through
+    says how many were dropped. Under fd exhaustion asyncio and aiohttp log a traceback per
+    failed accept/request (194,529 in 6 s, 86 MB); one line per template per window is enough."""
+
+    def __init__(self, window_s: float = 10.0, burst: int = 5) -> None:
+        super().__init__()
+        self.window_s, self.burst = window_s, burst
+        self._seen: dict[tuple[str, object], list] = {}  # key -> [window start, count, dropped]
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._seen.clear()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.msg)
+        now = time.monotonic()
+        with self._lock:
+            st = self._seen.get(key)
+            if st is None or now - st[0] >= self.window_s:
+                dropped = st[2] if st is not None else 0
+                if len(self._seen) > 1024:
+                    self._seen.clear()
+                self._seen[key] = [now, 1, 0]
+                if dropped:
+                    record.msg = f"{record.msg} [{dropped} similar message(s) suppressed in the last {self.window_s:.0f} s]"
+                return True
+            st[1] += 1
+            if st[1] <= self.burst:
+                return True
+            st[2] += 1
+            return False
+
+
+#: Loggers that repeat one line per connection under load or attack; all rate-limited.
+_NOISY_LOGGERS = ("asyncio", "aiohttp.server", "aiohttp.web", "sakura.wire.server", "sakura.wire.server.protocol")
+_rate_limit = _RateLimitFilter()
+for _name in _NOISY_LOGGERS:
+    logging.getLogger(_name).addFilter(_rate_limit)
+
+
+def _exception_handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """Event-loop errors (e.g. accept() failing with EMFILE) as one rate-limited line, no traceback."""
+    exc = context.get("exception")
+    log.error("event loop: %s%s", context.get("message", "error"), f" ({type(exc).__name__}: {exc})" if exc else "")
+
+
+# ------------------------------------------------------------------------ connection guarding
+#: Seconds a new connection has to deliver a complete request head (nginx: client_header_timeout).
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+#: Seconds an idle keep-alive connection is kept between requests (nginx: keepalive_timeout).
+DEFAULT_IDLE_TIMEOUT_S = 15.0
+
+
+def default_max_connections() -> int:
+    """Open connections the server holds at most: the process's fd limit less a reserve for
+    files being served and the listening sockets, capped at 4096 (nginx: worker_connections)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 65536
+    except (ImportError, ValueError, OSError):
+        soft = 1024
+    return max(8, min(4096, (soft - 64) // 2))  # each streamed object may hold a second fd
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Header-read and idle timeouts (s) and the connection cap, per server."""
+
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_connections: int = 0  # 0: default_max_connections()
+
+
+class _GuardedHandler(web_protocol.RequestHandler):
+    """aiohttp's protocol with a header deadline: a connection that has not delivered a complete
+    request head within ``header_timeout_s`` of connecting is closed (aiohttp itself has no
+    header timeout; a slow-header client held its fd for ever). Later requests on a keep-alive
+    connection are bounded by aiohttp's ``keepalive_timeout`` (= ``idle_timeout_s``), whose
+    close fires while no request is complete."""
+
+    __slots__ = ("_header_timer", "_born")
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        limits: ConnectionLimits = self._manager._sakura_limits  # type: ignore[union-attr]
+        self._born = time.monotonic()
+        self._header_timer = None
+        super().connection_made(transport)
+        mgr = self._manager
+        cap = mgr._sakura_cap  # type: ignore[union-attr]
+        conns = mgr.connections if mgr is not None else []
+        if len(conns) > cap:
+            # Over the cap: drop the oldest connection that has not sent a complete request (a
+            # slow or idle client) so a real request still gets in; if every one is busy, this one.
+            idle = [c for c in conns if c is not self and not getattr(c, "_request_in_progress", True)]
+            victim = min(idle, key=lambda c: getattr(c, "_born", 0.0)) if idle else self
+            mgr._sakura_evicted += 1  # type: ignore[union-attr]
+            victim.force_close()
+            if victim.transport is not None:
+                victim.transport.close()
+            if victim is self:
+                return
+        self._header_timer = self._loop.call_later(limits.header_timeout_s, self._header_expired)
+
+    def _header_expired(self) -> None:
+        self._header_timer = None
+        if getattr(self, "_request_count", 1) == 0 and self._manager is not None:
+            self._manager._sakura_timed_out += 1  # type: ignore[attr-defined]
+            self.force_close()
+            if self.transport is not None:
+                self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._header_timer is not None and getattr(self, "_request_count", 0) > 0:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().connection_lost(exc)
+
+
+class _GuardedServer(web_server.Server):
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _GuardedHandler(self, loop=self._loop, **self._kwargs)
+
+
+def _guard(runner: web.AppRunner, limits: ConnectionLimits) -> None:
+    srv = runner.server
+    assert srv is not None and type(srv) is web_server.Server, "guard after runner.setup()"
+    srv.__class__ = _GuardedServer  # same layout (no new slots): only the protocol factory differs
+    srv._sakura_limits = limits  # type: ignore[attr-defined]
+    srv._sakura_cap = limits.max_connections or default_max_connections()  # type: ignore[attr-defined]
+    srv._sakura_timed_out = 0  # type: ignore[attr-defined]
+    srv._sakura_evicted = 0  # type: ignore[attr-defined]
+
+
+def connection_counts(runner: web.AppRunner) -> dict[str, int]:
+    """``open`` connections now, ``header_timeouts`` and ``evicted`` so far (for tests, the bench)."""
+    srv = runner.server
+    return {"open": len(srv.connections) if srv is not None else 0,
+            "header_timeouts": getattr(srv, "_sakura_timed_out", 0), "evicted": getattr(srv, "_sakura_evicted", 0)}
+
+STORE_KEY = web.AppKey("store_root", Path)
+CHUNK_KEY = web.AppKey("chunk_bytes", int)
+SENDFILE_KEY = web.AppKey("sendfile", bool)
+
+
+def _suspicious(raw_path: str) -> bool:
+    """Paths that look like traversal/encoding tricks get a 400 (they could never match anyway)."""
+    low = raw_path.lower()
+    return any(s in low for s in ("..", "%", "\\", "//", "\x00")) or any(ord(c) < 0x20 for c in raw_path)
+
+
+class _Resource:
+    __slots__ = ("kind", "label", "relpath", "immutable")
+
+    def __init__(self, kind: str, label: str, relpath: str, immutable: bool) -> None:
+        self.kind, self.label, self.relpath, self.immutable = kind, label, relpath, immutable
+
+
+def resolve(raw_path: str) -> _Resource | None:
+    """Map a raw URL path to a store file, or None. Only regex-validated components reach the
+    filesystem path, so the result is always inside the store root."""
+    m = OBJECT_URL_RE.fullmatch(raw_path)
+    if m is not None:
+        prefix, sha = m.groups()
+        if sha[:2] != prefix:
+            return None
+        return _Resource("object", sha[:12], f"objects/{prefix}/{sha}", True)
+    m = MANIFEST_URL_RE.fullmatch(raw_path)
+    if m is not None:
+        fp, tid = m.groups()
+        return _Resource("manifest", f"{fp}/{tid}", f"manifests/{fp}/{tid}.json", False)
+    if raw_path == INDEX_URL:
+        return _Resource("index", "index", "index.json", False)
+    return None
+
+
+def _text(status: int, reason: str, **headers: str) -> web.Response:
+    return web.Response(status=status, text=reason + "\n", headers=headers)
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    t0 = time.perf_counter()
+    raw = request.rel_url.raw_path
+    res: _Resource | None = None
+    status, sent = 500, 0
+    try:
+        if request.method not in ("GET", "HEAD"):
+            status = 405
+            return _text(405, f"method {request.method} not allowed: this server is read-only", Allow="GET, HEAD")
+        if _suspicious(raw):
+            status = 400
+            return _text(400, "bad path: '..', '%', backslash, '//' and control characters are not allowed")
+        res = resolve(raw)
+        if res is None:
+            status = 404
+            return _text(404, "not found: expected /index.json, /manifests/<model>/<template>.json or /objects/<xx>/<sha256>")
+        root: Path = request.app[STORE_KEY]
+        if res.immutable:
+            resp, status, sent = await _serve_object(request, root, res)
+        else:
+            resp, status, sent = await _serve_small(request, root, res)
+        return resp
+    except (ConnectionError, asyncio.CancelledError):
+        status = 499  # client went away mid-transfer (nginx's convention); nothing to clean up
+        raise
+    finally:
+        access_log.info("%s %s %s %d %d %.1fms", request.method, res.kind if res else "-",
+                        res.label if res else "-", status, sent, (time.perf_counter() - t0) * 1e3)
+
+
+def _open_regular(root: Path, relpath: str) -> tuple[int, os.stat_result] | None:
+    try:
+        # No symlink is followed at any step (objects/xx included), the rule `store verify`
+        # shares: a symlink planted in the store never leads out of it.
+        fd = open_in_store(root, relpath)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except OSError:  # ELOOP from O_NOFOLLOW, EACCES, ...
+        log.warning("refusing to open %s (symlink or unreadable)", relpath)
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return None
+    return fd, st
+
+
+def _range_or_error(request: web.Request, size: int, etag: str) -> tuple[int, int, bool] | web.Response:
+    """(start, stop, partial) or an error response. Range is ignored under a failing If-Range."""
+    if not if_range_allows(request, etag):
+        return 0, size, False
+    try:
+        rng = byte_range(request, size)
+    except RangeNotSatisfiable as e:
+        return _text(416, f"range not satisfiable: {e}", **{"Content-Range": f"bytes */{size}", "ETag": etag})
+    except RangeError as e:
+        return _text(400, f"bad Range header: {e}")
+    return (0, size, False) if rng is None else (*rng, True)
+
+
+async def _serve_object(request: web.Request, root: Path, res: _Resource) -> tuple[web.StreamResponse, int, int]:
+    path = root / res.relpath
+    opened = _open_regular(root, res.relpath)
+    if opened is None:
+        return _text(404, f"no object {path.name}"), 404, 0
+    fd, st = opened
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        size = st.st_size
+        etag = f'"{path.name}"'
+        common = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": _OBJECT_CACHE_CONTROL}
+        if if_none_match_hits(request, etag):
+            return web.Response(status=304, headers=common), 304, 0
+        r = _range_or_error(request, size, etag)
+        if isinstance(r, web.Response):
+            return r, r.status, 0
+        start, stop, partial = r
+        resp = web.StreamResponse(status=206 if partial else 200, headers=common)
+        resp.content_type = "application/octet-stream"
+        resp.content_length = stop - start
+        if partial:
+            resp.headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
+        await resp.prepare(request)
+        sent = 0
+        if request.method == "GET" and request.app[SENDFILE_KEY] and request.transport is not None:
+            try:
+                # Kernel sendfile: no copies through Python; asyncio waits for the headers aiohttp
+                # already queued on the transport before it starts (as aiohttp's FileResponse does).
+                await asyncio.get_running_loop().sendfile(request.transport, f, start, stop - start)
+                sent = stop - start
+                await resp.write_eof()
+                return resp, resp.status, sent
+            except NotImplementedError:  # e.g. TLS transports: fall back to the read/write loop
+                pass
+        if request.method == "GET":
+            chunk = request.app[CHUNK_KEY]
+            f.seek(start)
+            while sent < stop - start:
+                # Page-cache reads of <= chunk bytes are ~tens of microseconds; doing them inline
+                # avoids a thread hop per chunk. write() awaits the socket (backpressure), so a
+                # slow client holds at most ~one chunk plus the transport buffer in memory.
+                data = f.read(min(chunk, stop - start - sent))
+                if not data:
+                    raise RuntimeError(f"object {path.name} shrank while being served")
+                await resp.write(data)
+                sent += len(data)
+            await resp.write_eof()
+        return resp, resp.status, sent
+
+
+async def _serve_small(request: web.Request, root: Path, res: _Resource) -> tuple[web.StreamResponse, int, int]:
+    path = root / res.relpath
+    opened = _open_regular(root, res.relpath)
+    if opened is None:
+        return _text(404, f"no manifest {path.parent.name}/{path.name}" if path.name != "index.json" else "no index.json"), 404, 0
+    fd, st = opened
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        if st.st_size > MAX_SMALL_FILE_BYTES:
+            log.error("%s is %d bytes, over the %d-byte limit", path, st.st_size, MAX_SMALL_FILE_BYTES)
+            return _text(500, "manifest too large"), 500, 0
+        body = f.read()  # one snapshot: atomic renames mean we read either old or new, whole
+    etag = '"' + hashlib.sha256(body).hexdigest() + '"'
+    common = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": _MANIFEST_CACHE_CONTROL}
+    if if_none_match_hits(request, etag):
+        return web.Response(status=304, headers=common), 304, 0
+    r = _range_or_error(request, len(body), etag)
+    if isinstance(r, web.Response):
+        return r, r.status, 0
+    start, stop, partial = r
+    resp = web.Response(status=206 if partial else 200, body=body[start:stop], headers=common,
+                        content_type="application/json")
+    if partial:
+        resp.headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(body)}"
+    return resp, resp.status, (stop - start) if request.method == "GET" else 0
+
+
+def make_app(store_root: str | os.PathLike[str], *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+             sendfile: bool = True) -> web.Application:
+    """The aiohttp application serving ``store_root`` (must exist).
+
+    ``sendfile``: send object bodies with the kernel's sendfile (default); else read ``chunk_bytes``
+    at a time and write them (the fallback path, also used where sendfile is unavailable)."""
+    root = Path(store_root).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"store directory {root} does not exist")
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
+    app = web.Application()
+    app[STORE_KEY] = root
+    app[CHUNK_KEY] = chunk_bytes
+    app[SENDFILE_KEY] = bool(sendfile)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+async def start_server(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 0,
+                       chunk_bytes: int = DEFAULT_CHUNK_BYTES, sendfile: bool = True,
+                       limits: ConnectionLimits | None = None) -> tuple[web.AppRunner, str]:
+    """Start serving in the running event loop; returns (runner, base URL). ``port=0`` picks a
+    free port. Stop with ``await runner.cleanup()``. ``limits``: header/idle timeouts and the
+    connection cap (``ConnectionLimits()`` defaults)."""
+    limits = limits or ConnectionLimits()
+    # access_log=None: aiohttp's default access log records client address and User-Agent.
+    runner = web.AppRunner(make_app(store_root, chunk_bytes=chunk_bytes, sendfile=sendfile), access_log=None,
+                           handle_signals=False, logger=protocol_log, max_line_size=MAX_FIELD_BYTES,
+                           max_field_size=MAX_FIELD_BYTES, keepalive_timeout=limits.idle_timeout_s)
+    await runner.setup()
+    _guard(runner, limits)
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    h, p = runner.addresses[0][:2]  # the real port when port=0
+    return runner, f"http://{h if ':' not in h else '[' + h + ']'}:{p}"
+
+
+@contextlib.asynccontextmanager
+async def running_server(store_root: str | os.PathLike[str], **kw) -> AsyncIterator[str]:
+    """``async with running_server(store) as base_url:`` for tests and benchmarks."""
+    runner, url = await start_server(store_root, **kw)
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.contextmanager
+def serve_in_thread(store_root: str | os.PathLike[str], **kw) -> Iterator[str]:
+    """Run the server on its own event loop in a daemon thread; yields the base URL. For tests
+    and tools whose own code is synchronous or runs on another loop."""
+    from sakura.util.aiothread import running_in_thread
+
+    with running_in_thread(lambda: start_server(store_root, **kw), lambda started: started[0].cleanup(),
+                           name="sakura-serve", exception_handler=_exception_handler) as (_, url):
+        yield url
+
+
+class Front(Protocol):
+    """Something a caller puts in front of the server (the link emulator's pacing proxy): it
+    listens where clients connect and forwards to the server's private address."""
+
+    url: str
+
+    async def close(self) -> None: ...
+
+
+#: Starts a `Front` given the server's private (host, port); what `serve_forever(front=...)` takes.
+FrontFactory = Callable[[str, int], Awaitable[Front]]
+
+
+def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8080,
+                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, limits: ConnectionLimits | None = None,
+                  front: FrontFactory | None = None) -> None:
+    """Blocking entry point for ``sakura serve``; Ctrl-C stops it.
+
+    With ``front`` (e.g. ``sakura.emulation.serve.pacing_front``: a measured trace replayed on one
+    phone's downlink), the server listens on a private port and the front on ``host:port``; the
+    wire side knows nothing of what the front does.
+    """
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(_exception_handler)
+        runner, url = await start_server(store_root, host=host, port=0 if front is not None else port,
+                                         chunk_bytes=chunk_bytes, limits=limits)
+        proxy = None
+        try:
+            if front is not None:
+                h, p = runner.addresses[0][:2]
+                proxy = await front(h, p)
+                log.info("serving %s at %s through %s", Path(store_root).resolve(), proxy.url, proxy)
+            else:
+                log.info("serving %s at %s", Path(store_root).resolve(), url)
+            await asyncio.Event().wait()
+        finally:
+            if proxy is not None:
+                await proxy.close()
+            await runner.cleanup()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())

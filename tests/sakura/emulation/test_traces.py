@@ -1,0 +1,91 @@
+"""Trace parsers on the real files in ../shared/traces, and the pure capacity functions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sakura.emulation import Trace, TraceError, list_traces, load_trace
+
+MM = "mahimahi_cellular/Verizon-LTE-short.down"
+NORWAY = "norway_hsdpa_3g/bus.ljansbakken-oslo-report.2010-09-28_1407CEST.log"
+FCC = "fcc_broadband/trace_7289_http---www.yahoo.com"
+DRIVE = "umn_5gophers/All-Carriers/03-User-Mobility/car-driving-trace-1.csv"
+RUNS = "umn_5gophers/All-Carriers/01-Throughput/data.csv"
+WALK = "umn_5gophers/All-Carriers/03-User-Mobility/walking-trace.csv"
+
+
+def test_mahimahi_matches_readme_stats(troot):
+    tr = load_trace(MM, troot)
+    lines = (troot / MM).read_text().split()
+    assert tr.period_s == int(lines[-1]) / 1000
+    # every line is one 1500-byte opportunity per loop; README: pkts=58655, 5.03 Mbit/s overall
+    assert tr.bytes_per_period == pytest.approx(58655 * 1500)
+    assert tr.mean_mbps == pytest.approx(5.03, abs=0.005)
+    # bytes in the first 10 ms == 1500 x the lines with timestamp < 10 (bin 0 also holds ts == period)
+    ts = np.array([int(x) for x in lines])
+    want = 1500 * (np.sum(ts < 10) + np.sum(ts == ts[-1]))
+    assert tr.bytes_between(0, 0.010) == pytest.approx(want)
+
+
+def test_cooked_semantics(troot):
+    tr = load_trace(NORWAY, troot)
+    rows = [tuple(map(float, l.split())) for l in (troot / NORWAY).read_text().splitlines() if l.strip()]
+    # line i's rate holds on (t[i-1], t[i]]
+    (t0, _), (t1, bw1), (t2, bw2) = rows[:3]
+    assert tr.rate_at((t0 + t1) / 2) == pytest.approx(bw1 * 1e6 / 8)
+    assert tr.rate_at((t1 + t2) / 2) == pytest.approx(bw2 * 1e6 / 8)
+    assert tr.period_s == pytest.approx(rows[-1][0] - rows[0][0])
+    fcc = load_trace(FCC, troot)
+    assert np.allclose(np.diff(fcc.edges), 5.0)  # FCC: exact 5 s steps
+    assert 0.9 < fcc.mean_mbps < 1.2              # README: mean 1.07 (per sample)
+
+
+def test_5gophers_selectors_and_gaps(troot):
+    tr = load_trace(f"{DRIVE}#Verizon", troot)
+    import csv
+    rows = {int(r["seq_num"]): float(r["Verizon_throughput_mbps"]) for r in csv.DictReader(open(troot / DRIVE))}
+    assert 103 not in rows and 102 in rows
+    assert tr.rate_at(50.5) == pytest.approx(rows[50] * 1e6 / 8)
+    assert tr.rate_at(105.5) == pytest.approx(rows[102] * 1e6 / 8)  # the gap holds the last value
+    assert tr.period_s == 126.0
+    run = load_trace(f"{RUNS}#SPRINT/1/US-West/11", troot)
+    assert 55 <= run.period_s <= 65 and 10 < run.mean_mbps < 100
+    walk = load_trace(WALK, troot)
+    assert walk.mean_mbps == pytest.approx(332.89, abs=0.01)  # README
+    with pytest.raises(TraceError, match="carrier selector"):
+        load_trace(DRIVE, troot)
+    with pytest.raises(TraceError, match="SPRINT/1/US-West/11..20"):
+        load_trace(f"{RUNS}#SPRINT/1/US-West/1", troot)
+    with pytest.raises(TraceError, match="does not exist"):
+        load_trace("nope.down", troot)
+
+
+def test_every_trace_loads(troot):
+    specs = list_traces(troot)
+    fams = {s.split("/")[0] for s in specs}
+    assert fams == {"mahimahi_cellular", "norway_hsdpa_3g", "fcc_broadband", "umn_5gophers"}
+    assert len(specs) == 7 + 12 + 11 + 3 * 2 + 1 + 120
+    for s in specs:
+        tr = load_trace(s, troot)
+        assert tr.period_s > 50 and tr.mean_mbps > 0.1, s
+
+
+def test_pure_capacity_functions():
+    tr = Trace("t", edges=np.array([0.0, 1.0, 3.0, 4.0]), rate=np.array([100.0, 0.0, 50.0]))
+    assert tr.period_s == 4.0 and tr.bytes_per_period == 150.0
+    assert tr.cumulative(0.5) == 50.0
+    assert tr.bytes_between(0.5, 3.5) == 50.0 + 25.0
+    assert tr.bytes_between(3.5, 4.5) == 25.0 + 50.0            # wraps around
+    assert tr.cumulative(10.0) == 2 * 150.0 + 100.0 + 0 + 0      # 2 loops + 2 s into the third
+    assert tr.time_at(100.0) == 1.0                              # earliest time, not inside the zero gap
+    assert tr.time_at(100.5) == pytest.approx(3.01)
+    assert tr.time_at(150.0) == 4.0
+    assert tr.time_at(151.0) == pytest.approx(4.01)
+    rng = np.random.default_rng(0)
+    for b in rng.uniform(0, 1000, 50):
+        assert tr.cumulative(tr.time_at(b)) == pytest.approx(b)
+    with pytest.raises(TraceError, match="no bytes"):
+        Trace("z", edges=np.array([0.0, 1.0]), rate=np.array([0.0]))
+    with pytest.raises(TraceError, match="strictly increase"):
+        Trace("z", edges=np.array([0.0, 1.0, 1.0]), rate=np.array([1.0, 1.0]))
