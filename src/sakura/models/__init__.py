@@ -1,9 +1,11 @@
 """Model adapters: DiTs whose template KV can be captured (extract) or injected (cached).
 
-`load_model(name)` is the registry: "sakura-mini" (the bundled model; its shipped weights when
-present), "flux2-mini" (the bundled FLUX.2-architecture model: diffusers' `Flux2Transformer2DModel`
-trained here, same image-level API as sakura-mini) or "klein:/path/to/local/folder[@S]" (FLUX.2 Klein
-through diffusers at S px per side, weights from disk; the same image-level API).
+`load_model(spec)` resolves a spec through the registry (`sakura.models.registry`: entry points of
+the ``sakura.models`` group, plus `register_model`). Bundled: "sakura-mini" (the bundled model; its
+shipped weights when present), "flux2-mini" (the bundled FLUX.2-architecture model: diffusers'
+`Flux2Transformer2DModel` trained here, same image-level API as sakura-mini) and
+"klein:/path/to/local/folder[@S]" (FLUX.2 Klein through diffusers at S px per side, weights from
+disk; the same image-level API).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from .base import EditOutput, ImageTemplateEditModel, KVMode, TemplateEditModel
 from .kv import KVSourceDefaults, LayerKV, TemplateKV, TemplateKVError, TemplateKVSource
 from .mini import MiniConfig, MiniDiT
+from .registry import ModelSpecError, available_models, load_model, register_model, unregister_model
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +26,8 @@ FLUX2_MINI_WEIGHTS = ASSETS / "flux2-mini.safetensors"
 MODEL_NAMES = ("sakura-mini", "flux2-mini")
 
 __all__ = ["EditOutput", "ImageTemplateEditModel", "KVMode", "KVSourceDefaults", "LayerKV", "MiniConfig", "MiniDiT", "TemplateEditModel", "TemplateKV",
-           "TemplateKVError", "TemplateKVSource", "load_flux2_mini", "load_mini", "load_model"]
+           "TemplateKVError", "TemplateKVSource", "ModelSpecError", "available_models", "load_flux2_mini", "load_mini",
+           "load_model", "register_model", "unregister_model"]
 
 
 def _load_bundled(name: str, default: Path, weights: str | Path | None, allow_random: bool, read, build):
@@ -60,20 +64,21 @@ def load_flux2_mini(weights: str | Path | None = None, *, allow_random: bool = T
                          lambda: Flux2MiniDiT(Flux2MiniConfig()))
 
 
-def load_model(name: str = "sakura-mini") -> TemplateEditModel:
-    """Resolve a model name: "sakura-mini[:/path/weights.safetensors]", "flux2-mini[:/path/weights]",
-    "klein:/folder[@S]" (FLUX.2 Klein at S px, default 512: a `KleinImageModel`, whose `.adapter`
-    is the packed-latent `KleinAdapter`)."""
-    kind, _, arg = name.partition(":")
-    if kind == "sakura-mini":
-        return load_mini(arg or None)
-    if kind == "flux2-mini":
-        return load_flux2_mini(arg or None)
-    if kind == "klein":
-        if not arg:
-            raise ValueError("klein needs a local folder: klein:/path/to/FLUX.2-klein")
-        from .klein_image import KleinImageModel
+def load_mini_spec(arg: str = "", **options) -> MiniDiT:
+    """Model-registry factory of ``sakura-mini[:/path/weights.safetensors]``."""
+    return load_mini(arg or None, **options)
 
-        return KleinImageModel.from_pretrained(arg)
-    raise ValueError(f"unknown model {name!r}; expected 'sakura-mini[:weights]', 'flux2-mini[:weights]' "
-                     f"or 'klein:/path'")
+
+def load_flux2_mini_spec(arg: str = "", **options):
+    """Model-registry factory of ``flux2-mini[:/path/weights.safetensors]``."""
+    return load_flux2_mini(arg or None, **options)
+
+
+def load_klein_spec(arg: str = "", **options):
+    """Model-registry factory of ``klein:/path/to/local/folder[@SIZE]`` (FLUX.2 Klein at SIZE px per
+    side, default 512: a `KleinImageModel`, whose ``.adapter`` is the packed-latent `KleinAdapter`)."""
+    if not arg:
+        raise ModelSpecError("klein needs a local folder: klein:/path/to/FLUX.2-klein[@SIZE]")
+    from .klein_image import KleinImageModel
+
+    return KleinImageModel.from_pretrained(arg, **options)
