@@ -57,7 +57,10 @@ INTEGRATION = [
     ("sakura/wire/client/test_streamed_kv.py", ""),         # streamed edits over an emulated link
     ("sakura/emulation/test_tc.py", ""),                    # tc tbf between network namespaces (root)
     ("sakura/codec/test_decode_pool.py", "test_bench_writes"),  # decode bench
-    ("sakura/test_cli.py", "test_demo_end_to_end"),    # `sakura demo`: build, serve, live time-dilated edits
+    ("sakura/test_cli.py", "test_demo_end_to_end"),
+    ("sakura/test_public_api.py", "example_script"),  # the docs example: build, serve, edit
+    ("sakura/test_public_api.py", "plugin"),          # a pip-installed plugin package: build + edit subprocesses
+    ("sakura/test_public_api.py", "wheel"),           # pip wheel . installed into a fresh venv    # `sakura demo`: build, serve, live time-dilated edits
 ]
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 _stale = [p for p, _ in INTEGRATION if not os.path.isfile(os.path.join(_TESTS, p))]

@@ -4,6 +4,8 @@ breaks kept by rich and wrapped again: "... and edit a / photo with ...")."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -36,7 +38,10 @@ def _paragraphs(text: str) -> list[tuple[int, list[str]]]:
     and the first box, and each entry of the Commands box (its description column)."""
     lines = text.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("Usage:")) + 1
-    end = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("╭")), len(lines))
+    # the first box (rich help) or section header such as "Options:" (plain help: click wraps the
+    # sections' own columns)
+    end = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("╭") or re.fullmatch(r"[A-Z][\w ]*:", ln)),
+               len(lines))
     out, cur = [], []
     for ln in lines[start:end] + [""]:
         if ln.strip():

@@ -188,7 +188,8 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                 store: str | Path | None = None, out_dir: str | Path | None = None, image_steps: int = 8,
                 model_name: str = "sakura-mini", log: Callable[[str], None] = print) -> dict:
     """Live (dilated) and simulated runs of every method on each trace; images for the first trace."""
-    from sakura.bench.profile import CACHEGEN_LEVELS
+    from sakura.phone import policies
+    from sakura.phone.policies import CACHEGEN_LEVELS
     from sakura.emulation import load_trace
     from sakura.emulation.pacer import pacer_in_thread
     from sakura.models import TemplateKV, load_model
@@ -243,11 +244,8 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                "cachegen-fair": CACHEGEN_LEVELS, "cachegen-L3": CACHEGEN_LEVELS}
 
     def make_policy(method: str, **kw):
-        if method == "sakura":
-            return SakuraPolicy(**kw)
-        levels = CACHEGEN_LEVELS[:1] if method.endswith("-L3") else kw.pop("levels", CACHEGEN_LEVELS)
-        return CacheGenPolicy(levels, target_s=kw.pop("target_x", 1.0) * model.num_layers * dil.local_s,
-                              published="fair" not in method, name=method)
+        target_s = kw.pop("target_x", 1.0) * model.num_layers * dil.local_s
+        return policies.make_policy(method, target_s=target_s, cachegen_levels=kw.pop("levels", CACHEGEN_LEVELS), **kw)
 
     def simulate(policy, sp, tr, off, prior):
         return simulate_edit(sp, policy, link=TraceLink(tr, off), rtt_s=dil.rtt_s,

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from sakura.phone.policies import CACHEGEN_LEVELS, make_policy
 
 METHODS = ("oracle", "on-device", "on-device-nocache", "raw-stream", "cachegen", "sakura")
-CACHEGEN_LEVELS = ("cachegen:level=3", "cachegen:level=2", "cachegen:level=1")
 #: What the live benchmark's store holds: raw-stream's lossless copy, the default (progressive)
 #: ladder sakura streams, and CacheGen's levels.
 SAKURA_LADDER = ("lossless", "progressive")
@@ -126,9 +126,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
                            template_compute_s=out.timings_s.get("template", 0.0))
                 img = out.image
             else:
-                policy = {"raw-stream": FixedPolicy("lossless", name="raw-stream"),
-                          "cachegen": CacheGenPolicy(CACHEGEN_LEVELS, target_s=local_template_s),
-                          "sakura": SakuraPolicy()}[method]
+                policy = make_policy(method, target_s=local_template_s)
                 allowed = {"raw-stream": None, "cachegen": CACHEGEN_LEVELS, "sakura": sakura_renditions(manifest)}[method]
                 with pacer_in_thread(url, tr, offset_s, rtt_ms / 1000) as purl:
                     res = streamed_edit(model, photo, base_url=purl, template_id=template, template_image=timg,

@@ -43,6 +43,7 @@ from typing import Callable, Sequence
 from sakura.cloud.builder.pipeline import FLOOR_RUNG_LADDER  # noqa: F401
 from sakura.util.psnr import psnr_db
 from sakura.phone.driver import LOSS_BOUND
+from sakura.phone.policies import CACHEGEN_DELTA_LEVELS, CACHEGEN_LEVELS
 
 METHODS = ("oracle", "on-device", "on-device-nocache", "raw-stream", "cachegen", "cachegen-fair", "cachegen-L3",
            "cachegen-fair-L3", "sakura", "sakura-meet", "offline")
@@ -57,8 +58,6 @@ LOSS_TOLERANCE = 0.02
 SWEEP_CACHEGEN_LEVELS = (1, 2, 3)
 SWEEP_CACHEGEN_TARGET_X = (0.5, 1.0, 2.0)
 SWEEP_SAKURA_QUALITY_X = (0.25, 0.5, 1.0, 2.0, 4.0)
-CACHEGEN_LEVELS = ("cachegen:level=3", "cachegen:level=2", "cachegen:level=1")
-CACHEGEN_DELTA_LEVELS = ("cachegen:level=3,delta=true", "cachegen:level=2,delta=true", "cachegen:level=1,delta=true")
 DEFAULT_RATES_MBPS = (5, 10, 20, 50, 100, 200, 300, 500, 1000)
 
 
@@ -205,20 +204,13 @@ def stronger_cachegen(ladder: dict) -> tuple[str, ...]:
 
 
 def make_policy(method: str, ladder: dict, costs):
-    """The runtime policy of a streaming method (a fresh object: policies hold per-edit state)."""
-    from sakura.phone import CacheGenPolicy, FixedPolicy, MeetInMiddlePolicy, SakuraPolicy
+    """The runtime policy of a streaming method (a fresh object: policies hold per-edit state),
+    from the one registry (`sakura.phone.policies`), with this ladder's stronger CacheGen variant."""
+    from sakura.phone.policies import make_policy as make
 
-    cg = stronger_cachegen(ladder)
-    if method == "raw-stream":
-        return FixedPolicy("lossless")
-    if method.startswith("cachegen"):
-        levels = cg[:1] if method.endswith("-L3") else cg
-        return CacheGenPolicy(levels, target_s=costs.template_s, published="fair" not in method, name=method)
-    if method == "sakura":
-        return SakuraPolicy()
-    if method == "sakura-meet":
-        return MeetInMiddlePolicy()
-    raise KeyError(f"unknown streaming method {method!r}")
+    if method not in ("raw-stream", "sakura", "sakura-meet") and not method.startswith("cachegen"):
+        raise KeyError(f"unknown streaming method {method!r}")
+    return make(method, target_s=costs.template_s, cachegen_levels=stronger_cachegen(ladder))
 
 
 def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, decode_workers: int,

@@ -1,11 +1,11 @@
-"""`sakura edit`: the phone-side command (photo file in, edited image out, KV streamed)."""
+"""`sakura edit`: the phone-side command, a thin shell over `sakura.phone.editor.Editor`."""
 
 from __future__ import annotations
 
-import asyncio
+import os
+import tempfile
 from pathlib import Path
 from typing import Callable
-
 
 #: File types `sakura edit --out` can write (by suffix).
 OUT_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
@@ -15,9 +15,6 @@ def check_out_path(out: Path) -> None:
     """Raise ValueError (one line) unless `out` and its ``.compare.png`` beside it can be written:
     checked before the edit runs. The nearest existing ancestor must be a directory we can write
     in (probed with a temporary file, so read-only mounts are caught too)."""
-    import os
-    import tempfile
-
     out = Path(out)
     if out.suffix.lower() not in OUT_SUFFIXES:
         raise ValueError(f"--out {out}: must end in one of {', '.join(OUT_SUFFIXES)}")
@@ -38,140 +35,56 @@ def check_out_path(out: Path) -> None:
         raise ValueError(f"--out {out}: cannot write in {anc} ({e.strerror or type(e).__name__})") from None
 
 
-def refresh_failure(e: BaseException, template: str) -> str:
-    """One line saying why the gallery refresh failed, by kind: a corrupt manifest or template
-    image is not "server unavailable"."""
-    from sakura.wire.client import DeadlineExceeded, IntegrityError, NotFound, RedirectRefused
-    from sakura.phone.limits import LimitError
-    from sakura.phone.live import _short
-    from sakura.wire.store.manifest import ManifestError
-
-    # (kind, line, add the exception's text): the first kind that matches says it; order matters
-    # (ManifestError and LimitError are ValueErrors, which alone mean a bad template image)
-    kinds: tuple[tuple[type[BaseException], str, bool], ...] = (
-        (ManifestError, "server sent a corrupt manifest for {t}", True),
-        (LimitError, "server's manifest for {t} is over this model's limits", True),
-        (NotFound, "server has no template {t}", False),
-        (IntegrityError, "server sent damaged bytes for {t}", True),
-        (DeadlineExceeded, "server too slow", True),
-        (RedirectRefused, "server redirected elsewhere", True),
-        (ValueError, "server's template image for {t} is unusable", True),  # decode_template_ref
-    )
-    for kind, says, with_why in kinds:
-        if isinstance(e, kind):
-            line = says.format(t=template)
-            return f"{line} ({_short(e, 100)})" if with_why else line
-    # the root cause (connection refused, DNS, reset) says more than the retry wrapper, whose
-    # message starts with the 64-hex template fingerprint
-    cause = e.__cause__ or e
-    return f"server unavailable ({_short(cause, 140)})"
-
-
 def edit_command(*, photo: Path, server: str, template: str | None, out: Path, policy: str, steps: int, seed: int,
                  prior_mbps: float, model_name: str = "sakura-mini", gallery_dir: Path | None = None,
-                 decode_workers: int | None = None, echo: Callable[[str], None] = print) -> None:
-    """Edit `photo` with `template`, streaming what pays from `server` and computing the rest.
-
-    The manifest and template image are fetched first and kept in the phone's gallery
-    (`sakura.phone.gallery`); with the server down, a template seen before still edits, on the
-    device. Raises ValueError / FileNotFoundError with a one-line reason for bad input."""
-    from sakura.wire.client import TemplateClient
-    from sakura.util.figures import save_grid
-    from sakura.models import load_model
-    from sakura.phone import BandwidthEstimator, FixedPolicy, MeetInMiddlePolicy, SakuraPolicy
-    from sakura.phone.gallery import Gallery, decode_template_ref
-    from sakura.phone.limits import MANIFEST_DEADLINE_BYTES, check_template_ref, step_deadline_s
-    from sakura.phone.live import NO_MANIFEST, profile_model, streamed_edit
-    from sakura.phone.photo import load_photo
-
-    policies = {"sakura": SakuraPolicy, "sakura-meet": MeetInMiddlePolicy,
-                "raw-stream": lambda: FixedPolicy("lossless", name="raw-stream")}
-    if policy not in policies:
-        raise ValueError(f"policy must be one of {sorted(policies)}, got {policy!r}")
+                 decode_workers: int | None = None, as_json: bool = False,
+                 echo: Callable[[str], None] = print) -> None:
+    """Edit `photo` with `template`, streaming what pays from `server` and computing the rest;
+    write the image and its comparison strip, and report (a summary, or the JSON record).
+    Raises ValueError / FileNotFoundError with a one-line reason for bad input."""
     from urllib.parse import urlsplit
 
+    from sakura.phone.photo import check_photo_file
+
+    # every argument checked before the heavy imports (torch, the model, numba): an error answers at once
+    check_out_path(out)
+    check_photo_file(photo)
     if urlsplit(server).scheme not in ("http", "https") or not urlsplit(server).hostname:
         raise ValueError(f"--server must be http(s)://host[:port], got {server!r}")
-    check_out_path(out)  # before any work: a bad --out used to fail only after the whole edit
-    model = load_model(model_name)
-    img = load_photo(photo, model.cfg.image_size)
-    gallery = Gallery(gallery_dir)
-    fp = model.fingerprint()
-    _check_template_offered(server, fp, template, model_name)
-    size = model.cfg.image_size
-    rate_bps = max(prior_mbps, 0.01) * 1e6 / 8
-
-    async def refresh():  # what a gallery screen fetches: manifest + template image, each under a deadline
-        async with TemplateClient(server, connect_timeout=2.0, read_timeout=5.0, max_retries=1) as c:
-            m = await c.get_manifest(fp, template, deadline_s=step_deadline_s(MANIFEST_DEADLINE_BYTES, rate_bps))
-            check_template_ref(m, size)  # before a byte of it is buffered
-            ref = await c.fetch_object(m.template_ref.object,
-                                       deadline_s=step_deadline_s(m.template_ref.object.bytes, rate_bps))
-            return m, ref.data
-
-    manifest, timage, why = None, None, None
-    try:
-        manifest, ref = asyncio.run(refresh())
-        timage = decode_template_ref(ref, manifest.template_ref.media_type, image_size=size)
-    except Exception as e:  # any failure here falls back to the gallery; the message says which kind
-        manifest, why = None, refresh_failure(e, template)
-    if manifest is not None:
-        try:
-            gallery.put(fp, template, manifest.to_bytes(), ref, manifest.template_ref.media_type)
-        except OSError as e:  # the server delivered: edit anyway, say the copy was not kept
-            echo(f"warning: gallery at {gallery.root} is not writable ({e.strerror or type(e).__name__}); "
-                 f"editing without caching {template}")
-    else:
-        manifest, timage = gallery.manifest(fp, template), gallery.template_image(fp, template, image_size=size)
-        if timage is None:
-            raise ValueError(f"cannot get template {template!r} from {server}: {why}; and it is not in the "
-                             f"gallery at {gallery.root}")
-        echo(f"{why}; using the gallery's copy of {template}")
-    # a task's instruction id (bundled models) or the prompt (Klein); the model checks its kind
-    instruction = manifest.kv_layout.get("instruction", 0) if manifest is not None else 0
-    if manifest is None:
-        echo("no manifest cached: computing the template on the device")
-    prof = profile_model(model, repeats=1)
-    if decode_workers:
-        prof.decode_workers = decode_workers
-    from sakura.wire.store.template_ref import split_template_images
-
-    res = streamed_edit(model, img, base_url=server, template_id=template,
-                        template_image=split_template_images(timage),  # (R, 3, S, S): R reference images
-                        instruction=instruction, policy=policies[policy](), profile=prof,
-                        bandwidth=BandwidthEstimator(prior_bps=prior_mbps * 1e6 / 8), steps=steps, seed=seed,
-                        manifest=manifest if manifest is not None else NO_MANIFEST, allow_fast_path=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    from skimage import io as skio
-
-    skio.imsave(str(out), (res.image[0].permute(1, 2, 0).numpy() * 255).round().astype("uint8"), check_contrast=False)
-    side = out.with_name(out.stem + ".compare.png")
-    save_grid(side, [img, split_template_images(timage)[:1], res.image], ["photo", "template", "edit"])
-    b = res.breakdown()
-    echo(f"edited in {1000 * b['latency_s']:.0f} ms ({res.path}): {int(b['bytes'])} B fetched, "
-         f"{int(b['local_shards'])} of {len(res.records)} layers computed on the device, stall {1000 * b['stall_s']:.0f} ms")
-    echo("layers: " + ", ".join(f"{r.index}:{r.source}" for r in res.records))
-    if res.path == "streamed":
-        q = f"{res.implied_psnr_db:.1f} dB" if res.quality_known else "unknown (manifest has no image distortions)"
+    from sakura.phone.editor import Editor
+    editor = Editor(server, model=model_name, gallery=gallery_dir, policy=policy, prior_mbps=prior_mbps,
+                    decode_workers=decode_workers)
+    if template is None:
+        _missing_template(editor)
+    res = editor.edit(photo, template, steps=steps, seed=seed)
+    written = res.save(out)
+    if as_json:
+        echo(res.to_json())
+        return
+    for m in res.messages:
+        echo(m)
+    rec = res.to_dict()
+    echo(f"edited in {1000 * res.latency_s:.0f} ms ({res.streamed.path}): {rec['bytes_fetched']} B fetched, "
+         f"{rec['layers_computed_here']} of {rec['layers_total']} layers computed on the device, "
+         f"stall {1000 * rec['stall_s']:.0f} ms")
+    echo("layers: " + ", ".join(f"{r.index}:{r.source}" for r in res.streamed.records))
+    if res.streamed.path == "streamed":
+        q = f"{res.streamed.implied_psnr_db:.1f} dB" if res.streamed.quality_known else \
+            "unknown (manifest has no image distortions)"
         echo(f"image PSNR vs the lossless-KV edit implied by the renditions used: {q}")
-    for e in res.events:
+    for e in res.streamed.events:
         echo("event: " + e)
-    echo(f"wrote {out} and {side}")
+    echo("wrote " + " and ".join(str(p) for p in written))
 
 
-
-def _check_template_offered(server: str, fp: str, template: str | None, model_name: str) -> None:
-    """A missing or unknown --template: raise ValueError with what the server offers for this model.
-    A server that cannot be reached is left to the edit (the gallery may have the template)."""
-    from sakura.phone.discovery import format_templates, list_templates
+def _missing_template(editor) -> None:
+    """No --template: raise ValueError with what the server offers for this model."""
+    from sakura.phone.discovery import format_templates
 
     try:
-        offered = list_templates(server, fp, timeout_s=3.0)
+        offered = editor.templates(timeout_s=3.0)
     except Exception as e:
-        if template is None:
-            raise ValueError(f"--template is required, and {server} cannot list its templates ({str(e)[:120]})") from None
-        return
-    if template is not None and any(t.template_id == template for t in offered):
-        return
-    head = "--template is required" if template is None else f"{server} offers no template {template!r} for {model_name}"
-    raise ValueError(f"{head}; it offers {len(offered)} for this model:\n{format_templates(offered)}")
+        raise ValueError(f"--template is required, and {editor.server} cannot list its templates "
+                         f"({str(e)[:120]})") from None
+    raise ValueError(f"--template is required; {editor.server} offers {len(offered)} for this model:\n"
+                     f"{format_templates(offered)}")

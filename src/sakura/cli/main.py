@@ -12,6 +12,7 @@ app = typer.Typer(
     help="sakura: private on-device image editing with streamed, compressed template KV.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # plain help: rich's import alone cost ~1.2 s of every `--help` and argument error
 )
 
 
@@ -165,6 +166,8 @@ def edit(
     gallery: Path = typer.Option(None, help="The phone's template gallery cache (default $SAKURA_GALLERY or "
                                             "~/.cache/sakura/gallery)."),
     decode_workers: int = typer.Option(0, min=0, help="Decode workers (0: one per core)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the edit's record as JSON (per layer: fetched or "
+                                  "computed here, rendition, bytes, timings; the PSNR floor held)."),
 ) -> None:
     """Phone side: edit a local photo with a template whose KV streams from a cache server.
 
@@ -172,12 +175,10 @@ def edit(
     with the server down a template already in the gallery is computed locally."""
     from sakura.cli.edit import edit_command
 
-    _warm_codec()
-
-    try:
+    try:  # the codec's JIT is warmed inside the edit, before its clock starts (streamed_edit)
         edit_command(photo=photo, server=server, template=template, out=out, policy=policy, steps=steps, seed=seed,
                      prior_mbps=prior_mbps, model_name=model, gallery_dir=gallery, decode_workers=decode_workers or None,
-                     echo=typer.echo)
+                     as_json=json_out, echo=typer.echo)
     except (ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -222,7 +223,7 @@ def _regenerate_results(*_args, **_kwargs) -> None:
 
 
 bench_app = typer.Typer(help="Benchmarks: every method on the same model, task, photo and trace, in one run.",
-                        no_args_is_help=True, result_callback=_regenerate_results)
+                        no_args_is_help=True, result_callback=_regenerate_results, rich_markup_mode=None)
 app.add_typer(bench_app, name="bench")
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-store_app = typer.Typer(help="Inspect a cache store: storage accounting and integrity.", no_args_is_help=True)
+store_app = typer.Typer(help="Inspect a cache store: storage accounting and integrity.", no_args_is_help=True,
+                        rich_markup_mode=None)
 
 
 def _human(n: float) -> str:

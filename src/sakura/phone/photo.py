@@ -3,8 +3,12 @@ header before anything is decoded, to (1, 3, S, S) float32 in [0, 1]."""
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 #: Largest photo accepted, in pixels, checked from the file header before anything is decoded
 #: (a 12,000 x 12,000 PNG of 419 KB decoded to 3.7 GB): 64 Mpx is a 48 Mpx phone camera with margin.
@@ -28,8 +32,10 @@ def load_photo(path, size: int, *, max_pixels: int = MAX_PHOTO_PIXELS) -> torch.
     Raises ``PhotoError`` (one line) for a missing/unreadable file or one over ``max_pixels``.
     """
     import warnings
-    from pathlib import Path
 
+    # deferred: `sakura edit` checks the photo file (check_photo_file) before paying for numpy and torch
+    import numpy as np
+    import torch
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     path = Path(path)
@@ -77,6 +83,7 @@ def load_photo(path, size: int, *, max_pixels: int = MAX_PHOTO_PIXELS) -> torch.
 
 def _to_rgb01(im) -> np.ndarray:
     """(H, W, 3) float32 in [0, 1] from a loaded Pillow image of any mode (see `load_photo`)."""
+    import numpy as np
     from PIL import Image
 
     mode = im.mode
@@ -97,3 +104,31 @@ def _to_rgb01(im) -> np.ndarray:
     if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3:
         raise PhotoError(f"unsupported pixel layout {a.dtype} {a.shape} (mode {mode})")
     return a.astype(np.float32) / 255.0
+
+
+def check_photo_file(path, *, max_pixels: int = MAX_PHOTO_PIXELS) -> tuple[int, int]:
+    """(width, height) from the file's header, or `PhotoError` (one line) for a missing, unreadable
+    or oversized photo: what `load_photo` would refuse first, without decoding pixels (milliseconds)."""
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    if not path.is_file():
+        raise PhotoError(f"{path}: no such photo" if not path.exists() else f"{path}: not a file")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                w, h = im.size
+    except Image.DecompressionBombError as e:
+        raise PhotoError(f"{path}: over the {max_pixels / 1e6:.0f} Mpx photo limit ({str(e)[:100]})") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise PhotoError(f"{path}: not a readable image ({first[:120]})") from None
+    if w <= 0 or h <= 0:
+        raise PhotoError(f"{path}: image has no pixels ({w} x {h})")
+    if w * h > max_pixels:
+        raise PhotoError(f"{path}: {w} x {h} = {w * h / 1e6:.0f} Mpx is over the {max_pixels / 1e6:.0f} Mpx "
+                         f"photo limit; downscale it first")
+    return w, h

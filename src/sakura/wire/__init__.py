@@ -1,1 +1,38 @@
-"""The wire: the content-addressed store and its manifest format, the HTTP server, the phone-side client."""
+"""The wire: the content-addressed store and its manifest format (`store`), the HTTP server
+(`server`), the phone-side client (`client`). Public entry points: `open_store`, `serve`,
+`serve_forever`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator
+
+from sakura.wire.store import Store
+from sakura.wire.server import serve_forever, serve_in_thread
+
+__all__ = ["Store", "open_store", "serve", "serve_forever"]
+
+
+def open_store(path: str | os.PathLike[str]) -> Store:
+    """A store folder (written by `sakura.build`) for reading: ``.stats()`` (storage accounting per
+    template), ``.verify()`` (every object's hash, every manifest's references), ``.manifest_keys()``.
+    Raises FileNotFoundError (one line) when ``path`` is not a folder."""
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"store {p} is not a folder (build one with sakura.build or `sakura build`)")
+    return Store(p)
+
+
+@contextlib.contextmanager
+def serve(store: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 0, **options) -> Iterator[str]:
+    """Serve ``store`` over HTTP in a background thread for the ``with`` block; yields the base
+    URL (``port=0`` picks a free port). ``options`` go to the server (``chunk_bytes``, ``limits``).
+    For a long-running server use `serve_forever` or ``sakura serve``; in production, stock nginx
+    serves the same folder (docs/serving.md)."""
+    p = Path(store)
+    if not p.is_dir():
+        raise FileNotFoundError(f"store {p} is not a folder")
+    with serve_in_thread(p, host=host, port=port, **options) as url:
+        yield url

@@ -141,7 +141,7 @@ def test_profile_bench_smoke(tmp_path):
 
 def test_server_unavailable_names_the_root_cause_not_the_fingerprint():
     from sakura.wire.client.client import FetchError
-    from sakura.cli.edit import refresh_failure
+    from sakura.phone.editor import refresh_failure
 
     try:
         try:
@@ -157,7 +157,7 @@ def test_server_unavailable_names_the_root_cause_not_the_fingerprint():
 def test_refresh_failure_names_each_kind():
     """Each failure kind gets its own line; the ValueError subclasses are not read as a bad image."""
     from sakura.wire.client import DeadlineExceeded, IntegrityError, NotFound, RedirectRefused
-    from sakura.cli.edit import refresh_failure
+    from sakura.phone.editor import refresh_failure
     from sakura.phone.limits import LimitError
     from sakura.wire.store.manifest import ManifestError
 

@@ -21,6 +21,8 @@ over the sticker task's pure green key (sticker) or white (anything else).
 
 from __future__ import annotations
 
+import os
+
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -51,6 +53,13 @@ class TemplateSpec:
     task: str | None = None
     prompt: str | None = None
     where: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        # from Python, a path or a list of str is what people write: store a tuple of Paths
+        imgs = (self.images,) if isinstance(self.images, (str, os.PathLike)) else tuple(self.images)
+        object.__setattr__(self, "images", tuple(Path(i) for i in imgs))
+        if not self.where:
+            object.__setattr__(self, "where", f"template {self.id!r}")
 
 
 def parse_template_option(value: str, *, task: str | None, prompt: str | None) -> TemplateSpec:
