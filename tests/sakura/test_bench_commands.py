@@ -97,3 +97,17 @@ def test_scale_model_replot_recomputes_the_model_from_saved_measurements(tmp_pat
 def test_bad_task_is_one_line_and_exit_2():
     res = runner.invoke(app, ["bench", "importance", "--task", "nope"])
     assert res.exit_code == 2 and "unknown task 'nope'" in res.output
+
+
+def test_benchmarks_write_to_out_unless_asked_to_publish(tmp_path, monkeypatch):
+    """A bench run never rewrites tracked docs by default: out/bench/...; `--publish` writes docs/."""
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["bench", "workloads", "--no-plots"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "out/bench/workloads.md").is_file() and not (tmp_path / "docs").exists()
+    res = runner.invoke(app, ["bench", "--publish", "workloads", "--no-plots"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "docs/workloads.md").is_file()
+    res = runner.invoke(app, ["bench", "workloads", "--no-plots"])  # the flag does not stick
+    assert res.exit_code == 0 and (tmp_path / "out/bench/workloads.md").stat().st_mtime >= \
+        (tmp_path / "docs/workloads.md").stat().st_mtime

@@ -206,9 +206,23 @@ def templates(
     typer.echo(format_templates(items))
 
 
+#: Where `sakura bench` writes by default: out/bench/... ; with `sakura bench --publish ...`, the
+#: repository's docs/... (the published figures; run from the repository root).
+_BENCH_ROOT = {"root": Path("out/bench")}
+
+
+def _bench_out(sub: str = ""):
+    """default_factory of a bench command's --out: its folder under out/bench (or docs with --publish)."""
+    def default() -> Path:
+        return _BENCH_ROOT["root"] / sub if sub else _BENCH_ROOT["root"]
+    return default
+
+
 def _regenerate_results(*_args, **_kwargs) -> None:
-    """After a benchmark that wrote into ./docs (run from the repository root): regenerate
-    docs/results.md from the JSON, so the results page follows every rerun (sakura.bench.results)."""
+    """After `sakura bench --publish ...` (run from the repository root): regenerate docs/results.md
+    from the JSON, so the results page follows every published rerun (sakura.bench.results)."""
+    if _BENCH_ROOT["root"] != Path("docs"):
+        return
     page = Path("docs/results.md")
     if not page.is_file():
         return
@@ -225,6 +239,15 @@ def _regenerate_results(*_args, **_kwargs) -> None:
 bench_app = typer.Typer(help="Benchmarks: every method on the same model, task, photo and trace, in one run.",
                         no_args_is_help=True, result_callback=_regenerate_results, rich_markup_mode=None)
 app.add_typer(bench_app, name="bench")
+
+
+@bench_app.callback()
+def _bench_options(
+    publish: bool = typer.Option(False, "--publish", help="Write into ./docs (the published figures, from the "
+                                 "repository root) instead of ./out/bench, and regenerate docs/results.md."),
+) -> None:
+    """Benchmarks: every method on the same model, task, photo and trace, in one run."""
+    _BENCH_ROOT["root"] = Path("docs") if publish else Path("out/bench")
 
 
 @bench_app.command("results")
@@ -252,7 +275,7 @@ def bench_results(
 
 @bench_app.command("codec")
 def bench_codec(
-    out: Path = typer.Option(Path("docs/codec"), help="Folder for results.json, table.md and the RD plots."),
+    out: Path = typer.Option(default_factory=_bench_out("codec"), help="Folder for results.json, table.md and the RD plots."),
     model: str = typer.Option("sakura-mini", help="sakura-mini or sakura-mini:/path/weights.safetensors."),
     tasks: int = typer.Option(3, min=1, max=3, help="How many tasks to run."),
     templates: int = typer.Option(4, min=1, max=4, help="Held-out templates per task."),
@@ -366,7 +389,7 @@ def bench_load(
 
 @bench_app.command("decode")
 def bench_decode(
-    out: Path = typer.Option(Path("docs"), help="Folder for decode_rates.json and decode_rates.md."),
+    out: Path = typer.Option(default_factory=_bench_out(""), help="Folder for decode_rates.json and decode_rates.md."),
     spec: Optional[list[str]] = typer.Option(None, help="Codec spec (repeatable); default: every codec family "
                                                         "and the store's ladder, layered specs per rung."),
     tokens: Optional[list[int]] = typer.Option(None, help="Layer sizes in tokens (repeatable; default 1024 and 4096)."),
@@ -381,7 +404,7 @@ def bench_decode(
 
 @bench_app.command("workloads")
 def bench_workloads(
-    out: Path = typer.Option(Path("docs"), help="Folder for workloads.md and the two plots."),
+    out: Path = typer.Option(default_factory=_bench_out(""), help="Folder for workloads.md and the two plots."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Also draw the ceilings and regime plots (~5 s)."),
 ) -> None:
     """The named workloads and phone levels with their sources, the ceilings (speedup with free,
@@ -394,7 +417,7 @@ def bench_workloads(
 
 @bench_app.command("e2e")
 def bench_e2e(
-    out: Path = typer.Option(Path("docs/e2e"), help="Folder for e2e_live.json/.md and the timeline plot."),
+    out: Path = typer.Option(default_factory=_bench_out("e2e"), help="Folder for e2e_live.json/.md and the timeline plot."),
     template: str = typer.Option("sticker-00", help="Library template."),
     photo_index: int = typer.Option(0, min=0, help="Held-out photo index."),
     trace: str = typer.Option("mahimahi_cellular/TMobile-LTE-short.down", help="Trace under ../shared/traces."),
@@ -413,7 +436,7 @@ def bench_e2e(
 
 @bench_app.command("faults")
 def bench_faults(
-    out: Path = typer.Option(Path("docs/faults"), help="Folder for faults.json/.md (and hostile.json/.md)."),
+    out: Path = typer.Option(default_factory=_bench_out("faults"), help="Folder for faults.json/.md (and hostile.json/.md)."),
     steps: int = typer.Option(4, min=1, help="Sampler steps of each edit."),
     faults: bool = typer.Option(True, help="The network faults (in-process streamed edits)."),
     hostile: bool = typer.Option(True, help="The hostile servers against real `sakura edit` subprocesses "
@@ -434,7 +457,7 @@ def bench_faults(
 
 @bench_app.command("link")
 def bench_link(
-    out: Path = typer.Option(Path("docs/e2e"), help="Folder for link.json/.md."),
+    out: Path = typer.Option(default_factory=_bench_out("e2e"), help="Folder for link.json/.md."),
     rtt_ms: float = typer.Option(40.0, min=0.0, help="Round-trip time (ms)."),
 ) -> None:
     """Live: the runtime's fetch stage through the pacer at 10, 100 and 1,000 Mbit/s: link idle time
@@ -446,7 +469,7 @@ def bench_link(
 
 @bench_app.command("dilated")
 def bench_dilated(
-    out: Path = typer.Option(Path("docs/e2e"), help="Folder for dilated.json/.md."),
+    out: Path = typer.Option(default_factory=_bench_out("e2e"), help="Folder for dilated.json/.md."),
     workload: str = typer.Option("style3x1024-out512", help="Named workload (docs/workloads.md)."),
     phone: str = typer.Option("3", help="Phone level by name or TFLOP/s."),
     dilation: float = typer.Option(40.0, min=1.0, help="D: the live run is D times faster than the phone."),
@@ -463,7 +486,7 @@ def bench_dilated(
 
 @bench_app.command("profile")
 def bench_profile(
-    out: Path = typer.Option(Path("docs/e2e"), help="Folder for e2e_profile.json/.md and the plots."),
+    out: Path = typer.Option(default_factory=_bench_out("e2e"), help="Folder for e2e_profile.json/.md and the plots."),
     workloads: Optional[list[str]] = typer.Option(None, help="Named workloads (default: all; see docs/workloads.md)."),
     phones: Optional[list[str]] = typer.Option(None, help="Phone levels by name or TFLOP/s (default: all three)."),
     families: Optional[list[str]] = typer.Option(None, help="Trace families (default: all; with --replay: only "
@@ -504,7 +527,7 @@ def bench_profile(
 
 @bench_app.command("templates")
 def bench_templates(
-    out: Path = typer.Option(Path("docs/e2e"), help="Folder for templates.json/.md/.png."),
+    out: Path = typer.Option(default_factory=_bench_out("e2e"), help="Folder for templates.json/.md/.png."),
     templates: Optional[list[str]] = typer.Option(None, "--template", help="Templates whose real KV measures the "
                                                  "renditions (default: look-00, texture-00, sticker-00)."),
     families: Optional[list[str]] = typer.Option(None, help="Trace families (default: umn_5gophers)."),
@@ -531,7 +554,7 @@ def bench_templates(
 
 @bench_app.command("both-models")
 def bench_both_models(
-    out: Path = typer.Option(Path("docs/codec"), help="Folder for both_models.json and both_models.md."),
+    out: Path = typer.Option(default_factory=_bench_out("codec"), help="Folder for both_models.json and both_models.md."),
     model: Optional[list[str]] = typer.Option(None, help="Model (repeatable; default sakura-mini and flux2-mini)."),
     template: Optional[list[str]] = typer.Option(None, help="Library template (repeatable; default look-00, "
                                                  "texture-00, sticker-00)."),
@@ -544,7 +567,7 @@ def bench_both_models(
 
 @bench_app.command("importance")
 def bench_importance(
-    out: Optional[Path] = typer.Option(Path("docs/codec/importance_nested.txt"), help="Text file for the rows."),
+    out: Optional[Path] = typer.Option(default_factory=_bench_out("codec/importance_nested.txt"), help="Text file for the rows."),
     task: Optional[list[str]] = typer.Option(None, help="Task (repeatable; default all three)."),
     photos: int = typer.Option(6, min=1, help="Held-out test photos."),
     steps: int = typer.Option(8, min=1, help="Sampler steps of each edit."),
@@ -576,7 +599,7 @@ def bench_speed(
 
 @bench_app.command("klein-e2e")
 def bench_klein_e2e(
-    out: Optional[Path] = typer.Option(Path("docs/model-flux2/klein_e2e.json"), help="JSON file for the figures."),
+    out: Optional[Path] = typer.Option(default_factory=_bench_out("model-flux2/klein_e2e.json"), help="JSON file for the figures."),
     size: int = typer.Option(32, min=16, help="Pixels per side."),
     steps: int = typer.Option(4, min=1, help="Sampler steps."),
 ) -> None:
