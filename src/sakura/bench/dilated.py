@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from sakura.models.kv import KVSourceDefaults
+from sakura.emulation.device import Dilation, DilatedDevice, decode_padding, dilate_trace  # noqa: F401
 from sakura.util.psnr import psnr_db
 
 METHODS = ("oracle", "on-device", "cachegen", "cachegen-fair", "cachegen-L3", "sakura")
@@ -42,39 +42,6 @@ METHODS = ("oracle", "on-device", "cachegen", "cachegen-fair", "cachegen-L3", "s
 DEFAULT_TRACES = ("umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102",
                   "umn_5gophers/All-Carriers/03-User-Mobility/car-driving-trace-1.csv#Verizon",
                   "mahimahi_cellular/TMobile-LTE-short.down")
-
-
-def _pad(t0: float, target_s: float) -> None:
-    left = target_s - (time.monotonic() - t0)
-    if left > 0:
-        time.sleep(left)
-
-
-@dataclass(frozen=True)
-class Dilation:
-    """A workload's times for the mini model, divided by D (seconds)."""
-
-    workload: str
-    phone: str
-    D: float
-    layers_per_mini_layer: float
-    beta: float            # live bytes per workload byte
-    local_s: float         # one mini template layer
-    compute_s: float       # one mini layer of the first pass (photo KV + live tokens)
-    pre_s: float           # text encoder + VAE encode
-    post_s: float          # the other passes + VAE decode
-    rtt_s: float
-    oracle_s: float        # the whole edit with the KV resident
-    on_device_s: float
-
-    def decode_s(self, fp16_bytes_per_cpu_s: float) -> float:
-        """Emulated decode of one mini shard on one worker: the workload's layer decode time at
-        this per-core rate, x layers per mini layer, / D (seconds)."""
-        if not fp16_bytes_per_cpu_s or fp16_bytes_per_cpu_s != fp16_bytes_per_cpu_s:
-            return 0.0
-        return self._klein_layer_bytes / fp16_bytes_per_cpu_s * self.layers_per_mini_layer / self.D
-
-    _klein_layer_bytes: int = 0
 
 
 def make_dilation(workload: str, phone: str, D: float, *, mini_layers: int, mini_fp16_bytes_per_layer: int,
@@ -90,96 +57,6 @@ def make_dilation(workload: str, phone: str, D: float, *, mini_layers: int, mini
                     pre_s=(c.text_encoder_s + c.vae_encode_s) / D, post_s=post / D, rtt_s=rtt_ms / 1000 / D,
                     oracle_s=c.oracle_s / D, on_device_s=c.on_device_s / D,
                     _klein_layer_bytes=c.kv_fp16_bytes_per_layer)
-
-
-def dilate_trace(trace, dil: Dilation):
-    """The trace with time / D and rate x D x beta (bytes/s)."""
-    from sakura.emulation.traces import Trace
-
-    return Trace(name=f"{trace.name} (dilated /{dil.D:g})", edges=trace.edges / dil.D, rate=trace.rate * dil.D * dil.beta)
-
-
-class _PaddedSource(KVSourceDefaults):
-    """Pads the forward compute of each layer (time between layer requests) to `compute_s`."""
-
-    def __init__(self, inner, compute_s: float):
-        self.inner, self.compute_s = inner, compute_s
-        self.model_fingerprint, self.template_fingerprint = inner.model_fingerprint, inner.template_fingerprint
-        self.num_layers = inner.num_layers
-        self.instruction, self.layout, self.positions = inner.instruction, inner.layout, inner.positions
-        self._t: float | None = None
-
-    def layer(self, i: int):
-        if self._t is not None:
-            _pad(self._t, self.compute_s)
-        kv = self.inner.layer(i)
-        self._t = time.monotonic()
-        return kv
-
-    def finish(self) -> None:
-        if self._t is not None:
-            _pad(self._t, self.compute_s)
-
-
-class _LocalSource(KVSourceDefaults):
-    """On-device (Klein KV extract mode, first step): each template layer computed when reached."""
-
-    def __init__(self, device: "DilatedDevice", template: torch.Tensor, instruction: int):
-        from sakura.models.kv import LayerKV
-
-        m = device.m
-        self.model_fingerprint = m.fingerprint()
-        self.template_fingerprint = m.template_fingerprint(template, instruction)
-        self.num_layers = m.num_layers
-        self.instruction = instruction
-        self._gen = ((LayerKV(k[0], v[0])) for k, v in device.template_layers(template, instruction))
-        self.used: dict[int, Any] = {}
-
-    def layer(self, i: int):
-        kv = next(self._gen)
-        self.used[i] = kv
-        return kv
-
-
-class DilatedDevice:
-    """sakura-mini at a phone workload's per-layer times / D (see the module doc). Exposes the
-    image-level model API the runtime uses; `edit` runs the first denoising step for real and
-    stands in for the rest with a sleep."""
-
-    def __init__(self, model: Any, dil: Dilation):
-        self.m, self.dil = model, dil
-        self.num_layers, self.cfg = model.num_layers, model.cfg
-        self.last_used: dict[int, Any] = {}
-
-    # A documented plugin boundary: a bench-side stand-in that is the wrapped model plus a phone's
-    # timings. What it does not override (fingerprint, check_template_kv, ...) is the model's own,
-    # so it satisfies the same ImageTemplateEditModel Protocol as the model it wraps.
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.m, name)
-
-    def template_layers(self, template, instruction=0):
-        it = self.m.template_layers(template, instruction)
-        while True:
-            t = time.monotonic()
-            try:
-                kv = next(it)
-            except StopIteration:
-                return
-            _pad(t, self.dil.local_s)
-            yield kv
-
-    def edit(self, photo, *, template=None, instruction=0, template_kv=None, mode=None, steps=1, seed=0):
-        time.sleep(self.dil.pre_s)  # text encoder + VAE encode; fetching already runs
-        local = None
-        if template_kv is None:
-            local = template_kv = _LocalSource(self, template, instruction)
-        src = _PaddedSource(template_kv, self.dil.compute_s)
-        out = self.m.edit(photo, template_kv=src, steps=1, seed=seed)
-        src.finish()
-        time.sleep(self.dil.post_s)  # the other passes + VAE decode
-        if local is not None:
-            self.last_used = local.used
-        return out
 
 
 def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: float = 40.0,
@@ -291,7 +168,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                                                                   pre_s=dil.pre_s, post_s=dil.post_s),
                                             bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
                                             decode_workers=decode_workers, steps=1, manifest=m, allow_fast_path=True,
-                                            emulate=Emulation(specs=sp, renditions=allowed[method], decode_pad_s=pad,
+                                            emulate=Emulation(specs=sp, renditions=allowed[method], after_decode=decode_padding(pad),
                                                               tables=held_tables))
                     sim = simulate(make_policy(method), sp, tr, off, prior)
                     used = res.used_kv if res.path == "streamed" else device.last_used

@@ -38,14 +38,16 @@ from .plan import LOCAL, Route, ShardSpec, psnr_db
 
 @dataclass(frozen=True)
 class Emulation:
-    """What a benchmark overrides to run the live executor as another device (the time-dilated
-    bench, the link and fault benches); a phone app passes none.
+    """The hooks a caller passes to run the live executor as another device (the time-dilated
+    bench, the link and fault benches); a phone app passes none. The phone side declares them here
+    and implements none: what they do lives with the caller (``sakura.emulation``).
 
     specs: planner inputs to use instead of the ones derived from the manifest and the profile
         (the emulated phone's per-layer times and decode rates).
     renditions: rendition names the policy may fetch (None: every one in the manifest).
-    decode_pad_s: per rendition name, the least time a decode takes (the real decode, then a
-        sleep for the rest): a slower decoder.
+    after_decode: called in the decode worker after each shard's real decode, with the rendition
+        name and the decode's seconds; it may block (``sakura.emulation.device.decode_padding``
+        sleeps to a slower decoder's time).
     tables: codec tables the emulated phone already holds (table name -> the object's bytes, as
         the store has them), so they are not fetched. The planner counts shard bytes only; on
         the time-dilated bench a table's bytes stand for 1/beta as many phone bytes (the mini
@@ -55,7 +57,7 @@ class Emulation:
 
     specs: Sequence[ShardSpec] | None = None
     renditions: Sequence[str] | None = None
-    decode_pad_s: Mapping[str, float] | None = None
+    after_decode: Callable[[str, float], None] | None = None
     tables: Mapping[str, bytes] | None = None
 
 
@@ -333,7 +335,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     specs = list(emulate.specs) if emulate.specs is not None else shard_specs(manifest, profile)
     if emulate.renditions is not None:
         specs = [replace(s, routes=tuple(r for r in s.routes if r.name in emulate.renditions)) for s in specs]
-    decode_pad_s = emulate.decode_pad_s
+    after_decode = emulate.after_decode
     quality_known = all("image_mse" in r.distortion for s in manifest.shards for r in s.renditions)
     driver = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt, decode_workers=workers, max_inflight=max_inflight,
                         compute_start_s=clock() + profile.pre_s, other_s=profile.pre_s + profile.post_s)
@@ -355,8 +357,8 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
             check_shard_object(data, shapes[j], f"shard {j}")  # header shape, before the decoder allocates
             dec = pool.decode(data, ShardId(model_fp, tfp, j), tbl)
             kv = LayerKV(dec.key, dec.value, dec.keep_mask)
-            if decode_pad_s and rendition.name in decode_pad_s:
-                time.sleep(max(0.0, decode_pad_s[rendition.name] - (time.monotonic() - t)))
+            if after_decode is not None:
+                after_decode(rendition.name, time.monotonic() - t)
             with cond:
                 source.decoded[j] = kv
                 driver.on_decoded(j, clock())
