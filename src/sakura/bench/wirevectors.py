@@ -12,6 +12,7 @@ for layer l, token t, head h, channel d (T = 16 tokens on a 4 x 4 grid, H = 2, D
     store/                       a complete store (index.json, manifests/, objects/): every rendition
                                  kind `sakura build` writes (lossless, uniform, CacheGen with tables,
                                  the progressive ladder as byte prefixes of one object, with tables)
+    header-dict-1.bin            the frozen zstd header dictionary (flag bit 1), as raw bytes
     objects/<name>.skkv          loose objects, one per codec and format version still read
                                  (including version-4 objects transcoded from version-5 ones)
     vectors.json                 for each object: how to decode it (identity, tables, prefix) and what
@@ -39,6 +40,7 @@ import torch
 
 from sakura.codec import CodecTables, ShardId, ShardKV, codec_from_spec, decode_any
 from sakura.codec import bitstream as bs
+from sakura.codec.base import parse_spec
 from sakura.util.fsutil import atomic_write
 from sakura.wire.store.store import RenditionInput, StoreWriter
 from sakura.wire.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, encode_template_images
@@ -154,7 +156,7 @@ def generate(out: Path) -> dict[str, Any]:
             tnames: tuple[str, ...] = ()
             if tables is not None:
                 tdata = tables.to_bytes(table_ident)
-                w.add_table(rname, codec=codec.name, data=tdata, params={})
+                w.add_table(rname, codec=codec.name, data=tdata, params=parse_spec(spec)[1])  # as `sakura build`
                 tnames = (rname,)
                 entries.append({"name": f"store table {rname}", "path": _objpath(tdata), "kind": "tables",
                                 "identity": _ident_json(table_ident), "fingerprint": tables.fingerprint})
@@ -197,7 +199,10 @@ def generate(out: Path) -> dict[str, Any]:
                             for e in codec.level_ends(data)]
         entries.append(rec)
 
+    (out / "header-dict-1.bin").write_bytes(bs.HEADER_DICT_1)   # flag bit 1's zstd raw-content dictionary
     doc = {"schema": "sakura.wire-vectors", "schema_version": 1,
+           "header_dict_1": {"path": "header-dict-1.bin", "bytes": len(bs.HEADER_DICT_1),
+                             "sha256": hashlib.sha256(bs.HEADER_DICT_1).hexdigest()},
            "kv": {"layers": LAYERS, "tokens": TOKENS, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float16",
                   "key": "fp16(sin(0.37 t + 1.3 h + 0.71 d + l) * (1 + d / 4))",
                   "value": "fp16(cos(0.23 t - 0.9 h + 0.53 d + 2 l) * (2 - h))",
