@@ -47,6 +47,10 @@ from sakura.wire.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, encode_templ
 
 MODEL = "vector-model"
 TEMPLATE = "vector-template"
+#: the template's fingerprint: what objects carry as their identity (a real build: the model's
+#: `template_fingerprint` of the template image, recorded as the manifest's
+#: kv_layout["template_fingerprint"] and recomputed by the phone), distinct from the template id
+TEMPLATE_FP = hashlib.sha256(b"vector-template").hexdigest()
 LAYERS, TOKENS, HEADS, HEAD_DIM = 2, 16, 2, 4
 DOCS_DIR = Path("docs/wire-format/vectors")
 DEFAULT_OUT = Path("out/wire-vectors")
@@ -142,8 +146,8 @@ def generate(out: Path) -> dict[str, Any]:
         shutil.rmtree(out)
     (out / "objects").mkdir(parents=True)
     sh = shards()
-    ident = lambda i: ShardId(MODEL, TEMPLATE, i)  # noqa: E731
-    table_ident = ShardId(MODEL, TEMPLATE, -1)
+    ident = lambda i: ShardId(MODEL, TEMPLATE_FP, i)  # noqa: E731
+    table_ident = ShardId(MODEL, TEMPLATE_FP, -1)
     entries: list[dict[str, Any]] = []
 
     # the store: what `sakura build` writes, at toy size
@@ -177,7 +181,7 @@ def generate(out: Path) -> dict[str, Any]:
         for i, s in enumerate(sh):
             w.add_shard(layer=i, tokens=(0, TOKENS), fp16_bytes=s.fp16_bytes, renditions=encoded[i])
         w.set_kv_layout({"layers": LAYERS, "tokens": TOKENS, "heads": HEADS, "head_dim": HEAD_DIM,
-                         "dtype": "float16"})
+                         "dtype": "float16", "template_fingerprint": TEMPLATE_FP})
 
     for private in (".lock", ".tmp"):   # the writer's lock and temp folder: never served, not vectors
         q = out / "store" / private
@@ -208,6 +212,7 @@ def generate(out: Path) -> dict[str, Any]:
                   "value": "fp16(cos(0.23 t - 0.9 h + 0.53 d + 2 l) * (2 - h))",
                   "input": [decoded_record(s.key, s.value, torch.ones(TOKENS, dtype=torch.bool)) for s in sh]},
            "store": {"root": "store", "model_fingerprint": MODEL, "template_id": TEMPLATE,
+                     "template_fingerprint": TEMPLATE_FP,
                      "template_ref_pixels_sha256": hashlib.sha256(
                          (template_images().permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8).tobytes()
                      ).hexdigest()},

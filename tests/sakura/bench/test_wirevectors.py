@@ -37,7 +37,7 @@ def test_lossless_vector_is_the_formula() -> None:
     lossless = next(e for e in doc["objects"] if e["name"] == "lossless")
     assert lossless["decoded"] == doc["kv"]["input"][0]
     key, value = wv.layer_kv(0)
-    d = decode_any((VECTORS / lossless["path"]).read_bytes(), ShardId(wv.MODEL, wv.TEMPLATE, 0))
+    d = decode_any((VECTORS / lossless["path"]).read_bytes(), ShardId(wv.MODEL, wv.TEMPLATE_FP, 0))
     assert bool((d.key == key).all()) and bool((d.value == value).all())
 
 
@@ -77,4 +77,4 @@ def test_a_damaged_vector_is_refused(flip: int) -> None:
     data = bytearray((VECTORS / "objects" / "cachegen-v5.skkv").read_bytes())
     data[flip] ^= 0x01
     with pytest.raises(CodecError):
-        decode_any(bytes(data), ShardId(wv.MODEL, wv.TEMPLATE, 0))
+        decode_any(bytes(data), ShardId(wv.MODEL, wv.TEMPLATE_FP, 0))
