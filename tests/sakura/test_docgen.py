@@ -44,3 +44,15 @@ def test_default_output_is_out_not_docs(tmp_path: Path) -> None:
     written = docgen.write(tmp_path / "o")
     assert sorted(p.name for p in written) == ["api.md", "cli.md"]
     assert docgen.DEFAULT_OUT == Path("out/docs")
+
+
+def test_api_page_follows_the_facade(monkeypatch) -> None:
+    """Whatever `sakura.__all__` names when the generator runs is documented (the lead's facade)."""
+    import sakura
+    from sakura.codec import get_codec
+
+    monkeypatch.setattr(sakura, "__all__", ["get_codec", "codec"], raising=False)
+    monkeypatch.setattr(sakura, "get_codec", get_codec, raising=False)
+    page = docgen.api_markdown(("sakura",))
+    assert "### `sakura.get_codec`" in page and "get_codec(name: str, **params: Any) -> Codec" in page
+    assert "*module* `sakura.codec`" in page and "/work" not in page

@@ -148,6 +148,8 @@ def _members(cls: type) -> list[tuple[str, Any]]:
 
 
 def _entry(qual: str, obj: Any) -> list[str]:
+    if inspect.ismodule(obj):   # a submodule in __all__: its summary (its repr holds a machine's path)
+        return [f"### `{qual}`", "", f"*module* `{obj.__name__}`" + (f": {_first_para(_doc(obj))}" if _doc(obj) else ""), ""]
     if inspect.isclass(obj):
         bases = [b.__name__ for b in obj.__bases__ if b is not object]
         kind = "exception" if issubclass(obj, BaseException) else ("dataclass" if dataclasses.is_dataclass(obj)
