@@ -1,0 +1,273 @@
+"""Wire-format test vectors (docs/wire-format.md): a tiny store and loose objects that a native
+client can decode and check itself against.
+
+The KV is a closed formula (no random generator), so anyone can recompute the lossless input:
+for layer l, token t, head h, channel d (T = 16 tokens on a 4 x 4 grid, H = 2, D = 4, float16)
+
+    key[l, t, h, d]   = fp16( sin(0.37 t + 1.3 h + 0.71 d + l) * (1 + d / 4) )
+    value[l, t, h, d] = fp16( cos(0.23 t - 0.9 h + 0.53 d + 2 l) * (2 - h) )
+
+(float64 arithmetic, then round to nearest float16). What is written under `out`:
+
+    store/                       a complete store (index.json, manifests/, objects/): every rendition
+                                 kind `sakura build` writes (lossless, uniform, CacheGen with tables,
+                                 the progressive ladder as byte prefixes of one object, with tables)
+    header-dict-1.bin            the frozen zstd header dictionary (flag bit 1), as raw bytes
+    objects/<name>.skkv          loose objects, one per codec and format version still read
+                                 (including version-4 objects transcoded from version-5 ones)
+    vectors.json                 for each object: how to decode it (identity, tables, prefix) and what
+                                 it decodes to (sha256 of the little-endian key then value bytes, the
+                                 keep mask, a few exact values)
+
+Regenerating gives the same bytes (`tests/sakura/bench/test_wirevectors.py` checks both that and
+that the committed vectors decode as recorded). Run: ``python -m sakura.bench.wirevectors``
+(writes out/wire-vectors); ``--docs`` rewrites docs/wire-format/vectors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sakura.codec import CodecTables, ShardId, ShardKV, codec_from_spec, decode_any
+from sakura.codec import bitstream as bs
+from sakura.codec.base import parse_spec
+from sakura.util.fsutil import atomic_write
+from sakura.wire.store.store import RenditionInput, StoreWriter
+from sakura.wire.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, encode_template_images
+
+MODEL = "vector-model"
+TEMPLATE = "vector-template"
+#: the template's fingerprint: what objects carry as their identity (a real build: the model's
+#: `template_fingerprint` of the template image, recorded as the manifest's
+#: kv_layout["template_fingerprint"] and recomputed by the phone), distinct from the template id
+TEMPLATE_FP = hashlib.sha256(b"vector-template").hexdigest()
+LAYERS, TOKENS, HEADS, HEAD_DIM = 2, 16, 2, 4
+DOCS_DIR = Path("docs/wire-format/vectors")
+DEFAULT_OUT = Path("out/wire-vectors")
+#: the renditions of the store's shards: (rendition name, codec spec); tables for codecs that use them
+STORE_LADDER = (("lossless", "lossless"), ("uniform4", "uniform:bits=4,key_group=4,value_group=4"),
+                ("cachegen", "cachegen:level=3"),
+                ("progressive", "progressive:budgets=[1.0,2.0,4.0],allocate=\"none\""))
+#: loose objects (no tables: each carries what it needs): (file stem, codec spec, transcode to version 4)
+LOOSE = (("lossless", "lossless", False), ("lossless-zstd", "lossless:zstd=true", False),
+         ("uniform8", "uniform", False), ("uniform4", "uniform:bits=4,key_group=4,value_group=4", False),
+         ("cachegen-v5", "cachegen:level=3", False), ("cachegen-v4", "cachegen:level=3", True),
+         ("cachegen-delta", "cachegen:level=2,delta=true,group=4", False),
+         ("progressive-v5", "progressive:budgets=[1.0,2.0,4.0],allocate=\"none\"", False),
+         ("progressive-v4", "progressive:budgets=[1.0,2.0,4.0],allocate=\"none\"", True),
+         ("sakura-nested", "sakura:budget=4.0", False),
+         ("sakura-ecsq", "sakura:quantiser=\"ecsq\",transform=\"dct\",budget=3.0", False),
+         ("layered-nested", "layered:budgets=[2.0,4.0]", False))
+
+
+def layer_kv(layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The vectors' KV of `layer`: (key, value), each (TOKENS, HEADS, HEAD_DIM) float16 (the formula
+    in the module docstring)."""
+    t, h, d = np.meshgrid(np.arange(TOKENS), np.arange(HEADS), np.arange(HEAD_DIM), indexing="ij")
+    key = np.sin(0.37 * t + 1.3 * h + 0.71 * d + layer) * (1 + d / 4)
+    value = np.cos(0.23 * t - 0.9 * h + 0.53 * d + 2 * layer) * (2 - h)
+    return torch.from_numpy(key.astype(np.float16)), torch.from_numpy(value.astype(np.float16))
+
+
+def template_images() -> torch.Tensor:
+    """Two 4 x 4 RGB reference images (R = 2): pixel values k/255, exact in the 8-bit PNG."""
+    k = (np.arange(2 * 3 * 4 * 4).reshape(2, 3, 4, 4) * 37) % 256
+    return torch.from_numpy(k.astype(np.float32) / np.float32(255.0))
+
+
+def shards() -> list[ShardKV]:
+    return [ShardKV(*layer_kv(l), layer=l, num_layers=LAYERS) for l in range(LAYERS)]
+
+
+def decoded_record(key: torch.Tensor, value: torch.Tensor, keep: torch.Tensor) -> dict[str, Any]:
+    """What a decode must give: sha256 over the key's then the value's little-endian bytes in the
+    shard's dtype, the keep mask, and a few values (float16 is exact in a JSON double)."""
+    kb = key.contiguous().view(torch.int16).numpy().astype("<i2").tobytes()
+    vb = value.contiguous().view(torch.int16).numpy().astype("<i2").tobytes()
+    return {"sha256_key_value": hashlib.sha256(kb + vb).hexdigest(),
+            "keep": [bool(x) for x in keep.tolist()],
+            "key[0,0,:]": [float(x) for x in key[0, 0].float().tolist()],
+            "value[-1,-1,:]": [float(x) for x in value[-1, -1].float().tolist()]}
+
+
+def pack_object(version: int, kind: int, header: dict[str, Any], payload: bytes) -> bytes:
+    """One object with a plain (uncompressed) JSON header, written the way docs/wire-format.md says,
+    independently of `bitstream.Writer` (what a native writer would do)."""
+    h = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    fixed = struct.pack("<4sHBBIQ", b"SKKV", version, kind, 0, len(h), len(payload))
+    crc = zlib.crc32(payload, zlib.crc32(h, zlib.crc32(fixed)))
+    return fixed + struct.pack("<I", crc) + h + payload
+
+
+def to_version4(data: bytes, ident: ShardId) -> bytes:
+    """A version-5 progressive or CacheGen object (all its rungs) rewritten as version 4: the full
+    identity instead of the digest, no reconstruction offsets (the ladder must use the midpoint,
+    1/2, everywhere), plain headers; payloads unchanged."""
+    out = []
+    for start, end in bs.split_objects(data):
+        obj = bs.parse(data[start:end])
+        h = dict(obj.header)
+        if obj.kind == bs.KIND_SHARD:
+            h["id"] = ident.to_json()
+            for part in (h.get("prog") or {}).values():
+                if any(o != 0.5 for o in part.pop("off")):
+                    raise ValueError("only a ladder at the midpoint offsets has a version-4 form")
+        else:   # a refinement names its parent by crc32 of the (rewritten) previous object
+            h["parent_crc"] = zlib.crc32(out[-1])
+        sections = h.pop("sections")
+        h["sections"] = sections
+        out.append(pack_object(4, obj.kind, h, bytes(obj.payload)))
+    return b"".join(out)
+
+
+def _decode_checked(data: bytes, ident: ShardId, tables: CodecTables | None) -> dict[str, Any]:
+    d = decode_any(data, ident, tables)
+    return decoded_record(d.key, d.value, d.keep)
+
+
+def _ident_json(ident: ShardId) -> dict[str, Any]:
+    return {**ident.to_json(), "digest": ident.digest()}
+
+
+def generate(out: Path) -> dict[str, Any]:
+    """Write the vectors under `out` (replacing what was there); returns vectors.json's content."""
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "objects").mkdir(parents=True)
+    sh = shards()
+    ident = lambda i: ShardId(MODEL, TEMPLATE_FP, i)  # noqa: E731
+    table_ident = ShardId(MODEL, TEMPLATE_FP, -1)
+    entries: list[dict[str, Any]] = []
+
+    # the store: what `sakura build` writes, at toy size
+    with StoreWriter(out / "store", model_fingerprint=MODEL, template_id=TEMPLATE) as w:
+        w.set_template_ref(encode_template_images(template_images()), media_type=TEMPLATE_REF_MEDIA_TYPE)
+        encoded: list[list[RenditionInput]] = [[] for _ in sh]
+        for rname, spec in STORE_LADDER:
+            codec = codec_from_spec(spec)
+            tables = codec.fit_tables(sh) if codec.uses_tables else None
+            tnames: tuple[str, ...] = ()
+            if tables is not None:
+                tdata = tables.to_bytes(table_ident)
+                w.add_table(rname, codec=codec.name, data=tdata, params=parse_spec(spec)[1])  # as `sakura build`
+                tnames = (rname,)
+                entries.append({"name": f"store table {rname}", "path": _objpath(tdata), "kind": "tables",
+                                "identity": _ident_json(table_ident), "fingerprint": tables.fingerprint})
+            for i, s in enumerate(sh):
+                data = codec.encode(s, ident(i), tables)
+                ends = codec.level_ends(data) if codec.supports_layers else [None]
+                for rung, end in enumerate(ends):
+                    piece = data if end is None else data[:end]
+                    name = rname if end is None else f"{rname}#{rung}"
+                    encoded[i].append(RenditionInput(name=name, codec=codec.name, data=data,
+                                                     params=codec.params if tables is None else {},
+                                                     prefix_bytes=end, tables=tnames))
+                    entries.append({"name": f"store shard {i} {name}", "path": _objpath(data), "prefix_bytes": end,
+                                    "codec": codec.name, "version": bs.parse(data, whole=False).version,
+                                    "identity": _ident_json(ident(i)),
+                                    "tables": None if tables is None else _objpath(tables.to_bytes(table_ident)),
+                                    "decoded": _decode_checked(piece, ident(i), tables)})
+        for i, s in enumerate(sh):
+            w.add_shard(layer=i, tokens=(0, TOKENS), fp16_bytes=s.fp16_bytes, renditions=encoded[i])
+        w.set_kv_layout({"layers": LAYERS, "tokens": TOKENS, "heads": HEADS, "head_dim": HEAD_DIM,
+                         "dtype": "float16", "template_fingerprint": TEMPLATE_FP})
+
+    for private in (".lock", ".tmp"):   # the writer's lock and temp folder: never served, not vectors
+        q = out / "store" / private
+        shutil.rmtree(q) if q.is_dir() else q.unlink(missing_ok=True)
+
+    # loose objects, shard 0 only, each self-contained (no tables)
+    for stem, spec, v4 in LOOSE:
+        codec = codec_from_spec(spec)
+        data = codec.encode(sh[0], ident(0), None)
+        if v4:
+            data = to_version4(data, ident(0))
+        path = f"objects/{stem}.skkv"
+        (out / path).write_bytes(data)
+        rec: dict[str, Any] = {"name": stem, "path": path, "codec": codec.name, "spec": spec,
+                               "version": bs.parse(data, whole=False).version, "identity": _ident_json(ident(0)),
+                               "tables": None, "decoded": _decode_checked(data, ident(0), None)}
+        if codec.supports_layers:
+            rec["rungs"] = [{"prefix_bytes": e, "decoded": _decode_checked(data[:e], ident(0), None)}
+                            for e in codec.level_ends(data)]
+        entries.append(rec)
+
+    (out / "header-dict-1.bin").write_bytes(bs.HEADER_DICT_1)   # flag bit 1's zstd raw-content dictionary
+    doc = {"schema": "sakura.wire-vectors", "schema_version": 1,
+           "header_dict_1": {"path": "header-dict-1.bin", "bytes": len(bs.HEADER_DICT_1),
+                             "sha256": hashlib.sha256(bs.HEADER_DICT_1).hexdigest()},
+           "kv": {"layers": LAYERS, "tokens": TOKENS, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "float16",
+                  "key": "fp16(sin(0.37 t + 1.3 h + 0.71 d + l) * (1 + d / 4))",
+                  "value": "fp16(cos(0.23 t - 0.9 h + 0.53 d + 2 l) * (2 - h))",
+                  "input": [decoded_record(s.key, s.value, torch.ones(TOKENS, dtype=torch.bool)) for s in sh]},
+           "store": {"root": "store", "model_fingerprint": MODEL, "template_id": TEMPLATE,
+                     "template_fingerprint": TEMPLATE_FP,
+                     "template_ref_pixels_sha256": hashlib.sha256(
+                         (template_images().permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8).tobytes()
+                     ).hexdigest()},
+           "objects": entries}
+    atomic_write(out / "vectors.json", (json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n").encode())
+    return doc
+
+
+def _objpath(data: bytes) -> str:
+    sha = hashlib.sha256(data).hexdigest()
+    return f"store/objects/{sha[:2]}/{sha}"
+
+
+def check(root: Path) -> list[str]:
+    """Decode every object listed in `root`/vectors.json with this build; the problems found
+    (empty when every object decodes to what is recorded)."""
+    root = Path(root)
+    doc = json.loads((root / "vectors.json").read_text())
+    problems = []
+    for e in doc["objects"]:
+        if e.get("kind") == "tables":
+            continue
+        data = (root / e["path"]).read_bytes()
+        ident = ShardId(e["identity"]["model"], e["identity"]["template"], e["identity"]["shard"])
+        tables = None
+        if e["tables"] is not None:
+            tables = CodecTables.from_bytes((root / e["tables"]).read_bytes(), ShardId(ident.model, ident.template, -1))
+        pieces = [(e.get("prefix_bytes"), e["decoded"])] + [(r["prefix_bytes"], r["decoded"]) for r in e.get("rungs", [])]
+        for end, want in pieces:
+            got = _decode_checked(data if end is None else data[:end], ident, tables)
+            if got != want:
+                problems.append(f"{e['name']} (prefix {end}): decodes to {got['sha256_key_value'][:12]}…, "
+                                f"recorded {want['sha256_key_value'][:12]}…")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m sakura.bench.wirevectors", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=None, help=f"output folder (default {DEFAULT_OUT})")
+    ap.add_argument("--docs", action="store_true", help=f"rewrite the published vectors, {DOCS_DIR}")
+    ap.add_argument("--check", type=Path, default=None, metavar="DIR", help="decode the vectors in DIR and compare")
+    a = ap.parse_args(argv)
+    if a.check is not None:
+        problems = check(a.check)
+        for p in problems:
+            print(p)
+        print(f"{'FAIL' if problems else 'ok'}: {a.check}")
+        return 1 if problems else 0
+    out = a.out or (DOCS_DIR if a.docs else DEFAULT_OUT)
+    doc = generate(out)
+    print(f"wrote {len(doc['objects'])} vectors to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
