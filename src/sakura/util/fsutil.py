@@ -64,6 +64,20 @@ def atomic_write(path: str | os.PathLike, content: bytes | bytearray | memoryvie
     return path
 
 
+def write_json(path: str | os.PathLike, obj: object, **dumps_kw) -> Path:
+    """``json.dumps(obj, **dumps_kw)`` written atomically (`atomic_write`), with a final newline.
+    Every JSON result file goes through here: a run killed mid-write leaves the previous file."""
+    import json
+
+    text = json.dumps(obj, **dumps_kw)
+    return atomic_write(path, (text if text.endswith("\n") else text + "\n").encode())
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """``text`` (UTF-8) written atomically: markdown pages and other result text files."""
+    return atomic_write(path, text.encode())
+
+
 @contextlib.contextmanager
 def atomic_folder(target: str | os.PathLike) -> Iterator[Path]:
     """``with atomic_folder(dst) as tmp: write files into tmp``: on success ``tmp`` (files fsynced)
