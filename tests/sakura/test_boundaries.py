@@ -1,8 +1,10 @@
 """The layout is the architecture: one wing per side, and imports only run down the floors
 
-    util  <-  codec, models  <-  wire  <-  cloud | phone  <-  emulation  <-  bench  <-  cli
+    util  <-  models  <-  codec  <-  wire  <-  cloud | phone  <-  emulation  <-  bench  <-  cli
 
 (a module may import its own wing and any lower floor; cloud and phone never import each other).
+The codec sits just above the models for one reason: its decoders return the models' one layer-K/V
+type, `sakura.models.kv.LayerKV`; models import nothing from the codec.
 Checked on the source, imports inside functions included. The package's own `sakura/__init__.py`
 is the public API's facade and may name any wing (lazily). Also: no import loop between modules."""
 
@@ -15,7 +17,7 @@ import pytest
 import sakura
 
 SRC = Path(sakura.__file__).resolve().parent
-FLOOR = {"util": 0, "codec": 1, "models": 1, "assets": 1, "wire": 2, "cloud": 3, "phone": 3, "emulation": 4,
+FLOOR = {"util": 0, "models": 1, "assets": 1, "codec": 1.5, "wire": 2, "cloud": 3, "phone": 3, "emulation": 4,
          "bench": 5, "cli": 6, "__main__": 7}
 
 

@@ -116,7 +116,7 @@ def run_template(model, tpl, photos: torch.Tensor, gt: torch.Tensor, calib: torc
         t0 = _cpu()
         decs = [codec.decode(d, ident(i), tables) for i, d in enumerate(datas)]
         dec_s = _cpu() - t0
-        img = edit([LayerKV(d.key, d.value, d.keep_mask) for d in decs])
+        img = edit([d.for_attention() for d in decs])
         nbytes = sum(len(d) for d in datas)
         row = {"setting": name, "family": family, "codec": codec.name, "rung": rung, "bytes": nbytes,
                "table_bytes": table_bytes, "bytes_with_tables": nbytes + table_bytes,
@@ -572,7 +572,7 @@ def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_pe
                     data = st.get_object(rend.object)[:rend.nbytes]
                     nbytes += rend.nbytes
                     dec = decode_any(data, ShardId(fp, tfp, s.index), tables[rend.tables[0]] if rend.tables else None)
-                    layers.append(LayerKV(dec.key, dec.value, dec.keep_mask))
+                    layers.append(dec.for_attention())
                 img = edit(layers)
                 rungs.append({"rendition": m.shards[0].renditions[r].name, "bytes": nbytes,
                               "psnr_vs_lossless_db": float(psnr_per_image(img, ref).mean()),

@@ -60,7 +60,7 @@ def run(out: Path | None = None, tasks: Sequence[str] = TASK_NAMES, photos: int 
                 rungs = []
                 for r in range(len(ends[0])):
                     decs = [c.decode(d[:e[r]], i, tables) for d, e, i in zip(data, ends, ids)]
-                    img = edit([LayerKV(d.key, d.value, d.keep_mask) for d in decs])
+                    img = edit([d.for_attention() for d in decs])
                     rungs.append((sum(e[r] for e in ends), round(float(psnr_per_image(img, ref).mean()), 1)))
                 row = {"task": task, "importance": source, "spec": spec, "rungs": rungs}
                 rows.append(row)

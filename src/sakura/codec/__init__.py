@@ -4,7 +4,7 @@ Public API (see docs/codec.md):
     get_codec(name, **params) / codec_from_spec("uniform:bits=4") -> Codec
     Codec.fit_tables(shards) -> CodecTables | None       (cloud, once per template)
     Codec.encode(shard, ident, tables) -> bytes
-    Codec.decode(data, ident, tables) -> DecodedShard   (key, value, keep)
+    Codec.decode(data, ident, tables) -> sakura.models.LayerKV   (key, value, keep: always a tensor)
     Codec.describe(shard, data, ident, tables=None, queries=None) -> RenditionReport
     decode_any(data, ident, tables)                     (dispatch on the codec named in the header)
     layered codecs (`supports_layers`): level_ends(data), decode_state / upgrade (rung by rung)
@@ -19,7 +19,7 @@ Codecs (registry names):
     lossless     the stored bit patterns (fp32/fp16/bf16), optionally zstd; bit-exact
 """
 
-from .base import (Codec, CodecTables, DecodedShard, RenditionReport, ShardKV, UnknownCodecError, available_codecs,
+from .base import (Codec, CodecTables, RenditionReport, ShardKV, UnknownCodecError, available_codecs,
                    codec_from_spec, decode_any, get_codec, register)
 from .bitstream import CodecError, CorruptError, IdentityError, ShardId, TruncatedError, VersionError
 from . import lossless as _lossless  # noqa: F401  (registers)
@@ -29,6 +29,6 @@ from . import layered as _layered  # noqa: F401
 from . import cachegen as _cachegen  # noqa: F401
 from . import progressive as _progressive  # noqa: F401
 
-__all__ = ["Codec", "CodecTables", "DecodedShard", "RenditionReport", "ShardKV", "ShardId", "UnknownCodecError",
+__all__ = ["Codec", "CodecTables", "RenditionReport", "ShardKV", "ShardId", "UnknownCodecError",
            "CodecError", "CorruptError", "IdentityError", "TruncatedError", "VersionError",
            "available_codecs", "codec_from_spec", "decode_any", "get_codec", "register"]

@@ -33,6 +33,8 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, Va
 from . import bitstream as bs
 from .bitstream import CodecError, ShardId
 
+from sakura.models.kv import LayerKV  # what every decoder returns: the one layer-K/V type (keep always a tensor)
+
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -123,21 +125,6 @@ class ShardKV:
             raise CodecError("shard.distortion must be callable (kv, decoded) -> image MSE")
         if not (0 <= self.layer < max(self.num_layers, 1)):
             raise CodecError(f"shard.layer={self.layer} outside [0, num_layers={self.num_layers})")
-
-
-@dataclass
-class DecodedShard:
-    """A decoded shard. key/value: (tokens, heads, head_dim) in the original dtype; keep: (tokens,) bool."""
-
-    key: torch.Tensor
-    value: torch.Tensor
-    keep: torch.Tensor
-
-    @property
-    def keep_mask(self) -> torch.Tensor | None:
-        """`keep`, or None when every token is kept (what attention masking takes:
-        ``LayerKV(d.key, d.value, d.keep_mask)``)."""
-        return None if bool(self.keep.all()) else self.keep
 
 
 @dataclass(frozen=True)
@@ -237,7 +224,7 @@ class LayerState(Protocol):
 
     def upgrade(self, piece: bytes) -> "LayerState": ...
 
-    def result(self) -> DecodedShard: ...
+    def result(self) -> LayerKV: ...
 
 
 class Codec(ABC):
@@ -278,7 +265,7 @@ class Codec(ABC):
         """Encode `shard` as one object tagged with `ident`. Raises `CodecError` on bad input."""
 
     @abstractmethod
-    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> LayerKV:
         """Decode an object written for `ident`; raises a `CodecError` subclass, never returns garbage."""
 
     # -- layered codecs (supports_layers): a ladder of rungs in one object, rung l a byte prefix ----
@@ -326,7 +313,7 @@ class Codec(ABC):
         return [self.encode(s, i, tables) for s, i in zip(shards, idents, strict=True)]
 
     def decode_many(self, datas: Sequence[bytes], idents: Sequence[ShardId],
-                    tables: CodecTables | None = None) -> list[DecodedShard]:
+                    tables: CodecTables | None = None) -> list[LayerKV]:
         return [self.decode(d, i, tables) for d, i in zip(datas, idents, strict=True)]
 
     def describe(self, shard: ShardKV, data: bytes, ident: ShardId, tables: CodecTables | None = None,
@@ -455,7 +442,7 @@ def _split_top(s: str) -> list[str]:
 
 
 def decode_any(data: bytes, ident: ShardId, tables: CodecTables | None = None,
-               pool: Executor | None = None) -> DecodedShard:
+               pool: Executor | None = None) -> LayerKV:
     """Decode an object with whichever registered codec wrote it (named in its header). `pool`:
     threads that may share this one shard, for codecs whose `decode` takes one (the native
     progressive and CacheGen decoders; bit-equal to the serial decode); ignored by the others."""
@@ -489,7 +476,7 @@ def from_f32_2d(a: np.ndarray, shape: tuple[int, int, int], dtype: torch.dtype) 
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).reshape(shape).to(dtype)
 
 
-def finite(out: "DecodedShard", codec: str) -> "DecodedShard":
+def finite(out: "LayerKV", codec: str) -> "LayerKV":
     """`out` unchanged if its KV is finite, else `CorruptError`: a decoder never returns inf/NaN
     (damaged scales behind a recomputed checksum would otherwise reach attention)."""
     for t in (out.key, out.value):

@@ -34,7 +34,7 @@ from . import entropy as E
 from . import kernels as K
 from . import quant as Q
 from . import rans as R
-from .base import (Codec, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d,
+from .base import (Codec, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d,
                    register)
 
 # quality level -> (key bins for the three layer groups, value bins for the two groups)
@@ -254,11 +254,11 @@ class CacheGenCodec(Codec):
         return w.to_bytes(bs.KIND_SHARD, h, FORMAT_VERSION, header_dict=True)
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-               pool: Executor | None = None) -> DecodedShard:
+               pool: Executor | None = None) -> LayerKV:
         return self.decode_with(data, ident, tables, "native", pool)
 
     def decode_with(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-                    engine: str = "native", pool: Executor | None = None) -> DecodedShard:
+                    engine: str = "native", pool: Executor | None = None) -> LayerKV:
         """`engine`: "native" (numba, releases the GIL) or "reference" (plain Python rANS + numpy,
         what the native decoder is tested against bit for bit). `pool` (native only): threads that
         share this one shard's rANS pieces (whole channels each); bit-equal to the serial decode."""
@@ -317,4 +317,4 @@ class CacheGenCodec(Codec):
                     sym = _rans_decode(words, counts, model, rows.size, C, False, engine, pool)
                     x[rows] += _dequantise_cm(sym, amax, bins, engine, pool)
             out.append(from_f32_2d(x, shape, dtype))
-        return DecodedShard(out[0], out[1], torch.ones(T, dtype=torch.bool))
+        return LayerKV(out[0], out[1], torch.ones(T, dtype=torch.bool))

@@ -16,7 +16,7 @@ import torch
 from . import bitstream as bs
 from . import ecsq as EQ
 from . import entropy as E
-from .base import finite, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, from_f32_2d
+from .base import finite, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, from_f32_2d
 
 if TYPE_CHECKING:  # nested dispatches here for its ECSQ tables; the analysis comes in from the caller
     from . import nested as N
@@ -141,7 +141,7 @@ def encode(codec, shard: ShardKV, an: N.NestedAnalysis, ident: ShardId, tables: 
     return w.to_bytes(bs.KIND_SHARD, h, 2)
 
 
-def decode(codec, obj: bs.Object, dtype, shape, tables: CodecTables | None) -> DecodedShard:
+def decode(codec, obj: bs.Object, dtype, shape, tables: CodecTables | None) -> LayerKV:
     h = obj.header
     T, H, D = shape
     C = H * D
@@ -192,4 +192,4 @@ def decode(codec, obj: bs.Object, dtype, shape, tables: CodecTables | None) -> D
             x = np.zeros((T, C), np.float32)
             x[keep] = EQ.reconstruct(sym, mu, st[keep])
         out.append(from_f32_2d(x, shape, dtype))
-    return finite(DecodedShard(out[0], out[1], torch.from_numpy(keep.copy())), codec.name)
+    return finite(LayerKV(out[0], out[1], torch.from_numpy(keep.copy())), codec.name)

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from . import nested as N
 from . import progressive as PG
-from .base import CodecTables, DecodedShard, ShardKV, ShardId, register
+from .base import CodecTables, LayerKV, ShardKV, ShardId, register
 from .sakura import _COMMON, _SakuraBase
 
 
@@ -65,7 +65,7 @@ class LayeredCodec(_SakuraBase):
     def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
         return b"".join(self.encode_levels(shard, ident, tables))
 
-    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> LayerKV:
         return self.decode_state(data, ident, tables).result()
 
     def start_state(self, piece: bytes, ident: ShardId, tables: CodecTables | None):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from . import bitstream as bs
-from .base import finite, Codec, CodecTables, DecodedShard, ShardKV, ShardId, check_params, register
+from .base import finite, Codec, CodecTables, LayerKV, ShardKV, ShardId, check_params, register
 
 _INT_VIEW = {torch.float32: (torch.int32, "<u4"), torch.float16: (torch.int16, "<u2"),
              torch.bfloat16: (torch.int16, "<u2")}
@@ -46,7 +46,7 @@ class LosslessCodec(Codec):
                 w.add(name, a)
         return w.to_bytes(bs.KIND_SHARD, self._header(shard, ident, None))
 
-    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> LayerKV:
         obj, dtype, shape = self._open(data, ident, None)
         iv, np_dt = _INT_VIEW[dtype]
         n = shape[0] * shape[1] * shape[2]
@@ -62,4 +62,4 @@ class LosslessCodec(Codec):
             t = torch.from_numpy(a.astype(np_dt.replace("<", "="), copy=False).view(
                 np.int32 if iv == torch.int32 else np.int16).copy()).view(dtype).reshape(shape)
             out.append(t)
-        return finite(DecodedShard(out[0], out[1], torch.ones(shape[0], dtype=torch.bool)), self.name)
+        return finite(LayerKV(out[0], out[1], torch.ones(shape[0], dtype=torch.bool)), self.name)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .base import DecodedShard, ShardKV
+    from .base import LayerKV, ShardKV
 
 
 def rel_error(ref: torch.Tensor, got: torch.Tensor, keep: torch.Tensor | None = None) -> float:
@@ -20,7 +20,7 @@ def rel_error(ref: torch.Tensor, got: torch.Tensor, keep: torch.Tensor | None = 
     return float((r - g).norm()) / den if den > 0 else float((r - g).norm())
 
 
-def weighted_rel_error(shard: "ShardKV", dec: "DecodedShard") -> float:
+def weighted_rel_error(shard: "ShardKV", dec: "LayerKV") -> float:
     """Importance-weighted relative error of K and V, dropped tokens counting as fully lost.
 
     sqrt( sum_t w_t (|k_t - k^_t|^2 + |v_t - v^_t|^2) / sum_t w_t (|k_t|^2 + |v_t|^2) ),

@@ -41,7 +41,7 @@ from . import entropy as E
 from . import progressive as PG
 from . import quant as Q
 from .allocation import allocate_offsets, plan_bits
-from .base import finite, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, from_f32_2d
+from .base import finite, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, from_f32_2d
 
 CENTROID_MAX_BITS = 4  # wider bins are small enough that their midpoints are (nearly) unbiased
 CENTROID_LEVELS = 16   # a bin's reconstruction point is stored to 1/16 of the bin (error <= 1/32 bin)
@@ -419,7 +419,7 @@ class NestedState(PG.LadderState):
         """Narrowest width: 1 under a calibrated allocation (v2), else 2."""
         return 1 if self.header.get("offsets") is not None else 2
 
-    def result(self) -> DecodedShard:
+    def result(self) -> LayerKV:
         T = self.shape[0]
         keep = self.bits > 0
         out = []
@@ -447,4 +447,4 @@ class NestedState(PG.LadderState):
                     x[sel] = self.scales[f"{kv}_lo"][sel] + (idx + delta) * step
             x[~keep] = 0.0
             out.append(from_f32_2d(x, self.shape, self.dtype))
-        return finite(DecodedShard(out[0], out[1], torch.from_numpy(keep.copy())), self.codec.name)
+        return finite(LayerKV(out[0], out[1], torch.from_numpy(keep.copy())), self.codec.name)

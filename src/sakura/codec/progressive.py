@@ -51,7 +51,7 @@ from . import kernels as K
 from . import fastdct
 from . import rans as R
 from .allocation import allocate_steps, allocate_planes
-from .base import Codec, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, check_params, finite, from_f32_2d, register
+from .base import Codec, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, check_params, finite, from_f32_2d, register
 
 FORMAT_VERSION = 5      # 3: constriction ANS (no longer read); 4: interleaved rANS streams (`rans`);
                         # 5: 4 plus per-rung reconstruction offsets (header prog[kv]["off"])
@@ -663,8 +663,6 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
         codes = token_scales(shard, kv, wt, gm)
         flat = lay.to_flat(coefficients(as_f32_2d(shard.key if kv == "k" else shard.value), pl.mean, lay.grid,
                                         scales_of(codes)))
-        if codes is not None:
-            chunks[0].append(codes.tobytes())
         m0 = None
         if tables is not None and f"{pre}.e0" in tables.arrays:  # use the table's rung-0 alphabet if wide enough
             need = max(1, int(np.floor(np.abs(flat).max(initial=0.0) / pl.step0)))
@@ -673,6 +671,8 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
         rungs = rung_symbols(flat, lay, pl.step0, pl.planes, m0)
         if tables is None:
             chunks[0].append(np.asarray(pl.mean).astype(pl.mean.dtype.newbyteorder("<")).tobytes())
+        if codes is not None:  # after the mean: the order the reader takes them in (docs/wire-format.md)
+            chunks[0].append(codes.tobytes())
         for l, rs in enumerate(rungs):
             if l > 0 and rs.m == 0:
                 continue
@@ -1106,7 +1106,7 @@ class ProgressiveState(LadderState):
         c[neg > 0] *= -1.0
         return lay.from_flat(c)
 
-    def result(self) -> DecodedShard:
+    def result(self) -> LayerKV:
         T, H, D = self.shape
         out = []
         for kv in PARTS:
@@ -1120,7 +1120,7 @@ class ProgressiveState(LadderState):
                 x /= self.scale[kv].astype(np.float32)[:, None]
             x += self.mean[kv].astype(np.float32)[None, :]
             out.append(from_f32_2d(x, self.shape, self.dtype))
-        res = DecodedShard(out[0], out[1], torch.ones(T, dtype=torch.bool))
+        res = LayerKV(out[0], out[1], torch.ones(T, dtype=torch.bool))
         if self._bound() >= float(torch.finfo(self.dtype).max):  # only a forged step/mean gets here:
             finite(res, self.codec.name)                          # check every value
         return res
@@ -1249,7 +1249,7 @@ def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: Cod
 
 
 def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, engine: str = "native",
-                pool: Executor | None = None) -> DecodedShard:
+                pool: Executor | None = None) -> LayerKV:
     """Decode every complete rung of `data` with `engine` ("reference": the plain decoder the native
     one is tested against; the bench's reference column). `pool` (native only): threads that share
     this one shard's rANS pieces, token rows and channel blocks; the output is the serial one bit
@@ -1322,7 +1322,7 @@ class ProgressiveCodec(Codec):
         return b"".join(self.encode_levels(shard, ident, tables))
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-               pool: Executor | None = None) -> DecodedShard:
+               pool: Executor | None = None) -> LayerKV:
         """`pool`: threads that share this one shard (see `decode_with`); bit-equal to the serial decode."""
         return decode_with(self, data, ident, tables, "native", pool)
 

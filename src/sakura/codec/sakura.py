@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from . import bitstream as bs
 from . import ecsq_coder as EQC
 from . import nested as N
-from .base import CodecTables, Codec, DecodedShard, ShardKV, ShardId, check_params, register
+from .base import CodecTables, Codec, LayerKV, ShardKV, ShardId, check_params, register
 
 
 class _SakuraBase(Codec):
@@ -91,7 +91,7 @@ class SakuraCodec(_SakuraBase):
             return EQC.encode(self, shard, N.analyse(self, shard), ident, tables)
         return b"".join(N.encode_levels(self, shard, ident, tables))  # one rung: a single object
 
-    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> LayerKV:
         obj, dtype, shape = self._open(data, ident, tables, kind=bs.KIND_SHARD)
         if obj.header.get("ecsq") is not None:
             return EQC.decode(self, obj, dtype, shape, tables)

@@ -15,7 +15,7 @@ import torch
 
 from . import bitstream as bs
 from . import quant as Q
-from .base import finite, Codec, CodecTables, DecodedShard, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d, register
+from .base import finite, Codec, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d, register
 
 
 def _check_int(p: dict[str, Any], name: str, lo: int, hi: int, codec: str) -> None:
@@ -52,7 +52,7 @@ class UniformCodec(Codec):
             w.add(f"{kv}_sym", Q.pack(Q.indices(u, bits), b))
         return w.to_bytes(bs.KIND_SHARD, self._header(shard, ident, None, scale_dtype=sdt.str))
 
-    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> DecodedShard:
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> LayerKV:
         obj, dtype, shape = self._open(data, ident, None)
         p = obj.header["params"]
         try:
@@ -76,4 +76,4 @@ class UniformCodec(Codec):
             idx = Q.unpack(sym, b, T * C).reshape(T, C)
             x = Q.reconstruct(idx, bits, Q.expand(lo, mode, group, T, C), Q.expand(r, mode, group, T, C))
             out.append(from_f32_2d(x, shape, dtype))
-        return finite(DecodedShard(out[0], out[1], torch.ones(T, dtype=torch.bool)), self.name)
+        return finite(LayerKV(out[0], out[1], torch.ones(T, dtype=torch.bool)), self.name)

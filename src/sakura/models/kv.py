@@ -47,11 +47,28 @@ class TemplateKVError(ValueError):
 
 @dataclass(frozen=True)
 class LayerKV:
-    """One layer's template keys and values. Shapes: key/value (tokens, heads, head_dim), keep (tokens,)."""
+    """One layer's template keys and values: the one K/V type of the project (what a model captures
+    and injects, what a codec decodes to, what the phone streams).
+
+    key, value: (tokens, heads, head_dim), same shape and dtype. keep: (tokens,) bool, the tokens
+    attention may use (a codec that drops tokens says which), or None for all of them; a decoder
+    always gives the tensor, `for_attention` the form a model takes.
+    """
 
     key: torch.Tensor
     value: torch.Tensor
     keep: torch.Tensor | None = None
+
+    @property
+    def keep_mask(self) -> torch.Tensor | None:
+        """`keep`, or None when every token is kept (attention then takes its unmasked path)."""
+        return None if self.keep is None or bool(self.keep.all()) else self.keep
+
+    def for_attention(self) -> "LayerKV":
+        """This layer with ``keep`` None when every token is kept: an all-True mask would send
+        attention down its masked kernel, which is not bit-equal to the unmasked one."""
+        mask = self.keep_mask
+        return self if mask is self.keep else LayerKV(self.key, self.value, mask)
 
     @property
     def num_tokens(self) -> int:

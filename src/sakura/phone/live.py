@@ -356,7 +356,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
             tbl = tables.get(rendition.tables[0]) if rendition.tables else None
             check_shard_object(data, shapes[j], f"shard {j}")  # header shape, before the decoder allocates
             dec = pool.decode(data, ShardId(model_fp, tfp, j), tbl)
-            kv = LayerKV(dec.key, dec.value, dec.keep_mask)
+            kv = dec.for_attention()
             if after_decode is not None:
                 after_decode(rendition.name, time.monotonic() - t)
             with cond:

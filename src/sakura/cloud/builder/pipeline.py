@@ -174,7 +174,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         for i, s in enumerate(shards):
             dec = floor_codec.decode(floor_codec.encode(s, ident(i), floor_tables), ident(i), floor_tables)
             floors.append({"reference": QUALITY_FLOOR_SPEC,
-                           "image_mse": _rounded({"image_mse": probe.image_mse(i, LayerKV(dec.key, dec.value, dec.keep_mask))})["image_mse"]})
+                           "image_mse": _rounded({"image_mse": probe.image_mse(i, dec.for_attention())})["image_mse"]})
         with StoreWriter(store, model_fingerprint=model_fp, template_id=name) as w:
             w.set_template_ref(ref_png, media_type=TEMPLATE_REF_MEDIA_TYPE)
             encoded: list[list[RenditionInput]] = [[] for _ in shards]
@@ -208,7 +208,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                         dec = codec.decode(piece, ident(i), tables)
                         dist = {"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
                                 "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
-                                "dropped_fraction": 1.0 - d.keep_fraction, **probe.measure(i, LayerKV(dec.key, dec.value, dec.keep_mask))}
+                                "dropped_fraction": 1.0 - d.keep_fraction, **probe.measure(i, dec.for_attention())}
                         encoded[i].append(RenditionInput(
                             name=rname if end is None else f"{rname}#{rung}", codec=codec.name, data=data,
                             params=params if not table_names else {}, prefix_bytes=end, tables=table_names,
@@ -303,7 +303,7 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log):
         trial = get_codec(codec.name, **{**codec.params, "budgets": [b]})
         tables = trial.fit_tables(shards)
         decs = [trial.decode(trial.encode(s, ident(i), tables), ident(i), tables) for i, s in enumerate(shards)]
-        mse = float((edit([LayerKV(d.key, d.value, d.keep_mask) for d in decs]).double() - ref).pow(2).mean())
+        mse = float((edit([d.for_attention() for d in decs]).double() - ref).pow(2).mean())
         got = psnr_db(mse)
         if got >= base_psnr_db:
             break
