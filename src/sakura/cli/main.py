@@ -25,6 +25,13 @@ def _warm_codec() -> float:
 
 
 @app.command()
+def warm() -> None:
+    """Compile the codec's native decoders into numba's disk cache (once per machine and install;
+    ./dev runs it during setup): otherwise the first edit after an install waits ~1 min for the JIT."""
+    typer.echo(f"native decoders ready in {_warm_codec():.1f} s")
+
+
+@app.command()
 def info(
     model: str = typer.Option("sakura-mini", help="Model adapter: sakura-mini, flux2-mini, or klein:/path/to/local/folder[@SIZE]."),
 ) -> None:
