@@ -82,3 +82,13 @@ def load_klein_spec(arg: str = "", **options):
     from .klein_image import KleinImageModel
 
     return KleinImageModel.from_pretrained(arg, **options)
+
+
+def load_kontext_spec(arg: str = "", **options):
+    """Model-registry factory of ``kontext:/path/to/local/folder[@SIZE]`` (FLUX.1 Kontext at SIZE px
+    per side, default 512: a `KontextImageModel`; options: guidance, ref_timestep, max_sequence_length)."""
+    if not arg:
+        raise ModelSpecError("kontext needs a local folder: kontext:/path/to/FLUX.1-Kontext[@SIZE]")
+    from .kontext import KontextImageModel
+
+    return KontextImageModel.from_pretrained(arg, **options)
