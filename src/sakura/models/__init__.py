@@ -3,9 +3,10 @@
 `load_model(spec)` resolves a spec through the registry (`sakura.models.registry`: entry points of
 the ``sakura.models`` group, plus `register_model`). Bundled: "sakura-mini" (the bundled model; its
 shipped weights when present), "flux2-mini" (the bundled FLUX.2-architecture model: diffusers'
-`Flux2Transformer2DModel` trained here, same image-level API as sakura-mini) and
+`Flux2Transformer2DModel` trained here, same image-level API as sakura-mini),
 "klein:/path/to/local/folder[@S]" (FLUX.2 Klein through diffusers at S px per side, weights from
-disk; the same image-level API).
+disk; the same image-level API) and "kontext:/path/to/local/folder[@S]" (FLUX.1 Kontext, likewise;
+docs/your-own-model.md walks through it).
 """
 
 from __future__ import annotations
