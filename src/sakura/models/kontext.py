@@ -406,20 +406,24 @@ class KontextImageModel:
         guidance: the distilled guidance scale (Kontext-dev's default 2.5) for transformers with
             guidance embeddings.
         ref_timestep: the timestep template tokens are modulated at (0.0 = a clean image).
-        max_sequence_length: T5 prompt tokens (stock Kontext: 512).
+        max_sequence_length: T5 prompt tokens; default the pipeline's T5 tokenizer's own maximum,
+            at most 512 (FLUX.1 Kontext [dev]: 512; the tiny test pipeline: 32).
     """
 
     template_conditioning = "prompt"
     max_template_images = 4
 
     def __init__(self, pipeline: Any, image_size: int = DEFAULT_IMAGE_SIZE, *, guidance: float = 2.5,
-                 ref_timestep: float = 0.0, max_sequence_length: int = 512):
+                 ref_timestep: float = 0.0, max_sequence_length: int | None = None):
         self.pipeline = pipeline
         self.transformer: FluxTransformer2DModel = pipeline.transformer.eval()
         ppt = int(pipeline.vae_scale_factor) * 2
         if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < ppt or image_size % ppt:
             raise ValueError(f"image size {image_size!r} must be a positive multiple of {ppt} px for this pipeline "
                              f"(VAE factor {pipeline.vae_scale_factor} x 2x2 packing)")
+        if max_sequence_length is None:
+            tok = getattr(pipeline, "tokenizer_2", None)
+            max_sequence_length = min(512, int(getattr(tok, "model_max_length", 512) or 512))
         c = self.transformer.config
         self.cfg = KontextConfig(double_layers=c.num_layers, single_layers=c.num_single_layers,
                                  heads=c.num_attention_heads, head_dim=c.attention_head_dim, in_channels=c.in_channels,

@@ -26,7 +26,7 @@ def write_tiny_kontext_folder(folder):
     clip_vocab = {c: i for i, c in enumerate(alpha + [a + "</w>" for a in alpha] + ["<|startoftext|>", "<|endoftext|>"])}
     clip_tok = CLIPTokenizerFast(vocab=clip_vocab, merges=[], model_max_length=77)
     t5_vocab = [(p, 0.0) for p in ("<pad>", "</s>", "<unk>")] + [(c, -1.0) for c in ["▁"] + [chr(i) for i in range(32, 127)]]
-    t5_tok = T5TokenizerFast(vocab=t5_vocab, extra_ids=0)
+    t5_tok = T5TokenizerFast(vocab=t5_vocab, extra_ids=0, model_max_length=32)  # 32 prompt tokens (FLUX.1: 512)
     clip = CLIPTextModel(CLIPTextConfig(vocab_size=len(clip_vocab), hidden_size=16, intermediate_size=32,
                                         num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77,
                                         projection_dim=16, bos_token_id=clip_vocab["<|startoftext|>"],

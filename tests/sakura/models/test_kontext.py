@@ -29,7 +29,7 @@ def test_registered_config_and_protocol(model):
     assert "kontext" in available_models()
     assert isinstance(model, KontextImageModel) and isinstance(model, ImageTemplateEditModel)
     assert model.cfg == KontextConfig(double_layers=1, single_layers=2, heads=2, head_dim=16, in_channels=16,
-                                      joint_attention_dim=16, image_size=S, pixels_per_token=4, text_tokens=512)
+                                      joint_attention_dim=16, image_size=S, pixels_per_token=4, text_tokens=32)
     assert model.num_layers == 3 and model.cfg.tokens_per_image == 16
     d = model.describe()
     assert d["model"] == "flux1-kontext" and d["template_kv_values"] == 2 * 16 * 32 * 3
@@ -106,8 +106,8 @@ def test_probe_sees_the_template_keys(model):
     kv = model.extract_template_kv(px(1, 7), PROMPT)
     seen = {}
     model.edit(px(1, 8), template_kv=kv, steps=2, probe=lambda i, p: seen.setdefault(i, p.shape))
-    # (B, heads, text 512 + target 16 + photo 16 queries, 16 template keys) in every layer
-    assert seen == {i: (1, 2, 512 + 32, 16) for i in range(3)}
+    # (B, heads, text 32 + target 16 + photo 16 queries, 16 template keys) in every layer
+    assert seen == {i: (1, 2, 32 + 32, 16) for i in range(3)}
 
 
 def test_no_template_forward_is_stock_diffusers(model):
