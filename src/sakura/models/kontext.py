@@ -597,49 +597,66 @@ class KontextImageModel:
             template = self._check_images(template, "template", self.max_template_images)
             prompt = self._check_prompt(instruction)
             t_lat, t_ids = self._template_latents(template)
-        emb, pooled, txt_ids = self.encode_prompt(prompt)
-        g, cfg = self.cfg.grid, self.cfg
-        n = g * g
-        target_ids, photo_ids = image_ids(g, 0), image_ids(g, PHOTO_SLOT_T)
-        main_ids = torch.cat([target_ids, photo_ids])
-        guidance = self._guidance()
+        prompt_parts = self.encode_prompt(prompt)
         images, captured = [], None
-        timings = {"template": 0.0, "denoise": 0.0}
+        t0 = time.perf_counter()
         for j in range(photo.shape[0]):
             user = self.encode_image(photo[j:j + 1])
-            gen = torch.Generator().manual_seed(seed)
-            # as FluxKontextPipeline.prepare_latents: noise (1, C/4, 2g, 2g), then 2x2-packed
-            noise = torch.randn(1, cfg.in_channels // 4, 2 * g, 2 * g, generator=gen)
-            latents = self.pipeline._pack_latents(noise, 1, cfg.in_channels // 4, 2 * g, 2 * g)
-            sched = FlowMatchEulerDiscreteScheduler.from_config(self.pipeline.scheduler.config)
-            sc = sched.config
-            mu = calculate_shift(n, sc.get("base_image_seq_len", 256), sc.get("max_image_seq_len", 4096),
-                                 sc.get("base_shift", 0.5), sc.get("max_shift", 1.15))
-            timesteps, _ = retrieve_timesteps(sched, steps, "cpu", sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
-            sched.set_begin_index(0)
             if mode is KVMode.INJECTED:
                 tokens = int(pos.shape[0]) if pos is not None else None
-                inject = LazyTemplateLayers.from_source(source, tokens=tokens, heads=cfg.heads, head_dim=cfg.head_dim,
+                inject = LazyTemplateLayers.from_source(source, tokens=tokens, heads=self.cfg.heads,
+                                                        head_dim=self.cfg.head_dim,
                                                         tokens_from="its positions" if pos is not None else "its layer 0")
+                latents, _ = self._sample(user, prompt_parts, steps=steps, seed=seed, inject=inject, probe=probe)
             else:
-                inject = None
-            for i, t in enumerate(timesteps):
-                timestep = (t.expand(1) / 1000).to(latents.dtype)
-                t0 = time.perf_counter()
-                in_seq = mode is KVMode.NOCACHE or (mode is KVMode.EXTRACT and inject is None)
-                slot = KVSlot(inject=None if in_seq else inject, probe=None if in_seq else probe)
-                pred = kontext_forward(self.transformer, main=torch.cat([latents, user], 1), main_ids=main_ids,
-                                       prompt_embeds=emb, txt_ids=txt_ids, template=t_lat if in_seq else None,
-                                       tmpl_ids=t_ids if in_seq else None, pooled=pooled, timestep=timestep,
-                                       guidance=guidance, ref_timestep=self.ref_timestep, slot=slot, proc=self.processor)
-                if in_seq and mode is KVMode.EXTRACT:
-                    inject = LazyTemplateLayers.from_pairs(slot.captured)
-                    if captured is None:
-                        captured = self._wrap_kv(template, prompt, slot.captured)
-                latents = sched.step(pred[:, :n], t, latents, return_dict=False)[0]
-                timings["denoise"] += time.perf_counter() - t0
+                latents, pairs = self._sample(user, prompt_parts, steps=steps, seed=seed, template=(t_lat, t_ids),
+                                              reuse=mode is KVMode.EXTRACT, probe=probe)
+                if captured is None and mode is KVMode.EXTRACT:
+                    captured = self._wrap_kv(template, prompt, pairs)
             images.append(self.decode(latents))
-        return EditOutput(image=torch.cat(images), template_kv=captured, timings_s=timings)
+        return EditOutput(image=torch.cat(images), template_kv=captured,
+                          timings_s={"template": 0.0, "denoise": time.perf_counter() - t0})
+
+    def _sample(self, user: torch.Tensor, prompt_parts, *, steps: int, seed: int,
+                template: tuple[torch.Tensor, torch.Tensor] | None = None, reuse: bool = True,
+                inject: LazyTemplateLayers | None = None, probe: AttentionProbe | None = None):
+        """Denoise one photo: -> (final packed latents (1, grid^2, in_channels), the template K/V
+        pairs captured at step 0 or None).
+
+        user: the photo's packed latents (1, grid^2, in_channels); prompt_parts: `encode_prompt`'s.
+        template: (latents, ids) run in the sequence, every step or (`reuse`) at step 0 only with
+        its captured K/V injected after; inject: the template K/V from a source; neither: stock
+        Kontext with no template (`FluxKontextPipeline`'s loop, tested bit-exact against it).
+        """
+        cfg, g = self.cfg, self.cfg.grid
+        n = g * g
+        emb, pooled, txt_ids = prompt_parts
+        main_ids = torch.cat([image_ids(g, 0), image_ids(g, PHOTO_SLOT_T)])
+        # as FluxKontextPipeline.prepare_latents: noise (1, C/4, 2g, 2g), then 2x2-packed
+        noise = torch.randn(1, cfg.in_channels // 4, 2 * g, 2 * g, generator=torch.Generator().manual_seed(seed))
+        latents = self.pipeline._pack_latents(noise, 1, cfg.in_channels // 4, 2 * g, 2 * g)
+        sched = FlowMatchEulerDiscreteScheduler.from_config(self.pipeline.scheduler.config)
+        sc = sched.config
+        mu = calculate_shift(n, sc.get("base_image_seq_len", 256), sc.get("max_image_seq_len", 4096),
+                             sc.get("base_shift", 0.5), sc.get("max_shift", 1.15))
+        timesteps, _ = retrieve_timesteps(sched, steps, "cpu", sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+        sched.set_begin_index(0)
+        pairs = None
+        for t in timesteps:
+            timestep = (t.expand(1) / 1000).to(latents.dtype)
+            in_seq = template is not None and (pairs is None or not reuse)
+            slot = KVSlot(inject=None if in_seq else inject, probe=None if in_seq else probe)
+            pred = kontext_forward(self.transformer, main=torch.cat([latents, user], 1), main_ids=main_ids,
+                                   prompt_embeds=emb, txt_ids=txt_ids, template=template[0] if in_seq else None,
+                                   tmpl_ids=template[1] if in_seq else None, pooled=pooled, timestep=timestep,
+                                   guidance=self._guidance(), ref_timestep=self.ref_timestep, slot=slot,
+                                   proc=self.processor)
+            if in_seq and pairs is None:
+                pairs = slot.captured
+                if reuse:  # later steps inject what step 0 captured
+                    inject = LazyTemplateLayers.from_pairs(pairs)
+            latents = sched.step(pred[:, :n], t, latents, return_dict=False)[0]
+        return latents, pairs
 
     def describe(self) -> dict[str, object]:
         cfg = self.cfg

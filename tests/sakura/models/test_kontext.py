@@ -149,3 +149,15 @@ def test_refuses_foreign_or_misplaced_kv_and_bad_inputs(model, kontext_folder):
         load_model("kontext")
     with pytest.raises(FileNotFoundError, match="not a local folder"):
         load_model("kontext:/nonexistent/folder@16")
+
+
+def test_without_a_template_the_sampler_is_stock_flux_kontext_pipeline(model):
+    """The adapter's own encode, noise, schedule, sampling loop and decode, with no template in the
+    sequence, are `FluxKontextPipeline.__call__`'s: the same image bit for bit."""
+    photo = px(1, 11)
+    mine, pairs = model._sample(model.encode_image(photo), model.encode_prompt(PROMPT), steps=3, seed=5)
+    assert pairs is None
+    stock = model.pipeline(image=photo, prompt=PROMPT, height=S, width=S, max_area=S * S, _auto_resize=False,
+                           num_inference_steps=3, guidance_scale=model.guidance, max_sequence_length=32,
+                           generator=torch.Generator().manual_seed(5), output_type="pt").images
+    assert stock.shape == (1, 3, S, S) and torch.equal(model.decode(mine), stock)
