@@ -400,8 +400,9 @@ class KontextImageModel:
     the guidance and `ref_timestep`, all of which are in the template fingerprint or the model's.
 
     Args:
-        pipeline: a `FluxKontextPipeline` (VAE, CLIP + T5 text encoders, transformer); it is only
-            read, never modified.
+        pipeline: a `FluxKontextPipeline` (VAE, CLIP + T5 text encoders, transformer). Its
+            transformer is put in eval mode and otherwise left as it is (no processor installed),
+            so the stock pipeline still runs stock Kontext.
         image_size: pixels per side of template, photo and output (a multiple of VAE factor x 2).
         guidance: the distilled guidance scale (Kontext-dev's default 2.5) for transformers with
             guidance embeddings.
