@@ -74,3 +74,21 @@ def test_streamed_lossless_kontext_edit_is_bit_exact(kontext_store):
     # a streamed edit of an fp32 store would match it bit for bit: the fp32 KV injected equals it
     assert torch.equal(model.edit(photo, template_kv=model.extract_template_kv(images, PROMPT), steps=STEPS).image,
                        in_seq)
+
+
+def test_the_cli_takes_the_kontext_spec(kontext_store, kontext_folder, tmp_path):
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from sakura.cli.main import app
+
+    model, m, images, url = kontext_store
+    name = f"kontext:{kontext_folder}@{SIZE}"
+    r = CliRunner().invoke(app, ["info", "--model", name])
+    assert r.exit_code == 0 and "flux1-kontext" in r.output and model.fingerprint()[:16] in r.output
+    photo = tmp_path / "p.png"
+    Image.new("RGB", (20, 24), (120, 30, 30)).save(photo)
+    r = CliRunner().invoke(app, ["edit", str(photo), "--server", url, "--model", name, "--template", "sun", "--out",
+                                 str(tmp_path / "o.png"), "--gallery", str(tmp_path / "g"), "--steps", str(STEPS)])
+    assert r.exit_code == 0, r.output
+    assert Image.open(tmp_path / "o.png").size == (SIZE, SIZE)
