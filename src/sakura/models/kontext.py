@@ -43,7 +43,6 @@ slots are stored in `TemplateKV.positions` and checked on injection.
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -52,15 +51,13 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxTransformer2DModel, _get_qkv_projections
 from diffusers.pipelines.flux.pipeline_flux_kontext import calculate_shift, retrieve_timesteps
 from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
 
 from .base import EditOutput, KVMode, check_images, check_source_fits, check_steps, resolve_kv_mode
-from .klein import LazyTemplateLayers
+from .klein import LazyTemplateLayers, _attend, _attend_probed  # shared with Klein: lazy source reads, masked attention
 from .kv import KVSourceDefaults, LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
 
 DEFAULT_IMAGE_SIZE = 512
@@ -149,25 +146,6 @@ class KVSlot:
         return None, None, None
 
 
-def _attend(q, k, v, mask=None):
-    """Attention on (B, S, H, D); diffusers' own dispatch when nothing is masked."""
-    if mask is None:
-        return dispatch_attention_fn(q, k, v)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
-    return out.transpose(1, 2)
-
-
-def _attend_probed(q, k, v, mask, t0: int, report) -> torch.Tensor:
-    """Explicit softmax attention that hands the probabilities on keys [t0:] to `report`."""
-    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)       # (B, H, S, D)
-    logits = (qh @ kh.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf"))
-    p = logits.softmax(-1)
-    report(p[..., t0:])
-    return (p @ vh).transpose(1, 2)
-
-
 def _heads(attn, x, to_q, to_k, to_v, norm_q, norm_k):
     q = norm_q(to_q(x).unflatten(-1, (-1, attn.head_dim)))
     k = norm_k(to_k(x).unflatten(-1, (-1, attn.head_dim)))
@@ -185,14 +163,14 @@ class KontextKVProcessor:
 
     def _main_with_template(self, q, k, v, slot: KVSlot, k_t, v_t, keep):
         if k_t is None:
-            return _attend(q, k, v)
+            return _attend(q, k, v, None)
         k_all, v_all = torch.cat([k, k_t], 1), torch.cat([v, v_t], 1)
         mask = None
         if keep is not None and not bool(keep.all()):
             mask = torch.cat([torch.ones(k.shape[1], dtype=torch.bool, device=q.device), keep.to(q.device)]).view(1, 1, 1, -1)
         if slot.probe is not None:
             layer = slot.layer - 1
-            return _attend_probed(q, k_all, v_all, mask, k.shape[1], lambda p: slot.probe(layer, p))
+            return _attend_probed(q, k_all, v_all, mask, k.shape[1], k_all.shape[1], lambda p: slot.probe(layer, p))
         return _attend(q, k_all, v_all, mask)
 
     def _template(self, q_t, k_t, v_t, keep):
