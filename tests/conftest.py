@@ -32,6 +32,14 @@ def klein_folder(tmp_path_factory):
     return write_tiny_klein_folder(tmp_path_factory.mktemp("klein"))
 
 
+@pytest.fixture(scope="session")
+def kontext_folder(tmp_path_factory):
+    """A complete tiny FLUX.1 Kontext pipeline written with save_pretrained, once per test run."""
+    from sakura.models.kontext_tiny import write_tiny_kontext_folder
+
+    return write_tiny_kontext_folder(tmp_path_factory.mktemp("kontext"))
+
+
 # Integration tests: they start real services (a Ray cluster, nginx, HTTP servers and live edits
 # through them, `sakura edit` subprocesses) or run a benchmark end to end. They stay in the default
 # suite and in CI; `./dev test -m 'not slow and not integration'` is the quick run (-m replaces the

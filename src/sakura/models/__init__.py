@@ -3,9 +3,10 @@
 `load_model(spec)` resolves a spec through the registry (`sakura.models.registry`: entry points of
 the ``sakura.models`` group, plus `register_model`). Bundled: "sakura-mini" (the bundled model; its
 shipped weights when present), "flux2-mini" (the bundled FLUX.2-architecture model: diffusers'
-`Flux2Transformer2DModel` trained here, same image-level API as sakura-mini) and
+`Flux2Transformer2DModel` trained here, same image-level API as sakura-mini),
 "klein:/path/to/local/folder[@S]" (FLUX.2 Klein through diffusers at S px per side, weights from
-disk; the same image-level API).
+disk; the same image-level API) and "kontext:/path/to/local/folder[@S]" (FLUX.1 Kontext, likewise;
+docs/your-own-model.md walks through it).
 """
 
 from __future__ import annotations
@@ -82,3 +83,13 @@ def load_klein_spec(arg: str = "", **options):
     from .klein_image import KleinImageModel
 
     return KleinImageModel.from_pretrained(arg, **options)
+
+
+def load_kontext_spec(arg: str = "", **options):
+    """Model-registry factory of ``kontext:/path/to/local/folder[@SIZE]`` (FLUX.1 Kontext at SIZE px
+    per side, default 512: a `KontextImageModel`; options: guidance, ref_timestep, max_sequence_length)."""
+    if not arg:
+        raise ModelSpecError("kontext needs a local folder: kontext:/path/to/FLUX.1-Kontext[@SIZE]")
+    from .kontext import KontextImageModel
+
+    return KontextImageModel.from_pretrained(arg, **options)

@@ -116,6 +116,7 @@ _BUNDLED = {
     "sakura-mini": "sakura.models:load_mini_spec",
     "flux2-mini": "sakura.models:load_flux2_mini_spec",
     "klein": "sakura.models:load_klein_spec",
+    "kontext": "sakura.models:load_kontext_spec",
 }
 
 
