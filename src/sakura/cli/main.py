@@ -33,7 +33,8 @@ def warm() -> None:
 
 @app.command()
 def info(
-    model: str = typer.Option("sakura-mini", help="Model adapter: sakura-mini, flux2-mini, or klein:/path/to/local/folder[@SIZE]."),
+    model: str = typer.Option("sakura-mini", help="Model spec NAME[:ARG]: sakura-mini, flux2-mini, klein:/folder[@SIZE], kontext:/folder[@SIZE], "
+                        "or an installed plugin's name (sakura.available_models())."),
 ) -> None:
     """Print the model's config, parameter count, template-KV size and fingerprint."""
     from sakura.models import load_model
@@ -107,8 +108,10 @@ def train(
 @app.command()
 def build(
     store: Path = typer.Argument(..., help="Store directory to write (created if missing; rebuilds are idempotent)."),
-    model: str = typer.Option("sakura-mini", help="sakura-mini, flux2-mini (optionally :/path/weights.safetensors) "
-                              "or klein:/folder[@SIZE] (a local FLUX.2 Klein download, SIZE px per side, default 512)."),
+    model: str = typer.Option("sakura-mini", help="Model spec NAME[:ARG]: sakura-mini, flux2-mini (optionally "
+                              ":/path/weights.safetensors), klein:/folder[@SIZE] or kontext:/folder[@SIZE] (a local "
+                              "FLUX.2 Klein / FLUX.1 Kontext download, SIZE px per side, default 512), or an installed "
+                              "plugin's name (docs/your-own-model.md)."),
     template: Optional[list[str]] = typer.Option(None, help="Library template name, or ID=IMAGE[,IMAGE...] for your own "
                                                  "image(s) (repeatable); default one library template per task."),
     library: Optional[Path] = typer.Option(None, help="A templates TOML file: [[template]] entries with id, images "
@@ -168,8 +171,8 @@ def edit(
     steps: int = typer.Option(8, min=1, help="Sampler steps."),
     seed: int = typer.Option(0, help="Sampler seed."),
     prior_mbps: float = typer.Option(10.0, min=0.001, help="Bandwidth estimate before the first transfer (Mbit/s)."),
-    model: str = typer.Option("sakura-mini", help="On-device model: sakura-mini, flux2-mini (or a weights path after "
-                              "':'), or klein:/folder[@SIZE] as given to `sakura build`."),
+    model: str = typer.Option("sakura-mini", help="On-device model, the spec given to `sakura build` (sakura-mini, "
+                              "flux2-mini[:weights], klein:/folder[@SIZE], kontext:/folder[@SIZE], a plugin's name)."),
     gallery: Path = typer.Option(None, help="The phone's template gallery cache (default $SAKURA_GALLERY or "
                                             "~/.cache/sakura/gallery)."),
     decode_workers: int = typer.Option(0, min=0, help="Decode workers (0: one per core)."),
