@@ -30,7 +30,7 @@ def test_demo_end_to_end(tmp_path):
     from sakura.emulation import traces_root
 
     if traces_root() is None:
-        pytest.skip("real traces not found (SAKURA_TRACES or ../shared/traces)")
+        pytest.skip("SAKURA_TRACES names no folder (unset, the bundled traces serve)")
     res = runner.invoke(app, ["demo", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "summary.json").read_text())
