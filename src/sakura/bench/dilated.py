@@ -23,6 +23,8 @@ and trace, live vs simulated latency (ratio), in dilated seconds and in phone se
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import math
 import statistics
@@ -42,6 +44,32 @@ METHODS = ("oracle", "on-device", "cachegen", "cachegen-fair", "cachegen-L3", "s
 DEFAULT_TRACES = ("umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102",
                   "umn_5gophers/All-Carriers/03-User-Mobility/car-driving-trace-1.csv#Verizon",
                   "mahimahi_cellular/TMobile-LTE-short.down")
+
+
+@contextlib.contextmanager
+def _gc_frozen():
+    """Around the live runs: collect once and freeze what survives (the model, the store, torch,
+    matplotlib), so a collection during a run has only that run's garbage to scan. A full
+    collection of this process takes 0.6-1.0 s on a loaded 2-core VM and stops every Python thread
+    (fetch stage, pacing proxy, server): at D = 40 that reads as 25-40 phone seconds in whichever
+    method it lands on (the issue's run that spent ~20 s "fetching layers 0-1"), where a phone's
+    own pauses are milliseconds of its seconds."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
+def _no_gc_pause():
+    """One live run with the cyclic collector off (inside `_gc_frozen`; it runs between runs)."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _pad(t0: float, target_s: float) -> None:
@@ -100,10 +128,14 @@ def dilate_trace(trace, dil: Dilation):
 
 
 class _PaddedSource(KVSourceDefaults):
-    """Pads the forward compute of each layer (time between layer requests) to `compute_s`."""
+    """Pads the forward compute of each layer (time between layer requests) to `compute_s`, and the
+    work before layer 0 to end at monotonic `first_at` (the workload's text encoder and VAE encode):
+    the mini model's own work before its first layer runs inside that time, not after it (on top,
+    it was 20-40 ms real, ~1-2 phone seconds at D = 40, in every method's live latency and in
+    none of the simulator's)."""
 
-    def __init__(self, inner, compute_s: float):
-        self.inner, self.compute_s = inner, compute_s
+    def __init__(self, inner, compute_s: float, first_at: float | None = None):
+        self.inner, self.compute_s, self.first_at = inner, compute_s, first_at
         self.model_fingerprint, self.template_fingerprint = inner.model_fingerprint, inner.template_fingerprint
         self.num_layers = inner.num_layers
         self.instruction, self.layout, self.positions = inner.instruction, inner.layout, inner.positions
@@ -112,6 +144,8 @@ class _PaddedSource(KVSourceDefaults):
     def layer(self, i: int):
         if self._t is not None:
             _pad(self._t, self.compute_s)
+        elif self.first_at is not None:
+            _pad(self.first_at, 0.0)
         kv = self.inner.layer(i)
         self._t = time.monotonic()
         return kv
@@ -169,11 +203,11 @@ class DilatedDevice:
             yield kv
 
     def edit(self, photo, *, template=None, instruction=0, template_kv=None, mode=None, steps=1, seed=0):
-        time.sleep(self.dil.pre_s)  # text encoder + VAE encode; fetching already runs
+        first_at = time.monotonic() + self.dil.pre_s  # text encoder + VAE encode; fetching already runs
         local = None
         if template_kv is None:
             local = template_kv = _LocalSource(self, template, instruction)
-        src = _PaddedSource(template_kv, self.dil.compute_s)
+        src = _PaddedSource(template_kv, self.dil.compute_s, first_at=first_at)
         out = self.m.edit(photo, template_kv=src, steps=1, seed=seed)
         src.finish()
         time.sleep(self.dil.post_s)  # the other passes + VAE decode
@@ -186,11 +220,19 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                 traces: Sequence[str] = DEFAULT_TRACES,
                 offset_s: float = 30.0, template: str = "sticker-00", rtt_ms: float = 40.0, decode_workers: int | None = None,
                 store: str | Path | None = None, out_dir: str | Path | None = None, image_steps: int = 8,
-                model_name: str = "sakura-mini", log: Callable[[str], None] = print) -> dict:
-    """Live (dilated) and simulated runs of every method on each trace; images for the first trace."""
+                model_name: str = "sakura-mini", repeats: int = 1, rebuild: bool = True,
+                log: Callable[[str], None] = print) -> dict:
+    """Live (dilated) and simulated runs of every method on each trace; images for the first trace.
+
+    repeats: live runs of every method per trace, interleaved (method by method, round after round,
+    so a machine that slows down slows every method alike); each row keeps every run's latency
+    (``live_runs_s``) and reports the median. rebuild: False reuses ``store`` when it already holds
+    the template (for repeated investigations; the demo and the bench build afresh)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     from sakura.bench.profile import CACHEGEN_LEVELS
     from sakura.emulation import load_trace
-    from sakura.emulation.pacer import pacer_in_thread
+    from sakura.emulation.pacer import pacing_proxy_in_thread
     from sakura.models import TemplateKV, load_model
     from sakura.phone import (BandwidthEstimator, CacheGenPolicy, Route, RttEstimator, SakuraPolicy, ShardSpec,
                                 TraceLink, psnr_db)
@@ -213,9 +255,11 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
         tmp = tempfile.TemporaryDirectory(prefix="sakura-dilated-")
         store = tmp.name
     ladder_specs = ("lossless",) + tuple(DEFAULT_LADDER) + CACHEGEN_LEVELS
-    log(f"building the store for {template} ({', '.join(ladder_specs)}) ...")
-    build_store(store, model_name=model_name, templates=[template], ladder=ladder_specs, calibration=2, steps=4,
-                log=lambda s: None)
+    have = Path(store, "index.json").is_file() and any(k[1] == template for k in Store(store).manifest_keys())
+    if rebuild or not have:
+        log(f"building the store for {template} ({', '.join(ladder_specs)}) ...")
+        build_store(store, model_name=model_name, templates=[template], ladder=ladder_specs, calibration=2, steps=4,
+                    log=lambda s: None)
     st = Store(store)
     (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
     m = st.get_manifest(fp, tid)
@@ -264,58 +308,77 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     kv_exact = model.extract_template_kv(timg, tpl.instruction).to(torch.float16)
     reference = model.edit(photo, template_kv=kv_exact, steps=image_steps).image
     rows, images, frontier = [], {}, []
-    with serve_in_thread(store) as url:
+    with serve_in_thread(store) as url, _gc_frozen():
         for k, tname in enumerate(traces):
             tr = dilate_trace(load_trace(tname), dil)
             off = offset_s / dil.D
             prior = max(1.0, (tr.cumulative(off) - tr.cumulative(max(0.0, off - 10.0 / dil.D))) / (10.0 / dil.D))
+            by_method: dict[str, dict[str, Any]] = {}
+            for rep in range(repeats):
+                for method in METHODS:
+                    first = method not in by_method
+                    row = by_method.setdefault(method, {"trace": tname, "method": method})
+                    if method == "oracle":
+                        if first:
+                            row.update(live_s=float("nan"), sim_s=dil.oracle_s, image_mse=0.0, live_runs_s=[],
+                                       sim_timeline=_sim_timeline_oracle(model.num_layers, dil))
+                        continue
+                    if method == "on-device":
+                        with _no_gc_pause():
+                            t = time.monotonic()
+                            device.edit(photo, template=timg, instruction=tpl.instruction)
+                            live_s = time.monotonic() - t
+                        if first:
+                            row.update(sim_s=dil.pre_s + model.num_layers * (dil.local_s + dil.compute_s) + dil.post_s,
+                                       image_mse=0.0, local_layers=model.num_layers, live_runs_s=[],
+                                       sim_timeline=_sim_timeline_on_device(model.num_layers, dil))
+                        row["live_runs_s"].append(live_s)
+                        used = device.last_used if first else None
+                    else:
+                        policy = make_policy(method)
+                        sp = specs_for(method)
+                        with pacing_proxy_in_thread(url, tr, off, dil.rtt_s) as px, _no_gc_pause():
+                            # the link's trace time starts with the edit's clock, as the simulator's
+                            link_at = lambda t0, link=px.link: setattr(link, "start", t0)  # noqa: E731
+                            res = streamed_edit(device, photo, base_url=px.url, template_id=template, template_image=timg,
+                                                instruction=tpl.instruction, policy=policy,
+                                                profile=DeviceProfile(dil.compute_s, dil.local_s, decode_workers=decode_workers,
+                                                                      pre_s=dil.pre_s, post_s=dil.post_s),
+                                                bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
+                                                decode_workers=decode_workers, steps=1, manifest=m, allow_fast_path=True,
+                                                emulate=Emulation(specs=sp, renditions=allowed[method], decode_pad_s=pad,
+                                                                  tables=held_tables, decode_split=split,
+                                                                  clock_start=link_at))
+                        if first:
+                            sim = simulate(make_policy(method), sp, tr, off, prior)
+                            row.update(sim_s=sim.first_step_s + dil.post_s, image_mse=res.image_mse,
+                                       bytes=res.bytes_fetched, local_layers=sum(r.source == "local" for r in res.records),
+                                       live_choices=res.choices(), sim_choices=[r.source for r in sim.records],
+                                       path=res.path, events=res.events, live_runs_s=[],
+                                       timeline=_timeline(res.records), sim_timeline=_timeline(sim.records, sp))
+                            used = res.used_kv if res.path == "streamed" else device.last_used
+                        row["live_runs_s"].append(res.latency_s)
+                        row.setdefault("timeline_runs", []).append(_timeline(res.records))
+                    if first and k == 0 and used:
+                        kv = TemplateKV(layers=[used[i] for i in range(model.num_layers)], model_fingerprint=model.fingerprint(),
+                                        template_fingerprint=kv_exact.template_fingerprint, layout=kv_exact.layout)
+                        img = model.edit(photo, template_kv=kv, steps=image_steps).image
+                        images[method] = img
+                        row["psnr_vs_lossless_db"] = float(psnr_per_image(img, reference).item())
+                    live = row["live_runs_s"][-1]
+                    log(f"  {tname.split('/')[-1][:28]:28s} {method:16s} live {live * dil.D:7.1f} s  "
+                        f"sim {row['sim_s'] * dil.D:7.1f} s  (phone seconds; live/sim {live / row['sim_s']:.3f})"
+                        + (f"  [run {rep + 1}/{repeats}]" if repeats > 1 else ""))
             for method in METHODS:
-                row: dict[str, Any] = {"trace": tname, "method": method}
-                if method == "oracle":
-                    row.update(live_s=float("nan"), sim_s=dil.oracle_s, image_mse=0.0, live_phone_s=float("nan"),
-                               sim_phone_s=dil.oracle_s * dil.D, live_over_sim=float("nan"))
-                    rows.append(row)
-                    continue
-                if method == "on-device":
-                    t = time.monotonic()
-                    device.edit(photo, template=timg, instruction=tpl.instruction)
-                    live_s = time.monotonic() - t
-                    sim_s = dil.pre_s + model.num_layers * (dil.local_s + dil.compute_s) + dil.post_s
-                    used = device.last_used
-                    row.update(live_s=live_s, sim_s=sim_s, image_mse=0.0, local_layers=model.num_layers)
-                else:
-                    policy = make_policy(method)
-                    sp = specs_for(method)
-                    with pacer_in_thread(url, tr, off, dil.rtt_s) as purl:
-                        res = streamed_edit(device, photo, base_url=purl, template_id=template, template_image=timg,
-                                            instruction=tpl.instruction, policy=policy,
-                                            profile=DeviceProfile(dil.compute_s, dil.local_s, decode_workers=decode_workers,
-                                                                  pre_s=dil.pre_s, post_s=dil.post_s),
-                                            bandwidth=BandwidthEstimator(prior_bps=prior), rtt=RttEstimator(prior_s=dil.rtt_s),
-                                            decode_workers=decode_workers, steps=1, manifest=m, allow_fast_path=True,
-                                            emulate=Emulation(specs=sp, renditions=allowed[method], decode_pad_s=pad,
-                                                              tables=held_tables))
-                    sim = simulate(make_policy(method), sp, tr, off, prior)
-                    used = res.used_kv if res.path == "streamed" else device.last_used
-                    row.update(live_s=res.latency_s, sim_s=sim.first_step_s + dil.post_s, image_mse=res.image_mse,
-                               bytes=res.bytes_fetched, local_layers=sum(r.source == "local" for r in res.records),
-                               live_choices=res.choices(), sim_choices=[r.source for r in sim.records],
-                               path=res.path, events=res.events,
-                               timeline=[{"index": r.index, "source": r.source, "t_request": r.t_request,
-                                          "fetch_end": r.fetch_end, "decode_end": r.decode_end, "needed": r.needed,
-                                          "delivered": r.delivered, "local_s": r.local_s} for r in res.records])
+                row = by_method[method]
+                if row["live_runs_s"]:
+                    row["live_s"] = statistics.median(row["live_runs_s"])
+                    row["live_runs_phone_s"] = [x * dil.D for x in row["live_runs_s"]]
+                    row["live_over_sim_runs"] = [x / row["sim_s"] for x in row["live_runs_s"]]
                 row["live_phone_s"] = row["live_s"] * dil.D
                 row["sim_phone_s"] = row["sim_s"] * dil.D
                 row["live_over_sim"] = row["live_s"] / row["sim_s"]
-                if k == 0 and used:
-                    kv = TemplateKV(layers=[used[i] for i in range(model.num_layers)], model_fingerprint=model.fingerprint(),
-                                    template_fingerprint=kv_exact.template_fingerprint, layout=kv_exact.layout)
-                    img = model.edit(photo, template_kv=kv, steps=image_steps).image
-                    images[method] = img
-                    row["psnr_vs_lossless_db"] = float(psnr_per_image(img, reference).item())
                 rows.append(row)
-                log(f"  {tname.split('/')[-1][:28]:28s} {method:16s} live {row['live_phone_s']:7.1f} s  "
-                    f"sim {row['sim_phone_s']:7.1f} s  (phone seconds; live/sim {row['live_over_sim']:.3f})")
             # the latency-quality frontier on this trace, simulated on the same inputs
             for method, cfgs in (("cachegen", [dict(levels=CACHEGEN_LEVELS[:n], target_x=x) for n in (1, 2, 3)
                                                for x in (0.5, 1.0, 2.0)]),
@@ -351,6 +414,37 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
         (out / "dilated.md").write_text(dilated_markdown(result))
         plot_frontier(result, out / "dilated_frontier.png")
     return result
+
+
+def _timeline(records, specs=None) -> list[dict]:
+    """Per-layer times of one edit (seconds since photo in), as the timeline plot reads them; with
+    the simulator's `specs`, also each layer's forward compute (``compute_s``, after ``delivered``)."""
+    out = []
+    for r in records:
+        t = {"index": r.index, "source": r.source, "t_request": r.t_request, "fetch_end": r.fetch_end,
+             "decode_end": r.decode_end, "needed": r.needed, "delivered": r.delivered, "local_s": r.local_s}
+        if specs is not None:
+            t["compute_s"] = specs[r.index].compute_s
+        out.append(t)
+    return out
+
+
+def _sim_timeline_on_device(layers: int, dil: Dilation) -> list[dict]:
+    """On-device as the simulator has it: each template layer computed here, then the layer's forward."""
+    nan, out, t = float("nan"), [], dil.pre_s
+    for j in range(layers):
+        out.append({"index": j, "source": "local", "t_request": nan, "fetch_end": nan, "decode_end": nan,
+                    "needed": t, "delivered": t + dil.local_s, "local_s": dil.local_s, "compute_s": dil.compute_s})
+        t += dil.local_s + dil.compute_s
+    return out
+
+
+def _sim_timeline_oracle(layers: int, dil: Dilation) -> list[dict]:
+    """The oracle: the KV resident, every layer's forward back to back."""
+    nan = float("nan")
+    return [{"index": j, "source": "resident", "t_request": nan, "fetch_end": nan, "decode_end": nan,
+             "needed": dil.pre_s + j * dil.compute_s, "delivered": dil.pre_s + j * dil.compute_s, "local_s": 0.0,
+             "compute_s": dil.compute_s} for j in range(layers)]
 
 
 def _agreement(rows: list[dict]) -> dict:
