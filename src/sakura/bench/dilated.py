@@ -134,8 +134,11 @@ class _PaddedSource(KVSourceDefaults):
     it was 20-40 ms real, ~1-2 phone seconds at D = 40, in every method's live latency and in
     none of the simulator's)."""
 
-    def __init__(self, inner, compute_s: float, first_at: float | None = None):
+    def __init__(self, inner, compute_s: float, first_at: float | None = None, origin: float | None = None):
         self.inner, self.compute_s, self.first_at = inner, compute_s, first_at
+        self.origin = time.monotonic() if origin is None else origin
+        #: per layer, seconds since `origin`: when the forward pass asked for it and when it got it
+        self.times: list[tuple[int, float, float]] = []
         self.model_fingerprint, self.template_fingerprint = inner.model_fingerprint, inner.template_fingerprint
         self.num_layers = inner.num_layers
         self.instruction, self.layout, self.positions = inner.instruction, inner.layout, inner.positions
@@ -146,8 +149,10 @@ class _PaddedSource(KVSourceDefaults):
             _pad(self._t, self.compute_s)
         elif self.first_at is not None:
             _pad(self.first_at, 0.0)
+        asked = time.monotonic()
         kv = self.inner.layer(i)
         self._t = time.monotonic()
+        self.times.append((i, asked - self.origin, self._t - self.origin))
         return kv
 
     def finish(self) -> None:
@@ -184,6 +189,7 @@ class DilatedDevice:
         self.m, self.dil = model, dil
         self.num_layers, self.cfg = model.num_layers, model.cfg
         self.last_used: dict[int, Any] = {}
+        self.last_timeline: list[dict] = []   # the last on-device edit's layers (`_timeline`'s form)
 
     # A documented plugin boundary: a bench-side stand-in that is the wrapped model plus a phone's
     # timings. What it does not override (fingerprint, check_template_kv, ...) is the model's own,
@@ -203,16 +209,21 @@ class DilatedDevice:
             yield kv
 
     def edit(self, photo, *, template=None, instruction=0, template_kv=None, mode=None, steps=1, seed=0):
-        first_at = time.monotonic() + self.dil.pre_s  # text encoder + VAE encode; fetching already runs
+        origin = time.monotonic()
+        first_at = origin + self.dil.pre_s  # text encoder + VAE encode; fetching already runs
         local = None
         if template_kv is None:
             local = template_kv = _LocalSource(self, template, instruction)
-        src = _PaddedSource(template_kv, self.dil.compute_s, first_at=first_at)
+        src = _PaddedSource(template_kv, self.dil.compute_s, first_at=first_at, origin=origin)
         out = self.m.edit(photo, template_kv=src, steps=1, seed=seed)
         src.finish()
         time.sleep(self.dil.post_s)  # the other passes + VAE decode
         if local is not None:
             self.last_used = local.used
+            nan = float("nan")  # on-device: every template layer computed here, when the forward pass asks
+            self.last_timeline = [{"index": i, "source": "local", "t_request": nan, "fetch_end": nan, "decode_end": nan,
+                                   "needed": a, "delivered": b, "local_s": b - a, "compute_s": self.dil.compute_s}
+                                  for i, a, b in src.times]
         return out
 
 
@@ -333,6 +344,9 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                                        image_mse=0.0, local_layers=model.num_layers, live_runs_s=[],
                                        sim_timeline=_sim_timeline_on_device(model.num_layers, dil))
                         row["live_runs_s"].append(live_s)
+                        row.setdefault("timeline_runs", []).append(device.last_timeline)
+                        if first:
+                            row["timeline"] = device.last_timeline
                         used = device.last_used if first else None
                     else:
                         policy = make_policy(method)
@@ -355,10 +369,10 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                                        bytes=res.bytes_fetched, local_layers=sum(r.source == "local" for r in res.records),
                                        live_choices=res.choices(), sim_choices=[r.source for r in sim.records],
                                        path=res.path, events=res.events, live_runs_s=[],
-                                       timeline=_timeline(res.records), sim_timeline=_timeline(sim.records, sp))
+                                       timeline=_timeline(res.records, sp), sim_timeline=_timeline(sim.records, sp))
                             used = res.used_kv if res.path == "streamed" else device.last_used
                         row["live_runs_s"].append(res.latency_s)
-                        row.setdefault("timeline_runs", []).append(_timeline(res.records))
+                        row.setdefault("timeline_runs", []).append(_timeline(res.records, sp))
                     if first and k == 0 and used:
                         kv = TemplateKV(layers=[used[i] for i in range(model.num_layers)], model_fingerprint=model.fingerprint(),
                                         template_fingerprint=kv_exact.template_fingerprint, layout=kv_exact.layout)
@@ -447,6 +461,20 @@ def _sim_timeline_oracle(layers: int, dil: Dilation) -> list[dict]:
              "compute_s": dil.compute_s} for j in range(layers)]
 
 
+def _spread(xs, fmt: str) -> str:
+    """`` [min-max]`` of several runs, or nothing for one."""
+    if not xs or len(xs) < 2:
+        return ""
+    return f" [{min(xs):{fmt}}-{max(xs):{fmt}}]"
+
+
+def _trace_cell(spec: str) -> str:
+    """A table's trace cell: the trace in words, then its spec (what `--trace` takes)."""
+    from sakura.emulation.traces import describe_trace
+
+    return f"{describe_trace(spec)}: `{spec}`"
+
+
 def _agreement(rows: list[dict]) -> dict:
     out = {}
     for m in METHODS[1:]:
@@ -458,8 +486,11 @@ def _agreement(rows: list[dict]) -> dict:
 
 def dilated_markdown(result: dict) -> str:
     c = result["ceilings"]
+    runs = max((len(r.get("live_runs_s", [])) for r in result["rows"]), default=1)
     lines = [f"Workload `{result['workload']}` on {result['phone']}; {result['mode']}. Latencies in phone seconds "
-             f"(dilated seconds x {result['D']:g}). Ceilings (free, instant KV): {c['vs on-device']:.2f}x vs on-device, "
+             f"(dilated seconds x {result['D']:g})"
+             + (f"; live: the median of {runs} runs per method (interleaved), [min-max] beside it" if runs > 1 else "")
+             + f". Ceilings (free, instant KV): {c['vs on-device']:.2f}x vs on-device, "
              f"{c['vs on-device-nocache']:.2f}x vs on-device-nocache.", "",
              "Methods: `cachegen` = CacheGen's own adaptation as published (one chunk at a time; fit test bytes x 8 / "
              "bandwidth vs target / chunks left, else recompute); `cachegen-fair` = ours (sakura's overlapped fetching, "
@@ -469,11 +500,11 @@ def dilated_markdown(result: dict) -> str:
              "PSNR vs lossless-KV, measured (dB) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
-        live = "-" if math.isnan(r["live_s"]) else f"{r['live_phone_s']:.1f}"
-        ratio = "-" if math.isnan(r["live_s"]) else f"{r['live_over_sim']:.3f}"
+        live = "-" if math.isnan(r["live_s"]) else f"{r['live_phone_s']:.1f}" + _spread(r.get("live_runs_phone_s"), ".1f")
+        ratio = "-" if math.isnan(r["live_s"]) else f"{r['live_over_sim']:.3f}" + _spread(r.get("live_over_sim_runs"), ".3f")
         ps = r.get("psnr_vs_lossless_db")
         implied = psnr_db(r["image_mse"])
-        lines.append(f"| {r['trace']} | {r['method']} | {live} | {r['sim_phone_s']:.1f} | {ratio} | "
+        lines.append(f"| {_trace_cell(r['trace'])} | {r['method']} | {live} | {r['sim_phone_s']:.1f} | {ratio} | "
                      f"{r.get('local_layers', '-')} | {r.get('bytes', 0)} | {implied:.1f} | "
                      f"{'-' if ps is None else f'{ps:.1f}'} |")
     lines += ["", "Agreement, |live/sim - 1| per method: " + ", ".join(
@@ -491,7 +522,7 @@ def dilated_markdown(result: dict) -> str:
         lat = lambda m: by[m]["live_phone_s"] if not math.isnan(by[m]["live_s"]) else by[m]["sim_phone_s"]  # noqa: E731
         fr = equal_psnr_ratios(result, t)
         frs = f"{fr['cachegen']:.2f} / {fr['cachegen-fair']:.2f}" if fr else "-"
-        lines.append(f"| {t} | {lat('cachegen-L3') / lat('sakura'):.2f} | {lat('cachegen') / lat('sakura'):.2f} | "
+        lines.append(f"| {_trace_cell(t)} | {lat('cachegen-L3') / lat('sakura'):.2f} | {lat('cachegen') / lat('sakura'):.2f} | "
                      f"{lat('cachegen-fair') / lat('sakura'):.2f} | {frs} | {lat('on-device') / lat('sakura'):.2f} "
                      f"({c['vs on-device']:.2f}) |")
     return "\n".join(lines) + "\n"
@@ -513,38 +544,73 @@ def equal_psnr_ratios(result: dict, trace: str) -> dict:
 
 
 def plot_frontier(result: dict, path: Path) -> None:
-    """One panel per trace: each method's simulated sweep (latency vs implied PSNR), the live default
-    runs on top."""
+    """One panel per trace: each method's simulated sweep (latency vs the PSNR its renditions' build-time
+    distortion implies), and each live default run on top at the PSNR measured on its image (the
+    tables' column), one marker per method in the legend (no labels on the points to overlap)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from sakura.emulation.traces import describe_trace
+
+    top = 90.0  # exact (lossless) points have infinite PSNR: drawn at the top, said in the label
     traces = list(dict.fromkeys(r["trace"] for r in result["rows"]))
-    fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(traces), figsize=(max(7.5, 5.6 * len(traces)), 4.6), squeeze=False)
     style = {"sakura": ("C3", "o"), "cachegen": ("C0", "s"), "cachegen-fair": ("C2", "^")}
+    live_marks = {"on-device": ("k", "D"), "cachegen": ("C0", "X"), "cachegen-fair": ("C2", "P"),
+                  "cachegen-L3": ("C9", "v"), "sakura": ("C3", "*")}
     for ax, t in zip(axes[0], traces):
         pts = [p for p in result.get("frontier", []) if p["trace"] == t]
         for m, (col, mk) in style.items():
-            xs = sorted((p["sim_phone_s"], min(p["psnr_db"], 70.0)) for p in pts if p["method"] == m)
-            front, top = [], -math.inf
+            xs = sorted((p["sim_phone_s"], min(p["psnr_db"], top)) for p in pts if p["method"] == m)
+            front, best = [], -math.inf
             for a, b in xs:
-                if b > top:
+                if b > best:
                     front.append((a, b))
-                    top = b
-            ax.scatter([a for a, _ in xs], [b for _, b in xs], color=col, marker=mk, s=12, alpha=0.5)
-            ax.plot([a for a, _ in front], [b for _, b in front], color=col, lw=1, label=f"{m} (simulated sweep)")
+                    best = b
+            ax.scatter([a for a, _ in xs], [b for _, b in xs], color=col, marker=mk, s=12, alpha=0.4)
+            ax.plot([a for a, _ in front], [b for _, b in front], color=col, lw=1, label=f"{m}: simulated sweep")
         for r in result["rows"]:
-            if r["trace"] == t and r["method"] not in ("oracle",) and not math.isnan(r["live_s"]):
-                ps = min(70.0, psnr_db(r["image_mse"]))
-                ax.scatter([r["live_phone_s"]], [ps], color="k", marker="x", s=20)
-                ax.annotate(r["method"], (r["live_phone_s"], ps), fontsize=5)
-        ax.set_title(t.split("/")[-1][:40], fontsize=7)
-        ax.set_xlabel("latency (phone s); x = live runs", fontsize=7)
-        ax.set_ylabel("implied PSNR (dB, 70 = exact)", fontsize=7)
-        ax.tick_params(labelsize=6)
-    axes[0, 0].legend(fontsize=5)
-    fig.suptitle(f"time-dilated /{result['D']:g}: latency-quality frontiers, {result['workload']}", fontsize=8)
+            if r["trace"] == t and r["method"] in live_marks and not math.isnan(r["live_s"]):
+                ps = r.get("psnr_vs_lossless_db")
+                ps = min(top, psnr_db(r["image_mse"]) if ps is None else ps)
+                col, mk = live_marks[r["method"]]
+                ax.scatter([r["live_phone_s"]], [ps], color=col, marker=mk, s=55, edgecolor="k", linewidth=0.5,
+                           zorder=5, label=f"{r['method']}: live {r['live_phone_s']:.1f} s, {ps:.1f} dB")
+        oracle = next((r["sim_phone_s"] for r in result["rows"] if r["trace"] == t and r["method"] == "oracle"), None)
+        if oracle is not None:
+            ax.axvline(oracle, color="0.5", ls=":", lw=1, label=f"oracle (all KV resident, simulated) {oracle:.1f} s")
+        lv = [r for r in result["rows"] if r["trace"] == t and r["method"] in live_marks and r["method"] != "on-device"
+              and not math.isnan(r["live_s"])]
+        if lv:  # the streaming methods sit close together: a zoomed inset, so no marker hides another
+            x0 = min([r["live_phone_s"] for r in lv] + [oracle or math.inf]) - 0.5
+            x1 = max(r["live_phone_s"] for r in lv) + 0.8
+            ins = ax.inset_axes((0.30, 0.40, 0.36, 0.42))
+            for r in lv:
+                ps = r.get("psnr_vs_lossless_db")
+                ps = min(top, psnr_db(r["image_mse"]) if ps is None else ps)
+                col, mk = live_marks[r["method"]]
+                ins.scatter([r["live_phone_s"]], [ps], color=col, marker=mk, s=45, edgecolor="k", linewidth=0.5)
+            for m, (col, mk) in style.items():
+                xs = [(p["sim_phone_s"], min(p["psnr_db"], top)) for p in pts if p["method"] == m]
+                ins.scatter([a for a, _ in xs], [b for _, b in xs], color=col, marker=mk, s=10, alpha=0.4)
+            if oracle is not None:
+                ins.axvline(oracle, color="0.5", ls=":", lw=1)
+            ins.set_xlim(x0, x1)
+            ys = [min(top, r.get("psnr_vs_lossless_db") or psnr_db(r["image_mse"])) for r in lv]
+            ins.set_ylim(min(ys) - 2, max(ys) + 2)
+            ins.tick_params(labelsize=5)
+            ins.set_title("zoom: the streaming methods", fontsize=6)
+            ax.indicate_inset_zoom(ins, edgecolor="0.5")
+        ax.set_title(f"{describe_trace(t)}", fontsize=8)
+        ax.set_xlabel("edit latency (phone seconds)", fontsize=8)
+        ax.set_ylabel(f"PSNR vs the lossless-KV edit (dB; {top:g} = exact)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, loc="lower right")
+    fig.suptitle(f"latency vs quality, {result['workload']} on {result['phone']}, time-dilated /{result['D']:g}\n"
+                 "lines: simulated sweeps (PSNR implied by build-time distortion); markers: live runs (PSNR measured)",
+                 fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -318,3 +318,41 @@ def list_traces(root: str | os.PathLike[str] | None = None) -> list[str]:
         else:
             out.append(rel)
     return out
+
+
+_MAHIMAHI_WORDS = {"ATT": "AT&T", "TMobile": "T-Mobile", "Verizon": "Verizon"}
+
+
+def describe_trace(spec: str) -> str:
+    """A trace spec in words, for titles and table rows: what link, where from (no file needed).
+
+    ``umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102`` ->
+    ``5G Verizon, 8 TCP connections to US-East, run 102 (5Gophers 2019)``."""
+    path, _, sel = spec.partition("#")
+    name = Path(path).name
+    family = path.split("/")[0]
+    if family == "umn_5gophers":
+        if name == "data.csv" and sel.count("/") == 3:
+            carrier, conns, server, run = sel.split("/")
+            carrier = {"TMOBILE": "T-Mobile", "VERIZON": "Verizon", "SPRINT": "Sprint"}.get(carrier, carrier)
+            return (f"5G {carrier}, {conns} TCP connection{'s' if conns != '1' else ''} to {server}, run {run} "
+                    "(5Gophers 2019)")
+        if name.startswith("car-driving-trace-"):
+            n = name.removeprefix("car-driving-trace-").removesuffix(".csv")
+            return f"5G {sel.replace('TMobile', 'T-Mobile') or '?'}, driving (trace {n}; 5Gophers 2019)"
+        if name.startswith("walking-trace"):
+            return "4G/5G walking (5Gophers 2019)"
+    if family == "mahimahi_cellular":
+        parts = name.removesuffix(".down").removesuffix(".up").split("-")
+        carrier = _MAHIMAHI_WORDS.get(parts[0], parts[0])
+        rest = " ".join(p for p in parts[1:] if p)
+        return f"{carrier} {rest} (mahimahi cellular)"
+    if family == "norway_hsdpa_3g":
+        trip = name.split("-report")[0]
+        mode, _, route = trip.partition(".")
+        return f"3G HSDPA, {mode} {route} (Norway)"
+    if family == "fcc_broadband":
+        return f"fixed broadband, FCC unit {name.split('_')[1] if '_' in name else name} (FCC 2016)"
+    if spec.startswith("constant"):
+        return spec
+    return spec

@@ -409,6 +409,17 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
                         quality_known=quality_known, timings_s=out.timings_s, link_idle_s=idle, used_kv=source.used)
 
 
+def split_decode_end(t_start: float, decode_s: float, split: float, t_next: float | None) -> float:
+    """When a decode of `decode_s` (one worker) that began at `t_start` ends, if it shares the idle
+    workers at `split` x until the next shard arrives at `t_next` (None: none comes) and runs alone
+    after: the simulator's model (`sim.simulate_edit`, decode_split), so the emulated live decode
+    (`DecodePool.pad`) takes what the simulated one does."""
+    end = t_start + decode_s / max(1.0, split)
+    if split > 1.0 and t_next is not None and t_next < end:
+        end = max(t_next, t_start) + decode_s - (max(t_next, t_start) - t_start) * split
+    return end
+
+
 class DecodePool:
     """The decode pool: `workers` threads, one shard per job (`submit`). A job whose decode starts
     while other workers are idle and no other job waits shares its one shard with them
@@ -466,21 +477,19 @@ class DecodePool:
 
     def pad(self, t_start: float, pad_s: float, split: float = 1.0, poll_s: float = 0.002) -> None:
         """Emulation (a slower decoder): hold this worker until a decode that began at monotonic
-        `t_start` has taken what the simulator gives it: `pad_s`, or with the idle workers shared
-        (`split` > 1) `pad_s / split` until the next shard is submitted and the single-worker rate
-        after (`sim.simulate_edit`, decode_split)."""
-        end = t_start + pad_s / max(1.0, split)
+        `t_start` has taken what the simulator gives it (`split_decode_end`), the next shard being
+        the first one submitted after `t_start` (looked at again every `poll_s` while it may come)."""
         while True:
-            now = time.monotonic()
+            t_next = None
             if split > 1.0:
                 with self._lock:
                     t_next = next((x for x in self._submitted if x > t_start), None)
-                if t_next is not None and t_next < end:  # a shard arrived: the helpers leave
-                    end = t_next + pad_s - (t_next - t_start) * split
+            end = split_decode_end(t_start, pad_s, split, t_next)
+            now = time.monotonic()
             if now >= end:
                 return
-            # with a split, look again soon: a shard arriving meanwhile makes the rest slower
-            time.sleep(min(end - now, poll_s) if split > 1.0 else end - now)
+            # with a split and no next shard yet, look again soon: one arriving makes the rest slower
+            time.sleep(min(end - now, poll_s) if split > 1.0 and t_next is None else end - now)
 
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
