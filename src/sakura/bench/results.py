@@ -221,7 +221,8 @@ def dilated(docs: Path) -> str:
         by.setdefault(r["trace"], {})[r["method"]] = r
     rows = []
     for trace, ms in by.items():
-        cells = [f"{describe_trace(trace)} (`{trace.split('/')[-1]}`)"]
+        path, _, sel = trace.partition("#")
+        cells = [f"{describe_trace(trace)} (`{path.split('/')[-1]}{'#' + sel if sel else ''}`)"]
         for m in methods:
             r = ms.get(m)
             cells.append("-" if r is None else f"{_f(r['live_phone_s'], '.1f')} s (sim {_f(r['sim_phone_s'], '.1f')})")
