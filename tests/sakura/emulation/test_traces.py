@@ -128,3 +128,15 @@ def test_a_trace_folder_without_the_file_falls_back_to_the_bundled_one(tmp_path,
     assert traces_root() is None
     with pytest.raises(TraceError, match="not a folder"):
         load_trace(MM)
+
+
+def test_every_trace_reads_in_words():
+    from sakura.emulation.traces import describe_trace
+
+    assert describe_trace("umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102") == \
+        "5G Verizon, 8 TCP connections to US-East, run 102 (5Gophers 2019)"
+    assert describe_trace(f"{DRIVE}#TMobile") == "5G T-Mobile, driving (trace 1; 5Gophers 2019)"
+    assert describe_trace("mahimahi_cellular/TMobile-LTE-short.down") == "T-Mobile LTE short (mahimahi cellular)"
+    assert describe_trace(NORWAY).startswith("3G HSDPA, bus ")
+    for s in list_traces():  # no spec falls through as its bare path
+        assert describe_trace(s) != s, s
