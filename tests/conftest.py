@@ -196,3 +196,19 @@ class LoopLag:
 def loop_lag():
     """The LoopLag class: `async with loop_lag() as lag: ...; lag.between(t0, t1)`."""
     return LoopLag
+
+
+# ---------------------------------------------------------------- bandwidth traces
+@pytest.fixture(scope="session")
+def need_trace():
+    """``need_trace(spec)``: the loaded trace, or a skip when the file is in neither the trace folder
+    (SAKURA_TRACES, ../shared/traces) nor the subset bundled with sakura (sakura/assets/traces)."""
+    from sakura.emulation import TraceError, load_trace
+
+    def load(spec: str):
+        try:
+            return load_trace(spec)
+        except TraceError as e:
+            pytest.skip(f"trace not available here (not bundled; set SAKURA_TRACES): {e}")
+
+    return load

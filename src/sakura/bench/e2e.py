@@ -183,38 +183,67 @@ def _db(x: float) -> str:
 
 def plot_timelines(rows: list[dict], path: Path, *, scale: float = 1000.0, unit: str = "ms",
                    title: str = "per-shard timeline, live mode") -> None:
-    """One bar row per layer and method: fetch (blue), decode (orange), computed here (green),
-    stall (red). rows: per method {"method", "timeline": [ShardRecord as dict]}; times (s) are
-    multiplied by `scale` for the axis (1000: ms; D: phone seconds of a time-dilated run)."""
+    """One panel per method, one bar row per layer: fetch (blue: request to last byte), decode
+    (orange: last byte to decoded, queueing included), computed here (green: the template layer
+    computed on the device), the layer's forward compute (grey: from getting its KV to asking for
+    the next layer's), stall (red, thin: the forward pass waiting for this layer's KV). A dashed line
+    marks the end of the edit when a row gives ``latency_s``. rows: per method {"method",
+    "timeline": [ShardRecord as dict], optional "latency_s", "label", "post_s" (the work after the
+    first pass, shaded before the end)}; times (s) are multiplied by
+    `scale` for the axis (1000: ms; D: phone seconds of a time-dilated run)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     rows = [r for r in rows if r.get("timeline")]
     if not rows:
         return
-    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 1.5 * len(rows) + 0.8), sharex=True, squeeze=False)
+    colours = {"fetch": "tab:blue", "decode": "tab:orange", "computed here": "tab:green",
+               "forward compute": "0.6", "stall": "tab:red"}
+    if any(r.get("post_s") for r in rows):
+        colours["later passes + VAE decode"] = "0.9"
+    fig, axes = plt.subplots(len(rows), 1, figsize=(9.5, 1.45 * len(rows) + 1.0), sharex=True, squeeze=False)
+    ok = lambda x: x == x  # noqa: E731  (not NaN)
     for ax, r in zip(axes[:, 0], rows):
-        for t in r["timeline"]:
+        tl = sorted(r["timeline"], key=lambda t: t["index"])
+        for k, t in enumerate(tl):
             y = t["index"]
-            if t["source"] == "local":
-                ax.barh(y, t["local_s"] * scale, left=(t["delivered"] - t["local_s"]) * scale, color="tab:green",
-                        height=0.8)
-                continue
-            if t["t_request"] == t["t_request"] and t["fetch_end"] == t["fetch_end"]:  # not NaN
-                ax.barh(y, (t["fetch_end"] - t["t_request"]) * scale, left=t["t_request"] * scale, color="tab:blue",
-                        height=0.8)
-            if t["decode_end"] == t["decode_end"]:
-                ax.barh(y, (t["decode_end"] - t["fetch_end"]) * scale, left=t["fetch_end"] * scale,
-                        color="tab:orange", height=0.8)
-            if t["delivered"] > t["needed"]:
-                ax.barh(y, (t["delivered"] - t["needed"]) * scale, left=t["needed"] * scale, color="tab:red",
-                        height=0.3)
-        ax.set_ylabel(r["method"], fontsize=8)
+            if t["source"] == "local" and ok(t["delivered"]):
+                ax.barh(y, t["local_s"] * scale, left=(t["delivered"] - t["local_s"]) * scale,
+                        color=colours["computed here"], height=0.8)
+            else:
+                if ok(t["t_request"]) and ok(t["fetch_end"]):
+                    ax.barh(y, (t["fetch_end"] - t["t_request"]) * scale, left=t["t_request"] * scale,
+                            color=colours["fetch"], height=0.8)
+                if ok(t["decode_end"]) and ok(t["fetch_end"]):
+                    ax.barh(y, (t["decode_end"] - t["fetch_end"]) * scale, left=t["fetch_end"] * scale,
+                            color=colours["decode"], height=0.8)
+                if ok(t["delivered"]) and ok(t["needed"]) and t["delivered"] > t["needed"]:
+                    ax.barh(y, (t["delivered"] - t["needed"]) * scale, left=t["needed"] * scale,
+                            color=colours["stall"], height=0.3)
+            # the layer's forward compute: from getting its KV to asking for the next layer's
+            nxt = tl[k + 1]["needed"] if k + 1 < len(tl) else (t["delivered"] + t["compute_s"] if "compute_s" in t
+                                                                 else math.nan)
+            if ok(t["delivered"]) and ok(nxt) and nxt > t["delivered"]:
+                ax.barh(y, (nxt - t["delivered"]) * scale, left=t["delivered"] * scale,
+                        color=colours["forward compute"], height=0.45)
+        if r.get("post_s") and r.get("latency_s") is not None:  # the work after the first pass, all layers
+            ax.axvspan((r["latency_s"] - r["post_s"]) * scale, r["latency_s"] * scale, color="0.9", zorder=0)
+        if r.get("latency_s") is not None and ok(r["latency_s"]):
+            ax.axvline(r["latency_s"] * scale, color="k", ls="--", lw=0.8)
+            ax.text(r["latency_s"] * scale, 0.97, f" edit done {r['latency_s'] * scale:.1f}", fontsize=6, va="top",
+                    transform=ax.get_xaxis_transform())
+        ax.set_title(r.get("label", r["method"]), fontsize=8, loc="left")
+        ax.set_ylabel("layer", fontsize=7)
+        ax.set_yticks([t["index"] for t in tl])
+        ax.tick_params(labelsize=6)
         ax.invert_yaxis()
-    axes[-1, 0].set_xlabel(f"{unit} since photo in (blue fetch, orange decode, green computed here, red stall)")
+    axes[-1, 0].set_xlabel(f"{unit} since the photo came in", fontsize=8)
+    fig.legend(handles=[Patch(color=c, label=k) for k, c in colours.items()], loc="upper left",
+               bbox_to_anchor=(0.785, 0.90), fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.78, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

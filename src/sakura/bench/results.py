@@ -212,6 +212,8 @@ def profile(docs: Path) -> str:
 
 
 def dilated(docs: Path) -> str:
+    from sakura.emulation.traces import describe_trace
+
     d = _load(docs, "e2e/dilated.json")
     methods = ["on-device", "cachegen", "cachegen-fair", "cachegen-L3", "sakura"]
     by: dict[str, dict[str, dict]] = {}
@@ -219,7 +221,8 @@ def dilated(docs: Path) -> str:
         by.setdefault(r["trace"], {})[r["method"]] = r
     rows = []
     for trace, ms in by.items():
-        cells = [trace.replace("umn_5gophers/All-Carriers/", "5G: ")]
+        path, _, sel = trace.partition("#")
+        cells = [f"{describe_trace(trace)} (`{path.split('/')[-1]}{'#' + sel if sel else ''}`)"]
         for m in methods:
             r = ms.get(m)
             cells.append("-" if r is None else f"{_f(r['live_phone_s'], '.1f')} s (sim {_f(r['sim_phone_s'], '.1f')})")

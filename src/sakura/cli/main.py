@@ -54,11 +54,13 @@ def demo(
     photo with on-device, CacheGen and sakura, live and time-dilated to a workload where streaming can
     pay (a three-image style template on a ~3.6 TFLOP/s phone), with the simulator beside each."""
     from sakura.bench.demo import run_demo
+    import os
+
     from sakura.emulation.traces import traces_root
 
-    if traces_root() is None:  # before minutes of building: the demo replays a real 5G trace
-        typer.echo("error: no bandwidth traces found: set SAKURA_TRACES to a traces folder, or put "
-                   "../shared/traces beside the repo", err=True)
+    if traces_root() is None:  # before minutes of building: only a SAKURA_TRACES that is no folder gets here
+        typer.echo(f"error: SAKURA_TRACES={os.environ.get('SAKURA_TRACES')!r} is not a folder (unset it to use "
+                   "the traces bundled with sakura)", err=True)
         raise typer.Exit(2)
     typer.echo(f"codec decoders ready ({_warm_codec():.2f} s: numba JIT, disk-cached after the first run)")
     try:

@@ -18,15 +18,18 @@ import torch
 from sakura.models.kv import KVSourceDefaults
 
 
-def decode_padding(pad_s: Mapping[str, float]) -> Callable[[str, float], None]:
-    """An ``after_decode`` hook: a decode of rendition ``name`` that took ``elapsed_s`` seconds
-    sleeps until ``pad_s[name]`` seconds have passed (a slower, phone-class decoder); renditions
-    not in ``pad_s`` are left as they are."""
+def decode_padding(pad_s: Mapping[str, float], split: float = 1.0) -> Callable[..., None]:
+    """An ``after_decode`` hook (`sakura.phone.live.Emulation`): a decode of rendition ``name``
+    holds its worker until ``pad_s[name]`` seconds after it started (a slower, phone-class
+    decoder); renditions not in ``pad_s`` are left as they are. ``split``: the simulator's
+    intra-shard split (`sim.simulate_edit(decode_split=)`): a shard the pool shared with idle
+    workers is padded to pad / split until the next shard arrives, at the one-worker rate after,
+    as the simulator has it (`DecodePool.pad`)."""
     pad = dict(pad_s)
 
-    def after_decode(name: str, elapsed_s: float) -> None:
-        if name in pad and pad[name] > elapsed_s:
-            time.sleep(pad[name] - elapsed_s)
+    def after_decode(name: str, t_start: float, shared: bool, pool) -> None:
+        if name in pad:
+            pool.pad(t_start, pad[name], split if shared else 1.0)
 
     return after_decode
 
@@ -72,10 +75,17 @@ def dilate_trace(trace, dil: Dilation):
 
 
 class _PaddedSource(KVSourceDefaults):
-    """Pads the forward compute of each layer (time between layer requests) to `compute_s`."""
+    """Pads the forward compute of each layer (time between layer requests) to `compute_s`, and the
+    work before layer 0 to end at monotonic `first_at` (the workload's text encoder and VAE encode):
+    the mini model's own work before its first layer runs inside that time, not after it (on top,
+    it was 20-40 ms real, ~1-2 phone seconds at D = 40, in every method's live latency and in
+    none of the simulator's)."""
 
-    def __init__(self, inner, compute_s: float):
-        self.inner, self.compute_s = inner, compute_s
+    def __init__(self, inner, compute_s: float, first_at: float | None = None, origin: float | None = None):
+        self.inner, self.compute_s, self.first_at = inner, compute_s, first_at
+        self.origin = time.monotonic() if origin is None else origin
+        #: per layer, seconds since `origin`: when the forward pass asked for it and when it got it
+        self.times: list[tuple[int, float, float]] = []
         self.model_fingerprint, self.template_fingerprint = inner.model_fingerprint, inner.template_fingerprint
         self.num_layers = inner.num_layers
         self.instruction, self.layout, self.positions = inner.instruction, inner.layout, inner.positions
@@ -84,8 +94,12 @@ class _PaddedSource(KVSourceDefaults):
     def layer(self, i: int):
         if self._t is not None:
             _pad(self._t, self.compute_s)
+        elif self.first_at is not None:
+            _pad(self.first_at, 0.0)
+        asked = time.monotonic()
         kv = self.inner.layer(i)
         self._t = time.monotonic()
+        self.times.append((i, asked - self.origin, self._t - self.origin))
         return kv
 
     def finish(self) -> None:
@@ -122,6 +136,7 @@ class DilatedDevice:
         self.m, self.dil = model, dil
         self.num_layers, self.cfg = model.num_layers, model.cfg
         self.last_used: dict[int, Any] = {}
+        self.last_timeline: list[dict] = []   # the last on-device edit's layers (`_timeline`'s form)
 
     # A documented plugin boundary: a bench-side stand-in that is the wrapped model plus a phone's
     # timings. What it does not override (fingerprint, check_template_kv, ...) is the model's own,
@@ -141,16 +156,21 @@ class DilatedDevice:
             yield kv
 
     def edit(self, photo, *, template=None, instruction=0, template_kv=None, mode=None, steps=1, seed=0):
-        time.sleep(self.dil.pre_s)  # text encoder + VAE encode; fetching already runs
+        origin = time.monotonic()
+        first_at = origin + self.dil.pre_s  # text encoder + VAE encode; fetching already runs
         local = None
         if template_kv is None:
             local = template_kv = _LocalSource(self, template, instruction)
-        src = _PaddedSource(template_kv, self.dil.compute_s)
+        src = _PaddedSource(template_kv, self.dil.compute_s, first_at=first_at, origin=origin)
         out = self.m.edit(photo, template_kv=src, steps=1, seed=seed)
         src.finish()
         time.sleep(self.dil.post_s)  # the other passes + VAE decode
         if local is not None:
             self.last_used = local.used
+            nan = float("nan")  # on-device: every template layer computed here, when the forward pass asks
+            self.last_timeline = [{"index": i, "source": "local", "t_request": nan, "fetch_end": nan, "decode_end": nan,
+                                   "needed": a, "delivered": b, "local_s": b - a, "compute_s": self.dil.compute_s}
+                                  for i, a, b in src.times]
         return out
 
 

@@ -1,4 +1,5 @@
-"""Bandwidth traces as pure functions of time: parsers for every format in ../shared/traces.
+"""Bandwidth traces as pure functions of time: parsers for every format in ../shared/traces (a small
+subset ships in the package, `BUNDLED_TRACES`: the demo and the default tests need nothing beside the repo).
 
 Every format becomes one ``Trace``: a piecewise-constant downlink capacity that loops (mahimahi
 and Pensieve both wrap at the end). Capacity is a *cumulative* function ``C(t)`` (bytes deliverable
@@ -237,29 +238,51 @@ def load_5gophers(path: str | os.PathLike[str], selector: str | None = None) -> 
 
 
 # ------------------------------------------------------------------------------ discovery
+#: The small subset shipped inside the package (provenance and licences in its README.md), so the
+#: demo and the default tests run on a plain clone or a wheel install with nothing beside them.
+BUNDLED_TRACES = Path(__file__).resolve().parents[1] / "assets" / "traces"
+
+
 def traces_root() -> Path | None:
-    """``$SAKURA_TRACES``, else ``<repo>/../shared/traces``; None if neither exists."""
+    """The folder relative trace specs are read from first: ``$SAKURA_TRACES`` when set (None if it
+    is not a folder: an explicit setting that is wrong is an error, not a silent fallback), else
+    ``<repo>/../shared/traces`` when it exists, else the bundled subset (`BUNDLED_TRACES`)."""
     env = os.environ.get("SAKURA_TRACES")
     if env:
         return Path(env) if Path(env).is_dir() else None
     repo = Path(__file__).resolve().parents[3]
     cand = repo.parent / "shared" / "traces"
-    return cand if cand.is_dir() else None
+    if cand.is_dir():
+        return cand
+    return BUNDLED_TRACES if BUNDLED_TRACES.is_dir() else None
+
+
+def resolve_trace_path(rel: str) -> Path:
+    """Where the relative trace file ``rel`` (no ``#selector``) is read from: `traces_root()`, else
+    the bundled subset (a file the full collection has and the bundle lacks, or the reverse, still
+    resolves). Raises `TraceError` naming the folders looked in."""
+    root = traces_root()
+    if root is None:
+        raise TraceError(f"trace {rel!r} is relative but SAKURA_TRACES={os.environ.get('SAKURA_TRACES')!r} "
+                         "is not a folder")
+    looked = [root] + ([BUNDLED_TRACES] if BUNDLED_TRACES.is_dir() and BUNDLED_TRACES != root else [])
+    for base in looked:
+        if (base / rel).is_file():
+            return base / rel
+    raise TraceError(f"trace file {rel} is in none of {', '.join(map(str, looked))} (the bundled set is a small "
+                     "subset: set SAKURA_TRACES to the full collection)")
 
 
 def load_trace(spec: str, root: str | os.PathLike[str] | None = None) -> Trace:
-    """Load ``path[#selector]``; relative paths are under ``root`` (default ``traces_root()``).
+    """Load ``path[#selector]``; relative paths are under ``root``, or by default where
+    `resolve_trace_path` finds them (``$SAKURA_TRACES`` or ``../shared/traces``, then the bundled set).
 
     Format by name: ``.down``/``.up`` mahimahi, ``.csv`` 5Gophers, anything else Pensieve cooked.
     """
     path_s, _, selector = spec.partition("#")
     p = Path(path_s)
     if not p.is_absolute():
-        base = Path(root) if root is not None else traces_root()
-        if base is None:
-            raise TraceError(f"trace {spec!r} is relative but no trace folder was found "
-                             "(set SAKURA_TRACES or put ../shared/traces beside the repo)")
-        p = base / p
+        p = Path(root) / p if root is not None else resolve_trace_path(path_s)
     if not p.is_file():
         raise TraceError(f"trace file {p} does not exist")
     if p.suffix in (".down", ".up"):
@@ -295,3 +318,41 @@ def list_traces(root: str | os.PathLike[str] | None = None) -> list[str]:
         else:
             out.append(rel)
     return out
+
+
+_MAHIMAHI_WORDS = {"ATT": "AT&T", "TMobile": "T-Mobile", "Verizon": "Verizon"}
+
+
+def describe_trace(spec: str) -> str:
+    """A trace spec in words, for titles and table rows: what link, where from (no file needed).
+
+    ``umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102`` ->
+    ``5G Verizon, 8 TCP connections to US-East, run 102 (5Gophers 2019)``."""
+    path, _, sel = spec.partition("#")
+    name = Path(path).name
+    family = path.split("/")[0]
+    if family == "umn_5gophers":
+        if name == "data.csv" and sel.count("/") == 3:
+            carrier, conns, server, run = sel.split("/")
+            carrier = {"TMOBILE": "T-Mobile", "VERIZON": "Verizon", "SPRINT": "Sprint"}.get(carrier, carrier)
+            return (f"5G {carrier}, {conns} TCP connection{'s' if conns != '1' else ''} to {server}, run {run} "
+                    "(5Gophers 2019)")
+        if name.startswith("car-driving-trace-"):
+            n = name.removeprefix("car-driving-trace-").removesuffix(".csv")
+            return f"5G {sel.replace('TMobile', 'T-Mobile') or '?'}, driving (trace {n}; 5Gophers 2019)"
+        if name.startswith("walking-trace"):
+            return "4G/5G walking (5Gophers 2019)"
+    if family == "mahimahi_cellular":
+        parts = name.removesuffix(".down").removesuffix(".up").split("-")
+        carrier = _MAHIMAHI_WORDS.get(parts[0], parts[0])
+        rest = " ".join(p for p in parts[1:] if p)
+        return f"{carrier} {rest} (mahimahi cellular)"
+    if family == "norway_hsdpa_3g":
+        trip = name.split("-report")[0]
+        mode, _, route = trip.partition(".")
+        return f"3G HSDPA, {mode} {route} (Norway)"
+    if family == "fcc_broadband":
+        return f"fixed broadband, FCC unit {name.split('_')[1] if '_' in name else name} (FCC 2016)"
+    if spec.startswith("constant"):
+        return spec
+    return spec

@@ -45,20 +45,29 @@ class Emulation:
     specs: planner inputs to use instead of the ones derived from the manifest and the profile
         (the emulated phone's per-layer times and decode rates).
     renditions: rendition names the policy may fetch (None: every one in the manifest).
-    after_decode: called in the decode worker after each shard's real decode, with the rendition
-        name and the decode's seconds; it may block (``sakura.emulation.device.decode_padding``
-        sleeps to a slower decoder's time).
+    after_decode: called in the decode worker after each shard's real decode, as
+        ``after_decode(rendition_name, t_start, shared, pool)``: ``t_start`` the decode's
+        ``time.monotonic()`` start, ``shared`` whether the pool split the shard over idle workers,
+        ``pool`` the `DecodePool` (whose ``pad`` holds a worker the way the simulator's decode
+        model says). It may block: ``sakura.emulation.device.decode_padding`` pads each decode to a
+        slower, phone-class decoder's time.
     tables: codec tables the emulated phone already holds (table name -> the object's bytes, as
         the store has them), so they are not fetched. The planner counts shard bytes only; on
         the time-dilated bench a table's bytes stand for 1/beta as many phone bytes (the mini
         model's 7.5 kB progressive table for 144 MB on the LTE trace, 4.6x the shard it came
-        with), where a Klein-sized table is a few percent of one shard.
+        with), where a Klein-sized table is a few percent of one shard. Held tables are decoded
+        before the edit's clock starts, as a phone decodes what it holds when it gets it (inside
+        the clock, the six tables of a demo store cost 14-22 ms, 0.6-0.9 phone s at D = 40).
+    clock_start: called with the ``time.monotonic()`` at which the edit's clock starts (photo in),
+        before any request: a bench starts its emulated link's trace time there, so the live link
+        and the simulated one (trace time 0 = edit start) are the same stretch of the trace.
     """
 
     specs: Sequence[ShardSpec] | None = None
     renditions: Sequence[str] | None = None
-    after_decode: Callable[[str, float], None] | None = None
+    after_decode: Callable[[str, float, bool, "DecodePool"], None] | None = None
     tables: Mapping[str, bytes] | None = None
+    clock_start: Callable[[float], None] | None = None
 
 
 #: How often the fetch stage asks the driver again while requests are in flight (seconds): bytes
@@ -288,11 +297,22 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     from sakura.codec.rans import warm_up
 
     warm_up()  # the native decoders' JIT (compile, or load from numba's disk cache) is paid before the clock starts
-    t0 = time.monotonic()
-    clock = lambda: time.monotonic() - t0  # noqa: E731
-    events: list[str] = []
+    # what the gallery knows before a photo comes in: the fingerprints, and the tables the phone holds
     model_fp = model.fingerprint()
     tfp = model.template_fingerprint(template_image, instruction)
+    emulate = emulate or Emulation()
+    held_tables = {}
+    if emulate.tables:
+        try:
+            held_tables = {name: CodecTables.from_bytes(blob, ShardId(model_fp, tfp, -1))
+                           for name, blob in emulate.tables.items()}
+        except Exception:  # tables of another template or model: fetched (and checked) in the edit instead
+            held_tables = {}
+    t0 = time.monotonic()
+    if emulate.clock_start is not None:
+        emulate.clock_start(t0)
+    clock = lambda: time.monotonic() - t0  # noqa: E731
+    events: list[str] = []
 
     def on_device(why: str, records: list[ShardRecord] | None = None) -> StreamedEdit:
         if why:
@@ -331,7 +351,6 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     if problem:
         return on_device(problem)
 
-    emulate = emulate or Emulation()
     specs = list(emulate.specs) if emulate.specs is not None else shard_specs(manifest, profile)
     if emulate.renditions is not None:
         specs = [replace(s, routes=tuple(r for r in s.routes if r.name in emulate.renditions)) for s in specs]
@@ -355,10 +374,11 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
             t = time.monotonic()
             tbl = tables.get(rendition.tables[0]) if rendition.tables else None
             check_shard_object(data, shapes[j], f"shard {j}")  # header shape, before the decoder allocates
-            dec = pool.decode(data, ShardId(model_fp, tfp, j), tbl)
+            shared: list[bool] = []
+            dec = pool.decode(data, ShardId(model_fp, tfp, j), tbl, shared=shared)
             kv = dec.for_attention()
             if after_decode is not None:
-                after_decode(rendition.name, time.monotonic() - t)
+                after_decode(rendition.name, t, bool(shared and shared[0]), pool)
             with cond:
                 source.decoded[j] = kv
                 driver.on_decoded(j, clock())
@@ -371,7 +391,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     stage = FetchStage(base_url, manifest, driver, cond, clock, t0, max_inflight=max_inflight,
                        on_fetched=lambda j, data, rend: pool.submit(decode, j, data, rend, stage.tables),
                        decode_table=lambda blob: CodecTables.from_bytes(blob, ShardId(model_fp, tfp, -1)),
-                       held_tables=emulate.tables)
+                       held_tables=held_tables)
     source.on_layer = stage.kick
     stage.start()
     try:
@@ -386,6 +406,17 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     return StreamedEdit(image=out.image, latency_s=latency, records=driver.records, policy=policy.name, events=events,
                         tables_bytes=stage.tables_bytes, manifest_s=manifest_s, image_mse=driver.image_mse(),
                         quality_known=quality_known, timings_s=out.timings_s, link_idle_s=idle, used_kv=source.used)
+
+
+def split_decode_end(t_start: float, decode_s: float, split: float, t_next: float | None) -> float:
+    """When a decode of `decode_s` (one worker) that began at `t_start` ends, if it shares the idle
+    workers at `split` x until the next shard arrives at `t_next` (None: none comes) and runs alone
+    after: the simulator's model (`sim.simulate_edit`, decode_split), so the emulated live decode
+    (`DecodePool.pad`) takes what the simulated one does."""
+    end = t_start + decode_s / max(1.0, split)
+    if split > 1.0 and t_next is not None and t_next < end:
+        end = max(t_next, t_start) + decode_s - (max(t_next, t_start) - t_start) * split
+    return end
 
 
 class DecodePool:
@@ -406,10 +437,12 @@ class DecodePool:
         self._running = 0      # jobs in a worker now
         self._waiting = 0      # jobs submitted, not started
         self.split_jobs = 0    # jobs that shared their shard (for tests and logs)
+        self._submitted: list[float] = []   # time.monotonic() of every submit (for `pad`)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
         with self._lock:
             self._waiting += 1
+            self._submitted.append(time.monotonic())
         return self.executor.submit(self._job, fn, args)
 
     def _job(self, fn: Callable[..., Any], args: tuple) -> Any:
@@ -431,11 +464,31 @@ class DecodePool:
                 return self.executor
         return None
 
-    def decode(self, data: bytes, ident: Any, tables: Any) -> Any:
-        """`decode_any` of one shard, split over the idle workers where the codec can (`share`)."""
+    def decode(self, data: bytes, ident: Any, tables: Any, shared: list[bool] | None = None) -> Any:
+        """`decode_any` of one shard, split over the idle workers where the codec can (`share`);
+        appends to `shared` whether it was offered the idle workers."""
         from sakura.codec import decode_any
 
-        return decode_any(data, ident, tables, pool=self.share())
+        pool = self.share()
+        if shared is not None:
+            shared.append(pool is not None)
+        return decode_any(data, ident, tables, pool=pool)
+
+    def pad(self, t_start: float, pad_s: float, split: float = 1.0, poll_s: float = 0.002) -> None:
+        """Emulation (a slower decoder): hold this worker until a decode that began at monotonic
+        `t_start` has taken what the simulator gives it (`split_decode_end`), the next shard being
+        the first one submitted after `t_start` (looked at again every `poll_s` while it may come)."""
+        while True:
+            t_next = None
+            if split > 1.0:
+                with self._lock:
+                    t_next = next((x for x in self._submitted if x > t_start), None)
+            end = split_decode_end(t_start, pad_s, split, t_next)
+            now = time.monotonic()
+            if now >= end:
+                return
+            # with a split and no next shard yet, look again soon: one arriving makes the rest slower
+            time.sleep(min(end - now, poll_s) if split > 1.0 and t_next is None else end - now)
 
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -447,20 +500,20 @@ class FetchStage:
     hands each completed shard to `on_fetched(layer, bytes, rendition)` (from the loop's thread).
 
     It needs no model: a link check runs it alone. Thread-safe entry points: `kick` (something
-    changed: ask the driver again), `stop`. `held_tables` (name -> object bytes): tables already
-    on the phone, decoded here and never fetched.
+    changed: ask the driver again), `stop`. `held_tables` (name -> decoded tables, as
+    `decode_table` returns them): tables already on the phone, never fetched.
     """
 
     def __init__(self, base_url: str, manifest: Any, driver: EditDriver, cond: threading.Condition,
                  clock: Callable[[], float], t0: float, *, max_inflight: int = 8,
                  on_fetched: Callable[[int, bytes, Any], None], decode_table: Callable[[bytes], Any] = lambda b: b,
-                 held_tables: Mapping[str, bytes] | None = None):
+                 held_tables: Mapping[str, Any] | None = None):
         self.base_url, self.manifest, self.driver, self.cond, self.clock, self.t0 = base_url, manifest, driver, cond, clock, t0
         self.max_inflight = max_inflight
         self.warm_connections = min(2, max_inflight - 1)
         self.on_fetched, self.decode_table = on_fetched, decode_table
         self.meter = _LinkMeter()
-        self.tables: dict[str, Any] = {name: decode_table(blob) for name, blob in (held_tables or {}).items()}
+        self.tables: dict[str, Any] = dict(held_tables or {})
         self.tables_bytes = 0   # fetched (held tables do not count)
         self._stop = threading.Event()
         self._kick: Callable[[], None] | None = None

@@ -9,8 +9,8 @@ from sakura.bench.profile import run_profile
 from sakura.emulation import traces_root
 
 
-# traces_root: $SAKURA_TRACES, else <repo>/../shared/traces (as in CI), so this runs there too
-@pytest.mark.skipif(traces_root() is None, reason="needs the measured traces (../shared/traces or SAKURA_TRACES)")
+# traces_root: $SAKURA_TRACES, else <repo>/../shared/traces, else the bundled subset: runs everywhere
+@pytest.mark.skipif(traces_root() is None, reason="SAKURA_TRACES names no folder (unset, the bundled traces serve)")
 def test_profile_jobs_give_the_same_runs(tmp_path):
     ladder = json.loads((Path(__file__).parents[3] / "docs/e2e/e2e_profile.json").read_text())["ladder"]
     kw = dict(workloads=["style3x1024-out512"], phones=["~3.6"], families=["mahimahi_cellular"],
@@ -23,7 +23,7 @@ def test_profile_jobs_give_the_same_runs(tmp_path):
     assert one["decode_split"] == two["decode_split"] >= 1.0
 
 
-@pytest.mark.skipif(traces_root() is None, reason="needs the measured traces (../shared/traces or SAKURA_TRACES)")
+@pytest.mark.skipif(traces_root() is None, reason="SAKURA_TRACES names no folder (unset, the bundled traces serve)")
 def test_replay_jobs_and_families_give_the_same_runs(tmp_path):
     """`--replay --all-runs --jobs 2 --families F` re-simulates sakura on F's runs only, in processes, with the
     same results as one process; on the profile's own code it reproduces the profile's sakura exactly."""

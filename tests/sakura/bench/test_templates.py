@@ -22,7 +22,7 @@ def test_floor_bits_picks_the_cheapest_rendition_under_the_floor():
     assert floor_bits(ladder)["sakura_bits_per_value_at_floor"] is None
 
 
-@pytest.mark.skipif(traces_root() is None, reason="needs the measured traces (../shared/traces or SAKURA_TRACES)")
+@pytest.mark.skipif(traces_root() is None, reason="SAKURA_TRACES names no folder (unset, the bundled traces serve)")
 def test_one_template_profile_writes_its_table_and_plot(tmp_path):
     r = run_templates(tmp_path, templates=["texture-00"], workloads=["style3x1024-out512"], phones=["~11"],
                       traces_per_family=1, rates_mbps=(100.0,), log=lambda *_: None)

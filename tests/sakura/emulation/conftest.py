@@ -9,5 +9,5 @@ from sakura.emulation import traces_root
 def troot():
     root = traces_root()
     if root is None:
-        pytest.skip("real traces not found: set SAKURA_TRACES or place ../shared/traces beside the repo")
+        pytest.skip("SAKURA_TRACES names no folder (unset, the bundled traces serve)")
     return root

@@ -88,7 +88,7 @@ async def _saturating_source():
 async def _delivered(spec, troot, offset, seconds, rtt=0.0):
     """Bytes a saturating server delivers through the proxy, timestamped at the receiver (seconds
     since the link's start); also the link, for its own accounting."""
-    tr = load_trace(spec, troot)
+    tr = load_trace(spec, troot) if (troot / spec.partition("#")[0]).is_file() else load_trace(spec)
     srv, port = await _saturating_source()
     link = Link(tr, offset_s=offset)
     arrivals = []

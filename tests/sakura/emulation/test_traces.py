@@ -89,3 +89,54 @@ def test_pure_capacity_functions():
         Trace("z", edges=np.array([0.0, 1.0]), rate=np.array([0.0]))
     with pytest.raises(TraceError, match="strictly increase"):
         Trace("z", edges=np.array([0.0, 1.0, 1.0]), rate=np.array([1.0, 1.0]))
+
+
+def test_bundled_traces_are_the_listed_upstream_files():
+    """The subset shipped in the package: every data file its README lists is there, byte-identical
+    to the upstream blob id (git's blob hash), and loads; nothing unlisted rides along."""
+    import hashlib
+    import re
+
+    from sakura.emulation import BUNDLED_TRACES
+
+    listed = dict(re.findall(r"^\| `([^`]+)` \|.*\| `([0-9a-f]{40})` \|", (BUNDLED_TRACES / "README.md").read_text(), re.M))
+    assert len(listed) == 8
+    for rel, blob in listed.items():
+        data = (BUNDLED_TRACES / rel).read_bytes()
+        assert hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == blob, rel
+    data_files = {p.relative_to(BUNDLED_TRACES).as_posix() for p in BUNDLED_TRACES.rglob("*")
+                  if p.is_file() and not p.name.startswith("UPSTREAM") and p.name != "README.md"}
+    assert data_files == set(listed)
+    specs = list_traces(BUNDLED_TRACES)
+    assert "umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102" in specs  # the demo's
+    for s in specs[:: max(1, len(specs) // 12)]:
+        assert load_trace(s, BUNDLED_TRACES).bytes_per_period > 0
+
+
+def test_a_trace_folder_without_the_file_falls_back_to_the_bundled_one(tmp_path, monkeypatch):
+    from sakura.emulation import BUNDLED_TRACES, resolve_trace_path, traces_root
+
+    monkeypatch.setenv("SAKURA_TRACES", str(tmp_path))
+    assert traces_root() == tmp_path
+    assert resolve_trace_path(MM) == BUNDLED_TRACES / MM
+    (tmp_path / "mahimahi_cellular").mkdir()
+    (tmp_path / MM).write_text("0\n5\n10\n")  # the user's folder wins where it has the file
+    assert load_trace(MM).period_s == 0.010
+    with pytest.raises(TraceError, match="SAKURA_TRACES"):
+        load_trace("mahimahi_cellular/no-such.down")
+    monkeypatch.setenv("SAKURA_TRACES", str(tmp_path / "missing"))
+    assert traces_root() is None
+    with pytest.raises(TraceError, match="not a folder"):
+        load_trace(MM)
+
+
+def test_every_trace_reads_in_words():
+    from sakura.emulation.traces import describe_trace
+
+    assert describe_trace("umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102") == \
+        "5G Verizon, 8 TCP connections to US-East, run 102 (5Gophers 2019)"
+    assert describe_trace(f"{DRIVE}#TMobile") == "5G T-Mobile, driving (trace 1; 5Gophers 2019)"
+    assert describe_trace("mahimahi_cellular/TMobile-LTE-short.down") == "T-Mobile LTE short (mahimahi cellular)"
+    assert describe_trace(NORWAY).startswith("3G HSDPA, bus ")
+    for s in list_traces():  # no spec falls through as its bare path
+        assert describe_trace(s) != s, s

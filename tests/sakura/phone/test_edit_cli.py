@@ -66,9 +66,10 @@ def test_edit_command_rejects_bad_inputs(store, tmp_path):
         assert res.exit_code == 2 and "policy must be one of" in res.output
 
 
-def test_live_bench_runs_every_method(store, tmp_path):
-    if traces_root() is None:
-        pytest.skip("real traces not found (SAKURA_TRACES or ../shared/traces)")
+def test_live_bench_runs_every_method(store, tmp_path, need_trace):
+    import inspect
+
+    need_trace(inspect.signature(run_live).parameters["trace"].default)  # the bench's default (not bundled)
     r = run_live(tmp_path, steps=1, store=store, log=lambda s: None)
     assert [row["method"] for row in r["rows"]] == list(METHODS)
     by = {row["method"]: row for row in r["rows"]}
@@ -83,7 +84,7 @@ def test_live_bench_runs_every_method(store, tmp_path):
 
 def test_profile_bench_smoke(tmp_path):
     if traces_root() is None:
-        pytest.skip("real traces not found (SAKURA_TRACES or ../shared/traces)")
+        pytest.skip("SAKURA_TRACES names no folder (unset, the bundled traces serve)")
     # a small measured ladder stand-in: two renditions with the shape the measurement produces
     ladder = {"model": "sakura-mini", "template": "t", "layers": 6, "floor_image_mse": 1e-4,
               "renditions": {"lossless": {"codec": "lossless", "bits_per_value": 16.0, "image_mse": 0.0,

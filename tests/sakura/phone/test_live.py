@@ -335,3 +335,20 @@ def test_privacy_nothing_of_the_photo_reaches_the_server(setup):
 def test_profile_model_measures_positive_times(setup):
     prof = profile_model(setup[0], repeats=1)
     assert prof.compute_s > 0 and prof.local_s > 0 and prof.decode_workers >= 1
+
+
+def test_emulated_split_decode_ends_where_the_simulator_says():
+    """`Emulation.decode_split`: a padded decode that shares idle workers ends as the simulator's
+    (x split until the next shard arrives, alone after)."""
+    from sakura.phone.live import split_decode_end
+
+    assert split_decode_end(10.0, 0.04, 1.0, None) == 10.04
+    assert split_decode_end(10.0, 0.04, 2.0, None) == 10.02
+    assert split_decode_end(10.0, 0.04, 2.0, 10.05) == 10.02          # the next shard came after it ended
+    assert abs(split_decode_end(10.0, 0.04, 2.0, 10.01) - 10.03) < 1e-12  # 0.02 of work in 0.01 s, 0.02 alone
+    for start, dec, split, nxt in ((0.0, 1.0, 1.41, 0.3), (1.0, 0.5, 1.41, 1.1), (2.0, 0.2, 1.87, None)):
+        # the simulator's lines (sim.simulate_edit): end = start + dec / split; past t_next, the rest alone
+        end = start + dec / split
+        if nxt is not None and end > nxt:
+            end = nxt + dec - (nxt - start) * split
+        assert abs(split_decode_end(start, dec, split, nxt) - end) < 1e-12

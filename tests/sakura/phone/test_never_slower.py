@@ -198,7 +198,7 @@ def profile_run(phone: str, trace: str, offset_s: float, prior_bps: float):
     try:
         tr = load_trace(trace)
     except Exception as e:  # noqa: BLE001 - no traces on this machine
-        pytest.skip(f"real traces not found (SAKURA_TRACES or ../shared/traces): {e}")
+        pytest.skip(f"trace not available here (not bundled; set SAKURA_TRACES): {e}")
     p = STYLE3X_PHONES[phone]
     link = TraceLink(tr, offset_s=offset_s)
     n = 25
@@ -294,7 +294,7 @@ def run_profile(ladder: dict, workload: str, phone: str, trace: str, offset_s: f
     try:
         tr = load_trace(trace)
     except Exception as e:  # noqa: BLE001 - no traces on this machine
-        pytest.skip(f"real traces not found (SAKURA_TRACES or ../shared/traces): {e}")
+        pytest.skip(f"trace not available here (not bundled; set SAKURA_TRACES): {e}")
     return run_methods(workload_costs(get_workload(workload), get_phone(phone)), ladder, TraceLink(tr, offset_s=offset_s),
                        prior_bps=prior_bps, rtt_s=0.04, decode_workers=2,
                        methods=("on-device", "cachegen", "cachegen-fair", "sakura"))
@@ -494,7 +494,7 @@ def replay_loser(fixture: dict, monkeypatch, trace: str, workload: str, phone: s
     try:
         tr = load_trace(trace)
     except Exception as e:  # noqa: BLE001 - no traces on this machine
-        pytest.skip(f"real traces not found (SAKURA_TRACES or ../shared/traces): {e}")
+        pytest.skip(f"trace not available here (not bundled; set SAKURA_TRACES): {e}")
     with monkeypatch.context() as m:
         for k, v in driver_constants.items():
             assert hasattr(driver, k), k

@@ -50,7 +50,7 @@ def _get_time(url):
 @pytest.mark.timeout(180)  # a hang guard for the harness
 def test_serve_plain_and_with_emulated_link(tmp_path):
     if traces_root() is None:
-        pytest.skip("real traces not found (SAKURA_TRACES or ../shared/traces)")
+        pytest.skip("SAKURA_TRACES names no folder (unset, the bundled traces serve)")
     make_synthetic_store(tmp_path, templates=1, layers=1)
     want = (tmp_path / "index.json").read_bytes()
     proc, url = _serve(tmp_path, "--quiet")
