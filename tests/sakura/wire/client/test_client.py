@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import json
 import re
 import shutil
 
@@ -154,7 +155,10 @@ def test_not_found_and_bad_manifest(ours, tmp_path):
     bad = tmp_path / "badm"
     make_synthetic_store(bad, templates=1, layers=1, model_fingerprint=FP)
     mp = bad / "manifests" / FP / "tpl-000.json"
-    mp.write_text(mp.read_text().replace('"schema_version": 1', '"schema_version": 99'))
+    from sakura.wire.store.manifest import manifest_tree
+
+    tree = manifest_tree(mp.read_bytes())
+    mp.write_text(json.dumps({**tree, "schema_version": 99}))
 
     async def go(url):
         async with TemplateClient(url) as c:
