@@ -48,6 +48,9 @@ from sakura.wire.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, decode_templ
 #: losing profile runs). Made only where the calibrated ladder has no rung as cheap
 #: (`skipped_floor_rungs`): an easy template's ladder already reaches down to 0.15-1.0 bits/value,
 #: and there they would add ~2.2x the ladder's storage for renditions the planner never picks.
+#: Since issue 34 they are made as the lowest rungs of the calibrated ladder's one object
+#: (`_with_floor_rungs`: byte prefixes, one table) instead of separate objects and tables:
+#: sticker-00 0.393 -> 0.148 of one fp16 copy whole (docs/storage.md).
 FLOOR_RUNG_LADDER = ("progressive:budgets=[0.8]", "progressive:budgets=[1.0]")
 #: Default ladder: the progressive transform coder (``progressive`` = ECSQ + token-grid DCT coded by
 #: successive refinement, top rung 1.0 bit per value, the lowest fitted per template to

@@ -157,8 +157,10 @@ def test_manifest_validation_names_the_field(tmp_path, mutate, msg):
 
 
 def test_manifest_rejects_non_json_and_oversize():
-    with pytest.raises(ManifestError, match="not valid UTF-8 JSON"):
+    with pytest.raises(ManifestError, match="not a sakura manifest"):
         Manifest.from_bytes(b"\xff{", source="x")
+    with pytest.raises(ManifestError, match="not valid UTF-8 JSON"):
+        Manifest.from_bytes(b"{\xff", source="x")
     with pytest.raises(ManifestError, match="exceeds"):
         Manifest.from_bytes(b" " * (16 * 1024 * 1024 + 1))
 
