@@ -487,7 +487,7 @@ class EditDriver:
         choice (`plan_split(estimate_tol=)`): 1 % plus `PLAN_TOL_GAIN` x the largest recent relative
         over-estimate of the link, capped at `PLAN_TOL_MAX` (None: the planner's 1 %). A link that
         keeps its predictions (errors ~0) is planned as before; one that has fallen short of them is
-        planned more for the half rate (docs/runtime.md, evaluation7)."""
+        planned more for the half rate (docs/notes/runtime-history.md, evaluation7)."""
         if PLAN_TOL_GAIN is None:
             return None
         return min(PLAN_TOL_MAX, 0.01 + PLAN_TOL_GAIN * self.bw.max_error())

@@ -44,7 +44,7 @@ from sakura.wire.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, decode_templ
 #: 0.90 / 6.9e-5, docs/codec.md "Session 8"). Since session 8 the floor rungs are budgets 0.8 and 1.0:
 #: [1.2] is no longer needed to get under the floor, and [0.8] sits just over it, so the planner can
 #: mix the two shard by shard to land on the floor with fewer bytes; the planner takes them
-#: only where the link makes them faster and the image floor allows (docs/runtime.md: 81 -> 47
+#: only where the link makes them faster and the image floor allows (docs/notes/runtime-history.md: 81 -> 47
 #: losing profile runs). Made only where the calibrated ladder has no rung as cheap
 #: (`skipped_floor_rungs`): an easy template's ladder already reaches down to 0.15-1.0 bits/value,
 #: and there they would add ~2.2x the ladder's storage for renditions the planner never picks.
