@@ -448,7 +448,9 @@ def run_parser_fuzz(cases: int = 2000, *, seed: int = 0, log: Callable[[str], No
     hostile = ["[" * 20000 + "]" * 20000, "9" * 5000, "-" + "1" * 6000, "NaN", "1e400", '{"a":' * 3000 + "1" + "}" * 3000]
 
     def hostile_value() -> bytes:
-        d = json.loads(mbytes)
+        from sakura.wire.store.manifest import manifest_tree
+
+        d = manifest_tree(mbytes)
         path: list = []
         node = d
         while isinstance(node, (dict, list)) and node and rnd.random() < 0.7:

@@ -292,15 +292,15 @@ class HostileServer(Listener):
             uw.close()
 
     def _inflate_manifest(self, body: bytes) -> bytes:
-        import json
+        from sakura.wire.store.manifest import encode_manifest_tree, manifest_tree
 
         try:
-            d = json.loads(body)
+            d = manifest_tree(body)
             d["template_ref"]["object"]["bytes"] = self.huge_bytes
             self.huge_sha = d["template_ref"]["object"]["sha256"]
         except (ValueError, KeyError, TypeError):
             return body
-        return json.dumps(d).encode()
+        return encode_manifest_tree(d)
 
 
 def _parse_head(head: bytes) -> RecordedRequest:

@@ -106,6 +106,14 @@ SUSPECT_CATCH_UP = 1
 RESCUE = True
 #: ... by at least this share of the time left
 RESCUE_GAIN = 0.01
+#: lower shards first: when a shard is requested while shards of higher layers are requested but
+#: have not started to arrive (queued on the link behind the transfer under way), those are given
+#: back (`EditDriver.to_cancel`: the executor aborts them) and requested again after it, so a lower
+#: layer's shard never waits behind higher ones (issue 34; before, the link was first in, first
+#: out, and a re-plan that moved the split down queued the layers it now streamed behind the ones
+#: it had requested above them). The planner plans with the same order (`PipelineState.queued`).
+#: Policies opt in with `Policy.lower_first`; False: first in, first out, as before (A/B)
+LOWER_FIRST = True
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,7 @@ class ShardRecord:
     delivered: float = math.nan     # when it got the KV (after local compute, if local)
     local_s: float = 0.0            # on-device compute spent at this layer (incl. catch-up)
     exp_end: float = math.nan       # expected last byte (while in flight)
+    exp_start: float = math.nan     # expected first byte (while in flight; `EditDriver.link_free`)
     remaining: int = 0              # bytes still to come (while in flight)
     first_chunk_bytes: int = 0      # bytes in the first chunk that arrived (they carry no duration)
     t_progress: float = math.nan    # when bytes last arrived
@@ -170,6 +179,7 @@ class Policy(Protocol):
     bound_by_inflight: bool        # plan on at most the rate that the transfers still in flight allow
     rescue: bool                   # request a dropped layer's shard when its catch-up starts (`RESCUE`)
     image_floor: bool              # the quality floor is the image's summed MSE (else every shard's own)
+    lower_first: bool              # a lower shard's request goes ahead of queued higher ones (`LOWER_FIRST`)
 
     def replan(self, d: "EditDriver", now: float) -> None: ...
 
@@ -196,6 +206,7 @@ class PolicyDefaults:
     bound_by_inflight: ClassVar[bool] = False
     rescue: ClassVar[bool] = False
     image_floor: ClassVar[bool] = False
+    lower_first: ClassVar[bool] = False
 
     def planned_route(self, j: int) -> Route | None:
         return None
@@ -253,6 +264,7 @@ class EditDriver:
         self.t_bound: float | None = None
         self.waited_s = 0.0          # total time the forward pass waited on the link
         self.rescues: dict[int, Route] = {}  # layers whose catch-up asked for their shard (`_rescue_pays`)
+        self.requeued: set[int] = set()  # queued requests given back for a lower one (`LOWER_FIRST`), not yet re-sent
 
     # ----------------------------------------------------------------------------- estimates
     def bytes_per_s(self) -> float:
@@ -377,11 +389,14 @@ class EditDriver:
         for r in infl:
             nbytes = self.routes[r.index].nbytes
             if r in recv:
+                r.exp_start = r.t_first_byte
                 end = max(t, r.t_progress) + r.remaining / rate
             elif r.t_first_byte == r.t_first_byte and r.t_first_byte <= now:  # started (no progress reports)
+                r.exp_start = r.t_first_byte
                 end = max(t, r.t_first_byte) + nbytes / rate
             else:
-                end = max(t, r.t_request + rtt) + nbytes / rate
+                r.exp_start = max(t, r.t_request + rtt)
+                end = r.exp_start + nbytes / rate
             r.exp_end = max(now, end)
             t = r.exp_end
         return max(now, t)
@@ -398,23 +413,42 @@ class EditDriver:
             return max(now, r.exp_end) + dec
         return math.inf
 
+    def queued(self, r: ShardRecord, now: float) -> bool:
+        """A request waiting behind the transfers under way, that a request sent now could go
+        ahead of: no byte of it has reached the phone by `now` (live: no chunk yet; the simulator
+        knows when its transfer starts) and it is not expected to start within a round trip (a
+        request sent now could not start sooner: giving it back would only idle the link).
+        Fresh after `link_free`, which sets `exp_start`."""
+        if r.status != REQUESTED or r.t_first_byte <= now:
+            return False
+        start = r.t_first_byte if r.t_first_byte == r.t_first_byte else r.exp_start
+        return not start <= now + self.rtt_s()
+
     def state(self, now: float) -> PipelineState:
-        """The pipeline as the planner sees it now."""
+        """The pipeline as the planner sees it now. With `Policy.lower_first`, requests that have
+        not started are `queued` (the plan orders them by layer with its new requests) and
+        `link_free` is when the transfers under way end."""
         nxt = self.next_layer()
-        self.link_free(now)  # refresh the in-flight transfers' expected ends
+        link_free = self.link_free(now)  # also refreshes the in-flight transfers' expected ends
+        queued = ({r.index: (self.routes[r.index], r.t_request) for r in self.inflight() if self.queued(r, now)}
+                  if self.policy.lower_first else {})
         ready = {r.index: self.expected_ready(r.index, now) for r in self.records
                  if r.status in (FETCHED, READY) and r.index >= nxt}
         # shards in flight queue for the decode workers behind the fetched ones, in arrival order
         workers = sorted(max(now, t) for t in self.decode_free)
         for r in sorted(self.inflight(), key=lambda r: r.exp_end):
+            if r.index in queued:
+                continue
             done = max(workers[0], now, r.exp_end) + self.routes[r.index].decode_s
             workers[0] = done
             workers.sort()
             if r.index >= nxt:
                 ready[r.index] = done
-        return PipelineState(now=now, link_free=self.link_free(now), decode_free=tuple(workers),
+        if queued:
+            link_free = max([now] + [r.exp_end for r in self.inflight() if r.index not in queued])
+        return PipelineState(now=now, link_free=link_free, decode_free=tuple(workers),
                              compute_at=nxt, compute_free=max(now, self.compute_free),
-                             generator_at=self.generator_at, ready=ready)
+                             generator_at=self.generator_at, ready=ready, queued=queued)
 
     def next_layer(self) -> int:
         """The next layer whose KV source is not decided yet (the forward pass reaches it at
@@ -453,7 +487,7 @@ class EditDriver:
         choice (`plan_split(estimate_tol=)`): 1 % plus `PLAN_TOL_GAIN` x the largest recent relative
         over-estimate of the link, capped at `PLAN_TOL_MAX` (None: the planner's 1 %). A link that
         keeps its predictions (errors ~0) is planned as before; one that has fallen short of them is
-        planned more for the half rate (docs/runtime.md, evaluation7)."""
+        planned more for the half rate (docs/notes/runtime-history.md, evaluation7)."""
         if PLAN_TOL_GAIN is None:
             return None
         return min(PLAN_TOL_MAX, 0.01 + PLAN_TOL_GAIN * self.bw.max_error())
@@ -488,25 +522,48 @@ class EditDriver:
             # until a transfer has measured the link, keep two requests out: the estimate may be
             # stale (another network), and a second request costs nothing if it is right
             unmeasured = self.bw.samples == 0 and len(self.inflight()) < UNMEASURED_REQUESTS
-            if self.inflight() and lf - now > ahead and not unmeasured:
+            gated = bool(self.inflight()) and lf - now > ahead and not unmeasured
+            # requests given back for a lower shard are sent again at once, behind it: they were
+            # already queued, and waiting for the issue-ahead time would leave the link to the
+            # estimate's errors (a link slower than predicted idles between them)
+            owed = max((i for i in self.requeued if self.records[i].status == PENDING), default=-1)
+            if gated and owed < 0:
                 return out, lf - ahead + 1e-9
             nxt = self.policy.next_fetch(self, now)
             if nxt is None:
                 break
             j, route = nxt
+            if gated and j > owed:
+                return out, lf - ahead + 1e-9
             if self.records[j].status != PENDING:
                 raise RuntimeError(f"policy {self.policy.name} asked for shard {j} twice")
             out.append((j, self._issue(j, route, now)))
         return out, None
 
     def _issue(self, j: int, route: Route, now: float) -> Route:
+        if self.policy.lower_first and any(q.status == REQUESTED for q in self.records[j + 1:]):
+            self.link_free(now)  # fresh expected starts
+            for q in self.records[j + 1:]:
+                if self.queued(q, now):
+                    self._requeue(q, now)
+        self.requeued.discard(j)
         r = self.records[j]
         start = max(self.link_free(now), now + self.rtt_s())
         r.status, r.route, r.t_request = REQUESTED, route.name, now
-        r.exp_end = start + route.nbytes / self.timing_bytes_per_s()
+        r.exp_start, r.exp_end = start, start + route.nbytes / self.timing_bytes_per_s()
         r.remaining = route.nbytes
         self.routes[j] = route
         return route
+
+    def _requeue(self, r: ShardRecord, now: float) -> None:
+        """Give back a request that has not started (a lower shard goes ahead of it): pending
+        again, its transfer aborted by the executor (`to_cancel`), requested again by the policy."""
+        self.events.append(f"{now * 1000:.0f} ms: shard {r.index} given back, behind a lower one")
+        r.status, r.route = PENDING, ""
+        r.t_request = r.t_first_byte = r.exp_end = r.t_progress = math.nan
+        r.remaining = r.first_chunk_bytes = 0
+        self.routes.pop(r.index, None)
+        self.requeued.add(r.index)
 
     # ---------------------------------------------------------------------------- link events
     def on_first_byte(self, j: int, t_request: float, t_first_byte: float) -> None:
@@ -555,9 +612,11 @@ class EditDriver:
         self.events.append(f"{now * 1000:.0f} ms: shard {j} decode failed: {error}")
 
     def to_cancel(self) -> list[int]:
-        """Requests the executor should abort (their layer was computed locally)."""
-        return [r.index for r in self.records if r.status == CANCELLED and r.t_request == r.t_request
-                and r.fetch_end != r.fetch_end]
+        """Requests the executor should abort: their layer was computed locally, or they were
+        given back for a lower shard (`LOWER_FIRST`; a request sent again later is a new one)."""
+        return [r.index for r in self.records if (r.status == CANCELLED and r.t_request == r.t_request
+                                                   and r.fetch_end != r.fetch_end)
+                or (r.index in self.requeued and r.status == PENDING)]
 
     # ---------------------------------------------------------------------------- the compute
     def at_layer(self, j: int, now: float) -> LayerAction:
@@ -846,6 +905,7 @@ class SakuraPolicy(PolicyDefaults):
     rescue: bool = True
     robust_share: float | None = field(default_factory=lambda: ROBUST_SHARE)
     bound_by_inflight: bool = field(default_factory=lambda: BOUND_BY_INFLIGHT)
+    lower_first: bool = field(default_factory=lambda: LOWER_FIRST)
     k: int = 0
     routes: dict[int, Route] = field(default_factory=dict)
     last_plan: PlanResult | None = None

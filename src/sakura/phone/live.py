@@ -572,10 +572,16 @@ class FetchStage:
             first = {"seen": False}
             got = [0]
             t_req = clock()
+            me = asyncio.current_task()
+            # a request given back for a lower shard (`driver.LOWER_FIRST`) and sent again is a new
+            # task: whatever the old one still reports is not about the request the driver knows
+            current = lambda: tasks.get(j) is me  # noqa: E731
 
             def on_chunk(c: Any) -> None:
                 t_end = c.t_end - self.t0
                 with cond:
+                    if not current():
+                        return
                     self.meter.chunks.append((t_end, c.nbytes))
                     if not first["seen"]:
                         first["seen"] = True
@@ -597,6 +603,8 @@ class FetchStage:
                     with cond:
                         self.meter.done(clock())
                 with cond:
+                    if not current():
+                        return
                     t_last = res.t_done - self.t0
                     n, s = self.meter.sample(j, t_last)
                     if driver.records[j].status == REQUESTED:
@@ -605,12 +613,14 @@ class FetchStage:
                     cond.notify_all()
             except asyncio.CancelledError:
                 with cond:
-                    self.meter.active_first.pop(j, None)
+                    if tasks.get(j) in (me, None):
+                        self.meter.active_first.pop(j, None)
                 raise
             except Exception as e:  # FetchError, IntegrityError, table decode errors...
                 with cond:
-                    self.meter.active_first.pop(j, None)
-                    driver.on_fetch_failed(j, _short(e), clock())
+                    if current():
+                        self.meter.active_first.pop(j, None)
+                        driver.on_fetch_failed(j, _short(e), clock())
                     cond.notify_all()
             finally:
                 kick.set()
@@ -633,6 +643,11 @@ class FetchStage:
                     if t is not None and not t.done():
                         t.cancel()
                 for j, route in reqs:
+                    old = tasks.pop(j, None)  # given back for a lower shard and sent again at once
+                    if old is not None and not old.done():
+                        old.cancel()
+                        with cond:
+                            self.meter.active_first.pop(j, None)
                     tasks[j] = asyncio.create_task(fetch_one(client, j, route))
                 kick.clear()
                 timeout = 0.25 if wake is None else max(0.0, min(0.25, wake - clock()))

@@ -5,8 +5,11 @@ layer's KV comes by one *route*: a fetched rendition (link -> decode worker -> f
 local compute. Resources, each modelled as the runtime runs them:
 
 * **link**: requests are issued ahead (several in flight), so bytes flow back to back; only a
-  request issued to an *idle* link waits a round trip before its first byte. First in, first
-  out: ``start = max(link_free, t_request + rtt)``, ``end = link.deliver(start, nbytes)``.
+  request issued to an *idle* link waits a round trip before its first byte:
+  ``start = max(link_free, t_request + rtt)``, ``end = link.deliver(start, nbytes)``. One transfer
+  at a time, lowest layer first among the requests not yet started (`PipelineState.queued`): a
+  lower shard is not queued behind higher ones (the driver gives those back and requests them
+  again after it, `driver.LOWER_FIRST`); a transfer under way is not interrupted.
 * **decode pool**: ``workers`` identical workers; a shard goes to the first free one.
 * **compute**: serial. Layer j's forward compute (``compute_s``) starts when the compute unit is
   free and layer j's KV is ready; waiting is a *stall*.
@@ -119,6 +122,9 @@ class PipelineState:
     decode_free: when each decode worker is next free. compute_at: the next layer the forward
     pass will process, at compute_free. generator_at: next layer the local generator computes.
     ready: expected KV-ready time of shards already requested (layer -> seconds).
+    queued: requests not started yet (layer -> (route, t_request)): the plan orders them by layer
+        with its new requests after ``link_free`` (the end of the transfers under way); one placed
+        behind a new request is requested again then (its start: now + rtt at the earliest).
     """
 
     now: float = 0.0
@@ -128,6 +134,7 @@ class PipelineState:
     compute_free: float = 0.0
     generator_at: int = 0
     ready: Mapping[int, float] = field(default_factory=dict)
+    queued: Mapping[int, tuple["Route", float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -165,13 +172,22 @@ def evaluate(specs: Sequence[ShardSpec], state: PipelineState, k: int, routes: M
     link_free = state.link_free
     workers = sorted(state.decode_free)
     nbytes, mse = 0, 0.0
-    for j in range(max(k, state.compute_at), L):
+    behind = False  # a new request went ahead of the queued ones: they are requested again
+    for j in range(min(max(k, state.compute_at), min(state.queued, default=L)), L):
         if j in ready:
             continue
-        r = routes.get(j)
-        if r is None or r.is_local:
-            raise ValueError(f"layer {j} is to be streamed but has no fetch route")
-        start = max(link_free, state.now + rtt_s)
+        if j in state.queued:  # on the link in layer order, whether or not the plan uses it
+            r, t_req = state.queued[j]
+            start = max(link_free, (state.now if behind else t_req) + rtt_s)
+        else:
+            if j < k:
+                continue
+            r = routes.get(j)
+            if r is None or r.is_local:
+                raise ValueError(f"layer {j} is to be streamed but has no fetch route")
+            start = max(link_free, state.now + rtt_s)
+            behind = True
+            nbytes += r.nbytes
         end = link.deliver(start, r.nbytes)
         link_free = end
         w = workers[0]
@@ -179,7 +195,6 @@ def evaluate(specs: Sequence[ShardSpec], state: PipelineState, k: int, routes: M
         workers[0] = done
         workers.sort()
         ready[j] = done
-        nbytes += r.nbytes
     t, stall, g, n_local = state.compute_free, 0.0, state.generator_at, 0
     for j in range(state.compute_at, L):
         spec = specs[j]
@@ -238,7 +253,7 @@ def plan_split(specs: Sequence[ShardSpec], state: PipelineState, link: LinkModel
     """
     L = len(specs)
     lo = state.compute_at
-    pending = [j for j in range(lo, L) if j not in state.ready]
+    pending = [j for j in range(lo, L) if j not in state.ready and j not in state.queued]
     if mse_budget is None:
         adm = {j: specs[j].admissible() for j in pending}
     else:

@@ -7,7 +7,10 @@ was computed on the device) is aborted as the live runtime aborts it: the fetch 
 fetch's task (`runtime.live.FetchStage`, `for j in driver.to_cancel(): t.cancel()`) and the client
 then closes its connection at once (`client.TemplateClient`: "Cancel a fetch by cancelling its
 task: the connection is closed at once"). So the transfer leaves the link when it is cancelled (a
-transfer not yet started never takes it) and the transfers queued behind it move up. Compute is serial: layer j's
+transfer not yet started never takes it) and the transfers queued behind it move up. A request the
+driver gives back for a lower shard (`driver.LOWER_FIRST`: it had not started) is aborted the same way
+and, requested again, queues behind that shard, so the link carries one transfer at a time, the lowest
+layer first among those not started, as the planner assumes (`plan.PipelineState.queued`). Compute is serial: layer j's
 forward compute starts when the compute unit is free and the driver has answered USE or LOCAL.
 """
 
@@ -98,13 +101,12 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
     onlink: dict[int, list] = {}
     gen = itertools.count()
 
-    def abort(now: float) -> None:
-        """Take the cancelled transfers off the link (see the module doc) and move the ones queued
-        behind them up."""
+    def abort(now: float, also: Sequence[int] = ()) -> None:
+        """Take the cancelled transfers (and `also`: layers requested again) off the link (see the
+        module doc) and move the ones queued behind them up."""
         nonlocal link_free, busy
-        if not ABORT_CANCELLED:
-            return
-        gone = [j for j in d.to_cancel() if j in onlink]
+        gone = [j for j in also if j in onlink]
+        gone += [j for j in (d.to_cancel() if ABORT_CANCELLED else sorted(d.requeued)) if j in onlink and j not in gone]
         if not gone:
             return
         for j in gone:
@@ -132,6 +134,7 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
         nonlocal link_free, busy
         abort(now)
         reqs, wake = d.next_requests(now)
+        abort(now, also=[j for j, _ in reqs])  # given back for a lower shard (and perhaps sent again now)
         for j, route in reqs:
             start = max(link_free, now + rtt_s)
             end = link.deliver(start, route.nbytes)

@@ -342,7 +342,7 @@ def test_a_rung_at_cachegen_l3s_quality_wins_the_link_bound_runs(monkeypatch, wo
     assert res["sakura"]["psnr_db"] >= 34.0  # the image floor: CacheGen-L3 on every shard (~34.6 dB here)
 
 
-# ------------------------- round 4: links that fall mid-edit (docs/runtime.md, "This round (evaluation4)")
+# ------------------------- round 4: links that fall mid-edit (docs/notes/runtime-history.md, "This round (evaluation4)")
 
 # The ladder of the published profile (docs/e2e/e2e_profile.json "ladder": sakura-mini sticker-00, decode
 # rates per worker of the measured 2-worker pool, bits/value-matched): sakura's rungs and CacheGen's levels.
@@ -443,7 +443,7 @@ def test_a_run_that_spends_its_whole_slack_is_within_the_check(monkeypatch):
     assert after <= 1.0199 + 1e-12
 
 
-# ------------------------- round 5: the simulator aborts a given-up transfer (docs/runtime.md, evaluation5)
+# ------------------------- round 5: the simulator aborts a given-up transfer (docs/notes/runtime-history.md, evaluation5)
 
 def test_a_given_up_transfer_leaves_the_link(monkeypatch):
     """Profile loser (klein9b-1024, ~11 TFLOP/s, 5G car-driving-trace-1 TMobile): 1.021 with the current policy
@@ -474,7 +474,7 @@ def test_a_given_up_transfer_leaves_the_link(monkeypatch):
     assert aborted["sakura"]["latency_s"] <= 1.0199 * aborted["on-device"]["latency_s"] + 1e-9
 
 
-# --------------- evaluation7: the 20 losers of session 6's profile (docs/runtime.md, "This round (evaluation7)")
+# --------------- evaluation7: the 20 losers of session 6's profile (docs/notes/runtime-history.md, "This round (evaluation7)")
 
 LOSERS_R7 = json.loads((Path(__file__).parent / "profile_losers_r7.json").read_text())
 
@@ -569,7 +569,7 @@ def test_the_published_losers_lose_less():
     assert max(ratios) <= 1.061, ratios
 
 
-# --------------- evaluation8: the 15 losers of session 7's profile (docs/runtime.md, "This round (evaluation8)")
+# --------------- evaluation8: the 15 losers of session 7's profile (docs/notes/runtime-history.md, "This round (evaluation8)")
 
 LOSERS_R8 = json.loads((Path(__file__).parent / "profile_losers_r8.json").read_text())
 
@@ -584,14 +584,14 @@ def test_the_published_losers_of_session_7_stay_within_the_bound():
     on it: a shard requested on a dead link measures the link from its first byte): every one within the loss bound
     of on-device and at or above the image floor; they still lose (15 of 15 by > 2 %, worst 1.062: klein9b-1024
     ~3.6 TFLOP/s SPRINT/1/US-East/6). Pinned so that a change that makes them worse shows: none may lose by more
-    than 6.2 %. What was tried on them this round and not kept: docs/runtime.md, evaluation8."""
+    than 6.2 %. What was tried on them this round and not kept: docs/notes/runtime-history.md, evaluation8."""
     ratios = [ratio for ratio, _, _ in replay_all_within_bound(LOSERS_R8)]
     assert all(r["published_loss_ratio"] > 1.02 for r in LOSERS_R8["runs"])
     assert sum(x > 1.02 for x in ratios) <= 15, ratios
     assert max(ratios) <= 1.062, ratios
 
 
-# --------------- session 8: the 8 losers of the full profile on session 8's code (docs/runtime.md)
+# --------------- session 8: the 8 losers of the full profile on session 8's code (docs/notes/runtime-history.md)
 
 LOSERS_R9 = json.loads((Path(__file__).parent / "profile_losers_r9.json").read_text())
 

@@ -130,3 +130,65 @@ def test_a_transfer_started_on_a_dead_link_measures_the_link_once_it_carries_byt
     assert first_sample() == pytest.approx(bps, rel=1e-3)
     monkeypatch.setattr(simmod, "SAMPLE_FROM_FIRST_BYTE", False)
     assert first_sample() < 0.05 * bps
+
+
+class _OutOfOrder(FixedPolicy):
+    """Requests the layers in `order` (then nothing), at rendition r3, waiting for every one: a
+    stand-in for a re-plan that moves the split down after higher shards were requested."""
+
+    def __init__(self, order, lower_first):
+        super().__init__("r3", name="out-of-order")
+        self.order, self.lower_first, self.sent = list(order), lower_first, set()
+
+    def next_fetch(self, d, now):
+        for j in self.order:  # these first, once
+            if d.records[j].status == "pending" and j not in self.sent:
+                self.sent.add(j)
+                return j, ROUTES[2]
+        for j in range(d.L):  # then whatever is pending, in layer order
+            if d.records[j].status == "pending":
+                return j, ROUTES[2]
+        return None
+
+
+@pytest.mark.parametrize("lower_first", [False, True])
+def test_a_lower_shard_is_not_queued_behind_higher_ones(lower_first):
+    """Layers 6-9 requested first, then the rest; a prior 10x the link's rate sends them all ahead
+    at once. First in, first out, layer 0 waits behind 6-9; lower first (`driver.LOWER_FIRST`),
+    7-9 (queued, not started) are given back when 0 is requested and sent again behind it, so only
+    the transfer under way (6) goes before it and the rest follow by layer, with no byte more."""
+    res = sim(_OutOfOrder([6, 7, 8, 9], lower_first), 20, prior_mbps=200)
+    ends = {r.index: r.fetch_end for r in res.records}
+    order = sorted(ends, key=ends.get)
+    if lower_first:
+        assert order == [6] + [j for j in range(L) if j != 6]
+        assert sum("given back" in e for e in res.events) == 3
+    else:
+        assert order == [6, 7, 8, 9] + [j for j in range(L) if j not in (6, 7, 8, 9)]
+    fifo = sim(_OutOfOrder([6, 7, 8, 9], False), 20, prior_mbps=200)
+    assert res.bytes == fifo.bytes and res.link_busy_s == pytest.approx(fifo.link_busy_s)  # no idle, no waste
+    assert res.first_step_s <= fifo.first_step_s * (1 + 1e-9)
+
+
+def test_a_request_about_to_start_is_not_given_back():
+    """A request whose transfer is due within a round trip stays: a new one could not start sooner,
+    and giving it back would only idle the link (same order and latency as first in, first out)."""
+    a, b = sim(_OutOfOrder([6, 7, 8, 9], True), 20), sim(_OutOfOrder([6, 7, 8, 9], False), 20)
+    assert not any("given back" in e for e in a.events)
+    assert [r.fetch_end for r in a.records] == [r.fetch_end for r in b.records]
+
+
+def test_the_planner_puts_a_new_lower_request_ahead_of_queued_ones():
+    """`evaluate` with a queued (not started) request above a new one: the new one goes first, the
+    queued one after it (requested again), and its own layer's time moves back accordingly."""
+    from sakura.phone.plan import PipelineState, evaluate
+
+    sp = specs()
+    link = ConstantLink(B / 3 * 10)  # r3 (B / 3 bytes) takes 0.1 s
+    st = PipelineState(now=0.0, link_free=0.0, decode_free=(0.0, 0.0), compute_at=0, compute_free=0.0,
+                       queued={5: (ROUTES[2], 0.0)})
+    routes = {j: ROUTES[2] for j in range(L) if j != 5}
+    res = evaluate(sp, st, 0, routes, link, 0.0)
+    order = sorted(res.ready, key=res.ready.get)
+    assert order == list(range(L))               # by layer: 5 is served after 0-4, not first
+    assert res.nbytes == (L - 1) * ROUTES[2].nbytes  # the queued request's bytes are not new

@@ -44,10 +44,13 @@ from sakura.wire.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, decode_templ
 #: 0.90 / 6.9e-5, docs/codec.md "Session 8"). Since session 8 the floor rungs are budgets 0.8 and 1.0:
 #: [1.2] is no longer needed to get under the floor, and [0.8] sits just over it, so the planner can
 #: mix the two shard by shard to land on the floor with fewer bytes; the planner takes them
-#: only where the link makes them faster and the image floor allows (docs/runtime.md: 81 -> 47
+#: only where the link makes them faster and the image floor allows (docs/notes/runtime-history.md: 81 -> 47
 #: losing profile runs). Made only where the calibrated ladder has no rung as cheap
 #: (`skipped_floor_rungs`): an easy template's ladder already reaches down to 0.15-1.0 bits/value,
 #: and there they would add ~2.2x the ladder's storage for renditions the planner never picks.
+#: Since issue 34 they are made as the lowest rungs of the calibrated ladder's one object
+#: (`_with_floor_rungs`: byte prefixes, one table) instead of separate objects and tables:
+#: sticker-00 0.393 -> 0.148 of one fp16 copy whole (docs/storage.md).
 FLOOR_RUNG_LADDER = ("progressive:budgets=[0.8]", "progressive:budgets=[1.0]")
 #: Default ladder: the progressive transform coder (``progressive`` = ECSQ + token-grid DCT coded by
 #: successive refinement, top rung 1.0 bit per value, the lowest fitted per template to
@@ -188,6 +191,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                 if codec.name == "progressive" and "budgets" not in params:
                     if base_psnr_db is not None:
                         codec, params = _fit_ladder_to_template(codec, shards, calib_edit_layers, base_psnr_db, log)
+                        codec, params = _with_floor_rungs(codec, params, names, log)
                     calibrated_lowest = min(codec.params["budgets"])
                 tables = codec.fit_tables(shards) if codec.uses_tables else None
                 table_names: tuple[str, ...] = ()
@@ -312,6 +316,27 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log):
     log(f"  ladder budgets {budgets} (lowest rung: {got if got is not None else float('nan'):.1f} dB vs lossless "
         f"on the calibration photos at budget {base}, target {base_psnr_db} dB)")
     return get_codec(codec.name, **{**codec.params, "budgets": budgets}), {"budgets": budgets}
+
+
+def _with_floor_rungs(codec, params: dict, ladder: Sequence[str], log):
+    """The calibrated progressive ladder with the ladder's floor rungs (`FLOOR_RUNG_LADDER` entries
+    whose budget is below its lowest rung) as its lowest rungs: one object per shard whose byte
+    prefixes are the floor rungs, instead of a separate object and table per floor rung. On a hard
+    template (sticker-00: one calibrated rung at budget 1.4, floor rungs 0.8 and 1.0) the separate
+    objects stored the same shard three times, ~2.2x the bytes of the ladder alone, and three
+    tables (docs/storage.md); as rungs they cost the refinement's overhead only, and an upgrade
+    fetches only the missing bytes. The floor entries are then not made (`skipped_floor_rungs`)."""
+    from sakura.codec import get_codec
+    from sakura.codec.base import parse_spec
+
+    budgets = [float(b) for b in codec.params["budgets"]]
+    floor = sorted({float(b) for s in ladder if s.strip() in FLOOR_RUNG_LADDER
+                    for b in parse_spec(s.strip())[1]["budgets"] if float(b) < budgets[0]})
+    if not floor:
+        return codec, params
+    merged = floor + budgets
+    log(f"  floor rungs {floor} made as the lowest rungs of this ladder: budgets {merged}")
+    return get_codec(codec.name, **{**codec.params, "budgets": merged}), {**params, "budgets": merged}
 
 
 def _part_probe(probe, layer: int, lossless):

@@ -11,12 +11,23 @@ shape (required and unknown keys, strict types, sizes, string lengths) is a pyda
 (`ManifestJSON` and its parts: strict, extra keys forbidden); what spans fields (digests, prefix
 within its object, token ranges, distortion consistency, table references) is checked on the
 dataclasses built from it. Errors are one `ManifestError` naming the field path.
+
+Encodings (``schema_version``):
+
+* **1**: the JSON as text (indented, sorted keys). Still read; no longer written.
+* **2** (written since issue 34): the same JSON tree, compact (no indentation) and zlib-compressed
+  behind the 4-byte magic ``SKM2``, with each rendition's ``image_psnr_db`` left out (it is
+  10 log10(1 / image_mse), derived on read). A 6-shard manifest went from 14-15 KiB to ~2.5 KiB:
+  half of a small template's whole storage was its manifest's whitespace, repeated keys and hex
+  digests (docs/storage.md). `manifest_tree` / `encode_manifest_tree` read and write the tree of
+  either encoding (tools and tests that edit a manifest by hand).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import zlib
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Iterator, Literal, Mapping, TypeVar
 
@@ -26,10 +37,14 @@ from sakura.util.psnr import psnr_db
 from sakura.wire.store.layout import check_name, check_sha256, object_relpath
 
 SCHEMA = "sakura.manifest"
-SCHEMA_VERSION = 1
+#: The version written. Versions read: `READ_VERSIONS`.
+SCHEMA_VERSION = 2
+READ_VERSIONS = (1, 2)
+#: Leading bytes of a version-2 manifest (then one zlib stream holding the compact JSON).
+MAGIC_V2 = b"SKM2"
 
 #: The manifest names `sakura.wire.store` re-exports, listed once: the package star-imports them.
-__all__ = ["SCHEMA_VERSION", "Manifest", "ManifestError", "ObjectRef", "Prefix", "Rendition", "Shard", "Table",
+__all__ = ["SCHEMA_VERSION", "READ_VERSIONS", "Manifest", "ManifestError", "ObjectRef", "Prefix", "Rendition", "Shard", "Table",
            "TemplateRef"]
 #: Largest manifest accepted on read (bytes): a bound against memory bombs from a bad server.
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
@@ -152,7 +167,7 @@ class TemplateRefJSON(_Schema):
 
 class ManifestJSON(_Schema):
     schema_: Literal["sakura.manifest"] = Field(alias="schema")
-    schema_version: Literal[1]
+    schema_version: Literal[1, 2]
     model_fingerprint: Name
     template_id: Name
     template_ref: TemplateRefJSON
@@ -181,7 +196,7 @@ def _validate(schema: type[S], d: Any, where: str) -> S:
         if kind == "extra_forbidden":
             extra = sorted(str(x["loc"][-1]) for x in e.errors() if x["type"] == "extra_forbidden"
                            and tuple(x["loc"][:-1]) == loc[:-1])
-            raise _fail(_path(where, loc[:-1]), f"unknown keys {extra} (not in schema v{SCHEMA_VERSION})") from None
+            raise _fail(_path(where, loc[:-1]), f"unknown keys {extra} (not in schema v{READ_VERSIONS})") from None
         if kind == "missing":
             raise _fail(_path(where, loc), "missing") from None
         if kind == "too_short" and err.get("ctx", {}).get("min_length") == 1:
@@ -432,8 +447,9 @@ class Manifest:
             check_name(self.template_id, "template id")
         except ValueError as e:
             raise ManifestError(str(e)) from None
-        if self.schema_version != SCHEMA_VERSION:
-            raise _fail("schema_version", f"this reader understands version {SCHEMA_VERSION}, got {self.schema_version!r}")
+        if self.schema_version not in READ_VERSIONS:
+            raise _fail("schema_version", f"this reader understands versions {list(READ_VERSIONS)}, "
+                                          f"got {self.schema_version!r}")
         if not self.shards:
             raise _fail("shards", "a manifest needs at least one shard")
         table_names = [t.name for t in self.tables]
@@ -479,31 +495,40 @@ class Manifest:
         return sum(s.fp16_bytes for s in self.shards)
 
     # -- (de)serialisation
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, version: int = SCHEMA_VERSION) -> dict[str, Any]:
+        """The JSON tree of `version` (2: without the derived ``image_psnr_db``)."""
+        shards = [s.to_json() for s in self.shards]
+        if version >= 2:
+            for sh in shards:
+                for r in sh["renditions"]:
+                    r["distortion"].pop(IMAGE_PSNR, None)
         return {
             "schema": SCHEMA,
-            "schema_version": self.schema_version,
+            "schema_version": version,
             "model_fingerprint": self.model_fingerprint,
             "template_id": self.template_id,
             "template_ref": self.template_ref.to_json(),
             "kv_layout": self.kv_layout,
             "tables": [t.to_json() for t in self.tables],
-            "shards": [s.to_json() for s in self.shards],
+            "shards": shards,
         }
 
     def to_bytes(self) -> bytes:
-        """Canonical encoding: sorted keys, fixed separators, so equal manifests are equal bytes
-        (an idempotent rebuild rewrites nothing)."""
-        return (json.dumps(self.to_json(), sort_keys=True, indent=1, allow_nan=False) + "\n").encode()
+        """Canonical encoding (version `SCHEMA_VERSION`): sorted keys, fixed separators and a
+        fixed compression level, so equal manifests are equal bytes (an idempotent rebuild
+        rewrites nothing)."""
+        return encode_manifest_tree(self.to_json())
 
     @classmethod
     def from_json(cls, d: Any) -> "Manifest":
         """Parsed manifest JSON, checked against `ManifestJSON`, then across fields (`validate`)."""
         if isinstance(d, Mapping) and d.get("schema") != SCHEMA:  # say first what the file is not
             raise _fail("schema", f"expected {SCHEMA!r}, got {d.get('schema')!r} (not a sakura manifest?)")
-        if isinstance(d, Mapping) and "schema_version" in d and d["schema_version"] != SCHEMA_VERSION:
-            raise _fail("schema_version", f"this reader understands version {SCHEMA_VERSION}, "
-                                          f"got {d['schema_version']!r}")
+        if isinstance(d, Mapping) and "schema_version" in d and d["schema_version"] not in READ_VERSIONS:
+            raise _fail("schema_version", f"this reader understands versions {list(READ_VERSIONS)}, "
+                                          f"got {d['schema_version']!r} (a newer sakura wrote it?)")
+        if isinstance(d, Mapping) and d.get("schema_version") == 2:
+            d = _with_derived_psnr(d)
         j = _validate(ManifestJSON, d, "")
         return cls(
             model_fingerprint=j.model_fingerprint,
@@ -514,6 +539,7 @@ class Manifest:
             tables=tuple(Table(name=t.name, codec=t.codec, params=dict(t.params), object=ObjectRef._from_schema(t.object))
                          for t in j.tables),
             kv_layout=dict(j.kv_layout),
+            schema_version=j.schema_version,
         )
 
     @classmethod
@@ -523,7 +549,7 @@ class Manifest:
             raise ManifestError(f"{source}: {len(data)} bytes exceeds the {MAX_MANIFEST_BYTES}-byte manifest limit")
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise ManifestError(f"{source}: expected bytes, got {type(data).__name__}")
-        d = parse_json(bytes(data), source)
+        d = manifest_tree(bytes(data), source)
         try:
             return cls.from_json(d)
         except ManifestError as e:
@@ -531,3 +557,66 @@ class Manifest:
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as e:
             # the field checks above should catch everything; this keeps a missed case typed
             raise ManifestError(f"{source}: malformed ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+def _with_derived_psnr(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A version-2 tree with every rendition's ``image_psnr_db`` put back (derived from its
+    ``image_mse``) so one validation serves both versions; a v2 tree that stores it is refused."""
+    out = dict(d)
+    shards = d.get("shards")
+    if not isinstance(shards, list):
+        return out
+    new_shards = []
+    for i, sh in enumerate(shards):
+        if not isinstance(sh, Mapping) or not isinstance(sh.get("renditions"), list):
+            new_shards.append(sh)
+            continue
+        rs = []
+        for k, r in enumerate(sh["renditions"]):
+            dist = r.get("distortion") if isinstance(r, Mapping) else None
+            if isinstance(dist, Mapping):
+                if IMAGE_PSNR in dist:
+                    raise _fail(f"shards[{i}].renditions[{k}].distortion.{IMAGE_PSNR}",
+                                "not stored in version 2 (derived from image_mse)")
+                mse = dist.get(IMAGE_MSE)
+                if isinstance(mse, (int, float)) and not isinstance(mse, bool) and math.isfinite(mse) and mse >= 0:
+                    p = psnr_db(float(mse))
+                    r = {**r, "distortion": {**dist, IMAGE_PSNR: None if math.isinf(p) else p}}
+            rs.append(r)
+        new_shards.append({**sh, "renditions": rs})
+    out["shards"] = new_shards
+    return out
+
+
+def encode_manifest_tree(tree: Mapping[str, Any]) -> bytes:
+    """A manifest's JSON tree in the encoding its ``schema_version`` names (1: indented text;
+    2: `MAGIC_V2` + zlib of the compact JSON). Sorted keys, fixed level: deterministic bytes."""
+    if tree.get("schema_version") == 1:
+        return (json.dumps(tree, sort_keys=True, indent=1, allow_nan=False) + "\n").encode()
+    text = json.dumps(tree, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return MAGIC_V2 + zlib.compress(text, 9)
+
+
+def manifest_tree(data: bytes, source: str = "manifest") -> Any:
+    """The parsed JSON tree of a manifest in either encoding (bounded: the JSON may not exceed
+    `MAX_MANIFEST_BYTES` decompressed). Raises `ManifestError`."""
+    if data[:len(MAGIC_V2)] == MAGIC_V2:
+        z = zlib.decompressobj()
+        try:
+            text = z.decompress(data[len(MAGIC_V2):], MAX_MANIFEST_BYTES + 1)
+        except zlib.error as e:
+            raise ManifestError(f"{source}: a version-2 manifest whose compressed body is corrupt ({e})") from None
+        if len(text) > MAX_MANIFEST_BYTES or z.unconsumed_tail:
+            raise ManifestError(f"{source}: decompresses past the {MAX_MANIFEST_BYTES}-byte manifest limit")
+        if not z.eof or z.unused_data:
+            raise ManifestError(f"{source}: a version-2 manifest must be exactly one complete zlib stream")
+        d = parse_json(text, source)
+        if isinstance(d, Mapping) and d.get("schema_version") != 2:
+            raise ManifestError(f"{source}: manifest field schema_version: the compressed encoding is version 2, "
+                                f"got {d.get('schema_version')!r}")
+        return d
+    if data.lstrip()[:1] not in (b"{", b"[", b""):
+        head = data[:4]
+        raise ManifestError(f"{source}: not a sakura manifest (starts {head!r}: neither JSON, version 1, nor "
+                            f"{MAGIC_V2!r}, version 2; written by a newer sakura?)")
+    return parse_json(data, source)

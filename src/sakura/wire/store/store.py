@@ -311,6 +311,10 @@ class StoreWriter:
             self.commit()
 
 
+#: index.json's own version (unchanged when the manifest encoding moved to version 2)
+INDEX_SCHEMA_VERSION = 1
+
+
 def _write_index(root: Path, changed: tuple[str, str] | None = None) -> None:
     """Rewrite ``index.json`` (catalogue of manifests) if it changed. Caller holds the lock.
 
@@ -340,7 +344,7 @@ def _write_index(root: Path, changed: tuple[str, str] | None = None) -> None:
     # One entry per line, each with C-speed json.dumps (an indented dump of 20,000 entries is
     # pure-Python and slow); sorted keys, so equal catalogues are equal bytes.
     body = ",\n".join(json.dumps(e, sort_keys=True) for e in entries)
-    data = (f'{{"manifests": [\n{body}\n], "schema": "sakura.index", "schema_version": {SCHEMA_VERSION}}}\n').encode()
+    data = (f'{{"manifests": [\n{body}\n], "schema": "sakura.index", "schema_version": {INDEX_SCHEMA_VERSION}}}\n').encode()
     if not (dest.exists() and dest.read_bytes() == data):
         atomic_write(root, INDEX_PATH, data)
 

@@ -95,8 +95,13 @@ def test_manifest_records_image_distortion_and_quality_floor(built):
         assert 0.0 < s.quality_floor["image_mse"] < 0.05
     # the JSON holds null for the lossless PSNR (strict JSON has no infinity)
     import json
-    raw = json.loads(st.manifest_path(fp, tid).read_text())
+    from sakura.wire.store.manifest import Manifest, manifest_tree
+
+    data = st.manifest_path(fp, tid).read_bytes()
+    raw = Manifest.from_bytes(data).to_json(version=1)
     assert raw["shards"][0]["renditions"][0]["distortion"]["image_psnr_db"] is None
+    # version 2 (what is written) stores no PSNR at all: it is derived from image_mse on read
+    assert "image_psnr_db" not in manifest_tree(data)["shards"][0]["renditions"][0]["distortion"]
 
 
 def test_template_ref_png_is_lossless_for_library_templates():
@@ -117,7 +122,7 @@ def test_manifest_validates_image_distortion_and_quality_floor(built):
 
     st = Store(built)
     (fp, tid), = st.manifest_keys()
-    good = json.loads(st.manifest_path(fp, tid).read_text())
+    good = Manifest.from_bytes(st.manifest_path(fp, tid).read_bytes()).to_json(version=1)
     Manifest.from_json(good)
     bads = []
     for edit in (lambda d: d.pop("image_psnr_db"),
@@ -170,19 +175,23 @@ def test_floor_rungs_are_skipped_at_or_above_the_calibrated_lowest_budget():
 @pytest.mark.slow
 def test_default_ladder_makes_the_floor_rungs_on_a_hard_template(tmp_path):
     """An unreachable PSNR target gives a hard template's ladder (one rung at the largest budget,
-    as sticker-00 gets at 38 dB): both floor rungs are made, after it, one rung each; the manifest
-    is current for the default ladder, not for `progressive` alone (slow: 11 candidate budgets)."""
+    as sticker-00 gets at 38 dB): the floor rungs are made as the lowest rungs of that ladder's one
+    object per shard (budgets [0.8, 1.0, 2.0]: byte prefixes, one table), not as separate objects
+    (`pipeline._with_floor_rungs`); the manifest is current for the default ladder (slow: 11
+    candidate budgets)."""
     from sakura.cloud.builder.distributed import manifest_is_current
-    from sakura.cloud.builder.pipeline import DEFAULT_LADDER, FLOOR_RUNG_LADDER
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER
 
     build_store(tmp_path, templates=["look-00"], calibration=1, steps=1, base_psnr_db=1e9, log=lambda s: None)
     st = Store(tmp_path)
     (fp, tid), = st.manifest_keys()
     m = st.get_manifest(fp, tid)
-    assert [r.name for r in m.shards[0].renditions] == ["progressive#0"] + [f"{s}#0" for s in FLOOR_RUNG_LADDER]
-    assert m.table("progressive").params["budgets"] == [2.0]
+    assert [r.name for r in m.shards[0].renditions] == [f"progressive#{i}" for i in range(3)]
+    assert m.table("progressive").params["budgets"] == [0.8, 1.0, 2.0] and len(m.tables) == 1
+    rs = m.shards[0].renditions
+    assert len({r.object.sha256 for r in rs}) == 1 and rs[0].nbytes < rs[1].nbytes < rs[2].nbytes
+    assert rs[0].distortion["image_mse"] > rs[2].distortion["image_mse"]
     assert manifest_is_current(tmp_path, fp, tid, DEFAULT_LADDER)
-    assert not manifest_is_current(tmp_path, fp, tid, ["progressive"])
 
 
 def test_ladder_search_climbs_to_a_single_rung_when_the_top_misses():

@@ -34,7 +34,9 @@ def test_valid_codec_parameters_still_pass(spec):
 @pytest.fixture
 def manifest_json(tmp_path):
     make_synthetic_store(tmp_path, templates=1, layers=2)
-    return json.loads((tmp_path / "manifests/synthetic-model/tpl-000.json").read_bytes())
+    from sakura.wire.store.manifest import Manifest
+
+    return Manifest.from_bytes((tmp_path / "manifests/synthetic-model/tpl-000.json").read_bytes()).to_json(version=1)
 
 
 @pytest.mark.parametrize("mutate, msg", [

@@ -17,6 +17,7 @@ from sakura.wire.store import (
     StoreWriter,
     put_object,
 )
+from sakura.wire.store.manifest import manifest_tree
 from sakura.wire.store.synthetic import make_synthetic_store
 
 
@@ -135,7 +136,7 @@ def test_failed_build_leaves_no_manifest(tmp_path):
 
 
 @pytest.mark.parametrize("mutate, msg", [
-    (lambda d: d.update(schema_version=2), "schema_version"),
+    (lambda d: d.update(schema_version=3), "schema_version"),
     (lambda d: d.update(schema="other"), "schema"),
     (lambda d: d.update(surprise=1), "unknown keys"),
     (lambda d: d["shards"][1].update(index=5), r"shards\[1\].index"),
@@ -149,15 +150,17 @@ def test_failed_build_leaves_no_manifest(tmp_path):
 def test_manifest_validation_names_the_field(tmp_path, mutate, msg):
     make_synthetic_store(tmp_path, templates=1, layers=2)
     raw = (tmp_path / "manifests/synthetic-model/tpl-000.json").read_bytes()
-    d = json.loads(raw)
+    d = Manifest.from_bytes(raw).to_json(version=1)  # the version-1 tree: what the v1 reader checks
     mutate(d)
     with pytest.raises(ManifestError, match=msg):
         Manifest.from_bytes(json.dumps(d).encode(), source="test")
 
 
 def test_manifest_rejects_non_json_and_oversize():
-    with pytest.raises(ManifestError, match="not valid UTF-8 JSON"):
+    with pytest.raises(ManifestError, match="not a sakura manifest"):
         Manifest.from_bytes(b"\xff{", source="x")
+    with pytest.raises(ManifestError, match="not valid UTF-8 JSON"):
+        Manifest.from_bytes(b"{\xff", source="x")
     with pytest.raises(ManifestError, match="exceeds"):
         Manifest.from_bytes(b" " * (16 * 1024 * 1024 + 1))
 
@@ -191,7 +194,7 @@ def test_layered_prefix_renditions(tmp_path):
     assert st.verify().ok
     # a manifest whose prefix digest is wrong is caught by verify
     p = tmp_path / "manifests/m/t.json"
-    d = json.loads(p.read_bytes())
+    d = manifest_tree(p.read_bytes())
     d["shards"][0]["renditions"][1]["prefix"]["sha256"] = "0" * 64
     p.write_bytes(Manifest.from_json(d).to_bytes())
     rep = Store(tmp_path).verify()
@@ -254,3 +257,41 @@ def test_commit_updates_the_index_incrementally_and_exactly(tmp_path, monkeypatc
     for e in json.loads((tmp_path / "index.json").read_bytes())["manifests"]:  # digests are right
         p = st.manifest_path(e["model_fingerprint"], e["template_id"])
         assert e["manifest"] == {"sha256": real(p), "bytes": p.stat().st_size}
+
+
+def test_manifest_version_2_is_compact_and_version_1_still_reads(tmp_path):
+    """Written: version 2 (`SKM2` + zlib of the compact JSON, no derived PSNR), several times
+    smaller than the version-1 text; a version-1 file (as older stores hold) reads to the same
+    manifest; a version this reader does not know, a corrupt or truncated stream, a second stream
+    after the first and a compression bomb are one-line `ManifestError`s."""
+    import zlib
+
+    from sakura.wire.store.manifest import MAGIC_V2, MAX_MANIFEST_BYTES, encode_manifest_tree
+
+    make_synthetic_store(tmp_path, templates=1, layers=6)
+    p = tmp_path / "manifests/synthetic-model/tpl-000.json"
+    v2 = p.read_bytes()
+    m = Manifest.from_bytes(v2)
+    v1 = encode_manifest_tree(m.to_json(version=1))
+    assert v2.startswith(MAGIC_V2) and m.schema_version == 2 and v1.startswith(b"{")
+    assert len(v2) * 3 < len(v1)
+    old = Manifest.from_bytes(v1)
+    assert old.schema_version == 1 and old.shards == m.shards and old.tables == m.tables
+    assert old.to_bytes() == v2                    # rewritten in the current encoding, byte for byte
+    p.write_bytes(v1)                              # an older store's file: still served and verified
+    assert Store(tmp_path).get_manifest("synthetic-model", "tpl-000").shards == m.shards
+    assert Store(tmp_path).verify().ok
+    body = json.dumps({**m.to_json(), "schema_version": 3}).encode()
+    for bad, msg in [(body, "understands versions \\[1, 2\\], got 3"),
+                     (MAGIC_V2 + zlib.compress(body), "compressed encoding is version 2, got 3"),
+                     (v2[:-5], "exactly one complete zlib stream|corrupt"),
+                     (v2 + zlib.compress(b"{}"), "exactly one complete zlib stream"),
+                     (MAGIC_V2 + b"not zlib", "corrupt"),
+                     (MAGIC_V2 + zlib.compress(b" " * (MAX_MANIFEST_BYTES + 10)), "past the"),
+                     (b"SKM9" + v2[4:], "not a sakura manifest")]:
+        with pytest.raises(ManifestError, match=msg):
+            Manifest.from_bytes(bad, source="t")
+    tree = m.to_json()
+    tree["shards"][0]["renditions"][0]["distortion"]["image_psnr_db"] = 1.0  # v2 derives it: stored is refused
+    with pytest.raises(ManifestError, match="not stored in version 2"):
+        Manifest.from_bytes(encode_manifest_tree(tree))
