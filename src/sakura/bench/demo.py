@@ -89,7 +89,8 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
     by = {r["method"]: r for r in res["rows"] if r["trace"] == trace}
     lines = [f"sakura demo ({model_name}): {workload} on {c.phone}, live time-dilated /{D:g} on `{trace}` (real sockets, threads, "
              f"decoding, model; times in phone seconds). Ceilings with free, instant KV: {ceil['vs on-device']:.2f}x vs "
-             f"on-device, {ceil['vs on-device-nocache']:.2f}x vs on-device-nocache.", "",
+             f"on-device, {ceil['vs on-device-nocache']:.2f}x vs on-device-nocache. Decode times: "
+             f"{res.get('decode_rates', '?')}.", "",
              "| method | live (s) | simulated (s) | on-device / method (ceiling) | layers computed here | "
              "PSNR vs lossless KV (dB) |",
              "|---|---:|---:|---:|---:|---:|"]

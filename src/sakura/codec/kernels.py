@@ -518,6 +518,18 @@ def _f16_bits(typingctx, x):
     return types.uint16(types.float32), codegen
 
 
+@intrinsic
+def f16_bits_integer(typingctx, x):
+    """`_f16_bits` as the phone-class target computes it (`_f16_bits_integer`), on any target:
+    for tests that it equals the hardware conversion."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return _f16_bits_integer(builder, args[0])
+    return types.uint16(types.float32), codegen
+
+
 # The phone-class target compiles for x86-64-v2, which has no fp16 conversion instruction, and
 # numba's JIT does not link LLVM's soft-float routine for `fptrunc` to half (the call crashes):
 # there the conversion is emitted as integer operations that vectorise at 128 bits. An Arm core
