@@ -397,6 +397,49 @@ def refine(mag, neg, starts, nz, counts, sym, m, g, low, signs, lowv, newv, sv, 
                 ki += 16 - ns
                 si += nbc
                 j0 += 16
+        else:
+            # Portable (`lanes` 0): blocks of 16 whose coefficients are all insignificant (most of
+            # them where a part refines densely: ~95 % insignificant on the Klein V part) take 16
+            # new indices in one vectorised copy, all-significant ones 16 low bits; only mixed
+            # blocks go coefficient by coefficient. The per-coefficient merge alone ran ~5 ns per
+            # coefficient with 128-bit code (x86-64-v2), ~2 ns with AVX-512 code.
+            while j0 + 16 <= e - a:
+                blk = mb[j0:j0 + 16]
+                nsb = 0
+                for i in range(16):
+                    nsb += blk[i] != 0
+                if nsb == 0:
+                    nv = newv[_u(ki):_u(ki + 16)]
+                    ng = nb_[j0:j0 + 16]
+                    for i in range(16):
+                        blk[i] = nv[i]
+                    for i in range(16):   # signs of the ones that became significant, in order
+                        bec = 1 if nv[i] > 0 else 0
+                        ng[i] = bec * sv[_u(si)]
+                        si += bec
+                    ki += 16
+                elif nsb == 16:
+                    lv = lowv[_u(li):_u(li + 16)]
+                    for i in range(16):
+                        blk[i] = (blk[i] << m) | lv[i]
+                    li += 16
+                else:
+                    # selects on int32 values here: the blend below (int64 multiplies) measured
+                    # 2.9x slower in 128-bit code (11.5 vs 3.9 ms per 3.1 M coefficients), as fast
+                    # in AVX-512 code
+                    for i in range(16):
+                        q = np.int32(blk[i])
+                        sig = q != 0
+                        r = np.int32(lowv[_u(li)])
+                        v = np.int32(newv[_u(ki)])
+                        sb = sv[_u(si)]
+                        bec = (not sig) and v > 0
+                        blk[i] = ((q << m) | r) if sig else v
+                        nb_[j0 + i] = nb_[j0 + i] if sig else (sb if bec else np.uint8(0))
+                        li += np.int64(sig)
+                        ki += np.int64(not sig)
+                        si += np.int64(bec)
+                j0 += 16
         for j in range(j0, e - a):
             q = mb[j]
             sig = 1 if q != 0 else 0
