@@ -537,7 +537,8 @@ def run(out_dir: str | Path = "out/decode", *, specs: Sequence[str] | None = Non
         for T in tokens:
             for spec in specs:
                 if HOST in targets:
-                    rows[HOST] += measure([spec], tokens=[T], workers=workers, rounds=rounds, log=log)
+                    rows[HOST] += measure([spec], tokens=[T], workers=workers, rounds=rounds,
+                                          reference=T == min(tokens), log=log)   # (~5 MB/s: smallest size only)
                 if phone is not None:
                     got, infos[PHONE] = phone.measure(specs=[spec], tokens=[T], workers=list(workers), rounds=rounds)
                     rows[PHONE] += got

@@ -317,7 +317,8 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
                 log: Callable[[str], None] = print) -> dict:
     """Every method x workload x phone level x (every trace at seeded offsets + constant links).
     `decode_target`: whose decode rates ("phone": the phone-class proxy, the default; "host": this
-    server's AVX-512 kernels, for comparison); a given `ladder` is re-rated to it.
+    server's AVX-512 kernels, for comparison); a given `ladder` keeps its own rates unless it names
+    another target (then it is re-rated, `rate_ladder`).
     `decode_workers`: None = the pool `sakura bench decode` measured for that target.
     `decode_split`: None = the live pool's measured intra-shard split (`decode_rates.load_split`, as
     `sakura bench dilated`; 1.0 with one worker). `jobs`: processes over the independent runs
@@ -329,8 +330,13 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    ladder = rate_ladder(ladder, decode_target, log=log) if ladder else measure_ladder(model_name, target=decode_target,
-                                                                                        log=log)
+    if ladder is None:
+        ladder = measure_ladder(model_name, target=decode_target, log=log)
+    elif ladder.get("decode_target", decode_target) != decode_target:
+        ladder = rate_ladder(ladder, decode_target, log=log)
+    else:   # a given ladder keeps its own rates (a fixture's, a replayed profile's)
+        ladder = {**ladder, "decode_target": decode_target,
+                  "decode_rates": ladder.get("decode_rates", "the given ladder's own per-core rates")}
     ladder, pool = with_measured_pool(ladder, decode_workers, log=log)
     decode_workers = pool.workers
     wls = [get_workload(w) for w in workloads] if workloads else list(WORKLOADS)
