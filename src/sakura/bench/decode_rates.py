@@ -503,6 +503,13 @@ def _serve() -> None:
         print("ROWS " + json.dumps({"rows": [asdict(r) for r in rows], "info": target_info()}), flush=True)
 
 
+def write_json(obj: dict, path: str | Path) -> None:
+    """JSON through the atomic writer (a reader never sees half a calibration)."""
+    from sakura.util.fsutil import atomic_write
+
+    atomic_write(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
 def asset_path() -> Path:
     """Where the shipped calibration lives in this (source or installed) package."""
     import sakura
@@ -551,8 +558,6 @@ def run(out_dir: str | Path = "out/decode", *, specs: Sequence[str] | None = Non
               "machine": m, "rounds": rounds, "tokens": list(tokens), "workers": list(workers),
               "targets": {t: {**infos[t], "rows": [asdict(r) for r in rows[t]], "scaling": scaling(rows[t])}
                           for t in targets}}
-    from sakura.util.fsutil import write_json
-
     md = markdown(result)
     write_json(result, out / "decode_rates.json")
     (out / "decode_rates.md").write_text(md)
