@@ -366,7 +366,8 @@ def _summary(rows: Sequence[DecodeRate], sc: dict) -> str:
     if sc["speedup_by_workers"]:
         line += (" Worker scaling of the native decoders (" + ", ".join(sc["codecs"]) + "; median over renditions "
                  "and sizes): " + ", ".join(f"{w} workers {x:.2f}x" for w, x in sc["speedup_by_workers"].items()
-                                            if w != "1") + ".")
+                                            if w != "1") + (f" ({sc['source']}; see the note)" if sc.get("source") else "")
+                 + ".")
     return line
 
 
@@ -426,6 +427,8 @@ def markdown(result: dict) -> str:
          "slow it too). **x2** = 2-worker / 1-worker wall rate, median of rounds that alternate the worker counts "
          "(a decode holding the GIL gets ~1x, one releasing it ~2x on 2 free cores).", "",
          "## Side by side", "", side_by_side_table(result), ""]
+    if result.get("note"):   # what a run left out or how its file was made, in its own words
+        L += [f"**Note**: {result['note']}", ""]
     for t in TARGETS:
         if t not in tg:
             continue
@@ -599,7 +602,8 @@ def load_target(path: str | Path | None = None, target: str = PHONE) -> dict:
         t, name = d["targets"][target], target
     else:
         t, name = d, d.get("target", HOST)
-    return {"target": name, "rows": t["rows"], "scaling": t.get("scaling"), "machine": d.get("machine", {}),
+    return {"target": name, "rows": t["rows"], "scaling": t.get("scaling"), "split": t.get("split"),
+            "machine": d.get("machine", {}),
             "date": d.get("date"), "jit_cpu": t.get("jit_cpu"), "vector_lanes": t.get("vector_lanes"),
             "source": str(src)}
 
@@ -668,10 +672,12 @@ def load_split(path: str | Path | None = None, tokens: int | None = None, target
     `runtime.sim.simulate_edit(decode_split=)`, so that the simulator's decode matches the live
     pool's."""
     try:
-        rows = load_target(path, target)["rows"]
+        t = load_target(path, target)
     except (OSError, KeyError, TypeError, ValueError):
         return 1.0
-    rows = [r for r in rows if r.get("codec") in NATIVE_CODECS and r.get("split_speedup") and r.get("workers") == 1]
+    if t.get("split") is not None:   # a calibration that states its split (measured apart, see its scaling note)
+        return max(1.0, float(t["split"]))
+    rows = [r for r in t["rows"] if r.get("codec") in NATIVE_CODECS and r.get("split_speedup") and r.get("workers") == 1]
     if tokens is not None and rows:
         sizes = sorted({r["tokens"] for r in rows})
         near = min(sizes, key=lambda t: abs(math.log(t / tokens)))
