@@ -161,3 +161,25 @@ def test_a_calibrated_rung_takes_the_measured_row_nearest_its_bits_per_value(tmp
                                           "progressive#1": 0.9, "cachegen:level=3": 2.77})
     assert by_bpv == {"progressive#0": 3.5e8, "progressive:budgets=[1.2]#0": 5e8, "progressive#1": 4e8,
                       "cachegen:level=3": 6e8}
+
+
+def test_rate_ladder_takes_one_targets_rates_and_says_which(tmp_path):
+    """The same measured ladder simulated with either target's per-core rates (nearest bits/value
+    per rung, as `decode_rates`): bytes and qualities stay, the rates and the label change."""
+    from sakura.bench.profile import rate_ladder
+
+    def row(name, bpv, rate):
+        return {"rendition": name, "tokens": 1024, "workers": 1, "bits_per_value": bpv,
+                "fp16_bytes_per_cpu_s": rate, "fp16_bytes_per_s": 1.0}
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"date": "d", "machine": {"cpu": "c"}, "targets": {
+        "host": {"jit_cpu": "znver5", "rows": [row("progressive#0", 0.2, 9e8), row("cachegen:level=3", 2.1, 7e8)]},
+        "phone": {"jit_cpu": "x86-64-v2", "rows": [row("progressive#0", 0.2, 5e8), row("cachegen:level=3", 2.1, 6e8)]}}}))
+    ladder = {"renditions": {"progressive#0": {"bits_per_value": 0.3, "image_mse": 1e-4, "decode_fp16_bytes_per_cpu_s": 1.0},
+                             "cachegen:level=3": {"bits_per_value": 2.6, "image_mse": 2e-4}}}
+    host, phone = (rate_ladder(ladder, t, path=f, log=lambda s: None) for t in ("host", "phone"))
+    assert [r["decode_fp16_bytes_per_cpu_s"] for r in host["renditions"].values()] == [9e8, 7e8]
+    assert [r["decode_fp16_bytes_per_cpu_s"] for r in phone["renditions"].values()] == [5e8, 6e8]
+    assert phone["decode_target"] == "phone" and "phone-class" in phone["decode_rates"] and "x86-64-v2" in phone["decode_rates"]
+    assert phone["renditions"]["progressive#0"]["image_mse"] == 1e-4 and ladder["renditions"]["progressive#0"][
+        "decode_fp16_bytes_per_cpu_s"] == 1.0   # the given ladder is not changed
