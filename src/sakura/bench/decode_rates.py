@@ -25,6 +25,7 @@ depends mostly on the symbol count. torch runs one thread per worker. Wall rates
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -41,7 +42,15 @@ import torch
 KLEIN_HEADS, KLEIN_HEAD_DIM = 24, 128           # FLUX.2-klein-4B: 24 heads x 128 = 3,072 values per token
 TOKENS = (1024, 4096)                            # one 512^2 and one 1024^2 reference image
 WORKERS = tuple(sorted({1, 2, os.cpu_count() or 1}))   # 1, 2 and all cores
-RATES_PATH = Path("docs/decode_rates.json")
+#: The shipped calibration (package data: read through importlib.resources, never from a source
+#: tree); `SAKURA_DECODE_RATES` or a `path=` argument points the readers at another file.
+RATES_ASSET = "decode_rates.json"
+RATES_ENV = "SAKURA_DECODE_RATES"
+#: The decode targets (`sakura.codec.target`): this host's JIT and vector kernels, or the
+#: phone-class proxy (128-bit SIMD, portable kernels). Phone figures use "phone".
+HOST, PHONE = "host", "phone"
+TARGETS = (HOST, PHONE)
+PHONE_CPU_NAME = "x86-64-v2"   # = sakura.codec.target.PHONE_CPU (not imported here: it would load the codecs)
 #: codecs whose decoder is the native (numba, GIL-free) one; the pool scaling is theirs
 NATIVE_CODECS = ("progressive", "layered", "cachegen")
 
@@ -173,6 +182,14 @@ def reference_decoder(codec) -> Callable | None:
     return None
 
 
+_WARM: list[float] = []
+
+
+@functools.lru_cache(maxsize=2)
+def _klein_layer_cached(tokens: int, heads: int, head_dim: int):
+    return klein_layer(tokens, heads=heads, head_dim=head_dim)
+
+
 def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKENS, workers: Sequence[int] = WORKERS,
             rounds: int = 3, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_HEAD_DIM, reference: bool = True,
             log: Callable[[str], None] = print) -> list[DecodeRate]:
@@ -182,7 +199,9 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
     from sakura.codec import ShardId, codec_from_spec
     from sakura.codec.rans import warm_up
 
-    log(f"  JIT warm-up (compile or load the disk cache): {warm_up():.2f} s")
+    if not _WARM:
+        _WARM.append(warm_up())
+        log(f"  JIT warm-up (compile or load the disk cache): {_WARM[0]:.2f} s")
 
     specs = list(specs) if specs else default_specs()
     workers = tuple(sorted(set(workers)))
@@ -192,7 +211,7 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
     split_pool = ThreadPoolExecutor(max_workers=SPLIT_THREADS, thread_name_prefix="split")
     try:
         for T in tokens:
-            shard = klein_layer(T, heads=heads, head_dim=head_dim)
+            shard = _klein_layer_cached(T, heads, head_dim)
             ident = ShardId("bench-decode", f"klein-{T}", 5)
             for spec in specs:
                 codec = codec_from_spec(spec)
@@ -245,8 +264,9 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
 
 
 def cpu_model() -> str:
-    """The CPU as the OS and LLVM name it (e.g. "AMD EPYC (znver5, AVX-512 VBMI2)"): decode rates
-    move 1.5x between the VMs this project runs on, and the vector kernels depend on VBMI2."""
+    """The host CPU as the OS and LLVM name it (e.g. "AMD EPYC (znver5, AVX-512 VBMI2)"): decode
+    rates move 1.5x between the VMs this project runs on, and the host's vector kernels depend on
+    VBMI2."""
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -256,8 +276,8 @@ def cpu_model() -> str:
     try:
         import llvmlite.binding as llvm
 
-        from sakura.codec.kernels import VECTOR_LANES
-        name += f" ({llvm.get_host_cpu_name()}, {'AVX-512 VBMI2' if VECTOR_LANES else 'no AVX-512 VBMI2'})"
+        from sakura.codec.kernels import _host_has
+        name += f" ({llvm.get_host_cpu_name()}, {'AVX-512 VBMI2' if _host_has('avx512vbmi2') else 'no AVX-512 VBMI2'})"
     except Exception:
         pass
     return name
@@ -268,6 +288,28 @@ def machine() -> dict:
             "cpu": cpu_model(), "torch": torch.__version__, "torch_threads_per_worker": 1,
             "processor": platform.processor() or platform.machine(),
             "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None}
+
+
+def target_info() -> dict:
+    """What this process's decoders run as (`sakura.codec.target`): the target, the CPU numba
+    generates code for, the vector kernels' lanes (0: portable loops) and torch's CPU kernels."""
+    from sakura.codec import kernels as K
+    from sakura.codec import target as TG
+
+    TG.check()
+    try:
+        cap = torch.backends.cpu.get_cpu_capability()
+    except Exception:   # (an older torch)
+        cap = os.environ.get("ATEN_CPU_CAPABILITY", "?")
+    return {"target": TG.current(), "jit_cpu": TG.jit_cpu(), "vector_lanes": K.VECTOR_LANES,
+            "torch_cpu_capability": cap}
+
+
+def target_label(info: dict) -> str:
+    """One line naming how a target's rates were produced."""
+    kern = ("AVX-512 VBMI2 vector kernels" if info.get("vector_lanes") else "portable kernels (no vector intrinsics)")
+    return (f"{'phone-class proxy' if info.get('target') == PHONE else 'host'}: numba code for "
+            f"`{info.get('jit_cpu', '?')}`, {kern}, torch CPU kernels `{info.get('torch_cpu_capability', '?')}`")
 
 
 def scaling(rows: Sequence[DecodeRate]) -> dict:
@@ -283,91 +325,309 @@ def scaling(rows: Sequence[DecodeRate]) -> dict:
             "per_rendition": {n: {str(w): statistics.median(v) for w, v in d.items()} for n, d in per.items()}}
 
 
-def markdown(result: dict) -> str:
-    rows = [DecodeRate(**r) for r in result["rows"]]
-    ws = sorted({r.workers for r in rows})
-    L = ["# Decode rates on Klein-sized layers", "",
-         f"Generated by `sakura bench decode` ({result['date']}; {result['machine']['cpus']} CPUs "
-         f"{result['machine'].get('cpu', '')}, {result['machine']['platform']}, load average at start "
-         f"{', '.join(f'{x:.1f}' for x in result['machine']['loadavg_at_start'] or [])}). "
-         "One synthetic fp16 layer of Klein-4B shape (tokens x 24 heads x 128, K and V) per size. "
-         "**Per core** = fp16 KV bytes per thread-CPU second of one decode (the best decode over "
-         f"{result['rounds']} rounds at every worker count; each decode runs on one thread): the rate one core "
-         "sustains, less sensitive to other processes than wall time (not insensitive: a loaded machine's "
-         "shared caches and memory bandwidth slow it too). **Reference** = the "
-         "plain-Python reference decoder of the same bytes (`engine=\"reference\"`, one run at the smallest size; "
-         "the native decoder equals it bit for bit). **Wall** = fp16 bytes per wall second summed over the workers "
-         "(best round; medians in decode_rates.json), noisy on a shared machine. **xN** = N-worker / 1-worker wall "
-         "rate, median of rounds that alternate the worker counts (a decode holding the GIL gets ~1x, one releasing "
-         "it ~Nx on N free cores). **Split** = one shard decoded by "
-         f"{SPLIT_THREADS} threads that share its rANS pieces and channel blocks (`decode(..., pool=)`) / the serial "
-         "decode of the same shard, wall time, median of alternating rounds (- where the codec cannot split a "
-         "shard).", "",
-         "| rendition | bits/value | tokens | per core MB/s | reference MB/s | "
-         + " | ".join(f"wall, {w} worker{'s' if w > 1 else ''} MB/s" for w in ws) + " | "
-         + " | ".join(f"x{w}" for w in ws if w > 1) + f" | GIL | split, one shard on {SPLIT_THREADS} threads |",
-         "|---|---:|---:|---:|---:|" + "---:|" * len(ws) + "---:|" * (len(ws) - 1) + "---|---:|"]
-    by = {}
+def _by_size(rows: Sequence[DecodeRate]) -> dict[tuple[str, int], dict[int, DecodeRate]]:
+    by: dict[tuple[str, int], dict[int, DecodeRate]] = {}
     for r in rows:
         by.setdefault((r.rendition, r.tokens), {})[r.workers] = r
-    for (name, T), d in by.items():
+    return by
+
+
+def _core(d: dict[int, DecodeRate]) -> float:
+    return max(r.fp16_bytes_per_cpu_s for r in d.values())   # every decode is one thread: the best of all
+
+
+def _target_table(rows: Sequence[DecodeRate]) -> str:
+    from sakura.bench.results import _table
+
+    ws = sorted({r.workers for r in rows})
+    head = (["rendition", "bits/value", "tokens", "per core MB/s", "reference MB/s"]
+            + [f"wall, {w} worker{'s' if w > 1 else ''} MB/s" for w in ws] + [f"x{w}" for w in ws if w > 1]
+            + ["GIL", f"split, one shard on {SPLIT_THREADS} threads"])
+    out = []
+    for (name, T), d in _by_size(rows).items():
         any_r = next(iter(d.values()))
         ref = any_r.reference_fp16_bytes_per_cpu_s
-        core = max(r.fp16_bytes_per_cpu_s for r in d.values())  # every decode is one thread: the best of all
-        cells = [f"`{name}`", f"{any_r.bits_per_value:.3f}", f"{T:,}", f"{core / 1e6:.1f}",
+        cells = [f"`{name}`", f"{any_r.bits_per_value:.3f}", f"{T:,}", f"{_core(d) / 1e6:.1f}",
                  f"{ref / 1e6:.1f}" if ref else "-"]
         cells += [f"{d[w].fp16_bytes_per_s / 1e6:.1f}" if w in d else "-" for w in ws]
         cells += [f"{d[w].speedup_vs_1_worker:.2f}" if w in d else "-" for w in ws if w > 1]
         cells.append(gil_verdict(any_r.gil_free_fraction) if not math.isnan(any_r.gil_free_fraction) else "-")
         cells.append(f"x{any_r.split_speedup:.2f}" if any_r.split_speedup else "-")
-        L.append("| " + " | ".join(cells) + " |")
+        out.append(cells)
+    return _table(head, out, "lrrrr" + "r" * len(ws) + "r" * (len(ws) - 1) + "lr")
+
+
+def _summary(rows: Sequence[DecodeRate], sc: dict) -> str:
     fams: dict[str, list[float]] = {}
-    for (name, T), d in by.items():
-        fams.setdefault(next(iter(d.values())).codec, []).append(max(r.fp16_bytes_per_cpu_s for r in d.values()))
-    L += ["", "Summary (computed from the rows above): per-core rate, median over renditions and sizes: "
-          + ", ".join(f"{c} {statistics.median(v) / 1e6:.0f} MB/s" for c, v in sorted(fams.items())) + "."]
-    sc = result.get("scaling") or scaling(rows)
+    for (_name, _T), d in _by_size(rows).items():
+        fams.setdefault(next(iter(d.values())).codec, []).append(_core(d))
+    line = ("Per-core rate, median over renditions and sizes: "
+            + ", ".join(f"{c} {statistics.median(v) / 1e6:.0f} MB/s" for c, v in sorted(fams.items())) + ".")
     if sc["speedup_by_workers"]:
-        L[-1] += (" Worker scaling of the native decoders (" + ", ".join(sc["codecs"]) + "; median over renditions "
-                  "and sizes): " + ", ".join(f"{w} workers {x:.2f}x" for w, x in sc["speedup_by_workers"].items()
-                                             if w != "1") + ".")
-    load = (result["machine"].get("loadavg_at_start") or [0.0])[0]
-    if load >= result["machine"]["cpus"]:
-        L += ["", f"**Caveat**: the load average ({load:.1f}) was at or above the CPU count "
-              f"({result['machine']['cpus']}) when this ran: the machine had no free core, so the xN "
-              "columns (and the GIL verdicts derived from them) measure the share of a saturated machine a "
-              "second thread gets, not whether a decoder releases the GIL. That the native decoders release "
-              "it is tested directly (tests/sakura/codec/test_decode_pool.py: Python keeps running during one "
-              "native decode call). Rerun on a quiet multi-core machine for the pool scaling the simulator "
-              "should use; until then it uses the scaling measured here (no more than measured is assumed)."]
-    L += ["", "Reproduce: `sakura bench decode` (all specs: `--spec` repeatable, e.g. `--spec cachegen:level=2`). "
-          "The simulator, the phone profile and the dilated demo read the per-core rates through "
-          "`sakura.bench.decode_rates.load_rates` and the worker scaling through `load_scaling`.", ""]
+        line += (" Worker scaling of the native decoders (" + ", ".join(sc["codecs"]) + "; median over renditions "
+                 "and sizes): " + ", ".join(f"{w} workers {x:.2f}x" for w, x in sc["speedup_by_workers"].items()
+                                            if w != "1") + (f" ({sc['source']}; see the note)" if sc.get("source") else "")
+                 + ".")
+    return line
+
+
+def side_by_side_table(result: dict) -> str:
+    """Host and phone-class per-core rates (and 2-worker scaling) of every rendition, one row per
+    rendition and size."""
+    from sakura.bench.results import _table
+
+    tg = result["targets"]
+    names = [t for t in TARGETS if t in tg]
+    by = {t: _by_size([DecodeRate(**r) for r in tg[t]["rows"]]) for t in names}
+    keys = list(dict.fromkeys(k for t in names for k in by[t]))
+    head = ["rendition", "bits/value", "tokens"] + [f"{'phone-class' if t == PHONE else t} MB/s per core"
+                                                    for t in names]
+    if len(names) == 2:
+        head.append("phone-class / host")
+    head += [f"{'phone-class' if t == PHONE else t} x2" for t in names]
+    rows = []
+    for k in keys:
+        ds = [by[t].get(k) for t in names]
+        any_r = next(iter(next(d for d in ds if d).values()))
+        cells = [f"`{k[0]}`", f"{any_r.bits_per_value:.3f}", f"{k[1]:,}"]
+        cores = [_core(d) if d else None for d in ds]
+        cells += [f"{c / 1e6:.0f}" if c else "-" for c in cores]
+        if len(names) == 2:
+            cells.append(f"{cores[1] / cores[0]:.2f}" if all(cores) else "-")
+        cells += [f"{d[2].speedup_vs_1_worker:.2f}" if d and 2 in d else "-" for d in ds]
+        rows.append(cells)
+    return _table(head, rows)
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    tg = result["targets"]
+    load = m.get("loadavg_at_start") or [0.0]
+    L = ["# Decode rates: this host and a phone-class core", "",
+         "How fast each codec turns its bytes back into fp16 KV, per CPU core, on one layer of "
+         "FLUX.2-klein-4B's shape (tokens x 24 heads x 128, K and V; synthetic values with real KV's structure). "
+         "The phone profile (`sakura bench profile`), the demo (`sakura demo`) and the dilated runs "
+         "(`sakura bench dilated`) simulate a phone's decode with the **phone-class** rates; the host rates are "
+         "published beside them.", "",
+         "- **host**: the decoders as they run on this machine: numba compiles for the host CPU and the "
+         "AVX-512 VBMI2 vector kernels (`vpexpandw`, `vpcompressd`) run where the CPU has them.",
+         "- **phone-class**: a phone core has 128-bit SIMD (Arm NEON). The proxy runs the same decoders in a "
+         "child process with `SAKURA_DECODE_TARGET=phone` (`sakura.codec.target`): numba generates code for "
+         f"`{PHONE_CPU_NAME}` (SSE4.2, 128-bit vectors, no AVX, no F16C), the vector-intrinsic kernels are off "
+         "(their portable loops run), torch runs its baseline CPU kernels (`ATEN_CPU_CAPABILITY=default`). "
+         "A proxy, not a phone: same vector width, not the same instructions (an Arm core converts to fp16 "
+         "in one instruction, x86-64-v2 in a short integer sequence) nor the same clock or caches.", "",
+         f"Measured {result['date']} on {m['cpus']} CPUs **{m.get('cpu', '?')}** ({m['platform']}), load "
+         f"average at start {', '.join(f'{x:.1f}' for x in load)}; host and phone-class measured in one run, "
+         "alternating spec by spec, so a change in the machine's load hits both alike: compare the ratio "
+         "more than the rates (they move ~1.5x between VMs).", "",
+         "**Per core** = fp16 KV bytes per thread-CPU second of one decode (the best over "
+         f"{result['rounds']} rounds at every worker count; each decode runs on one thread), less sensitive to "
+         "other processes than wall time (not insensitive: a loaded machine's shared caches and memory bandwidth "
+         "slow it too). **x2** = 2-worker / 1-worker wall rate, median of rounds that alternate the worker counts "
+         "(a decode holding the GIL gets ~1x, one releasing it ~2x on 2 free cores).", "",
+         "## Side by side", "", side_by_side_table(result), ""]
+    if result.get("note"):   # what a run left out or how its file was made, in its own words
+        L += [f"**Note**: {result['note']}", ""]
+    for t in TARGETS:
+        if t not in tg:
+            continue
+        rows = [DecodeRate(**r) for r in tg[t]["rows"]]
+        L += [f"## {'Phone-class' if t == PHONE else 'Host'} in full", "", target_label(tg[t]) + ".", "",
+              _target_table(rows), "", _summary(rows, tg[t].get("scaling") or scaling(rows)), ""]
+    L += ["**Reference** = the plain-Python reference decoder of the same bytes (`engine=\"reference\"`, host, "
+          "one run at the smallest size; the native decoders equal it bit for bit on both targets). **Wall** = "
+          "fp16 bytes per wall second summed over the workers (best round; medians in the JSON), noisy on a "
+          f"shared machine. **Split** = one shard decoded by {SPLIT_THREADS} threads that share its rANS pieces "
+          "and channel blocks (`decode(..., pool=)`) / the serial decode, wall time, median of alternating rounds "
+          "(- where the codec cannot split a shard).", ""]
+    if load[0] >= m["cpus"]:
+        L += [f"**Caveat**: the load average ({load[0]:.1f}) was at or above the CPU count ({m['cpus']}) when "
+              "this ran: the machine had no free core, so the x2 columns measure the share of a saturated machine "
+              "a second thread gets, not whether a decoder releases the GIL (that the native decoders release it "
+              "is tested directly: tests/sakura/codec/test_decode_pool.py). The simulator uses the scaling "
+              "measured here (no more than measured is assumed).", ""]
+    L += ["## Reproduce and use", "",
+          "`sakura bench decode` measures both targets and writes `decode_rates.json` and this page to `out/decode/` "
+          "(`--target host` or `--target phone` for one; `--spec` repeatable, e.g. `--spec cachegen:level=2`; "
+          "`--tokens`, `--rounds`). `--publish` also replaces the calibration the package ships "
+          "(`sakura/assets/decode_rates.json`, package data) and this page (docs/decode_rates.md).", "",
+          "The simulator's readers (`sakura.bench.decode_rates.load_target`, `load_rates`, `load_scaling`, "
+          "`load_split`; `sakura.bench.profile.decode_rates`) read the shipped calibration, or the file "
+          f"`{RATES_ENV}` names; `target=\"phone\"` is their default. To run your own decoder code on the "
+          "phone-class path: `SAKURA_DECODE_TARGET=phone` in the environment before Python starts.", ""]
     return "\n".join(L)
 
 
-def run(out_dir: str | Path = "docs", *, specs: Sequence[str] | None = None, tokens: Sequence[int] = TOKENS,
-        workers: Sequence[int] = WORKERS, rounds: int = 3, log: Callable[[str], None] = print) -> dict:
-    """Measure and write decode_rates.json and decode_rates.md to `out_dir`."""
+class _PhoneSide:
+    """A child process whose decoders run on the phone-class path (`target.phone_env`: the JIT's
+    CPU is fixed when numba starts, so it cannot change inside this process), measuring on request
+    over a line protocol (JSON in on stdin, log lines and one `ROWS <json>` line out on stdout)."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        import subprocess
+        import sys
+
+        from sakura.codec.target import phone_env
+
+        self.log = log
+        self.p = subprocess.Popen([sys.executable, "-c", "from sakura.bench.decode_rates import _serve; _serve()"],
+                                  env=phone_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  bufsize=1)
+
+    def measure(self, **kw) -> tuple[list[DecodeRate], dict]:
+        assert self.p.stdin is not None and self.p.stdout is not None
+        self.p.stdin.write(json.dumps(kw) + "\n")
+        self.p.stdin.flush()
+        for line in self.p.stdout:
+            if line.startswith("ROWS "):
+                d = json.loads(line[5:])
+                return [DecodeRate(**r) for r in d["rows"]], d["info"]
+            self.log(line.rstrip("\n"))
+        raise RuntimeError(f"the phone-class child exited (status {self.p.wait()})")
+
+    def close(self) -> None:
+        if self.p.stdin:
+            self.p.stdin.close()
+        try:
+            self.p.wait(timeout=30)
+        except Exception:
+            self.p.kill()
+
+
+def _serve() -> None:
+    """The phone-class child's loop (`_PhoneSide`)."""
+    import sys
+
+    for line in sys.stdin:
+        kw = json.loads(line)
+        rows = measure(kw["specs"], tokens=kw["tokens"], workers=kw["workers"], rounds=kw["rounds"],
+                       reference=False, log=lambda s: print("  [phone-class]" + s, flush=True))
+        print("ROWS " + json.dumps({"rows": [asdict(r) for r in rows], "info": target_info()}), flush=True)
+
+
+def write_json(obj: dict, path: str | Path) -> None:
+    """JSON through the atomic writer (a reader never sees half a calibration)."""
+    from sakura.util.fsutil import atomic_write
+
+    atomic_write(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def asset_path() -> Path:
+    """Where the shipped calibration lives in this (source or installed) package."""
+    import sakura
+
+    return Path(sakura.__file__).resolve().parent / "assets" / RATES_ASSET
+
+
+def run(out_dir: str | Path = "out/decode", *, specs: Sequence[str] | None = None, tokens: Sequence[int] = TOKENS,
+        workers: Sequence[int] = WORKERS, rounds: int = 3, targets: Sequence[str] = TARGETS, publish: bool = False,
+        docs_dir: str | Path = "docs", log: Callable[[str], None] = print) -> dict:
+    """Measure every target in `targets` (host in this process, phone-class in a child; the two
+    alternate spec by spec) and write decode_rates.json and decode_rates.md to `out_dir`; with
+    `publish`, also the package's shipped calibration (`asset_path()`) and docs_dir/decode_rates.md."""
+    from sakura.codec import target as TG
+
+    targets = [t for t in TARGETS if t in targets]
+    if not targets or len(targets) != len(set(targets)):
+        raise ValueError(f"targets must be some of {TARGETS}")
+    if HOST in targets and TG.current() != HOST:
+        raise TG.DecodeTargetError(f"{TG.ENV}={TG.current()} in this process: unset it for `sakura bench decode` "
+                                   "(it runs the phone-class side in a child of its own)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    specs = list(specs) if specs else default_specs()
     log(f"decode rates: Klein-sized layers ({', '.join(map(str, tokens))} tokens x {KLEIN_HEADS * KLEIN_HEAD_DIM} "
-        f"values, K+V, fp16), workers {list(workers)}, best of {rounds}")
+        f"values, K+V, fp16), workers {list(workers)}, best of {rounds}; targets {', '.join(targets)}")
     m = machine()
-    rows = measure(specs, tokens=tokens, workers=workers, rounds=rounds, log=log)
+    rows: dict[str, list[DecodeRate]] = {t: [] for t in targets}
+    infos: dict[str, dict] = {}
+    phone = _PhoneSide(log) if PHONE in targets else None
+    try:
+        for T in tokens:
+            for spec in specs:
+                if HOST in targets:
+                    rows[HOST] += measure([spec], tokens=[T], workers=workers, rounds=rounds,
+                                          reference=T == min(tokens), log=log)   # (~5 MB/s: smallest size only)
+                if phone is not None:
+                    got, infos[PHONE] = phone.measure(specs=[spec], tokens=[T], workers=list(workers), rounds=rounds)
+                    rows[PHONE] += got
+    finally:
+        if phone is not None:
+            phone.close()
+    if HOST in targets:
+        infos[HOST] = target_info()
     result = {"mode": "measured on this machine (synthetic Klein-sized layers)", "date": time.strftime("%Y-%m-%d %H:%M"),
               "machine": m, "rounds": rounds, "tokens": list(tokens), "workers": list(workers),
-              "scaling": scaling(rows), "rows": [asdict(r) for r in rows]}
-    (out / "decode_rates.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "decode_rates.md").write_text(markdown(result))
+              "targets": {t: {**infos[t], "rows": [asdict(r) for r in rows[t]], "scaling": scaling(rows[t])}
+                          for t in targets}}
+    md = markdown(result)
+    write_json(result, out / "decode_rates.json")
+    (out / "decode_rates.md").write_text(md)
     log(f"wrote {out / 'decode_rates.json'} and {out / 'decode_rates.md'}")
+    if publish:
+        write_json(result, asset_path())
+        Path(docs_dir).mkdir(parents=True, exist_ok=True)
+        (Path(docs_dir) / "decode_rates.md").write_text(md)
+        log(f"published {asset_path()} and {Path(docs_dir) / 'decode_rates.md'}")
+    log("\n" + side_by_side_table(result))
     return result
 
 
-def load_rates(path: str | Path = RATES_PATH) -> dict[tuple[str, int, int], float]:
-    """{(rendition, tokens, workers): fp16 bytes/s} from a decode_rates.json."""
-    res = json.loads(Path(path).read_text())
-    return {(r["rendition"], r["tokens"], r["workers"]): r["fp16_bytes_per_s"] for r in res["rows"]}
+def rates_file(path: str | Path | None = None):
+    """The calibration to read: `path`, else the file $SAKURA_DECODE_RATES names, else the one the
+    package ships (package data, never the source tree's docs/)."""
+    if path is not None:
+        return Path(path)
+    if os.environ.get(RATES_ENV):
+        return Path(os.environ[RATES_ENV])
+    from importlib.resources import files
+
+    return files("sakura.assets").joinpath(RATES_ASSET)
+
+
+def load_target(path: str | Path | None = None, target: str = PHONE) -> dict:
+    """One target's measurement from a calibration file -> {"target", "rows", "scaling", "machine",
+    "date", "jit_cpu", "source"}. A file of one target only (an older `sakura bench decode`'s, a
+    test's) is that target as it stands ("target" says which: "host" unless the file names one).
+    Raises OSError / ValueError (bad JSON) / KeyError (no such target)."""
+    if target not in TARGETS:
+        raise ValueError(f"decode target {target!r}: expected one of {TARGETS}")
+    src = rates_file(path)
+    d = json.loads(src.read_text())
+    if "targets" in d:
+        if target not in d["targets"]:
+            raise KeyError(f"no {target} decode rates in {src} (it has {sorted(d['targets'])}); "
+                           "run `sakura bench decode`")
+        t, name = d["targets"][target], target
+    else:
+        t, name = d, d.get("target", HOST)
+    return {"target": name, "rows": t["rows"], "scaling": t.get("scaling"), "split": t.get("split"),
+            "machine": d.get("machine", {}),
+            "date": d.get("date"), "jit_cpu": t.get("jit_cpu"), "vector_lanes": t.get("vector_lanes"),
+            "source": str(src)}
+
+
+def describe_rates(path: str | Path | None = None, target: str = PHONE) -> str:
+    """One line for a benchmark's log and report: which decode rates it simulates with."""
+    try:
+        t = load_target(path, target)
+    except (OSError, KeyError, ValueError) as e:
+        return f"no {target} decode rates ({e})"
+    kind = ("phone-class decode rates (128-bit proxy: numba code for " + str(t["jit_cpu"]) + ", portable kernels)"
+            if t["target"] == PHONE else f"host decode rates (numba code for {t['jit_cpu'] or 'the host CPU'})")
+    return f"{kind}, measured {t['date']} on {t['machine'].get('cpu', '?')}, from {_short(t['source'])}"
+
+
+def _short(src: str) -> str:
+    """A rates file's name for reports: the shipped one as `sakura/assets/...`, others as given."""
+    p = Path(src)
+    return f"sakura/assets/{p.name}" if p.parent.name == "assets" and p.parent.parent.name == "sakura" else src
+
+
+def load_rates(path: str | Path | None = None, target: str = PHONE) -> dict[tuple[str, int, int], float]:
+    """{(rendition, tokens, workers): fp16 bytes/s (wall, aggregate)} of one target."""
+    return {(r["rendition"], r["tokens"], r["workers"]): r["fp16_bytes_per_s"] for r in load_target(path, target)["rows"]}
 
 
 @dataclass(frozen=True)
@@ -389,37 +649,41 @@ class PoolScaling:
                 f"({self.per_worker:.2f} of the per-core rate each; {self.source})")
 
 
-def load_scaling(workers: int | None = None, path: str | Path = RATES_PATH) -> PoolScaling:
+def load_scaling(workers: int | None = None, path: str | Path | None = None, target: str = PHONE) -> PoolScaling:
     """The measured pool: `workers` (default: the most the bench measured) and its speedup. Beyond
     the measured counts no further gain is assumed (the speedup of the largest measured count);
-    without a decode_rates.json (or one without scaling): one worker, 1x."""
-    p = Path(path)
+    without a calibration file (or one without scaling): one worker, 1x."""
     try:
-        sc = json.loads(p.read_text())["scaling"]["speedup_by_workers"]
+        t = load_target(path, target)
+        sc = t["scaling"]["speedup_by_workers"]
         measured = {int(w): float(x) for w, x in sc.items()} | {1: 1.0}
     except (OSError, KeyError, TypeError, ValueError):
-        return PoolScaling(max(1, workers or 1), 1.0, f"no measured scaling in {p}: no parallel gain assumed")
+        return PoolScaling(max(1, workers or 1), 1.0,
+                           f"no measured scaling in {rates_file(path)}: no parallel gain assumed")
     w = workers or max(measured)
     at = max(k for k in measured if k <= w)
-    return PoolScaling(w, measured[at], f"{p}, {at} worker(s) measured")
+    return PoolScaling(w, measured[at], f"{_short(t['source'])} [{t['target']}], {at} worker(s) measured")
 
 
-def load_split(path: str | Path = RATES_PATH, tokens: int | None = None) -> float:
+def load_split(path: str | Path | None = None, tokens: int | None = None, target: str = PHONE) -> float:
     """The measured intra-shard split of the live decode pool: the median `split` speedup (one
     shard on SPLIT_THREADS threads / serial, wall) over the native decoders' renditions (at the
     size nearest `tokens`, else all sizes), never below 1; 1.0 without a measurement. For
     `runtime.sim.simulate_edit(decode_split=)`, so that the simulator's decode matches the live
     pool's."""
     try:
-        rows = json.loads(Path(path).read_text())["rows"]
+        t = load_target(path, target)
     except (OSError, KeyError, TypeError, ValueError):
         return 1.0
-    rows = [r for r in rows if r.get("codec") in NATIVE_CODECS and r.get("split_speedup") and r.get("workers") == 1]
+    if t.get("split") is not None:   # a calibration that states its split (measured apart, see its scaling note)
+        return max(1.0, float(t["split"]))
+    rows = [r for r in t["rows"] if r.get("codec") in NATIVE_CODECS and r.get("split_speedup") and r.get("workers") == 1]
     if tokens is not None and rows:
         sizes = sorted({r["tokens"] for r in rows})
         near = min(sizes, key=lambda t: abs(math.log(t / tokens)))
         rows = [r for r in rows if r["tokens"] == near]
     return max(1.0, statistics.median(r["split_speedup"] for r in rows)) if rows else 1.0
+
 
 
 def rate_for(rates: dict[tuple[str, int, int], float], rendition: str, tokens: int, workers: int = 1) -> float:

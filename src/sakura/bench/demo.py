@@ -105,7 +105,8 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
     lines = [f"sakura demo ({model_name}): {workload} on {c.phone}, live time-dilated /{D:g}, {runs} runs per method "
              f"(interleaved), on {words} (`{trace}`, {mbps:,.0f} Mbit/s mean; real sockets, threads, decoding, model; "
              f"times in phone seconds). Ceilings with free, instant KV: {ceil['vs on-device']:.2f}x vs on-device, "
-             f"{ceil['vs on-device-nocache']:.2f}x vs on-device-nocache.", "",
+             f"{ceil['vs on-device-nocache']:.2f}x vs on-device-nocache. Decode times: "
+             f"{res.get('decode_rates', '?')}.", "",
              "| method | live (s), median [min-max] | simulated (s) | live / sim, every run | on-device / method "
              "(ceiling) | layers computed here | PSNR vs lossless KV (dB) |",
              "|---|---:|---:|---:|---:|---:|---:|"]

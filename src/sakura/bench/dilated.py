@@ -137,18 +137,19 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     m = st.get_manifest(fp, tid)
     dil = make_dilation(workload, phone, D, mini_layers=model.num_layers, mini_fp16_bytes_per_layer=m.shards[0].fp16_bytes,
                         rtt_ms=rtt_ms)
-    from sakura.bench.profile import DECODE_RATES_PATH, decode_rates, mean_bits_per_value
+    from sakura.bench.profile import decode_rates, mean_bits_per_value
+    from sakura.bench.decode_rates import PHONE, describe_rates, load_scaling, load_split
 
-    log(f"decode rates from {DECODE_RATES_PATH}")
-    rates = decode_rates([r.name for r in m.shards[0].renditions], bits_per_value=mean_bits_per_value(m))
-    from sakura.bench.decode_rates import load_scaling, load_split
-
-    pool = load_scaling(decode_workers)   # the measured pool (docs/decode_rates.json), not an assumed count
+    # a phone's decode: the phone-class rates (128-bit proxy), not this server's AVX-512 kernels
+    rates_desc = describe_rates(target=PHONE)
+    log(f"decode: {rates_desc}")
+    rates = decode_rates([r.name for r in m.shards[0].renditions], bits_per_value=mean_bits_per_value(m), target=PHONE)
+    pool = load_scaling(decode_workers, target=PHONE)   # the measured pool, not an assumed count
     decode_workers = pool.workers
     rates = {k: v * pool.per_worker for k, v in rates.items()}
     # the live pool beside this simulation splits a shard over idle workers: model that too, at the
     # measured factor, so live and simulated decode the same way (1.0 with one worker)
-    split = load_split() if decode_workers > 1 else 1.0
+    split = load_split(target=PHONE) if decode_workers > 1 else 1.0
     log(f"decode: {pool.describe()}; one shard over idle workers x{split:.2f}")
     pad = {r.name: dil.decode_s(rates[r.name]) for r in m.shards[0].renditions}
     floor = [s.quality_floor["image_mse"] if s.quality_floor else None for s in m.shards]
@@ -272,7 +273,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                       f"to the workload's times), beside the simulator on the same inputs",
               "workload": workload, "phone": dil.phone, "D": D, "dilation": {k: getattr(dil, k) for k in
                                                                               ("local_s", "compute_s", "pre_s", "post_s", "rtt_s", "beta")},
-              "ceilings": ceilings(c), "decode_pad_s": pad, "decode_rates": str(DECODE_RATES_PATH), "rows": rows,
+              "ceilings": ceilings(c), "decode_pad_s": pad, "decode_rates": rates_desc, "rows": rows,
               "frontier": frontier,
               "agreement": _agreement(rows)}
     result["images"] = {"photo": photo, "template": timg, "truth": task.ground_truth(photo, timg), "lossless": reference,
@@ -348,7 +349,8 @@ def dilated_markdown(result: dict) -> str:
              f"(dilated seconds x {result['D']:g})"
              + (f"; live: the median of {runs} runs per method (interleaved), [min-max] beside it" if runs > 1 else "")
              + f". Ceilings (free, instant KV): {c['vs on-device']:.2f}x vs on-device, "
-             f"{c['vs on-device-nocache']:.2f}x vs on-device-nocache.", "",
+             f"{c['vs on-device-nocache']:.2f}x vs on-device-nocache. Decode padded to a phone's: "
+             f"{result.get('decode_rates', '?')}.", "",
              "Methods: `cachegen` = CacheGen's own adaptation as published (one chunk at a time; fit test bytes x 8 / "
              "bandwidth vs target / chunks left, else recompute); `cachegen-fair` = ours (sakura's overlapped fetching, "
              "fit test with decode and RTT); `cachegen-L3` = held to level 3 on every chunk, else recompute (the "

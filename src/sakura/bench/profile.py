@@ -61,7 +61,7 @@ SWEEP_SAKURA_QUALITY_X = (0.25, 0.5, 1.0, 2.0, 4.0)
 DEFAULT_RATES_MBPS = (5, 10, 20, 50, 100, 200, 300, 500, 1000)
 
 
-def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00", *,
+def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00", *, target: str = "phone",
                    log: Callable[[str], None] = print) -> dict:
     """Build a store for one template with the default ladder + lossless + CacheGen (both variants);
     returns per rendition {codec, bits_per_value, image_mse (mean per shard)}, the mean quality
@@ -85,13 +85,25 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
     floors = [s.quality_floor["image_mse"] for s in m.shards if s.quality_floor]
     renditions = {k: {"codec": v["codec"], "bits_per_value": bpv[k],
                       "image_mse": statistics.mean(v["mse"])} for k, v in out.items()}
-    rates = decode_rates(list(renditions),
-                         bits_per_value={k: v["bits_per_value"] for k, v in renditions.items()})
-    log(f"decode rates from {DECODE_RATES_PATH} (per core, Klein-sized layer)")
-    for name, r in renditions.items():
-        r["decode_fp16_bytes_per_cpu_s"] = rates[name]
-    return {"model": model_name, "template": template, "layers": len(m.shards), "renditions": renditions,
-            "floor_image_mse": statistics.mean(floors) if floors else None}
+    ladder = {"model": model_name, "template": template, "layers": len(m.shards), "renditions": renditions,
+              "floor_image_mse": statistics.mean(floors) if floors else None}
+    return rate_ladder(ladder, target, log=log)
+
+
+def rate_ladder(ladder: dict, target: str = "phone", *, path: str | Path | None = None,
+                log: Callable[[str], None] = print) -> dict:
+    """The ladder with every rendition's per-core decode rate (Klein-sized layer) set from the
+    calibration of `target` ("phone": the phone-class proxy; "host": this server's kernels), and
+    which rates those are (`decode_target`, `decode_rates`). The renditions' bytes and qualities
+    stay: the same measured ladder can be simulated with either target's rates."""
+    from sakura.bench.decode_rates import describe_rates
+
+    rs = ladder["renditions"]
+    rates = decode_rates(list(rs), path, bits_per_value={k: v["bits_per_value"] for k, v in rs.items()}, target=target)
+    desc = describe_rates(path, target)
+    log(f"decode: {desc} (per core, Klein-sized layer)")
+    return {**ladder, "decode_target": target, "decode_rates": desc,
+            "renditions": {k: {**v, "decode_fp16_bytes_per_cpu_s": rates[k]} for k, v in rs.items()}}
 
 
 def mean_bits_per_value(manifest) -> dict[str, float]:
@@ -104,15 +116,13 @@ def mean_bits_per_value(manifest) -> dict[str, float]:
     return {k: statistics.mean(v) for k, v in per.items()}
 
 
-#: The one file every benchmark reads decode rates from (`sakura bench decode` writes it).
-DECODE_RATES_PATH = Path(__file__).resolve().parents[3] / "docs" / "decode_rates.json"
-
-
 def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: int = 1024,
-                 bits_per_value: dict[str, float] | None = None) -> dict[str, float]:
+                 bits_per_value: dict[str, float] | None = None, target: str = "phone") -> dict[str, float]:
     """Per-core decode rate (fp16 KV bytes per CPU second, one worker) of each rendition name on a
-    Klein-sized layer, read from decode_rates.json: the one place the phone profile, the dilated
-    bench and the demo get decode rates from. A layered rung without its own row takes its
+    Klein-sized layer, from the decode-rate calibration (`decode_rates.load_target`: the package's
+    shipped one unless `path` or $SAKURA_DECODE_RATES says otherwise), for `target` ("phone": the
+    phone-class proxy, what a phone's figures use; "host": this server's kernels): the one place
+    the phone profile, the dilated bench and the demo get decode rates from. A layered rung without its own row takes its
     spec's row, a CacheGen delta level without one its plain level's (the same decoder and a
     prefix sum), a rendition with its own parameters its codec's rung row; a name with no row at all is an error (rerun `sakura bench decode`).
 
@@ -122,9 +132,10 @@ def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: i
     store's ladder is calibrated per template (sticker-00's single rung sits at ~2.25 bits/value,
     the bench ladder's rung 0 at ~0.22), and a rung's decode cost grows with its bits/value
     (2.0 bits/value decodes at ~0.4x the rate of 0.22)."""
-    import json as _json
+    from sakura.bench.decode_rates import load_target
 
-    rows = _json.loads(Path(path or DECODE_RATES_PATH).read_text())["rows"]
+    cal = load_target(path, target)
+    rows = cal["rows"]
     table: dict[str, dict[int, float]] = {}
     bpv_of: dict[str, float] = {}
     for r in rows:
@@ -146,18 +157,19 @@ def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: i
             row = (table.get(n) or table.get(base) or table.get(n.replace(",delta=true", ""))
                    or table.get(base.split(":")[0] + (f"#{rung}" if rung else "")))
         if row is None:
-            raise KeyError(f"no decode rate for {n!r} in {path or DECODE_RATES_PATH}; run `sakura bench decode`")
+            raise KeyError(f"no {cal['target']} decode rate for {n!r} in {cal['source']}; run `sakura bench decode`")
         out[n] = row[min(row, key=lambda t: abs(math.log(t / tokens)))]
     return out
 
 
 def with_measured_pool(ladder: dict, decode_workers: int | None = None, *, log: Callable[[str], None] = print):
     """(ladder with every rendition's decode rate scaled to one worker of the measured pool, the
-    pool): `decode_workers` threads at the scaling `sakura bench decode` measured, not an assumed
-    count of perfectly parallel cores."""
+    pool): `decode_workers` threads at the scaling `sakura bench decode` measured for the ladder's
+    decode target (`rate_ladder`; phone-class if unsaid), not an assumed count of perfectly
+    parallel cores."""
     from sakura.bench.decode_rates import load_scaling
 
-    pool = load_scaling(decode_workers)
+    pool = load_scaling(decode_workers, target=ladder.get("decode_target", "phone"))
     out = {**ladder, "renditions": {k: {**r, "decode_fp16_bytes_per_cpu_s": r["decode_fp16_bytes_per_cpu_s"] * pool.per_worker}
                                     for k, r in ladder["renditions"].items()}}
     rates = sorted(r["decode_fp16_bytes_per_cpu_s"] for r in ladder["renditions"].values())
@@ -293,9 +305,13 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
                 families: Sequence[str] | None = None, offsets_per_trace: int = 1, traces_per_family: int | None = None,
                 rates_mbps: Sequence[float] = DEFAULT_RATES_MBPS, rtt_ms: float = 40.0, decode_workers: int | None = None,
                 seed: int = 0, model_name: str = "sakura-mini", ladder: dict | None = None, sweep: bool = True,
-                jobs: int = 1, decode_split: float | None = None, log: Callable[[str], None] = print) -> dict:
+                jobs: int = 1, decode_split: float | None = None, decode_target: str = "phone",
+                log: Callable[[str], None] = print) -> dict:
     """Every method x workload x phone level x (every trace at seeded offsets + constant links).
-    `decode_workers`: None = the pool `sakura bench decode` measured (docs/decode_rates.json).
+    `decode_target`: whose decode rates ("phone": the phone-class proxy, the default; "host": this
+    server's AVX-512 kernels, for comparison); a given `ladder` keeps its own rates unless it names
+    another target (then it is re-rated, `rate_ladder`).
+    `decode_workers`: None = the pool `sakura bench decode` measured for that target.
     `decode_split`: None = the live pool's measured intra-shard split (`decode_rates.load_split`, as
     `sakura bench dilated`; 1.0 with one worker). `jobs`: processes over the independent runs
     (workload x phone x link); the result is the same as with one."""
@@ -306,7 +322,13 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    ladder = ladder or measure_ladder(model_name, log=log)
+    if ladder is None:
+        ladder = measure_ladder(model_name, target=decode_target, log=log)
+    elif ladder.get("decode_target", decode_target) != decode_target:
+        ladder = rate_ladder(ladder, decode_target, log=log)
+    else:   # a given ladder keeps its own rates (a fixture's, a replayed profile's)
+        ladder = {**ladder, "decode_target": decode_target,
+                  "decode_rates": ladder.get("decode_rates", "the given ladder's own per-core rates")}
     ladder, pool = with_measured_pool(ladder, decode_workers, log=log)
     decode_workers = pool.workers
     wls = [get_workload(w) for w in workloads] if workloads else list(WORKLOADS)
@@ -316,7 +338,7 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     if decode_split is None:
         from sakura.bench.decode_rates import load_split
 
-        decode_split = load_split() if decode_workers > 1 else 1.0
+        decode_split = load_split(target=decode_target) if decode_workers > 1 else 1.0
     log(f"decode: {pool.describe()}; one shard over idle workers x{decode_split:.2f} (every streaming method)")
     link_args = dict(families=families, offsets_per_trace=offsets_per_trace, traces_per_family=traces_per_family,
                      rates_mbps=rates_mbps, seed=seed)
@@ -345,7 +367,8 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
               "offsets_per_trace": offsets_per_trace, "traces_per_family": traces_per_family,
               "families": list(families) if families else None, "rates_mbps": list(rates_mbps),
               "seed": seed, "decode_split": decode_split, "jobs": jobs, "workloads": [asdict(w) for w in wls], "phones": [asdict(p) for p in phs],
-              "wall_s": time.perf_counter() - t_start, "decode_rates": _rel(DECODE_RATES_PATH),
+              "wall_s": time.perf_counter() - t_start, "decode_target": decode_target,
+              "decode_rates": ladder["decode_rates"],
               "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "runs": runs}
     result["summary"] = summarize(runs)
     result["family_checks"] = family_checks(runs)
@@ -643,8 +666,8 @@ def profile_markdown(result: dict) -> str:
     L = result["ladder"]
     fc = result.get("family_checks") or family_checks(result["runs"])
     lines = [f"Phone profile: {result['mode']}. RTT {result['rtt_ms']} ms, {result['decode_workers']} decode workers "
-             f"per streaming method, renditions measured in this run on {L['model']} (`{L['template']}`), decode rates "
-             f"from `{result.get('decode_rates', 'docs/decode_rates.json')}`, {result['offsets_per_trace']} seeded "
+             f"per streaming method, renditions measured in this run on {L['model']} (`{L['template']}`), decode: "
+             f"{result.get('decode_rates', 'docs/decode_rates.json (host)')}, {result['offsets_per_trace']} seeded "
              f"offset(s) per trace, {len(result['runs'])} runs in {result['wall_s']:.0f} s.", "",
              "Methods: `cachegen` = CacheGen's own per-chunk adaptation as published (level 3, 2, 1: the first whose "
              "bytes x 8 / bandwidth fits the latency target / chunks left, else recompute; one chunk fetched at a time); "

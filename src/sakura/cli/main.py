@@ -401,17 +401,27 @@ def bench_load(
 
 @bench_app.command("decode")
 def bench_decode(
-    out: Path = typer.Option(default_factory=_bench_out(""), help="Folder for decode_rates.json and decode_rates.md."),
+    out: Path = typer.Option(Path("out/decode"), help="Folder for decode_rates.json and decode_rates.md."),
     spec: Optional[list[str]] = typer.Option(None, help="Codec spec (repeatable); default: every codec family "
                                                         "and the store's ladder, layered specs per rung."),
     tokens: Optional[list[int]] = typer.Option(None, help="Layer sizes in tokens (repeatable; default 1024 and 4096)."),
     rounds: int = typer.Option(3, min=1, help="Rounds per measurement (the best is reported)."),
+    target: Optional[list[str]] = typer.Option(None, help="Decode target (repeatable): host (this CPU's kernels) and "
+                                                          "phone (phone-class proxy: 128-bit SIMD, portable kernels); "
+                                                          "default both, side by side."),
+    publish: bool = typer.Option(False, help="Also replace the shipped calibration (sakura/assets/decode_rates.json) "
+                                             "and docs/decode_rates.md."),
 ) -> None:
-    """Decode rates (fp16 KV bytes/s) of every codec on Klein-sized layers, 1 and 2 worker threads,
-    and whether each codec releases the GIL."""
-    from sakura.bench.decode_rates import TOKENS, run
+    """Decode rates (fp16 KV bytes/s per core) of every codec on Klein-sized layers, on this host and on a
+    phone-class proxy side by side, 1 and 2 worker threads, and whether each codec releases the GIL."""
+    from sakura.bench.decode_rates import TARGETS, TOKENS, run
 
-    run(out, specs=spec or None, tokens=tokens or TOKENS, rounds=rounds, log=typer.echo)
+    bad = [t for t in target or () if t not in TARGETS]
+    if bad:
+        typer.echo(f"error: --target {bad[0]!r}: expected one of {', '.join(TARGETS)}", err=True)
+        raise typer.Exit(2)
+    run(out, specs=spec or None, tokens=tokens or TOKENS, rounds=rounds, targets=target or TARGETS, publish=publish,
+        log=typer.echo)
 
 
 @bench_app.command("workloads")
@@ -507,7 +517,9 @@ def bench_profile(
     traces_per_family: int = typer.Option(0, min=0, help="Sample this many traces per family (0: every trace)."),
     rtt_ms: float = typer.Option(40.0, min=0.0, help="Round-trip time (ms)."),
     decode_workers: int = typer.Option(0, min=0, help="Decode workers the phone gives every streaming method "
-                                                     "(0: the pool measured by `sakura bench decode`, docs/decode_rates.json)."),
+                                                     "(0: the pool measured by `sakura bench decode`)."),
+    decode_target: str = typer.Option("phone", help="Whose decode rates: phone (phone-class proxy, 128-bit SIMD) or "
+                                                    "host (this server's AVX-512 kernels, for comparison)."),
     model: str = typer.Option("sakura-mini", help="Model whose real template KV measures the renditions."),
     seed: int = typer.Option(0, help="Seed of the start offsets."),
     replay: Optional[Path] = typer.Option(None, help="Only re-simulate sakura on this e2e_profile.json's losing "
@@ -522,6 +534,9 @@ def bench_profile(
     and constant links, through the runtime's own driver; ceilings beside every ratio."""
     from sakura.bench.profile import replay_runs, run_profile
 
+    if decode_target not in ("phone", "host"):
+        typer.echo(f"error: --decode-target {decode_target!r}: expected phone or host", err=True)
+        raise typer.Exit(2)
     if replay is not None:
         try:
             if not replay.is_file():
@@ -534,7 +549,7 @@ def bench_profile(
         return
     run_profile(out, workloads=workloads, phones=phones, families=families, offsets_per_trace=offsets_per_trace,
                 traces_per_family=traces_per_family or None, rtt_ms=rtt_ms, decode_workers=decode_workers or None,
-                model_name=model, seed=seed, jobs=jobs, log=typer.echo)
+                model_name=model, seed=seed, jobs=jobs, decode_target=decode_target, log=typer.echo)
 
 
 @bench_app.command("templates")

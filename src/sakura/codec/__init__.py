@@ -19,6 +19,10 @@ Codecs (registry names):
     lossless     the stored bit patterns (fp32/fp16/bf16), optionally zstd; bit-exact
 """
 
+from . import target as _target
+
+_target.configure()   # before anything loads numba: SAKURA_DECODE_TARGET=phone picks the JIT's CPU
+
 from .base import (Codec, CodecTables, RenditionReport, ShardKV, UnknownCodecError, available_codecs,
                    codec_from_spec, decode_any, get_codec, register)
 from .bitstream import CodecError, CorruptError, IdentityError, ShardId, TruncatedError, VersionError

@@ -16,12 +16,12 @@ from sakura.bench.decode_rates import PoolScaling, load_scaling, run
 
 def test_bench_writes_scaling_and_reference_rates(tmp_path):
     res = run(tmp_path, specs=["progressive", "cachegen:level=2", "lossless"], tokens=[64], workers=(1, 2),
-              rounds=1, log=lambda s: None)
-    saved = json.loads((tmp_path / "decode_rates.json").read_text())
+              rounds=1, targets=("host",), log=lambda s: None)
+    saved = json.loads((tmp_path / "decode_rates.json").read_text())["targets"]["host"]
     sc = saved["scaling"]["speedup_by_workers"]
     assert set(sc) == {"1", "2"} and sc["1"] == 1.0 and sc["2"] > 0
     assert "lossless" not in saved["scaling"]["per_rendition"]
-    by = {(r["rendition"], r["workers"]): r for r in res["rows"]}
+    by = {(r["rendition"], r["workers"]): r for r in res["targets"]["host"]["rows"]}
     assert by[("progressive#0", 1)]["reference_fp16_bytes_per_cpu_s"] > 0
     assert by[("cachegen:level=2", 1)]["reference_fp16_bytes_per_cpu_s"] > 0
     assert by[("lossless", 1)]["reference_fp16_bytes_per_cpu_s"] is None
@@ -30,12 +30,12 @@ def test_bench_writes_scaling_and_reference_rates(tmp_path):
     # the codecs that split one shard over threads get the split column; lossless cannot split
     assert by[("progressive#0", 1)]["split_speedup"] > 0 and by[("cachegen:level=2", 2)]["split_speedup"] > 0
     assert by[("lossless", 1)]["split_speedup"] is None
-    pool = load_scaling(path=tmp_path / "decode_rates.json")
+    pool = load_scaling(path=tmp_path / "decode_rates.json", target="host")
     assert pool.workers == 2 and pool.speedup == sc["2"] and abs(pool.per_worker - sc["2"] / 2) < 1e-12
     # more workers than measured: no gain beyond the largest measured count is assumed
-    big = load_scaling(8, path=tmp_path / "decode_rates.json")
+    big = load_scaling(8, path=tmp_path / "decode_rates.json", target="host")
     assert big.workers == 8 and big.speedup == sc["2"]
-    assert load_scaling(1, path=tmp_path / "decode_rates.json").per_worker == 1.0
+    assert load_scaling(1, path=tmp_path / "decode_rates.json", target="host").per_worker == 1.0
 
 
 def test_missing_rates_assume_no_parallel_gain(tmp_path):
