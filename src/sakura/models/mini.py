@@ -81,7 +81,7 @@ class MiniConfig(PatchGridConfig):
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding of t in [0, 1]: (B,) -> (B, dim)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float32) / half)
+    freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
     args = (t.float() * 1000.0)[:, None] * freqs[None]   # (B, half)
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
@@ -221,7 +221,7 @@ class MiniDiT(BundledImageModel, nn.Module):
 
     # -- streams --------------------------------------------------------------------------------
     def _temb(self, t: torch.Tensor) -> torch.Tensor:
-        return self.time_mlp(timestep_embedding(t, self.cfg.dim))
+        return self.time_mlp(timestep_embedding(t, self.cfg.dim).to(self.embed.weight.dtype))
 
     def _rope(self):
         return self.rope_cos, self.rope_sin
@@ -235,9 +235,10 @@ class MiniDiT(BundledImageModel, nn.Module):
         template: (B, 3, H, W); instruction: int or (B,) long, the template's fixed instruction id.
         """
         cfg = self.cfg
-        instr = torch.as_tensor(instruction, dtype=torch.long).expand(template.shape[0])
-        x = self.embed(patchify(template, cfg.patch_size)) + self.segment[0] + self.instruction[instr][:, None]
-        temb = self._temb(torch.full((template.shape[0],), cfg.template_timestep))
+        dev, dt = self.device, self.dtype
+        instr = torch.as_tensor(instruction, dtype=torch.long).to(dev).expand(template.shape[0])
+        x = self.embed(patchify(template.to(dev, dt), cfg.patch_size)) + self.segment[0] + self.instruction[instr][:, None]
+        temb = self._temb(torch.full((template.shape[0],), cfg.template_timestep, device=dev))
         for block in self.blocks:
             x, k, v = block.template_forward(x, temb, self._rope())
             yield k, v
@@ -280,7 +281,8 @@ class MiniDiT(BundledImageModel, nn.Module):
         when `template_kv` is given, else EXTRACT. All three give bit-identical images for the same
         template, photo, steps and seed.
         """
-        photo = self._check_image(photo, "photo")
+        dev, dt = self.device, self.dtype
+        photo = self._check_image(photo, "photo").to(dev, dt)
         b = photo.shape[0]
         mode = resolve_kv_mode(mode, template, template_kv)
         if mode is KVMode.INJECTED:
@@ -308,13 +310,16 @@ class MiniDiT(BundledImageModel, nn.Module):
             if resident[i] is None:  # INJECTED: first touch of layer i; may block on a stream
                 layer = template_kv.layer(i)
                 layer.check(f"template KV layer {i}", tokens=expected[0], heads=expected[1], head_dim=expected[2])
-                resident[i] = (layer.key.float()[None].expand(b, -1, -1, -1),
-                               layer.value.float()[None].expand(b, -1, -1, -1), layer.keep)
+                # the wire's dtype (fp16) cast to the model's on arrival, on its device
+                keep = None if layer.keep is None else layer.keep.to(dev)
+                resident[i] = (layer.key.to(dev, dt)[None].expand(b, -1, -1, -1),
+                               layer.value.to(dev, dt)[None].expand(b, -1, -1, -1), keep)
             return resident[i]
 
+        # noise drawn on the CPU whatever the device: one seed, one edit, on every machine
         gen = torch.Generator().manual_seed(seed)
-        x = torch.randn(photo.shape, generator=gen)
-        ts = torch.linspace(1.0, 0.0, steps + 1)
+        x = torch.randn(photo.shape, generator=gen).to(dev, dt)
+        ts = torch.linspace(1.0, 0.0, steps + 1).to(dev, dt)
         for s in range(steps):
             if mode is KVMode.NOCACHE or (mode is KVMode.EXTRACT and s == 0):
                 run_template_stream()
@@ -322,7 +327,7 @@ class MiniDiT(BundledImageModel, nn.Module):
             v = self.velocity(photo, x, ts[s].expand(b), kv_for_layer, probe)
             x = x + (ts[s + 1] - ts[s]) * v
             timings["denoise"] += time.perf_counter() - t0
-        image = x.clamp(0.0, 1.0)
+        image = x.clamp(0.0, 1.0).float().cpu()  # (B, 3, S, S) float32 on the CPU, whatever the device
         return EditOutput(image=image, template_kv=captured if mode is KVMode.EXTRACT else None, timings_s=timings)
 
     # -- training -------------------------------------------------------------------------------
