@@ -69,7 +69,8 @@ def refresh_failure(e: BaseException, template: str) -> str:
 
 def edit_command(*, photo: Path, server: str, template: str | None, out: Path, policy: str, steps: int, seed: int,
                  prior_mbps: float, model_name: str = "sakura-mini", gallery_dir: Path | None = None,
-                 decode_workers: int | None = None, echo: Callable[[str], None] = print) -> None:
+                 decode_workers: int | None = None, echo: Callable[[str], None] = print, device: str = "auto",
+                 dtype: str = "auto") -> None:
     """Edit `photo` with `template`, streaming what pays from `server` and computing the rest.
 
     The manifest and template image are fetched first and kept in the phone's gallery
@@ -93,7 +94,7 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     if urlsplit(server).scheme not in ("http", "https") or not urlsplit(server).hostname:
         raise ValueError(f"--server must be http(s)://host[:port], got {server!r}")
     check_out_path(out)  # before any work: a bad --out used to fail only after the whole edit
-    model = load_model(model_name)
+    model = load_model(model_name, device=device, dtype=dtype)  # a bad --device is a one-line ValueError
     img = load_photo(photo, model.cfg.image_size)
     gallery = Gallery(gallery_dir)
     fp = model.fingerprint()

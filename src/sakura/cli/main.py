@@ -117,12 +117,19 @@ def build(
     workers: Optional[int] = typer.Option(None, min=1, help="Concurrent templates on a local Ray cluster "
                                           "(default: all cores)."),
     force: bool = typer.Option(False, help="Rebuild templates even if their manifest verifies (--executor ray)."),
+    device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp16 on mps, fp32 on cpu), fp32, fp16 or bf16; "
+                              "the store holds fp16 KV whatever the compute dtype."),
+    probe_batch: Optional[int] = typer.Option(None, min=1, help="Image-distortion probes per batched forward "
+                                              "(default 1 on cpu: bit-identical stores; 16 on an accelerator)."),
+    quiet: bool = typer.Option(False, help="No progress bar (the per-template summary lines stay)."),
 ) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
     from sakura.cli.build import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
-              workers=workers, force=force, library=library, task=task, prompt=prompt)
+              workers=workers, force=force, library=library, task=task, prompt=prompt, device=device, dtype=dtype,
+              probe_batch=probe_batch, quiet=quiet)
 
 
 @app.command()
@@ -165,6 +172,9 @@ def edit(
     gallery: Path = typer.Option(None, help="The phone's template gallery cache (default $SAKURA_GALLERY or "
                                             "~/.cache/sakura/gallery)."),
     decode_workers: int = typer.Option(0, min=0, help="Decode workers (0: one per core)."),
+    device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp16 on mps, fp32 on cpu), fp32, fp16 or bf16; "
+                              "streamed KV (fp16 on the wire) is cast to it on arrival."),
 ) -> None:
     """Phone side: edit a local photo with a template whose KV streams from a cache server.
 
@@ -177,7 +187,7 @@ def edit(
     try:
         edit_command(photo=photo, server=server, template=template, out=out, policy=policy, steps=steps, seed=seed,
                      prior_mbps=prior_mbps, model_name=model, gallery_dir=gallery, decode_workers=decode_workers or None,
-                     echo=typer.echo)
+                     echo=typer.echo, device=device, dtype=dtype)
     except (ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

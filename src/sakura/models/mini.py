@@ -330,6 +330,51 @@ class MiniDiT(BundledImageModel, nn.Module):
         image = x.clamp(0.0, 1.0).float().cpu()  # (B, 3, S, S) float32 on the CPU, whatever the device
         return EditOutput(image=image, template_kv=captured if mode is KVMode.EXTRACT else None, timings_s=timings)
 
+    @torch.no_grad()
+    def edit_many(self, photo: torch.Tensor, template_kvs: list[TemplateKVSource], *, steps: int = 8,
+                  seed: int = 0) -> list[torch.Tensor]:
+        """``[edit(photo, template_kv=kv, steps=steps, seed=seed).image for kv in template_kvs]``
+        as one batched forward per step (K sources x B photos): the build's image-distortion
+        probes, which differ from the lossless template in one layer each. A layer object the
+        sources share is cast to the device once. Sources with keep masks are not batched here
+        (ValueError): a mask would change which attention kernel runs.
+
+        photo: (B, 3, S, S) in [0, 1]. Returns K images (B, 3, S, S), float32 on the CPU."""
+        dev, dt = self.device, self.dtype
+        photo = self._check_image(photo, "photo").to(dev, dt)
+        check_steps(steps)
+        if not template_kvs:
+            return []
+        for kv in template_kvs:
+            self.check_template_kv(kv)
+        n, k = photo.shape[0], len(template_kvs)
+        tokens, heads, head_dim = self.cfg.tokens_per_image, self.cfg.heads, self.cfg.head_dim
+        resident: list[tuple[torch.Tensor, torch.Tensor, None] | None] = [None] * self.num_layers
+
+        def kv_for_layer(i: int):
+            if resident[i] is None:
+                layers = [kv.layer(i) for kv in template_kvs]
+                for layer in layers:
+                    layer.check(f"template KV layer {i}", tokens=tokens, heads=heads, head_dim=head_dim)
+                    if layer.keep is not None:
+                        raise ValueError("edit_many: a source with a keep mask; edit it on its own")
+                if all(layer is layers[0] for layer in layers):  # shared: cast once, expand (no copy)
+                    kt, vt = (t.to(dev, dt)[None].expand(k * n, -1, -1, -1) for t in (layers[0].key, layers[0].value))
+                else:  # (K, Tt, H, D) -> (K*B, Tt, H, D), source j's K/V for photos j*B .. j*B+B-1
+                    kt = torch.stack([l.key.to(dev, dt) for l in layers]).repeat_interleave(n, dim=0)
+                    vt = torch.stack([l.value.to(dev, dt) for l in layers]).repeat_interleave(n, dim=0)
+                resident[i] = (kt, vt, None)
+            return resident[i]
+
+        gen = torch.Generator().manual_seed(seed)  # the same noise as each single edit
+        x = torch.randn(photo.shape, generator=gen).to(dev, dt).repeat(k, 1, 1, 1)
+        photos = photo.repeat(k, 1, 1, 1)                                   # (K*B, 3, S, S)
+        ts = torch.linspace(1.0, 0.0, steps + 1).to(dev, dt)
+        for s in range(steps):
+            v = self.velocity(photos, x, ts[s].expand(k * n), kv_for_layer, None)
+            x = x + (ts[s + 1] - ts[s]) * v
+        return list(x.clamp(0.0, 1.0).float().cpu().reshape(k, n, *photo.shape[1:]).unbind(0))
+
     # -- training -------------------------------------------------------------------------------
     def training_velocity(self, template: torch.Tensor, instruction: torch.Tensor, photo: torch.Tensor,
                           x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
