@@ -305,6 +305,35 @@ def allocation_modes(allocate: str, shards: Sequence[ShardKV]) -> tuple[bool, bo
     return use_sens, use_img
 
 
+#: parts of at least this many values have their rate-distortion grids computed in threads (numpy
+#: releases the GIL on such arrays): a Klein-4B 1024^2 part is 12.6 M values and ~15 CPU-s of grid
+PARALLEL_PART_VALUES = 1 << 20
+
+
+def _part_pool(shards: Sequence[ShardKV]):
+    """A thread pool over a fit's parts when they are large (one worker per core), else an
+    in-line executor: small parts (the bundled models') gain nothing from threads."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = min(len(shards) * len(PARTS), os.cpu_count() or 1)
+    if workers <= 1 or max(s.num_values for s in shards) // 2 < PARALLEL_PART_VALUES:
+        return _InlineExecutor()
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="progressive-fit")
+
+
+class _InlineExecutor:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    @staticmethod
+    def map(fn, items):
+        return map(fn, items)
+
+
 def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: str,
                use_sensitivity: bool, weighting: str = "none", gamma: float = 1.0,
                use_image: bool = False) -> dict[tuple[int, str], PartPlan]:
@@ -317,32 +346,42 @@ def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: s
     coarse_pts: dict = {}
     sens: dict = {}
     means: dict = {}
-    for s in shards:
+
+    def rd_grid(s: ShardKV, kv: str):  # one part's transform and step grid; parts are independent
         T = s.shape[0]
         n = _grid(T, transform)
         band = _bands(T, n)
-        for j, kv in enumerate(PARTS):
-            part = (s.layer, kv)
-            x = as_f32_2d(s.key if kv == "k" else s.value)
-            mu = EQ.part_mean(x, sdt)
-            sc = scales_of(token_scales(s, kv, weighting, gamma))
-            c = coefficients(x, mu, n, sc)
-            xs = x if sc is None else x * sc.astype(np.float32)[:, None]
-            energy = float((xs.astype(np.float64) ** 2).sum()) + 1e-30
-            sigma = math.sqrt(float((c ** 2).mean())) or 1.0
-            floor = max(float(np.abs(c).max(initial=0.0)) / EQ.MAX_SYM, 1e-30)
-            pts = []
-            for jj in EQ.STEP_GRID:
-                step = float(np.float32(max(sigma * 2.0 ** (-jj / 2.0), floor)))
-                pts.append((step,) + _deadzone_rd(c, band, step, energy))
-            fine[part] = pts
-            sens[part] = float(s.sensitivity[j]) if use_sensitivity else 1.0
-            means[part] = (mu, c, band, energy, sc)
+        x = as_f32_2d(s.key if kv == "k" else s.value)
+        mu = EQ.part_mean(x, sdt)
+        sc = scales_of(token_scales(s, kv, weighting, gamma))
+        c = coefficients(x, mu, n, sc)
+        xs = x if sc is None else x * sc.astype(np.float32)[:, None]
+        energy = float((xs.astype(np.float64) ** 2).sum()) + 1e-30
+        sigma = math.sqrt(float((c ** 2).mean())) or 1.0
+        floor = max(float(np.abs(c).max(initial=0.0)) / EQ.MAX_SYM, 1e-30)
+        pts = []
+        for jj in EQ.STEP_GRID:
+            step = float(np.float32(max(sigma * 2.0 ** (-jj / 2.0), floor)))
+            pts.append((step,) + _deadzone_rd(c, band, step, energy))
+        return pts, (mu, c, band, energy, sc)
+
+    jobs = [(s, j, kv) for s in shards for j, kv in enumerate(PARTS)]
+    with _part_pool(shards) as pool:  # same arithmetic per part, in threads on large parts (exact)
+        results = list(pool.map(lambda job: rd_grid(job[0], job[2]), jobs))
+    for (s, j, kv), (pts, mean) in zip(jobs, results):
+        part = (s.layer, kv)
+        fine[part] = pts
+        sens[part] = float(s.sensitivity[j]) if use_sensitivity else 1.0
+        means[part] = mean
     step0 = allocate_steps(fine, sens, budgets[0] * total_values)
     if use_image:
         step0 = _image_steps(shards, fine, means, step0, budgets[0] * total_values, transform)
-    for part, (mu, c, band, energy, _sc) in means.items():
-        coarse_pts[part] = [(k,) + _deadzone_rd(c, band, step0[part] * 2.0 ** -k, energy) for k in range(MAX_PLANES + 1)]
+    with _part_pool(shards) as pool:
+        coarse = list(pool.map(lambda item: [(k,) + _deadzone_rd(item[1][1], item[1][2], step0[item[0]] * 2.0 ** -k,
+                                                                 item[1][3]) for k in range(MAX_PLANES + 1)],
+                               list(means.items())))
+    for part, pts in zip(means, coarse):
+        coarse_pts[part] = pts
     planes = _ladder_planes(coarse_pts, sens, budgets, total_values)
     if use_image and len(budgets) > 1:
         planes = _image_planes(shards, means, step0, planes, coarse_pts, budgets, total_values, transform)

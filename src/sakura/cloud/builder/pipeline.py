@@ -195,8 +195,8 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     floor_codec = codec_from_spec(QUALITY_FLOOR_SPEC)
     stages = _Stages(len(templates) if templates else len(default_templates()), progress)
     try:
-        stages.bar.set_description_str(f"loading {model_name}", refresh=True)
         if model is None:
+            stages.bar.set_description_str(f"loading {model_name}", refresh=True)
             model = load_model(model_name, device=device, dtype=dtype)  # every adapter has the image-level API
         dev = getattr(model, "device", torch.device("cpu"))
         if probe_batch is None:
