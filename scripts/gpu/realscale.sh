@@ -18,12 +18,14 @@ DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bf16}
 PRESETS=${PRESETS:-"klein-4b klein-9b"}
 SIZES=${SIZES:-1024}
-BUDGET_S=${BUDGET_S:-270}
-# The build's ladder here: lossless (the bit-exact streamed edit) and a sensitivity-allocated
-# progressive ladder at fixed budgets. The default ladder's image allocation and budget search
-# probe every (layer, K/V) part with whole calibration edits (hundreds at 25-32 layers): that
-# build is measured on the CPU presets; its GPU cost is projected from the per-edit seconds here.
-LADDER=${LADDER:-"lossless;progressive:budgets=[0.25,0.5,1.0],allocate=sensitivity"}
+BUDGET_S=${BUDGET_S:-280}
+# The build's ladder here: lossless (the bit-exact streamed edit) and uniform 8-bit. Not the
+# default ladder: its image allocation and budget search probe every (layer, K/V) part with whole
+# calibration edits (hundreds of edits at 25-32 layers), and the progressive fit itself costs ~30
+# CPU-s per Klein-4B 1024^2 layer (docs/scale.md): neither fits this script's minutes. Every stage
+# the default ladder runs is here (capture, importance, sensitivity, probes, floor, write), each
+# with its per-edit seconds, so its cost can be projected from this run.
+LADDER=${LADDER:-"lossless;uniform:bits=8"}
 CALIBRATION=${CALIBRATION:-1}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"

@@ -162,10 +162,25 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
     res.update({"image_size": size, "tokens_per_image": model.cfg.tokens_per_image})
     reset_peak_memory(dev)
     prof: dict[str, dict[str, float]] = {}
+    calls = {"edit": 0}
+    edit = model.edit
+
+    def counted(*a: Any, **k: Any) -> Any:  # the build's whole calibration edits: what its cost scales with
+        calls["edit"] += 1
+        return edit(*a, **k)
+
+    model.edit = counted
     t0 = time.perf_counter()
-    build_store(store, model=model, templates=load_library_file(d / "templates.toml"), ladder=ladder,
-                calibration=calibration, steps=steps, profile=prof, progress=progress, log=log_.info)
+    try:
+        build_store(store, model=model, templates=load_library_file(d / "templates.toml"), ladder=ladder,
+                    calibration=calibration, steps=steps, profile=prof, progress=progress, log=log_.info)
+    finally:
+        del model.edit  # the class's method again
     res["build_s"] = time.perf_counter() - t0
+    res["build_edit_calls"] = calls["edit"]  # each edits `calibration` photos, `steps` steps
+    edit_stages = ("importance", "sensitivity", "probe reference", "ladder search", "fit tables", "rendition probes",
+                   "quality floor")
+    res["seconds_per_build_edit"] = sum(prof["sun"].get(k, 0.0) for k in edit_stages) / max(1, calls["edit"])
     res["build_stage_s"] = {k: round(v, 3) for k, v in prof["sun"].items() if not k.endswith(" cpu")}
     res["build_peak"] = peak_memory(dev)
     checkpoint()

@@ -291,38 +291,52 @@ def _build_template(store, model, model_fp, name, images, instruction, calib, na
                 w.add_table(rname, codec=codec.name, data=tables.to_bytes(ShardId(model_fp, kv.template_fingerprint, -1)),
                             params=params)
                 table_names = (rname,)
-            pending = []  # (shard, rendition fields, decoded): image probes batched after encoding
-            with stages.stage("encode"):
-                for i, s in enumerate(shards):
+            # (shard, rendition fields, distortion, decoded): image probes `probe_batch` at a time,
+            # so at most that many decoded layers wait on the host (never a whole template twice)
+            pending: list = []
+
+            def flush(pending=pending) -> None:
+                with stages.stage("rendition probes"):
+                    mses = probe.image_mse_many([(i, lkv) for i, _f, _d, lkv in pending], batch=probe_batch)
+                    for (i, fields, dist, _lkv), mse in zip(pending, mses):
+                        dist.update({"image_mse": mse, "image_psnr_db": psnr_db(mse)})
+                        encoded[i].append(RenditionInput(**fields, distortion=_rounded(dist)))
+                    pending.clear()
+
+            for i, s in enumerate(shards):
+                with stages.stage("encode"):
                     data = codec.encode(s, ident(i), tables)
-                    # A layered codec's object holds every rung; rung l is the prefix ends[l]
-                    # (one object in the store, one Range per rung). Others: one whole object.
-                    ends = codec.level_ends(data) if codec.supports_layers else [None]
-                    for rung, end in enumerate(ends):
+                # A layered codec's object holds every rung; rung l is the prefix ends[l]
+                # (one object in the store, one Range per rung). Others: one whole object.
+                ends = codec.level_ends(data) if codec.supports_layers else [None]
+                for rung, end in enumerate(ends):
+                    with stages.stage("encode"):
                         piece = data if end is None else data[:end]
                         dec = codec.decode(piece, ident(i), tables)  # once: for describe and the image probe
                         d = codec.describe(s, piece, ident(i), tables, decoded=dec)
-                        dist = {"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
-                                "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
-                                "dropped_fraction": 1.0 - d.keep_fraction}
-                        pending.append((i, dict(name=rname if end is None else f"{rname}#{rung}", codec=codec.name,
-                                                data=data, params=params if not table_names else {}, prefix_bytes=end,
-                                                tables=table_names), dist, LayerKV(dec.key, dec.value, dec.keep_mask)))
-            with stages.stage("rendition probes"):
-                mses = probe.image_mse_many([(i, lkv) for i, _f, _d, lkv in pending], batch=probe_batch)
-                for (i, fields, dist, _lkv), mse in zip(pending, mses):
-                    dist.update({"image_mse": mse, "image_psnr_db": psnr_db(mse)})
-                    encoded[i].append(RenditionInput(**fields, distortion=_rounded(dist)))
-                del pending  # the decoded renditions: one layer's worth per shard and rung
+                    dist = {"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
+                            "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
+                            "dropped_fraction": 1.0 - d.keep_fraction}
+                    pending.append((i, dict(name=rname if end is None else f"{rname}#{rung}", codec=codec.name,
+                                            data=data, params=params if not table_names else {}, prefix_bytes=end,
+                                            tables=table_names), dist, LayerKV(dec.key, dec.value, dec.keep_mask)))
+                    del dec
+                    if len(pending) >= probe_batch:
+                        flush()
+            if pending:
+                flush()
         with stages.stage("quality floor"):
             floor_tables = floor_codec.fit_tables(shards) if floor_codec.uses_tables else None
-            reqs = []
-            for i, s in enumerate(shards):
-                dec = floor_codec.decode(floor_codec.encode(s, ident(i), floor_tables), ident(i), floor_tables)
-                reqs.append((i, LayerKV(dec.key, dec.value, dec.keep_mask)))
+            mses: list[float] = []
+            for a in range(0, len(shards), probe_batch):  # probe_batch decoded layers on the host at a time
+                reqs = []
+                for i in range(a, min(a + probe_batch, len(shards))):
+                    dec = floor_codec.decode(floor_codec.encode(shards[i], ident(i), floor_tables), ident(i),
+                                             floor_tables)
+                    reqs.append((i, LayerKV(dec.key, dec.value, dec.keep_mask)))
+                mses += probe.image_mse_many(reqs, batch=probe_batch)
             floors = [{"reference": QUALITY_FLOOR_SPEC, "image_mse": _rounded({"image_mse": m})["image_mse"]}
-                      for m in probe.image_mse_many(reqs, batch=probe_batch)]
-            del reqs
+                      for m in mses]
         with stages.stage("write"):
             for i, s in enumerate(shards):
                 w.add_shard(layer=i, tokens=(0, kv.num_tokens), fp16_bytes=s.fp16_bytes, renditions=encoded[i],
