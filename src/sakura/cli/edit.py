@@ -94,7 +94,9 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     if urlsplit(server).scheme not in ("http", "https") or not urlsplit(server).hostname:
         raise ValueError(f"--server must be http(s)://host[:port], got {server!r}")
     check_out_path(out)  # before any work: a bad --out used to fail only after the whole edit
-    model = load_model(model_name, device=device, dtype=dtype)  # a bad --device is a one-line ValueError
+    from sakura.util.device import device_options
+
+    model = load_model(model_name, **device_options(device, dtype))  # a bad --device is a one-line ValueError
     img = load_photo(photo, model.cfg.image_size)
     gallery = Gallery(gallery_dir)
     fp = model.fingerprint()

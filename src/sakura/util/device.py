@@ -81,6 +81,15 @@ def resolve(device: Any = "auto", dtype: Any = "auto"):
     return dev, resolve_dtype(dtype, dev)
 
 
+def device_options(device: Any = "auto", dtype: Any = "auto") -> dict[str, Any]:
+    """The ``device=`` / ``dtype=`` keyword options for `load_model`, leaving out the ``auto``
+    ones: a plugin factory that takes no such options keeps loading until one is asked for (the
+    bundled loaders default to auto themselves). A bad name fails here, in one line."""
+    resolve(device, dtype)
+    return {k: v for k, v in (("device", device), ("dtype", dtype))
+            if v is not None and not (isinstance(v, str) and v.strip().lower() == "auto")}
+
+
 def model_device(module: Any):
     """Device of `module`'s first parameter (or buffer); cpu for a module without either."""
     import torch

@@ -66,3 +66,12 @@ def test_mini_on_cuda_matches_cpu_fingerprint_and_edits():
     img = gpu.edit(t.image[None], template_kv=kv.to(torch.float16), steps=2).image
     ref = cpu.edit(t.image[None], template_kv=cpu.extract_template_kv(t.image[None], t.instruction), steps=2).image
     assert img.device.type == "cpu" and float((img - ref).abs().mean()) < 0.05
+
+
+def test_device_options_leave_auto_out_and_check_names():
+    from sakura.util.device import device_options
+
+    assert device_options("auto", "auto") == {}
+    assert device_options("cpu", "bf16") == {"device": "cpu", "dtype": "bf16"}
+    with pytest.raises(DeviceError):
+        device_options("gpu", "auto")

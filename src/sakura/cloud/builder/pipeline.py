@@ -186,6 +186,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     from sakura.cloud.capture import calibration_photos
     from sakura.codec import codec_from_spec
     from sakura.models import load_model
+    from sakura.util.device import device_options
 
     torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
     codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
@@ -197,7 +198,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     try:
         if model is None:
             stages.bar.set_description_str(f"loading {model_name}", refresh=True)
-            model = load_model(model_name, device=device, dtype=dtype)  # every adapter has the image-level API
+            model = load_model(model_name, **device_options(device, dtype))  # every adapter has the image-level API
         dev = getattr(model, "device", torch.device("cpu"))
         if probe_batch is None:
             probe_batch = 1 if dev.type == "cpu" else 16
