@@ -190,8 +190,6 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
     res["fp16_kv_bytes"] = sum(s.fp16_bytes for s in m.shards)
     res["shard_fp16_bytes"] = m.shards[0].fp16_bytes
     res["rendition_bytes"] = {r.name: sum(s.rendition(r.name).nbytes for s in m.shards) for r in m.shards[0].renditions}
-    res["decode"] = decode_rates(store, fp, tid)
-    checkpoint()
 
     images = split_template_images(decode_template_ref(st.get_object(m.template_ref.object)))
     prompt = m.kv_layout["instruction"]
@@ -231,6 +229,8 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
     res["lossless_streamed_equals_in_sequence"] = bool(torch.equal(streamed, in_seq))
     res["streamed_vs_in_sequence_max_abs"] = float((streamed - in_seq).abs().max())
     del local
+    checkpoint()
+    res["decode"] = decode_rates(store, fp, tid)  # last: CPU-only, and the device figures come first
     return res
 
 
