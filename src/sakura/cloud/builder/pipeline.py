@@ -230,8 +230,6 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
 def _build_template(store, model, model_fp, name, images, instruction, calib, names, codecs, floor_codec, *,
                     steps, seed, base_psnr_db, probe_batch, stages, log) -> Path:
     """One template's manifest (see `build_store`); `stages` times each step and moves the bar."""
-    import torch
-
     from sakura.cloud.capture import ShardDistortionProbe, layer_sensitivity, template_importance
     from sakura.codec import ShardId, ShardKV
     from sakura.codec.base import parse_spec
@@ -265,7 +263,7 @@ def _build_template(store, model, model_fp, name, images, instruction, calib, na
         many = _many_probe(probe, kv, probe_batch)
     L = kv.num_layers
     shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=L, sensitivity=sens[i],
-                      distortion=_part_probe(probe, i, l, many)) for i, l in enumerate(kv.layers)]
+                      distortion=_part_probe(i, many)) for i, l in enumerate(kv.layers)]
     ident = lambda i: ShardId(model_fp, kv.template_fingerprint, i)  # noqa: E731
     with StoreWriter(store, model_fingerprint=model_fp, template_id=name) as w:
         w.set_template_ref(ref_png, media_type=TEMPLATE_REF_MEDIA_TYPE)
@@ -453,10 +451,10 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log, ref=N
 
 
 def _many_probe(probe, kv, batch: int):
-    """The batched form every shard's `_part_probe` shares (``distortion.many``, which the
+    """The batched probe every shard's `_part_probe` shares (``distortion.many``, which the
     progressive codec's image allocation calls with all of a round's probes): [(layer, "k"/"v",
-    decoded part)] -> image MSEs, memoised on (layer, part, decoded bytes) like `_part_probe`,
-    `batch` edits per model call (`ShardDistortionProbe.image_mse_many`)."""
+    decoded part)] -> image MSEs, memoised on (layer, part, decoded bytes), `batch` edits per
+    model call (`ShardDistortionProbe.image_mse_many`)."""
     from sakura.models.kv import LayerKV
 
     memo: dict[tuple[int, str, bytes], float] = {}
@@ -473,7 +471,6 @@ def _many_probe(probe, kv, batch: int):
         return [memo[k] for k in keys]
 
     many.batch = batch
-    many.memo = memo
     return many
 
 
@@ -483,29 +480,17 @@ def _digest(t) -> bytes:
     return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).digest()
 
 
-def _part_probe(probe, layer: int, lossless, many=None):
+def _part_probe(layer: int, many):
     """`ShardKV.distortion` for layer `layer`: the calibration edits' image MSE with this layer's keys
-    or values replaced (the progressive codec's image allocation, `allocate="image"`), memoised on
-    the decoded bytes (the ladder fit and every rendition's tables ask for the same grid points).
-    With `many` (`_many_probe`, shared by all shards) the memo is its and ``distortion.many`` is
-    set, so the codec can batch a round's probes across shards."""
-    from sakura.models.kv import LayerKV
-
-    if many is not None:
-        def distortion(kv: str, decoded) -> float:
-            return many([(layer, kv, decoded)])[0]
-
-        distortion.many = many
-        return distortion
-    memo: dict[tuple[str, bytes], float] = {}
+    or values replaced (the progressive codec's image allocation, `allocate="image"`), through
+    `many` (`_many_probe`, shared by all shards: memoised on the decoded bytes, since the ladder fit
+    and every rendition's tables ask for the same grid points). ``distortion.many`` lets the codec
+    batch a round's probes across shards."""
 
     def distortion(kv: str, decoded) -> float:
-        key = (kv, _digest(decoded))
-        if key not in memo:
-            layer_kv = LayerKV(decoded, lossless.value) if kv == "k" else LayerKV(lossless.key, decoded)
-            memo[key] = probe.image_mse(layer, layer_kv)
-        return memo[key]
+        return many([(layer, kv, decoded)])[0]
 
+    distortion.many = many
     return distortion
 
 
