@@ -28,13 +28,6 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
         typer.echo("error: --address/--workers/--force apply to --executor ray", err=True)
         raise typer.Exit(2)
     from sakura.cloud.builder.template_files import TemplateSpecError, template_args
-    from sakura.util.device import DeviceError, resolve
-
-    try:
-        resolve(device, dtype)  # a bad --device / --dtype is one line before any work
-    except DeviceError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
     try:
         templates = template_args(templates, library=library, task=task, prompt=prompt)
         if executor == "ray" and templates and not all(isinstance(t, str) for t in templates):

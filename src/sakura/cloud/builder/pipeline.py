@@ -181,21 +181,23 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         profile: filled with {template: {stage: wall seconds, "stage cpu": CPU seconds}}.
         model: an already-loaded model to build with (then `model_name`, `device`, `dtype` are unused).
     """
-    import torch
-
-    from sakura.cloud.capture import calibration_photos
-    from sakura.codec import codec_from_spec
-    from sakura.models import load_model
-    from sakura.util.device import device_options
-
-    torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
-    codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
-    names = [s.strip() for s in ladder]  # rendition names as the operator wrote them
-    if len(set(names)) != len(names):
-        raise ValueError(f"ladder has duplicate settings: {names}")
-    floor_codec = codec_from_spec(QUALITY_FLOOR_SPEC)
-    stages = _Stages(len(templates) if templates else len(default_templates()), progress)
+    # the bar first: importing torch and loading the model take seconds on a loaded machine
+    stages = _Stages(len(templates) if templates else 1, progress)  # the total is set once templates resolve
+    stages.bar.set_description_str("starting", refresh=True)
     try:
+        import torch
+
+        from sakura.cloud.capture import calibration_photos
+        from sakura.codec import codec_from_spec
+        from sakura.models import load_model
+        from sakura.util.device import device_options
+
+        torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
+        codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
+        names = [s.strip() for s in ladder]  # rendition names as the operator wrote them
+        if len(set(names)) != len(names):
+            raise ValueError(f"ladder has duplicate settings: {names}")
+        floor_codec = codec_from_spec(QUALITY_FLOOR_SPEC)
         if model is None:
             stages.bar.set_description_str(f"loading {model_name}", refresh=True)
             model = load_model(model_name, **device_options(device, dtype))  # every adapter has the image-level API
