@@ -37,6 +37,11 @@ def test_unknown_preset_is_one_line():
         run("klein-40b", (32,), device="cpu")
 
 
+def test_real_presets_are_refused_on_the_cpu():
+    with pytest.raises(ValueError, match="--preset tiny"):
+        run("klein-9b", (1024,), device="cpu")
+
+
 @pytest.mark.slow
 def test_gpu_script_reduced_form_runs_on_cpu(tmp_path):
     env = {**os.environ, "DEVICE": "cpu", "DTYPE": "fp32", "PRESETS": "tiny", "SIZES": "32", "OUT": str(tmp_path),
