@@ -62,6 +62,7 @@ INTEGRATION = [
     ("sakura/phone/test_edit_cli.py", ""),           # `sakura edit`, live e2e bench, profile simulation
     ("sakura/models/test_flux2mini_pipeline.py", ""),  # build + serve + streamed edit
     ("sakura/cloud/builder/test_build_klein.py", ""),          # build + serve + streamed Klein edit
+    ("sakura/bench/test_realscale.py", "test_realscale_tiny"),  # real-shape bench, tiny preset: build, serve, edit
     ("sakura/wire/client/test_streamed_kv.py", ""),         # streamed edits over an emulated link
     ("sakura/emulation/test_tc.py", ""),                    # tc tbf between network namespaces (root)
     ("sakura/codec/test_decode_pool.py", "test_bench_writes"),  # decode bench

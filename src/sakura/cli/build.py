@@ -11,7 +11,8 @@ import typer
 def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list[str] | None, calibration: int,
               steps: int, *, executor: str = "local", address: str | None = None, workers: int | None = None,
               force: bool = False, library: Path | None = None, task: str | None = None,
-              prompt: str | None = None) -> None:
+              prompt: str | None = None, device: str = "auto", dtype: str = "auto", probe_batch: int | None = None,
+              quiet: bool = False) -> None:
     """Body of `sakura build`: clear one-line errors for bad names/specs instead of tracebacks.
 
     ``executor="local"`` (default) builds in this process as before; ``"ray"`` spreads templates
@@ -27,7 +28,6 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
         typer.echo("error: --address/--workers/--force apply to --executor ray", err=True)
         raise typer.Exit(2)
     from sakura.cloud.builder.template_files import TemplateSpecError, template_args
-
     try:
         templates = template_args(templates, library=library, task=task, prompt=prompt)
         if executor == "ray" and templates and not all(isinstance(t, str) for t in templates):
@@ -40,13 +40,15 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
     try:
         if executor == "local":
             build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
-                        calibration=calibration, steps=steps, log=typer.echo)
+                        calibration=calibration, steps=steps, log=_echo_above_bar, device=device, dtype=dtype,
+                        probe_batch=probe_batch, progress=not quiet)
             return
         from sakura.cloud.builder.distributed import build_templates
 
         rep = build_templates(store, templates=templates or None, model_name=model, ladder=ladder or DEFAULT_LADDER,
                               calibration=calibration, steps=steps, executor="ray", address=address, workers=workers,
-                              force=force, log=typer.echo)
+                              force=force, log=typer.echo, progress=not quiet, device=device, dtype=dtype,
+                              probe_batch=probe_batch)
     except TemplateSpecError as e:
         for line in e.problems:
             typer.echo(f"error: {line}", err=True)
@@ -56,3 +58,10 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
         raise typer.Exit(2)
     if not rep.ok:
         raise typer.Exit(1)
+
+
+def _echo_above_bar(line: str) -> None:
+    """A summary line printed above the progress bar (tqdm.write), not through it."""
+    from tqdm import tqdm
+
+    tqdm.write(line)

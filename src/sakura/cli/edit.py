@@ -38,7 +38,7 @@ def check_out_path(out: Path) -> None:
 def edit_command(*, photo: Path, server: str, template: str | None, out: Path, policy: str, steps: int, seed: int,
                  prior_mbps: float, model_name: str = "sakura-mini", gallery_dir: Path | None = None,
                  decode_workers: int | None = None, as_json: bool = False,
-                 echo: Callable[[str], None] = print) -> None:
+                 echo: Callable[[str], None] = print, device: str = "auto", dtype: str = "auto") -> None:
     """Edit `photo` with `template`, streaming what pays from `server` and computing the rest;
     write the image and its comparison strip, and report (a summary, or the JSON record).
     Raises ValueError / FileNotFoundError with a one-line reason for bad input."""
@@ -52,7 +52,11 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     if urlsplit(server).scheme not in ("http", "https") or not urlsplit(server).hostname:
         raise ValueError(f"--server must be http(s)://host[:port], got {server!r}")
     from sakura.phone.editor import Editor
-    editor = Editor(server, model=model_name, gallery=gallery_dir, policy=policy, prior_mbps=prior_mbps,
+    from sakura.models import load_model
+    from sakura.util.device import device_options
+
+    model = load_model(model_name, **device_options(device, dtype))  # a bad --device is a one-line ValueError
+    editor = Editor(server, model=model, gallery=gallery_dir, policy=policy, prior_mbps=prior_mbps,
                     decode_workers=decode_workers)
     if template is None:
         _missing_template(editor)

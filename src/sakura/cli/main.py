@@ -130,12 +130,19 @@ def build(
     workers: Optional[int] = typer.Option(None, min=1, help="Concurrent templates on a local Ray cluster "
                                           "(default: all cores)."),
     force: bool = typer.Option(False, help="Rebuild templates even if their manifest verifies (--executor ray)."),
+    device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp16 on mps, fp32 on cpu), fp32, fp16 or bf16; "
+                              "the store holds fp16 KV whatever the compute dtype."),
+    probe_batch: Optional[int] = typer.Option(None, min=1, help="Image-distortion probes per batched forward "
+                                              "(default 1 on cpu: bit-identical stores; 16 on an accelerator)."),
+    quiet: bool = typer.Option(False, help="No progress bar (the per-template summary lines stay)."),
 ) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
     from sakura.cli.build import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
-              workers=workers, force=force, library=library, task=task, prompt=prompt)
+              workers=workers, force=force, library=library, task=task, prompt=prompt, device=device, dtype=dtype,
+              probe_batch=probe_batch, quiet=quiet)
 
 
 @app.command()
@@ -180,6 +187,9 @@ def edit(
     decode_workers: int = typer.Option(0, min=0, help="Decode workers (0: one per core)."),
     json_out: bool = typer.Option(False, "--json", help="Print the edit's record as JSON (per layer: fetched or "
                                   "computed here, rendition, bytes, timings; the PSNR floor held)."),
+    device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp16 on mps, fp32 on cpu), fp32, fp16 or bf16; "
+                              "streamed KV (fp16 on the wire) is cast to it on arrival."),
 ) -> None:
     """Phone side: edit a local photo with a template whose KV streams from a cache server.
 
@@ -190,7 +200,7 @@ def edit(
     try:  # the codec's JIT is warmed inside the edit, before its clock starts (streamed_edit)
         edit_command(photo=photo, server=server, template=template, out=out, policy=policy, steps=steps, seed=seed,
                      prior_mbps=prior_mbps, model_name=model, gallery_dir=gallery, decode_workers=decode_workers or None,
-                     as_json=json_out, echo=typer.echo)
+                     as_json=json_out, echo=typer.echo, device=device, dtype=dtype)
     except (ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -634,6 +644,49 @@ def bench_klein_e2e(
     from sakura.bench.klein_e2e import run
 
     run(out, size=size, steps=steps, log=typer.echo)
+
+
+@bench_app.command("build-speed")
+def bench_build_speed(
+    template: Optional[list[str]] = typer.Option(None, help="Library templates (repeatable; default the three `sakura build` builds)."),
+    rounds: int = typer.Option(1, min=1, help="Alternating rounds per variant (the median is reported)."),
+    baseline_src: Optional[Path] = typer.Option(None, help="Another checkout's src folder to compare with "
+                                                "(e.g. `git archive COMMIT src | tar -x -C /tmp/base`)."),
+    probe_batch: int = typer.Option(8, min=1, help="Also build with this many probes per batched forward (1: skip)."),
+    device: str = typer.Option("cpu", help="Device of the builds (auto, cpu, cuda, mps)."),
+    out: Path = typer.Option(Path("out/build_speed.json"), help="JSON file for the figures."),
+) -> None:
+    """`sakura build` of the bundled templates, stage by stage, against a baseline checkout, alternating in one run: wall and CPU seconds, same bytes?"""
+    from sakura.bench.build_speed import run
+
+    run(template or ("look-00", "texture-00", "sticker-00"), rounds=rounds, baseline_src=baseline_src,
+        probe_batch=probe_batch, device=device, out=out, log=typer.echo)
+
+
+@bench_app.command("realscale")
+def bench_realscale(
+    preset: str = typer.Option("tiny", help="klein-4b, klein-9b (the published shapes, random weights) or tiny (CPU check)."),
+    size: Optional[list[int]] = typer.Option(None, min=16, help="Pixels per side (repeatable; default 512 and 1024, tiny: 32 and 64)."),
+    device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp32 on cpu), fp32, fp16 or bf16."),
+    ladder: Optional[list[str]] = typer.Option(None, help="Codec spec per rendition (repeatable; default lossless + `sakura build`'s ladder)."),
+    calibration: int = typer.Option(2, min=1, help="Calibration photos of the build."),
+    steps: int = typer.Option(4, min=1, help="Sampler steps (build and edit)."),
+    reps: int = typer.Option(3, min=1, help="Timed repetitions of each edit and pass (median)."),
+    deadline_s: Optional[float] = typer.Option(None, min=0.0, help="Skip the remaining sizes after this many seconds."),
+    quiet: bool = typer.Option(False, help="No progress bar."),
+    out: Path = typer.Option(Path("out/realscale.json"), help="JSON file for the figures (rewritten after every size)."),
+) -> None:
+    """FLUX.2 Klein at real shapes (random weights) as a user runs it: write the folder, load klein:/folder@SIZE, build one template, serve it, stream-edit it; per-stage build seconds, peak memory, bytes, decode rates, bit-exactness, edit vs passes."""
+    from sakura.bench.realscale import run
+
+    sizes = size or ((32, 64) if preset == "tiny" else (512, 1024))
+    try:
+        run(preset, sizes, device=device, dtype=dtype, ladder=ladder, calibration=calibration, steps=steps, reps=reps,
+            deadline_s=deadline_s, progress=not quiet, out=out, log=typer.echo)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 @bench_app.command("build-scale")

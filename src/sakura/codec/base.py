@@ -317,16 +317,18 @@ class Codec(ABC):
         return [self.decode(d, i, tables) for d, i in zip(datas, idents, strict=True)]
 
     def describe(self, shard: ShardKV, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-                 queries: torch.Tensor | None = None) -> RenditionReport:
+                 queries: torch.Tensor | None = None, decoded: DecodedShard | None = None) -> RenditionReport:
         """Measure a rendition: size, bits per value, and distortion against `shard`.
 
         Args:
             queries: optional (n_queries, heads, head_dim) queries (e.g. the model's photo/target
                 queries at this layer) for the attention-output relative error.
+            decoded: `decode(data, ident, tables)` when the caller has it already (the build
+                decodes each rendition once, for this and for its image probe).
         """
         from .metrics import attention_rel_error, rel_error, weighted_rel_error
 
-        dec = self.decode(data, ident, tables)
+        dec = decoded if decoded is not None else self.decode(data, ident, tables)
         keep = dec.keep
         attn = None
         if queries is not None:

@@ -38,7 +38,7 @@ import math
 import zlib
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -153,10 +153,30 @@ def _decoded_part(c: np.ndarray, step: float, n: int, mean: np.ndarray, scale: n
 def _probe(s: ShardKV, kv: str, decoded: torch.Tensor) -> float:
     """The shard's `distortion` probe on one decoded part (image MSE, >= 0), checked: a probe that
     returns NaN, inf or a negative number is an error, not a point the allocator may pick."""
-    mse = float(s.distortion(kv, decoded))
+    return _checked(float(s.distortion(kv, decoded)), s, kv)
+
+
+def _checked(mse: float, s: ShardKV, kv: str) -> float:
     if not (math.isfinite(mse) and mse >= 0):
         raise ValueError(f"distortion probe returned {mse!r} for layer {s.layer} {kv}")
     return mse
+
+
+def _probe_many(items: Sequence[tuple[ShardKV, str, Callable[[], torch.Tensor]]]) -> list[float]:
+    """`_probe` of every (shard, part, make_decoded) in `items`, in order. When every shard's
+    probe carries the same ``many`` (the build's batched probe: ``many([(layer, kv, decoded)]) ->
+    [image MSE]``, several probes in one batched forward, ``many.batch`` at a time), the parts are
+    decoded a batch at a time and measured together; else one by one. Same values either way."""
+    many = getattr(items[0][0].distortion, "many", None) if items else None
+    if many is None or any(getattr(s.distortion, "many", None) is not many for s, _, _ in items):
+        return [_probe(s, kv, make()) for s, kv, make in items]
+    batch = max(1, int(getattr(many, "batch", 8)))
+    out: list[float] = []
+    for a in range(0, len(items), batch):
+        chunk = items[a:a + batch]  # decoded one batch at a time: a Klein part is tens of MB
+        got = many([(s.layer, kv, make()) for s, kv, make in chunk])
+        out += [_checked(float(m), s, kv) for (s, kv, _), m in zip(chunk, got)]
+    return out
 
 
 def _image_steps(shards: Sequence[ShardKV], fine: dict, means: dict, step0: dict, budget_bits: float,
@@ -168,22 +188,21 @@ def _image_steps(shards: Sequence[ShardKV], fine: dict, means: dict, step0: dict
     by_part = {(s.layer, kv): (s, kv) for s in shards for kv in PARTS}
     measured: dict = {part: {} for part in fine}
 
-    def measure(part, i):
-        if i in measured[part]:
-            return
-        s, kv = by_part[part]
-        mu, c, _band, _energy, sc = means[part]
-        step = fine[part][i][0]
-        T = s.shape[0]
-        measured[part][i] = _probe(s, kv, _decoded_part(c, step, _grid(T, transform), mu, sc, s.shape, s.key.dtype))
+    def measure(todo):  # [(part, grid index)] not yet measured, all at once (batched probes)
+        def make(part, i):
+            s, _kv = by_part[part]
+            mu, c, _band, _energy, sc = means[part]
+            return lambda: _decoded_part(c, fine[part][i][0], _grid(s.shape[0], transform), mu, sc, s.shape,
+                                         s.key.dtype)
+        got = _probe_many([(*by_part[part], make(part, i)) for part, i in todo])
+        for (part, i), mse in zip(todo, got):
+            measured[part][i] = mse
 
     centre = {part: min(range(len(pts)), key=lambda i: abs(math.log(pts[i][0] / step0[part]))) for part, pts in fine.items()}
     lo = {p: max(0, centre[p] - IMAGE_WINDOW) for p in fine}
     hi = {p: min(len(fine[p]) - 1, centre[p] + IMAGE_WINDOW) for p in fine}
     for _round in range(IMAGE_WIDEN + 1):
-        for part in fine:
-            for i in range(lo[part], hi[part] + 1):
-                measure(part, i)
+        measure([(part, i) for part in fine for i in range(lo[part], hi[part] + 1) if i not in measured[part]])
         pts = {part: [(fine[part][i][0], measured[part][i], fine[part][i][2]) for i in sorted(measured[part])]
                for part in fine}
         chosen = allocate_steps(pts, {p: 1.0 for p in fine}, budget_bits)
@@ -206,18 +225,22 @@ def _image_offsets(shards: Sequence[ShardKV], means: dict, step0: dict, planes: 
     at that rung's step: the same indices and bytes, a different point in each bin. The image
     penalises the dead-zone's shrinkage toward zero (an MSE-optimal centroid, below the midpoint,
     measured worse than the midpoint; points above it better), which KV MSE does not see."""
+    todo = []  # (shard, part, rung's step, offset): every probe at once (batched)
+    for s in shards:
+        for kv in PARTS:
+            for k in planes[(s.layer, kv)]:
+                st = float(np.float32(step0[(s.layer, kv)] * 2.0 ** -k))
+                todo += [(s, kv, st, o) for o in OFFSETS]
+
+    def make(s, kv, st, o):
+        mu, c, _band, _energy, sc = means[(s.layer, kv)]
+        return lambda: _decoded_part(c, st, _grid(s.shape[0], transform), mu, sc, s.shape, s.key.dtype, o)
+
+    got = iter(_probe_many([(s, kv, make(s, kv, st, o)) for s, kv, st, o in todo]))
     out = {}
     for s in shards:
         for kv in PARTS:
-            part = (s.layer, kv)
-            mu, c, _band, _energy, sc = means[part]
-            n = _grid(s.shape[0], transform)
-            offs = []
-            for k in planes[part]:
-                st = float(np.float32(step0[part] * 2.0 ** -k))
-                mse = [_probe(s, kv, _decoded_part(c, st, n, mu, sc, s.shape, s.key.dtype, o)) for o in OFFSETS]
-                offs.append(OFFSETS[int(np.argmin(mse))])
-            out[part] = offs
+            out[(s.layer, kv)] = [OFFSETS[int(np.argmin([next(got) for _ in OFFSETS]))] for _k in planes[(s.layer, kv)]]
     return out
 
 
@@ -252,15 +275,16 @@ def _image_planes(shards: Sequence[ShardKV], means: dict, step0: dict, proxy: di
     by_part = {(s.layer, kv): (s, kv) for s in shards for kv in PARTS}
     measured: dict = {part: {} for part in proxy}
     top = {part: min(MAX_PLANES, proxy[part][-1] + 2) for part in proxy}
+    def make(part, k):
+        s, _kv = by_part[part]
+        mu, c, _band, _energy, sc = means[part]
+        st = float(np.float32(step0[part] * 2.0 ** -k))
+        return lambda: _decoded_part(c, st, _grid(s.shape[0], transform), mu, sc, s.shape, s.key.dtype)
+
     for _round in range(IMAGE_WIDEN + 1):
-        for part in proxy:
-            s, kv = by_part[part]
-            mu, c, _band, _energy, sc = means[part]
-            for k in range(top[part] + 1):
-                if k not in measured[part]:
-                    st = float(np.float32(step0[part] * 2.0 ** -k))
-                    measured[part][k] = _probe(s, kv, _decoded_part(c, st, _grid(s.shape[0], transform), mu, sc,
-                                                                    s.shape, s.key.dtype))
+        todo = [(part, k) for part in proxy for k in range(top[part] + 1) if k not in measured[part]]
+        for (part, k), mse in zip(todo, _probe_many([(*by_part[part], make(part, k)) for part, k in todo])):
+            measured[part][k] = mse
         pts = {part: [(k, measured[part][k], coarse_pts[part][k][2]) for k in sorted(measured[part])] for part in proxy}
         planes = _ladder_planes(pts, {part: 1.0 for part in proxy}, budgets, total_values)
         widen = [part for part in proxy if planes[part][-1] == top[part] and top[part] < MAX_PLANES]
@@ -281,6 +305,35 @@ def allocation_modes(allocate: str, shards: Sequence[ShardKV]) -> tuple[bool, bo
     return use_sens, use_img
 
 
+#: parts of at least this many values have their rate-distortion grids computed in threads (numpy
+#: releases the GIL on such arrays): a Klein-4B 1024^2 part is 12.6 M values and ~15 CPU-s of grid
+PARALLEL_PART_VALUES = 1 << 20
+
+
+def _part_pool(shards: Sequence[ShardKV]):
+    """A thread pool over a fit's parts when they are large (one worker per core), else an
+    in-line executor: small parts (the bundled models') gain nothing from threads."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = min(len(shards) * len(PARTS), os.cpu_count() or 1)
+    if workers <= 1 or max(s.num_values for s in shards) // 2 < PARALLEL_PART_VALUES:
+        return _InlineExecutor()
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="progressive-fit")
+
+
+class _InlineExecutor:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    @staticmethod
+    def map(fn, items):
+        return map(fn, items)
+
+
 def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: str,
                use_sensitivity: bool, weighting: str = "none", gamma: float = 1.0,
                use_image: bool = False) -> dict[tuple[int, str], PartPlan]:
@@ -293,32 +346,42 @@ def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: s
     coarse_pts: dict = {}
     sens: dict = {}
     means: dict = {}
-    for s in shards:
+
+    def rd_grid(s: ShardKV, kv: str):  # one part's transform and step grid; parts are independent
         T = s.shape[0]
         n = _grid(T, transform)
         band = _bands(T, n)
-        for j, kv in enumerate(PARTS):
-            part = (s.layer, kv)
-            x = as_f32_2d(s.key if kv == "k" else s.value)
-            mu = EQ.part_mean(x, sdt)
-            sc = scales_of(token_scales(s, kv, weighting, gamma))
-            c = coefficients(x, mu, n, sc)
-            xs = x if sc is None else x * sc.astype(np.float32)[:, None]
-            energy = float((xs.astype(np.float64) ** 2).sum()) + 1e-30
-            sigma = math.sqrt(float((c ** 2).mean())) or 1.0
-            floor = max(float(np.abs(c).max(initial=0.0)) / EQ.MAX_SYM, 1e-30)
-            pts = []
-            for jj in EQ.STEP_GRID:
-                step = float(np.float32(max(sigma * 2.0 ** (-jj / 2.0), floor)))
-                pts.append((step,) + _deadzone_rd(c, band, step, energy))
-            fine[part] = pts
-            sens[part] = float(s.sensitivity[j]) if use_sensitivity else 1.0
-            means[part] = (mu, c, band, energy, sc)
+        x = as_f32_2d(s.key if kv == "k" else s.value)
+        mu = EQ.part_mean(x, sdt)
+        sc = scales_of(token_scales(s, kv, weighting, gamma))
+        c = coefficients(x, mu, n, sc)
+        xs = x if sc is None else x * sc.astype(np.float32)[:, None]
+        energy = float((xs.astype(np.float64) ** 2).sum()) + 1e-30
+        sigma = math.sqrt(float((c ** 2).mean())) or 1.0
+        floor = max(float(np.abs(c).max(initial=0.0)) / EQ.MAX_SYM, 1e-30)
+        pts = []
+        for jj in EQ.STEP_GRID:
+            step = float(np.float32(max(sigma * 2.0 ** (-jj / 2.0), floor)))
+            pts.append((step,) + _deadzone_rd(c, band, step, energy))
+        return pts, (mu, c, band, energy, sc)
+
+    jobs = [(s, j, kv) for s in shards for j, kv in enumerate(PARTS)]
+    with _part_pool(shards) as pool:  # same arithmetic per part, in threads on large parts (exact)
+        results = list(pool.map(lambda job: rd_grid(job[0], job[2]), jobs))
+    for (s, j, kv), (pts, mean) in zip(jobs, results):
+        part = (s.layer, kv)
+        fine[part] = pts
+        sens[part] = float(s.sensitivity[j]) if use_sensitivity else 1.0
+        means[part] = mean
     step0 = allocate_steps(fine, sens, budgets[0] * total_values)
     if use_image:
         step0 = _image_steps(shards, fine, means, step0, budgets[0] * total_values, transform)
-    for part, (mu, c, band, energy, _sc) in means.items():
-        coarse_pts[part] = [(k,) + _deadzone_rd(c, band, step0[part] * 2.0 ** -k, energy) for k in range(MAX_PLANES + 1)]
+    with _part_pool(shards) as pool:
+        coarse = list(pool.map(lambda item: [(k,) + _deadzone_rd(item[1][1], item[1][2], step0[item[0]] * 2.0 ** -k,
+                                                                 item[1][3]) for k in range(MAX_PLANES + 1)],
+                               list(means.items())))
+    for part, pts in zip(means, coarse):
+        coarse_pts[part] = pts
     planes = _ladder_planes(coarse_pts, sens, budgets, total_values)
     if use_image and len(budgets) > 1:
         planes = _image_planes(shards, means, step0, planes, coarse_pts, budgets, total_values, transform)

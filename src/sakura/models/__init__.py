@@ -31,38 +31,52 @@ __all__ = ["EditOutput", "ImageTemplateEditModel", "KVMode", "KVSourceDefaults",
            "load_model", "register_model", "unregister_model"]
 
 
-def _load_bundled(name: str, default: Path, weights: str | Path | None, allow_random: bool, read, build):
+def _load_bundled(name: str, default: Path, weights: str | Path | None, allow_random: bool, read, build,
+                  device="auto", dtype="auto"):
     """`read(path)` of `weights` (default: the shipped file); with no file there and
     `allow_random`, `build()` under seed 0 with a warning (the untrained model still exercises
-    every KV path exactly; its edits are noise)."""
+    every KV path exactly; its edits are noise). Then moved to `device` in `dtype`
+    (`sakura.util.device.resolve`: auto = cuda, mps, cpu; bf16 / fp16 / fp32), fingerprinted
+    first: the shipped fp32 weights name the model on every device and in every precision."""
+    from sakura.util.device import resolve
+
+    dev, dt = resolve(device, dtype)  # a bad --device fails before the weights are read
     path = Path(weights) if weights is not None else default
     if path.is_file():
-        return read(path)
-    if weights is not None or not allow_random:
+        model = read(path)
+    elif weights is not None or not allow_random:
         raise FileNotFoundError(f"{name} weights not found at {path}")
-    log.warning("no bundled %s weights at %s; using a seeded random init", name, path)
-    import torch
+    else:
+        log.warning("no bundled %s weights at %s; using a seeded random init", name, path)
+        import torch
 
-    torch.manual_seed(0)
-    return build().eval()
+        torch.manual_seed(0)
+        model = build().eval()
+    if (dev.type, dt) != ("cpu", next(model.parameters()).dtype):
+        model.fingerprint()  # cached: computed on the weights as shipped, before the cast
+        model.to(dev, dt)
+    return model
 
 
-def load_mini(weights: str | Path | None = None, *, allow_random: bool = True) -> MiniDiT:
-    """The bundled sakura-mini with its shipped weights (or `weights`), in eval mode; a seeded
-    random init (and a warning) when no file is there and `allow_random`."""
+def load_mini(weights: str | Path | None = None, *, allow_random: bool = True, device="auto",
+              dtype="auto") -> MiniDiT:
+    """The bundled sakura-mini with its shipped weights (or `weights`), in eval mode, on `device`
+    in `dtype` (auto: cuda/mps/cpu, bf16/fp16/fp32); a seeded random init (and a warning) when no
+    file is there and `allow_random`."""
     from .mini_io import load_mini_weights
 
     return _load_bundled("sakura-mini", MINI_WEIGHTS, weights, allow_random, load_mini_weights,
-                         lambda: MiniDiT(MiniConfig()))
+                         lambda: MiniDiT(MiniConfig()), device, dtype)
 
 
-def load_flux2_mini(weights: str | Path | None = None, *, allow_random: bool = True):
+def load_flux2_mini(weights: str | Path | None = None, *, allow_random: bool = True, device="auto", dtype="auto"):
     """The bundled flux2-mini (a `Flux2MiniDiT`) with its shipped weights (or `weights`), in eval
-    mode; a seeded random init (and a warning) when no file is there and `allow_random`."""
+    mode, on `device` in `dtype`; a seeded random init (and a warning) when no file is there and
+    `allow_random`."""
     from .flux2mini import Flux2MiniConfig, Flux2MiniDiT, load_flux2_mini_weights
 
     return _load_bundled("flux2-mini", FLUX2_MINI_WEIGHTS, weights, allow_random, load_flux2_mini_weights,
-                         lambda: Flux2MiniDiT(Flux2MiniConfig()))
+                         lambda: Flux2MiniDiT(Flux2MiniConfig()), device, dtype)
 
 
 def load_mini_spec(arg: str = "", **options) -> MiniDiT:

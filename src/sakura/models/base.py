@@ -281,6 +281,16 @@ class BundledImageModel:
     def num_layers(self) -> int:
         return self.cfg.depth
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are (`.to(device)` moves them): every tensor an edit makes is made there."""
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype (the weights'); KV and images arrive in any dtype and are cast to it."""
+        return next(self.parameters()).dtype
+
     def _fingerprint_meta(self) -> dict[str, Any]:
         """The config as hashed into `fingerprint()` (a model may keep older fingerprints stable)."""
         return asdict(self.cfg)
@@ -330,21 +340,21 @@ class BundledImageModel:
         return None
 
     def _wrap_kv(self, template: torch.Tensor, instruction: int, kvs) -> TemplateKV:
-        layers = [LayerKV(k[0].contiguous(), v[0].contiguous()) for k, v in kvs]
+        layers = [LayerKV(k[0].contiguous().cpu(), v[0].contiguous().cpu()) for k, v in kvs]  # host: the wire's side
         positions = self._kv_positions()
         layout: dict[str, Any] = {"kind": self.kind, "grid": [self.cfg.grid, self.cfg.grid], "instruction": instruction}
         if positions is not None:
             layout["slot_ids"] = "positions"
         return TemplateKV(layers=layers, model_fingerprint=self.fingerprint(),
                           template_fingerprint=self.template_fingerprint(template, instruction),
-                          layout=layout, positions=None if positions is None else positions.clone())
+                          layout=layout, positions=None if positions is None else positions.cpu().clone())
 
     def check_template_kv(self, source: TemplateKVSource) -> None:
         """Reject a KV source that belongs to another model, has the wrong layer count or (when it
         carries positions) was rotated with other RoPE positions than this model's template."""
         check_source_fits(source, self.fingerprint(), self.num_layers)
         mine = self._kv_positions()
-        if mine is not None and source.positions is not None and not torch.equal(source.positions, mine):
+        if mine is not None and source.positions is not None and not torch.equal(source.positions.cpu(), mine.cpu()):
             raise TemplateKVError("template KV was rotated with other RoPE positions than this model's template slot")
 
     # -- sampling -------------------------------------------------------------------------------

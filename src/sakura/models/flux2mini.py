@@ -149,7 +149,7 @@ class Flux2MiniDiT(BundledImageModel, nn.Module):
 
     # -- forward passes -------------------------------------------------------------------------
     def _prompt(self, instruction: torch.Tensor | int, batch: int) -> torch.Tensor:
-        instr = torch.as_tensor(instruction, dtype=torch.long).expand(batch)
+        instr = torch.as_tensor(instruction, dtype=torch.long).to(self.prompts.device).expand(batch)
         return self.prompts[instr]                                               # (B, text_tokens, text_dim)
 
     def _run(self, hidden: torch.Tensor, ids: torch.Tensor, prompt: torch.Tensor, t: torch.Tensor, *,
@@ -210,7 +210,8 @@ class Flux2MiniDiT(BundledImageModel, nn.Module):
                  probe: AttentionProbe | None = None, instruction: int = 0) -> torch.Tensor:
         """sakura-mini's signature: kv_for_layer(i) -> (key, value (B, Tt, H, D), keep or None),
         called when the forward pass reaches layer i."""
-        lazy = LazyTemplateLayers(kv_for_layer, self.num_layers, batch=photo.shape[0])
+        lazy = LazyTemplateLayers(kv_for_layer, self.num_layers, batch=photo.shape[0], device=photo.device,
+                                  dtype=photo.dtype)
         return self.velocity_cached(photo, x_t, t, instruction, lazy, probe)
 
     def training_velocity(self, template: torch.Tensor, instruction: torch.Tensor, photo: torch.Tensor,
@@ -232,11 +233,11 @@ class Flux2MiniDiT(BundledImageModel, nn.Module):
         # Copied from sakura.models.klein.reference_layers with the template as the only image
         # tokens (no blended modulation, no image segment); keep in sync with it.
         tr, cfg = self.transformer, self.cfg
-        template = template.float()
+        template = template.to(self.device, self.dtype)
         b = template.shape[0]
         hidden = tr.x_embedder(patchify(template, cfg.patch_size))
         prompt = tr.context_embedder(self._prompt(instruction, b))
-        t_ref = torch.full((b,), cfg.template_timestep * 1000, dtype=hidden.dtype)
+        t_ref = torch.full((b,), cfg.template_timestep * 1000, dtype=hidden.dtype, device=hidden.device)
         temb = tr.time_guidance_embed(t_ref, None)
         mod_img = tr.double_stream_modulation_img(temb)
         mod_txt = tr.double_stream_modulation_txt(temb)
@@ -277,7 +278,8 @@ class Flux2MiniDiT(BundledImageModel, nn.Module):
         The template is given as pixels (+ instruction id; NOCACHE / EXTRACT) or as KV (INJECTED;
         the instruction then comes from the source unless given). All modes give bit-identical images.
         """
-        photo = self._check_image(photo, "photo")
+        dev, dt = self.device, self.dtype
+        photo = self._check_image(photo, "photo").to(dev, dt)
         b = photo.shape[0]
         mode = resolve_kv_mode(mode, template, template_kv)
         cfg = self.cfg
@@ -293,10 +295,11 @@ class Flux2MiniDiT(BundledImageModel, nn.Module):
         lazy = None
         if mode is KVMode.INJECTED:
             lazy = LazyTemplateLayers.from_source(template_kv, tokens=cfg.tokens_per_image, heads=cfg.heads,
-                                                  head_dim=cfg.head_dim)
+                                                  head_dim=cfg.head_dim, device=dev, dtype=dt)
+        # noise drawn on the CPU whatever the device: one seed, one edit, on every machine
         gen = torch.Generator().manual_seed(seed)
-        noise = torch.randn(photo.shape, generator=gen)
-        ts = torch.linspace(1.0, 0.0, steps + 1)
+        noise = torch.randn(photo.shape, generator=gen).to(dev, dt)
+        ts = torch.linspace(1.0, 0.0, steps + 1).to(dev, dt)
         # One photo at a time: diffusers' extract forward runs the template through the same
         # matmuls as the photo and target tokens, and a matmul's rounding can depend on how many
         # rows it has, so a batch of B would make "template in the sequence" differ from
@@ -315,7 +318,7 @@ class Flux2MiniDiT(BundledImageModel, nn.Module):
                     if captured is None:
                         captured = self._wrap_kv(template, instruction, slot.captured)
                     if mode is KVMode.EXTRACT:
-                        lazy = LazyTemplateLayers.from_pairs(slot.captured)
+                        lazy = LazyTemplateLayers.from_pairs(slot.captured, device=dev, dtype=dt)
                 else:
                     v = self.velocity_cached(photo[j:j + 1], x, t, instruction, lazy, probe)
                 x = x + (ts[s + 1] - ts[s]) * v
@@ -328,7 +331,7 @@ class Flux2MiniDiT(BundledImageModel, nn.Module):
             per_cached = sorted(cached_s)[len(cached_s) // 2]
             timings["template"] = max(0.0, sum(in_seq_s) - per_cached * len(in_seq_s))
         timings["denoise"] = sum(in_seq_s) + sum(cached_s) - timings["template"]
-        return EditOutput(image=torch.cat(images).clamp(0.0, 1.0),
+        return EditOutput(image=torch.cat(images).clamp(0.0, 1.0).float().cpu(),
                           template_kv=captured if mode is KVMode.EXTRACT else None, timings_s=timings)
 
     def describe(self) -> dict[str, object]:

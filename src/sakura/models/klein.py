@@ -95,33 +95,38 @@ class LazyTemplateLayers:
     reaches that layer (the first `kv(i)` call), then kept for later denoising steps.
 
     fetch(i) -> (key, value, keep): key/value (Tt, H, D) or (1, Tt, H, D), keep (Tt,) bool or None.
-    batch: the sequence batch size the K/V are expanded to.
+    batch: the sequence batch size the K/V are expanded to. device / dtype: where and in what
+    precision the model computes; a layer arrives in the wire's dtype (fp16) and is cast on arrival.
     """
 
-    def __init__(self, fetch, num_layers: int, batch: int = 1):
+    def __init__(self, fetch, num_layers: int, batch: int = 1, *, device=None, dtype=torch.float32):
         self._fetch = fetch
         self._batch = batch
+        self._device, self._dtype = device, dtype
         self._resident: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None] = [None] * num_layers
 
     @classmethod
     def from_source(cls, source: TemplateKVSource, *, tokens: int | None, heads: int, head_dim: int,
-                    batch: int = 1, tokens_from: str = "the model") -> "LazyTemplateLayers":
+                    batch: int = 1, tokens_from: str = "the model", device=None,
+                    dtype=torch.float32) -> "LazyTemplateLayers":
         def fetch(i: int):
             layer = source.layer(i)  # may block until a streamed shard has arrived
             layer.check(f"template KV layer {i} (token count from {tokens_from})", tokens=tokens, heads=heads,
                         head_dim=head_dim)
             return layer.key, layer.value, layer.keep
-        return cls(fetch, source.num_layers, batch)
+        return cls(fetch, source.num_layers, batch, device=device, dtype=dtype)
 
     @classmethod
-    def from_pairs(cls, pairs, batch: int = 1) -> "LazyTemplateLayers":
+    def from_pairs(cls, pairs, batch: int = 1, *, device=None, dtype=torch.float32) -> "LazyTemplateLayers":
         """Already-resident (key, value) pairs (1, Tt, H, D), e.g. captured at an extract step."""
-        return cls(lambda i: (pairs[i][0], pairs[i][1], None), len(pairs), batch)
+        return cls(lambda i: (pairs[i][0], pairs[i][1], None), len(pairs), batch, device=device, dtype=dtype)
 
     def _load(self, i: int):
         if self._resident[i] is None:
             k, v, keep = self._fetch(i)
-            k, v = (k if k.ndim == 4 else k[None]).float(), (v if v.ndim == 4 else v[None]).float()
+            k = (k if k.ndim == 4 else k[None]).to(self._device, self._dtype)
+            v = (v if v.ndim == 4 else v[None]).to(self._device, self._dtype)
+            keep = None if keep is None else keep.to(k.device)
             self._resident[i] = (k.expand(self._batch, -1, -1, -1), v.expand(self._batch, -1, -1, -1), keep)
         return self._resident[i]
 
@@ -288,6 +293,7 @@ def reference_layers(transformer: Flux2Transformer2DModel, hidden: torch.Tensor,
     tr = transformer
     slot = ForwardSlot(num_template_tokens=num_ref)
     num_txt = prompt_embeds.shape[1]
+    ids, txt_ids = ids.to(hidden.device), txt_ids.to(hidden.device)  # RoPE ids are built on the CPU
     timestep = timestep.to(hidden.dtype) * 1000
     temb = tr.time_guidance_embed(timestep, None)
     mod_img = tr.double_stream_modulation_img(temb)
@@ -387,7 +393,8 @@ class KleinAdapter:
 
     @classmethod
     def from_pretrained(cls, folder: str, *, text_encoder_out_layers: tuple[int, ...] | None = None,
-                        max_sequence_length: int = 512, **kw) -> "KleinAdapter":
+                        max_sequence_length: int = 512, device: Any = "auto", dtype: Any = "auto",
+                        **kw) -> "KleinAdapter":
         """Load a Klein KV pipeline from a local folder (the user's own download; never a hub).
 
         text_encoder_out_layers: hidden-state indices of the text encoder stacked into the prompt
@@ -400,7 +407,13 @@ class KleinAdapter:
 
         if not Path(folder).is_dir():
             raise FileNotFoundError(f"{folder}: not a local folder with a FLUX.2 Klein pipeline")
-        pipe = Flux2KleinKVPipeline.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+        from sakura.util.device import resolve
+
+        dev, dt = resolve(device, dtype)
+        # loaded straight in the compute dtype (a 9B model is never held in fp32 on the host); the
+        # fingerprint upcasts half-precision weights, so a bf16 checkpoint is one model in bf16 or fp32
+        pipe = Flux2KleinKVPipeline.from_pretrained(folder, local_files_only=True, dtype=dt)
+        pipe.to(dev)
         adapter = cls(pipe.transformer, pipeline=pipe, **kw)
         if text_encoder_out_layers is None and pipe.text_encoder is not None:
             n = pipe.text_encoder.config.num_hidden_layers
@@ -419,9 +432,9 @@ class KleinAdapter:
     def encode_prompt(self, prompt: str) -> torch.Tensor:
         """The prompt as the transformer consumes it: (1, max_sequence_length, joint_attention_dim)."""
         pipe = self._need_pipeline("encode_prompt")
-        embeds, _ = pipe.encode_prompt(prompt, device=torch.device("cpu"), max_sequence_length=self.max_sequence_length,
+        embeds, _ = pipe.encode_prompt(prompt, device=self.device, max_sequence_length=self.max_sequence_length,
                                        text_encoder_out_layers=self.text_encoder_out_layers)
-        return embeds.float()
+        return embeds.to(self.dtype)
 
     @torch.no_grad()
     def encode_image(self, image: torch.Tensor, slot: int) -> KleinReference:
@@ -430,26 +443,36 @@ class KleinAdapter:
         pipe = self._need_pipeline("encode_image")
         if image.ndim != 4 or image.shape[:2] != (1, 3):
             raise ValueError(f"image must be (1, 3, H, W) in [0, 1], got {tuple(image.shape)}")
-        lat = pipe._encode_vae_image(image.float() * 2 - 1, generator=None)      # (1, 4*C, h, w)
+        image = image.to(pipe.vae.device, pipe.vae.dtype)
+        lat = pipe._encode_vae_image(image * 2 - 1, generator=None)              # (1, 4*C, h, w)
         _, _, h, w = lat.shape
-        return KleinReference.from_grid(pipe._pack_latents(lat), h, w, slot=slot)
+        return KleinReference.from_grid(pipe._pack_latents(lat).to(self.device, self.dtype), h, w, slot=slot)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """Packed latents (1, h*w, C) of a (h, w) grid -> image (1, 3, H, W) in [0, 1]."""
         pipe = self._need_pipeline("decode")
         h, w = grid
-        lat = latents.reshape(1, h, w, -1).permute(0, 3, 1, 2)                  # (1, C, h, w)
+        lat = latents.to(pipe.vae.device, pipe.vae.dtype).reshape(1, h, w, -1).permute(0, 3, 1, 2)  # (1, C, h, w)
         bn = pipe.vae.bn
         lat = lat * torch.sqrt(bn.running_var.view(1, -1, 1, 1) + pipe.vae.config.batch_norm_eps) \
             + bn.running_mean.view(1, -1, 1, 1)
         image = pipe.vae.decode(pipe._unpatchify_latents(lat), return_dict=False)[0]
-        return (image / 2 + 0.5).clamp(0, 1)
+        return (image / 2 + 0.5).clamp(0, 1).float().cpu()  # (1, 3, H, W) float32 on the CPU, whatever the device
 
     # -- identity -------------------------------------------------------------------------------
     @property
     def num_layers(self) -> int:
         return len(self.transformer.transformer_blocks) + len(self.transformer.single_transformer_blocks)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the transformer's weights are: every tensor an edit makes is made there."""
+        return next(self.transformer.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.transformer.parameters()).dtype
 
     def fingerprint(self) -> str:
         if self._fingerprint is None:
@@ -457,7 +480,8 @@ class KleinAdapter:
         return self._fingerprint
 
     def template_fingerprint(self, template: KleinReference) -> str:
-        return fingerprint_tensors({"latents": template.latents.float().contiguous(), "ids": template.ids.contiguous()},
+        return fingerprint_tensors({"latents": template.latents.float().cpu().contiguous(),
+                                    "ids": template.ids.cpu().contiguous()},
                                    {"kind": "klein"})
 
     def check_template_kv(self, source: TemplateKVSource) -> None:
@@ -473,8 +497,9 @@ class KleinAdapter:
 
     # -- forward helpers ------------------------------------------------------------------------
     def _forward(self, latents, ids, prompt_embeds, txt_ids, t, *, mode, num_ref=0, cache=None, slot=None):
+        dev = latents.device
         out = self.transformer(hidden_states=latents, timestep=t, guidance=None, encoder_hidden_states=prompt_embeds,
-                               txt_ids=txt_ids, img_ids=ids, joint_attention_kwargs={"sakura": slot},
+                               txt_ids=txt_ids.to(dev), img_ids=ids.to(dev), joint_attention_kwargs={"sakura": slot},
                                return_dict=False, kv_cache=cache, kv_cache_mode=mode, num_ref_tokens=num_ref)
         return out
 
@@ -490,7 +515,7 @@ class KleinAdapter:
             raise ValueError(f"{name}.latents contain NaN or inf")
 
     def _wrap(self, template: KleinReference, captured) -> TemplateKV:
-        layers = [LayerKV(k[0].contiguous(), v[0].contiguous()) for k, v in captured]
+        layers = [LayerKV(k[0].contiguous().cpu(), v[0].contiguous().cpu()) for k, v in captured]
         return TemplateKV(layers, self.fingerprint(), self.template_fingerprint(template),
                           layout={"kind": "klein", "tokens": int(template.latents.shape[1]), "slot_ids": "positions"},
                           positions=template.ids.clone())
@@ -501,10 +526,12 @@ class KleinAdapter:
         tokens never attend to them). A runtime computing a prefix of layers locally stops early."""
         self._check_ref(template, "template")
         c = self.transformer.config
-        img = torch.zeros(1, 1, c.in_channels)
-        yield from reference_layers(self.transformer, torch.cat([template.latents, img], 1),
-                                    torch.cat([template.ids, latent_ids(1, 1)]), torch.zeros(1, 1, c.joint_attention_dim),
-                                    text_ids(1), torch.zeros(1), num_ref=template.latents.shape[1])
+        dev, dt = self.device, self.dtype
+        img = torch.zeros(1, 1, c.in_channels, device=dev, dtype=dt)
+        yield from reference_layers(self.transformer, torch.cat([template.latents.to(dev, dt), img], 1),
+                                    torch.cat([template.ids, latent_ids(1, 1)]),
+                                    torch.zeros(1, 1, c.joint_attention_dim, device=dev, dtype=dt),
+                                    text_ids(1), torch.zeros(1, device=dev), num_ref=template.latents.shape[1])
 
     def template_stream(self, template: KleinReference) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return list(self.template_layers(template))
@@ -552,15 +579,18 @@ class KleinAdapter:
         h, w = grid
         ids = latent_ids(h, w)
         txt_ids = text_ids(prompt_embeds.shape[1])
+        dev, dt = self.device, self.dtype
+        # noise drawn on the CPU whatever the device: one seed, one edit, on every machine
         gen = torch.Generator().manual_seed(seed)
-        latents = torch.randn(1, h * w, cfg.in_channels, generator=gen)
+        latents = torch.randn(1, h * w, cfg.in_channels, generator=gen).to(dev, dt)
+        prompt_embeds = prompt_embeds.to(dev, dt)
         scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, shift_terminal=None)
         sigmas = np.linspace(1.0, 1 / steps, steps)
-        timesteps, _ = retrieve_timesteps(scheduler, steps, "cpu", sigmas=sigmas,
+        timesteps, _ = retrieve_timesteps(scheduler, steps, dev, sigmas=sigmas,
                                           mu=compute_empirical_mu(image_seq_len=h * w, num_steps=steps))
         scheduler.set_begin_index(0)
         timings = {"template": 0.0, "denoise": 0.0}
-        user = photo.latents if photo is not None else latents[:, :0]
+        user = photo.latents.to(dev, dt) if photo is not None else latents[:, :0]
         user_ids = photo.ids if photo is not None else ids[:0]
         inject = None
         if mode is KVMode.INJECTED:
@@ -568,7 +598,7 @@ class KleinAdapter:
             # streaming runtime overlaps fetching later layers with computing earlier ones
             inject = LazyTemplateLayers.from_source(
                 template_kv, tokens=n_tmpl, heads=self.heads, head_dim=self.head_dim,
-                tokens_from="its positions" if positions is not None else "its layer 0")
+                tokens_from="its positions" if positions is not None else "its layer 0", device=dev, dtype=dt)
             if positions is not None and photo is not None and torch.equal(positions, photo.ids[:n_tmpl]):
                 raise TemplateKVError("the photo reference uses the template's reference slot")
 
@@ -582,7 +612,7 @@ class KleinAdapter:
             full = mode is KVMode.NOCACHE or (mode is KVMode.EXTRACT and i == 0)
             if full:  # template (and the user's reference) in the sequence
                 slot = ForwardSlot(num_template_tokens=n_tmpl, isolate=self.isolate_template)
-                seq = torch.cat([template.latents, user, latents], 1)
+                seq = torch.cat([template.latents.to(dev, dt), user, latents], 1)
                 seq_ids = torch.cat([template.ids, user_ids, ids])
                 noise_pred, cache = self._forward(seq, seq_ids, prompt_embeds, txt_ids, timestep, mode="extract",
                                                   num_ref=n_tmpl + user.shape[1], slot=slot)

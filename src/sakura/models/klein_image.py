@@ -77,10 +77,20 @@ class KleinImageModel:
         self._prompts: dict[str, torch.Tensor] = {}
 
     @classmethod
-    def from_pretrained(cls, arg: str) -> "KleinImageModel":
-        """`arg` = "/folder" or "/folder@S" (a local diffusers Klein KV pipeline folder)."""
+    def from_pretrained(cls, arg: str, *, device: Any = "auto", dtype: Any = "auto") -> "KleinImageModel":
+        """`arg` = "/folder" or "/folder@S" (a local diffusers Klein KV pipeline folder); `device`
+        (auto: cuda, mps, cpu) and `dtype` (auto: bf16 on cuda, fp16 on mps, fp32 on cpu) as in
+        `sakura.util.device.resolve`."""
         folder, size = parse_klein_name(arg)
-        return cls(KleinAdapter.from_pretrained(folder), size)
+        return cls(KleinAdapter.from_pretrained(folder, device=device, dtype=dtype), size)
+
+    @property
+    def device(self) -> torch.device:
+        return self.adapter.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.adapter.dtype
 
     # -- identity -------------------------------------------------------------------------------
     @property
@@ -95,7 +105,7 @@ class KleinImageModel:
     def _vae_fingerprint(self) -> str:
         if not hasattr(self, "_vae_fp"):
             vae = self.adapter.pipeline.vae  # its BatchNorm step counter is a 0-d int: weights and statistics only
-            state = {k: v.detach().float().contiguous() for k, v in vae.state_dict().items() if v.is_floating_point()}
+            state = {k: v.detach().float().cpu().contiguous() for k, v in vae.state_dict().items() if v.is_floating_point()}
             self._vae_fp = fingerprint_tensors(state, {"config": {k: str(v) for k, v in dict(vae.config).items()}})
         return self._vae_fp
 
@@ -139,7 +149,8 @@ class KleinImageModel:
         return list(self.template_layers(template, instruction))
 
     def _wrap_kv(self, template: torch.Tensor, prompt: str, pairs, ref: KleinReference) -> TemplateKV:
-        layers = [LayerKV(k[0].contiguous(), v[0].contiguous()) for k, v in pairs]
+        # each layer leaves the device as it is wrapped (host: the wire's side)
+        layers = [LayerKV(k[0].contiguous().cpu(), v[0].contiguous().cpu()) for k, v in pairs]
         return TemplateKV(layers, self.fingerprint(), self.template_fingerprint(template, prompt),
                           layout={"kind": "klein", "grid": [self.cfg.grid, self.cfg.grid],
                                   "references": int(template.shape[0]), "image_size": self.cfg.image_size,

@@ -12,14 +12,11 @@ import sys
 import torch
 
 
-def write_tiny_klein_folder(folder):
-    from diffusers import AutoencoderKLFlux2, Flux2KleinKVPipeline, Flux2Transformer2DModel
-    from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
+def _byte_tokenizer():
+    """A byte-level Qwen tokenizer with the chat markers and no merges: every byte is a token."""
     from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import Qwen2TokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen2TokenizerFast
 
-    torch.manual_seed(0)
-    # byte-level tokenizer with Qwen's chat markers and no merges: every byte is a token
     vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
     for s in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
         vocab[s] = len(vocab)
@@ -27,7 +24,17 @@ def write_tiny_klein_folder(folder):
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    text = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(vocab), hidden_size=16, intermediate_size=32,
+    return tok, len(vocab)
+
+
+def write_tiny_klein_folder(folder):
+    from diffusers import AutoencoderKLFlux2, Flux2KleinKVPipeline, Flux2Transformer2DModel
+    from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    tok, n_vocab = _byte_tokenizer()
+    text = Qwen3ForCausalLM(Qwen3Config(vocab_size=n_vocab, hidden_size=16, intermediate_size=32,
                                         num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
                                         head_dim=8, max_position_embeddings=64))
     vae = AutoencoderKLFlux2(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,

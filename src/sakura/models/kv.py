@@ -370,5 +370,23 @@ def fingerprint_tensors(tensors: dict[str, torch.Tensor], extra: dict[str, Any] 
 
 def fingerprint_model(module: torch.nn.Module, config: dict[str, Any]) -> str:
     """Hex sha256 of a model's config and every parameter/buffer (the cache key side of 'model')."""
-    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
-    return fingerprint_tensors(state, {"config": config})
+    # One tensor at a time (a 9B model is never copied to the host whole), each as the digest of
+    # `_content_digest` would see it; half-precision tensors upcast to float32 (exact), so a bf16
+    # checkpoint loaded in bf16 on a GPU and the same checkpoint loaded in fp32 on a CPU are one
+    # model. Loaders that cast fp32 weights down fingerprint before casting (`_cast_after_fingerprint`).
+    inner = hashlib.sha256()
+    state = module.state_dict()
+    for name in sorted(state):
+        t = state[name].detach()
+        if t.dtype in (torch.float16, torch.bfloat16):
+            t = t.float()
+        t = t.cpu().contiguous()
+        inner.update(name.encode())
+        inner.update(str(t.dtype).encode())
+        inner.update(repr(tuple(t.shape)).encode())
+        if t.numel():
+            inner.update(memoryview(t.view(torch.uint8).numpy()))
+    h = hashlib.sha256()
+    h.update(json.dumps({"config": config}, sort_keys=True, default=str).encode())
+    h.update(inner.hexdigest().encode())
+    return h.hexdigest()

@@ -81,7 +81,7 @@ class MiniConfig(PatchGridConfig):
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding of t in [0, 1]: (B,) -> (B, dim)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float32) / half)
+    freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
     args = (t.float() * 1000.0)[:, None] * freqs[None]   # (B, half)
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
@@ -221,7 +221,7 @@ class MiniDiT(BundledImageModel, nn.Module):
 
     # -- streams --------------------------------------------------------------------------------
     def _temb(self, t: torch.Tensor) -> torch.Tensor:
-        return self.time_mlp(timestep_embedding(t, self.cfg.dim))
+        return self.time_mlp(timestep_embedding(t, self.cfg.dim).to(self.embed.weight.dtype))
 
     def _rope(self):
         return self.rope_cos, self.rope_sin
@@ -235,9 +235,10 @@ class MiniDiT(BundledImageModel, nn.Module):
         template: (B, 3, H, W); instruction: int or (B,) long, the template's fixed instruction id.
         """
         cfg = self.cfg
-        instr = torch.as_tensor(instruction, dtype=torch.long).expand(template.shape[0])
-        x = self.embed(patchify(template, cfg.patch_size)) + self.segment[0] + self.instruction[instr][:, None]
-        temb = self._temb(torch.full((template.shape[0],), cfg.template_timestep))
+        dev, dt = self.device, self.dtype
+        instr = torch.as_tensor(instruction, dtype=torch.long).to(dev).expand(template.shape[0])
+        x = self.embed(patchify(template.to(dev, dt), cfg.patch_size)) + self.segment[0] + self.instruction[instr][:, None]
+        temb = self._temb(torch.full((template.shape[0],), cfg.template_timestep, device=dev))
         for block in self.blocks:
             x, k, v = block.template_forward(x, temb, self._rope())
             yield k, v
@@ -280,7 +281,8 @@ class MiniDiT(BundledImageModel, nn.Module):
         when `template_kv` is given, else EXTRACT. All three give bit-identical images for the same
         template, photo, steps and seed.
         """
-        photo = self._check_image(photo, "photo")
+        dev, dt = self.device, self.dtype
+        photo = self._check_image(photo, "photo").to(dev, dt)
         b = photo.shape[0]
         mode = resolve_kv_mode(mode, template, template_kv)
         if mode is KVMode.INJECTED:
@@ -308,13 +310,16 @@ class MiniDiT(BundledImageModel, nn.Module):
             if resident[i] is None:  # INJECTED: first touch of layer i; may block on a stream
                 layer = template_kv.layer(i)
                 layer.check(f"template KV layer {i}", tokens=expected[0], heads=expected[1], head_dim=expected[2])
-                resident[i] = (layer.key.float()[None].expand(b, -1, -1, -1),
-                               layer.value.float()[None].expand(b, -1, -1, -1), layer.keep)
+                # the wire's dtype (fp16) cast to the model's on arrival, on its device
+                keep = None if layer.keep is None else layer.keep.to(dev)
+                resident[i] = (layer.key.to(dev, dt)[None].expand(b, -1, -1, -1),
+                               layer.value.to(dev, dt)[None].expand(b, -1, -1, -1), keep)
             return resident[i]
 
+        # noise drawn on the CPU whatever the device: one seed, one edit, on every machine
         gen = torch.Generator().manual_seed(seed)
-        x = torch.randn(photo.shape, generator=gen)
-        ts = torch.linspace(1.0, 0.0, steps + 1)
+        x = torch.randn(photo.shape, generator=gen).to(dev, dt)
+        ts = torch.linspace(1.0, 0.0, steps + 1).to(dev, dt)
         for s in range(steps):
             if mode is KVMode.NOCACHE or (mode is KVMode.EXTRACT and s == 0):
                 run_template_stream()
@@ -322,8 +327,53 @@ class MiniDiT(BundledImageModel, nn.Module):
             v = self.velocity(photo, x, ts[s].expand(b), kv_for_layer, probe)
             x = x + (ts[s + 1] - ts[s]) * v
             timings["denoise"] += time.perf_counter() - t0
-        image = x.clamp(0.0, 1.0)
+        image = x.clamp(0.0, 1.0).float().cpu()  # (B, 3, S, S) float32 on the CPU, whatever the device
         return EditOutput(image=image, template_kv=captured if mode is KVMode.EXTRACT else None, timings_s=timings)
+
+    @torch.no_grad()
+    def edit_many(self, photo: torch.Tensor, template_kvs: list[TemplateKVSource], *, steps: int = 8,
+                  seed: int = 0) -> list[torch.Tensor]:
+        """``[edit(photo, template_kv=kv, steps=steps, seed=seed).image for kv in template_kvs]``
+        as one batched forward per step (K sources x B photos): the build's image-distortion
+        probes, which differ from the lossless template in one layer each. A layer object the
+        sources share is cast to the device once. Sources with keep masks are not batched here
+        (ValueError): a mask would change which attention kernel runs.
+
+        photo: (B, 3, S, S) in [0, 1]. Returns K images (B, 3, S, S), float32 on the CPU."""
+        dev, dt = self.device, self.dtype
+        photo = self._check_image(photo, "photo").to(dev, dt)
+        check_steps(steps)
+        if not template_kvs:
+            return []
+        for kv in template_kvs:
+            self.check_template_kv(kv)
+        n, k = photo.shape[0], len(template_kvs)
+        tokens, heads, head_dim = self.cfg.tokens_per_image, self.cfg.heads, self.cfg.head_dim
+        resident: list[tuple[torch.Tensor, torch.Tensor, None] | None] = [None] * self.num_layers
+
+        def kv_for_layer(i: int):
+            if resident[i] is None:
+                layers = [kv.layer(i) for kv in template_kvs]
+                for layer in layers:
+                    layer.check(f"template KV layer {i}", tokens=tokens, heads=heads, head_dim=head_dim)
+                    if layer.keep is not None:
+                        raise ValueError("edit_many: a source with a keep mask; edit it on its own")
+                if all(layer is layers[0] for layer in layers):  # shared: cast once, expand (no copy)
+                    kt, vt = (t.to(dev, dt)[None].expand(k * n, -1, -1, -1) for t in (layers[0].key, layers[0].value))
+                else:  # (K, Tt, H, D) -> (K*B, Tt, H, D), source j's K/V for photos j*B .. j*B+B-1
+                    kt = torch.stack([l.key.to(dev, dt) for l in layers]).repeat_interleave(n, dim=0)
+                    vt = torch.stack([l.value.to(dev, dt) for l in layers]).repeat_interleave(n, dim=0)
+                resident[i] = (kt, vt, None)
+            return resident[i]
+
+        gen = torch.Generator().manual_seed(seed)  # the same noise as each single edit
+        x = torch.randn(photo.shape, generator=gen).to(dev, dt).repeat(k, 1, 1, 1)
+        photos = photo.repeat(k, 1, 1, 1)                                   # (K*B, 3, S, S)
+        ts = torch.linspace(1.0, 0.0, steps + 1).to(dev, dt)
+        for s in range(steps):
+            v = self.velocity(photos, x, ts[s].expand(k * n), kv_for_layer, None)
+            x = x + (ts[s + 1] - ts[s]) * v
+        return list(x.clamp(0.0, 1.0).float().cpu().reshape(k, n, *photo.shape[1:]).unbind(0))
 
     # -- training -------------------------------------------------------------------------------
     def training_velocity(self, template: torch.Tensor, instruction: torch.Tensor, photo: torch.Tensor,

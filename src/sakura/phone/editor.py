@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import torch
 
 from sakura.models import load_model
+from sakura.util.device import device_options
 from sakura.wire.client import DeadlineExceeded, IntegrityError, NotFound, RedirectRefused, TemplateClient
 from sakura.wire.store.manifest import ManifestError
 from sakura.wire.store.template_ref import split_template_images
@@ -162,11 +163,14 @@ class Editor:
         policy: "sakura" (plan + local fallback), "sakura-meet" or "raw-stream" (lossless only).
         prior_mbps: the bandwidth estimate before the first transfer, Mbit/s.
         decode_workers: decode threads (None: one per core).
+        device, dtype: where a model given by spec runs ("auto": cuda, then mps, then cpu; bf16 on
+            cuda, fp32 on cpu); streamed KV (fp16 on the wire) is cast on arrival.
     Raises ValueError (one line) for a bad server URL, policy or model spec.
     """
 
     def __init__(self, server: str, *, model: Any = "sakura-mini", gallery: str | Path | None = None,
-                 policy: str = "sakura", prior_mbps: float = 10.0, decode_workers: int | None = None) -> None:
+                 policy: str = "sakura", prior_mbps: float = 10.0, decode_workers: int | None = None,
+                 device: str = "auto", dtype: str = "auto") -> None:
         parts = urlsplit(server) if isinstance(server, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"server must be http(s)://host[:port], got {server!r}")
@@ -175,7 +179,7 @@ class Editor:
         if not (isinstance(prior_mbps, (int, float)) and prior_mbps > 0 and math.isfinite(prior_mbps)):
             raise ValueError(f"prior_mbps must be a positive number, got {prior_mbps!r}")
         self.server = server.rstrip("/")
-        self.model = load_model(model) if isinstance(model, str) else model
+        self.model = load_model(model, **device_options(device, dtype)) if isinstance(model, str) else model
         self.gallery = Gallery(gallery)
         self.policy = policy
         self.bandwidth = BandwidthEstimator(prior_bps=prior_mbps * 1e6 / 8)

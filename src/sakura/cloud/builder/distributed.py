@@ -125,7 +125,8 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
                     model_name: str = "sakura-mini", ladder: Sequence[str] | None = None, calibration: int = 2,
                     steps: int = 4, seed: int = 0, executor: str = "ray", address: str | None = None,
                     workers: int | None = None, force: bool = False, max_retries: int = 3, progress: bool = True,
-                    log: Callable[[str], None] = print) -> BuildReport:
+                    log: Callable[[str], None] = print, device: str = "auto", dtype: str = "auto",
+                    probe_batch: int | None = None) -> BuildReport:
     """Build one manifest per template on ``executor``, skipping templates already current.
 
     Args:
@@ -154,9 +155,10 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
         raise ValueError(f"templates listed twice: {sorted({n for n in names if names.count(n) > 1})}")
     root = Path(store).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    opts = dict(model_name=model_name, ladder=ladder, calibration=calibration, steps=steps, seed=seed)
+    opts = dict(model_name=model_name, ladder=ladder, calibration=calibration, steps=steps, seed=seed, device=device,
+                dtype=dtype, probe_batch=probe_batch)
     t_start = time.perf_counter()
-    model_fp = _check_inputs(model_name, names, ladder)  # bad names/specs fail here, not in every task
+    model_fp, on_gpu = _check_inputs(model_name, names, ladder, device)  # bad names/specs fail here, not in every task
     report = BuildReport(executor=executor, workers=1)
     bar = tqdm(total=len(names), unit="template", disable=not progress, desc=f"build ({executor})")
     try:
@@ -166,7 +168,7 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
                 bar.update(1)
         else:
             report.workers = _run_ray(str(root), names, opts, model_fp, force, report, bar, address=address,
-                                      workers=workers, max_retries=max_retries)
+                                      workers=workers, max_retries=max_retries, gpus=1 if on_gpu else 0)
     finally:
         bar.close()
     report.seconds = time.perf_counter() - t_start
@@ -184,18 +186,23 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
     return report
 
 
-def _check_inputs(model_name: str, names: Sequence[str], ladder: Sequence[str]) -> str:
-    """Validate template names and codec specs; returns the model fingerprint."""
+def _check_inputs(model_name: str, names: Sequence[str], ladder: Sequence[str], device: str = "auto"
+                  ) -> tuple[str, bool]:
+    """Validate template names and codec specs; returns (the model fingerprint, whether the
+    builds run on CUDA: each Ray task then asks for one GPU). The driver loads the model on the
+    CPU (its fingerprint is the same on every device)."""
     from sakura.codec import codec_from_spec
     from sakura.models import load_model
     from sakura.cloud.tasks import get_template
+    from sakura.util.device import resolve_device
 
     for spec in ladder:
         codec_from_spec(spec)
-    model = load_model(model_name)
+    on_gpu = resolve_device(device).type == "cuda"
+    model = load_model(model_name, device="cpu", dtype="float32")
     for n in names:  # every model load_model gives is an ImageTemplateEditModel: it has cfg.image_size
         get_template(n, model.cfg.image_size)
-    return model.fingerprint()
+    return model.fingerprint(), on_gpu
 
 
 def _run_local(root: str, name: str, opts: dict[str, Any], model_fp: str, force: bool) -> TemplateBuild:
@@ -206,8 +213,9 @@ def _run_local(root: str, name: str, opts: dict[str, Any], model_fp: str, force:
 
 
 def _run_ray(root: str, todo: list[str], opts: dict[str, Any], model_fp: str, force: bool, report: BuildReport,
-             bar: Any, *, address: str | None, workers: int | None, max_retries: int) -> int:
-    """Submit one task per template, collect as they finish; returns the cluster's CPU count."""
+             bar: Any, *, address: str | None, workers: int | None, max_retries: int, gpus: int = 0) -> int:
+    """Submit one task per template, collect as they finish; returns the cluster's CPU count.
+    `gpus`: GPUs each task asks Ray for (1 when the model runs on CUDA: one build per GPU)."""
     try:
         import ray
     except ImportError:
@@ -226,7 +234,7 @@ def _run_ray(root: str, todo: list[str], opts: dict[str, Any], model_fp: str, fo
         started = True
     try:
         cpus = int(ray.cluster_resources().get("CPU", 1))
-        task = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(_build_one)
+        task = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=max_retries, retry_exceptions=False)(_build_one)
         pending = {task.remote(root, n, opts, model_fp, force): n for n in todo}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)

@@ -93,9 +93,62 @@ def default_templates() -> list[str]:
     return [f"{t}-00" for t in TASK_NAMES]
 
 
+#: The build's stages, in order, as the progress bar and `build_store(profile=...)` name them.
+STAGES = ("capture", "importance", "sensitivity", "probe reference", "ladder search", "fit tables", "encode",
+          "rendition probes", "quality floor", "write")
+
+
+class _Stages:
+    """Wall and CPU seconds per build stage of the current template, and the progress bar over
+    (template, stage) units: the bar names the template and stage and appears before the model loads."""
+
+    def __init__(self, n_templates: int, progress: bool):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=n_templates * len(STAGES), unit="stage", disable=not progress, mininterval=0.5,
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} stages "
+                                   "[{elapsed}<{remaining}]")
+        self.template = ""
+        self.seconds: dict[str, dict[str, float]] = {}
+
+    def start(self, template: str) -> None:
+        self.template = template
+        self.seconds[template] = {}
+        self.done = 0
+
+    def stage(self, name: str):
+        import contextlib
+
+        @contextlib.contextmanager
+        def run():
+            self.bar.set_description_str(f"{self.template}: {name}" if self.template else name, refresh=True)
+            t0, c0 = time.perf_counter(), time.process_time()
+            yield
+            d = self.seconds.setdefault(self.template, {})
+            d[name] = d.get(name, 0.0) + time.perf_counter() - t0
+            d[name + " cpu"] = d.get(name + " cpu", 0.0) + time.process_time() - c0
+            self.advance(name)
+        return run()
+
+    def advance(self, name: str) -> None:
+        """Mark `name` done for this template (once: encode and the probes repeat per rendition)."""
+        idx = STAGES.index(name) + 1
+        if idx > self.done:
+            self.bar.update(idx - self.done)
+            self.done = idx
+
+    def finish_template(self) -> None:
+        self.advance(STAGES[-1])
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates: Sequence[Any] | None = None,
                 ladder: Sequence[str] = DEFAULT_LADDER, calibration: int = 2, steps: int = 4, seed: int = 0,
-                base_psnr_db: float | None = BASE_RUNG_PSNR_DB, log: Callable[[str], None] = print) -> list[Path]:
+                base_psnr_db: float | None = BASE_RUNG_PSNR_DB, log: Callable[[str], None] = print,
+                device: Any = "auto", dtype: Any = "auto", probe_batch: int | None = None, progress: bool = False,
+                profile: dict[str, dict[str, float]] | None = None, model: Any = None) -> list[Path]:
     """Build (or idempotently rebuild) one manifest per template; returns the manifest paths.
 
     Callable per template (``templates=["look-00"]``): templates are independent.
@@ -120,103 +173,176 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             lossless-KV edits; rungs run geometrically from it to the top budget (``progressive``'s
             default 1.0 bit per value, which sets the storage), or it is the only rung when it is
             the top or above. None keeps the codec's default budgets.
+        device, dtype: where the model runs (``sakura.util.device.resolve``: auto = cuda, mps,
+            cpu; bf16 on cuda, fp32 on cpu). The stored KV is fp16 whatever the compute dtype.
+        probe_batch: image-distortion probes per batched forward (models with ``edit_many``);
+            default 1 on the CPU (every probe on its own: the stores are bit for bit those of
+            one-at-a-time probing) and 16 on an accelerator, where one small forward is
+            launch-bound. A batch > 1 may move a recorded image MSE in its ~5th digit (matmul
+            rounding depends on the rows per call).
+        progress: a tqdm bar (stderr) naming the template and stage, with an ETA.
+        profile: filled with {template: {stage: wall seconds, "stage cpu": CPU seconds}}.
+        model: an already-loaded model to build with (then `model_name`, `device`, `dtype` are unused).
     """
-    import torch
+    # the bar first: importing torch and loading the model take seconds on a loaded machine
+    stages = _Stages(len(templates) if templates else 1, progress)  # the total is set once templates resolve
+    stages.bar.set_description_str("starting", refresh=True)
+    try:
+        import torch
 
-    from sakura.cloud.capture import ShardDistortionProbe, calibration_photos, layer_sensitivity, template_importance
-    from sakura.codec import ShardId, ShardKV, codec_from_spec
+        from sakura.cloud.capture import calibration_photos
+        from sakura.codec import codec_from_spec
+        from sakura.models import load_model
+        from sakura.util.device import device_options
+
+        torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
+        codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
+        names = [s.strip() for s in ladder]  # rendition names as the operator wrote them
+        if len(set(names)) != len(names):
+            raise ValueError(f"ladder has duplicate settings: {names}")
+        floor_codec = codec_from_spec(QUALITY_FLOOR_SPEC)
+        if model is None:
+            stages.bar.set_description_str(f"loading {model_name}", refresh=True)
+            model = load_model(model_name, **device_options(device, dtype))  # every adapter has the image-level API
+        dev = getattr(model, "device", torch.device("cpu"))
+        if probe_batch is None:
+            probe_batch = 1 if dev.type == "cpu" else 16
+        size = int(model.cfg.image_size)
+        model_fp = model.fingerprint()
+        if not templates and model.template_conditioning != "task":
+            from sakura.cloud.builder.template_files import TemplateSpecError
+
+            raise TemplateSpecError([f"{model_name} has no bundled templates: give --library FILE or "
+                                     f"--template ID=IMAGE --prompt P"])
+        stages.bar.set_description_str("resolving templates", refresh=True)
+        tpls = resolve_templates(model, list(templates) if templates else default_templates())  # fails before any work
+        stages.bar.total = len(tpls) * len(STAGES)
+        calib = calibration_photos(size, calibration)  # public training photos, never the held-out test ones
+        out = []
+        for name, images, instruction in tpls:
+            stages.start(name)
+            out.append(_build_template(store, model, model_fp, name, images, instruction, calib, names, codecs,
+                                       floor_codec, steps=steps, seed=seed, base_psnr_db=base_psnr_db,
+                                       probe_batch=probe_batch, stages=stages, log=log))
+            stages.finish_template()
+    finally:
+        stages.close()
+    if profile is not None:
+        profile.update(stages.seconds)
+    return out
+
+
+def _build_template(store, model, model_fp, name, images, instruction, calib, names, codecs, floor_codec, *,
+                    steps, seed, base_psnr_db, probe_batch, stages, log) -> Path:
+    """One template's manifest (see `build_store`); `stages` times each step and moves the bar."""
+    from sakura.cloud.capture import ShardDistortionProbe, layer_sensitivity, template_importance
+    from sakura.codec import ShardId, ShardKV
     from sakura.codec.base import parse_spec
-    from sakura.models import load_model
     from sakura.models.kv import LayerKV, TemplateKV
 
-    torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
-    codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
-    names = [s.strip() for s in ladder]  # rendition names as the operator wrote them
-    if len(set(names)) != len(names):
-        raise ValueError(f"ladder has duplicate settings: {names}")
-    floor_codec = codec_from_spec(QUALITY_FLOOR_SPEC)
-    model = load_model(model_name)  # every adapter has the image-level API (ImageTemplateEditModel's calls)
-    size = int(model.cfg.image_size)
-    model_fp = model.fingerprint()
-    if not templates and model.template_conditioning != "task":
-        from sakura.cloud.builder.template_files import TemplateSpecError
-
-        raise TemplateSpecError([f"{model_name} has no bundled templates: give --library FILE or "
-                                 f"--template ID=IMAGE --prompt P"])
-    tpls = resolve_templates(model, list(templates) if templates else default_templates())  # fails before any work
-    calib = calibration_photos(size, calibration)  # public training photos, never the held-out test ones
-    out = []
-    for name, images, instruction in tpls:
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    with stages.stage("capture"):
         ref_png = encode_template_images(images)
         images = split_template_images(decode_template_ref(ref_png))  # capture from exactly what the phone will have
-        kv = model.extract_template_kv(images, instruction).to(torch.float16)
+        kv = _fp16_in_place(model.extract_template_kv(images, instruction))
+    with stages.stage("importance"):
         # token importance for codecs that use it (the nested ladder's widths): attention mass. The
         # gradient sensitivity (sakura.cloud.capture.token_sensitivity) measured no better there and worse
         # as progressive-ladder weighting (docs/codec.md), so the default ladder ignores importance.
         imp = template_importance(model, kv, calib, steps=steps, seed=seed)  # (layers, tokens)
 
-        def calib_edit(layers, kv=kv):
-            return model.edit(calib, template_kv=TemplateKV([LayerKV(k, v) for k, v in layers], kv.model_fingerprint,
-                                                            kv.template_fingerprint, kv.layout),
-                              steps=steps, seed=seed).image
+    def calib_edit(layers, kv=kv):
+        return model.edit(calib, template_kv=TemplateKV([LayerKV(k, v) for k, v in layers], kv.model_fingerprint,
+                                                        kv.template_fingerprint, kv.layout),
+                          steps=steps, seed=seed).image
 
+    with stages.stage("sensitivity"):
         sens = layer_sensitivity([(l.key, l.value) for l in kv.layers], calib_edit, seed=seed)
 
-        def calib_edit_layers(layers, kv=kv):
-            return model.edit(calib, template_kv=TemplateKV(layers, kv.model_fingerprint, kv.template_fingerprint,
-                                                            kv.layout), steps=steps, seed=seed).image
+    def calib_edit_layers(layers, kv=kv):
+        return model.edit(calib, template_kv=TemplateKV(layers, kv.model_fingerprint, kv.template_fingerprint,
+                                                        kv.layout), steps=steps, seed=seed).image
 
+    with stages.stage("probe reference"):
         probe = ShardDistortionProbe(model, kv, calib, steps=steps, seed=seed)
-        L = kv.num_layers
-        shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=L, sensitivity=sens[i],
-                          distortion=_part_probe(probe, i, l)) for i, l in enumerate(kv.layers)]
-        ident = lambda i: ShardId(model_fp, kv.template_fingerprint, i)  # noqa: E731
-        floor_tables = floor_codec.fit_tables(shards) if floor_codec.uses_tables else None
-        floors = []
-        for i, s in enumerate(shards):
-            dec = floor_codec.decode(floor_codec.encode(s, ident(i), floor_tables), ident(i), floor_tables)
-            floors.append({"reference": QUALITY_FLOOR_SPEC,
-                           "image_mse": _rounded({"image_mse": probe.image_mse(i, dec.for_attention())})["image_mse"]})
-        with StoreWriter(store, model_fingerprint=model_fp, template_id=name) as w:
-            w.set_template_ref(ref_png, media_type=TEMPLATE_REF_MEDIA_TYPE)
-            encoded: list[list[RenditionInput]] = [[] for _ in shards]
-            calibrated_lowest = None  # lowest budget of the calibrated progressive entry, once fitted
-            for rname, codec in zip(names, codecs):
-                params = _jsonable(parse_spec(rname)[1])
-                if rname in skipped_floor_rungs([rname], calibrated_lowest):
-                    log(f"  {rname}: not made (the calibrated ladder's lowest rung, budget {calibrated_lowest:g}, "
-                        f"is already as cheap)")
-                    continue
-                if codec.name == "progressive" and "budgets" not in params:
-                    if base_psnr_db is not None:
-                        codec, params = _fit_ladder_to_template(codec, shards, calib_edit_layers, base_psnr_db, log)
-                        codec, params = _with_floor_rungs(codec, params, names, log)
-                    calibrated_lowest = min(codec.params["budgets"])
+        many = _many_probe(probe, kv, probe_batch)
+    L = kv.num_layers
+    shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=L, sensitivity=sens[i],
+                      distortion=_part_probe(i, many)) for i, l in enumerate(kv.layers)]
+    ident = lambda i: ShardId(model_fp, kv.template_fingerprint, i)  # noqa: E731
+    with StoreWriter(store, model_fingerprint=model_fp, template_id=name) as w:
+        w.set_template_ref(ref_png, media_type=TEMPLATE_REF_MEDIA_TYPE)
+        encoded: list[list[RenditionInput]] = [[] for _ in shards]
+        calibrated_lowest = None  # lowest budget of the calibrated progressive entry, once fitted
+        for rname, codec in zip(names, codecs):
+            params = _jsonable(parse_spec(rname)[1])
+            if rname in skipped_floor_rungs([rname], calibrated_lowest):
+                log(f"  {rname}: not made (the calibrated ladder's lowest rung, budget {calibrated_lowest:g}, "
+                    f"is already as cheap)")
+                continue
+            if codec.name == "progressive" and "budgets" not in params:
+                if base_psnr_db is not None:
+                    with stages.stage("ladder search"):
+                        codec, params = _fit_ladder_to_template(codec, shards, calib_edit_layers, base_psnr_db, log,
+                                                                ref=probe.reference_image)
+                    codec, params = _with_floor_rungs(codec, params, names, log)
+                calibrated_lowest = min(codec.params["budgets"])
+            with stages.stage("fit tables"):
                 tables = codec.fit_tables(shards) if codec.uses_tables else None
-                table_names: tuple[str, ...] = ()
-                if tables is not None:
-                    # the parameters as the operator wrote them, plus what the build chose (objects carry
-                    # everything decoding needs; all defaults spelled out made the manifest larger than the ladder)
-                    w.add_table(rname, codec=codec.name, data=tables.to_bytes(ShardId(model_fp, kv.template_fingerprint, -1)),
-                                params=params)
-                    table_names = (rname,)
-                for i, s in enumerate(shards):
+            table_names: tuple[str, ...] = ()
+            if tables is not None:
+                # the parameters as the operator wrote them, plus what the build chose (objects carry
+                # everything decoding needs; all defaults spelled out made the manifest larger than the ladder)
+                w.add_table(rname, codec=codec.name, data=tables.to_bytes(ShardId(model_fp, kv.template_fingerprint, -1)),
+                            params=params)
+                table_names = (rname,)
+            # (shard, rendition fields, distortion, decoded): image probes `probe_batch` at a time,
+            # so at most that many decoded layers wait on the host (never a whole template twice)
+            pending: list = []
+
+            def flush(pending=pending) -> None:
+                with stages.stage("rendition probes"):
+                    mses = probe.image_mse_many([(i, lkv) for i, _f, _d, lkv in pending], batch=probe_batch)
+                    for (i, fields, dist, _lkv), mse in zip(pending, mses):
+                        dist.update({"image_mse": mse, "image_psnr_db": psnr_db(mse)})
+                        encoded[i].append(RenditionInput(**fields, distortion=_rounded(dist)))
+                    pending.clear()
+
+            for i, s in enumerate(shards):
+                with stages.stage("encode"):
                     data = codec.encode(s, ident(i), tables)
-                    # A layered codec's object holds every rung; rung l is the prefix ends[l]
-                    # (one object in the store, one Range per rung). Others: one whole object.
-                    ends = codec.level_ends(data) if codec.supports_layers else [None]
-                    for rung, end in enumerate(ends):
+                # A layered codec's object holds every rung; rung l is the prefix ends[l]
+                # (one object in the store, one Range per rung). Others: one whole object.
+                ends = codec.level_ends(data) if codec.supports_layers else [None]
+                for rung, end in enumerate(ends):
+                    with stages.stage("encode"):
                         piece = data if end is None else data[:end]
-                        d = codec.describe(s, piece, ident(i), tables)
-                        dec = codec.decode(piece, ident(i), tables)
-                        dist = {"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
-                                "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
-                                "dropped_fraction": 1.0 - d.keep_fraction, **probe.measure(i, dec.for_attention())}
-                        encoded[i].append(RenditionInput(
-                            name=rname if end is None else f"{rname}#{rung}", codec=codec.name, data=data,
-                            params=params if not table_names else {}, prefix_bytes=end, tables=table_names,
-                            distortion=_rounded(dist)))  # (a ladder's parameters are on its table entry, once)
+                        dec = codec.decode(piece, ident(i), tables)  # once: for describe and the image probe
+                        d = codec.describe(s, piece, ident(i), tables, decoded=dec)
+                    dist = {"expected": d.expected_distortion, "weighted_rel_err": d.weighted_rel_err,
+                            "key_rel_err": d.key_rel_err, "value_rel_err": d.value_rel_err,
+                            "dropped_fraction": 1.0 - d.keep_fraction}
+                    pending.append((i, dict(name=rname if end is None else f"{rname}#{rung}", codec=codec.name,
+                                            data=data, params=params if not table_names else {}, prefix_bytes=end,
+                                            tables=table_names), dist, dec.for_attention()))
+                    del dec
+                    if len(pending) >= probe_batch:
+                        flush()
+            if pending:
+                flush()
+        with stages.stage("quality floor"):
+            floor_tables = floor_codec.fit_tables(shards) if floor_codec.uses_tables else None
+            mses: list[float] = []
+            for a in range(0, len(shards), probe_batch):  # probe_batch decoded layers on the host at a time
+                reqs = []
+                for i in range(a, min(a + probe_batch, len(shards))):
+                    dec = floor_codec.decode(floor_codec.encode(shards[i], ident(i), floor_tables), ident(i),
+                                             floor_tables)
+                    reqs.append((i, dec.for_attention()))
+                mses += probe.image_mse_many(reqs, batch=probe_batch)
+            floors = [{"reference": QUALITY_FLOOR_SPEC, "image_mse": _rounded({"image_mse": m})["image_mse"]}
+                      for m in mses]
+        with stages.stage("write"):
             for i, s in enumerate(shards):
                 w.add_shard(layer=i, tokens=(0, kv.num_tokens), fp16_bytes=s.fp16_bytes, renditions=encoded[i],
                             quality_floor=floors[i])
@@ -224,12 +350,23 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                              "dtype": "float16", "template_fingerprint": kv.template_fingerprint,
                              "layout": _jsonable(kv.layout), "instruction": instruction,
                              **_depends_on(model, images, kv)})
-        out.append(w.committed_path)
-        ladder_b = sum({hashlib.sha256(r.data).digest(): len(r.data) for rs in encoded for r in rs}.values())
-        fp16 = sum(s.fp16_bytes for s in shards)
-        log(f"{name}: {L} shards x {len(encoded[0])} renditions, ladder {ladder_b / 1e3:.1f} kB + template PNG "
-            f"{len(ref_png) / 1e3:.1f} kB vs fp16 {fp16 / 1e3:.1f} kB ({time.perf_counter() - t0:.1f} s)")
-    return out
+    ladder_b = sum({hashlib.sha256(r.data).digest(): len(r.data) for rs in encoded for r in rs}.values())
+    fp16 = sum(s.fp16_bytes for s in shards)
+    log(f"{name}: {L} shards x {len(encoded[0])} renditions, ladder {ladder_b / 1e3:.1f} kB + template PNG "
+        f"{len(ref_png) / 1e3:.1f} kB vs fp16 {fp16 / 1e3:.1f} kB ({time.perf_counter() - t0:.1f} s)")
+    return w.committed_path
+
+
+def _fp16_in_place(kv):
+    """`kv` with every layer cast to fp16 on the host, one layer at a time (the compute-dtype copy
+    of a layer is released as its fp16 copy is made: a 1024^2 Klein template is never held twice)."""
+    import torch
+
+    from sakura.models.kv import LayerKV
+
+    for i, l in enumerate(kv.layers):
+        kv.layers[i] = LayerKV(l.key.to("cpu", torch.float16), l.value.to("cpu", torch.float16), l.keep)
+    return kv
 
 
 def resolve_templates(model: Any, templates: Sequence[Any]) -> list[tuple[str, Any, Any]]:
@@ -284,10 +421,11 @@ def _depends_on(model: Any, images, kv) -> dict[str, Any]:
     return d
 
 
-def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log):
+def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log, ref=None):
     """A progressive ladder whose lowest rung reaches `base_psnr_db` on the calibration edits:
     -> (codec with budgets, manifest params). Tries `BASE_RUNG_BUDGETS` below the codec's top
-    budget cheapest first, then the top, then `MAX_SINGLE_RUNG_BUDGETS` (one rung)."""
+    budget cheapest first, then the top, then `MAX_SINGLE_RUNG_BUDGETS` (one rung). `ref`: the
+    all-lossless calibration edit when the caller has it (the distortion probe's reference)."""
     import math
 
     import numpy as np
@@ -297,7 +435,7 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log):
 
     top = float(codec.params["budgets"][-1])
     rungs = len(codec.params["budgets"])
-    ref = edit([LayerKV(s.key, s.value) for s in shards]).double()
+    ref = (ref if ref is not None else edit([LayerKV(s.key, s.value) for s in shards])).double()
     ident = lambda i: ShardId("calibration", "ladder", i)  # noqa: E731
     base, got = top, None
     # cheapest first; a template the top budget cannot serve at the target gets a single rung above
@@ -339,23 +477,47 @@ def _with_floor_rungs(codec, params: dict, ladder: Sequence[str], log):
     return get_codec(codec.name, **{**codec.params, "budgets": merged}), {**params, "budgets": merged}
 
 
-def _part_probe(probe, layer: int, lossless):
-    """`ShardKV.distortion` for layer `layer`: the calibration edits' image MSE with this layer's keys
-    or values replaced (the progressive codec's image allocation, `allocate="image"`), memoised on
-    the decoded bytes (the ladder fit and every rendition's tables ask for the same grid points)."""
-    import torch
-
+def _many_probe(probe, kv, batch: int):
+    """The batched probe every shard's `_part_probe` shares (``distortion.many``, which the
+    progressive codec's image allocation calls with all of a round's probes): [(layer, "k"/"v",
+    decoded part)] -> image MSEs, memoised on (layer, part, decoded bytes), `batch` edits per
+    model call (`ShardDistortionProbe.image_mse_many`)."""
     from sakura.models.kv import LayerKV
 
-    memo: dict[tuple[str, bytes], float] = {}
+    memo: dict[tuple[int, str, bytes], float] = {}
+
+    def many(items) -> list[float]:
+        keys = [(layer, part, _digest(decoded)) for layer, part, decoded in items]
+        todo: dict[tuple[int, str, bytes], Any] = {}
+        for key, (layer, part, decoded) in zip(keys, items):
+            if key not in memo and key not in todo:
+                lossless = kv.layers[layer]
+                todo[key] = (layer, LayerKV(decoded, lossless.value) if part == "k" else LayerKV(lossless.key, decoded))
+        for key, mse in zip(todo, probe.image_mse_many(list(todo.values()), batch=batch)):
+            memo[key] = mse
+        return [memo[k] for k in keys]
+
+    many.batch = batch
+    return many
+
+
+def _digest(t) -> bytes:
+    import torch
+
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).digest()
+
+
+def _part_probe(layer: int, many):
+    """`ShardKV.distortion` for layer `layer`: the calibration edits' image MSE with this layer's keys
+    or values replaced (the progressive codec's image allocation, `allocate="image"`), through
+    `many` (`_many_probe`, shared by all shards: memoised on the decoded bytes, since the ladder fit
+    and every rendition's tables ask for the same grid points). ``distortion.many`` lets the codec
+    batch a round's probes across shards."""
 
     def distortion(kv: str, decoded) -> float:
-        key = (kv, hashlib.sha256(decoded.contiguous().view(torch.uint8).numpy().tobytes()).digest())
-        if key not in memo:
-            layer_kv = LayerKV(decoded, lossless.value) if kv == "k" else LayerKV(lossless.key, decoded)
-            memo[key] = probe.image_mse(layer, layer_kv)
-        return memo[key]
+        return many([(layer, kv, decoded)])[0]
 
+    distortion.many = many
     return distortion
 
 

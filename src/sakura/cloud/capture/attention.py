@@ -33,7 +33,7 @@ def template_importance(model, template_kv: TemplateKV, calibration_photos: torc
     calls = torch.zeros(model.num_layers)
 
     def probe(layer: int, p: torch.Tensor) -> None:  # p: (B, heads, main_tokens, template_tokens)
-        mass[layer] += p.mean(dim=(0, 1, 2))
+        mass[layer] += p.mean(dim=(0, 1, 2)).float().cpu()  # the model's device and dtype -> host fp32
         calls[layer] += 1
 
     for i in range(calibration_photos.shape[0]):

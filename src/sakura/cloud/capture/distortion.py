@@ -14,7 +14,7 @@ The model is any object with the image-level edit API the bundled models share:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -51,6 +51,11 @@ class ShardDistortionProbe:
                         self.reference.layout)
         return self.model.edit(self.photos, template_kv=kv, steps=self.steps, seed=self.seed).image
 
+    @property
+    def reference_image(self) -> torch.Tensor:
+        """The all-lossless calibration edit (N, 3, S, S), float64."""
+        return self._ref_image
+
     def image_mse(self, layer: int, replacement: LayerKV) -> float:
         """Mean per-pixel MSE (pixels in [0, 1]) of the edit with `layer` replaced, vs the lossless edit."""
         layers = list(self.reference.layers)
@@ -59,6 +64,36 @@ class ShardDistortionProbe:
         layers[layer] = replacement
         img = self._edit(layers).double()
         return float((img - self._ref_image).pow(2).mean(dim=(1, 2, 3)).mean())
+
+    def image_mse_many(self, requests: Sequence[tuple[int, LayerKV]], batch: int = 1) -> list[float]:
+        """`image_mse` of every (layer, replacement), `batch` edits per model call when the model
+        has ``edit_many`` (the bundled sakura-mini: one batched forward per step). batch=1 runs
+        every edit on its own, bit for bit what `image_mse` gives; a larger batch changes which
+        matmul kernels run (rows per call), so its images may differ in the last bits (~1e-7)."""
+        edit_many = getattr(self.model, "edit_many", None)
+        out: list[float] = []
+        n = len(self.reference.layers)
+        for layer, _ in requests:
+            if not 0 <= layer < n:
+                raise IndexError(f"layer {layer} out of range ({n} layers)")
+        if batch <= 1 or edit_many is None:
+            return [self.image_mse(layer, rep) for layer, rep in requests]
+        for a in range(0, len(requests), batch):
+            chunk = requests[a:a + batch]
+            kvs, single = [], []
+            for layer, rep in chunk:
+                layers = list(self.reference.layers)
+                layers[layer] = rep
+                kvs.append(TemplateKV(layers, self.reference.model_fingerprint, self.reference.template_fingerprint,
+                                      self.reference.layout))
+                single.append(rep.keep is not None)
+            batched = [kv for kv, s in zip(kvs, single) if not s]
+            imgs = iter(edit_many(self.photos, batched, steps=self.steps, seed=self.seed) if batched else [])
+            for kv, s in zip(kvs, single):
+                img = (self.model.edit(self.photos, template_kv=kv, steps=self.steps, seed=self.seed).image if s
+                       else next(imgs)).double()
+                out.append(float((img - self._ref_image).pow(2).mean(dim=(1, 2, 3)).mean()))
+        return out
 
     def measure(self, layer: int, replacement: LayerKV) -> dict[str, float]:
         """The manifest's image keys: {"image_mse", "image_psnr_db"}."""

@@ -1,0 +1,121 @@
+"""`sakura bench build-speed`: the bundled build, stage by stage, against a baseline, same run.
+
+Each variant builds the same templates into a fresh store in its own process (imports and model
+load included, as `sakura build` pays them), in alternating rounds so a change in this shared
+machine's load hits every variant alike. Per variant: wall seconds, CPU seconds (the child's
+user + system: what the build costs, whatever else runs here), the per-stage CPU seconds
+(`build_store(profile=...)`), and the store's digest; stores of every variant are compared file by
+file.
+
+Variants: ``current`` (this checkout, ``--probe-batch`` default), ``batched`` (this checkout,
+``--probe-batch N``) and, with ``--baseline-src DIR``, ``baseline`` (another checkout's ``src``,
+e.g. ``git worktree add /tmp/base <commit>`` then ``/tmp/base/src``), whose ``build_store`` is
+called with its own defaults.
+
+    sakura bench build-speed [--templates look-00 ...] [--rounds 1] [--baseline-src /tmp/base/src] [--out out/build_speed.json]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+_CHILD = r"""
+import json, sys, time, resource
+t0 = time.perf_counter()
+from sakura.cloud.builder.pipeline import build_store
+import inspect
+args = json.loads(sys.argv[1])
+kw = dict(templates=args["templates"], log=lambda s: None)
+params = inspect.signature(build_store).parameters
+prof = {}
+if "profile" in params:
+    kw["profile"] = prof
+if args.get("probe_batch") and "probe_batch" in params:
+    kw["probe_batch"] = args["probe_batch"]
+if "device" in params:
+    kw["device"] = args.get("device", "cpu")
+build_store(args["store"], **kw)
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": ru.ru_utime + ru.ru_stime,
+                  "peak_rss_bytes": ru.ru_maxrss * 1024, "stages": prof}))
+"""
+
+
+def _digest(root: Path) -> dict[str, str]:
+    import hashlib
+
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.name.startswith("."):
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def _run_variant(src: Path, store: Path, templates: Sequence[str], probe_batch: int | None, device: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
+    args = json.dumps({"store": str(store), "templates": list(templates), "probe_batch": probe_batch,
+                       "device": device})
+    p = subprocess.run([sys.executable, "-c", _CHILD, args], env=env, capture_output=True, text=True, timeout=3600)
+    if p.returncode != 0:
+        raise RuntimeError(f"build in {src} failed: {p.stderr.strip().splitlines()[-1:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, rounds: int = 1,
+        baseline_src: Path | None = None, probe_batch: int = 8, device: str = "cpu", out: Path | None = None,
+        log: Callable[[str], None] = print) -> dict:
+    """Build `templates` with every variant, `rounds` alternating rounds; returns (and writes to
+    `out`) per variant the runs' figures and whether its stores equal the first variant's."""
+    here = Path(__file__).resolve().parents[2]  # this checkout's src
+    variants: dict[str, tuple[Path, int | None]] = {}
+    if baseline_src is not None:
+        variants["baseline"] = (Path(baseline_src).resolve(), None)
+    variants["current"] = (here, None)
+    if probe_batch > 1:
+        variants[f"batched{probe_batch}"] = (here, probe_batch)
+    res: dict = {"templates": list(templates), "rounds": rounds, "device": device, "cpu_count": os.cpu_count(),
+                 "load_avg_1min_start": os.getloadavg()[0], "variants": {v: [] for v in variants}}
+    digests: dict[str, dict[str, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="build-speed-") as tmp:
+        for r in range(rounds):
+            order = list(variants) if r % 2 == 0 else list(reversed(variants))
+            for v in order:
+                src, pb = variants[v]
+                store = Path(tmp) / f"{v}-{r}"
+                fig = _run_variant(src, store, templates, pb, device)
+                fig["load_avg_1min"] = os.getloadavg()[0]
+                res["variants"][v].append(fig)
+                d = _digest(store)
+                digests.setdefault(v, d)
+                fig["store_same_as_round0"] = d == digests[v]
+                log(f"round {r} {v}: {fig['wall_s']:.1f} s wall, {fig['cpu_s']:.1f} CPU-s (load {fig['load_avg_1min']:.1f})")
+    first = next(iter(variants))
+    res["summary"] = {}
+    for v, runs in res["variants"].items():
+        cpu = sorted(x["cpu_s"] for x in runs)[len(runs) // 2]
+        wall = sorted(x["wall_s"] for x in runs)[len(runs) // 2]
+        stages: dict[str, float] = {}
+        for t in runs[0]["stages"].values():
+            for k, s in t.items():
+                if k.endswith(" cpu"):
+                    stages[k[:-4]] = stages.get(k[:-4], 0.0) + s
+        res["summary"][v] = {"median_cpu_s": cpu, "median_wall_s": wall, "stage_cpu_s": stages,
+                             "store_bytes_identical_to_" + first: digests[v] == digests[first]}
+    base = res["summary"][first]["median_cpu_s"]
+    for v, s in res["summary"].items():
+        s["cpu_speedup_vs_" + first] = base / s["median_cpu_s"] if s["median_cpu_s"] else float("nan")
+    res["load_avg_1min_end"] = os.getloadavg()[0]
+    log(json.dumps(res["summary"], indent=1))
+    if out is not None:
+        from sakura.util.fsutil import atomic_write
+
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, (json.dumps(res, indent=1) + "\n").encode())
+    return res
