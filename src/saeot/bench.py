@@ -122,14 +122,14 @@ def real_layers_bench(acts_dir: Path, saes_dir: Path, pairs=((0, 18), (9, 18)), 
     from saeot.collect import load_activations
     from saeot.matching import Matching
     from saeot.pipeline import compare_methods, layer_pair, top_token_overlap
-    from saeot.sae import load_sae
+    from saeot.sae import load_sae_for_layer
     from saeot.wasserstein import measures, nearest_w2, w2_pairs
 
     tokens = load_activations(acts_dir, "tokens")
     rng = np.random.default_rng(seed)
     out = {}
     for la, lb in pairs:
-        A, B = layer_pair(acts_dir, load_sae(Path(saes_dir) / f"layer_{la}"), load_sae(Path(saes_dir) / f"layer_{lb}"),
+        A, B = layer_pair(acts_dir, load_sae_for_layer(saes_dir, la), load_sae_for_layer(saes_dir, lb),
                           la, lb, k=k)
         res = compare_methods(A, B, tokens, solver="exact", candidates=candidates, progress=progress)
         alive_a = np.flatnonzero(A.dists.alive)
@@ -214,12 +214,12 @@ def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int =
 
     geometry = geometry or DEFAULT_GEOMETRY
     from saeot.pipeline import layer_pair
-    from saeot.sae import load_sae
+    from saeot.sae import load_sae_for_layer
     from saeot.wasserstein import (_exact_parallel, candidate_pairs, default_jobs, measures, nearest_w2,
                                    pairwise_w2, sliced_proxy)
 
     rng = np.random.default_rng(seed)
-    sa, sb = load_sae(Path(saes_dir) / f"layer_{layer_a}"), load_sae(Path(saes_dir) / f"layer_{layer_b}")
+    sa, sb = load_sae_for_layer(saes_dir, layer_a), load_sae_for_layer(saes_dir, layer_b)
     out: dict = {"layers": [layer_a, layer_b], "k": k, "candidates": candidates, "cores": default_jobs(),
                  "geometry": geometry, "spaces": {}}
     for space in spaces:

@@ -82,14 +82,15 @@ def _check_folder(option: str, path: Path, what: str) -> None:
 SOLVER_CHOICES = ("exact", "sinkhorn", "sinkhorn-debiased", "sliced")
 STRATEGY_CHOICES = ("nn", "hungarian", "mutual")
 SPACE_CHOICES = ("reference", "linear", "pca")
-METHOD_CHOICES = ("ot", "decoder-cosine", "sae-match", "act-corr", "all")
+METHOD_CHOICES = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "all")
 TASK_CHOICES = ("addition", "successor")
 
 
 @app.command()
 def collect(
     out: Path = typer.Option(Path("runs/acts"), help="Cache folder (resumable)."),
-    model: str = typer.Option("gemma3-270m", help="gemma3-270m, minilm, tiny-random, or a local HF folder."),
+    model: str = typer.Option("gemma3-270m", help="gemma3-270m, minilm, tiny-random, a local transformers "
+                              "folder (config.json + weights + tokenizer) or a local .gguf file / folder."),
     n_tokens: int = typer.Option(16384, help="Corpus tokens to collect."),
     ctx_len: int = typer.Option(128, help="Tokens per chunk."),
     layers: str = typer.Option("all", help="Comma-separated residual layers (0 = embeddings), or 'all'."),
@@ -99,8 +100,13 @@ def collect(
     sources: str = typer.Option("shakespeare,docstrings", help="Comma-separated corpus sources: shakespeare, "
                                 "docstrings (the default: every evaluation cache), or the training-only extras "
                                 "stdlib, packages, package-docs (saeot.corpus.EXTRA_SOURCES)."),
+    text: Optional[Path] = typer.Option(None, help="Your own text instead of the bundled corpus: a text file, a "
+                                        "folder of .txt/.md/.rst/.jsonl files, or a .jsonl file."),
+    text_field: Optional[str] = typer.Option(None, help="JSONL field holding the text (default 'text')."),
+    device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
 ) -> None:
-    """Collect residual-stream activations over the bundled corpus into a safetensors cache."""
+    """Collect residual-stream activations (layer 0 = embeddings, layer n = resid_post of block n-1)
+    over the bundled corpus or your own --text into a resumable safetensors cache."""
     from saeot.corpus import EXTRA_SOURCES, SOURCES
 
     src = tuple(x.strip() for x in sources.split(",") if x.strip())
@@ -112,18 +118,22 @@ def collect(
         _check_positive(opt, v)
     if exclude is not None:
         _check_folder("--exclude", exclude, "an activation cache from `saeot collect`")
+    if text is not None:
+        _check_folder("--text", text, "a text file, a folder of text files or a .jsonl file")
     from saeot.collect import collect_activations, excluding_chunks
-    from saeot.corpus import chunk_corpus
+    from saeot.corpus import chunk_corpus, chunk_documents, user_documents
     from saeot.models import load_model
 
-    lm = load_model(model)
-    chunks = chunk_corpus(lm.tokenizer, n_tokens, ctx_len, src)
+    docs = user_documents(text, text_field) if text is not None else None  # bad text fails before the model loads
+    lm = load_model(model, device=device)
+    chunks = chunk_documents(lm.tokenizer, docs, n_tokens, ctx_len) if docs is not None else \
+        chunk_corpus(lm.tokenizer, n_tokens, ctx_len, src)
     if exclude is not None:
         chunks = excluding_chunks(chunks, exclude)
         if not chunks:
             _fail(f"every chunk of the first {n_tokens} corpus tokens is in {exclude}; raise --n-tokens")
-    collect_activations(lm, chunks, out, _layers(layers), batch_size)
-    typer.echo(f"cached {len(chunks) * ctx_len} tokens x layers {layers} of {model} in {out}")
+    collect_activations(lm, chunks, out, _layers(layers), batch_size, source=None if text is None else text)
+    typer.echo(f"cached {len(chunks) * ctx_len} tokens x layers {layers} of {model} in {out} (device {lm.device})")
 
 
 @app.command("train-sae")
@@ -163,6 +173,7 @@ def train_sae(
 
     from saeot.collect import chunk_token_set, load_activations, load_manifest
     from saeot.evaluate import chunk_split
+    from saeot.bench import write_json
     from saeot.sae import sae_metadata, sae_report, save_sae, train_topk_sae
 
     man = load_manifest(acts)
@@ -208,22 +219,32 @@ def train_sae(
         typer.echo(f"layer {l}: FVU {rep['fvu']:.3f} (val {rep['fvu_val']:.3f}, test {rep['fvu_test']:.3f})  "
                    f"L0 {rep['l0']:.1f}  dead {rep['dead_frac']:.1%} (held-out {rep['n_tokens']} tokens; "
                    f"dead on train {rep['dead_frac_train']:.1%})")
-        (out / f"layer_{l}" / "report.json").write_text(json.dumps(rep, indent=1))
+        write_json(rep, out / f"layer_{l}" / "report.json")
         # re-read before writing: another train-sae run may have added layers to the same folder meanwhile
         reports = json.loads(rpath.read_text()) if rpath.exists() else {}
         reports[str(l)] = rep
-        rpath.write_text(json.dumps(reports, indent=1))
+        write_json(reports, rpath)  # atomic: a crash never leaves a half-written report.json
 
 
 @app.command()
 def match(
-    acts: Path = typer.Option(Path("runs/acts")),
-    saes: Path = typer.Option(Path("runs/saes"), help="Folder with layer_<l>/ SAEs (SAELens format)."),
-    layer_a: int = typer.Option(0, help="Source layer."),
-    layer_b: int = typer.Option(18, help="Target layer."),
-    method: str = typer.Option("ot", help="ot, decoder-cosine, sae-match, act-corr, or 'all'."),
+    acts: Path = typer.Option(Path("runs/acts"), help="Activation cache from `saeot collect` (or use --acts-a/--acts-b)."),
+    saes: Path = typer.Option(Path("runs/saes"), help="Folder with one SAE per layer, named blocks.<n>.hook_resid_post/ "
+                              "or layer_<l>/ (SAELens or GemmaScope format); or use --sae-a/--sae-b."),
+    layer_a: str = typer.Option("0", help="Source layer: resid_post.N (block N's output), resid_pre.N, embed, "
+                                "blocks.N.hook_resid_post, or a saeot residual index (N+1 = resid_post.N)."),
+    layer_b: str = typer.Option("18", help="Target layer (same forms as --layer-a)."),
+    sae_a: Optional[Path] = typer.Option(None, help="The source SAE's folder; its hook_name must be --layer-a."),
+    sae_b: Optional[Path] = typer.Option(None, help="The target SAE's folder; its hook_name must be --layer-b."),
+    acts_a: Optional[Path] = typer.Option(None, help="Source hidden states as an array file (.npy/.npz/.safetensors, "
+                                          "(tokens, d)) instead of --acts."),
+    acts_b: Optional[Path] = typer.Option(None, help="Target hidden states, the same tokens row by row."),
+    tokens_file: Optional[Path] = typer.Option(None, "--tokens", help="With --acts-a/--acts-b: token ids (tokens,) "
+                                               "for the top-token Jaccard (omitted: no Jaccard)."),
+    method: str = typer.Option("ot", help="ot, decoder-cosine, sae-match, sae-match-folded, act-corr, or 'all'."),
     solver: str = typer.Option("exact", help="OT solver: exact, sinkhorn, sinkhorn-debiased, sliced."),
-    strategy: str = typer.Option("nn", help="nn, hungarian, or mutual (mutual nearest neighbours only)."),
+    strategy: str = typer.Option("nn", help="nn, hungarian, or mutual (mutual nearest neighbours only); "
+                                 "sae-match-folded is always one-to-one (Hungarian), as published."),
     space: str = typer.Option("reference", help="Reference space: reference, linear, pca."),
     geometry: str = typer.Option(DEFAULT_GEOMETRY, help="Geometry of the reference space: scalar, standardise, whiten, "
                                  "unit, standardise+unit, whiten+unit (saeot.geometry)."),
@@ -233,7 +254,8 @@ def match(
     n_jobs: int = typer.Option(0, help="Threads for exact W2 (0 = one per core)."),
     out: Path = typer.Option(Path("runs/match.json")),
 ) -> None:
-    """Match features of layer A to layer B with one or all methods; write pairs, scores, timings."""
+    """Match features of layer A to layer B with one or all methods; write pairs, scores, timings.
+    Each SAE's own hook (cfg.json hook_name) must be the layer it is used for."""
     from saeot.geometry import GEOMETRIES
 
     _check_choice("--geometry", geometry, GEOMETRIES)
@@ -245,29 +267,49 @@ def match(
     _check_positive("--k", k)
     _check_positive("--candidates", candidates, allow_zero=True)
     _check_positive("--n-jobs", n_jobs, allow_zero=True)
-    _check_folder("--acts", acts, "run `saeot collect`")
-    _check_folder("--saes", saes, "run `saeot train-sae`")
-    from saeot.collect import load_activations
-    from saeot.methods import METHODS
-    from saeot.pipeline import compare_methods, layer_pair
-    from saeot.sae import load_sae
+    from saeot.sae import load_sae_for_layer, parse_layer
 
-    A, B = layer_pair(acts, load_sae(saes / f"layer_{layer_a}"), load_sae(saes / f"layer_{layer_b}"),
-                      layer_a, layer_b, space=space, k=k, geometry=geometry)
-    tokens = load_activations(acts, "tokens")
+    la, lb = parse_layer(layer_a), parse_layer(layer_b)
+    if (acts_a is None) != (acts_b is None):
+        _fail("--acts-a and --acts-b go together")
+    if acts_a is None:
+        _check_folder("--acts", acts, "run `saeot collect`, or pass --acts-a/--acts-b")
+    if sae_a is None or sae_b is None:
+        _check_folder("--saes", saes, "run `saeot train-sae`, or pass --sae-a/--sae-b")
+    from saeot.methods import METHODS
+    from saeot.pipeline import compare_methods, features_from_arrays, layer_pair
+
+    SA = load_sae_for_layer(sae_a if sae_a is not None else saes, la)
+    SB = load_sae_for_layer(sae_b if sae_b is not None else saes, lb)
+    if acts_a is not None:
+        from saeot.collect import load_array
+
+        Ha = load_array(acts_a, d=SA.d_in, what="--acts-a")
+        Hb = load_array(acts_b, d=SB.d_in, rows=len(Ha), what="--acts-b")
+        tokens = None if tokens_file is None else load_array(tokens_file, rows=len(Ha), integer=True, what="--tokens")
+        A, B = features_from_arrays(Ha, Hb, SA, SB, space=space, k=k, geometry=geometry)
+    else:
+        from saeot.collect import load_activations
+
+        A, B = layer_pair(acts, SA, SB, la, lb, space=space, k=k, geometry=geometry)
+        tokens = load_activations(acts, "tokens")
     methods = METHODS if method == "all" else (method,)
     res = compare_methods(A, B, tokens, methods=methods, strategy=strategy, solver=solver,
                           candidates=candidates or None, progress=True, n_jobs=n_jobs or None, hubness=hubness)
-    doc = {"layer_a": layer_a, "layer_b": layer_b, "space": space, "geometry": geometry, "hubness": hubness,
+    doc = {"layer_a": la, "layer_b": lb, "space": space, "geometry": geometry, "hubness": hubness,
            "k": k, "solver": solver, "strategy": strategy,
-           "methods": {n: {"seconds": r.seconds, "evaluated_pairs": r.evaluated, "top_token_jaccard": r.proxy,
+           "methods": {n: {"seconds": r.seconds, "evaluated_pairs": r.evaluated,
+                           "top_token_jaccard": None if r.proxy != r.proxy else r.proxy,
+                           "strategy": "hungarian" if n == "sae-match-folded" else strategy,
                            "n_matched": int(len(r.matching.src)),
                            "src": r.matching.src.tolist(), "tgt": r.matching.tgt.tolist(),
                            "dist": r.matching.dist.tolist()} for n, r in res.items()}}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc))
+    from saeot.bench import write_json
+
+    write_json(doc, out)
     for n, r in res.items():
-        typer.echo(f"{n:>15}: {len(r.matching.src)} matched, top-token Jaccard {r.proxy:.3f}, "
+        jac = "n/a (no --tokens)" if r.proxy != r.proxy else f"{r.proxy:.3f}"
+        typer.echo(f"{n:>16}: {len(r.matching.src)} matched, top-token Jaccard {jac}, "
                    f"{r.seconds:.1f} s, {r.evaluated} pairs evaluated")
 
 
@@ -406,12 +448,12 @@ def evaluate(
     from saeot.bench import write_json
     from saeot.evaluate import choose_config, evaluate_pair, markdown_summary
     from saeot.models import load_model
-    from saeot.sae import load_sae
+    from saeot.sae import load_sae_for_layer
 
     lm = load_model(model)
     res = {}
     for la, lb in prs:
-        res[f"{la}->{lb}"] = evaluate_pair(acts, load_sae(saes / f"layer_{la}"), load_sae(saes / f"layer_{lb}"), la, lb,
+        res[f"{la}->{lb}"] = evaluate_pair(acts, load_sae_for_layer(saes, la), load_sae_for_layer(saes, lb), la, lb,
                                            lm=lm, n_eval=n_eval, n_intervene=n_intervene, configs=configs,
                                            settings=tuple(_csv(settings)), strategies=tuple(_csv(strategies)),
                                            n_chunks=n_chunks, log=typer.echo)
@@ -465,7 +507,9 @@ def summarize(
         md += ["", "Hub statistics (NN matching over all fit-alive sources, shared tokens):", "", hub_table(shared, keep)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(md) + "\n")
-    (out.with_suffix(".json")).write_text(json.dumps({"default": default, "selection": choice}, indent=1))
+    from saeot.bench import write_json
+
+    write_json({"default": default, "selection": choice}, out.with_suffix(".json"))
     typer.echo("\n".join(md))
 
 
@@ -546,11 +590,11 @@ def compress(
     from saeot.collect import load_activations
     from saeot.compress import plot_faithfulness, run_compression
     from saeot.models import load_model
-    from saeot.sae import load_sae
+    from saeot.sae import load_sae_for_layer
 
     lm = load_model(model)
     ls = _layers(layers)
-    res = run_compression(lm, {l: load_sae(saes / f"layer_{l}") for l in ls},
+    res = run_compression(lm, {l: load_sae_for_layer(saes, l) for l in ls},
                           {l: load_activations(acts, l) for l in ls}, n_nodes=n_nodes,
                           counts=[int(c) for c in counts.split(",")] if counts else None, k=k, solver=solver,
                           seeds=tuple(range(seeds)), task=task, geometry=geometry)
@@ -619,13 +663,13 @@ def report(
     from saeot.models import load_model
     from saeot.pipeline import compare_methods, layer_pair
     from saeot.report import pair_rows, write_report
-    from saeot.sae import load_sae
+    from saeot.sae import load_sae_for_layer
 
     tok = load_model(model).tokenizer
     tokens, chunk = load_activations(acts, "tokens"), load_activations(acts, "chunk")
     sections, summary = [], []
     for la, lb in prs:
-        A, B = layer_pair(acts, load_sae(saes / f"layer_{la}"), load_sae(saes / f"layer_{lb}"), la, lb, k=k)
+        A, B = layer_pair(acts, load_sae_for_layer(saes, la), load_sae_for_layer(saes, lb), la, lb, k=k)
         res = compare_methods(A, B, tokens, strategy=strategy, solver=solver, candidates=candidates or None)
         for m, r in res.items():
             summary.append({"pair": f"{la}:{lb}", "method": m, "matched": int(len(r.matching.src)),
@@ -640,6 +684,27 @@ def report(
                  notes=f"OT: {solver} W2 over top-{k} distributions, {candidates or 'all'} candidates per feature; "
                        f"matching: {strategy}.")
     typer.echo(f"wrote {out}")
+
+
+def _one_line_errors(fn):
+    """Bad external input (saeot.errors.InputError: SAE / activation / text files, layers; a missing
+    file) ends a command with one line and exit status 2, never a traceback."""
+    import functools
+
+    from saeot.errors import InputError
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (InputError, FileNotFoundError) as e:
+            _fail(" ".join(str(e).split()))
+
+    return wrapper
+
+
+for _cmd in app.registered_commands:
+    _cmd.callback = _one_line_errors(_cmd.callback)
 
 
 from sakura.clihelp import reflow_help  # noqa: E402  (after the last command: one line per paragraph at any width)
