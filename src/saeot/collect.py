@@ -290,7 +290,7 @@ def load_array(path: Path, *, d: int | None = None, rows: int | None = None, wha
                                   "the same tokens for both layers)")
     if shape[0] == 0:
         raise ActivationFileError(f"{path}: {what} are empty")
-    out = np.asarray(x, dtype=np.int64 if integer else np.float32)
+    out = np.array(x, dtype=np.int64 if integer else np.float32)  # a copy: never a read-only memmap
     if not integer:
         bad = int(out.size - np.isfinite(out).sum())
         if bad:
