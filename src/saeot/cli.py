@@ -333,6 +333,8 @@ def bench(
     seeds: int = typer.Option(4, help="Seeds for the disjoint-token benchmark."),
     geometry_bench: bool = typer.Option(False, "--geometry-bench", help="Planted recovery under realistic geometry "
                                         "(outlier dimensions, log-normal token norms) for every geometry option."),
+    margin_sweep: bool = typer.Option(False, "--margin-sweep", help="Planted recovery vs the margin between concepts, "
+                                      "shared and disjoint tokens (margin_sweep.json)."),
 ) -> None:
     """Planted-match recovery for every method (synthetic) and, with --acts/--saes, every method on
     real layer pairs: top-token proxy, agreement, wall time for all pairs (JSON + plots)."""
@@ -346,6 +348,15 @@ def bench(
         write_json(r, out / "planted_geometry.json")
         _echo_planted(r, 36, lambda x: f"Hungarian {x['hungarian']['mean']:.2f}  "
                                         f"max in-degree {x['max_in_degree']:.1f}")
+    if margin_sweep:
+        from saeot.bench import margin_sweep as sweep_margins
+
+        r = sweep_margins(seeds=range(seeds))
+        write_json(r, out / "margin_sweep.json")
+        for st, per in r["settings"].items():
+            for mg, v in per.items():
+                typer.echo(f"{st:>8} margin {mg:>5}: " + "  ".join(
+                    f"{n} {x['hungarian' if n == 'sae-match-folded' else 'nn']['mean']:.2f}" for n, x in v.items()))
     if disjoint:
         r = disjoint_recovery(seeds=range(seeds))
         write_json(r, out / "planted_disjoint.json")
