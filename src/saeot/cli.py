@@ -564,6 +564,42 @@ def bench_speed(
     typer.echo(f"wrote {out}")
 
 
+@app.command("bench-width")
+def bench_width(
+    widths: str = typer.Option("4096,16384", help="Feature counts per layer, comma-separated (one run)."),
+    k: int = typer.Option(32, help="Support size of every feature's distribution."),
+    d: int = typer.Option(640, help="Reference-space dimension (Gemma-3-270M's hidden size)."),
+    candidates: int = typer.Option(16, help="Candidates per source and per target for exact W2."),
+    prefilter: str = typer.Option("pca-sliced", help="sliced or pca-sliced (embedding for the candidate search)."),
+    recall_sources: int = typer.Option(64, help="Sources whose exact NN is found by pruned search (recall)."),
+    device: str = typer.Option("auto", help="Candidate search device: auto (cuda, mps, cpu), cpu, cuda, mps."),
+    uncovered: bool = typer.Option(False, "--uncovered", help="Hard case: features without a counterpart too."),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("docs/saeot/width.json")),
+) -> None:
+    """All-pairs exact W2 nearest neighbours at SAE width on synthetic layers (saeot.width): wall
+    time by stage and recall of the exact NN, for every width in one run."""
+    _check_int_list("--widths", widths, allow_all=False)
+    for opt, v in (("--k", k), ("--d", d), ("--candidates", candidates), ("--recall-sources", recall_sources)):
+        _check_positive(opt, v)
+    _check_choice("--prefilter", prefilter, ("sliced", "pca-sliced"))
+    from saeot.bench import write_json
+    from saeot.models import resolve_device
+    from saeot.width import width_bench
+
+    try:
+        dev = resolve_device(device)
+    except ValueError as e:
+        _fail(str(e))
+    ws = [int(w) for w in widths.split(",")]
+    if min(ws) < 2:
+        _fail("--widths must be >= 2")
+    r = width_bench(ws, k=k, d=d, candidates=candidates, prefilter=prefilter, recall_sources=recall_sources,
+                    device=dev, seed=seed, cover=not uncovered, log=typer.echo)
+    write_json(r, out)
+    typer.echo(f"wrote {out}")
+
+
 @app.command()
 def compress(
     acts: Path = typer.Option(Path("runs/acts")),
@@ -725,3 +761,7 @@ reflow_help(app)
 
 def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry
     app(argv)
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m saeot.cli (a checkout without the console script)
+    main()
