@@ -564,6 +564,39 @@ def bench_speed(
     typer.echo(f"wrote {out}")
 
 
+@app.command()
+def reproduce(
+    preset: str = typer.Option("quick", help="quick (minutes: synthetic, width, tiny-model pipeline), reduced "
+                               "(Gemma-3-270M, reduced corpus, six pairs; ~1 h) or full (the published recipe; hours)."),
+    out: Optional[Path] = typer.Option(None, help="Results folder (default runs/reproduce/<preset>); one JSON per "
+                                       "step, steps already there are skipped (resume)."),
+    steps: str = typer.Option("", help="Only these steps, comma-separated (default: all of the preset)."),
+    tables_only: bool = typer.Option(False, "--tables-only", help="Only regenerate results.md from the JSON files."),
+    docs: Optional[Path] = typer.Option(None, help="Also copy results.md here (e.g. docs/saeot/results-quick.md)."),
+) -> None:
+    """Regenerate every saeot table from scratch or from cached steps: one JSON per step under OUT,
+    then OUT/results.md generated from those JSON files alone (saeot.reproduce)."""
+    from saeot.reproduce import PRESETS, reproduce as run, steps_of, tables
+
+    _check_choice("--preset", preset, tuple(PRESETS))
+    out = out or Path("runs/reproduce") / preset
+    only = _csv(steps) or None
+    if only:
+        bad = [x for x in only if x not in steps_of(PRESETS[preset])]
+        if bad:
+            _fail(f"--steps {bad}: the {preset} preset has {', '.join(steps_of(PRESETS[preset]))}")
+    from saeot.fsutil import atomic_write
+
+    if tables_only:
+        md = out / "results.md"
+        atomic_write(md, tables(out, preset).encode("utf-8"))
+    else:
+        md = run(preset, out, only=only, log=typer.echo)
+    if docs is not None:
+        atomic_write(docs, md.read_bytes())
+    typer.echo(f"wrote {md}" + (f" and {docs}" if docs else ""))
+
+
 @app.command("bench-width")
 def bench_width(
     widths: str = typer.Option("4096,16384", help="Feature counts per layer, comma-separated (one run)."),
@@ -613,6 +646,9 @@ def compress(
     seeds: int = typer.Option(3, help="Random-grouping seeds."),
     task: str = typer.Option("addition", help="addition (a+b<=9, 4-shot) or successor (next digit, 4-shot)."),
     geometry: str = typer.Option(DEFAULT_GEOMETRY, help="Geometry of the layer's hidden states for OT (saeot.geometry)."),
+    sae: Optional[list[str]] = typer.Option(None, "--sae", help="LAYER=PATH: this layer's SAE folder (SAELens or "
+                                            "GemmaScope format; repeat per layer; LAYER as in `match --layer-a`); "
+                                            "overrides --saes for that layer."),
     out: Path = typer.Option(Path("runs/compress")),
 ) -> None:
     """Circuit compression: attribution graph -> supernodes -> faithfulness, with paired tests."""
@@ -632,16 +668,26 @@ def compress(
     if any(int(l) < 1 for l in layers.split(",")):
         _fail("--layers for compression must be >= 1 (block outputs)")
     _check_folder("--acts", acts, "run `saeot collect`")
-    _check_folder("--saes", saes, "run `saeot train-sae`")
+    if not sae:
+        _check_folder("--saes", saes, "run `saeot train-sae`, or pass --sae LAYER=PATH")
     from saeot.bench import write_json
     from saeot.collect import load_activations
     from saeot.compress import plot_faithfulness, run_compression
     from saeot.models import load_model
     from saeot.sae import load_sae_for_layer
 
-    lm = load_model(model)
+    from saeot.sae import parse_layer
+
+    by_path = {}
+    for x in sae or []:
+        lay, _, path = x.partition("=")
+        if not path:
+            _fail(f"--sae {x!r}: expected LAYER=PATH, e.g. resid_post.8=/path/to/sae")
+        by_path[parse_layer(lay)] = Path(path)
     ls = _layers(layers)
-    res = run_compression(lm, {l: load_sae_for_layer(saes, l) for l in ls},
+    saes_by_layer = {l: load_sae_for_layer(by_path.get(l, saes), l) for l in ls}  # bad SAEs fail before the model loads
+    lm = load_model(model)
+    res = run_compression(lm, saes_by_layer,
                           {l: load_activations(acts, l) for l in ls}, n_nodes=n_nodes,
                           counts=[int(c) for c in counts.split(",")] if counts else None, k=k, solver=solver,
                           seeds=tuple(range(seeds)), task=task, geometry=geometry)

@@ -187,3 +187,14 @@ def test_activation_cache_shard_with_nan(tmp_path):
     (cache / "manifest.json").write_text(json.dumps({"layers": [1], "n_shards": 1, "d_model": D + 1, "model": "t"}))
     with pytest.raises(ActivationFileError, match="expected \\(rows, 13\\)"):
         load_activations(cache, 1)
+
+
+def test_compress_takes_saes_by_path_and_checks_their_layer(tmp_path):
+    """`compress --sae LAYER=PATH`: the SAE's hook must be that layer (checked before the model loads)."""
+    sae4 = _good(tmp_path, "sae4", layer=4)
+    (tmp_path / "acts").mkdir()
+    r = CliRunner().invoke(app, ["compress", "--acts", str(tmp_path / "acts"), "--layers", "2",
+                                 "--sae", f"resid_post.1={sae4}", "--model", "tiny-random"])
+    assert r.exit_code == 2 and "used for layer 2" in r.output and len(r.output.strip().splitlines()) == 1
+    r = CliRunner().invoke(app, ["compress", "--acts", str(tmp_path / "acts"), "--layers", "2", "--sae", "nonsense"])
+    assert r.exit_code == 2 and "LAYER=PATH" in r.output

@@ -69,6 +69,21 @@ def test_collect_train_match_report_on_own_model_and_text(own, tmp_path):
     assert r.exit_code == 0, r.output
     html = (tmp_path / "r.html").read_text()
     assert html.count("class='pair'") >= 5 and "river" in html  # contexts decoded from the user's own text
+    assert "higher = the matches fire on the same words" in html and "act-corr and OT share that signal" in html
+    assert "<ul class='verdict'><li>1:3: " in html  # one plain sentence per pair about who has the best Jaccard
+
+
+def test_report_says_when_a_baseline_beats_ot_and_why_zeros():
+    from saeot.report import summary_verdict
+
+    rows = [{"pair": "9:18", "method": "ot", "top-token Jaccard": 0.175, "seconds": 120.0},
+            {"pair": "9:18", "method": "act-corr", "top-token Jaccard": 0.190, "seconds": 0.6},
+            {"pair": "0:4", "method": "ot", "top-token Jaccard": 0.004, "seconds": 1.0},
+            {"pair": "0:4", "method": "decoder-cosine", "top-token Jaccard": 0.0, "seconds": 0.1}]
+    v = summary_verdict(rows)
+    assert v[0] == ("9:18: act-corr has a higher Jaccard than OT (0.190 vs 0.175) at 200x less time "
+                    "(it shares OT's co-firing signal).")
+    assert v[1].startswith("0:4: every method's Jaccard is below 0.02") and "tiny random model" in v[1]
 
 
 def test_jsonl_field_and_folder_give_the_same_text(own):
