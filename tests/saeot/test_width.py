@@ -58,12 +58,12 @@ def test_candidate_search_on_cuda_equals_cpu():
 
 def test_gpu_script_runs_reduced_on_cpu(tmp_path):
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "OUT": str(tmp_path), "WIDTHS": "128,256", "DEVICE": "cpu", "PYTHON": sys.executable}
+    env = {**os.environ, "OUT": str(tmp_path), "WIDTHS": "64,128", "DEVICE": "cpu", "PYTHON": sys.executable}
     p = subprocess.run(["bash", str(root / "scripts/gpu/saeot_width.sh")], env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads((tmp_path / "saeot_width.json").read_text())
-    assert set(r["widths"]) == {"128", "256"} and r["params"]["device"] == "cpu"
+    assert set(r["widths"]) == {"64", "128"} and r["params"]["device"] == "cpu"
     for w in r["widths"].values():
         assert 0.0 <= w["recall"] <= 1.0 and w["seconds"]["total"] > 0 and w["pairs_evaluated"] > 0
-    assert "width 256" in (tmp_path / "saeot_width.log").read_text()
+    assert "width 128" in (tmp_path / "saeot_width.log").read_text()
