@@ -440,7 +440,7 @@ _SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "I32": 4
                        "F8_E4M3": 1, "F8_E5M2": 1, **_FLOAT_DTYPES}
 
 
-def _tensor_headers(folder: Path, path: Path) -> dict[str, tuple[str, tuple]]:
+def _tensor_headers(path: Path) -> dict[str, tuple[str, tuple]]:
     """name -> (dtype kind, shape) of every tensor in a safetensors or .npz file, read from the
     headers only (nothing is allocated); a header that does not fit the file is refused."""
     from saeot.errors import SAEFormatError
@@ -562,7 +562,7 @@ def load_sae(folder: Path, *, norm_scaling_factor: float | None = None, layer: i
         wpath = folder / "params.npz"
     if not wpath.exists():
         raise SAEFormatError(f"{folder}: no sae_weights.safetensors or params.npz")
-    heads = _tensor_headers(folder, wpath)
+    heads = _tensor_headers(wpath)
     # 1. names, dtypes and shapes, from the headers
     for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
         if name not in heads:
