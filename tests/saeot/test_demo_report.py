@@ -37,6 +37,10 @@ def test_demo_writes_report_and_figures(demo_out):
         assert r[0]["logit_diff"] == pytest.approx(comp["clean"]["logit_diff"], abs=1e-4)
     html = (demo_out / "report.html").read_text()
     assert html.count("class='pair'") >= 10 and "<svg" in html and "Circuit compression" in html
+    # the report explains itself: the graph's legend, what higher means, and why zeros are zeros
+    assert "Legend: one column per layer" in html and "higher = the compressed circuit" in html
+    assert ("Why the accuracies are 0" in html) == (comp["clean"]["accuracy"] == 0 or max(
+        x["accuracy"] for r in comp["methods"].values() for x in r) == 0)
 
 
 def _chromium():
