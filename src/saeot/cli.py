@@ -82,14 +82,15 @@ def _check_folder(option: str, path: Path, what: str) -> None:
 SOLVER_CHOICES = ("exact", "sinkhorn", "sinkhorn-debiased", "sliced")
 STRATEGY_CHOICES = ("nn", "hungarian", "mutual")
 SPACE_CHOICES = ("reference", "linear", "pca")
-METHOD_CHOICES = ("ot", "decoder-cosine", "sae-match", "act-corr", "all")
+METHOD_CHOICES = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "all")
 TASK_CHOICES = ("addition", "successor")
 
 
 @app.command()
 def collect(
     out: Path = typer.Option(Path("runs/acts"), help="Cache folder (resumable)."),
-    model: str = typer.Option("gemma3-270m", help="gemma3-270m, minilm, tiny-random, or a local HF folder."),
+    model: str = typer.Option("gemma3-270m", help="gemma3-270m, minilm, tiny-random, a local transformers "
+                              "folder (config.json + weights + tokenizer) or a local .gguf file / folder."),
     n_tokens: int = typer.Option(16384, help="Corpus tokens to collect."),
     ctx_len: int = typer.Option(128, help="Tokens per chunk."),
     layers: str = typer.Option("all", help="Comma-separated residual layers (0 = embeddings), or 'all'."),
@@ -99,8 +100,13 @@ def collect(
     sources: str = typer.Option("shakespeare,docstrings", help="Comma-separated corpus sources: shakespeare, "
                                 "docstrings (the default: every evaluation cache), or the training-only extras "
                                 "stdlib, packages, package-docs (saeot.corpus.EXTRA_SOURCES)."),
+    text: Optional[Path] = typer.Option(None, help="Your own text instead of the bundled corpus: a text file, a "
+                                        "folder of .txt/.md/.rst/.jsonl files, or a .jsonl file."),
+    text_field: Optional[str] = typer.Option(None, help="JSONL field holding the text (default 'text')."),
+    device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
 ) -> None:
-    """Collect residual-stream activations over the bundled corpus into a safetensors cache."""
+    """Collect residual-stream activations (layer 0 = embeddings, layer n = resid_post of block n-1)
+    over the bundled corpus or your own --text into a resumable safetensors cache."""
     from saeot.corpus import EXTRA_SOURCES, SOURCES
 
     src = tuple(x.strip() for x in sources.split(",") if x.strip())
@@ -112,18 +118,22 @@ def collect(
         _check_positive(opt, v)
     if exclude is not None:
         _check_folder("--exclude", exclude, "an activation cache from `saeot collect`")
+    if text is not None:
+        _check_folder("--text", text, "a text file, a folder of text files or a .jsonl file")
     from saeot.collect import collect_activations, excluding_chunks
-    from saeot.corpus import chunk_corpus
+    from saeot.corpus import chunk_corpus, chunk_documents, user_documents
     from saeot.models import load_model
 
-    lm = load_model(model)
-    chunks = chunk_corpus(lm.tokenizer, n_tokens, ctx_len, src)
+    docs = user_documents(text, text_field) if text is not None else None  # bad text fails before the model loads
+    lm = load_model(model, device=device)
+    chunks = chunk_documents(lm.tokenizer, docs, n_tokens, ctx_len) if docs is not None else \
+        chunk_corpus(lm.tokenizer, n_tokens, ctx_len, src)
     if exclude is not None:
         chunks = excluding_chunks(chunks, exclude)
         if not chunks:
             _fail(f"every chunk of the first {n_tokens} corpus tokens is in {exclude}; raise --n-tokens")
-    collect_activations(lm, chunks, out, _layers(layers), batch_size)
-    typer.echo(f"cached {len(chunks) * ctx_len} tokens x layers {layers} of {model} in {out}")
+    collect_activations(lm, chunks, out, _layers(layers), batch_size, source=None if text is None else text)
+    typer.echo(f"cached {len(chunks) * ctx_len} tokens x layers {layers} of {model} in {out} (device {lm.device})")
 
 
 @app.command("train-sae")
@@ -163,6 +173,7 @@ def train_sae(
 
     from saeot.collect import chunk_token_set, load_activations, load_manifest
     from saeot.evaluate import chunk_split
+    from saeot.bench import write_json
     from saeot.sae import sae_metadata, sae_report, save_sae, train_topk_sae
 
     man = load_manifest(acts)
@@ -208,22 +219,32 @@ def train_sae(
         typer.echo(f"layer {l}: FVU {rep['fvu']:.3f} (val {rep['fvu_val']:.3f}, test {rep['fvu_test']:.3f})  "
                    f"L0 {rep['l0']:.1f}  dead {rep['dead_frac']:.1%} (held-out {rep['n_tokens']} tokens; "
                    f"dead on train {rep['dead_frac_train']:.1%})")
-        (out / f"layer_{l}" / "report.json").write_text(json.dumps(rep, indent=1))
+        write_json(rep, out / f"layer_{l}" / "report.json")
         # re-read before writing: another train-sae run may have added layers to the same folder meanwhile
         reports = json.loads(rpath.read_text()) if rpath.exists() else {}
         reports[str(l)] = rep
-        rpath.write_text(json.dumps(reports, indent=1))
+        write_json(reports, rpath)  # atomic: a crash never leaves a half-written report.json
 
 
 @app.command()
 def match(
-    acts: Path = typer.Option(Path("runs/acts")),
-    saes: Path = typer.Option(Path("runs/saes"), help="Folder with layer_<l>/ SAEs (SAELens format)."),
-    layer_a: int = typer.Option(0, help="Source layer."),
-    layer_b: int = typer.Option(18, help="Target layer."),
-    method: str = typer.Option("ot", help="ot, decoder-cosine, sae-match, act-corr, or 'all'."),
+    acts: Path = typer.Option(Path("runs/acts"), help="Activation cache from `saeot collect` (or use --acts-a/--acts-b)."),
+    saes: Path = typer.Option(Path("runs/saes"), help="Folder with one SAE per layer, named blocks.<n>.hook_resid_post/ "
+                              "or layer_<l>/ (SAELens or GemmaScope format); or use --sae-a/--sae-b."),
+    layer_a: str = typer.Option("0", help="Source layer: resid_post.N (block N's output), resid_pre.N, embed, "
+                                "blocks.N.hook_resid_post, or a saeot residual index (N+1 = resid_post.N)."),
+    layer_b: str = typer.Option("18", help="Target layer (same forms as --layer-a)."),
+    sae_a: Optional[Path] = typer.Option(None, help="The source SAE's folder; its hook_name must be --layer-a."),
+    sae_b: Optional[Path] = typer.Option(None, help="The target SAE's folder; its hook_name must be --layer-b."),
+    acts_a: Optional[Path] = typer.Option(None, help="Source hidden states as an array file (.npy/.npz/.safetensors, "
+                                          "(tokens, d)) instead of --acts."),
+    acts_b: Optional[Path] = typer.Option(None, help="Target hidden states, the same tokens row by row."),
+    tokens_file: Optional[Path] = typer.Option(None, "--tokens", help="With --acts-a/--acts-b: token ids (tokens,) "
+                                               "for the top-token Jaccard (omitted: no Jaccard)."),
+    method: str = typer.Option("ot", help="ot, decoder-cosine, sae-match, sae-match-folded, act-corr, or 'all'."),
     solver: str = typer.Option("exact", help="OT solver: exact, sinkhorn, sinkhorn-debiased, sliced."),
-    strategy: str = typer.Option("nn", help="nn, hungarian, or mutual (mutual nearest neighbours only)."),
+    strategy: str = typer.Option("nn", help="nn, hungarian, or mutual (mutual nearest neighbours only); "
+                                 "sae-match-folded is always one-to-one (Hungarian), as published."),
     space: str = typer.Option("reference", help="Reference space: reference, linear, pca."),
     geometry: str = typer.Option(DEFAULT_GEOMETRY, help="Geometry of the reference space: scalar, standardise, whiten, "
                                  "unit, standardise+unit, whiten+unit (saeot.geometry)."),
@@ -233,7 +254,8 @@ def match(
     n_jobs: int = typer.Option(0, help="Threads for exact W2 (0 = one per core)."),
     out: Path = typer.Option(Path("runs/match.json")),
 ) -> None:
-    """Match features of layer A to layer B with one or all methods; write pairs, scores, timings."""
+    """Match features of layer A to layer B with one or all methods; write pairs, scores, timings.
+    Each SAE's own hook (cfg.json hook_name) must be the layer it is used for."""
     from saeot.geometry import GEOMETRIES
 
     _check_choice("--geometry", geometry, GEOMETRIES)
@@ -245,29 +267,49 @@ def match(
     _check_positive("--k", k)
     _check_positive("--candidates", candidates, allow_zero=True)
     _check_positive("--n-jobs", n_jobs, allow_zero=True)
-    _check_folder("--acts", acts, "run `saeot collect`")
-    _check_folder("--saes", saes, "run `saeot train-sae`")
-    from saeot.collect import load_activations
-    from saeot.methods import METHODS
-    from saeot.pipeline import compare_methods, layer_pair
-    from saeot.sae import load_sae
+    from saeot.sae import load_sae_for_layer, parse_layer
 
-    A, B = layer_pair(acts, load_sae(saes / f"layer_{layer_a}"), load_sae(saes / f"layer_{layer_b}"),
-                      layer_a, layer_b, space=space, k=k, geometry=geometry)
-    tokens = load_activations(acts, "tokens")
+    la, lb = parse_layer(layer_a), parse_layer(layer_b)
+    if (acts_a is None) != (acts_b is None):
+        _fail("--acts-a and --acts-b go together")
+    if acts_a is None:
+        _check_folder("--acts", acts, "run `saeot collect`, or pass --acts-a/--acts-b")
+    if sae_a is None or sae_b is None:
+        _check_folder("--saes", saes, "run `saeot train-sae`, or pass --sae-a/--sae-b")
+    from saeot.methods import METHODS
+    from saeot.pipeline import compare_methods, features_from_arrays, layer_pair
+
+    SA = load_sae_for_layer(sae_a if sae_a is not None else saes, la)
+    SB = load_sae_for_layer(sae_b if sae_b is not None else saes, lb)
+    if acts_a is not None:
+        from saeot.collect import load_array
+
+        Ha = load_array(acts_a, d=SA.d_in, what="--acts-a")
+        Hb = load_array(acts_b, d=SB.d_in, rows=len(Ha), what="--acts-b")
+        tokens = None if tokens_file is None else load_array(tokens_file, rows=len(Ha), integer=True, what="--tokens")
+        A, B = features_from_arrays(Ha, Hb, SA, SB, space=space, k=k, geometry=geometry)
+    else:
+        from saeot.collect import load_activations
+
+        A, B = layer_pair(acts, SA, SB, la, lb, space=space, k=k, geometry=geometry)
+        tokens = load_activations(acts, "tokens")
     methods = METHODS if method == "all" else (method,)
     res = compare_methods(A, B, tokens, methods=methods, strategy=strategy, solver=solver,
                           candidates=candidates or None, progress=True, n_jobs=n_jobs or None, hubness=hubness)
-    doc = {"layer_a": layer_a, "layer_b": layer_b, "space": space, "geometry": geometry, "hubness": hubness,
+    doc = {"layer_a": la, "layer_b": lb, "space": space, "geometry": geometry, "hubness": hubness,
            "k": k, "solver": solver, "strategy": strategy,
-           "methods": {n: {"seconds": r.seconds, "evaluated_pairs": r.evaluated, "top_token_jaccard": r.proxy,
+           "methods": {n: {"seconds": r.seconds, "evaluated_pairs": r.evaluated,
+                           "top_token_jaccard": None if r.proxy != r.proxy else r.proxy,
+                           "strategy": "hungarian" if n == "sae-match-folded" else strategy,
                            "n_matched": int(len(r.matching.src)),
                            "src": r.matching.src.tolist(), "tgt": r.matching.tgt.tolist(),
                            "dist": r.matching.dist.tolist()} for n, r in res.items()}}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc))
+    from saeot.bench import write_json
+
+    write_json(doc, out)
     for n, r in res.items():
-        typer.echo(f"{n:>15}: {len(r.matching.src)} matched, top-token Jaccard {r.proxy:.3f}, "
+        jac = "n/a (no --tokens)" if r.proxy != r.proxy else f"{r.proxy:.3f}"
+        typer.echo(f"{n:>16}: {len(r.matching.src)} matched, top-token Jaccard {jac}, "
                    f"{r.seconds:.1f} s, {r.evaluated} pairs evaluated")
 
 
@@ -291,6 +333,8 @@ def bench(
     seeds: int = typer.Option(4, help="Seeds for the disjoint-token benchmark."),
     geometry_bench: bool = typer.Option(False, "--geometry-bench", help="Planted recovery under realistic geometry "
                                         "(outlier dimensions, log-normal token norms) for every geometry option."),
+    margin_sweep: bool = typer.Option(False, "--margin-sweep", help="Planted recovery vs the margin between concepts, "
+                                      "shared and disjoint tokens (margin_sweep.json)."),
 ) -> None:
     """Planted-match recovery for every method (synthetic) and, with --acts/--saes, every method on
     real layer pairs: top-token proxy, agreement, wall time for all pairs (JSON + plots)."""
@@ -304,6 +348,15 @@ def bench(
         write_json(r, out / "planted_geometry.json")
         _echo_planted(r, 36, lambda x: f"Hungarian {x['hungarian']['mean']:.2f}  "
                                         f"max in-degree {x['max_in_degree']:.1f}")
+    if margin_sweep:
+        from saeot.bench import margin_sweep as sweep_margins
+
+        r = sweep_margins(seeds=range(seeds))
+        write_json(r, out / "margin_sweep.json")
+        for st, per in r["settings"].items():
+            for mg, v in per.items():
+                typer.echo(f"{st:>8} margin {mg:>5}: " + "  ".join(
+                    f"{n} {x['hungarian' if n == 'sae-match-folded' else 'nn']['mean']:.2f}" for n, x in v.items()))
     if disjoint:
         r = disjoint_recovery(seeds=range(seeds))
         write_json(r, out / "planted_disjoint.json")
@@ -406,12 +459,12 @@ def evaluate(
     from saeot.bench import write_json
     from saeot.evaluate import choose_config, evaluate_pair, markdown_summary
     from saeot.models import load_model
-    from saeot.sae import load_sae
+    from saeot.sae import load_sae_for_layer
 
     lm = load_model(model)
     res = {}
     for la, lb in prs:
-        res[f"{la}->{lb}"] = evaluate_pair(acts, load_sae(saes / f"layer_{la}"), load_sae(saes / f"layer_{lb}"), la, lb,
+        res[f"{la}->{lb}"] = evaluate_pair(acts, load_sae_for_layer(saes, la), load_sae_for_layer(saes, lb), la, lb,
                                            lm=lm, n_eval=n_eval, n_intervene=n_intervene, configs=configs,
                                            settings=tuple(_csv(settings)), strategies=tuple(_csv(strategies)),
                                            n_chunks=n_chunks, log=typer.echo)
@@ -465,7 +518,9 @@ def summarize(
         md += ["", "Hub statistics (NN matching over all fit-alive sources, shared tokens):", "", hub_table(shared, keep)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(md) + "\n")
-    (out.with_suffix(".json")).write_text(json.dumps({"default": default, "selection": choice}, indent=1))
+    from saeot.bench import write_json
+
+    write_json({"default": default, "selection": choice}, out.with_suffix(".json"))
     typer.echo("\n".join(md))
 
 
@@ -510,6 +565,75 @@ def bench_speed(
 
 
 @app.command()
+def reproduce(
+    preset: str = typer.Option("quick", help="quick (minutes: synthetic, width, tiny-model pipeline), reduced "
+                               "(Gemma-3-270M, reduced corpus, six pairs; ~1 h) or full (the published recipe; hours)."),
+    out: Optional[Path] = typer.Option(None, help="Results folder (default runs/reproduce/<preset>); one JSON per "
+                                       "step, steps already there are skipped (resume)."),
+    steps: str = typer.Option("", help="Only these steps, comma-separated (default: all of the preset)."),
+    tables_only: bool = typer.Option(False, "--tables-only", help="Only regenerate results.md from the JSON files."),
+    docs: Optional[Path] = typer.Option(None, help="Also copy results.md here (e.g. docs/saeot/results-quick.md)."),
+) -> None:
+    """Regenerate every saeot table from scratch or from cached steps: one JSON per step under OUT,
+    then OUT/results.md generated from those JSON files alone (saeot.reproduce)."""
+    from saeot.reproduce import PRESETS, reproduce as run, steps_of, tables
+
+    _check_choice("--preset", preset, tuple(PRESETS))
+    out = out or Path("runs/reproduce") / preset
+    only = _csv(steps) or None
+    if only:
+        bad = [x for x in only if x not in steps_of(PRESETS[preset])]
+        if bad:
+            _fail(f"--steps {bad}: the {preset} preset has {', '.join(steps_of(PRESETS[preset]))}")
+    from saeot.fsutil import atomic_write
+
+    if tables_only:
+        md = out / "results.md"
+        atomic_write(md, tables(out, preset).encode("utf-8"))
+    else:
+        md = run(preset, out, only=only, log=typer.echo)
+    if docs is not None:
+        atomic_write(docs, md.read_bytes())
+    typer.echo(f"wrote {md}" + (f" and {docs}" if docs else ""))
+
+
+@app.command("bench-width")
+def bench_width(
+    widths: str = typer.Option("4096,16384", help="Feature counts per layer, comma-separated (one run)."),
+    k: int = typer.Option(32, help="Support size of every feature's distribution."),
+    d: int = typer.Option(640, help="Reference-space dimension (Gemma-3-270M's hidden size)."),
+    candidates: int = typer.Option(16, help="Candidates per source and per target for exact W2."),
+    prefilter: str = typer.Option("pca-sliced", help="sliced or pca-sliced (embedding for the candidate search)."),
+    recall_sources: int = typer.Option(64, help="Sources whose exact NN is found by pruned search (recall)."),
+    device: str = typer.Option("auto", help="Candidate search device: auto (cuda, mps, cpu), cpu, cuda, mps."),
+    uncovered: bool = typer.Option(False, "--uncovered", help="Hard case: features without a counterpart too."),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(Path("docs/saeot/width.json")),
+) -> None:
+    """All-pairs exact W2 nearest neighbours at SAE width on synthetic layers (saeot.width): wall
+    time by stage and recall of the exact NN, for every width in one run."""
+    _check_int_list("--widths", widths, allow_all=False)
+    for opt, v in (("--k", k), ("--d", d), ("--candidates", candidates), ("--recall-sources", recall_sources)):
+        _check_positive(opt, v)
+    _check_choice("--prefilter", prefilter, ("sliced", "pca-sliced"))
+    from saeot.bench import write_json
+    from saeot.models import resolve_device
+    from saeot.width import width_bench
+
+    try:
+        dev = resolve_device(device)
+    except ValueError as e:
+        _fail(str(e))
+    ws = [int(w) for w in widths.split(",")]
+    if min(ws) < 2:
+        _fail("--widths must be >= 2")
+    r = width_bench(ws, k=k, d=d, candidates=candidates, prefilter=prefilter, recall_sources=recall_sources,
+                    device=dev, seed=seed, cover=not uncovered, log=typer.echo)
+    write_json(r, out)
+    typer.echo(f"wrote {out}")
+
+
+@app.command()
 def compress(
     acts: Path = typer.Option(Path("runs/acts")),
     saes: Path = typer.Option(Path("runs/saes")),
@@ -522,6 +646,9 @@ def compress(
     seeds: int = typer.Option(3, help="Random-grouping seeds."),
     task: str = typer.Option("addition", help="addition (a+b<=9, 4-shot) or successor (next digit, 4-shot)."),
     geometry: str = typer.Option(DEFAULT_GEOMETRY, help="Geometry of the layer's hidden states for OT (saeot.geometry)."),
+    sae: Optional[list[str]] = typer.Option(None, "--sae", help="LAYER=PATH: this layer's SAE folder (SAELens or "
+                                            "GemmaScope format; repeat per layer; LAYER as in `match --layer-a`); "
+                                            "overrides --saes for that layer."),
     out: Path = typer.Option(Path("runs/compress")),
 ) -> None:
     """Circuit compression: attribution graph -> supernodes -> faithfulness, with paired tests."""
@@ -541,16 +668,26 @@ def compress(
     if any(int(l) < 1 for l in layers.split(",")):
         _fail("--layers for compression must be >= 1 (block outputs)")
     _check_folder("--acts", acts, "run `saeot collect`")
-    _check_folder("--saes", saes, "run `saeot train-sae`")
+    if not sae:
+        _check_folder("--saes", saes, "run `saeot train-sae`, or pass --sae LAYER=PATH")
     from saeot.bench import write_json
     from saeot.collect import load_activations
     from saeot.compress import plot_faithfulness, run_compression
     from saeot.models import load_model
-    from saeot.sae import load_sae
+    from saeot.sae import load_sae_for_layer
 
-    lm = load_model(model)
+    from saeot.sae import parse_layer
+
+    by_path = {}
+    for x in sae or []:
+        lay, _, path = x.partition("=")
+        if not path:
+            _fail(f"--sae {x!r}: expected LAYER=PATH, e.g. resid_post.8=/path/to/sae")
+        by_path[parse_layer(lay)] = Path(path)
     ls = _layers(layers)
-    res = run_compression(lm, {l: load_sae(saes / f"layer_{l}") for l in ls},
+    saes_by_layer = {l: load_sae_for_layer(by_path.get(l, saes), l) for l in ls}  # bad SAEs fail before the model loads
+    lm = load_model(model)
+    res = run_compression(lm, saes_by_layer,
                           {l: load_activations(acts, l) for l in ls}, n_nodes=n_nodes,
                           counts=[int(c) for c in counts.split(",")] if counts else None, k=k, solver=solver,
                           seeds=tuple(range(seeds)), task=task, geometry=geometry)
@@ -619,13 +756,13 @@ def report(
     from saeot.models import load_model
     from saeot.pipeline import compare_methods, layer_pair
     from saeot.report import pair_rows, write_report
-    from saeot.sae import load_sae
+    from saeot.sae import load_sae_for_layer
 
     tok = load_model(model).tokenizer
     tokens, chunk = load_activations(acts, "tokens"), load_activations(acts, "chunk")
     sections, summary = [], []
     for la, lb in prs:
-        A, B = layer_pair(acts, load_sae(saes / f"layer_{la}"), load_sae(saes / f"layer_{lb}"), la, lb, k=k)
+        A, B = layer_pair(acts, load_sae_for_layer(saes, la), load_sae_for_layer(saes, lb), la, lb, k=k)
         res = compare_methods(A, B, tokens, strategy=strategy, solver=solver, candidates=candidates or None)
         for m, r in res.items():
             summary.append({"pair": f"{la}:{lb}", "method": m, "matched": int(len(r.matching.src)),
@@ -642,6 +779,27 @@ def report(
     typer.echo(f"wrote {out}")
 
 
+def _one_line_errors(fn):
+    """Bad external input (saeot.errors.InputError: SAE / activation / text files, layers; a missing
+    file) ends a command with one line and exit status 2, never a traceback."""
+    import functools
+
+    from saeot.errors import InputError
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (InputError, FileNotFoundError) as e:
+            _fail(" ".join(str(e).split()))
+
+    return wrapper
+
+
+for _cmd in app.registered_commands:
+    _cmd.callback = _one_line_errors(_cmd.callback)
+
+
 from sakura.util.clihelp import reflow_help  # noqa: E402  (after the last command: one line per paragraph at any width)
 
 reflow_help(app)
@@ -649,3 +807,7 @@ reflow_help(app)
 
 def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry
     app(argv)
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m saeot.cli (a checkout without the console script)
+    main()

@@ -19,6 +19,7 @@ tokenizer has one) is never stored: only corpus tokens are.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,7 @@ def _atomic_write_json(path: Path, obj) -> None:
 
 
 def collect_activations(lm, chunks: list[list[int]], out_dir: Path, layers: list[int] | None = None,
-                        batch_size: int = 8, progress: bool = True) -> Path:
+                        batch_size: int = 8, progress: bool = True, source: str | None = None) -> Path:
     """Run ``lm`` over ``chunks`` and cache residual-stream activations at ``layers``.
 
     Parameters
@@ -49,6 +50,8 @@ def collect_activations(lm, chunks: list[list[int]], out_dir: Path, layers: list
         Residual layers 0..lm.n_layers-1; default all.
     batch_size : int
         Chunks per forward pass (= per shard).
+    source : str, optional
+        Where the text came from (a user's file), recorded in the manifest; None = the bundled corpus.
 
     Returns
     -------
@@ -71,6 +74,8 @@ def collect_activations(lm, chunks: list[list[int]], out_dir: Path, layers: list
     manifest = {"model": lm.name, "layers": layers, "ctx_len": len(chunks[0]), "n_chunks": len(chunks),
                 "batch_size": batch_size, "n_shards": n_shards, "fingerprint": chunks_fingerprint(chunks),
                 "d_model": lm.d_model, "format": "saeot-activations/1"}
+    if source is not None:
+        manifest["text"] = str(source)
     mpath = out_dir / "manifest.json"
     if mpath.exists():
         old = json.loads(mpath.read_text())
@@ -103,10 +108,10 @@ def collect_activations(lm, chunks: list[list[int]], out_dir: Path, layers: list
         todo = [s for s in range(n_shards) if not (out_dir / f"shard_{s:05d}.safetensors").exists()]
         for s in tqdm(todo, disable=not progress, desc=f"collect {lm.name}", unit="shard"):
             batch = chunks[s * batch_size:(s + 1) * batch_size]
-            ids = torch.tensor(batch, dtype=torch.long)  # (B, T)
+            ids = torch.tensor(batch, dtype=torch.long, device=lm.device)  # (B, T)
             skip = 0
             if bos is not None:
-                ids = torch.cat([torch.full((len(batch), 1), bos, dtype=torch.long), ids], 1)
+                ids = torch.cat([torch.full((len(batch), 1), bos, dtype=torch.long, device=lm.device), ids], 1)
                 skip = 1
             captured.clear()
             with torch.no_grad():
@@ -122,7 +127,7 @@ def collect_activations(lm, chunks: list[list[int]], out_dir: Path, layers: list
             }
             for l in layers:
                 h = captured[l][:, skip:, :]  # (B, T, d) corpus tokens only
-                tensors[f"layer_{l}"] = h.reshape(B * T, -1).float().contiguous()
+                tensors[f"layer_{l}"] = h.reshape(B * T, -1).float().cpu().contiguous()
             atomic_write(out_dir / f"shard_{s:05d}.safetensors", safetensors_bytes(tensors))
     finally:
         for h in handles:
@@ -149,14 +154,27 @@ def excluding_chunks(chunks: list[list[int]], cache_dir: Path) -> list[list[int]
 
 
 def load_manifest(cache_dir: Path) -> dict:
+    from saeot.errors import ActivationFileError
+
     p = Path(cache_dir) / "manifest.json"
     if not p.exists():
         raise FileNotFoundError(f"no activation cache at {cache_dir} (run `saeot collect`)")
-    return json.loads(p.read_text())
+    try:
+        man = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ActivationFileError(f"{p}: invalid JSON ({e})") from None
+    need = {"layers": list, "n_shards": int, "d_model": int}
+    if not isinstance(man, dict) or any(not isinstance(man.get(k), t) for k, t in need.items()):
+        raise ActivationFileError(f"{p}: not a saeot activation manifest (needs {', '.join(need)})")
+    return man
 
 
 def load_activations(cache_dir: Path, key: str | int) -> np.ndarray:
     """Concatenate one tensor over all shards: ``key`` = a layer number or tokens/chunk/pos.
+
+    Every shard's tensor is checked from its header before it is read (present, 1-D or
+    (rows, d_model), floating for layers) and layer tensors must be finite; a bad shard is one
+    :class:`saeot.errors.ActivationFileError` line naming it.
 
     Returns
     -------
@@ -164,15 +182,117 @@ def load_activations(cache_dir: Path, key: str | int) -> np.ndarray:
     """
     from safetensors import safe_open
 
+    from saeot.errors import ActivationFileError
+
     man = load_manifest(cache_dir)
     name = f"layer_{key}" if isinstance(key, int) or str(key).isdigit() else str(key)
-    if name.startswith("layer_") and int(name[6:]) not in man["layers"]:
+    is_layer = name.startswith("layer_")
+    if is_layer and int(name[6:]) not in man["layers"]:
         raise ValueError(f"layer {name[6:]} not collected in {cache_dir} (have {man['layers']})")
     parts = []
     for s in range(man["n_shards"]):
         p = Path(cache_dir) / f"shard_{s:05d}.safetensors"
         if not p.exists():
             raise FileNotFoundError(f"{p} missing: collection incomplete, re-run `saeot collect` to resume")
-        with safe_open(str(p), framework="np") as f:
-            parts.append(f.get_tensor(name))
+        try:
+            with safe_open(str(p), framework="np") as f:
+                if name not in f.keys():
+                    raise ActivationFileError(f"{p}: no tensor {name!r}")
+                shape = tuple(f.get_slice(name).get_shape())
+                want = 2 if is_layer else 1
+                if len(shape) != want or (is_layer and shape[1] != man["d_model"]):
+                    raise ActivationFileError(f"{p}: {name} has shape {list(shape)}, expected "
+                                              + (f"(rows, {man['d_model']})" if is_layer else "(rows,)"))
+                x = f.get_tensor(name)
+        except ActivationFileError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a corrupt external file is one line, whatever the parser says
+            raise ActivationFileError(f"{p}: unreadable ({type(e).__name__}: {e})") from None
+        if is_layer:
+            if x.dtype.kind != "f":
+                raise ActivationFileError(f"{p}: {name} has dtype {x.dtype}, expected floating point")
+            bad = int(x.size - np.isfinite(x).sum())
+            if bad:
+                raise ActivationFileError(f"{p}: {name} has {bad} NaN/inf values")
+        if parts and len(x) != len(parts[0]) and s < man["n_shards"] - 1:
+            raise ActivationFileError(f"{p}: {name} has {len(x)} rows, other shards {len(parts[0])}")
+        parts.append(x)
     return np.concatenate(parts, 0)
+
+
+# Largest activation array load_array reads (float32 bytes): a user's file claiming more is refused
+# from its header, before any allocation.
+MAX_ARRAY_BYTES = int(os.environ.get("SAEOT_MAX_ARRAY_BYTES", 16 << 30))
+
+
+def load_array(path: Path, *, d: int | None = None, rows: int | None = None, what: str = "activations",
+               integer: bool = False, max_bytes: int | None = None) -> np.ndarray:
+    """A user's activation (or token id) array from ``.npy``, ``.npz`` or ``.safetensors``.
+
+    ``.npz`` / ``.safetensors`` must hold one array (or one named ``activations`` / ``tokens``).
+    Shape, dtype and size are checked from the header before reading; activations must be
+    (rows, d) floating and finite, token ids (rows,) integers.  Each failure is one
+    :class:`saeot.errors.ActivationFileError` line naming the file.
+
+    Returns
+    -------
+    (rows, d) float32, or (rows,) int64 with ``integer``.
+    """
+    from saeot.errors import ActivationFileError
+
+    path = Path(path)
+    if not path.is_file():
+        raise ActivationFileError(f"{path}: no such file ({what})")
+    want = "tokens" if integer else "activations"
+    try:
+        if path.suffix == ".npy":
+            x = np.load(path, mmap_mode="r", allow_pickle=False)  # header only; pages read on use
+        elif path.suffix == ".npz":
+            z = np.load(path, allow_pickle=False)
+            names = list(z.files)
+            key = want if want in names else names[0] if len(names) == 1 else None
+            if key is None:
+                raise ActivationFileError(f"{path}: holds {names}; expected one array or one named {want!r}")
+            x = z[key]
+        elif path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="np") as f:
+                names = list(f.keys())
+                key = want if want in names else names[0] if len(names) == 1 else None
+                if key is None:
+                    raise ActivationFileError(f"{path}: holds {names}; expected one tensor or one named {want!r}")
+                shape = tuple(f.get_slice(key).get_shape())
+                if 4 * int(np.prod(shape, dtype=np.int64)) > (MAX_ARRAY_BYTES if max_bytes is None else max_bytes):
+                    raise ActivationFileError(f"{path}: {key} {list(shape)} is over the size limit "
+                                              "(SAEOT_MAX_ARRAY_BYTES); refused before loading")
+                x = f.get_tensor(key)
+        else:
+            raise ActivationFileError(f"{path}: expected a .npy, .npz or .safetensors file ({what})")
+    except ActivationFileError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a corrupt external file is one line, whatever the parser says
+        raise ActivationFileError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+    shape = tuple(x.shape)
+    if 4 * int(np.prod(shape, dtype=np.int64)) > (MAX_ARRAY_BYTES if max_bytes is None else max_bytes):
+        raise ActivationFileError(f"{path}: {list(shape)} is over the size limit (SAEOT_MAX_ARRAY_BYTES); "
+                                  "refused before loading")
+    if integer:
+        if len(shape) != 1 or x.dtype.kind not in "iu":
+            raise ActivationFileError(f"{path}: {what} must be a 1-D integer array, got {x.dtype}{list(shape)}")
+    else:
+        if len(shape) != 2 or x.dtype.kind != "f":
+            raise ActivationFileError(f"{path}: {what} must be a 2-D float array (rows, d), got {x.dtype}{list(shape)}")
+        if d is not None and shape[1] != d:
+            raise ActivationFileError(f"{path}: {what} have d = {shape[1]}, the SAE expects d_in = {d}")
+    if rows is not None and shape[0] != rows:
+        raise ActivationFileError(f"{path}: {what} have {shape[0]} rows, expected {rows} (one per token, "
+                                  "the same tokens for both layers)")
+    if shape[0] == 0:
+        raise ActivationFileError(f"{path}: {what} are empty")
+    out = np.array(x, dtype=np.int64 if integer else np.float32)  # a copy: never a read-only memmap
+    if not integer:
+        bad = int(out.size - np.isfinite(out).sum())
+        if bad:
+            raise ActivationFileError(f"{path}: {what} have {bad} NaN/inf values")
+    return out

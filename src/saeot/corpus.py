@@ -210,3 +210,79 @@ def chunks_fingerprint(chunks: list[list[int]]) -> str:
         h.update(len(c).to_bytes(4, "little"))
         h.update(b"".join(int(t).to_bytes(4, "little") for t in c))
     return h.hexdigest()[:16]
+
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst")
+
+
+def user_documents(path: Path, field: str | None = None) -> list[str]:
+    """A user's own text: one file (plain text; or JSON Lines when it ends in ``.jsonl`` or
+    ``field`` is given, one document per line from that field, default ``text``), or a folder
+    whose ``.txt`` / ``.md`` / ``.rst`` / ``.jsonl`` files are read in sorted path order.
+
+    Raises :class:`saeot.errors.TextInputError` (one line, with the path) for a missing path, a
+    folder without text files, a JSONL line that is not a JSON object or lacks ``field``, a
+    non-string field, or no text at all.
+    """
+    import json
+
+    from saeot.errors import TextInputError
+
+    path = Path(path)
+    if not path.exists():
+        raise TextInputError(f"{path}: no such file or folder")
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES + (".jsonl",))
+        if not files:
+            raise TextInputError(f"{path}: no {', '.join(TEXT_SUFFIXES + ('.jsonl',))} files in this folder")
+    else:
+        files = [path]
+    docs: list[str] = []
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise TextInputError(f"{f}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        if f.suffix == ".jsonl" or (field is not None and f == path):
+            key = field or "text"
+            for i, line in enumerate(text.splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TextInputError(f"{f}:{i}: not a JSON line ({e.msg})") from None
+                if not isinstance(obj, dict) or key not in obj:
+                    raise TextInputError(f"{f}:{i}: no field {key!r} (use --text-field)")
+                if not isinstance(obj[key], str):
+                    raise TextInputError(f"{f}:{i}: field {key!r} is {type(obj[key]).__name__}, not a string")
+                docs.append(obj[key])
+        else:
+            docs.append(text)
+    docs = [d for d in docs if d.strip()]
+    if not docs:
+        raise TextInputError(f"{path}: no text")
+    return docs
+
+
+def chunk_documents(tokenizer, docs: list[str], n_tokens: int, ctx_len: int = 128) -> list[list[int]]:
+    """Token chunks of ``ctx_len`` from the user's ``docs``, round-robin over documents (as
+    :func:`chunk_corpus` does for the bundled sources) until ``n_tokens``; fewer if the text runs
+    out.  Raises :class:`saeot.errors.TextInputError` if not one chunk fits."""
+    from saeot.errors import TextInputError
+
+    if ctx_len < 2 or n_tokens < 1:
+        raise ValueError(f"need ctx_len >= 2 and n_tokens >= 1, got {ctx_len}, {n_tokens}")
+    streams = [iter(_doc_chunks(tokenizer, d, ctx_len)) for d in docs]
+    out: list[list[int]] = []
+    while streams and len(out) * ctx_len < n_tokens:
+        alive = []
+        for st in streams:
+            c = next(st, None)
+            if c is not None and len(out) * ctx_len < n_tokens:
+                out.append(c)
+                alive.append(st)
+        streams = alive
+    if not out:
+        raise TextInputError(f"the text holds fewer than --ctx-len={ctx_len} tokens: no chunk to collect")
+    return out

@@ -45,7 +45,7 @@ def run_demo(out: Path, model: str = "gemma3-270m", n_tokens: int = 4096, ctx_le
         folder = out / "saes" / f"layer_{l}"
         X = load_activations(acts, l)
         if (folder / "cfg.json").exists():
-            sae = load_sae(folder)
+            sae = load_sae(folder, layer=l)
         else:
             sae = train_topk_sae(X, d_sae, k_sae, steps=steps, batch_size=512, lr=1e-3,
                                  cfg=sae_metadata(model, l))

@@ -34,7 +34,7 @@ from saeot.geometry import DEFAULT_GEOMETRY
 from saeot.matching import Matching, match
 from saeot.methods import LayerFeatures, distance_matrix
 
-EVAL_METHODS = ("ot", "decoder-cosine", "sae-match", "act-corr")
+EVAL_METHODS = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr")
 STRATEGIES = ("nn", "hungarian", "mutual")
 
 
@@ -147,8 +147,10 @@ def fitted_features(sae_a, sae_b, Ha, Hb, masks, setting: str, k: int = 32, geom
     Za = g(Hb[ma_tok])
     Zb = Za if setting == "shared" else g(Hb[mb_tok])
     acts_a, acts_b = acts if acts is not None else (sae_a.encode(Ha[ma_tok]), sae_b.encode(Hb[mb_tok]))
-    A = LayerFeatures(W_dec=sae_a.W_dec, acts=acts_a, Z=Za, W_enc=sae_a.W_enc, k=k)
-    B = LayerFeatures(W_dec=sae_b.W_dec, acts=acts_b, Z=Zb, W_enc=sae_b.W_enc, k=k)
+    A = LayerFeatures(W_dec=sae_a.W_dec, acts=acts_a, Z=Za, W_enc=sae_a.W_enc, k=k, b_enc=sae_a.b_enc,
+                      threshold=sae_a.threshold)
+    B = LayerFeatures(W_dec=sae_b.W_dec, acts=acts_b, Z=Zb, W_enc=sae_b.W_enc, k=k, b_enc=sae_b.b_enc,
+                      threshold=sae_b.threshold)
     return A, B
 
 
@@ -296,7 +298,7 @@ def _chunks_of(held_acts, rows_chunk, features, n_chunks: int) -> dict[int, list
 
 
 def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, settings=("shared", "disjoint"),
-                  configs=None, baselines=("decoder-cosine", "sae-match", "act-corr"), strategies=STRATEGIES,
+                  configs=None, baselines=("decoder-cosine", "sae-match", "sae-match-folded", "act-corr"), strategies=STRATEGIES,
                   splits=SPLITS, n_eval: int = 128, n_intervene: int = 32, n_chunks: int = 4, csls_k: int = 10,
                   seed: int = 0, progress: bool = True, log=print, k: int | None = None,
                   candidates: int | None = None) -> dict:

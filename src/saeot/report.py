@@ -81,6 +81,56 @@ def supernode_svg(graph: dict, width: int = 900, height: int = 420) -> str:
     return "".join(out)
 
 
+CO_FIRING = {"act-corr": "activation correlation: needs the same tokens, rewards co-firing",
+             "ot": "OT in the reference space: both distributions sit on the same tokens' embeddings, so on "
+                   "shared tokens two features that fire on the same tokens are at W2 = 0 (co-firing), and only "
+                   "the disjoint-token setting of `saeot evaluate` isolates the geometry"}
+WEIGHTS_ONLY = ("decoder-cosine", "sae-match", "sae-match-folded")
+
+METHODS_EXPLAINED = (
+    "What the columns mean: <b>top-token Jaccard</b> = overlap (0 to 1) of the token ids at the two matched "
+    "features' 10 most activating positions, averaged over matched pairs: <b>higher = the matches fire on the "
+    "same words</b>. It is measured on the same tokens the distances were computed from, so it favours methods "
+    "that see co-firing: <b>act-corr and OT share that signal</b>; decoder-cosine, sae-match and "
+    "sae-match-folded (SAE-Match as published: folded thresholds, one-to-one) see only SAE weights. "
+    "<b>seconds</b> = wall time to compute the method's distances and match (lower = cheaper). For held-out "
+    "judgements and the disjoint-token setting use <code>saeot evaluate</code> / <code>saeot reproduce</code>.")
+
+GRAPH_LEGEND = (
+    "Legend: one column per layer; a circle is a supernode (a group of circuit features merged by OT distance), "
+    "labelled id (number of member features); circle area grows with |attribution| (gradient x activation "
+    "toward the answer); orange = positive attribution (supports the answer), blue = negative. A line is the "
+    "attribution from one supernode to a later one: red = positive, blue = negative, width grows with |weight| "
+    "(the 60 strongest are drawn). Hover for members and values.")
+
+
+def summary_verdict(summary: list[dict]) -> list[str]:
+    """Plain sentences about the methods table: per pair, which method has the highest Jaccard and at
+    what time relative to OT, and why a table of near-zero Jaccards is near zero."""
+    out = []
+    for pair in dict.fromkeys(r["pair"] for r in summary):
+        rows = [r for r in summary if r["pair"] == pair and r.get("top-token Jaccard") == r.get("top-token Jaccard")]
+        if not rows:
+            continue
+        best = max(rows, key=lambda r: r["top-token Jaccard"])
+        ot = next((r for r in rows if r["method"] == "ot"), None)
+        if max(r["top-token Jaccard"] for r in rows) < 0.02:
+            out.append(f"{pair}: every method's Jaccard is below 0.02, i.e. no matched pair shares its top tokens. "
+                       "That is what a model without learned features gives (the tiny random model), or too few "
+                       "tokens per feature; it says nothing about which method is better.")
+            continue
+        if ot is None:
+            continue
+        if best["method"] == "ot":
+            out.append(f"{pair}: OT has the highest Jaccard ({ot['top-token Jaccard']:.3f}).")
+        else:
+            ratio = ot["seconds"] / max(best["seconds"], 1e-9)
+            out.append(f"{pair}: {best['method']} has a higher Jaccard than OT ({best['top-token Jaccard']:.3f} vs "
+                       f"{ot['top-token Jaccard']:.3f}) at {ratio:.0f}x less time"
+                       + (" (it shares OT's co-firing signal)" if best["method"] in CO_FIRING else "") + ".")
+    return out
+
+
 def write_report(path: Path, *, title: str, tokens: np.ndarray, chunk: np.ndarray, decode,
                  pairs: list[dict], summary: list[dict], compression: dict | None = None,
                  plots: list[Path] = (), notes: str = "") -> Path:
@@ -109,6 +159,10 @@ def write_report(path: Path, *, title: str, tokens: np.ndarray, chunk: np.ndarra
                 f"<td class='l'>{html.escape(str(r[c]))}</td>" if isinstance(r[c], str)
                 else f"<td>{r[c]:.3f}</td>" if isinstance(r[c], float) else f"<td>{r[c]}</td>" for c in cols) + "</tr>")
         h.append("</table>")
+        h.append(f"<p class='explain'>{METHODS_EXPLAINED}</p>")
+        verdicts = summary_verdict(summary)
+        if verdicts:
+            h.append("<ul class='verdict'>" + "".join(f"<li>{html.escape(v)}</li>" for v in verdicts) + "</ul>")
     for sec in pairs:
         h.append(f"<h2>{html.escape(sec['title'])}</h2>")
         for row in sec["rows"]:
@@ -120,7 +174,8 @@ def write_report(path: Path, *, title: str, tokens: np.ndarray, chunk: np.ndarra
                 h.append("</div>")
             sc = " · ".join(f"{html.escape(m)}: {row['scores'][m]:.3f}"
                             + (" ✓" if row["agree"].get(m) else "") for m in sec["methods"])
-            h.append(f"<div class='scores'>distances — {sc} (✓ = that method's own nearest neighbour too)</div></div>")
+            h.append(f"<div class='scores'>distances (lower = more similar) — {sc} (✓ = that method's own nearest "
+                     "neighbour too)</div></div>")
     if compression:
         h.append(f"<h2>Circuit compression ({html.escape(str(compression.get('task', 'addition')))})</h2>")
         h.append(f"<p>Unmodified model: accuracy {compression['clean']['accuracy']:.3f}, "
@@ -132,7 +187,19 @@ def write_report(path: Path, *, title: str, tokens: np.ndarray, chunk: np.ndarra
             h.append(f"<tr><td>{S}</td>" + "".join(
                 f"<td>{r[i]['accuracy']:.3f}</td><td>{r[i]['logit_diff']:.3f}</td>"
                 for r in compression["methods"].values()) + "</tr>")
-        h.append("</table><h3>Supernode graph (OT grouping)</h3>")
+        h.append("</table>")
+        h.append("<p class='explain'>Accuracy = share of the task's prompts answered correctly when every "
+                 "layer's circuit features are replaced by that many supernodes (higher = the compressed circuit "
+                 "is more faithful); logit difference = correct answer's logit minus the best wrong digit's "
+                 "(higher = more confident).</p>")
+        accs = [r[i]["accuracy"] for r in compression["methods"].values() for i in range(len(compression["counts"]))]
+        if compression["clean"]["accuracy"] == 0 or (accs and max(accs) == 0):
+            h.append(f"<p class='explain'><b>Why the accuracies are 0</b>: the unmodified model answers "
+                     f"{compression['clean']['accuracy']:.0%} of the prompts correctly, so no reduced circuit can do "
+                     "better; expected for a model that cannot do the task (the tiny random model). Compare methods "
+                     "by logit difference there, or use a model that does the task (Gemma-3-270M: 80% 4-shot).</p>")
+        h.append("<h3>Supernode graph (OT grouping)</h3>")
+        h.append(f"<p class='explain'>{GRAPH_LEGEND}</p>")
         h.append(supernode_svg(compression.get("graphs", {})))
     for p in plots:
         h.append(_img(p))

@@ -34,6 +34,7 @@ output of transformer block L-1.  So SAELens ``blocks.L.hook_resid_post`` is lay
 from __future__ import annotations
 
 import json
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -431,7 +432,97 @@ def _flatten_cfg(cfg: dict) -> dict:
     return flat
 
 
-def load_sae(folder: Path, *, norm_scaling_factor: float | None = None) -> SAE:
+# Largest SAE (float32 bytes of all its tensors) load_sae reads unless told otherwise: 8 GiB holds a
+# 131k-wide GemmaScope SAE of Gemma-2-9B (d 3,584: 3.8 GB); a larger claim is refused before allocation.
+MAX_SAE_BYTES = int(os.environ.get("SAEOT_MAX_SAE_BYTES", 8 << 30))
+_FLOAT_DTYPES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
+_SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8,
+                       "F8_E4M3": 1, "F8_E5M2": 1, **_FLOAT_DTYPES}
+
+
+def _tensor_headers(path: Path) -> dict[str, tuple[str, tuple]]:
+    """name -> (dtype kind, shape) of every tensor in a safetensors or .npz file, read from the
+    headers only (nothing is allocated); a header that does not fit the file is refused."""
+    from saeot.errors import SAEFormatError
+
+    size = path.stat().st_size
+    out: dict[str, tuple[str, tuple]] = {}
+    if path.suffix == ".safetensors":
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 2 or n > min(size - 8, 100 << 20):
+                raise SAEFormatError(f"{path}: not a safetensors file (header length {n}, file {size} bytes)")
+            try:
+                header = json.loads(f.read(n))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise SAEFormatError(f"{path}: unreadable safetensors header ({e})") from None
+        if not isinstance(header, dict):
+            raise SAEFormatError(f"{path}: safetensors header is not a JSON object")
+        data = size - 8 - n
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dt, shape, (a, b) = info["dtype"], tuple(int(x) for x in info["shape"]), info["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                raise SAEFormatError(f"{path}: malformed header entry for {name!r}") from None
+            if dt not in _SAFETENSORS_DTYPES or min(shape, default=1) < 0:
+                raise SAEFormatError(f"{path}: tensor {name!r} has dtype {dt} / shape {shape}")
+            if not 0 <= a <= b <= data or b - a != int(np.prod(shape, dtype=np.int64)) * _SAFETENSORS_DTYPES[dt]:
+                raise SAEFormatError(f"{path}: tensor {name!r} {dt}{list(shape)} does not fit the file "
+                                     f"(offsets {a}..{b}, {data} data bytes): truncated or corrupt")
+            out[name] = ("f" if dt in _FLOAT_DTYPES else "other", shape)
+        return out
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with z.open(info) as f:
+                    shape, dtype = _npy_header(f)
+                out[info.filename[:-4]] = ("f" if dtype.kind == "f" else "other", tuple(shape))
+    except (zipfile.BadZipFile, ValueError, OSError) as e:
+        raise SAEFormatError(f"{path}: not a readable .npz file ({e})") from None
+    return out
+
+
+def _npy_header(f) -> tuple[tuple, np.dtype]:
+    """(shape, dtype) of an open .npy stream, from its header only."""
+    fmt = np.lib.format
+    major, _ = fmt.read_magic(f)
+    read = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
+    shape, _, dtype = read(f, max_header_size=1 << 20)
+    return tuple(shape), dtype
+
+
+def _positive_int(folder, key, v, what="a positive integer"):
+    from saeot.errors import SAEFormatError
+
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise SAEFormatError(f"{folder}: cfg.json {key}={v!r} must be {what}")
+    return int(v)
+
+
+def _read_cfg(folder: Path) -> dict:
+    from saeot.errors import SAEFormatError
+
+    cfg_path = folder / "cfg.json"
+    if not cfg_path.exists():
+        return {}
+    try:
+        raw = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SAEFormatError(f"{cfg_path}: invalid JSON ({e})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("metadata", {}) or {}, dict):
+        raise SAEFormatError(f"{cfg_path}: expected a JSON object (with an object under 'metadata')")
+    return raw
+
+
+def load_sae(folder: Path, *, norm_scaling_factor: float | None = None, layer: int | None = None,
+             max_bytes: int | None = None) -> SAE:
     """Read an SAE in the SAELens on-disk format, or a GemmaScope ``params.npz`` folder.
 
     Encoding follows the config (module docstring): ``apply_b_dec_to_input`` (default True, as
@@ -445,57 +536,202 @@ def load_sae(folder: Path, *, norm_scaling_factor: float | None = None) -> SAE:
     ``norm_scaling_factor``: the input scale of an ``expected_average_only_in`` SAE (SAELens keeps
     it in its release directory, not in cfg.json); without it such an SAE is read as SAELens'
     ``load_from_disk`` reads it (no scaling) and a warning says so.
-    """
-    folder = Path(folder)
-    cfg_path = folder / "cfg.json"
-    raw = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
-    cfg = _flatten_cfg(raw)
-    if (folder / "sae_weights.safetensors").exists():
-        from safetensors.numpy import load_file
 
-        w = load_file(str(folder / "sae_weights.safetensors"))
-    elif (folder / "params.npz").exists():
-        w = dict(np.load(folder / "params.npz"))
-        if not raw:  # GemmaScope's original release: what SAELens' gemma-scope loader assumes
-            cfg.update({"architecture": "jumprelu", "apply_b_dec_to_input": False, "normalize_activations": "none"})
-            m = re.search(r"layer_(\d+)", str(folder.resolve()))
-            if m:
-                cfg["hook_name"] = f"blocks.{int(m.group(1))}.hook_resid_post"
-            cfg["d_in"], cfg["d_sae"] = w["W_enc"].shape
-    else:
-        raise FileNotFoundError(f"{folder}: no sae_weights.safetensors or params.npz")
+    Validation (each failure is one :class:`saeot.errors.SAEFormatError` line naming the file):
+    cfg.json is a JSON object; tensor names, dtypes (floating) and shapes are read from the file
+    headers and checked *before* anything is allocated: ``W_enc`` (d_in, d_sae), ``W_dec``
+    (d_sae, d_in) (a transposed one is named as such), ``b_enc`` (d_sae,), ``b_dec`` (d_in,),
+    ``threshold`` (d_sae,) for JumpReLU, cfg ``d_in``/``d_sae`` equal to the weights, TopK ``k``
+    an integer in 1..d_sae, total size at most ``max_bytes`` (default :data:`MAX_SAE_BYTES`,
+    env ``SAEOT_MAX_SAE_BYTES``); then every tensor must be finite.
+
+    ``layer``: the saeot residual layer the SAE is about to be used for; if the SAE's own
+    ``hook_name`` names another layer, :class:`saeot.errors.LayerMismatchError` (an SAE without a
+    hook name only warns).
+    """
+    from saeot.errors import LayerMismatchError, SAEFormatError
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SAEFormatError(f"{folder}: not an SAE folder (expected cfg.json + sae_weights.safetensors, "
+                             "or params.npz)")
+    raw = _read_cfg(folder)
+    cfg = _flatten_cfg(raw)
+    wpath = folder / "sae_weights.safetensors"
+    if not wpath.exists():
+        wpath = folder / "params.npz"
+    if not wpath.exists():
+        raise SAEFormatError(f"{folder}: no sae_weights.safetensors or params.npz")
+    heads = _tensor_headers(wpath)
+    # 1. names, dtypes and shapes, from the headers
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+        if name not in heads:
+            raise SAEFormatError(f"{wpath}: missing tensor {name} (has {sorted(heads)})")
+    for name, (kind, shape) in heads.items():
+        if kind != "f" and name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "log_threshold"):
+            raise SAEFormatError(f"{wpath}: tensor {name} is not floating point")
+    we = heads["W_enc"][1]
+    if len(we) != 2 or min(we) < 1:
+        raise SAEFormatError(f"{wpath}: W_enc shape {list(we)} is not (d_in, d_sae) with both >= 1")
+    d_in, d_sae = we
+    for key, v in (("d_in", d_in), ("d_sae", d_sae)):
+        if key in cfg and cfg[key] is not None:
+            if _positive_int(folder, key, cfg[key]) != v:
+                raise SAEFormatError(f"{folder}: cfg.json {key}={cfg[key]} but W_enc is {list(we)} (d_in, d_sae)")
+    wd = heads["W_dec"][1]
+    if wd != (d_sae, d_in):
+        hint = ": transposed (SAELens stores W_dec as (d_sae, d_in))" if wd == (d_in, d_sae) else ""
+        raise SAEFormatError(f"{wpath}: W_dec shape {list(wd)} != (d_sae, d_in) = {[d_sae, d_in]}{hint}")
+    want = {"b_enc": (d_sae,), "b_dec": (d_in,), "threshold": (d_sae,), "log_threshold": (d_sae,)}
+    for name, shp in want.items():
+        if name in heads and heads[name][1] != shp:
+            raise SAEFormatError(f"{wpath}: {name} shape {list(heads[name][1])} != {list(shp)}")
+    n_bytes = 4 * sum(int(np.prod(s, dtype=np.int64)) for _, s in heads.values())
+    limit = MAX_SAE_BYTES if max_bytes is None else int(max_bytes)
+    if n_bytes > limit:
+        raise SAEFormatError(f"{wpath}: tensors need {n_bytes / 2**30:.1f} GiB as float32, over the "
+                             f"{limit / 2**30:.1f} GiB limit (SAEOT_MAX_SAE_BYTES); refused before loading")
+    if not raw and wpath.suffix == ".npz":  # GemmaScope's original release: what SAELens' gemma-scope loader assumes
+        cfg.update({"architecture": "jumprelu", "apply_b_dec_to_input": False, "normalize_activations": "none"})
+        m = re.search(r"layer_(\d+)", str(folder.resolve()))
+        if m:
+            cfg["hook_name"] = f"blocks.{int(m.group(1))}.hook_resid_post"
+        cfg["d_in"], cfg["d_sae"] = d_in, d_sae
+    # 2. the config
     arch = cfg.get("architecture", "standard")
     if arch not in ARCHITECTURES:
-        raise ValueError(f"{folder}: unsupported SAE architecture {arch!r}; expected one of {ARCHITECTURES}")
-    k = cfg.get("k") or (cfg.get("activation_fn_kwargs") or {}).get("k")
-    if arch == "topk" and not k:
-        raise ValueError(f"{folder}: topk SAE without k in cfg.json")
+        raise SAEFormatError(f"{folder}: unsupported SAE architecture {arch!r}; expected one of {ARCHITECTURES}")
+    k = cfg.get("k")
+    if k is None and isinstance(cfg.get("activation_fn_kwargs"), dict):
+        k = cfg["activation_fn_kwargs"].get("k")
+    if arch == "topk":
+        if k is None:
+            raise SAEFormatError(f"{folder}: topk SAE without k in cfg.json")
+        k = _positive_int(folder, "k", k, f"an integer in 1..d_sae={d_sae}")
+        if k > d_sae:
+            raise SAEFormatError(f"{folder}: cfg.json k={k} > d_sae={d_sae}")
+    else:
+        k = None
+    if arch == "jumprelu" and "threshold" not in heads and "log_threshold" not in heads:
+        raise SAEFormatError(f"{wpath}: jumprelu SAE without a threshold tensor")
     norm = cfg.get("normalize_activations", "none")
     if isinstance(norm, bool) or norm is None:  # SAELens < 3 stored a bool
         norm = "expected_average_only_in" if norm else "none"
     if norm not in NORMALISATIONS:
-        raise ValueError(f"{folder}: unsupported normalize_activations {norm!r}; expected one of {NORMALISATIONS}")
+        raise SAEFormatError(f"{folder}: unsupported normalize_activations {norm!r}; expected one of {NORMALISATIONS}")
+    for key in ("apply_b_dec_to_input", "rescale_acts_by_decoder_norm"):
+        if key in cfg and not isinstance(cfg[key], bool):
+            raise SAEFormatError(f"{folder}: cfg.json {key}={cfg[key]!r} must be true or false")
     scale = norm_scaling_factor if norm_scaling_factor is not None else cfg.get("norm_scaling_factor")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not np.isfinite(scale) or scale <= 0):
+        raise SAEFormatError(f"{folder}: norm_scaling_factor {scale!r} must be a positive number")
+    hook = cfg.get("hook_name")
+    if hook is not None:
+        if not isinstance(hook, str):
+            raise SAEFormatError(f"{folder}: cfg.json hook_name {hook!r} is not a string")
+        try:
+            hook_layer(hook)
+        except ValueError as e:
+            raise SAEFormatError(f"{folder}: {e}") from None
     if norm == "expected_average_only_in" and scale is None:
         warnings.warn(f"{folder}: normalize_activations='expected_average_only_in' without a norm_scaling_factor; "
                       "encoding raw activations (as SAELens load_from_disk does)", UserWarning, stacklevel=2)
+    # 3. the layer it is used for
+    if layer is not None:
+        if hook is None:
+            warnings.warn(f"{folder}: no hook_name in cfg.json; cannot check that it is an SAE of layer {layer}",
+                          UserWarning, stacklevel=2)
+        elif hook_layer(hook) != layer:
+            raise LayerMismatchError(
+                f"{folder}: SAE hook {hook} is residual layer {hook_layer(hook)} ({describe_layer(hook_layer(hook))}), "
+                f"but it is used for layer {layer} ({describe_layer(layer)})")
+    # 4. the weights (sizes known to fit), then NaN / inf
+    if wpath.suffix == ".safetensors":
+        from safetensors.numpy import load_file
+
+        try:
+            w = load_file(str(wpath))
+        except Exception as e:  # noqa: BLE001 - any parse failure of an external file is one line
+            raise SAEFormatError(f"{wpath}: unreadable ({type(e).__name__}: {e})") from None
+    else:
+        try:
+            with np.load(wpath, allow_pickle=False) as z:
+                w = {n: z[n] for n in z.files}
+        except (ValueError, OSError) as e:
+            raise SAEFormatError(f"{wpath}: unreadable ({e})") from None
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "log_threshold", "scaling_factor"):
+        if name in w:
+            bad = int(np.size(w[name]) - np.isfinite(w[name]).sum())
+            if bad:
+                raise SAEFormatError(f"{wpath}: {name} has {bad} NaN/inf values")
     if "scaling_factor" in w and not np.allclose(w["scaling_factor"], 1.0):
-        raise ValueError(f"{folder}: finetuning scaling_factor != 1 is not supported")
+        raise SAEFormatError(f"{folder}: finetuning scaling_factor != 1 is not supported")
     th = w.get("threshold")
     if th is None and "log_threshold" in w:  # SAELens JumpReLU training checkpoints
         th = np.exp(w["log_threshold"])
-    sae = SAE(w["W_enc"].astype(np.float32), w["b_enc"].astype(np.float32), w["W_dec"].astype(np.float32),
-              w["b_dec"].astype(np.float32), arch, int(k) if k else None,
-              None if th is None else np.asarray(th, dtype=np.float32), cfg,
-              apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)), normalize_activations=norm,
-              norm_scaling_factor=None if scale is None else float(scale),
-              rescale_acts_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)))
-    if sae.W_dec.shape != (sae.d_sae, sae.d_in):
-        raise ValueError(f"{folder}: W_dec shape {sae.W_dec.shape} != (d_sae, d_in) = {(sae.d_sae, sae.d_in)}")
-    if cfg.get("d_in") not in (None, sae.d_in) or cfg.get("d_sae") not in (None, sae.d_sae):
-        raise ValueError(f"{folder}: cfg d_in/d_sae {cfg.get('d_in')}/{cfg.get('d_sae')} do not match the weights "
-                         f"{sae.d_in}/{sae.d_sae}")
-    return sae
+    return SAE(w["W_enc"].astype(np.float32), w["b_enc"].astype(np.float32), w["W_dec"].astype(np.float32),
+               w["b_dec"].astype(np.float32), arch, k,
+               None if th is None else np.asarray(th, dtype=np.float32), cfg,
+               apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)), normalize_activations=norm,
+               norm_scaling_factor=None if scale is None else float(scale),
+               rescale_acts_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)))
+
+
+def describe_layer(layer: int) -> str:
+    """Plain words for a saeot residual layer: ``resid_post of block n`` (n = layer - 1) or the
+    embeddings (layer 0 = ``blocks.0.hook_resid_pre``)."""
+    return "embeddings, blocks.0.hook_resid_pre" if layer == 0 else \
+        f"resid_post of block {layer - 1}, blocks.{layer - 1}.hook_resid_post"
+
+
+def parse_layer(spec: str | int) -> int:
+    """A layer named by the user -> saeot residual layer.
+
+    Accepts a hook name (``blocks.8.hook_resid_post`` -> 9, ``blocks.8.hook_resid_pre`` -> 8),
+    ``resid_post.8`` / ``resid_pre.8`` / ``embed`` (the same, short), or a plain integer, which is
+    saeot's residual index (0 = embeddings, n = resid_post of block n - 1).
+
+    >>> parse_layer("resid_post.8"), parse_layer("blocks.8.hook_resid_post"), parse_layer("9")
+    (9, 9, 9)
+    """
+    from saeot.errors import InputError
+
+    s = str(spec).strip()
+    if s.isdigit():
+        return int(s)
+    if s == "embed":
+        return 0
+    m = re.fullmatch(r"resid_(pre|post)\.(\d+)", s)
+    if m:
+        return int(m.group(2)) + (1 if m.group(1) == "post" else 0)
+    try:
+        return hook_layer(s)
+    except ValueError:
+        raise InputError(f"layer {spec!r}: expected resid_post.N (block N's output), resid_pre.N, embed, a "
+                         "SAELens hook name (blocks.N.hook_resid_post) or a saeot residual index") from None
+
+
+def find_sae(saes: Path, layer: int) -> Path:
+    """The SAE folder for residual ``layer`` inside ``saes``: ``blocks.<n>.hook_resid_post/``
+    (named by hook, n = layer - 1) or saeot's ``layer_<layer>/``; the SAE's own hook_name is then
+    checked against ``layer`` by :func:`load_sae`."""
+    from saeot.errors import SAEFormatError
+
+    saes = Path(saes)
+    for name in (layer_hook_name(layer), f"layer_{layer}"):
+        if (saes / name).is_dir():
+            return saes / name
+    raise SAEFormatError(f"{saes}: no SAE for layer {layer} ({describe_layer(layer)}): expected a folder "
+                         f"{layer_hook_name(layer)}/ or layer_{layer}/; or pass the SAE folder itself")
+
+
+def load_sae_for_layer(saes: Path, layer: int, **kw) -> SAE:
+    """:func:`load_sae` of :func:`find_sae` (``saes`` may also be the SAE folder itself), checked
+    against ``layer``."""
+    saes = Path(saes)
+    folder = saes if (saes / "cfg.json").exists() or (saes / "params.npz").exists() else find_sae(saes, layer)
+    return load_sae(folder, layer=layer, **kw)
 
 
 def sae_report(sae: SAE, X: np.ndarray, acts=None) -> dict:

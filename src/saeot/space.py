@@ -13,8 +13,14 @@ decision; the paper's abstract does not say which it uses):
   bulk of the variance).
 
 Before that, hidden states are transformed by a ``geometry`` (:mod:`saeot.geometry`; default
-``scalar``: centre by the target's mean and divide by its RMS norm, so W2 is in units of "typical
-hidden-state norm"), fitted on the target layer's states.
+:data:`saeot.geometry.DEFAULT_GEOMETRY` = ``standardise+unit``: every dimension standardised,
+then every token scaled to unit norm), fitted on the target layer's states.
+
+What ``reference`` mode measures: both features' distributions sit on the *same* embedding of the
+tokens they fire on, so two features that fire on the same tokens are at W2 = 0 whatever their
+layers; on shared tokens W2 therefore carries co-firing (token identity) as well as geometry.
+Only in the disjoint-token setting (``saeot evaluate --settings disjoint``: the two layers'
+features are fitted on different chunks) is the geometry of the hidden states the sole signal.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def test_demo_writes_report_and_figures(demo_out):
     assert fig["layers"] == [0, 2, 4]
     assert set(fig["pairs"]) == {"0->4", "2->4"}
     for pf in fig["pairs"].values():
-        assert set(pf) == {"ot", "decoder-cosine", "sae-match", "act-corr", "random_match_jaccard"}
+        assert set(pf) == {"ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "random_match_jaccard"}
     # OT matches features whose top contexts share tokens far more often than a random match does
     # (this proxy is circular for OT -- see docs -- so it checks the plumbing, not the method)
     for pf in fig["pairs"].values():
@@ -37,6 +37,10 @@ def test_demo_writes_report_and_figures(demo_out):
         assert r[0]["logit_diff"] == pytest.approx(comp["clean"]["logit_diff"], abs=1e-4)
     html = (demo_out / "report.html").read_text()
     assert html.count("class='pair'") >= 10 and "<svg" in html and "Circuit compression" in html
+    # the report explains itself: the graph's legend, what higher means, and why zeros are zeros
+    assert "Legend: one column per layer" in html and "higher = the compressed circuit" in html
+    assert ("Why the accuracies are 0" in html) == (comp["clean"]["accuracy"] == 0 or max(
+        x["accuracy"] for r in comp["methods"].values() for x in r) == 0)
 
 
 def _chromium():
@@ -88,7 +92,7 @@ def test_cli_chain_collect_train_match_report(demo_out, tmp_path):
                   "--layer-b", "4", "--method", "all", "--strategy", "hungarian", "--space", "pca", "--out", str(out)])
     assert r.exit_code == 0, r.output
     m = json.loads(out.read_text())
-    assert set(m["methods"]) == {"ot", "decoder-cosine", "sae-match", "act-corr"}
+    assert set(m["methods"]) == {"ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr"}
     tg = m["methods"]["ot"]["tgt"]
     assert len(tg) == len(set(tg)) > 0  # Hungarian: one-to-one
     r = run(app, ["report", "--acts", str(demo_out / "acts"), "--saes", str(demo_out / "saes"), "--model",

@@ -1,0 +1,220 @@
+"""All-pairs W2 at SAE width (16,384 features and more) in memory that grows with the features, not
+with their square: a blocked candidate search on embeddings (on an accelerator when there is one),
+exact W2 on the candidates only, and the recall of the exact nearest neighbour on a sample.
+
+Never an (Fa, Fb) matrix: the pre-filter embeds every feature once (sliced W2 cells along random
+or principal directions: Euclidean distances between the embeddings are lower bounds on W2,
+:func:`saeot.wasserstein.sliced_embedding`), then :func:`candidate_search` walks the sources in
+row blocks on ``device`` (torch), keeping each source's ``candidates`` nearest targets and a
+running top-``candidates`` of sources for every target.  Exact W2 (network simplex) runs on
+those pairs only, on the CPU cores (:func:`saeot.wasserstein.w2_pairs`).  The nearest neighbour
+of a source is its best evaluated candidate; the recall is checked against the exact nearest
+neighbour of a random sample of sources (:func:`saeot.wasserstein.nearest_w2`, lower-bound
+pruning, equal to brute force).
+
+:func:`synthetic_layers` builds two layers of F features over a shared token pool with the
+shapes of a real run (k-point supports in a d-dimensional reference space, concept clusters,
+near-duplicate features) for benchmarks at widths no local SAE has.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from saeot.distributions import FeatureDistributions
+from saeot.wasserstein import Measures, measures
+
+
+def synthetic_layers(n_features: int, *, k: int = 32, d: int = 640, tokens_per_concept: int = 16,
+                     features_per_concept: int = 2, spurious: float = 0.2, seed: int = 0, cover: bool = True
+                     ) -> tuple[Measures, Measures]:
+    """Two layers' feature measures over one token pool (float32, reference space ``d``).
+
+    ``n_features / features_per_concept`` concepts with centres ~ N(0, I/d) * 2 (distance ~2 apart;
+    the within-concept noise has norm ~1); each concept owns ``tokens_per_concept`` tokens.  Each
+    layer has ``features_per_concept`` features per concept; a feature draws its k support tokens
+    from the concept's
+    tokens (a fraction ``spurious`` from anywhere), with weights ~ U(0.5, 1.5) normalised: so every
+    feature has near-duplicates in the other layer (the same concept) and the nearest neighbour is
+    a fine distinction, as between real features.  ``cover=False``: features pick concepts at
+    random instead, so about 13% of a layer's features (Poisson(2) = 0) have no counterpart in
+    the other layer and their nearest neighbour is one of many near-equidistant strangers (the
+    hard case for any pre-filter).
+
+    Returns
+    -------
+    ma, mb : Measures
+        X (F, k, d) float32 sharing one token array Z (n_tokens, d).
+    """
+    if n_features < 2 or k < 1 or d < 1:
+        raise ValueError(f"need n_features >= 2, k >= 1, d >= 1; got {n_features}, {k}, {d}")
+    rng = np.random.default_rng(seed)
+    n_conc = max(1, n_features // features_per_concept)
+    n_tok = n_conc * tokens_per_concept
+    mu = (rng.standard_normal((n_conc, d), dtype=np.float32) * np.float32(2 / np.sqrt(2 * d)))
+    Z = np.repeat(mu, tokens_per_concept, axis=0)  # (n_tok, d), token t has concept t // tokens_per_concept
+    Z += rng.standard_normal(Z.shape, dtype=np.float32) / np.float32(np.sqrt(d))
+
+    def layer() -> Measures:
+        # every concept gets features_per_concept features in each layer (then the remainder at random):
+        # most features have counterparts in the other layer, as across adjacent or distant layers
+        if cover:
+            conc = np.concatenate([np.repeat(np.arange(n_conc), features_per_concept),
+                                   rng.integers(0, n_conc, n_features - n_conc * features_per_concept)])
+            conc = rng.permutation(conc)  # (F,)
+        else:
+            conc = rng.integers(0, n_conc, n_features)
+        idx = conc[:, None] * tokens_per_concept + rng.integers(0, tokens_per_concept, (n_features, k))
+        spur = rng.random((n_features, k)) < spurious
+        idx[spur] = rng.integers(0, n_tok, int(spur.sum()))
+        w = rng.uniform(0.5, 1.5, (n_features, k))
+        w /= w.sum(1, keepdims=True)
+        return measures(FeatureDistributions(idx.astype(np.int64), w, w.copy()), Z)
+
+    return layer(), layer()
+
+
+def _embed(ma: Measures, mb: Measures, prefilter: str, n_proj: int, n_quantiles: int):
+    from saeot.wasserstein import principal_directions, random_directions, sliced_embedding
+
+    if prefilter == "sliced":
+        th = random_directions(ma.X.shape[2], n_proj, 12345)
+    elif prefilter == "pca-sliced":
+        th = principal_directions(ma, mb, n_proj)
+    else:
+        raise ValueError(f"unknown width prefilter {prefilter!r}; expected sliced or pca-sliced")
+    return (sliced_embedding(ma, directions=th, n_quantiles=n_quantiles),
+            sliced_embedding(mb, directions=th, n_quantiles=n_quantiles))
+
+
+def candidate_search(ea: np.ndarray, eb: np.ndarray, candidates: int, *, device: str = "cpu",
+                     block: int = 2048, alive_a=None, alive_b=None) -> np.ndarray:
+    """(P, 2) distinct (source, target) pairs: every source's ``candidates`` nearest targets and
+    every target's ``candidates`` nearest sources, by Euclidean distance between embeddings.
+
+    Parameters
+    ----------
+    ea : (Fa, e) float32;  eb : (Fb, e) float32
+    device : str
+        torch device for the blocked distance products and top-k (``cuda`` when present).
+    block : int
+        Source rows per step: peak memory is block x Fb distances.
+    alive_a, alive_b : (Fa,), (Fb,) bool, optional
+        Dead features are never candidates.
+    """
+    import torch
+
+    dev = torch.device(device)
+    Fa, Fb = len(ea), len(eb)
+    c, cr = min(candidates, Fb), min(candidates, Fa)
+    B = torch.from_numpy(np.ascontiguousarray(eb, dtype=np.float32)).to(dev)  # (Fb, e)
+    bb = (B * B).sum(1)  # (Fb,)
+    dead_b = None if alive_b is None else torch.from_numpy(~np.asarray(alive_b)).to(dev)
+    col_val = torch.full((cr, Fb), float("inf"), device=dev)  # running best sources of every target
+    col_idx = torch.zeros((cr, Fb), dtype=torch.long, device=dev)
+    rows = []
+    for s in range(0, Fa, block):
+        A = torch.from_numpy(np.ascontiguousarray(ea[s:s + block], dtype=np.float32)).to(dev)  # (b, e)
+        D = (A * A).sum(1, keepdim=True) + bb[None, :] - 2.0 * A @ B.T  # (b, Fb) squared distances
+        if dead_b is not None:
+            D[:, dead_b] = float("inf")
+        if alive_a is not None:
+            D[torch.from_numpy(~np.asarray(alive_a[s:s + block])).to(dev)] = float("inf")
+        v, j = torch.topk(D, c, dim=1, largest=False)  # (b, c)
+        i = torch.arange(s, s + len(A), device=dev)[:, None].expand_as(j)
+        ok = torch.isfinite(v)
+        rows.append(torch.stack([i[ok], j[ok]], 1).cpu())
+        kk = min(cr, len(A))
+        cv, ci = torch.topk(D, kk, dim=0, largest=False)  # (kk, Fb)
+        allv = torch.cat([col_val, cv], 0)
+        alli = torch.cat([col_idx, ci + s], 0)
+        col_val, pick = torch.topk(allv, cr, dim=0, largest=False)
+        col_idx = torch.gather(alli, 0, pick)
+    ok = torch.isfinite(col_val)
+    tgt = torch.arange(Fb, device=dev)[None, :].expand_as(col_idx)
+    rows.append(torch.stack([col_idx[ok], tgt[ok]], 1).cpu())
+    pairs = torch.cat(rows, 0).numpy().astype(np.int64)
+    return np.unique(pairs, axis=0)
+
+
+def nearest_from_pairs(pairs: np.ndarray, vals: np.ndarray, n_sources: int) -> tuple[np.ndarray, np.ndarray]:
+    """(Fa,) best target per source among evaluated pairs (-1 if none) and its distance (inf)."""
+    nn = np.full(n_sources, -1, dtype=np.int64)
+    dist = np.full(n_sources, np.inf)
+    order = np.lexsort((vals, pairs[:, 0]))  # by source, then distance
+    first = order[np.r_[True, pairs[order[1:], 0] != pairs[order[:-1], 0]]]
+    nn[pairs[first, 0]] = pairs[first, 1]
+    dist[pairs[first, 0]] = vals[first]
+    return nn, dist
+
+
+def all_pairs_nn(ma: Measures, mb: Measures, *, candidates: int = 16, prefilter: str = "pca-sliced",
+                 n_proj: int = 64, n_quantiles: int = 16, device: str = "cpu", n_jobs: int | None = None,
+                 block: int = 2048) -> dict:
+    """Exact W2 nearest neighbour of every source among its candidates, timed by stage.
+
+    Returns
+    -------
+    dict with ``nn`` (Fa,) int64, ``dist`` (Fa,) float64, ``pairs`` (number evaluated) and
+    ``seconds`` {embed, candidates, exact, total}.
+    """
+    from saeot.wasserstein import w2_pairs
+
+    t0 = time.perf_counter()
+    ea, eb = _embed(ma, mb, prefilter, n_proj, n_quantiles)
+    t1 = time.perf_counter()
+    pairs = candidate_search(ea, eb, candidates, device=device, block=block, alive_a=ma.alive, alive_b=mb.alive)
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    vals = w2_pairs(ma, mb, pairs, "exact", n_jobs=n_jobs)
+    t3 = time.perf_counter()
+    nn, dist = nearest_from_pairs(pairs, vals, ma.X.shape[0])
+    return {"nn": nn, "dist": dist, "pairs": int(len(pairs)),
+            "seconds": {"embed": t1 - t0, "candidates": t2 - t1, "exact": t3 - t2, "total": t3 - t0}}
+
+
+def width_bench(widths=(4096, 16384), *, k: int = 32, d: int = 640, candidates: int = 16,
+                prefilter: str = "pca-sliced", recall_sources: int = 64, device: str = "cpu", seed: int = 0,
+                n_jobs: int | None = None, cover: bool = True, log=print) -> dict:
+    """Wall time and nearest-neighbour recall of all-pairs exact W2 at each width, in one run.
+
+    Per width: build :func:`synthetic_layers`, run :func:`all_pairs_nn`, then the exact nearest
+    neighbour of ``recall_sources`` random sources by lower-bound pruning (equal to brute force)
+    and the recall = fraction whose candidate NN has the exact NN's W2 (ties count as found).
+    """
+    import os
+
+    from saeot.wasserstein import default_jobs, nearest_w2
+
+    out = {"params": {"k": k, "d": d, "candidates": candidates, "prefilter": prefilter,
+                      "recall_sources": recall_sources, "device": device, "seed": seed,
+                      "cpu_threads": n_jobs or default_jobs(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                      "data": "synthetic_layers (saeot.width): concept clusters, 2 features per concept"
+                              + ("" if cover else ", concepts at random (uncovered: hard case)")},
+           "widths": {}}
+    for F in widths:
+        tb = time.perf_counter()
+        ma, mb = synthetic_layers(F, k=k, d=d, seed=seed, cover=cover)
+        build = time.perf_counter() - tb
+        r = all_pairs_nn(ma, mb, candidates=candidates, prefilter=prefilter, device=device, n_jobs=n_jobs)
+        rng = np.random.default_rng(seed + 1)
+        rows = np.sort(rng.choice(F, min(recall_sources, F), replace=False))
+        tr = time.perf_counter()
+        true_nn, true_d, evaluated = nearest_w2(ma.subset(rows), mb)
+        rec_s = time.perf_counter() - tr
+        found = np.isclose(r["dist"][rows], true_d, rtol=1e-6, atol=1e-9)
+        res = {"n_features": F, "pairs_evaluated": r["pairs"], "pairs_per_source": r["pairs"] / F,
+               "seconds": {**r["seconds"], "build_data": build, "recall_check": rec_s},
+               "recall": float(found.mean()), "recall_sources": int(len(rows)),
+               "recall_check_pairs": int(evaluated)}
+        out["widths"][str(F)] = res
+        log(f"width {F}: {r['pairs']} exact W2 pairs, all-pairs NN {r['seconds']['total']:.1f} s "
+            f"(embed {r['seconds']['embed']:.1f}, candidates {r['seconds']['candidates']:.1f} on {device}, "
+            f"exact {r['seconds']['exact']:.1f}); recall of the exact NN {res['recall']:.3f} on {len(rows)} sources")
+        del ma, mb
+    return out

@@ -1,0 +1,69 @@
+"""Width: the blocked candidate search equals brute force, all-pairs NN with every pair a candidate
+equals the exact NN, and the GPU benchmark script runs (reduced, on CPU)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from saeot.width import all_pairs_nn, candidate_search, synthetic_layers
+
+
+def _brute(ea, eb, c):
+    D = ((ea[:, None, :] - eb[None]) ** 2).sum(-1)
+    rows = {(i, j) for i in range(len(ea)) for j in np.argsort(D[i], kind="stable")[:c]}
+    cols = {(i, j) for j in range(len(eb)) for i in np.argsort(D[:, j], kind="stable")[:c]}
+    return rows | cols
+
+
+@pytest.mark.parametrize("block", [7, 1000])
+def test_candidate_search_is_brute_force_top_c(block):
+    rng = np.random.default_rng(0)
+    ea, eb = rng.standard_normal((90, 5)).astype(np.float32), rng.standard_normal((70, 5)).astype(np.float32)
+    got = {tuple(p) for p in candidate_search(ea, eb, 4, block=block).tolist()}
+    assert got == _brute(ea, eb, 4)
+
+
+def test_dead_features_are_never_candidates():
+    rng = np.random.default_rng(1)
+    ea, eb = rng.standard_normal((30, 4)).astype(np.float32), rng.standard_normal((20, 4)).astype(np.float32)
+    alive_a, alive_b = np.arange(30) % 3 > 0, np.arange(20) % 4 > 0
+    p = candidate_search(ea, eb, 3, alive_a=alive_a, alive_b=alive_b)
+    assert alive_a[p[:, 0]].all() and alive_b[p[:, 1]].all() and len(p) > 0
+
+
+def test_all_candidates_give_the_exact_nearest_neighbour():
+    from saeot.wasserstein import nearest_w2
+
+    ma, mb = synthetic_layers(96, k=8, d=16, seed=3, cover=False)
+    r = all_pairs_nn(ma, mb, candidates=96, n_jobs=1)
+    nn, dist, _ = nearest_w2(ma, mb)
+    np.testing.assert_allclose(r["dist"], dist, rtol=1e-6)  # float32 cost matrices, batched differently
+    r16 = all_pairs_nn(ma, mb, candidates=16, n_jobs=1)
+    assert (r16["dist"] >= dist * (1 - 1e-6)).all()  # a candidate NN is never nearer than the exact one
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_candidate_search_on_cuda_equals_cpu():
+    rng = np.random.default_rng(2)
+    ea, eb = rng.standard_normal((500, 32)).astype(np.float32), rng.standard_normal((400, 32)).astype(np.float32)
+    a = candidate_search(ea, eb, 8, device="cpu")
+    b = candidate_search(ea, eb, 8, device="cuda")
+    assert len({tuple(x) for x in a.tolist()} ^ {tuple(x) for x in b.tolist()}) <= 0.01 * len(a)
+
+
+def test_gpu_script_runs_reduced_on_cpu(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OUT": str(tmp_path), "WIDTHS": "64,128", "DEVICE": "cpu", "PYTHON": sys.executable}
+    p = subprocess.run(["bash", str(root / "scripts/gpu/saeot_width.sh")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads((tmp_path / "saeot_width.json").read_text())
+    assert set(r["widths"]) == {"64", "128"} and r["params"]["device"] == "cpu"
+    for w in r["widths"].values():
+        assert 0.0 <= w["recall"] <= 1.0 and w["seconds"]["total"] > 0 and w["pairs_evaluated"] > 0
+    assert "width 128" in (tmp_path / "saeot_width.log").read_text()
