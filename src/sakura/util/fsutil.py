@@ -57,11 +57,21 @@ def atomic_write(path: str | os.PathLike, content: bytes | bytearray | memoryvie
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(path)  # a write/fsync error (ENOSPC) names no file; say which one
         raise
     fsync_dir(path.parent)
     return path
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for an OS error: the path it concerns and the cause, e.g. ``cannot write
+    store/index.json: No space left on device`` (what a command prints instead of a traceback)."""
+    if e.strerror is None:  # raised with a message of our own (FileNotFoundError("no store ..."))
+        return str(e) or type(e).__name__
+    return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
 
 
 @contextlib.contextmanager
