@@ -41,7 +41,7 @@ def check_out_path(out: Path) -> None:
 def refresh_failure(e: BaseException, template: str) -> str:
     """One line saying why the gallery refresh failed, by kind: a corrupt manifest or template
     image is not "server unavailable"."""
-    from sakura.wire.client import DeadlineExceeded, IntegrityError, NotFound, RedirectRefused
+    from sakura.wire.client import DeadlineExceeded, IntegrityError, NotFound, RedirectRefused, WrongManifest
     from sakura.phone.limits import LimitError
     from sakura.phone.live import _short
     from sakura.wire.store.manifest import ManifestError
@@ -49,6 +49,7 @@ def refresh_failure(e: BaseException, template: str) -> str:
     # (kind, line, add the exception's text): the first kind that matches says it; order matters
     # (ManifestError and LimitError are ValueErrors, which alone mean a bad template image)
     kinds: tuple[tuple[type[BaseException], str, bool], ...] = (
+        (WrongManifest, "server's manifest for {t} is for another model or template", True),
         (ManifestError, "server sent a corrupt manifest for {t}", True),
         (LimitError, "server's manifest for {t} is over this model's limits", True),
         (NotFound, "server has no template {t}", False),
@@ -69,7 +70,8 @@ def refresh_failure(e: BaseException, template: str) -> str:
 
 def edit_command(*, photo: Path, server: str, template: str | None, out: Path, policy: str, steps: int, seed: int,
                  prior_mbps: float, model_name: str = "sakura-mini", gallery_dir: Path | None = None,
-                 decode_workers: int | None = None, echo: Callable[[str], None] = print) -> None:
+                 decode_workers: int | None = None, echo: Callable[[str], None] = print,
+                 accept_new_template: bool = False) -> None:
     """Edit `photo` with `template`, streaming what pays from `server` and computing the rest.
 
     The manifest and template image are fetched first and kept in the phone's gallery
@@ -82,6 +84,7 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     from sakura.phone.gallery import Gallery, decode_template_ref
     from sakura.phone.limits import MANIFEST_DEADLINE_BYTES, check_template_ref, step_deadline_s
     from sakura.phone.live import NO_MANIFEST, profile_model, streamed_edit
+    from sakura.phone.discovery import TemplateNotOffered, offered_manifest
     from sakura.phone.photo import load_photo
 
     policies = {"sakura": SakuraPolicy, "sakura-meet": MeetInMiddlePolicy,
@@ -95,15 +98,16 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     check_out_path(out)  # before any work: a bad --out used to fail only after the whole edit
     model = load_model(model_name)
     img = load_photo(photo, model.cfg.image_size)
-    gallery = Gallery(gallery_dir)
+    gallery = Gallery(gallery_dir, accept_new=accept_new_template)
     fp = model.fingerprint()
-    _check_template_offered(server, fp, template, model_name)
     size = model.cfg.image_size
     rate_bps = max(prior_mbps, 0.01) * 1e6 / 8
 
     async def refresh():  # what a gallery screen fetches: manifest + template image, each under a deadline
         async with TemplateClient(server, connect_timeout=2.0, read_timeout=5.0, max_retries=1) as c:
-            m = await c.get_manifest(fp, template, deadline_s=step_deadline_s(MANIFEST_DEADLINE_BYTES, rate_bps))
+            # the one manifest this edit needs, by id (no --template / a 404: TemplateNotOffered, listing)
+            m = await offered_manifest(c, fp, template, model_name,
+                                       deadline_s=step_deadline_s(MANIFEST_DEADLINE_BYTES, rate_bps))
             check_template_ref(m, size)  # before a byte of it is buffered
             ref = await c.fetch_object(m.template_ref.object,
                                        deadline_s=step_deadline_s(m.template_ref.object.bytes, rate_bps))
@@ -113,6 +117,8 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     try:
         manifest, ref = asyncio.run(refresh())
         timage = decode_template_ref(ref, manifest.template_ref.media_type, image_size=size)
+    except TemplateNotOffered:
+        raise
     except Exception as e:  # any failure here falls back to the gallery; the message says which kind
         manifest, why = None, refresh_failure(e, template)
     if manifest is not None:
@@ -158,20 +164,3 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
         echo("event: " + e)
     echo(f"wrote {out} and {side}")
 
-
-
-def _check_template_offered(server: str, fp: str, template: str | None, model_name: str) -> None:
-    """A missing or unknown --template: raise ValueError with what the server offers for this model.
-    A server that cannot be reached is left to the edit (the gallery may have the template)."""
-    from sakura.phone.discovery import format_templates, list_templates
-
-    try:
-        offered = list_templates(server, fp, timeout_s=3.0)
-    except Exception as e:
-        if template is None:
-            raise ValueError(f"--template is required, and {server} cannot list its templates ({str(e)[:120]})") from None
-        return
-    if template is not None and any(t.template_id == template for t in offered):
-        return
-    head = "--template is required" if template is None else f"{server} offers no template {template!r} for {model_name}"
-    raise ValueError(f"{head}; it offers {len(offered)} for this model:\n{format_templates(offered)}")

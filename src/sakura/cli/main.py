@@ -165,6 +165,8 @@ def edit(
     gallery: Path = typer.Option(None, help="The phone's template gallery cache (default $SAKURA_GALLERY or "
                                             "~/.cache/sakura/gallery)."),
     decode_workers: int = typer.Option(0, min=0, help="Decode workers (0: one per core)."),
+    accept_new_template: bool = typer.Option(False, "--accept-new-template", help="Use the server's template even "
+                                             "if it differs from the one the gallery saw first under this id."),
 ) -> None:
     """Phone side: edit a local photo with a template whose KV streams from a cache server.
 
@@ -177,9 +179,14 @@ def edit(
     try:
         edit_command(photo=photo, server=server, template=template, out=out, policy=policy, steps=steps, seed=seed,
                      prior_mbps=prior_mbps, model_name=model, gallery_dir=gallery, decode_workers=decode_workers or None,
-                     echo=typer.echo)
+                     echo=typer.echo, accept_new_template=accept_new_template)
     except (ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as e:  # e.g. a full disk writing --out: the path and the cause, one line
+        from sakura.util.fsutil import os_error_line
+
+        typer.echo(f"error: {os_error_line(e)}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -199,7 +206,9 @@ def templates(
             fp = load_model(model).fingerprint()
         items = list_templates(server, fp)
     except Exception as e:  # unreachable server, malformed index, bad model name: one line
-        typer.echo(f"error: cannot list the templates of {server}: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}",
+        from sakura.util.text import clean
+
+        typer.echo(f"error: cannot list the templates of {server}: {clean(' '.join(str(e).split()) or type(e).__name__)}",
                    err=True)
         raise typer.Exit(2) from None
     typer.echo(format_templates(items))

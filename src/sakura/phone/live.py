@@ -601,6 +601,8 @@ async def _swallow(coro) -> None:
 
 def _short(e: BaseException, limit: int = 160) -> str:
     """One line naming an error: its type and the start of its message."""
-    msg = " ".join(str(e).split())
-    return f"{type(e).__name__}: {msg[:limit]}{'…' if len(msg) > limit else ''}"
+    from sakura.util.text import clean
+
+    # sanitised: a server's message (or a file's contents) must not reach the terminal raw
+    return f"{type(e).__name__}: {clean(' '.join(str(e).split()), limit)}"
 
