@@ -502,3 +502,133 @@ def _publish(result: dict, name: str, table, out_dir, log) -> dict:
         (out / f"{name}.md").write_text(text)
     log(text)
     return result
+
+
+# ------------------------------------------------------------------ issue 35: fd pressure
+def _proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of process ``pid`` (s), from /proc."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_fd_pressure(fd_limit: int = 64, idle_factor: float = 1.5, duration_s: float = 20.0, *,
+                    request_every_s: float = 0.1, request_timeout_s: float = 5.0,
+                    log: Callable[[str], None] = print) -> dict:
+    """A sustained run of `sakura serve` under fd pressure, 127.0.0.1 only: the server runs in a
+    child with ``ulimit -n fd_limit``; ``idle_factor * fd_limit`` idle sockets (connect, never
+    send) are held open for ``duration_s``, each reopened as soon as the server closes it, while a
+    normal client fetches index.json and an object on a fresh connection every ``request_every_s``.
+    Reports normal requests served / failed, their worst latency, the server's CPU seconds and
+    peak RSS. Bounded: at most ``idle_factor * fd_limit`` sockets, ``duration_s`` seconds."""
+    import asyncio
+    import os
+    import resource
+    import socket
+    import subprocess
+    import sys
+
+    from sakura.wire.store import Store
+    from sakura.wire.store.synthetic import make_synthetic_store
+
+    tmp = tempfile.TemporaryDirectory(prefix="sakura-fdp-")
+    make_synthetic_store(tmp.name, templates=1, layers=2, tokens=64, width=64)
+    m = Store(tmp.name).get_manifest("synthetic-model", "tpl-000")
+    obj_path = "/" + m.shards[0].renditions[0].object.path
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def limit() -> None:  # in the child, before exec
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
+    proc = subprocess.Popen([sys.executable, "-c", "from sakura.cli.main import app; app()", "serve", tmp.name,
+                             "--host", "127.0.0.1", "--port", str(port), "--quiet"], preexec_fn=limit,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    n_idle = int(idle_factor * fd_limit)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n_idle + 256:  # this (client) process holds the idle sockets itself
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n_idle + 256) if hard != resource.RLIM_INFINITY
+                                                    else n_idle + 256, hard))
+
+    async def go() -> dict:
+        t0 = time.monotonic()
+        while True:  # wait for the server (it imports aiohttp, a few seconds on a busy machine)
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", port)
+                w.close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() - t0 > 60:
+                    raise RuntimeError("sakura serve did not start") from None
+                await asyncio.sleep(0.1)
+        cpu0 = _proc_cpu_s(proc.pid) or 0.0
+        stop = time.monotonic() + duration_s
+        reopened = [0]
+
+        async def idle_socket() -> None:
+            while time.monotonic() < stop:
+                try:
+                    r, w = await asyncio.open_connection("127.0.0.1", port)
+                except OSError:
+                    await asyncio.sleep(0.05)
+                    continue
+                try:
+                    await asyncio.wait_for(r.read(1), max(0.01, stop - time.monotonic()))  # b"": closed by the server
+                except (asyncio.TimeoutError, OSError):
+                    pass
+                finally:
+                    w.close()
+                reopened[0] += 1
+
+        async def get(path: str) -> tuple[bool, float]:
+            t = time.monotonic()
+            try:
+                r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), request_timeout_s)
+                try:
+                    w.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+                    body = await asyncio.wait_for(r.read(-1), request_timeout_s)
+                finally:
+                    w.close()
+                return body.startswith(b"HTTP/1.1 200"), time.monotonic() - t
+            except (asyncio.TimeoutError, OSError):
+                return False, time.monotonic() - t
+
+        idle = [asyncio.ensure_future(idle_socket()) for _ in range(n_idle)]
+        await asyncio.sleep(min(1.0, duration_s / 4))  # the pressure is on before the first request
+        ok = failed = 0
+        worst = 0.0
+        while time.monotonic() < stop:
+            for path in ("/index.json", obj_path):
+                good, took = await get(path)
+                ok, failed, worst = ok + good, failed + (not good), max(worst, took)
+            await asyncio.sleep(request_every_s)
+        await asyncio.gather(*idle, return_exceptions=True)
+        return {"ok": ok, "failed": failed, "worst_s": worst, "idle_reopened": reopened[0],
+                "server_cpu_s": (_proc_cpu_s(proc.pid) or 0.0) - cpu0}
+
+    try:
+        res = asyncio.run(go())
+        res["server_peak_rss_mib"] = (_vm_hwm_kib(proc.pid) or 0) / 1024
+        res["server_alive"] = proc.poll() is None
+    finally:
+        proc.terminate()
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        tmp.cleanup()
+    res.update(fd_limit=fd_limit, idle_sockets=n_idle, duration_s=duration_s,
+               server_log_lines=len(err.decode(errors="replace").splitlines()))
+    log(f"  fd pressure: ulimit -n {fd_limit}, {n_idle} idle sockets for {duration_s:.0f} s "
+        f"(reopened {res['idle_reopened']} times): normal requests {res['ok']} ok, {res['failed']} failed, "
+        f"worst {1000 * res['worst_s']:.0f} ms; server {res['server_cpu_s']:.1f} CPU-s, "
+        f"{res['server_peak_rss_mib']:.0f} MiB peak, {res['server_log_lines']} log lines")
+    return res

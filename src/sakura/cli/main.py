@@ -136,11 +136,20 @@ def serve(
                                                    "e.g. mahimahi_cellular/ATT-LTE-driving.down."),
     trace_offset: float = typer.Option(0.0, min=0.0, help="Start this many seconds into the trace."),
     rtt_ms: float = typer.Option(0.0, min=0.0, help="Emulated round-trip time, ms."),
+    max_connections: int = typer.Option(0, min=0, help="Open connections held at most (0: from the fd limit, "
+                                        "RLIMIT_NOFILE less the fds in use and --fd-reserve); at the cap the oldest "
+                                        "idle connection is closed and accepting pauses."),
+    fd_reserve: int = typer.Option(0, min=0, help="fds kept free below the limit for files being served (0: "
+                                   "max(16, limit / 8))."),
+    header_timeout_s: float = typer.Option(10.0, min=0.1, help="Seconds a new connection has to send its request head."),
+    idle_timeout_s: float = typer.Option(15.0, min=0.1, help="Seconds an idle keep-alive connection is kept."),
 ) -> None:
     """Serve a store over HTTP (manifests and shards, Range requests, ETags)."""
     from sakura.cli.store import serve_cmd
 
-    serve_cmd(store, host, port, chunk_kib, quiet, trace=trace, trace_offset=trace_offset, rtt_ms=rtt_ms)
+    serve_cmd(store, host, port, chunk_kib, quiet, trace=trace, trace_offset=trace_offset, rtt_ms=rtt_ms,
+              max_connections=max_connections, fd_reserve=fd_reserve, header_timeout_s=header_timeout_s,
+              idle_timeout_s=idle_timeout_s)
 
 
 from sakura.cli.store import store_app  # noqa: E402  (light: stdlib + typer only)
