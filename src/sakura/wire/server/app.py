@@ -484,7 +484,7 @@ def _open_regular(root: Path, relpath: str) -> tuple[int, os.stat_result] | None
     except OSError as e:  # ELOOP from O_NOFOLLOW, EACCES, EINVAL (a FIFO or device), EMFILE...
         if e.errno in (errno.EMFILE, errno.ENFILE):
             raise _OutOfFds() from None
-        log.warning("refusing to open %s (symlink or unreadable)", relpath)
+        log.warning("refusing to open %s (a symlink, not a regular file, or unreadable)", relpath)
         return None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
