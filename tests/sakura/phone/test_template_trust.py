@@ -121,16 +121,24 @@ def test_gallery_refuses_a_reference_its_manifest_does_not_name(tmp_path):
 
 
 def test_gallery_checks_sizes_before_reading(tmp_path):
+    """A 2 GiB sparse reference: refused from its size, nothing read (main: read whole, 2.6 GB)."""
+    import os
+    import subprocess
+    import sys
+
     (a, ra), _ = _synthetic_pair(tmp_path / "s")
     g = Gallery(tmp_path / "g")
     g.put("fp", "t", a.to_bytes(), ra, "image/png")
     with open(tmp_path / "g" / "fp" / "t.ref", "r+b") as f:
-        f.truncate(2 << 30)  # a 2 GiB sparse reference: refused from its size, nothing read
-    import resource
-
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    assert g.template_image("fp", "t", image_size=64) is None
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: not 2 GiB
+        f.truncate(2 << 30)
+    code = ("import sys\nfrom sakura.phone.gallery import Gallery\n"
+            "print(Gallery(sys.argv[1]).template_image('fp', 't', image_size=64))\n"
+            "print(next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "g")], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-1000:]
+    got, hwm_kib = r.stdout.split()
+    assert got == "None" and int(hwm_kib) < 1024 * 1024, (got, hwm_kib)  # this process's own peak: not 2 GiB
 
 
 # --------------------------------------------------------------------------- real edits
