@@ -62,6 +62,28 @@ def test_listing_has_one_overall_deadline(tmp_path):
     assert sorted(s.split(":")[0].split("/")[-1] for s in got.skipped) == ["tpl-001", "tpl-002", "tpl-003"]
 
 
+def test_edit_lookup_asks_for_one_manifest_only(tmp_path):
+    """What an edit asks before its template image: one manifest, by id (main listed the index and
+    fetched all of them, one by one). A 404 lists what is offered instead."""
+    import asyncio
+
+    from sakura.phone.discovery import TemplateNotOffered, offered_manifest
+    from sakura.wire.client import TemplateClient
+
+    make_synthetic_store(tmp_path, templates=30, layers=1, tokens=8, width=8)
+
+    async def look(url, tid):
+        async with TemplateClient(url, max_retries=1) as c:
+            return await offered_manifest(c, "synthetic-model", tid, "synthetic", deadline_s=5.0)
+
+    with serve_in_thread(tmp_path) as up, hostile_in_thread(up, "record") as (url, srv):
+        m = asyncio.run(look(url, "tpl-007"))
+        assert m.template_id == "tpl-007"
+        assert [q.path for q in srv.requests] == ["/" + manifest_relpath("synthetic-model", "tpl-007")]
+        with pytest.raises(TemplateNotOffered, match="offers no template 'nope'.*it offers 30"):
+            asyncio.run(look(url, "nope"))
+
+
 def test_server_strings_are_sanitised_in_the_listing(tmp_path):
     """A manifest's kv_layout.model with escapes and a newline: shown escaped, on one line."""
     make_synthetic_store(tmp_path, templates=1, layers=1, tokens=8, width=8)
@@ -167,6 +189,7 @@ def _fp(store):
     return Store(store).manifest_keys()[0][0]
 
 
+@pytest.mark.slow  # real `sakura edit`s on a built store (~1 min each on 2 busy cores)
 def test_edit_reads_only_the_manifest_it_needs(store, photo, tmp_path):
     """An index listing 40 templates: the edit asks for one manifest (main: all 42, one by one)."""
     import shutil
@@ -211,6 +234,7 @@ def test_edit_refuses_another_template_under_a_pinned_id(store, photo, tmp_path)
     assert (g / fp / "sticker-00.ref").read_bytes() != before
 
 
+@pytest.mark.slow  # real `sakura edit`s on a built store (~1 min each on 2 busy cores)
 def test_edit_refuses_an_inconsistent_gallery_copy(store, photo, tmp_path):
     """Sticker's manifest with look-00's reference in the gallery, server down: an error, not an
     edit with the wrong image (main: rc 0)."""
