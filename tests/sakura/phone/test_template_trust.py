@@ -62,7 +62,7 @@ def test_listing_has_one_overall_deadline(tmp_path):
     assert sorted(s.split(":")[0].split("/")[-1] for s in got.skipped) == ["tpl-001", "tpl-002", "tpl-003"]
 
 
-def test_edit_lookup_asks_for_one_manifest_only(tmp_path):
+def test_lookup_asks_for_one_manifest_only(tmp_path):
     """What an edit asks before its template image: one manifest, by id (main listed the index and
     fetched all of them, one by one). A 404 lists what is offered instead."""
     import asyncio
