@@ -69,7 +69,13 @@ INTEGRATION = [
     ("sakura/test_cli.py", "test_demo_end_to_end"),
     ("sakura/test_public_api.py", "example_script"),  # the docs example: build, serve, edit
     ("sakura/test_public_api.py", "plugin"),          # a pip-installed plugin package: build + edit subprocesses
-    ("sakura/test_public_api.py", "wheel"),           # pip wheel . installed into a fresh venv    # `sakura demo`: build, serve, live time-dilated edits
+    ("sakura/test_public_api.py", "wheel"),           # pip wheel . installed into a fresh venv
+    ("sakura/phone/test_live_reliability.py", ""),          # build + serve + streamed edits (issue 35)
+    ("sakura/phone/test_template_trust.py", "test_edit_"),  # build + serve + real `sakura edit`s (issue 35)
+    ("sakura/phone/test_template_trust.py", "test_manifest_for_another_model"),
+    ("sakura/wire/server/test_fd_pressure.py", "test_server_keeps_serving"),  # `sakura serve` child under ulimit -n 64
+    ("sakura/emulation/test_hostile_bench.py", "test_reliability_probes_smoke"),
+    ("sakura/cloud/builder/test_large_images.py", "test_large_png"),  # a 6000 x 6000 PNG decoded in a child
 ]
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 _stale = [p for p, _ in INTEGRATION if not os.path.isfile(os.path.join(_TESTS, p))]

@@ -156,7 +156,7 @@ def test_a_plugin_package_adds_a_model_that_build_and_edit_use(plugin_site, tmp_
         # another seed is another model: its fingerprint has no template on this server
         r = _sakura(["edit", str(photo), "--server", url, "--model", "acme-mini:8", "--template", "look-00",
                      "--out", str(tmp_path / "e2.png"), "--gallery", str(tmp_path / "g")], plugin_site)
-        assert r.returncode == 2 and "server has no template look-00" in r.stderr
+        assert r.returncode == 2 and "offers no template 'look-00'" in r.stderr
     r = _sakura(["build", str(store), "--model", "acme-mini:x", "--template", "look-00"], plugin_site)
     assert r.returncode != 0
 

@@ -504,3 +504,437 @@ def _publish(result: dict, name: str, table, out_dir, log) -> dict:
         (out / f"{name}.md").write_text(text)
     log(text)
     return result
+
+
+# ------------------------------------------------------------------ issue 35: fd pressure
+def _proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of process ``pid`` (s), from /proc."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_fd_pressure(fd_limit: int = 64, idle_factor: float = 1.5, duration_s: float = 20.0, *,
+                    request_every_s: float = 0.1, request_timeout_s: float = 5.0,
+                    log: Callable[[str], None] = print) -> dict:
+    """A sustained run of `sakura serve` under fd pressure, 127.0.0.1 only: the server runs in a
+    child with ``ulimit -n fd_limit``; ``idle_factor * fd_limit`` idle sockets (connect, never
+    send) are held open for ``duration_s``, each reopened as soon as the server closes it, while a
+    normal client fetches index.json and an object on a fresh connection every ``request_every_s``.
+    Reports normal requests served / failed, their worst latency, the server's CPU seconds and
+    peak RSS. Bounded: at most ``idle_factor * fd_limit`` sockets, ``duration_s`` seconds."""
+    import asyncio
+    import os
+    import resource
+    import socket
+    import subprocess
+    import sys
+
+    from sakura.wire.store import Store
+    from sakura.wire.store.synthetic import make_synthetic_store
+
+    tmp = tempfile.TemporaryDirectory(prefix="sakura-fdp-")
+    make_synthetic_store(tmp.name, templates=1, layers=2, tokens=64, width=64)
+    m = Store(tmp.name).get_manifest("synthetic-model", "tpl-000")
+    obj_path = "/" + m.shards[0].renditions[0].object.path
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def limit() -> None:  # in the child, before exec
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
+    proc = subprocess.Popen([sys.executable, "-c", "from sakura.cli.main import app; app()", "serve", tmp.name,
+                             "--host", "127.0.0.1", "--port", str(port), "--quiet"], preexec_fn=limit,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    n_idle = int(idle_factor * fd_limit)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n_idle + 256:  # this (client) process holds the idle sockets itself
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, n_idle + 256) if hard != resource.RLIM_INFINITY
+                                                    else n_idle + 256, hard))
+
+    async def go() -> dict:
+        t0 = time.monotonic()
+        while True:  # wait for the server (it imports aiohttp, a few seconds on a busy machine)
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", port)
+                w.close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() - t0 > 60:
+                    raise RuntimeError("sakura serve did not start") from None
+                await asyncio.sleep(0.1)
+        cpu0 = _proc_cpu_s(proc.pid) or 0.0
+        stop = time.monotonic() + duration_s
+        reopened = [0]
+
+        async def idle_socket() -> None:
+            while time.monotonic() < stop:
+                try:
+                    r, w = await asyncio.open_connection("127.0.0.1", port)
+                except OSError:
+                    await asyncio.sleep(0.05)
+                    continue
+                try:
+                    await asyncio.wait_for(r.read(1), max(0.01, stop - time.monotonic()))  # b"": closed by the server
+                except (asyncio.TimeoutError, OSError):
+                    pass
+                finally:
+                    w.close()
+                reopened[0] += 1
+
+        async def get(path: str) -> tuple[bool, float]:
+            t = time.monotonic()
+            try:
+                r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), request_timeout_s)
+                try:
+                    w.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+                    body = await asyncio.wait_for(r.read(-1), request_timeout_s)
+                finally:
+                    w.close()
+                return body.startswith(b"HTTP/1.1 200"), time.monotonic() - t
+            except (asyncio.TimeoutError, OSError):
+                return False, time.monotonic() - t
+
+        idle = [asyncio.ensure_future(idle_socket()) for _ in range(n_idle)]
+        await asyncio.sleep(min(1.0, duration_s / 4))  # the pressure is on before the first request
+        ok = failed = 0
+        worst = 0.0
+        while time.monotonic() < stop:
+            for path in ("/index.json", obj_path):
+                good, took = await get(path)
+                ok, failed, worst = ok + good, failed + (not good), max(worst, took)
+            await asyncio.sleep(request_every_s)
+        await asyncio.gather(*idle, return_exceptions=True)
+        return {"ok": ok, "failed": failed, "worst_s": worst, "idle_reopened": reopened[0],
+                "server_cpu_s": (_proc_cpu_s(proc.pid) or 0.0) - cpu0}
+
+    try:
+        res = asyncio.run(go())
+        res["server_peak_rss_mib"] = (_vm_hwm_kib(proc.pid) or 0) / 1024
+        res["server_alive"] = proc.poll() is None
+    finally:
+        proc.terminate()
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        tmp.cleanup()
+    res.update(fd_limit=fd_limit, idle_sockets=n_idle, duration_s=duration_s,
+               server_log_lines=len(err.decode(errors="replace").splitlines()))
+    log(f"  fd pressure: ulimit -n {fd_limit}, {n_idle} idle sockets for {duration_s:.0f} s "
+        f"(reopened {res['idle_reopened']} times): normal requests {res['ok']} ok, {res['failed']} failed, "
+        f"worst {1000 * res['worst_s']:.0f} ms; server {res['server_cpu_s']:.1f} CPU-s, "
+        f"{res['server_peak_rss_mib']:.0f} MiB peak, {res['server_log_lines']} log lines")
+    return res
+
+
+# ------------------------------------------------------------------ issue 35: reliability probes
+RELIABILITY_PROBES = ("edit, 3 other listed manifests drip", "gc racing a rebuild", "fd pressure", "FIFO in the store",
+                      "escapes in a manifest", "template swapped under a pinned id", "gallery manifest/reference mismatch",
+                      "manifest for another model", "disk full", "large template image", "library of 10,000 entries",
+                      "smaller")
+
+
+def _cli_subprocess(argv: list[str], timeout_s: float, *, code: str | None = None) -> dict:
+    """`sakura ARGV` (or python ``code`` with ARGV) in a child: wall time, rc, output lines, peak RSS
+    (the child's VmHWM). Killed at ``timeout_s``."""
+    import os
+    import subprocess
+    import sys
+
+    prologue = _CHILD.rsplit("from sakura.cli.main import app", 1)[0]
+    src = prologue + (code if code is not None else "from sakura.cli.main import app\napp()\n")
+    with tempfile.TemporaryFile() as out:
+        t = time.perf_counter()
+        p = subprocess.Popen([sys.executable, "-c", src, *argv], stdout=out, stderr=subprocess.STDOUT,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        try:
+            p.wait(timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            timed_out = True
+        wall = time.perf_counter() - t
+        out.seek(0)
+        raw = out.read()
+    lines = [ln for ln in raw.decode(errors="replace").splitlines() if ln.strip()]
+    hwm = [int(ln.split("=", 1)[1]) for ln in lines if ln.startswith("SAKURA_VMHWM_KIB=")]
+    lines = [ln for ln in lines if not ln.startswith("SAKURA_VMHWM_KIB=")]
+    return {"wall_s": wall, "rc": p.returncode, "timed_out": timed_out, "lines": lines[-40:], "raw": raw,
+            "peak_rss_mib": hwm[-1] / 1024 if hwm else None}
+
+
+def _row(probe: str, item: str, outcome: str, time_s: float | None, peak: float | None, ok: bool) -> dict:
+    from sakura.util.text import clean
+
+    return {"probe": probe, "item": item, "outcome": clean(outcome, 220), "time_s": time_s, "peak_rss_mib": peak,
+            "ok": bool(ok)}
+
+
+def _last(r: dict) -> str:
+    keep = [ln for ln in r["lines"] if ln.startswith(("error:", "edited in", "warning:", "skipped")) or "gallery" in ln]
+    return (keep or r["lines"][-1:] or ["(no output)"])[0]
+
+
+def run_reliability(out_dir: str | Path | None = None, *, probes=RELIABILITY_PROBES, fd_duration_s: float = 20.0,
+                    library_entries: int = 10_000, timeout_s: float = 180.0,
+                    log: Callable[[str], None] = print) -> dict:
+    """Issue 35's probes, each for real on 127.0.0.1 (see docs/faults/README.md): the one-line
+    outcome, the time to it and peak memory (a child process each where a command is run)."""
+    import dataclasses
+    import os
+    import socket
+
+    import aiohttp  # noqa: F401  (fail early if the client stack is missing)
+
+    from sakura.cloud.builder.pipeline import build_store
+    from sakura.emulation.faults import hostile_in_thread
+    from sakura.models import load_model
+    from sakura.wire.server import serve_in_thread
+    from sakura.wire.store.layout import manifest_relpath
+    from sakura.wire.store.store import Store, _locked, _write_index, atomic_write, put_object
+
+    unknown = [p for p in probes if p not in RELIABILITY_PROBES]
+    if unknown:
+        raise ValueError(f"unknown probes {unknown}; expected some of {list(RELIABILITY_PROBES)}")
+    tmp = tempfile.TemporaryDirectory(prefix="sakura-rel-")
+    base = Path(tmp.name)
+    rows: list[dict] = []
+    import numpy as np
+    from PIL import Image
+
+    root = base / "store"
+    photo = base / "photo.png"
+    fp, m_st, m_look = "", None, None
+    if set(probes) - {"gc racing a rebuild", "fd pressure", "large template image", "library of 10,000 entries"}:
+        t_setup = time.perf_counter()
+        build_store(root, templates=["sticker-00", "look-00"], ladder=["lossless", "progressive"], calibration=1,
+                    steps=1, log=lambda s: None)
+        fp = load_model("sakura-mini").fingerprint()
+        st = Store(root)
+        m_st, m_look = st.get_manifest(fp, "sticker-00"), st.get_manifest(fp, "look-00")
+        Image.fromarray((np.random.default_rng(0).random((70, 70, 3)) * 255).astype("uint8")).save(photo)
+        log(f"  setup (store of 2 templates): {time.perf_counter() - t_setup:.0f} s")
+
+    def variant(name: str) -> Path:
+        import shutil
+
+        d = base / name
+        shutil.copytree(root, d)
+        return d
+
+    def put(d: Path, m, *, as_fp: str | None = None) -> None:
+        atomic_write(d, manifest_relpath(as_fp or m.model_fingerprint, m.template_id), m.to_bytes())
+        with _locked(d):
+            _write_index(d)
+
+    def edit(url: str, gallery: Path, *extra: str, template: str = "sticker-00") -> dict:
+        return _cli_subprocess(["edit", str(photo), "--server", url, "--template", template, "--out",
+                                str(base / "o.png"), "--steps", "1", "--gallery", str(gallery), *extra], timeout_s)
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        t = "-" if row["time_s"] is None else f"{row['time_s']:.2f} s"
+        log(f"  {row['probe']}: {row['outcome']} ({t})")
+
+    for probe in probes:
+        try:
+            if probe == "edit, 3 other listed manifests drip":
+                with serve_in_thread(root) as url:  # the baseline: same command, honest server
+                    r = edit(url, base / "g-base")
+                add(_row("edit, honest server (baseline for the row below)", "1", f"rc {r['rc']}: {_last(r)}",
+                         r["wall_s"], r["peak_rss_mib"], r["rc"] == 0))
+                d = variant("drip3")
+                for i in range(3):
+                    put(d, dataclasses.replace(m_look, template_id=f"other-{i}"))
+                honest = {"/index.json", "/" + manifest_relpath(fp, "sticker-00"), "/" + manifest_relpath(fp, "look-00")}
+                honest |= {"/" + o.path for o in m_st.objects()}
+                with serve_in_thread(d) as up, hostile_in_thread(up, "drip", drip_s=1.0, honest_paths=honest) as (url, _):
+                    r = edit(url, base / "g-drip")
+                add(_row(probe, "1", f"rc {r['rc']}: {_last(r)}", r["wall_s"], r["peak_rss_mib"], r["rc"] == 0))
+            elif probe == "gc racing a rebuild":
+                d = base / "gc"
+                t = time.perf_counter()
+                ref = put_object(d, b"object left by a SIGKILLed build")
+                old = time.time() - 7200
+                os.utime(d / ref.path, (old, old))
+                from sakura.wire.store.store import RenditionInput, StoreWriter
+
+                w = StoreWriter(d, model_fingerprint="fp", template_id="t")
+                w.set_template_ref(b"object left by a SIGKILLed build", media_type="application/x-test")
+                w.add_shard(layer=0, tokens=(0, 1), fp16_bytes=4, renditions=[RenditionInput("raw", "raw", b"kv")])
+                removed = Store(d).gc(min_age_s=3600)
+                w.commit()
+                rep = Store(d).verify()
+                add(_row(probe, "2", f"gc removed {len(removed)}; store verify: {'OK' if rep.ok else rep.problems[0]}",
+                         time.perf_counter() - t, None, rep.ok and not removed))
+            elif probe == "fd pressure":
+                for lim, factor in ((64, 1.5), (1024, 1.5)):
+                    r = run_fd_pressure(lim, factor, fd_duration_s, log=lambda s: None)
+                    add(_row(f"fd pressure: ulimit -n {lim}, {r['idle_sockets']} idle sockets, {fd_duration_s:.0f} s "
+                             f"(time: worst normal request)", "3",
+                             f"normal requests {r['ok']} ok, {r['failed']} failed, worst {1000 * r['worst_s']:.0f} ms; "
+                             f"server {r['server_cpu_s']:.1f} CPU-s, {r['server_log_lines']} log lines",
+                             r["worst_s"], r["server_peak_rss_mib"], r["failed"] == 0 and r["server_alive"]))
+            elif probe == "FIFO in the store":
+                d = variant("fifo")
+                sha = "ff" * 32
+                (d / "objects" / "ff").mkdir(exist_ok=True)
+                os.mkfifo(d / "objects" / "ff" / sha)
+                import urllib.request
+
+                t = time.perf_counter()
+                with serve_in_thread(d) as url:
+                    codes = []
+                    for path in (f"objects/ff/{sha}", "index.json"):
+                        try:
+                            with urllib.request.urlopen(f"{url}/{path}", timeout=10) as resp:
+                                codes.append(resp.status)
+                        except urllib.error.HTTPError as e:
+                            codes.append(e.code)
+                        except OSError as e:
+                            codes.append(type(e).__name__)
+                took = time.perf_counter() - t
+                v = _cli_subprocess(["store", "verify", str(d)], timeout_s)
+                said = next((ln for ln in v["lines"] if "regular" in ln), _last(v))
+                add(_row(probe, "4", f"GET FIFO -> {codes[0]}, then index.json -> {codes[1]}; verify rc {v['rc']}: {said}",
+                         took, v["peak_rss_mib"], codes == [404, 200] and v["rc"] == 1))
+            elif probe == "escapes in a manifest":
+                d = variant("esc")
+                evil = "\x1b[2J\x1b]0;pwned\x07mini\nerror: your photo was uploaded"
+                put(d, dataclasses.replace(m_st, kv_layout={**m_st.kv_layout, "model": evil}))
+                with serve_in_thread(d) as url:
+                    r = _cli_subprocess(["templates", "--server", url], timeout_s)
+                ctl = sum(b < 0x20 and b not in (0x0a,) for b in r["raw"]) + r["raw"].count(b"\n" b"error: your")
+                add(_row(probe, "5", f"rc {r['rc']}; control bytes reaching the terminal: {ctl}", r["wall_s"],
+                         r["peak_rss_mib"], ctl == 0 and r["rc"] == 0))
+            elif probe == "template swapped under a pinned id":
+                g = base / "g-pin"
+                with serve_in_thread(root) as url:
+                    edit(url, g)
+                d = variant("swap")
+                put(d, dataclasses.replace(m_look, template_id="sticker-00"))
+                with serve_in_thread(d) as url:
+                    r = edit(url, g)
+                add(_row(probe, "6", f"rc {r['rc']}: {_last(r)}", r["wall_s"], r["peak_rss_mib"], r["rc"] == 2))
+            elif probe == "gallery manifest/reference mismatch":
+                g = base / "g-mix"
+                with serve_in_thread(root) as url:
+                    edit(url, g)
+                    edit(url, g, template="look-00")
+                (g / fp / "sticker-00.ref").write_bytes((g / fp / "look-00.ref").read_bytes())
+                r = edit(url, g)  # server gone
+                add(_row(probe, "6", f"rc {r['rc']}: {_last(r)}", r["wall_s"], r["peak_rss_mib"], r["rc"] == 2))
+            elif probe == "manifest for another model":
+                d = variant("other")
+                put(d, dataclasses.replace(m_st, model_fingerprint="0" * 64), as_fp=fp)
+                with serve_in_thread(d) as url:
+                    r = edit(url, base / "g-other")
+                add(_row(probe, "6", f"rc {r['rc']}: {_last(r)}", r["wall_s"], r["peak_rss_mib"],
+                         r["rc"] == 2 and "another model" in _last(r)))
+            elif probe == "disk full":
+                mnt = base / "tmpfs"
+                mnt.mkdir()
+                import subprocess
+
+                if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mnt)],
+                                  capture_output=True).returncode != 0:
+                    add(_row(probe, "7", "skipped: mounting a 200 KiB tmpfs needs root (the test injects ENOSPC "
+                                         "at fsync instead)", None, None, True))
+                    continue
+                try:
+                    r = _cli_subprocess(["build", str(mnt / "store"), "--template", "look-00", "--calibration", "1",
+                                         "--steps", "1", "--ladder", "lossless"], timeout_s)
+                    v = Store(mnt / "store").verify() if (mnt / "store").is_dir() else None
+                    idx = (mnt / "store" / "index.json").is_file()
+                    mans = list((mnt / "store" / "manifests").rglob("*.json")) if (mnt / "store").is_dir() else []
+                finally:
+                    subprocess.run(["umount", str(mnt)], capture_output=True)
+                err = [ln for ln in r["lines"] if ln.startswith("error:")]
+                add(_row(probe, "7", f"rc {r['rc']}, {len(r['lines'])} line(s): {err[0] if err else _last(r)}; "
+                                     f"manifests {len(mans)}, index {'present' if idx else 'absent'}",
+                         r["wall_s"], r["peak_rss_mib"], r["rc"] == 2 and len(err) == 1 and (idx or not mans)
+                         and "Traceback" not in r["raw"].decode(errors="replace") and (v is None or v.ok)))
+            elif probe == "large template image":
+                big = base / "big.png"
+                Image.new("RGB", (7999, 7999), (200, 30, 30)).save(big)
+                r = _cli_subprocess([str(big)], timeout_s, code=(
+                    "import sys, pathlib\nfrom sakura.cloud.builder.template_files import load_template_image\n"
+                    "x = load_template_image(pathlib.Path(sys.argv[1]), 64)\nprint('loaded', tuple(x.shape))\n"))
+                add(_row(f"{probe} (7999 x 7999 PNG, {big.stat().st_size // 1024} KB)", "8",
+                         f"rc {r['rc']}: {r['lines'][-1] if r['lines'] else ''}", r["wall_s"], r["peak_rss_mib"],
+                         r["rc"] == 0))
+            elif probe == "library of 10,000 entries":
+                lib = base / "lib"
+                lib.mkdir()
+                Image.fromarray((np.random.default_rng(1).random((512, 512, 3)) * 255).astype("uint8")).save(lib / "a.png")
+                (lib / "lib.toml").write_text("".join(f'[[template]]\nid = "t{i}"\nimages = ["a.png"]\ntask = "look"\n\n'
+                                                      for i in range(library_entries)))
+                r = _cli_subprocess([str(lib / "lib.toml")], timeout_s, code=(
+                    "import sys, pathlib\nfrom sakura.cloud.builder.template_files import load_library_file\n"
+                    "from sakura.cloud.builder.pipeline import resolve_templates\nfrom sakura.models import load_model\n"
+                    "t = resolve_templates(load_model('sakura-mini'), load_library_file(pathlib.Path(sys.argv[1])))\n"
+                    "print('resolved', len(t), 'entries')\n"))
+                add(_row(f"library of {library_entries:,} entries (512 px PNGs): checked and resolved", "8",
+                         f"rc {r['rc']}: {r['lines'][-1] if r['lines'] else ''}", r["wall_s"], r["peak_rss_mib"],
+                         r["rc"] == 0))
+            elif probe == "smaller":
+                deep = base / "deep.toml"
+                deep.write_text("x = " + "[" * 500 + "]" * 500 + "\n")
+                fifo = base / "lib.fifo"
+                os.mkfifo(fifo)
+                for name, libp in (("TOML nested 500 deep", deep), ("--library FIFO", fifo),
+                                   ("--library /dev/zero", Path("/dev/zero"))):
+                    r = _cli_subprocess(["build", str(base / "none"), "--library", str(libp)], timeout_s)
+                    add(_row(name, "10", f"rc {r['rc']}: {_last(r)}", r["wall_s"], r["peak_rss_mib"],
+                             r["rc"] == 2 and len(r["lines"]) == 1))
+                d = variant("stale")
+                put(d, dataclasses.replace(m_look, template_id="stale"))
+                (d / manifest_relpath(fp, "stale")).unlink()  # still in the index
+                with serve_in_thread(d) as url:
+                    r = _cli_subprocess(["templates", "--server", url], timeout_s)
+                said = next((ln for ln in r["lines"] if ln.startswith("skipped")), _last(r))
+                add(_row("one stale manifest in the index", "10", f"rc {r['rc']}, {len(r['lines']) - 2} listed; {said}",
+                         r["wall_s"], r["peak_rss_mib"], r["rc"] == 0 and said.startswith("skipped")))
+                import urllib.request
+
+                obj = m_st.template_ref.object
+                with serve_in_thread(root) as url:
+                    req = urllib.request.Request(f"{url}/{obj.path}", headers={"Range": "bytes=0-" + "9" * 30})
+                    t = time.perf_counter()
+                    try:
+                        with urllib.request.urlopen(req, timeout=10) as resp:
+                            status, n, cr = resp.status, len(resp.read()), resp.headers.get("Content-Range")
+                    except urllib.error.HTTPError as e:
+                        status, n, cr = e.code, 0, None
+                add(_row("Range: bytes=0-<30 digits>", "10", f"HTTP {status}, {n} of {obj.bytes} bytes, Content-Range {cr}",
+                         time.perf_counter() - t, None, status == 206 and n == obj.bytes))
+        except Exception as e:  # a probe that breaks is a row, not the end of the run
+            add(_row(probe, "-", f"probe error: {type(e).__name__}: {e}", None, None, False))
+    tmp.cleanup()
+    result = {"rows": rows, "load_avg": os.getloadavg(), "cores": os.cpu_count(), "fd_duration_s": fd_duration_s}
+    return _publish(result, "reliability", reliability_table, out_dir, log)
+
+
+def reliability_table(result: dict) -> str:
+    """Markdown: probe, issue item, outcome, time to outcome, peak RSS, held."""
+    from sakura.bench.results import _table
+
+    rows = [[r["probe"], r["item"], r["outcome"].replace("|", "/"),
+             "-" if r["time_s"] is None else f"{r['time_s']:.2f}",
+             "-" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:.0f}", "yes" if r["ok"] else "NO"]
+            for r in result["rows"]]
+    la = result.get("load_avg") or (float("nan"),) * 3
+    return (_table(["probe", "item", "outcome (one line)", "time to outcome (s)", "peak RSS (MiB)", "held"], rows,
+                   align="lllrrl")
+            + f"\nload average {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} on {result.get('cores')} cores "
+              f"(shared machine: times are indicative)\n")

@@ -53,7 +53,12 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
         for line in e.problems:
             typer.echo(f"error: {line}", err=True)
         raise typer.Exit(2)
-    except (ValueError, KeyError, NotImplementedError, FileNotFoundError, RuntimeError, ConnectionError) as e:
+    except OSError as e:  # a full disk, a read-only store: one line naming the path and the cause
+        from sakura.util.fsutil import os_error_line
+
+        typer.echo(f"error: {os_error_line(e)}", err=True)
+        raise typer.Exit(2)
+    except (ValueError, KeyError, NotImplementedError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     if not rep.ok:

@@ -38,7 +38,8 @@ def check_out_path(out: Path) -> None:
 def edit_command(*, photo: Path, server: str, template: str | None, out: Path, policy: str, steps: int, seed: int,
                  prior_mbps: float, model_name: str = "sakura-mini", gallery_dir: Path | None = None,
                  decode_workers: int | None = None, as_json: bool = False,
-                 echo: Callable[[str], None] = print, device: str = "auto", dtype: str = "auto") -> None:
+                 echo: Callable[[str], None] = print, device: str = "auto", dtype: str = "auto",
+                 accept_new_template: bool = False) -> None:
     """Edit `photo` with `template`, streaming what pays from `server` and computing the rest;
     write the image and its comparison strip, and report (a summary, or the JSON record).
     Raises ValueError / FileNotFoundError with a one-line reason for bad input."""
@@ -57,7 +58,7 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
 
     model = load_model(model_name, **device_options(device, dtype))  # a bad --device is a one-line ValueError
     editor = Editor(server, model=model, gallery=gallery_dir, policy=policy, prior_mbps=prior_mbps,
-                    decode_workers=decode_workers)
+                    decode_workers=decode_workers, accept_new_template=accept_new_template)
     if template is None:
         _missing_template(editor)
     res = editor.edit(photo, template, steps=steps, seed=seed)
@@ -82,13 +83,6 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
 
 
 def _missing_template(editor) -> None:
-    """No --template: raise ValueError with what the server offers for this model."""
-    from sakura.phone.discovery import format_templates
-
-    try:
-        offered = editor.templates(timeout_s=3.0)
-    except Exception as e:
-        raise ValueError(f"--template is required, and {editor.server} cannot list its templates "
-                         f"({str(e)[:120]})") from None
-    raise ValueError(f"--template is required; {editor.server} offers {len(offered)} for this model:\n"
-                     f"{format_templates(offered)}")
+    """No --template: raise `TemplateNotOffered` (a ValueError) with what the server offers for this
+    model, listed under one deadline."""
+    editor.edit_requires_template()

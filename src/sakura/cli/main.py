@@ -156,11 +156,20 @@ def serve(
                                                    "e.g. mahimahi_cellular/ATT-LTE-driving.down."),
     trace_offset: float = typer.Option(0.0, min=0.0, help="Start this many seconds into the trace."),
     rtt_ms: float = typer.Option(0.0, min=0.0, help="Emulated round-trip time, ms."),
+    max_connections: int = typer.Option(0, min=0, help="Open connections held at most (0: from the fd limit, "
+                                        "RLIMIT_NOFILE less the fds in use and --fd-reserve); at the cap the oldest "
+                                        "idle connection is closed and accepting pauses."),
+    fd_reserve: int = typer.Option(0, min=0, help="fds kept free below the limit for files being served (0: "
+                                   "max(16, limit / 8))."),
+    header_timeout_s: float = typer.Option(10.0, min=0.1, help="Seconds a new connection has to send its request head."),
+    idle_timeout_s: float = typer.Option(15.0, min=0.1, help="Seconds an idle keep-alive connection is kept."),
 ) -> None:
     """Serve a store over HTTP (manifests and shards, Range requests, ETags)."""
     from sakura.cli.store import serve_cmd
 
-    serve_cmd(store, host, port, chunk_kib, quiet, trace=trace, trace_offset=trace_offset, rtt_ms=rtt_ms)
+    serve_cmd(store, host, port, chunk_kib, quiet, trace=trace, trace_offset=trace_offset, rtt_ms=rtt_ms,
+              max_connections=max_connections, fd_reserve=fd_reserve, header_timeout_s=header_timeout_s,
+              idle_timeout_s=idle_timeout_s)
 
 
 from sakura.cli.store import store_app  # noqa: E402  (light: stdlib + typer only)
@@ -190,6 +199,8 @@ def edit(
     device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp16 on mps, fp32 on cpu), fp32, fp16 or bf16; "
                               "streamed KV (fp16 on the wire) is cast to it on arrival."),
+    accept_new_template: bool = typer.Option(False, "--accept-new-template", help="Use the server's template even "
+                                             "if it differs from the one the gallery saw first under this id."),
 ) -> None:
     """Phone side: edit a local photo with a template whose KV streams from a cache server.
 
@@ -200,9 +211,15 @@ def edit(
     try:  # the codec's JIT is warmed inside the edit, before its clock starts (streamed_edit)
         edit_command(photo=photo, server=server, template=template, out=out, policy=policy, steps=steps, seed=seed,
                      prior_mbps=prior_mbps, model_name=model, gallery_dir=gallery, decode_workers=decode_workers or None,
-                     as_json=json_out, echo=typer.echo, device=device, dtype=dtype)
+                     as_json=json_out, echo=typer.echo, device=device, dtype=dtype,
+                     accept_new_template=accept_new_template)
     except (ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as e:  # e.g. a full disk writing --out: the path and the cause, one line
+        from sakura.util.fsutil import os_error_line
+
+        typer.echo(f"error: {os_error_line(e)}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -222,7 +239,9 @@ def templates(
             fp = load_model(model).fingerprint()
         items = list_templates(server, fp)
     except Exception as e:  # unreachable server, malformed index, bad model name: one line
-        typer.echo(f"error: cannot list the templates of {server}: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}",
+        from sakura.util.text import clean
+
+        typer.echo(f"error: cannot list the templates of {server}: {clean(' '.join(str(e).split()) or type(e).__name__)}",
                    err=True)
         raise typer.Exit(2) from None
     typer.echo(format_templates(items))
@@ -475,16 +494,22 @@ def bench_faults(
                                             "(time to outcome, peak RSS), slow-header clients, parser fuzz."),
     slow_headers: int = typer.Option(200, min=0, help="Slow-header connections to open (0: skip)."),
     fuzz: int = typer.Option(2000, min=0, help="Parser fuzz cases per parser (0: skip)."),
+    reliability: bool = typer.Option(True, help="Issue 35's probes (gc racing a rebuild, fd pressure, a FIFO in the "
+                                                "store, terminal escapes, template trust, disk full, large images, ...) "
+                                                "-> reliability.md."),
+    fd_duration_s: float = typer.Option(20.0, min=1.0, help="Seconds of each fd-pressure run."),
 ) -> None:
     """Live, loopback: inject each network fault (unreachable, 404/500, resets, corrupt object, stalled
     link) and show the edit completing with the right image, latency beside on-device's; then each
     hostile server (drip, stall after headers, huge sizes, redirect elsewhere, wrong object)."""
-    from sakura.bench.faults import run_faults, run_hostile
+    from sakura.bench.faults import run_faults, run_hostile, run_reliability
 
     if faults:
         run_faults(out, steps=steps, log=typer.echo)
     if hostile:
         run_hostile(out, steps=steps, slow_headers=slow_headers, fuzz_cases=fuzz, log=typer.echo)
+    if reliability:
+        run_reliability(out, fd_duration_s=fd_duration_s, log=typer.echo)
 
 
 @bench_app.command("link")

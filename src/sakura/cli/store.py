@@ -120,9 +120,11 @@ def edge_config_cmd(
 
 
 def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, trace: str | None = None,
-              trace_offset: float = 0.0, rtt_ms: float = 0.0) -> None:
+              trace_offset: float = 0.0, rtt_ms: float = 0.0, max_connections: int = 0, fd_reserve: int = 0,
+              header_timeout_s: float = 10.0, idle_timeout_s: float = 15.0) -> None:
     """Body of `sakura serve` (kept here so sakura/cli/main.py stays a thin shell)."""
     from sakura.wire.server import serve_forever
+    from sakura.wire.server.app import ConnectionLimits
 
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -139,4 +141,6 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, tr
         except TraceError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2)
-    serve_forever(store, host=host, port=port, chunk_bytes=chunk_kib * 1024, front=front)
+    limits = ConnectionLimits(header_timeout_s=header_timeout_s, idle_timeout_s=idle_timeout_s,
+                              max_connections=max_connections, fd_reserve=fd_reserve)
+    serve_forever(store, host=host, port=port, chunk_bytes=chunk_kib * 1024, front=front, limits=limits)

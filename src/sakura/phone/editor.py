@@ -29,11 +29,12 @@ import torch
 
 from sakura.models import load_model
 from sakura.util.device import device_options
-from sakura.wire.client import DeadlineExceeded, IntegrityError, NotFound, RedirectRefused, TemplateClient
+from sakura.wire.client import DeadlineExceeded, IntegrityError, NotFound, RedirectRefused, TemplateClient, WrongManifest
 from sakura.wire.store.manifest import ManifestError
 from sakura.wire.store.template_ref import split_template_images
 
 from .estimator import BandwidthEstimator, RttEstimator
+from .discovery import TemplateNotOffered, offered_manifest
 from .gallery import Gallery, decode_template_ref
 from .limits import MANIFEST_DEADLINE_BYTES, LimitError, check_template_ref, step_deadline_s
 from .live import NO_MANIFEST, StreamedEdit, _short, profile_model, streamed_edit
@@ -54,6 +55,7 @@ def refresh_failure(e: BaseException, template: str) -> str:
     # (kind, line, add the exception's text): the first kind that matches says it; order matters
     # (ManifestError and LimitError are ValueErrors, which alone mean a bad template image)
     kinds: tuple[tuple[type[BaseException], str, bool], ...] = (
+        (WrongManifest, "server's manifest for {t} is for another model or template", True),
         (ManifestError, "server sent a corrupt manifest for {t}", True),
         (LimitError, "server's manifest for {t} is over this model's limits", True),
         (NotFound, "server has no template {t}", False),
@@ -165,12 +167,14 @@ class Editor:
         decode_workers: decode threads (None: one per core).
         device, dtype: where a model given by spec runs ("auto": cuda, then mps, then cpu; bf16 on
             cuda, fp32 on cpu); streamed KV (fp16 on the wire) is cast on arrival.
+        accept_new_template: the gallery pins each template id to the template it first saw
+            (`TemplateChanged` for another under that id); True takes the server's new one.
     Raises ValueError (one line) for a bad server URL, policy or model spec.
     """
 
     def __init__(self, server: str, *, model: Any = "sakura-mini", gallery: str | Path | None = None,
                  policy: str = "sakura", prior_mbps: float = 10.0, decode_workers: int | None = None,
-                 device: str = "auto", dtype: str = "auto") -> None:
+                 device: str = "auto", dtype: str = "auto", accept_new_template: bool = False) -> None:
         parts = urlsplit(server) if isinstance(server, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"server must be http(s)://host[:port], got {server!r}")
@@ -180,7 +184,8 @@ class Editor:
             raise ValueError(f"prior_mbps must be a positive number, got {prior_mbps!r}")
         self.server = server.rstrip("/")
         self.model = load_model(model, **device_options(device, dtype)) if isinstance(model, str) else model
-        self.gallery = Gallery(gallery)
+        self.gallery = Gallery(gallery, accept_new=accept_new_template)
+        self.model_name = model if isinstance(model, str) else type(self.model).__name__
         self.policy = policy
         self.bandwidth = BandwidthEstimator(prior_bps=prior_mbps * 1e6 / 8)
         self.rtt = RttEstimator()
@@ -211,7 +216,9 @@ class Editor:
 
         async def refresh():  # what a gallery screen fetches: manifest + template image
             async with TemplateClient(self.server, connect_timeout=2.0, read_timeout=5.0, max_retries=1) as c:
-                m = await c.get_manifest(fp, template, deadline_s=step_deadline_s(MANIFEST_DEADLINE_BYTES, rate_bps))
+                # the one manifest this edit needs, by id (a 404: TemplateNotOffered, with the listing)
+                m = await offered_manifest(c, fp, template, self.model_name,
+                                           deadline_s=step_deadline_s(MANIFEST_DEADLINE_BYTES, rate_bps))
                 check_template_ref(m, size)  # before a byte of it is buffered
                 ref = await c.fetch_object(m.template_ref.object,
                                            deadline_s=step_deadline_s(m.template_ref.object.bytes, rate_bps))
@@ -219,22 +226,22 @@ class Editor:
 
         return asyncio.run(refresh())
 
-    def _offered_line(self) -> str:
-        """What the server offers, for an error about an unknown template (bounded: 3 s)."""
-        from .discovery import format_templates, list_templates
+    def edit_requires_template(self) -> None:
+        """Raise `TemplateNotOffered` listing what the server offers for this model (no template given)."""
+        async def listing():
+            async with TemplateClient(self.server, connect_timeout=2.0, read_timeout=5.0, max_retries=1) as c:
+                await offered_manifest(c, self.model.fingerprint(), None, self.model_name, deadline_s=5.0)
 
-        try:
-            offered = list_templates(self.server, self.model.fingerprint(), timeout_s=3.0)
-        except Exception:
-            return ""
-        return f"; it offers {len(offered)} for this model:\n{format_templates(offered)}"
+        asyncio.run(listing())
 
     def edit(self, photo: str | Path | torch.Tensor, template: str, *, steps: int = 8, seed: int = 0) -> EditResult:
         """Edit ``photo`` (a file path, or a (1, 3, S, S) tensor in [0, 1]) with ``template``.
 
         Always completes when the template is known (server or gallery): what the link cannot
-        deliver in time is computed here. Raises `TemplateUnavailable` when neither has it,
-        `sakura.phone.photo.PhotoError` for an unusable photo file."""
+        deliver in time is computed here. Raises `TemplateNotOffered` (with what the server offers)
+        when the server says it has no such template, `TemplateUnavailable` when the server cannot be
+        reached and the gallery has no copy, `TemplateChanged` when the server's template differs
+        from the one pinned under this id, `sakura.phone.photo.PhotoError` for an unusable photo file."""
         if not isinstance(template, str) or not template:
             raise ValueError(f"template must be a template id, got {template!r}")
         size = self.model.cfg.image_size
@@ -246,12 +253,14 @@ class Editor:
             img = load_photo(photo, size)
         fp = self.model.fingerprint()
         messages: list[str] = []
-        manifest, timage, why, not_found = None, None, None, False
+        manifest, timage, why = None, None, None
         try:
             manifest, ref = self._fetch_template(template)
             timage = decode_template_ref(ref, manifest.template_ref.media_type, image_size=size)
-        except Exception as e:  # any failure here falls back to the gallery; the message says which kind
-            manifest, why, not_found = None, refresh_failure(e, template), isinstance(e, NotFound)
+        except TemplateNotOffered:  # the server answered that it has no such template: say what it has
+            raise
+        except Exception as e:  # any other failure falls back to the gallery; the message says which kind
+            manifest, why = None, refresh_failure(e, template)
         if manifest is not None:
             try:
                 self.gallery.put(fp, template, manifest.to_bytes(), ref, manifest.template_ref.media_type)
@@ -262,9 +271,8 @@ class Editor:
             manifest = self.gallery.manifest(fp, template)
             timage = self.gallery.template_image(fp, template, image_size=size)
             if timage is None:
-                more = self._offered_line() if not_found else ""
                 raise TemplateUnavailable(f"cannot get template {template!r} from {self.server}: {why}; and it is "
-                                          f"not in the gallery at {self.gallery.root}{more}")
+                                          f"not in the gallery at {self.gallery.root}")
             messages.append(f"{why}; using the gallery's copy of {template}")
             if manifest is None:
                 messages.append("no manifest cached: computing the template on the device")

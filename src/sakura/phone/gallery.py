@@ -68,49 +68,129 @@ def decode_template_ref(data: bytes, media_type: str, *, image_size: int | None 
     return img
 
 
-class Gallery:
-    """Cached manifests and template references, by (model fingerprint, template id)."""
+class GalleryError(ValueError):
+    """The gallery's copy of a template cannot be trusted (its manifest and reference disagree),
+    or a server offers a different template under an id the gallery pinned; one line."""
 
-    def __init__(self, root: str | os.PathLike[str] | None = None):
+
+class TemplateChanged(GalleryError):
+    """A server serves, under a template id seen before, a template whose reference differs from
+    the one pinned on first use (``sakura edit --accept-new-template`` takes it)."""
+
+
+#: The sakura edit flag that accepts a changed template under a pinned id.
+ACCEPT_NEW_FLAG = "--accept-new-template"
+
+
+def _ref_sha(manifest_bytes: bytes) -> str:
+    from sakura.wire.store.manifest import Manifest
+
+    return Manifest.from_bytes(manifest_bytes).template_ref.object.sha256
+
+
+class Gallery:
+    """Cached manifests and template references, by (model fingerprint, template id).
+
+    Trust: a template id's identity is the sha256 of its reference object (what the user saw),
+    pinned on first use in ``<id>.pin``. `put` refuses a manifest whose reference differs from
+    the pin (`TemplateChanged`, unless ``accept_new``) and a reference whose sha256 is not the
+    manifest's; `template_image` refuses a cached manifest and reference that disagree
+    (`GalleryError`). Files are size-checked before they are read."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, accept_new: bool = False):
         self.root = Path(root) if root is not None else default_gallery_dir()
+        self.accept_new = bool(accept_new)
 
     def _base(self, model_fp: str, template_id: str) -> Path:
         return self.root / check_name(model_fp, "model fingerprint") / check_name(template_id, "template id")
 
+    def _file(self, model_fp: str, template_id: str, suffix: str) -> Path:
+        b = self._base(model_fp, template_id)
+        return b.with_name(b.name + suffix)
+
+    def pinned(self, model_fp: str, template_id: str) -> str | None:
+        """The reference sha256 pinned for this template id, or None (never seen)."""
+        from sakura.util.fsutil import read_capped
+        from sakura.wire.store.layout import SHA256_RE
+
+        try:
+            v = read_capped(self._file(model_fp, template_id, ".pin"), 1024, "gallery pin").decode("ascii").strip()
+        except (OSError, ValueError):
+            return None
+        return v if SHA256_RE.fullmatch(v) else None
+
+    def check(self, model_fp: str, template_id: str, manifest) -> None:
+        """Raise `TemplateChanged` if ``manifest``'s template reference differs from the one pinned
+        for this id (and ``accept_new`` is off)."""
+        pin = self.pinned(model_fp, template_id)
+        got = manifest.template_ref.object.sha256
+        if pin is not None and pin != got and not self.accept_new:
+            raise TemplateChanged(
+                f"the server's template {template_id!r} is not the one this gallery saw first (reference "
+                f"{got[:12]}, pinned {pin[:12]}); pass {ACCEPT_NEW_FLAG} to use it")
+
     def put(self, model_fp: str, template_id: str, manifest_bytes: bytes | None = None,
             ref: bytes | None = None, ref_media_type: str = "") -> None:
+        import hashlib
+
         from sakura.util.fsutil import atomic_write
 
         base = self._base(model_fp, template_id)
+        if manifest_bytes is not None:
+            from sakura.wire.store.manifest import Manifest
+
+            m = Manifest.from_bytes(manifest_bytes)
+            self.check(model_fp, template_id, m)
+            if ref is not None and hashlib.sha256(ref).hexdigest() != m.template_ref.object.sha256:
+                raise GalleryError(f"template {template_id!r}: reference bytes do not match the manifest's sha256")
         base.parent.mkdir(parents=True, exist_ok=True)
         if manifest_bytes is not None:
             atomic_write(base.with_name(base.name + ".manifest.json"), manifest_bytes)
         if ref is not None:
             atomic_write(base.with_name(base.name + ".ref"), ref)
             atomic_write(base.with_name(base.name + ".ref.type"), ref_media_type.encode())
+        if manifest_bytes is not None:
+            atomic_write(base.with_name(base.name + ".pin"), (_ref_sha(manifest_bytes) + "\n").encode())
 
     def manifest(self, model_fp: str, template_id: str):
         """The cached `Manifest`, or None (missing or no longer valid)."""
-        from sakura.wire.store.manifest import Manifest, ManifestError
+        from sakura.util.fsutil import read_capped
+        from sakura.wire.store.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError
 
-        p = self._base(model_fp, template_id)
-        p = p.with_name(p.name + ".manifest.json")
+        p = self._file(model_fp, template_id, ".manifest.json")
         try:
             if not p.is_file():
                 return None
-            return Manifest.from_bytes(p.read_bytes(), source=str(p))
+            return Manifest.from_bytes(read_capped(p, MAX_MANIFEST_BYTES, "gallery manifest"), source=str(p))
         except (ManifestError, ValueError, OSError):  # unreadable gallery = no cached copy
             return None
 
     def template_image(self, model_fp: str, template_id: str, *, image_size: int | None = None) -> torch.Tensor | None:
-        """The cached template image (3, S, S) in [0, 1], or None (missing, unreadable, or not
-        ``image_size`` square when given)."""
-        p = self._base(model_fp, template_id)
-        ref = p.with_name(p.name + ".ref")
-        tp = p.with_name(p.name + ".ref.type")
+        """The cached template image (3, S, R*S) in [0, 1], or None (missing, unreadable, or not
+        ``image_size`` square when given). Raises `GalleryError` when the cached manifest (or the
+        pin) names another reference than the cached one: editing with it would use the wrong image."""
+        import hashlib
+
+        from sakura.phone.limits import max_template_ref_bytes
+        from sakura.util.fsutil import read_capped
+
+        ref = self._file(model_fp, template_id, ".ref")
+        tp = self._file(model_fp, template_id, ".ref.type")
+        cap = max_template_ref_bytes(image_size) if image_size is not None else 1 << 30
         try:
             if not ref.is_file():
                 return None
-            return decode_template_ref(ref.read_bytes(), tp.read_text() if tp.is_file() else "", image_size=image_size)
+            data = read_capped(ref, cap, "gallery reference")  # size checked before the read
+            media = read_capped(tp, 256, "gallery media type").decode("ascii", "replace") if tp.is_file() else ""
+        except (ValueError, OSError):
+            return None
+        digest = hashlib.sha256(data).hexdigest()
+        m = self.manifest(model_fp, template_id)
+        want = m.template_ref.object.sha256 if m is not None else self.pinned(model_fp, template_id)
+        if want is not None and digest != want:
+            raise GalleryError(f"the gallery's copy of {template_id!r} at {self.root} is inconsistent (its reference "
+                               f"is not the one its manifest names); refusing to edit with it")
+        try:
+            return decode_template_ref(data, media, image_size=image_size)
         except (ValueError, OSError):
             return None

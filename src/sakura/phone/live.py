@@ -494,6 +494,11 @@ class DecodePool:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
+class TableUnusable(RuntimeError):
+    """A codec table already failed to fetch or decode in this edit: every shard needing it fails
+    at once (it is computed on the device) instead of fetching the table again."""
+
+
 class FetchStage:
     """The fetch stage on its own thread and event loop: issues the driver's requests (ahead,
     several in flight on one connection pool), feeds chunk timing to the driver's estimators and
@@ -558,13 +563,25 @@ class FetchStage:
         table_locks: dict[str, asyncio.Lock] = {}
         tasks: dict[int, asyncio.Task] = {}
 
+        table_failed: dict[str, str] = {}
+
         async def ensure_tables(client: TemplateClient, rendition: Any) -> None:
             for name in rendition.tables:
                 lock = table_locks.setdefault(name, asyncio.Lock())
                 async with lock:
+                    if name in table_failed:
+                        # one failure per table, not one per shard and retry: a bad table was
+                        # fetched and decoded six times for every shard (7.7 s before going local)
+                        raise TableUnusable(f"table {name!r}: {table_failed[name]}")
                     if name not in self.tables:
-                        res = await client.fetch_object(self.manifest.table(name).object)
-                        self.tables[name] = self.decode_table(res.data)
+                        try:
+                            res = await client.fetch_object(self.manifest.table(name).object)
+                            self.tables[name] = self.decode_table(res.data)
+                        except asyncio.CancelledError:
+                            raise
+                        except Exception as e:
+                            table_failed[name] = _short(e, 120)
+                            raise
                         self.tables_bytes += len(res.data)
 
         async def fetch_one(client: TemplateClient, j: int, route: Route) -> None:
@@ -632,34 +649,40 @@ class FetchStage:
             # only: warming with a request (it was the index) put its answer on the downlink ahead
             # of the first shard, which the planner does not count (on the dilated LTE trace two
             # 559-byte index answers stood for 2 x 10.7 MB of phone traffic and made shard 5 late).
-            warm = [asyncio.create_task(_swallow(client.open_connections(self.warm_connections)))]
-            while not self._stop.is_set():
-                with cond:
-                    reqs, wake = driver.next_requests(clock())
-                    cancel = driver.to_cancel()
-                    busy = bool(driver.inflight())
-                for j in cancel:
-                    t = tasks.pop(j, None)
-                    if t is not None and not t.done():
-                        t.cancel()
-                for j, route in reqs:
-                    old = tasks.pop(j, None)  # given back for a lower shard and sent again at once
-                    if old is not None and not old.done():
-                        old.cancel()
-                        with cond:
-                            self.meter.active_first.pop(j, None)
-                    tasks[j] = asyncio.create_task(fetch_one(client, j, route))
-                kick.clear()
-                timeout = 0.25 if wake is None else max(0.0, min(0.25, wake - clock()))
-                if busy:  # ask again soon: the transfer under way refines when the link drains
-                    timeout = min(timeout, POLL_S)
-                try:
-                    await asyncio.wait_for(kick.wait(), timeout)
-                except asyncio.TimeoutError:
-                    pass
-            for t in list(tasks.values()) + warm:
-                t.cancel()
-            await asyncio.gather(*tasks.values(), *warm, return_exceptions=True)
+            async def warm_up() -> None:  # the coroutine is made when the task runs (none left un-awaited if cancelled first)
+                await _swallow(client.open_connections(self.warm_connections))
+
+            warm = [asyncio.create_task(warm_up())]
+            try:
+                while not self._stop.is_set():
+                    with cond:
+                        reqs, wake = driver.next_requests(clock())
+                        cancel = driver.to_cancel()
+                        busy = bool(driver.inflight())
+                    for j in cancel:
+                        t = tasks.pop(j, None)
+                        if t is not None and not t.done():
+                            t.cancel()
+                    for j, route in reqs:
+                        old = tasks.pop(j, None)  # given back for a lower shard and sent again at once
+                        if old is not None and not old.done():
+                            old.cancel()
+                            with cond:
+                                self.meter.active_first.pop(j, None)
+                        tasks[j] = asyncio.create_task(fetch_one(client, j, route))
+                    kick.clear()
+                    timeout = 0.25 if wake is None else max(0.0, min(0.25, wake - clock()))
+                    if busy:  # ask again soon: the transfer under way refines when the link drains
+                        timeout = min(timeout, POLL_S)
+                    try:
+                        await asyncio.wait_for(kick.wait(), timeout)
+                    except asyncio.TimeoutError:
+                        pass
+            finally:  # also when the loop raised (a policy with no such rendition): no task outlives the client
+                # (a warm-up task left running re-opened the session after close: "Unclosed client session")
+                for t in list(tasks.values()) + warm:
+                    t.cancel()
+                await asyncio.gather(*tasks.values(), *warm, return_exceptions=True)
 
 
 async def _swallow(coro) -> None:
@@ -671,6 +694,8 @@ async def _swallow(coro) -> None:
 
 def _short(e: BaseException, limit: int = 160) -> str:
     """One line naming an error: its type and the start of its message."""
-    msg = " ".join(str(e).split())
-    return f"{type(e).__name__}: {msg[:limit]}{'…' if len(msg) > limit else ''}"
+    from sakura.util.text import clean
+
+    # sanitised: a server's message (or a file's contents) must not reach the terminal raw
+    return f"{type(e).__name__}: {clean(' '.join(str(e).split()), limit)}"
 

@@ -57,8 +57,10 @@ def atomic_write(path: str | os.PathLike, content: bytes | bytearray | memoryvie
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(path)  # a write/fsync error (ENOSPC) names no file; say which one
         raise
     fsync_dir(path.parent)
     return path
@@ -76,6 +78,14 @@ def write_json(path: str | os.PathLike, obj: object, **dumps_kw) -> Path:
 def write_text(path: str | os.PathLike, text: str) -> Path:
     """``text`` (UTF-8) written atomically: markdown pages and other result text files."""
     return atomic_write(path, text.encode())
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for an OS error: the path it concerns and the cause, e.g. ``cannot write
+    store/index.json: No space left on device`` (what a command prints instead of a traceback)."""
+    if e.strerror is None:  # raised with a message of our own (FileNotFoundError("no store ..."))
+        return str(e) or type(e).__name__
+    return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
 
 
 @contextlib.contextmanager
@@ -100,3 +110,28 @@ def atomic_folder(target: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+class UnreadableFile(ValueError):
+    """A file that must not be read: not a regular file (a FIFO would block for ever, /dev/zero
+    never ends) or larger than its cap. The message is one line naming the file."""
+
+
+def read_capped(path: str | os.PathLike, max_bytes: int, what: str = "file") -> bytes:
+    """The bytes of the regular file ``path``, refused (`UnreadableFile`) before any read if it is
+    not a regular file or is over ``max_bytes`` (checked with ``fstat`` on the opened file, so a
+    2 GiB sparse file costs nothing). Opened with O_NONBLOCK: a FIFO does not block the open."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnreadableFile(f"{what} {path}: not a regular file")
+        if st.st_size > max_bytes:
+            raise UnreadableFile(f"{what} {path}: {st.st_size} bytes is over the {max_bytes}-byte limit")
+        os.set_blocking(fd, True)
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:  # grew while read
+        raise UnreadableFile(f"{what} {path}: over the {max_bytes}-byte limit")
+    return data

@@ -29,3 +29,14 @@ def test_slow_headers_and_fuzz_counts_smoke():
     f = run_parser_fuzz(100, log=lambda s: None)
     assert f["manifest"]["escapes"] == 0 and f["template_kv"]["escapes"] == 0
     assert f["manifest"]["cases"] == 100 and f["manifest"]["typed_error"] > 50
+
+
+def test_reliability_probes_smoke(tmp_path):
+    """`sakura bench faults`' issue-35 probes at tiny scale: gc racing a rebuild, a short fd-pressure run."""
+    from sakura.bench.faults import reliability_table, run_reliability
+
+    res = run_reliability(tmp_path, probes=("gc racing a rebuild", "fd pressure"), fd_duration_s=3.0,
+                          log=lambda s: None)
+    assert [r["item"] for r in res["rows"]] == ["2", "3", "3"]
+    assert all(r["ok"] for r in res["rows"]), res["rows"]
+    assert (tmp_path / "reliability.md").read_text() == reliability_table(res)

@@ -25,6 +25,8 @@ manifest's ``kv_layout`` carries ``template_fingerprint`` so the runtime can reb
 
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import time
 from pathlib import Path
@@ -242,6 +244,7 @@ def _build_template(store, model, model_fp, name, images, instruction, calib, na
 
     t0 = time.perf_counter()
     with stages.stage("capture"):
+        images = images() if callable(images) else images  # a library entry's files: decoded now, one at a time
         ref_png = encode_template_images(images)
         images = split_template_images(decode_template_ref(ref_png))  # capture from exactly what the phone will have
         kv = _fp16_in_place(model.extract_template_kv(images, instruction))
@@ -370,8 +373,8 @@ def _fp16_in_place(kv):
 
 
 def resolve_templates(model: Any, templates: Sequence[Any]) -> list[tuple[str, Any, Any]]:
-    """Library names and `TemplateSpec`s -> [(id, images (R, 3, S, S), instruction)], every
-    problem found first (one line each, `TemplateSpecError`) so a bad entry writes nothing."""
+    """Library names and `TemplateSpec`s -> [(id, images (R, 3, S, S) or a callable returning
+    them (a spec's files, decoded when built), instruction)], every problem found first (one line each, `TemplateSpecError`) so a bad entry writes nothing."""
     from sakura.cloud.builder.template_files import TemplateSpec, TemplateSpecError, spec_images, spec_instruction, validate_specs
     from sakura.cloud.tasks import TASK_NAMES, get_template
 
@@ -400,7 +403,9 @@ def resolve_templates(model: Any, templates: Sequence[Any]) -> list[tuple[str, A
     if problems:
         raise TemplateSpecError(problems)
     out = [(t.name, t.image[None], t.instruction) for t in lib]
-    return out + [(s.id, spec_images(s, size), spec_instruction(s)) for s in specs]
+    # a spec's images are decoded when its template is built (a callable here), not all up front:
+    # 10,000 library entries held every image in memory at once (901 MB)
+    return out + [(s.id, functools.partial(spec_images, s, size), spec_instruction(s)) for s in specs]
 
 
 def _depends_on(model: Any, images, kv) -> dict[str, Any]:

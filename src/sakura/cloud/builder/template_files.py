@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_IMAGE_PIXELS = 64_000_000  # refuse decompression bombs before decoding
+MAX_LIBRARY_BYTES = 64 * 1024 * 1024  # a library file of 10,000 entries is ~1.5 MB
 
 
 class TemplateSpecError(ValueError):
@@ -73,15 +74,22 @@ def parse_template_option(value: str, *, task: str | None, prompt: str | None) -
 
 def load_library_file(path: Path) -> list[TemplateSpec]:
     """Parse a templates TOML file; raises `TemplateSpecError` listing every structural problem."""
+    from sakura.util.fsutil import UnreadableFile, read_capped
+
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        # a regular file under the cap, checked before reading (a FIFO blocked, /dev/zero grew to a MemoryError)
+        data = tomllib.loads(read_capped(path, MAX_LIBRARY_BYTES, "library file").decode("utf-8"))
     except FileNotFoundError:
         raise TemplateSpecError([f"{path}: no such library file"]) from None
+    except UnreadableFile as e:
+        raise TemplateSpecError([str(e)]) from None
     except (OSError, UnicodeDecodeError) as e:
         raise TemplateSpecError([f"{path}: cannot read ({e})"]) from None
     except tomllib.TOMLDecodeError as e:
         raise TemplateSpecError([f"{path}: not valid TOML ({e})"]) from None
+    except RecursionError:  # tomllib recurses per nesting level: a 1 KB file can exhaust the stack
+        raise TemplateSpecError([f"{path}: not valid TOML (arrays or tables nested too deeply)"]) from None
     unknown = set(data) - {"template"}
     problems = [f"{path}: unknown top-level key(s) {sorted(unknown)}; expected [[template]] entries"] if unknown else []
     entries = data.get("template", [])
@@ -121,22 +129,37 @@ def load_library_file(path: Path) -> list[TemplateSpec]:
     return specs
 
 
-def _open_image(path: Path):
-    """The image at `path`, decoded; its size is checked from the header first (a few bytes of
-    PNG can declare 144 Mpx). Pillow's global limit is left alone: other loaders (the photo
-    loader's own cap) rely on its default."""
+def _open_image(path: Path, *, load: bool = True):
+    """The image at `path`; its size is checked from the header first (a few bytes of PNG can
+    declare 144 Mpx), and it must be a regular file (a FIFO would block the open). Decoded only
+    with ``load``. Pillow's global limit is left alone: other loaders (the photo loader's own cap)
+    rely on its default."""
+    import stat
     import warnings
 
     from PIL import Image
 
+    if not stat.S_ISREG(Path(path).stat().st_mode):
+        raise ValueError("not a regular file")
     with warnings.catch_warnings():  # the cap below says it in one line
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         im = Image.open(path)  # lazy: header only
     if im.width * im.height > MAX_IMAGE_PIXELS:
         im.close()
         raise ValueError(f"{im.width} x {im.height} is over the {MAX_IMAGE_PIXELS / 1e6:.0f} Mpx limit")
-    im.load()
+    if load:
+        im.load()
     return im
+
+
+def _check_image(path: Path) -> None:
+    """Raise unless `path` is a readable image under the pixel cap, without decoding its pixels
+    (header, then Pillow's ``verify``: chunk structure and CRCs): 10,000 library entries used to be
+    decoded whole here, up front (901 MB)."""
+    with _open_image(path, load=False) as im:
+        if im.width < 1 or im.height < 1:
+            raise ValueError("empty image")
+        im.verify()
 
 
 def validate_specs(specs: Sequence[TemplateSpec], *, conditioning: str, max_images: int,
@@ -165,9 +188,7 @@ def validate_specs(specs: Sequence[TemplateSpec], *, conditioning: str, max_imag
                 problems.append(f"{w}: image {p}: no such file")
                 continue
             try:
-                with _open_image(p) as im:
-                    if im.width < 1 or im.height < 1:
-                        raise ValueError("empty image")
+                _check_image(p)
             except Exception as e:  # PIL raises many types for unreadable files
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 problems.append(f"{w}: image {p}: not a readable image ({first[:120]})")
@@ -191,19 +212,32 @@ def validate_specs(specs: Sequence[TemplateSpec], *, conditioning: str, max_imag
 
 def load_template_image(path: Path, size: int, *, background: tuple[float, float, float] = (1.0, 1.0, 1.0)):
     """An image file as (3, size, size) float32 in [0, 1], 8-bit exact: centre crop, anti-aliased
-    resize, transparency composited over `background`."""
+    resize, transparency composited over `background`.
+
+    Decoded reduced: a JPEG in the DCT domain (Pillow's ``draft``), anything else box-reduced by
+    Pillow (``reduce`` with the crop box) to at most 2x ``size`` before any float conversion, so
+    a 7999 x 7999 PNG costs its 8-bit decode, not 64 Mpx of float32 RGBA and a float resize
+    (94 s and 3.3 GB before)."""
     import numpy as np
     import torch
     from skimage.transform import resize
 
-    with _open_image(path) as im:
+    with _open_image(path, load=False) as im:
+        if im.format == "JPEG" and im.mode in ("RGB", "L", "CMYK"):
+            im.draft(im.mode, (2 * size, 2 * size))  # DCT-domain downscale, before decoding
+        im.load()
+        w, h = im.size
+        s = min(w, h)
+        box = ((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s)
+        k = s // (2 * size)
+        if im.mode not in ("RGB", "RGBA", "L", "LA"):
+            im = im.convert("RGBA")
+        im = im.reduce(k, box=box) if k >= 2 else im.crop(box)  # box average, 8-bit, in C
         im = im.convert("RGBA")
         px = np.asarray(im, dtype=np.float32) / 255.0
     rgb, a = px[..., :3], px[..., 3:4]
     rgb = rgb * a + np.asarray(background, dtype=np.float32) * (1.0 - a)
-    h, w = rgb.shape[:2]
-    s = min(h, w)
-    rgb = rgb[(h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
+    s = rgb.shape[0]
     if s != size:
         rgb = resize(rgb, (size, size), anti_aliasing=s > size)
     rgb = np.round(np.clip(rgb, 0.0, 1.0) * 255.0) / 255.0

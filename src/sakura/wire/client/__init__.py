@@ -10,7 +10,8 @@ from sakura.wire.client.client import (
     RedirectRefused,
     RetryPolicy,
     TemplateClient,
+    WrongManifest,
 )
 
 __all__ = ["Chunk", "DeadlineExceeded", "FetchError", "FetchResult", "IntegrityError", "NotFound", "RedirectRefused",
-           "RetryPolicy", "TemplateClient"]
+           "RetryPolicy", "TemplateClient", "WrongManifest"]

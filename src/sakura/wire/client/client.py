@@ -25,7 +25,7 @@ import aiohttp
 
 from sakura.wire.store.api import StoreIntegrityError, StoreNotFound
 from sakura.wire.store.layout import INDEX_PATH, check_name, manifest_relpath
-from sakura.wire.store.manifest import MAX_MANIFEST_BYTES, Manifest, ObjectRef, Rendition, parse_json
+from sakura.wire.store.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError, ObjectRef, Rendition, parse_json
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,10 @@ class IntegrityError(FetchError, StoreIntegrityError):
 class DeadlineExceeded(FetchError):
     """No complete, verified answer within the step's overall deadline (a dripping or stalled
     server): the caller falls back (gallery, local compute) instead of waiting on."""
+
+
+class WrongManifest(FetchError, ManifestError):
+    """The server answered a manifest request with another model's (or template's) manifest."""
 
 
 class RedirectRefused(FetchError):
@@ -280,9 +284,10 @@ class TemplateClient:
                 failures += 1
                 await self._after_failure(failures, what, e)
 
-    async def manifest_keys(self) -> list[tuple[str, str]]:
-        """``(model_fingerprint, template_id)`` pairs the server's ``index.json`` lists."""
-        body = await self._get_small(INDEX_PATH, "index")
+    async def manifest_keys(self, *, deadline_s: float | None = None) -> list[tuple[str, str]]:
+        """``(model_fingerprint, template_id)`` pairs the server's ``index.json`` lists (within
+        ``deadline_s``, default ``deadline_for(SMALL_FILE_DEADLINE_BYTES)``)."""
+        body = await self._get_small(INDEX_PATH, "index", deadline_s)
         try:
             entries = parse_json(body, "index.json")["manifests"]
             return [(check_name(e["model_fingerprint"], "model fingerprint"), check_name(e["template_id"], "template id"))
@@ -297,8 +302,11 @@ class TemplateClient:
         rel = manifest_relpath(model_fingerprint, template_id)  # validates both names
         body = await self._get_small(rel, f"manifest {model_fingerprint}/{template_id}", deadline_s)
         m = Manifest.from_bytes(body, source=f"{self.base_url}/{rel}")
-        if (m.model_fingerprint, m.template_id) != (model_fingerprint, template_id):
-            raise FetchError(f"{rel}: manifest is for {m.model_fingerprint}/{m.template_id}")
+        if m.model_fingerprint != model_fingerprint:
+            raise WrongManifest(f"{rel}: the server's manifest is for another model (fingerprint "
+                                f"{m.model_fingerprint[:16]}, this model's {model_fingerprint[:16]})")
+        if m.template_id != template_id:
+            raise WrongManifest(f"{rel}: the server's manifest is for template {m.template_id!r}, not {template_id!r}")
         return m
 
     # ---------------------------------------------------------------------------------- objects

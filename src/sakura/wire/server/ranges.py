@@ -32,8 +32,8 @@ def byte_range(request: web.BaseRequest, size: int) -> tuple[int, int] | None:
     exclusive, clamped to ``size``; None without a Range header.
 
     Accepts ``bytes=a-b``, ``bytes=a-`` and ``bytes=-n`` (the last n bytes), whitespace-free.
-    Raises ``RangeError`` for anything else (other units, multiple ranges, ``b < a``, offsets past
-    2**63) and ``RangeNotSatisfiable`` when ``a >= size``, ``n == 0`` or the object is empty.
+    Raises ``RangeError`` for anything else (other units, multiple ranges, ``b < a``, a first
+    offset past 2**63; a last offset past the end is clamped, however large) and ``RangeNotSatisfiable`` when ``a >= size``, ``n == 0`` or the object is empty.
     """
     header = request.headers.get(hdrs.RANGE)
     if header is None:
@@ -48,8 +48,10 @@ def byte_range(request: web.BaseRequest, size: int) -> tuple[int, int] | None:
         raise RangeError(f"malformed range {header[:40]!r} ({e}): expected bytes=FIRST-LAST, bytes=FIRST- "
                          f"or bytes=-SUFFIX") from None
     start, stop = rng.start, rng.stop  # a suffix comes as a negative start; stop is exclusive
-    if abs(start) > MAX_OFFSET or (stop is not None and stop - 1 > MAX_OFFSET):
+    if abs(start) > MAX_OFFSET:
         raise RangeError(f"malformed range {header[:40]!r}: offsets past 2**63")
+    # a last-byte-pos past the end, however large, is clamped (RFC 9110 14.1.2: "bytes=0-<huge>"
+    # is the whole object), so only the first-byte-pos is bounded
     if start < 0 or _ZERO_SUFFIX.fullmatch(header):
         n = -start
         if n == 0 or size == 0:

@@ -9,11 +9,13 @@ orphans), never a manifest pointing at a missing or partial object.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -81,9 +83,48 @@ def open_in_store(root: str | os.PathLike[str], relpath: str) -> int:
             nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=dfd)
             os.close(dfd)
             dfd = nfd
-        return os.open(parts[-1], os.O_RDONLY | _NOFOLLOW, dir_fd=dfd)
+        # O_NONBLOCK: opening a FIFO for reading blocks until a writer appears (one planted in
+        # objects/ froze the whole event loop); with it the open returns at once and fstat refuses
+        # anything but a regular file (a device, a socket, a FIFO). For a regular file the flag
+        # changes nothing, and it is cleared anyway.
+        fd = os.open(parts[-1], os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
     finally:
         os.close(dfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", relpath)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_store_file(root: str | os.PathLike[str], relpath: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of the regular file ``root/relpath`` (`open_in_store`'s rules: no
+    symlink, no FIFO or device), e.g. ``index.json``; raises OSError like `open_in_store`."""
+    with os.fdopen(open_in_store(root, relpath), "rb") as f:
+        return f.read(limit)
+
+
+def store_irregular_files(root: Path) -> list[str]:
+    """Relative paths of everything under the served parts of the store (objects/, manifests/,
+    index.json) that is neither a directory, a regular file nor a symlink (``store_symlinks``):
+    FIFOs, sockets, devices. ``serve`` refuses them (404), so ``verify`` reports them."""
+    out = []
+    idx = root / INDEX_PATH
+    if idx.exists() and not idx.is_symlink() and not idx.is_file():
+        out.append(INDEX_PATH)
+    for top in (OBJECT_DIR, MANIFEST_DIR):
+        d = root / top
+        if d.is_symlink() or not d.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(d):
+            for n in filenames:  # os.walk lists FIFOs, sockets and devices among the files
+                p = Path(dirpath) / n
+                if not p.is_symlink() and not stat.S_ISREG(p.lstat().st_mode):
+                    out.append(str(p.relative_to(root)))
+    return sorted(out)
 
 
 def store_symlinks(root: Path) -> list[str]:
@@ -138,16 +179,24 @@ def _locked(root: Path) -> Iterator[None]:
 def put_object(root: Path, data: bytes | bytearray | memoryview) -> ObjectRef:
     """Store ``data`` as an immutable object named by its sha256; idempotent.
 
-    If a file of that name already exists it is re-hashed: a correct copy is kept untouched (no
-    write, same mtime), a damaged one is replaced. Returns the object's reference.
+    If a file of that name already exists it is re-hashed: a correct copy is kept (no write; its
+    mtime is refreshed, so ``gc`` sees it as young), a damaged one is replaced. Returns the
+    object's reference.
     """
     mv = memoryview(data)
     ref = ObjectRef(sha256=hashlib.sha256(mv).hexdigest(), bytes=mv.nbytes)
     dest = root / ref.path
     if dest.exists():
         if dest.stat().st_size == ref.bytes and sha256_file(dest) == ref.sha256:
-            return ref
-        log.warning("object %s on disk is damaged; rewriting it", ref.sha256)
+            try:
+                # refresh its age: gc deletes orphans older than its grace period, and an object a
+                # crashed build left two hours ago is, until this build commits, such an orphan
+                os.utime(dest)
+                return ref
+            except FileNotFoundError:  # gc took it meanwhile: write it again
+                pass
+        else:
+            log.warning("object %s on disk is damaged; rewriting it", ref.sha256)
     atomic_write(root, ref.path, mv)
     return ref
 
@@ -297,9 +346,23 @@ class StoreWriter:
         rel = manifest_relpath(self.model_fingerprint, self.template_id)
         dest = self.root / rel
         with _locked(self.root):
-            if not (dest.exists() and dest.read_bytes() == data):  # idempotent: no rewrite
+            # gc runs under this lock: every object present now stays (it is referenced once the
+            # manifest lands). One gc took while this build ran means a failed build, never a
+            # manifest pointing at nothing.
+            gone = [o.sha256 for o in m.objects() if not (self.root / o.path).is_file()]
+            if gone:
+                raise StoreError(f"{rel}: not committed: {len(gone)} of its objects vanished while it was built "
+                                 f"(e.g. object {gone[0]}; a concurrent `store gc`?); build it again")
+            old = _read_or_none(self.root, rel)
+            if old != data:  # idempotent: no rewrite
                 atomic_write(self.root, rel, data)
-            _write_index(self.root, changed=(self.model_fingerprint, self.template_id))
+            try:
+                _write_index(self.root, changed=(self.model_fingerprint, self.template_id))
+            except BaseException:
+                # the index could not be written (a full disk): put the manifest back as it was, so
+                # the store never holds a manifest its index.json does not list
+                _restore(self.root, rel, old)
+                raise
         self._committed = dest
         return dest
 
@@ -315,6 +378,26 @@ class StoreWriter:
 INDEX_SCHEMA_VERSION = 1
 
 
+def _read_or_none(root: Path, relpath: str) -> bytes | None:
+    """The bytes of store file ``relpath`` (regular files only, bounded), or None if absent or unreadable."""
+    try:
+        return read_store_file(root, relpath, 1 << 30)
+    except OSError:
+        return None
+
+
+def _restore(root: Path, relpath: str, old: bytes | None) -> None:
+    """Undo a manifest write: the old bytes back (atomically), or no file; best effort (the disk
+    may still be full: the removal then at least leaves no unlisted manifest)."""
+    try:
+        if old is None:
+            (root / relpath).unlink(missing_ok=True)
+        else:
+            atomic_write(root, relpath, old)
+    except OSError:
+        (root / relpath).unlink(missing_ok=True)
+
+
 def _write_index(root: Path, changed: tuple[str, str] | None = None) -> None:
     """Rewrite ``index.json`` (catalogue of manifests) if it changed. Caller holds the lock.
 
@@ -327,10 +410,10 @@ def _write_index(root: Path, changed: tuple[str, str] | None = None) -> None:
     index is rebuilt from scratch.
     """
     known: dict[tuple[str, str], tuple[str, int]] = {}
-    dest = root / INDEX_PATH
-    if changed is not None and dest.exists():
+    current = _read_or_none(root, INDEX_PATH)
+    if changed is not None and current is not None:
         try:
-            for e in parse_json(dest.read_bytes(), str(INDEX_PATH))["manifests"]:
+            for e in parse_json(current, str(INDEX_PATH))["manifests"]:
                 known[(e["model_fingerprint"], e["template_id"])] = (str(e["manifest"]["sha256"]),
                                                                      int(e["manifest"]["bytes"]))
         except (ValueError, KeyError, TypeError):
@@ -345,7 +428,7 @@ def _write_index(root: Path, changed: tuple[str, str] | None = None) -> None:
     # pure-Python and slow); sorted keys, so equal catalogues are equal bytes.
     body = ",\n".join(json.dumps(e, sort_keys=True) for e in entries)
     data = (f'{{"manifests": [\n{body}\n], "schema": "sakura.index", "schema_version": {INDEX_SCHEMA_VERSION}}}\n').encode()
-    if not (dest.exists() and dest.read_bytes() == data):
+    if current != data:
         atomic_write(root, INDEX_PATH, data)
 
 
@@ -589,6 +672,8 @@ class Store:
         rep = VerifyReport()
         rep.problems += [f"{rel}: is a symlink (serve refuses symlinks; the store must hold regular files)"
                          for rel in store_symlinks(self.root)]
+        rep.problems += [f"{rel}: is not a regular file (a FIFO, socket or device; serve refuses it)"
+                         for rel in store_irregular_files(self.root)]
         good: dict[str, int] = {}
         for p in self._object_files():
             rep.checked_objects += 1
@@ -618,11 +703,11 @@ class Store:
                     rep.problems.append(f"{rel}: object {o.sha256} has {good[o.sha256]} bytes, manifest says {o.bytes}")
             rep.problems += self._prefix_problems(m, str(rel), good)
         idx = self.root / INDEX_PATH
-        if idx.exists():
+        if idx.exists() and idx.is_file():
             try:
-                entries = parse_json(idx.read_bytes(), str(INDEX_PATH))["manifests"]
+                entries = parse_json(read_store_file(self.root, INDEX_PATH, 1 << 30), str(INDEX_PATH))["manifests"]
                 listed = {(e["model_fingerprint"], e["template_id"]) for e in entries}
-            except (ValueError, KeyError, TypeError) as e:  # ManifestError is a ValueError
+            except (ValueError, KeyError, TypeError, OSError) as e:  # ManifestError is a ValueError
                 rep.problems.append(f"{INDEX_PATH}: unreadable ({e})")
             else:
                 if listed != set(self.manifest_keys()):

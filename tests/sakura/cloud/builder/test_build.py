@@ -24,8 +24,15 @@ def built(tmp_path_factory):
 
 
 def _snapshot(root):
-    return {os.path.relpath(os.path.join(d, f), root): os.stat(os.path.join(d, f)).st_mtime_ns
-            for d, _, fs in os.walk(root) for f in fs if not f.startswith(".")}
+    """relpath -> mtime (an object: its inode, which proves it was not rewritten; its mtime is
+    refreshed on reuse so gc sees it as young, issue 35 item 2)."""
+    out = {}
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            if not f.startswith("."):
+                rel, st = os.path.relpath(os.path.join(d, f), root), os.stat(os.path.join(d, f))
+                out[rel] = st.st_ino if rel.startswith("objects") else st.st_mtime_ns
+    return out
 
 
 def test_build_writes_a_valid_store_that_decodes(built):

@@ -32,7 +32,7 @@ def cluster():
 
 
 def _tree(root):
-    """relpath -> (bytes, mtime_ns) of every served file (not .tmp / .lock)."""
+    """relpath -> (bytes, mtime_ns; an object's inode) of every served file (not .tmp / .lock)."""
     out = {}
     for d, dirs, fs in os.walk(root):
         dirs[:] = [x for x in dirs if not x.startswith(".")]
@@ -40,7 +40,10 @@ def _tree(root):
             if not f.startswith("."):
                 p = os.path.join(d, f)
                 with open(p, "rb") as fh:
-                    out[os.path.relpath(p, root)] = (fh.read(), os.stat(p).st_mtime_ns)
+                    rel, st = os.path.relpath(p, root), os.stat(p)
+                    # an object's inode proves it was not rewritten; its mtime is refreshed on reuse
+                    # (so gc sees it as young: issue 35 item 2)
+                    out[rel] = (fh.read(), st.st_ino if rel.startswith("objects") else st.st_mtime_ns)
     return out
 
 

@@ -22,6 +22,9 @@ def rng(hdr, size):
     ("bytes=-500", 100, (0, 100)),
     ("bytes=90-1000", 100, (90, 100)),
     ("bytes=99-99", 100, (99, 100)),
+    # issue 35 item 10: a last-byte-pos past the end is clamped however large (RFC 9110 14.1.2)
+    ("bytes=0-99999999999999999999", 100, (0, 100)),
+    ("bytes=7-" + "9" * 400, 100, (7, 100)),
 ])
 def test_valid(hdr, size, want):
     assert rng(hdr, size) == want
@@ -33,7 +36,7 @@ def test_no_range_header():
 
 @pytest.mark.parametrize("hdr", ["bytes=abc", "bytes=5-2", "items=0-1", "bytes=0-1,3-4", "bytes=-", "bytes= 0-1",
                                  "bytes=0x10-", "bytes=1-2-3", "", "bytes=99999999999999999999-",
-                                 "bytes=0-99999999999999999999", "bytes=" + "9" * 5000 + "-"])
+                                 "bytes=" + "9" * 5000 + "-"])
 def test_malformed(hdr):
     with pytest.raises(RangeError):
         rng(hdr, 100)

@@ -1,0 +1,30 @@
+"""One sanitiser for every string that came from a server or a file before it reaches the
+terminal (issue 35): a manifest's ``kv_layout.model`` holding ``ESC[2J`` cleared the user's
+screen, an OSC sequence set the window title, an embedded newline printed a fake ``error:`` line.
+
+`clean` shows such characters escaped (``\\x1b``, ``\\n``, ``\\u202e``) instead of letting the
+terminal act on them, and bounds the length.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+#: Longest server/file string shown (characters, after escaping); the rest is cut with "...".
+DEFAULT_MAX_CHARS = 200
+
+
+def _escape(ch: str) -> str:
+    o = ord(ch)
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
+def clean(value: object, max_chars: int = DEFAULT_MAX_CHARS) -> str:
+    """``str(value)`` safe to print: control and format characters (C0, DEL, C1, bidi overrides,
+    zero-width marks: Unicode categories Cc, Cf, Zl, Zp, Cs) escaped, at most ``max_chars``
+    characters (cut ones end in "...")."""
+    s = value if isinstance(value, str) else str(value)
+    if len(s) > 4 * max_chars:  # bound the work before escaping
+        s = s[: 4 * max_chars]
+    out = "".join(_escape(c) if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs") else c for c in s)
+    return out if len(out) <= max_chars else out[: max(0, max_chars - 3)] + "..."
