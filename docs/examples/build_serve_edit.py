@@ -30,5 +30,5 @@ with sakura.serve(work / "store") as url:  # a real HTTP server on a free port
         result.save(work / f"edited-{template}.png")
         fetched = sum(layer["how"] == "fetched" for layer in result.layers())
         print(f"{template}: {result.latency_s:.2f} s, {fetched}/{len(result.layers())} layers fetched, "
-              f"PSNR floor {result.psnr_floor_db:.1f} dB")
+              f"PSNR floor {result.floor_psnr_db:.1f} dB")
 print(f"wrote {work}/edited-*.png")

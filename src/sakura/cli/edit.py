@@ -47,7 +47,11 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
 
     from sakura.phone.photo import check_photo_file
 
+    from sakura.phone.policies import EDIT_POLICIES
+
     # every argument checked before the heavy imports (torch, the model, numba): an error answers at once
+    if policy not in EDIT_POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(EDIT_POLICIES)}, got {policy!r}")
     check_out_path(out)
     check_photo_file(photo)
     if urlsplit(server).scheme not in ("http", "https") or not urlsplit(server).hostname:

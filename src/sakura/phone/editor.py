@@ -98,7 +98,7 @@ class EditResult:
         return self.streamed.latency_s
 
     @property
-    def psnr_floor_db(self) -> float:
+    def floor_psnr_db(self) -> float:
         """Image PSNR (dB) vs the lossless-KV edit that the renditions used imply (inf: every layer
         lossless or computed here; nan: the manifest carries no image distortions)."""
         return self.streamed.implied_psnr_db if self.streamed.quality_known else math.nan
@@ -122,12 +122,12 @@ class EditResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able record (what `sakura edit --json` prints)."""
         b = self.streamed.breakdown()
-        floor = self.psnr_floor_db
+        floor = self.floor_psnr_db
         return {"template": self.template_id, "policy": self.policy, "path": self.streamed.path,
                 "latency_s": round(self.latency_s, 6), "bytes_fetched": int(b["bytes"]),
                 "layers_computed_here": int(b["local_shards"]), "layers_total": len(self.streamed.records),
                 "stall_s": round(b["stall_s"], 6),
-                "psnr_floor_db": None if floor != floor else ("inf" if math.isinf(floor) else round(floor, 3)),
+                "floor_psnr_db": None if floor != floor else ("inf" if math.isinf(floor) else round(floor, 3)),
                 "layers": self.layers(), "events": list(self.streamed.events), "messages": list(self.messages)}
 
     def to_json(self) -> str:

@@ -65,10 +65,10 @@ def test_batched_probes_build_the_same_ladder_and_report_stages(tmp_path, capsys
     assert set(STAGES) <= set(prof["look-00"]) and all(v >= 0 for v in prof["look-00"].values())
     build_store(tmp_path / "b", templates=["look-00"], calibration=1, steps=1, log=lambda s: None, device="cpu",
                 probe_batch=8)
-    import json
+    from sakura.wire.store.manifest import manifest_tree  # version 2 manifests are compressed JSON
 
-    ma = json.loads(next((tmp_path / "a" / "manifests").rglob("look-00.json")).read_text())
-    mb = json.loads(next((tmp_path / "b" / "manifests").rglob("look-00.json")).read_text())
+    ma = manifest_tree(next((tmp_path / "a" / "manifests").rglob("look-00.json")).read_bytes())
+    mb = manifest_tree(next((tmp_path / "b" / "manifests").rglob("look-00.json")).read_bytes())
     # same renditions and the same quality-floor / image figures to 3 significant digits: a batch
     # only moves the recorded image MSE in its last digits (docs/scale.md)
     ra = [(r["name"], r["distortion"]["image_mse"]) for s in ma["shards"] for r in s["renditions"]]
