@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 from typing import Callable, Sequence
+from sakura.util.fsutil import write_json
 
 MODELS = ("sakura-mini", "flux2-mini")
 TEMPLATES = ("look-00", "texture-00", "sticker-00")
@@ -44,7 +45,7 @@ def run(out_dir: Path, models: Sequence[str] = MODELS, templates: Sequence[str] 
             log(f"{model} {tpl} done")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "both_models.json").write_text(json.dumps(out, indent=1, default=float))
+    write_json(out_dir / "both_models.json", out, indent=1, default=float)
     (out_dir / "both_models.md").write_text("\n".join(lines) + "\n")
     log("\n".join(lines))
     return out

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
+from sakura.util.fsutil import write_json
 
 
 def _warm(seconds: float) -> int:
@@ -124,5 +125,5 @@ def run(workers: Sequence[int] = (1, 2), rounds: int = 2, templates: int = 12, l
           + f"; same bytes in all {len(digests)} stores: {same}")
     shutil.rmtree(work, ignore_errors=True)
     if out is not None:
-        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(Path(out), result, indent=1)
     return result

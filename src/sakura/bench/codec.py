@@ -30,6 +30,7 @@ import torch
 
 from sakura.codec import ShardId, ShardKV, codec_from_spec
 from sakura.util.psnr import psnr_db
+from sakura.util.fsutil import write_json
 
 
 def _cpu() -> float:
@@ -412,7 +413,7 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, templ
     if klein:
         results["klein_tiny"] = klein_tiny_coverage(["lossless", "cachegen:level=2", "progressive", SAKURA[5]])
     results["summary"] = summarise(results)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=float))
+    write_json(out_dir / "results.json", results, indent=1, default=float)
     write_table(results, out_dir / "table.md")
     plot(results, out_dir)
     log(f"wrote {out_dir}/results.json, table.md, rd_psnr.png")
@@ -588,7 +589,7 @@ def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_pe
             log(f"{tpl.name}: budgets {res['templates'][tpl.name]['budgets']}, lowest rung "
                 f"{rungs[0]['delta_psnr_vs_gt_db']:+.2f} dB vs GT ({rungs[0]['psnr_vs_lossless_db']:.1f} dB vs lossless), "
                 f"whole {t.whole_ratio_vs_fp16:.3f} of fp16 (objects {t.ratio_vs_fp16:.3f})")
-    (out_dir / "ladder_check.json").write_text(json.dumps(res, indent=1, default=float))
+    write_json(out_dir / "ladder_check.json", res, indent=1, default=float)
     lines = [f"`sakura build` default ladder {res['ladder']} (lowest rung fitted to {res['base_psnr_db']} dB vs lossless "
              f"on the calibration photos), {res['photos']} held-out photos, {steps} steps; rungs read back from the store.", "",
              "| template | budgets | lowest rung ΔPSNR vs GT (dB) | per rung PSNR vs lossless (dB) | ladder | tables | PNG | "

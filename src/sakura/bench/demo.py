@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from sakura.util.figures import save_panels
+from sakura.util.fsutil import write_json
 
 #: every file `run_demo` writes into its folder, with what it shows (docs/demo.md lists the same)
 OUTPUTS = {
@@ -161,7 +162,7 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
                "equal_quality_ratio_runs": eq_runs,
                "equal_quality_ratios": {k: statistics.median(v) for k, v in eq_runs.items() if v},
                "frontier_ratios_at_L3_psnr": fr, "decode_rates": res.get("decode_rates"), "outputs": OUTPUTS}
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    write_json(out_dir / "summary.json", summary, indent=2, default=float)
     log("wrote " + ", ".join(str(out_dir / f.replace("<template>", template)) for f in OUTPUTS))
     if not same:
         raise SystemExit("injected KV did not reproduce the in-sequence edit")

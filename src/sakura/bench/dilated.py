@@ -38,6 +38,7 @@ import torch
 
 from sakura.emulation.device import Dilation, DilatedDevice, decode_padding, dilate_trace  # noqa: F401
 from sakura.util.psnr import psnr_db
+from sakura.util.fsutil import write_json
 
 METHODS = ("oracle", "on-device", "cachegen", "cachegen-fair", "cachegen-L3", "sakura")
 #: a fast and a median 5G trace and an LTE one (../shared/traces)
@@ -281,8 +282,7 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "dilated.json").write_text(json.dumps({k: v for k, v in result.items() if k != "images"}, indent=1,
-                                                     default=float))
+        write_json(out / "dilated.json", {k: v for k, v in result.items() if k != "images"}, indent=1, default=float)
         (out / "dilated.md").write_text(dilated_markdown(result))
         plot_frontier(result, out / "dilated_frontier.png")
     return result

@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 from sakura.phone.policies import CACHEGEN_LEVELS, make_policy
+from sakura.util.fsutil import write_json
 
 METHODS = ("oracle", "on-device", "on-device-nocache", "raw-stream", "cachegen", "sakura")
 #: What the live benchmark's store holds: raw-stream's lossless copy, the default (progressive)
@@ -154,7 +155,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     result = {"mode": "live", "model": model_name, "template": template, "photo_index": photo_index, "trace": trace, "offset_s": offset_s,
               "rtt_ms": rtt_ms, "steps": steps, "prior_bps": prior, "fp16_kv_bytes": kv.nbytes,
               "profile": asdict(profile), "rows": rows, "latency_ratios": ratios}
-    (out_dir / "e2e_live.json").write_text(json.dumps(result, indent=2, default=float))
+    write_json(out_dir / "e2e_live.json", result, indent=2, default=float)
     table = live_table(result)
     (out_dir / "e2e_live.md").write_text(table)
     log(table)

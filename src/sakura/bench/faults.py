@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from sakura.util.fsutil import write_json
 
 FAULT_CASES = ("none", "server unreachable", "manifest 404", "manifest 500", "shards 500", "reset once mid-shard",
                "reset every connection", "corrupt object", "stalled link")
@@ -500,7 +501,7 @@ def _publish(result: dict, name: str, table, out_dir, log) -> dict:
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{name}.json").write_text(json.dumps(result, indent=2, default=float))
+        write_json(out / f"{name}.json", result, indent=2, default=float)
         (out / f"{name}.md").write_text(text)
     log(text)
     return result

@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable
+from sakura.util.fsutil import write_json
 
 TEMPLATES_TOML = ('[[template]]\nid = "sun"\nimages = ["sun.png"]\nprompt = "add a sun"\n\n'
                   '[[template]]\nid = "sun-and-moon"\nimages = ["sun.png", "moon.png"]\n'
@@ -87,5 +88,5 @@ def run(out: Path | None = None, size: int = 32, steps: int = 4, log: Callable[[
         shutil.rmtree(work, ignore_errors=True)
     log(json.dumps(res, indent=1))
     if out is not None:
-        Path(out).write_text(json.dumps(res, indent=1) + "\n")
+        write_json(Path(out), res, indent=1)
     return res

@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
+from sakura.util.fsutil import write_json
 
 
 def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: float = 40.0, shards: int = 12,
@@ -126,7 +127,7 @@ def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: flo
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "link.json").write_text(json.dumps(result, indent=1, default=float))
+        write_json(out / "link.json", result, indent=1, default=float)
         (out / "link.md").write_text(link_markdown(result))
     return result
 

@@ -36,6 +36,7 @@ import numpy as np
 from sakura.wire.client import TemplateClient
 from sakura.wire.store import Store
 from sakura.wire.store.synthetic import make_synthetic_store
+from sakura.util.fsutil import write_json
 
 FP = "bench-model"
 
@@ -236,6 +237,6 @@ def run(clients: Sequence[int] = (1, 8, 32), server: str = "sakura", templates: 
            "object_bytes": st.object_bytes, "cpus": os.cpu_count(), "results": results}
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(Path(out), result, indent=1)
     return result
 

@@ -44,6 +44,7 @@ from sakura.cloud.builder.pipeline import FLOOR_RUNG_LADDER  # noqa: F401
 from sakura.util.psnr import psnr_db
 from sakura.phone.driver import LOSS_BOUND
 from sakura.phone.policies import CACHEGEN_DELTA_LEVELS, CACHEGEN_LEVELS
+from sakura.util import fsutil
 
 METHODS = ("oracle", "on-device", "on-device-nocache", "raw-stream", "cachegen", "cachegen-fair", "cachegen-L3",
            "cachegen-fair-L3", "sakura", "sakura-meet", "offline")
@@ -518,7 +519,7 @@ def write_json(result: dict, path: Path) -> None:
         groups.setdefault(f"{r['workload']} | {r['phone']} | {r['family']}", []).append(r)
     slim = {**result, "frontier_medians": {k: sweep_medians(rs) for k, rs in groups.items()},
             "runs": [{k: v for k, v in r.items() if k != "sweep"} for r in result["runs"]]}
-    path.write_text(json.dumps(slim, indent=None, separators=(",", ":"), default=float))
+    fsutil.write_json(path, slim, indent=None, separators=(",", ":"), default=float)
 
 
 def _rel(p: Path) -> str:

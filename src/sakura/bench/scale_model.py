@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable
+from sakura.util.fsutil import write_json
 
 # --------------------------------------------------------------------------- named workloads
 #: Template KV shapes (public configs): Klein-4B per SPEC (FLUX.2-klein-4B: 25 attention layers,
@@ -317,7 +318,7 @@ def run(out: Path | None = None, plots_prefix: str | None = None, build_json: Pa
         build = json.loads(Path(build_json).read_text()) if Path(build_json).exists() else None
         res["model"] = model(res["encode"], res["edge"], build)
         res["plots"] = plots(res, plots_prefix or "docs/scale")
-        Path(replot).write_text(json.dumps(res, indent=1) + "\n")
+        write_json(Path(replot), res, indent=1)
         return res
     enc = measure_encode(tokens=encode_tokens)
     log(f"Klein-sized layer {enc['shape']}: {enc['cpu_s_per_layer']:.2f} CPU-s (fit {enc['fit_s']:.2f}, encode "
@@ -343,5 +344,5 @@ def run(out: Path | None = None, plots_prefix: str | None = None, build_json: Pa
     if plots_prefix:
         res["plots"] = plots(res, plots_prefix)
     if out is not None:
-        Path(out).write_text(json.dumps(res, indent=1) + "\n")
+        write_json(Path(out), res, indent=1)
     return res

@@ -11,6 +11,7 @@ import statistics
 import time
 from pathlib import Path
 from typing import Callable, Sequence
+from sakura.util.fsutil import write_json
 
 MODELS = ("sakura-mini", "flux2-mini")
 
@@ -58,5 +59,5 @@ def run(models: Sequence[str] = MODELS, template: str = "sticker-h0", rounds: in
             f"template {p.local_s * 1e3:.2f} ms")
     log(f"(median of {rounds} rounds, load {res['load_avg_1min']:.1f})")
     if out is not None:
-        Path(out).write_text(json.dumps(res, indent=1) + "\n")
+        write_json(Path(out), res, indent=1)
     return res

@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
+from sakura.util.fsutil import write_json
 
 #: one template per task (the first training template of each; sticker-00 is the profile's own)
 DEFAULT_TEMPLATES = ("look-00", "texture-00", "sticker-00")
@@ -73,7 +74,7 @@ def run_templates(out_dir: str | Path, *, templates: Sequence[str] = DEFAULT_TEM
     result = {"mode": "phone profile per template (trace-driven simulation; EXTRAPOLATED)", "model": model_name,
               "templates": list(templates), "families": list(families) if families else None,
               "traces_per_family": traces_per_family, "phones": phone_names, "wall_s": time.perf_counter() - t0, "per_template": per}
-    (out / "templates.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
+    write_json((out / "templates.json"), result, indent=1, default=float)
     md = templates_markdown(result)
     (out / "templates.md").write_text(md)
     plot_templates(result, out / "templates.png")

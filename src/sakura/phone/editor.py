@@ -277,7 +277,7 @@ class Editor:
             if manifest is None:
                 messages.append("no manifest cached: computing the template on the device")
         for m in messages:
-            log.warning("%s", m)
+            log.info("%s", m)  # also in EditResult.messages (the CLI prints those)
         # a task's instruction id (bundled models) or the prompt (Klein); the model checks its kind
         instruction = manifest.kv_layout.get("instruction", 0) if manifest is not None else 0
         timages = split_template_images(timage)  # (R, 3, S, S): R reference images

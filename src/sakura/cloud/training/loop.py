@@ -27,6 +27,7 @@ import torch
 from sakura.util.fsutil import atomic_write
 from sakura.models.mini import MiniConfig, MiniDiT
 from sakura.cloud.tasks.library import TASK_NAMES, sample_batch
+from sakura.util.fsutil import write_json
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +274,7 @@ def train(recipe: Recipe, run_dir: str | os.PathLike, *, resume: bool = True, st
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2, sort_keys=True) + "\n")
+    write_json((run_dir / "recipe.json"), asdict(recipe), indent=2, sort_keys=True)
     if resume and (run_dir / CHECKPOINT).is_file():
         state = load_checkpoint(recipe, run_dir)
         log.info("resuming %s at step %d", run_dir, state.step)
