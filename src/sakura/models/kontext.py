@@ -89,6 +89,7 @@ class KontextConfig:
     pixels_per_token: int
     text_tokens: int
 
+    # Alike in shape only to sakura.models.klein_config's derived sizes: each config derives its own
     @property
     def depth(self) -> int:
         return self.double_layers + self.single_layers
@@ -192,6 +193,7 @@ class KontextKVProcessor:
         k_t, v_t, keep = slot.template_kv(k_t, v_t)
         x_out = enc_out = t_out = None
         if x is not None:
+            # Copied from sakura.models.klein (diffusers' QKV with QK-norm and RoPE), text tokens first here
             query, key, value, eq, ek, ev = _get_qkv_projections(attn, x, enc)
             query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
             key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
@@ -663,6 +665,7 @@ class _ReadOnce(KVSourceDefaults):
         self.instruction = source.instruction
         self.positions = source.positions
 
+    # Alike in shape to klein_image's read-once source; this one does not guess positions
     @property
     def num_layers(self) -> int:
         return self._source.num_layers
