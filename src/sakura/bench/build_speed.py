@@ -7,10 +7,12 @@ user + system: what the build costs, whatever else runs here), the per-stage CPU
 (`build_store(profile=...)`), and the store's digest; stores of every variant are compared file by
 file.
 
-Variants: ``current`` (this checkout, ``--probe-batch`` default), ``batched`` (this checkout,
-``--probe-batch N``) and, with ``--baseline-src DIR``, ``baseline`` (another checkout's ``src``,
-e.g. ``git worktree add /tmp/base <commit>`` then ``/tmp/base/src``), whose ``build_store`` is
-called with its own defaults.
+Variants: ``current`` (this checkout's defaults: image probes in one thread per core),
+``current-1-thread`` (``probe_workers=1``: the CPU work alone), ``batched`` (``--probe-batch N``)
+and, with ``--baseline-src DIR``, ``baseline`` (another checkout's ``src``, e.g. ``git worktree
+add /tmp/base <commit>`` then ``/tmp/base/src``), whose ``build_store`` is called with its own
+defaults. Stores differ between versions whose allocation differs: each variant's store size
+(objects + manifests, bytes) is reported beside its time.
 
     sakura bench build-speed [--templates look-00 ...] [--rounds 1] [--baseline-src /tmp/base/src] [--out out/build_speed.json]
 """
@@ -39,6 +41,8 @@ if "profile" in params:
     kw["profile"] = prof
 if args.get("probe_batch") and "probe_batch" in params:
     kw["probe_batch"] = args["probe_batch"]
+if args.get("probe_workers") and "probe_workers" in params:
+    kw["probe_workers"] = args["probe_workers"]
 if "device" in params:
     kw["device"] = args.get("device", "cpu")
 build_store(args["store"], **kw)
@@ -58,10 +62,11 @@ def _digest(root: Path) -> dict[str, str]:
     return out
 
 
-def _run_variant(src: Path, store: Path, templates: Sequence[str], probe_batch: int | None, device: str) -> dict:
+def _run_variant(src: Path, store: Path, templates: Sequence[str], probe_batch: int | None, device: str,
+                 probe_workers: int | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
     args = json.dumps({"store": str(store), "templates": list(templates), "probe_batch": probe_batch,
-                       "device": device})
+                       "probe_workers": probe_workers, "device": device})
     p = subprocess.run([sys.executable, "-c", _CHILD, args], env=env, capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
         raise RuntimeError(f"build in {src} failed: {p.stderr.strip().splitlines()[-1:]}")
@@ -69,17 +74,18 @@ def _run_variant(src: Path, store: Path, templates: Sequence[str], probe_batch: 
 
 
 def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, rounds: int = 1,
-        baseline_src: Path | None = None, probe_batch: int = 8, device: str = "cpu", out: Path | None = None,
+        baseline_src: Path | None = None, probe_batch: int = 1, device: str = "cpu", out: Path | None = None,
         log: Callable[[str], None] = print) -> dict:
     """Build `templates` with every variant, `rounds` alternating rounds; returns (and writes to
     `out`) per variant the runs' figures and whether its stores equal the first variant's."""
     here = Path(__file__).resolve().parents[2]  # this checkout's src
-    variants: dict[str, tuple[Path, int | None]] = {}
+    variants: dict[str, tuple[Path, int | None, int | None]] = {}
     if baseline_src is not None:
-        variants["baseline"] = (Path(baseline_src).resolve(), None)
-    variants["current"] = (here, None)
+        variants["baseline"] = (Path(baseline_src).resolve(), None, None)
+    variants["current"] = (here, None, None)
+    variants["current-1-thread"] = (here, None, 1)
     if probe_batch > 1:
-        variants[f"batched{probe_batch}"] = (here, probe_batch)
+        variants[f"batched{probe_batch}"] = (here, probe_batch, None)
     res: dict = {"templates": list(templates), "rounds": rounds, "device": device, "cpu_count": os.cpu_count(),
                  "load_avg_1min_start": os.getloadavg()[0], "variants": {v: [] for v in variants}}
     digests: dict[str, dict[str, str]] = {}
@@ -87,9 +93,10 @@ def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, r
         for r in range(rounds):
             order = list(variants) if r % 2 == 0 else list(reversed(variants))
             for v in order:
-                src, pb = variants[v]
+                src, pb, pw = variants[v]
                 store = Path(tmp) / f"{v}-{r}"
-                fig = _run_variant(src, store, templates, pb, device)
+                fig = _run_variant(src, store, templates, pb, device, pw)
+                fig["store_bytes"] = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
                 fig["load_avg_1min"] = os.getloadavg()[0]
                 res["variants"][v].append(fig)
                 d = _digest(store)
@@ -107,10 +114,13 @@ def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, r
                 if k.endswith(" cpu"):
                     stages[k[:-4]] = stages.get(k[:-4], 0.0) + s
         res["summary"][v] = {"median_cpu_s": cpu, "median_wall_s": wall, "stage_cpu_s": stages,
+                             "store_bytes": runs[0]["store_bytes"],
                              "store_bytes_identical_to_" + first: digests[v] == digests[first]}
     base = res["summary"][first]["median_cpu_s"]
+    base_wall = res["summary"][first]["median_wall_s"]
     for v, s in res["summary"].items():
         s["cpu_speedup_vs_" + first] = base / s["median_cpu_s"] if s["median_cpu_s"] else float("nan")
+        s["wall_speedup_vs_" + first] = base_wall / s["median_wall_s"] if s["median_wall_s"] else float("nan")
     res["load_avg_1min_end"] = os.getloadavg()[0]
     log(json.dumps(res["summary"], indent=1))
     if out is not None:

@@ -12,7 +12,7 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
               steps: int, *, executor: str = "local", address: str | None = None, workers: int | None = None,
               force: bool = False, library: Path | None = None, task: str | None = None,
               prompt: str | None = None, device: str = "auto", dtype: str = "auto", probe_batch: int | None = None,
-              quiet: bool = False) -> None:
+              probe_workers: int | None = None, allocation_photos: int = 1, quiet: bool = False) -> None:
     """Body of `sakura build`: clear one-line errors for bad names/specs instead of tracebacks.
 
     ``executor="local"`` (default) builds in this process as before; ``"ray"`` spreads templates
@@ -41,14 +41,15 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
         if executor == "local":
             build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
                         calibration=calibration, steps=steps, log=_echo_above_bar, device=device, dtype=dtype,
-                        probe_batch=probe_batch, progress=not quiet)
+                        probe_batch=probe_batch, probe_workers=probe_workers,
+                        allocation_photos=allocation_photos, progress=not quiet)
             return
         from sakura.cloud.builder.distributed import build_templates
 
         rep = build_templates(store, templates=templates or None, model_name=model, ladder=ladder or DEFAULT_LADDER,
                               calibration=calibration, steps=steps, executor="ray", address=address, workers=workers,
                               force=force, log=typer.echo, progress=not quiet, device=device, dtype=dtype,
-                              probe_batch=probe_batch)
+                              probe_batch=probe_batch, allocation_photos=allocation_photos)
     except TemplateSpecError as e:
         for line in e.problems:
             typer.echo(f"error: {line}", err=True)

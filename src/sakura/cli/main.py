@@ -135,6 +135,11 @@ def build(
                               "the store holds fp16 KV whatever the compute dtype."),
     probe_batch: Optional[int] = typer.Option(None, min=1, help="Image-distortion probes per batched forward "
                                               "(default 1 on cpu: bit-identical stores; 16 on an accelerator)."),
+    probe_workers: Optional[int] = typer.Option(None, min=1, help="Image-distortion probes measured at once in "
+                                                "threads (default: one per core up to 4 on cpu, 1 on an "
+                                                "accelerator; the store does not depend on it)."),
+    allocation_photos: int = typer.Option(1, min=1, help="Calibration photos the rate allocation's probes edit "
+                                          "(acceptance, recorded distortions and the floor use all of them)."),
     quiet: bool = typer.Option(False, help="No progress bar (the per-template summary lines stay)."),
 ) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
@@ -142,7 +147,8 @@ def build(
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
               workers=workers, force=force, library=library, task=task, prompt=prompt, device=device, dtype=dtype,
-              probe_batch=probe_batch, quiet=quiet)
+              probe_batch=probe_batch, probe_workers=probe_workers, allocation_photos=allocation_photos,
+              quiet=quiet)
 
 
 @app.command()
@@ -677,7 +683,7 @@ def bench_build_speed(
     rounds: int = typer.Option(1, min=1, help="Alternating rounds per variant (the median is reported)."),
     baseline_src: Optional[Path] = typer.Option(None, help="Another checkout's src folder to compare with "
                                                 "(e.g. `git archive COMMIT src | tar -x -C /tmp/base`)."),
-    probe_batch: int = typer.Option(8, min=1, help="Also build with this many probes per batched forward (1: skip)."),
+    probe_batch: int = typer.Option(1, min=1, help="Also build with this many probes per batched forward (1: skip)."),
     device: str = typer.Option("cpu", help="Device of the builds (auto, cpu, cuda, mps)."),
     out: Path = typer.Option(Path("out/build_speed.json"), help="JSON file for the figures."),
 ) -> None:

@@ -67,6 +67,9 @@ class ShardKV:
             (tokens, heads, head_dim) tensor in the shard's dtype), everything else lossless
             (`sakura build` passes `sakura.cloud.capture.ShardDistortionProbe`). `progressive` with
             ``allocate="image"`` (its default) picks its steps by it; the codec never runs a model.
+        fit_cache: what table fits derive from this shard alone and may reuse (`progressive`: each
+            part's transform and rate-distortion grid, the same for every budget a ladder search
+            tries); filled by the codecs. Valid while `key` and `value` are not changed in place.
     """
 
     key: torch.Tensor
@@ -76,6 +79,7 @@ class ShardKV:
     num_layers: int = 1
     sensitivity: tuple[float, float] | None = None
     distortion: Callable[[str, torch.Tensor], float] | None = field(default=None, repr=False, compare=False)
+    fit_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -131,6 +131,7 @@ def _deadzone_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float) ->
 
 
 #: image allocation (`allocate="image"`): grid points measured around the proxy's choice, each side
+#: (half-bit steps; a window of 1 measured -1.1 dB at the same budget on texture-00: docs/scale.md)
 IMAGE_WINDOW = 3
 #: ... and how many times a window is widened where the choice lands on its edge
 IMAGE_WIDEN = 3
@@ -224,23 +225,37 @@ def _image_offsets(shards: Sequence[ShardKV], means: dict, step0: dict, planes: 
     """Per part and rung the reconstruction offset (`OFFSETS`) with the lowest measured image MSE
     at that rung's step: the same indices and bytes, a different point in each bin. The image
     penalises the dead-zone's shrinkage toward zero (an MSE-optimal centroid, below the midpoint,
-    measured worse than the midpoint; points above it better), which KV MSE does not see."""
-    todo = []  # (shard, part, rung's step, offset): every probe at once (batched)
-    for s in shards:
-        for kv in PARTS:
-            for k in planes[(s.layer, kv)]:
-                st = float(np.float32(step0[(s.layer, kv)] * 2.0 ** -k))
-                todo += [(s, kv, st, o) for o in OFFSETS]
+    measured worse than the midpoint; points above it better), which KV MSE does not see.
 
-    def make(s, kv, st, o):
-        mu, c, _band, _energy, sc = means[(s.layer, kv)]
+    The image MSE over the offsets is unimodal (measured: docs/scale.md), so each (part, step) walks
+    up from the midpoint while the next offset measures better, all walks advancing together
+    (batched probes): 1-4 probes per (part, step) where measuring every offset took 4, and the
+    midpoint's probe is usually the allocation's own (memoised)."""
+    walks = {}  # (part, step) -> [measured MSE per offset tried so far]
+    shard_of = {(s.layer, kv): s for s in shards for kv in PARTS}
+    for part in shard_of:
+        for k in planes[part]:
+            walks.setdefault((part, float(np.float32(step0[part] * 2.0 ** -k))), [])
+
+    def make(part, st, o):
+        s = shard_of[part]
+        mu, c, _band, _energy, sc = means[part]
         return lambda: _decoded_part(c, st, _grid(s.shape[0], transform), mu, sc, s.shape, s.key.dtype, o)
 
-    got = iter(_probe_many([(s, kv, make(s, kv, st, o)) for s, kv, st, o in todo]))
+    while True:
+        todo = [(key, len(got)) for key, got in walks.items()
+                if len(got) < len(OFFSETS) and (len(got) < 2 or got[-1] < got[-2])]
+        if not todo:
+            break
+        got = _probe_many([(shard_of[part], part[1], make(part, st, OFFSETS[j])) for (part, st), j in todo])
+        for (key, _j), mse in zip(todo, got):
+            walks[key].append(mse)
     out = {}
-    for s in shards:
-        for kv in PARTS:
-            out[(s.layer, kv)] = [OFFSETS[int(np.argmin([next(got) for _ in OFFSETS]))] for _k in planes[(s.layer, kv)]]
+    for part in shard_of:
+        out[part] = []
+        for k in planes[part]:
+            tried = walks[(part, float(np.float32(step0[part] * 2.0 ** -k)))]
+            out[part].append(OFFSETS[int(np.argmin(tried))])
     return out
 
 
@@ -271,10 +286,11 @@ def _ladder_planes(coarse_pts: dict, sens: dict, budgets: Sequence[float], total
 def _image_planes(shards: Sequence[ShardKV], means: dict, step0: dict, proxy: dict, coarse_pts: dict,
                   budgets: Sequence[float], total_values: int, transform: str) -> dict:
     """Refinement planes by measured image MSE: per part the probe at 0..k planes (k: the proxy's
-    top rung + 2, widened where the choice reaches it), the proxy's bits, the same Lagrangian."""
+    top rung + 1, widened by one plane while the choice reaches it), the proxy's bits, the same
+    Lagrangian."""
     by_part = {(s.layer, kv): (s, kv) for s in shards for kv in PARTS}
     measured: dict = {part: {} for part in proxy}
-    top = {part: min(MAX_PLANES, proxy[part][-1] + 2) for part in proxy}
+    top = {part: min(MAX_PLANES, proxy[part][-1] + 1) for part in proxy}
     def make(part, k):
         s, _kv = by_part[part]
         mu, c, _band, _energy, sc = means[part]
@@ -291,7 +307,7 @@ def _image_planes(shards: Sequence[ShardKV], means: dict, step0: dict, proxy: di
         if not widen:
             break
         for part in widen:
-            top[part] = min(MAX_PLANES, top[part] + 2)
+            top[part] = min(MAX_PLANES, top[part] + 1)
     return planes
 
 
@@ -347,7 +363,13 @@ def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: s
     sens: dict = {}
     means: dict = {}
 
-    def rd_grid(s: ShardKV, kv: str):  # one part's transform and step grid; parts are independent
+    def rd_grid(s: ShardKV, kv: str):  # one part's transform and step grid (the same for every budget)
+        key = ("rd", kv, transform, weighting, float(gamma), str(sdt))
+        if key not in s.fit_cache:
+            s.fit_cache[key] = _rd_grid(s, kv)
+        return s.fit_cache[key]
+
+    def _rd_grid(s: ShardKV, kv: str):  # parts are independent
         T = s.shape[0]
         n = _grid(T, transform)
         band = _bands(T, n)
@@ -376,10 +398,21 @@ def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: s
     step0 = allocate_steps(fine, sens, budgets[0] * total_values)
     if use_image:
         step0 = _image_steps(shards, fine, means, step0, budgets[0] * total_values, transform)
+    shard_of = {(s.layer, kv): s for s in shards for kv in PARTS}
+
+    def coarse_rd(part, mean):  # (relative MSE, bits) at each plane below step0, memoised per step
+        out = []
+        for k in range(MAX_PLANES + 1):
+            st = step0[part] * 2.0 ** -k
+            key = ("dz", part[1], transform, weighting, float(gamma), str(sdt), st)
+            cache = shard_of[part].fit_cache
+            if key not in cache:
+                cache[key] = _deadzone_rd(mean[1], mean[2], st, mean[3])
+            out.append((k,) + cache[key])
+        return out
+
     with _part_pool(shards) as pool:
-        coarse = list(pool.map(lambda item: [(k,) + _deadzone_rd(item[1][1], item[1][2], step0[item[0]] * 2.0 ** -k,
-                                                                 item[1][3]) for k in range(MAX_PLANES + 1)],
-                               list(means.items())))
+        coarse = list(pool.map(lambda item: coarse_rd(*item), list(means.items())))
     for part, pts in zip(means, coarse):
         coarse_pts[part] = pts
     planes = _ladder_planes(coarse_pts, sens, budgets, total_values)

@@ -329,3 +329,40 @@ def test_importance_weighting_without_tables_round_trips():
         weighted_err[spec] = float((per_token * imp).sum() / imp.sum())
     # what the weighting is for: less error where the importance is
     assert weighted_err["progressive:weighting=importance"] < weighted_err["progressive"]
+
+
+def test_offset_walk_finds_the_best_offset_with_fewer_probes():
+    """`_image_offsets` walks up from the midpoint while the image MSE falls: on a probe whose MSE
+    over the offsets is unimodal it picks what measuring all four picks, with fewer probes."""
+    shards = _image_pair(shrink=30.0)
+    budgets = [0.4, 1.2]
+    c = get_codec("progressive", budgets=budgets)
+    c.fit_tables(shards)                                       # fills the parts' cached transforms
+    plans = PG.plan_parts(shards, budgets, "dct", True, use_image=True)
+    means, step0 = {}, {}
+    for s in shards:
+        for kv in PG.PARTS:
+            (_pts, mean), = [v for k, v in s.fit_cache.items() if k[0] == "rd" and k[1] == kv]
+            means[(s.layer, kv)] = mean
+            step0[(s.layer, kv)] = plans[(s.layer, kv)].step0
+    planes = {part: p.planes for part, p in plans.items()}
+    calls: list = []
+    for s in shards:  # count this walk's probes only
+        s.distortion = _probe(s, {"k": 1.0 if s.layer == 0 else 50.0, "v": 1.0}, 30.0, calls)
+    walked = PG._image_offsets(shards, means, step0, planes, "dct")
+    n_walk = len(calls)
+    full = {}
+    for s in shards:
+        for kv in PG.PARTS:
+            part = (s.layer, kv)
+            mu, coef, _b, _e, sc = means[part]
+            full[part] = []
+            for k in planes[part]:
+                st = float(np.float32(step0[part] * 2.0 ** -k))
+                mses = [s.distortion(kv, PG._decoded_part(coef, st, PG._grid(s.shape[0], "dct"), mu, sc, s.shape,
+                                                          s.key.dtype, o)) for o in PG.OFFSETS]
+                assert all(np.diff(np.sign(np.diff(mses))) >= 0)  # unimodal (falls, then rises)
+                full[part].append(PG.OFFSETS[int(np.argmin(mses))])
+    distinct_steps = sum(len(set(p)) for p in planes.values())
+    assert walked == full
+    assert n_walk < len(PG.OFFSETS) * distinct_steps

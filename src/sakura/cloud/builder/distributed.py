@@ -126,7 +126,7 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
                     steps: int = 4, seed: int = 0, executor: str = "ray", address: str | None = None,
                     workers: int | None = None, force: bool = False, max_retries: int = 3, progress: bool = True,
                     log: Callable[[str], None] = print, device: str = "auto", dtype: str = "auto",
-                    probe_batch: int | None = None) -> BuildReport:
+                    probe_batch: int | None = None, allocation_photos: int | None = 1) -> BuildReport:
     """Build one manifest per template on ``executor``, skipping templates already current.
 
     Args:
@@ -156,7 +156,9 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
     root = Path(store).resolve()
     root.mkdir(parents=True, exist_ok=True)
     opts = dict(model_name=model_name, ladder=ladder, calibration=calibration, steps=steps, seed=seed, device=device,
-                dtype=dtype, probe_batch=probe_batch)
+                dtype=dtype, probe_batch=probe_batch, allocation_photos=allocation_photos)
+    if executor == "ray":
+        opts["probe_workers"] = 1  # one CPU per Ray task: its probes run one at a time
     t_start = time.perf_counter()
     model_fp, on_gpu = _check_inputs(model_name, names, ladder, device)  # bad names/specs fail here, not in every task
     report = BuildReport(executor=executor, workers=1)

@@ -29,6 +29,7 @@ import functools
 
 import hashlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -67,6 +68,8 @@ DEFAULT_LADDER = ("progressive",) + FLOOR_RUNG_LADDER
 #: calibration photos. On the 12 held-out templates (docs/codec.md) >= 36-37 dB vs lossless kept the
 #: edit within 0.5 dB of the lossless edit's PSNR against ground truth; 38 leaves a margin.
 BASE_RUNG_PSNR_DB = 38.0
+#: Calibration photos the rate allocation's image probes edit (`build_store(allocation_photos=)`).
+ALLOCATION_PHOTOS = 1
 #: Candidate lowest-rung budgets (entropy-coded bits per value), tried cheapest first.
 BASE_RUNG_BUDGETS = (0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0)
 #: Single-rung budgets tried when even the top budget misses the target (hard templates: sticker).
@@ -149,7 +152,9 @@ class _Stages:
 def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates: Sequence[Any] | None = None,
                 ladder: Sequence[str] = DEFAULT_LADDER, calibration: int = 2, steps: int = 4, seed: int = 0,
                 base_psnr_db: float | None = BASE_RUNG_PSNR_DB, log: Callable[[str], None] = print,
-                device: Any = "auto", dtype: Any = "auto", probe_batch: int | None = None, progress: bool = False,
+                device: Any = "auto", dtype: Any = "auto", probe_batch: int | None = None,
+                probe_workers: int | None = None, allocation_photos: int | None = ALLOCATION_PHOTOS,
+                progress: bool = False,
                 profile: dict[str, dict[str, float]] | None = None, model: Any = None) -> list[Path]:
     """Build (or idempotently rebuild) one manifest per template; returns the manifest paths.
 
@@ -182,6 +187,16 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             one-at-a-time probing) and 16 on an accelerator, where one small forward is
             launch-bound. A batch > 1 may move a recorded image MSE in its ~5th digit (matmul
             rounding depends on the rows per call).
+        probe_workers: probes measured at once in threads (each probe computes exactly as alone:
+            the stores do not depend on it); default one per CPU core (up to 4) on the CPU, 1 on
+            an accelerator (one device runs one forward at a time).
+        allocation_photos: the rate allocation's image probes (hundreds per template: the
+            rung-0 steps, the refinement planes and the reconstruction offsets of every part) and
+            its layer sensitivities edit the first this many calibration photos (None: all); the
+            ladder search's acceptance
+            edits, every rendition's recorded distortion and the quality floor use all
+            `calibration` photos. 1 halves the probes' cost; measured on the default templates,
+            the same budgets' PSNR moved -0.4 to +0.8 dB and their bytes -1 to +1 % (docs/scale.md).
         progress: a tqdm bar (stderr) naming the template and stage, with an ETA.
         profile: filled with {template: {stage: wall seconds, "stage cpu": CPU seconds}}.
         model: an already-loaded model to build with (then `model_name`, `device`, `dtype` are unused).
@@ -209,6 +224,11 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         dev = getattr(model, "device", torch.device("cpu"))
         if probe_batch is None:
             probe_batch = 1 if dev.type == "cpu" else 16
+        if probe_workers is None:
+            probe_workers = min(4, _cpu_count()) if dev.type == "cpu" else 1
+        if probe_batch < 1 or probe_workers < 1 or (allocation_photos is not None and allocation_photos < 1):
+            raise ValueError(f"probe_batch, probe_workers and allocation_photos must be >= 1, got {probe_batch}, "
+                             f"{probe_workers}, {allocation_photos}")
         size = int(model.cfg.image_size)
         model_fp = model.fingerprint()
         if not templates and model.template_conditioning != "task":
@@ -225,7 +245,8 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             stages.start(name)
             out.append(_build_template(store, model, model_fp, name, images, instruction, calib, names, codecs,
                                        floor_codec, steps=steps, seed=seed, base_psnr_db=base_psnr_db,
-                                       probe_batch=probe_batch, stages=stages, log=log))
+                                       probing=_Probing(probe_batch, probe_workers, allocation_photos),
+                                       stages=stages, log=log))
             stages.finish_template()
     finally:
         stages.close()
@@ -235,7 +256,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
 
 
 def _build_template(store, model, model_fp, name, images, instruction, calib, names, codecs, floor_codec, *,
-                    steps, seed, base_psnr_db, probe_batch, stages, log) -> Path:
+                    steps, seed, base_psnr_db, probing, stages, log) -> Path:
     """One template's manifest (see `build_store`); `stages` times each step and moves the bar."""
     from sakura.cloud.capture import ShardDistortionProbe, layer_sensitivity, template_importance
     from sakura.codec import ShardId, ShardKV
@@ -254,13 +275,15 @@ def _build_template(store, model, model_fp, name, images, instruction, calib, na
         # as progressive-ladder weighting (docs/codec.md), so the default ladder ignores importance.
         imp = template_importance(model, kv, calib, steps=steps, seed=seed)  # (layers, tokens)
 
-    def calib_edit(layers, kv=kv):
-        return model.edit(calib, template_kv=TemplateKV([LayerKV(k, v) for k, v in layers], kv.model_fingerprint,
+    def calib_edit(layers, kv=kv, photos=calib):
+        return model.edit(photos, template_kv=TemplateKV([LayerKV(k, v) for k, v in layers], kv.model_fingerprint,
                                                         kv.template_fingerprint, kv.layout),
                           steps=steps, seed=seed).image
 
-    with stages.stage("sensitivity"):
-        sens = layer_sensitivity([(l.key, l.value) for l in kv.layers], calib_edit, seed=seed)
+    with stages.stage("sensitivity"):  # the allocation's proxy weights: on the allocation's photos
+        alloc_calib = calib[:probing.photos] if probing.photos else calib
+        sens = layer_sensitivity([(l.key, l.value) for l in kv.layers],
+                                 lambda layers: calib_edit(layers, photos=alloc_calib), seed=seed)
 
     def calib_edit_layers(layers, kv=kv):
         return model.edit(calib, template_kv=TemplateKV(layers, kv.model_fingerprint, kv.template_fingerprint,
@@ -268,7 +291,9 @@ def _build_template(store, model, model_fp, name, images, instruction, calib, na
 
     with stages.stage("probe reference"):
         probe = ShardDistortionProbe(model, kv, calib, steps=steps, seed=seed)
-        many = _many_probe(probe, kv, probe_batch)
+        alloc_probe = probe if len(alloc_calib) == len(calib) else ShardDistortionProbe(model, kv, alloc_calib,
+                                                                                        steps=steps, seed=seed)
+        many = _many_probe(alloc_probe, kv, probing)
     L = kv.num_layers
     shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=L, sensitivity=sens[i],
                       distortion=_part_probe(i, many)) for i, l in enumerate(kv.layers)]
@@ -299,13 +324,14 @@ def _build_template(store, model, model_fp, name, images, instruction, calib, na
                 w.add_table(rname, codec=codec.name, data=tables.to_bytes(ShardId(model_fp, kv.template_fingerprint, -1)),
                             params=params)
                 table_names = (rname,)
-            # (shard, rendition fields, distortion, decoded): image probes `probe_batch` at a time,
-            # so at most that many decoded layers wait on the host (never a whole template twice)
+            # (shard, rendition fields, distortion, decoded): image probes `probing.at_once` at a
+            # time, so at most that many decoded layers wait on the host (never a whole template twice)
             pending: list = []
 
             def flush(pending=pending) -> None:
                 with stages.stage("rendition probes"):
-                    mses = probe.image_mse_many([(i, lkv) for i, _f, _d, lkv in pending], batch=probe_batch)
+                    mses = probe.image_mse_many([(i, lkv) for i, _f, _d, lkv in pending], batch=probing.batch,
+                                                workers=probing.workers)
                     for (i, fields, dist, _lkv), mse in zip(pending, mses):
                         dist.update({"image_mse": mse, "image_psnr_db": psnr_db(mse)})
                         encoded[i].append(RenditionInput(**fields, distortion=_rounded(dist)))
@@ -329,20 +355,20 @@ def _build_template(store, model, model_fp, name, images, instruction, calib, na
                                             data=data, params=params if not table_names else {}, prefix_bytes=end,
                                             tables=table_names), dist, dec.for_attention()))
                     del dec
-                    if len(pending) >= probe_batch:
+                    if len(pending) >= probing.at_once:
                         flush()
             if pending:
                 flush()
         with stages.stage("quality floor"):
             floor_tables = floor_codec.fit_tables(shards) if floor_codec.uses_tables else None
             mses: list[float] = []
-            for a in range(0, len(shards), probe_batch):  # probe_batch decoded layers on the host at a time
+            for a in range(0, len(shards), probing.at_once):  # that many decoded layers on the host at a time
                 reqs = []
-                for i in range(a, min(a + probe_batch, len(shards))):
+                for i in range(a, min(a + probing.at_once, len(shards))):
                     dec = floor_codec.decode(floor_codec.encode(shards[i], ident(i), floor_tables), ident(i),
                                              floor_tables)
                     reqs.append((i, dec.for_attention()))
-                mses += probe.image_mse_many(reqs, batch=probe_batch)
+                mses += probe.image_mse_many(reqs, batch=probing.batch, workers=probing.workers)
             floors = [{"reference": QUALITY_FLOOR_SPEC, "image_mse": _rounded({"image_mse": m})["image_mse"]}
                       for m in mses]
         with stages.stage("write"):
@@ -428,11 +454,12 @@ def _depends_on(model: Any, images, kv) -> dict[str, Any]:
 
 def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log, ref=None):
     """A progressive ladder whose lowest rung reaches `base_psnr_db` on the calibration edits:
-    -> (codec with budgets, manifest params). Tries `BASE_RUNG_BUDGETS` below the codec's top
-    budget cheapest first, then the top, then `MAX_SINGLE_RUNG_BUDGETS` (one rung). `ref`: the
-    all-lossless calibration edit when the caller has it (the distortion probe's reference)."""
-    import math
-
+    -> (codec with budgets, manifest params). The candidates are `BASE_RUNG_BUDGETS` below the
+    codec's top budget, then the top, then `MAX_SINGLE_RUNG_BUDGETS` (one rung); the answer is the
+    cheapest candidate that reaches the target, found by `search_budget` (the image PSNR grows with
+    the budget, so a pass above a miss brackets it: 3-4 trials where trying them cheapest first took
+    up to 10). `ref`: the all-lossless calibration edit when the caller has it (the distortion
+    probe's reference)."""
     import numpy as np
 
     from sakura.codec import ShardId, get_codec
@@ -442,23 +469,85 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log, ref=N
     rungs = len(codec.params["budgets"])
     ref = (ref if ref is not None else edit([LayerKV(s.key, s.value) for s in shards])).double()
     ident = lambda i: ShardId("calibration", "ladder", i)  # noqa: E731
-    base, got = top, None
-    # cheapest first; a template the top budget cannot serve at the target gets a single rung above
-    # it (up to MAX_SINGLE_RUNG_BUDGETS[-1]: storage stays under 1/4 of fp16, docs/codec.md)
-    for b in [x for x in BASE_RUNG_BUDGETS if x < top] + [top] + [x for x in MAX_SINGLE_RUNG_BUDGETS if x > top]:
-        base = b
-        trial = get_codec(codec.name, **{**codec.params, "budgets": [b]})
-        tables = trial.fit_tables(shards)
-        decs = [trial.decode(trial.encode(s, ident(i), tables), ident(i), tables) for i, s in enumerate(shards)]
-        mse = float((edit([d.for_attention() for d in decs]).double() - ref).pow(2).mean())
-        got = psnr_db(mse)
-        if got >= base_psnr_db:
-            break
+    # a template the top budget cannot serve at the target gets a single rung above it (up to
+    # MAX_SINGLE_RUNG_BUDGETS[-1]: storage stays under 1/4 of fp16, docs/codec.md)
+    cands = [x for x in BASE_RUNG_BUDGETS if x < top] + [top] + [x for x in MAX_SINGLE_RUNG_BUDGETS if x > top]
+
+    def trial(b: float) -> float:  # the calibration edits' PSNR vs lossless with one rung at budget b
+        t = get_codec(codec.name, **{**codec.params, "budgets": [b]})
+        tables = t.fit_tables(shards)
+        decs = [t.decode(t.encode(s, ident(i), tables), ident(i), tables) for i, s in enumerate(shards)]
+        return psnr_db(float((edit([d.for_attention() for d in decs]).double() - ref).pow(2).mean()))
+
+    base, got = search_budget(cands, trial, base_psnr_db)
     n = rungs if base <= top / 2 else (2 if base < top else 1)
     budgets = [float(f"{x:.3g}") for x in np.geomspace(base, top, n)] if n > 1 else [base]
-    log(f"  ladder budgets {budgets} (lowest rung: {got if got is not None else float('nan'):.1f} dB vs lossless "
+    log(f"  ladder budgets {budgets} (lowest rung: {got:.1f} dB vs lossless "
         f"on the calibration photos at budget {base}, target {base_psnr_db} dB)")
     return get_codec(codec.name, **{**codec.params, "budgets": budgets}), {"budgets": budgets}
+
+
+#: where `search_budget` starts (a typical template's answer: docs/scale.md), and the PSNR slope it
+#: assumes until it has measured two budgets (dB per bit per value; ~6 at high rate, steeper here)
+SEARCH_START_BUDGET = 0.3
+SEARCH_SLOPE_DB_PER_BIT = 10.0
+
+
+def search_budget(candidates: Sequence[float], psnr_at: Callable[[float], float],
+                  target_db: float) -> tuple[float, float]:
+    """The cheapest of `candidates` (ascending budgets, bits per value) whose `psnr_at(budget)` (dB)
+    reaches `target_db`, else the last: -> (budget, its PSNR). A pure function of `psnr_at`.
+
+    PSNR grows with the budget, so the answer is the candidate that passes while the one below it
+    misses. Each trial is predicted from the PSNRs measured so far (linear in the budget between
+    them, the secant slope beyond them, `SEARCH_SLOPE_DB_PER_BIT` with one point) and kept strictly
+    between the highest miss and the lowest pass, so it ends after at most as many trials as
+    candidates (a linear scan's worst case), usually 2-4. Were the PSNR not monotone in the budget,
+    the answer is still a pass whose cheaper neighbour misses, not always the cheapest pass."""
+    import numpy as np
+
+    cands = [float(c) for c in candidates]
+    if not cands:
+        raise ValueError("search_budget: no candidate budgets")
+    seen: dict[int, float] = {}
+    miss, ok = -1, len(cands)  # highest index known to miss, lowest known to pass
+
+    def predict() -> int:
+        lo, hi = miss + 1, ok - 1
+        if not seen:
+            return min(range(lo, hi + 1), key=lambda i: abs(cands[i] - SEARCH_START_BUDGET))
+        pts = sorted((cands[i], p) for i, p in seen.items())
+        if len(pts) == 1:
+            (b0, p0), slope = pts[0], SEARCH_SLOPE_DB_PER_BIT
+            need = b0 + (target_db - p0) / slope
+        else:
+            xs, ys = np.array([b for b, _ in pts]), np.array([p for _, p in pts])
+            if target_db <= ys[0]:    # below every measured point: the first secant
+                slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
+                need = xs[0] + (target_db - ys[0]) / slope if slope > 0 else xs[0]
+            elif target_db >= ys[-1]:  # above every measured point: the last secant
+                slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+                need = xs[-1] + (target_db - ys[-1]) / (slope if slope > 0 else SEARCH_SLOPE_DB_PER_BIT)
+            else:                      # between two: interpolate
+                j = int(np.searchsorted(ys, target_db))
+                if ys[j] <= ys[j - 1]:
+                    need = xs[j]
+                else:
+                    need = xs[j - 1] + (target_db - ys[j - 1]) * (xs[j] - xs[j - 1]) / (ys[j] - ys[j - 1])
+        # the candidate nearest the predicted budget (in log: the candidates are roughly geometric)
+        return min(range(lo, hi + 1), key=lambda k: abs(np.log(cands[k] / max(need, 1e-6))))
+
+    while ok - miss > 1:
+        i = predict()
+        seen[i] = float(psnr_at(cands[i]))
+        if seen[i] >= target_db:
+            ok = i
+        else:
+            miss = i
+    if ok < len(cands):
+        return cands[ok], seen[ok]
+    last = len(cands) - 1  # nothing reaches the target: the largest budget (measured: it was the last miss)
+    return cands[last], seen[last]
 
 
 def _with_floor_rungs(codec, params: dict, ladder: Sequence[str], log):
@@ -482,11 +571,34 @@ def _with_floor_rungs(codec, params: dict, ladder: Sequence[str], log):
     return get_codec(codec.name, **{**codec.params, "budgets": merged}), {**params, "budgets": merged}
 
 
-def _many_probe(probe, kv, batch: int):
+@dataclass(frozen=True)
+class _Probing:
+    """How image probes run: `batch` edits per model call, `workers` threads at once, the rate
+    allocation's on the first `photos` calibration photos (None: all)."""
+
+    batch: int = 1
+    workers: int = 1
+    photos: int | None = None
+
+    @property
+    def at_once(self) -> int:  # probes (decoded layers) in flight together
+        return self.batch * self.workers
+
+
+def _cpu_count() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may use (a container's, a taskset's)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _many_probe(probe, kv, probing: "_Probing"):
     """The batched probe every shard's `_part_probe` shares (``distortion.many``, which the
     progressive codec's image allocation calls with all of a round's probes): [(layer, "k"/"v",
     decoded part)] -> image MSEs, memoised on (layer, part, decoded bytes), `batch` edits per
-    model call (`ShardDistortionProbe.image_mse_many`)."""
+    model call and `workers` in threads at once (`ShardDistortionProbe.image_mse_many`)."""
     from sakura.models.kv import LayerKV
 
     memo: dict[tuple[int, str, bytes], float] = {}
@@ -498,11 +610,12 @@ def _many_probe(probe, kv, batch: int):
             if key not in memo and key not in todo:
                 lossless = kv.layers[layer]
                 todo[key] = (layer, LayerKV(decoded, lossless.value) if part == "k" else LayerKV(lossless.key, decoded))
-        for key, mse in zip(todo, probe.image_mse_many(list(todo.values()), batch=batch)):
+        for key, mse in zip(todo, probe.image_mse_many(list(todo.values()), batch=probing.batch,
+                                                       workers=probing.workers)):
             memo[key] = mse
         return [memo[k] for k in keys]
 
-    many.batch = batch
+    many.batch = probing.at_once  # what the codec hands over per call (`progressive._probe_many`)
     return many
 
 

@@ -65,17 +65,33 @@ class ShardDistortionProbe:
         img = self._edit(layers).double()
         return float((img - self._ref_image).pow(2).mean(dim=(1, 2, 3)).mean())
 
-    def image_mse_many(self, requests: Sequence[tuple[int, LayerKV]], batch: int = 1) -> list[float]:
+    def image_mse_many(self, requests: Sequence[tuple[int, LayerKV]], batch: int = 1,
+                       workers: int = 1) -> list[float]:
         """`image_mse` of every (layer, replacement), `batch` edits per model call when the model
         has ``edit_many`` (the bundled sakura-mini: one batched forward per step). batch=1 runs
         every edit on its own, bit for bit what `image_mse` gives; a larger batch changes which
-        matmul kernels run (rows per call), so its images may differ in the last bits (~1e-7)."""
-        edit_many = getattr(self.model, "edit_many", None)
-        out: list[float] = []
+        matmul kernels run (rows per call), so its images may differ in the last bits (~1e-7).
+
+        `workers` > 1: the requests split into that many runs measured in threads at once (torch
+        releases the GIL inside its kernels; a CPU build sets one intra-op thread, so each probe
+        computes exactly as it would alone: the same values, in order)."""
         n = len(self.reference.layers)
         for layer, _ in requests:
             if not 0 <= layer < n:
                 raise IndexError(f"layer {layer} out of range ({n} layers)")
+        workers = max(1, min(int(workers), len(requests)))
+        if workers > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            per = -(-len(requests) // workers)
+            runs = [requests[a:a + per] for a in range(0, len(requests), per)]
+            with ThreadPoolExecutor(max_workers=len(runs), thread_name_prefix="probe") as pool:
+                return [m for got in pool.map(lambda r: self._mse_run(r, batch), runs) for m in got]
+        return self._mse_run(requests, batch)
+
+    def _mse_run(self, requests: Sequence[tuple[int, LayerKV]], batch: int) -> list[float]:
+        edit_many = getattr(self.model, "edit_many", None)
+        out: list[float] = []
         if batch <= 1 or edit_many is None:
             return [self.image_mse(layer, rep) for layer, rep in requests]
         for a in range(0, len(requests), batch):

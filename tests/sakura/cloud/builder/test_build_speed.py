@@ -78,3 +78,61 @@ def test_batched_probes_build_the_same_ladder_and_report_stages(tmp_path, capsys
     fa = [s["quality_floor"]["image_mse"] for s in ma["shards"]]
     fb = [s["quality_floor"]["image_mse"] for s in mb["shards"]]
     assert fb == pytest.approx(fa, rel=1e-3)
+
+
+def test_probes_in_threads_give_the_same_values_in_order(tiny_mini):
+    kv = _kv(tiny_mini)
+    photos = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(4))
+    reqs = [(i % tiny_mini.num_layers, _perturbed(kv, i % tiny_mini.num_layers, i)) for i in range(5)]
+    probe = ShardDistortionProbe(tiny_mini, kv, photos, steps=2)
+    one = probe.image_mse_many(reqs, batch=1)
+    assert len(set(one)) == len(one)                              # distinct values: order is checked
+    assert probe.image_mse_many(reqs, batch=1, workers=2) == one  # bit for bit: one intra-op thread each
+    assert probe.image_mse_many(reqs, batch=1, workers=8) == one  # more workers than requests
+
+
+def test_probe_threads_leave_the_store_unchanged(tmp_path):
+    kw = dict(templates=["look-00"], calibration=1, steps=1, log=lambda s: None, device="cpu")
+    build_store(tmp_path / "a", probe_workers=1, **kw)
+    build_store(tmp_path / "b", probe_workers=2, **kw)
+    assert _store_digest(tmp_path / "a") == _store_digest(tmp_path / "b")
+
+
+def test_build_rejects_bad_probe_settings(tmp_path):
+    with pytest.raises(ValueError, match="probe_workers"):
+        build_store(tmp_path, templates=["look-00"], probe_workers=0, log=lambda s: None, device="cpu")
+    with pytest.raises(ValueError, match="allocation_photos"):
+        build_store(tmp_path, templates=["look-00"], allocation_photos=0, log=lambda s: None, device="cpu")
+
+
+def _linear_scan(cands, f, target):
+    return next((b for b in cands if f(b) >= target), cands[-1])
+
+
+@pytest.mark.parametrize("target", [20.0, 30.0, 37.9, 38.0, 41.0, 55.0, 80.0])
+@pytest.mark.parametrize("curve", ["steep", "flat", "saturating"])
+def test_budget_search_finds_what_a_cheapest_first_scan_finds(curve, target):
+    """`search_budget` against trying every candidate cheapest first, on monotone PSNR curves of
+    the shapes the templates show (steep at low rates, flatter above): the same budget, fewer trials."""
+    import math
+
+    from sakura.cloud.builder.pipeline import BASE_RUNG_BUDGETS, MAX_SINGLE_RUNG_BUDGETS, search_budget
+
+    cands = list(BASE_RUNG_BUDGETS) + list(MAX_SINGLE_RUNG_BUDGETS)
+    f = {"steep": lambda b: 30 + 35 * b, "flat": lambda b: 25 + 9 * b,
+         "saturating": lambda b: 20 + 25 * math.log1p(3 * b)}[curve]
+    calls = []
+    b, p = search_budget(cands, lambda x: calls.append(x) or f(x), target)
+    assert b == _linear_scan(cands, f, target) and p == f(b)
+    assert len(calls) == len(set(calls)) <= 5 < len(cands)  # each budget tried at most once
+    linear = cands.index(b) + 1 if f(b) >= target else len(cands)
+    assert len(calls) <= max(linear, 4)
+
+
+def test_budget_search_edges():
+    from sakura.cloud.builder.pipeline import search_budget
+
+    assert search_budget([0.5], lambda b: 1.0, 38.0) == (0.5, 1.0)          # one candidate, missed: it stands
+    assert search_budget([0.5, 1.0], lambda b: 99.0, 38.0) == (0.5, 99.0)   # everything passes: the cheapest
+    with pytest.raises(ValueError, match="no candidate"):
+        search_budget([], lambda b: 0.0, 1.0)
