@@ -135,6 +135,8 @@ def _deadzone_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float) ->
 IMAGE_WINDOW = 3
 #: ... and how many times a window is widened where the choice lands on its edge
 IMAGE_WIDEN = 3
+#: refinement planes measured beyond the proxy's top rung (and added per widening)
+IMAGE_PLANES_AHEAD = 1
 
 
 def _decoded_part(c: np.ndarray, step: float, n: int, mean: np.ndarray, scale: np.ndarray | None,
@@ -286,11 +288,11 @@ def _ladder_planes(coarse_pts: dict, sens: dict, budgets: Sequence[float], total
 def _image_planes(shards: Sequence[ShardKV], means: dict, step0: dict, proxy: dict, coarse_pts: dict,
                   budgets: Sequence[float], total_values: int, transform: str) -> dict:
     """Refinement planes by measured image MSE: per part the probe at 0..k planes (k: the proxy's
-    top rung + 1, widened by one plane while the choice reaches it), the proxy's bits, the same
-    Lagrangian."""
+    top rung + `IMAGE_PLANES_AHEAD`, widened while the choice reaches it), the proxy's bits, the
+    same Lagrangian."""
     by_part = {(s.layer, kv): (s, kv) for s in shards for kv in PARTS}
     measured: dict = {part: {} for part in proxy}
-    top = {part: min(MAX_PLANES, proxy[part][-1] + 1) for part in proxy}
+    top = {part: min(MAX_PLANES, proxy[part][-1] + IMAGE_PLANES_AHEAD) for part in proxy}
     def make(part, k):
         s, _kv = by_part[part]
         mu, c, _band, _energy, sc = means[part]
@@ -307,7 +309,7 @@ def _image_planes(shards: Sequence[ShardKV], means: dict, step0: dict, proxy: di
         if not widen:
             break
         for part in widen:
-            top[part] = min(MAX_PLANES, top[part] + 1)
+            top[part] = min(MAX_PLANES, top[part] + IMAGE_PLANES_AHEAD)
     return planes
 
 
