@@ -121,7 +121,15 @@ def scales_of(codes: np.ndarray | None) -> np.ndarray | None:
 
 
 def _deadzone_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float) -> tuple[float, float]:
-    """(relative MSE, band-context entropy bits) of the dead-zone quantiser at `step`."""
+    """(relative MSE, band-context entropy bits) of the dead-zone quantiser at `step` (one native
+    pass: `fitkernels.deadzone_rd`; `_deadzone_rd_numpy` is its reference)."""
+    from . import fitkernels
+
+    return fitkernels.deadzone_rd(c, band, step, energy)
+
+
+def _deadzone_rd_numpy(c: np.ndarray, band: np.ndarray, step: float, energy: float) -> tuple[float, float]:
+    """`_deadzone_rd` in numpy (the reference the native kernel is tested against)."""
     a = np.abs(c)
     q = np.floor(a / step)
     rec = np.where(q > 0, (q + 0.5) * step, 0.0)

@@ -366,3 +366,18 @@ def test_offset_walk_finds_the_best_offset_with_fewer_probes():
     distinct_steps = sum(len(set(p)) for p in planes.values())
     assert walked == full
     assert n_walk < len(PG.OFFSETS) * distinct_steps
+
+
+@pytest.mark.parametrize("step", [0.003, 0.05, 0.4, 3.0])
+def test_native_deadzone_rd_equals_the_numpy_reference(step):
+    """The fit's one-pass kernel (`fitkernels.deadzone_rd`) against `_deadzone_rd_numpy`: the same
+    histograms (so the same entropy), the squared error up to summation order."""
+    rng = np.random.default_rng(1)
+    c = rng.standard_normal((64, 48)) * np.linspace(4, 0.05, 64)[:, None]
+    c[3, 5] = 0.0
+    c[7, 1] = -0.0
+    band = PG._bands(64, 8)
+    e = float((c ** 2).sum())
+    rel_n, bits_n = PG._deadzone_rd_numpy(c, band, step, e)
+    rel, bits = PG._deadzone_rd(c, band, step, e)
+    assert rel == pytest.approx(rel_n, rel=1e-12) and bits == pytest.approx(bits_n, rel=1e-12)
