@@ -283,7 +283,8 @@ def _build_template(store, model, model_fp, name, images, instruction, calib, na
     with stages.stage("sensitivity"):  # the allocation's proxy weights: on the allocation's photos
         alloc_calib = calib[:probing.photos] if probing.photos else calib
         sens = layer_sensitivity([(l.key, l.value) for l in kv.layers],
-                                 lambda layers: calib_edit(layers, photos=alloc_calib), seed=seed)
+                                 lambda layers: calib_edit(layers, photos=alloc_calib), seed=seed,
+                                 workers=probing.workers)
 
     def calib_edit_layers(layers, kv=kv):
         return model.edit(calib, template_kv=TemplateKV(layers, kv.model_fingerprint, kv.template_fingerprint,

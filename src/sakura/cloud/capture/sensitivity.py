@@ -17,24 +17,34 @@ import torch
 
 def layer_sensitivity(layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
                       edit: Callable[[list[tuple[torch.Tensor, torch.Tensor]]], torch.Tensor],
-                      eps: float = 0.05, seed: int = 0) -> list[tuple[float, float]]:
+                      eps: float = 0.05, seed: int = 0, workers: int = 1) -> list[tuple[float, float]]:
     """[(key sensitivity, value sensitivity)] per layer. `layers`: [(key, value)] (T, H, D);
-    `edit(layers)` returns the edited calibration images (B, 3, S, S) in [0, 1]."""
+    `edit(layers)` returns the edited calibration images (B, 3, S, S) in [0, 1]. `workers` > 1:
+    the perturbed edits run in that many threads (the perturbations are drawn first, in order:
+    the same values for any worker count)."""
     ref = edit(list(layers)).double()
     g = torch.Generator().manual_seed(seed)
-    out = []
+    perturbed = []
     for i, (k, v) in enumerate(layers):
-        sens = []
         for j, x in enumerate((k, v)):
             xf = x.float()
             rms = xf.pow(2).mean(dim=(1, 2), keepdim=True).sqrt()
             noisy = xf + eps * rms * torch.randn(xf.shape, generator=g)
             pert = list(layers)
             pert[i] = (noisy.to(x.dtype), v) if j == 0 else (k, noisy.to(x.dtype))
-            mse = float((edit(pert).double() - ref).pow(2).mean())
-            sens.append(mse / eps ** 2)
-        out.append((sens[0], sens[1]))
-    return out
+            perturbed.append(pert)
+
+    def mse(pert) -> float:
+        return float((edit(pert).double() - ref).pow(2).mean()) / eps ** 2
+
+    if workers > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sensitivity") as pool:
+            sens = list(pool.map(mse, perturbed))
+    else:
+        sens = [mse(p) for p in perturbed]
+    return [(sens[2 * i], sens[2 * i + 1]) for i in range(len(layers))]
 
 
 def token_sensitivity(model, template_kv, photos: torch.Tensor, *, steps: int = 4, seed: int = 0,

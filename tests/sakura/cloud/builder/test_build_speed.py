@@ -136,3 +136,19 @@ def test_budget_search_edges():
     assert search_budget([0.5, 1.0], lambda b: 99.0, 38.0) == (0.5, 99.0)   # everything passes: the cheapest
     with pytest.raises(ValueError, match="no candidate"):
         search_budget([], lambda b: 0.0, 1.0)
+
+
+def test_layer_sensitivity_in_threads_equals_one_thread(tiny_mini):
+    from sakura.cloud.capture import layer_sensitivity
+    from sakura.models.kv import TemplateKV
+
+    kv = _kv(tiny_mini)
+    photos = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(5))
+
+    def edit(layers):
+        t = TemplateKV([LayerKV(k, v) for k, v in layers], kv.model_fingerprint, kv.template_fingerprint, kv.layout)
+        return tiny_mini.edit(photos, template_kv=t, steps=2).image
+
+    pairs = [(l.key, l.value) for l in kv.layers]
+    one = layer_sensitivity(pairs, edit, seed=3)
+    assert layer_sensitivity(pairs, edit, seed=3, workers=2) == one and all(k > 0 and v > 0 for k, v in one)
