@@ -198,3 +198,18 @@ def test_a_wheel_installed_away_from_the_source_tree_edits(tmp_path):
                        cwd=work, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().endswith("ok 6") and (work / "e.png").is_file()
+
+
+def test_build_takes_device_and_dtype_and_refuses_bad_ones(tmp_path):
+    """`sakura.build(device=, dtype=)`: a device or dtype name it does not know is one typed line
+    before any work; the CPU in float32 builds (the store holds fp16 KV either way)."""
+    import sakura
+    from sakura.util.device import DeviceError
+
+    with pytest.raises(DeviceError, match="tpu"):
+        sakura.build(tmp_path / "bad", ["look-00"], device="tpu")
+    with pytest.raises(DeviceError, match="fp8"):
+        sakura.build(tmp_path / "bad", ["look-00"], dtype="fp8")
+    rep = sakura.build(tmp_path / "s", ["look-00"], calibration=1, steps=1, device="cpu", dtype="fp32",
+                       probe_workers=2)
+    assert rep.by_status("built") == ["look-00"]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sakura.cloud.builder.distributed import BuildReport, TemplateBuild, build_templates
-from sakura.cloud.builder.pipeline import DEFAULT_LADDER, build_store
+from sakura.cloud.builder.pipeline import ALLOCATION_PHOTOS, DEFAULT_LADDER, build_store
 from sakura.cloud.builder.template_files import TemplateSpec, TemplateSpecError, load_library_file
 
 log = logging.getLogger("sakura.cloud")
@@ -36,8 +36,9 @@ def _as_spec(t: Any) -> Any:
 
 def build(store: str | os.PathLike[str], templates: Sequence[Any] | None = None, *, model: str = "sakura-mini",
           library: str | os.PathLike[str] | None = None, ladder: Sequence[str] | None = None, calibration: int = 2,
-          steps: int = 4, executor: str = "local", address: str | None = None, workers: int | None = None,
-          force: bool = False) -> BuildReport:
+          steps: int = 4, device: str = "auto", dtype: str = "auto", executor: str = "local",
+          address: str | None = None, workers: int | None = None, force: bool = False, progress: bool = False,
+          probe_workers: int | None = None, allocation_photos: int | None = ALLOCATION_PHOTOS) -> BuildReport:
     """Build templates into ``store`` (created if missing; rebuilds are idempotent).
 
     Args:
@@ -48,6 +49,12 @@ def build(store: str | os.PathLike[str], templates: Sequence[Any] | None = None,
         library: a templates TOML file ([[template]] entries with id, images, task or prompt).
         ladder: codec specs, one rendition each (default: the progressive ladder + floor rungs).
         calibration, steps: public calibration photos and sampler steps for importance/distortion.
+        device, dtype: where the model runs: "auto" (cuda, then mps, then cpu), "cpu", "cuda",
+            "cuda:N", "mps"; dtype "auto" (bf16 on cuda, fp16 on mps, fp32 on cpu), "fp32",
+            "fp16", "bf16". The store holds fp16 KV whatever the compute dtype.
+        progress: a progress bar (stderr) naming the template and stage, with an ETA.
+        probe_workers, allocation_photos: how the image probes run (`build_store`); neither
+            changes what a store is for (probe_workers not at all: byte-identical stores).
         executor: "local" (this process) or "ray" (library templates over a Ray cluster at
             ``address``, ``workers`` at once; ``force`` rebuilds current ones).
     Returns a `BuildReport` (per template: built / skipped / failed, seconds, manifest path).
@@ -65,12 +72,14 @@ def build(store: str | os.PathLike[str], templates: Sequence[Any] | None = None,
             raise TemplateSpecError(["executor 'ray' builds library templates only; build Template(...)s locally"])
         return build_templates(store, templates=specs or None, model_name=model, ladder=ladder,
                                calibration=calibration, steps=steps, executor="ray", address=address,
-                               workers=workers, force=force, log=log.info)
+                               workers=workers, force=force, log=log.info, progress=progress, device=device,
+                               dtype=dtype, allocation_photos=allocation_photos)
     if address or workers or force:
         raise ValueError("address / workers / force apply to executor='ray'")
     t0 = time.perf_counter()
     paths = build_store(store, model_name=model, templates=specs or None, ladder=ladder, calibration=calibration,
-                        steps=steps, log=log.info)
+                        steps=steps, log=log.info, device=device, dtype=dtype, progress=progress,
+                        probe_workers=probe_workers, allocation_photos=allocation_photos)
     report = BuildReport(executor="local", workers=1, seconds=time.perf_counter() - t0)
     report.builds = [TemplateBuild(template=Path(p).stem, status="built", manifest=str(p)) for p in paths]
     return report
