@@ -13,6 +13,7 @@ index it cannot prove >= 0, and that check stops LLVM vectorising. So loops run 
 
 from __future__ import annotations
 
+import platform
 import threading
 
 import numpy as np
@@ -257,7 +258,24 @@ def _host_has(feature: str) -> bool:
 # merge, so there the scalar merge runs. Both give the same bits (tests run both).
 # The phone-class target (`target.py`, SAKURA_DECODE_TARGET=phone) runs the portable loops: no
 # phone has these instructions.
-VECTOR_LANES = 16 if _target.current() == "host" and _host_has("avx512vbmi2") else 0
+#
+# 8: the 128-bit kernels (`_merge_lanes8`, `_nonzero_positions8`): an expand or a compress of 8
+# lanes is one byte shuffle (SSSE3 `pshufb`; NEON's `tbl` does the same, with the same 0x80 = zero
+# convention) by a row of a 256-entry table indexed by the 8-bit lane mask. Every x86-64 CPU since
+# 2006 has SSSE3, the phone-class proxy (x86-64-v2) included; other architectures (no shuffle
+# emitted for them yet) run the scalar loops.
+#: whether this process's JIT target has the 128-bit byte shuffle the lanes-8 kernels emit
+BYTE_SHUFFLE = (platform.machine().lower() in ("x86_64", "amd64")
+                and (_target.current() == "phone" or _host_has("ssse3")))
+if _target.current() == "host" and _host_has("avx512vbmi2"):
+    VECTOR_LANES = 16
+elif BYTE_SHUFFLE:
+    VECTOR_LANES = 8
+else:
+    VECTOR_LANES = 0
+#: extra elements the callers allocate past the end of `refine`'s and `sig_positions`' scratch
+#: arrays, so that the 128-bit kernels' whole-vector loads and stores stay inside them
+VECTOR_PAD = 16
 
 
 def _splat(builder, vty, x):
@@ -331,6 +349,112 @@ def _merge_lanes(typingctx, mag, neg, j, lowv, li, newv, ki, sv, si, m):
     return types.UniTuple(types.int64, 2)(mag, neg, j, lowv, li, newv, ki, sv, si, m), codegen
 
 
+def _shuffle_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Byte-shuffle controls by 8-bit lane mask M (0x80: a zero byte):
+    EXP16[M]: expand 8 int16 lanes (lane i, if bit i of M is set, takes element popcount(M below
+    i) of the source, else 0); EXP8[M]: the same for 8 uint8 lanes (upper 8 bytes zero);
+    COMP32[M]: compress 4 int32 lanes (the set lanes of M's low 4 bits, in order, first)."""
+    exp16 = np.full((256, 16), 0x80, np.uint8)
+    exp8 = np.full((256, 16), 0x80, np.uint8)
+    comp32 = np.full((256, 16), 0x80, np.uint8)
+    for msk in range(256):
+        k = 0
+        for i in range(8):
+            if msk >> i & 1:
+                exp16[msk, 2 * i:2 * i + 2] = (2 * k, 2 * k + 1)
+                exp8[msk, i] = k
+                k += 1
+        k = 0
+        for i in range(4):
+            if msk >> i & 1:
+                comp32[msk, 4 * k:4 * k + 4] = range(4 * i, 4 * i + 4)
+                k += 1
+    return exp16, exp8, comp32
+
+
+_EXP16, _EXP8, _COMP32 = _shuffle_tables()
+
+
+def _byte_shuffle(builder, v, ctl):
+    """Codegen: <16 x i8> v shuffled by the <16 x i8> control ctl (byte i = v[ctl[i]], 0 where
+    ctl[i] has its top bit set): SSSE3 `pshufb`."""
+    v16 = ir.VectorType(ir.IntType(8), 16)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16, v16]), "llvm.x86.ssse3.pshuf.b.128")
+    return builder.call(fn, [v, ctl])
+
+
+def _table_row(context, builder, tty, tab, idx):
+    """Codegen: row idx (i32) of a (256, 16) uint8 table, as <16 x i8>."""
+    ary = context.make_array(tty)(context, builder, tab)
+    off = builder.mul(builder.zext(idx, ir.IntType(64)), ir.Constant(ir.IntType(64), 16))
+    ptr = builder.gep(ary.data, [off])
+    return builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(8), 16).as_pointer()), align=1)
+
+
+def _popcount8(builder, bits):
+    """Codegen: the set bits of an i8, as an i64."""
+    i8 = ir.IntType(8)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i8, [i8]), "llvm.ctpop.i8")
+    return builder.zext(builder.call(fn, [bits]), ir.IntType(64))
+
+
+@intrinsic
+def _merge_lanes8(typingctx, mag, neg, j, lowv, li, newv, ki, sv, si, m, exp16, exp8):
+    """`_merge_lanes` 8 coefficients at a time in 128-bit vectors: the expanding loads are whole
+    16-byte loads (lowv[li:li+8], newv[ki:ki+8], sv[si:si+16]: the caller keeps them inside the
+    arrays) shuffled by the table row of the lane mask (`_EXP16`, `_EXP8`: one `pshufb` each).
+    -> (significant lanes, lanes that became significant); the same bits as the scalar merge."""
+    W = 8
+    if not (isinstance(mag, types.Array) and mag.dtype in (types.int32, types.int16) and isinstance(neg, types.Array)
+            and neg.dtype == types.uint8 and isinstance(lowv, types.Array) and lowv.dtype == types.int16
+            and isinstance(newv, types.Array) and newv.dtype == types.int16 and isinstance(sv, types.Array)
+            and sv.dtype == types.uint8 and isinstance(exp16, types.Array) and exp16.dtype == types.uint8
+            and isinstance(exp8, types.Array) and exp8.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, signature, args):
+        amag, aneg, jj, alow, ll, anew, kk, asv, ss, mm, at16, at8 = args
+        tys = signature.args
+
+        def at(k, idx):
+            ary = context.make_array(tys[k])(context, builder, args[k])
+            i = context.cast(builder, idx, tys[k + 1] if k in (3, 5, 7) else tys[2], types.intp)
+            return builder.gep(ary.data, [i])
+
+        i1, i8, i16, i32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+        v8x16, b16, b8 = ir.VectorType(i16, W), ir.VectorType(i8, 16), ir.VectorType(i8, W)
+        wide = tys[0].dtype == types.int32
+        vq = ir.VectorType(i32, W) if wide else v8x16
+
+        def ext(v):
+            return builder.zext(v, vq) if wide else v
+
+        def expand16(ptr, bits):   # 8 int16 from ptr, expanded by the 8-bit mask `bits`
+            raw = builder.load(builder.bitcast(ptr, b16.as_pointer()), align=1)
+            ctl = _table_row(context, builder, tys[10], at16, bits)
+            return builder.bitcast(_byte_shuffle(builder, raw, ctl), v8x16)
+
+        pmag = builder.bitcast(at(0, jj), vq.as_pointer())
+        pneg = builder.bitcast(at(1, jj), b8.as_pointer())
+        q = builder.load(pmag, align=2)
+        sig = builder.icmp_unsigned("!=", q, ir.Constant(vq, None))
+        sbits = builder.bitcast(sig, i8)
+        lo = expand16(at(3, ll), sbits)
+        nw = expand16(at(5, kk), builder.not_(sbits))
+        sh = context.cast(builder, mm, tys[9], types.int32 if wide else types.int16)
+        sigval = builder.or_(builder.shl(q, _splat(builder, vq, sh)), ext(lo))
+        builder.store(builder.select(sig, sigval, ext(nw)), pmag, align=2)
+        bec = builder.and_(builder.not_(sig), builder.icmp_unsigned("!=", nw, ir.Constant(v8x16, None)))
+        bbits = builder.bitcast(bec, i8)
+        sraw = builder.load(builder.bitcast(at(7, ss), b16.as_pointer()), align=1)
+        sx = _byte_shuffle(builder, sraw, _table_row(context, builder, tys[11], at8, bbits))
+        sb = builder.shuffle_vector(sx, ir.Constant(b16, ir.Undefined), ir.Constant(ir.VectorType(i32, W), list(range(W))))
+        n0 = builder.load(pneg, align=1)
+        builder.store(builder.select(sig, n0, sb), pneg, align=1)
+        return context.make_tuple(builder, signature.return_type, [_popcount8(builder, sbits), _popcount8(builder, bbits)])
+    return types.UniTuple(types.int64, 2)(mag, neg, j, lowv, li, newv, ki, sv, si, m, exp16, exp8), codegen
+
+
 @njit(nogil=True, cache=True)
 def refine(mag, neg, starts, nz, counts, sym, m, g, low, signs, lowv, newv, sv, lanes=0):
     """One refinement rung in place: significant magnitudes get m low bits (`low`, little-endian
@@ -397,6 +521,15 @@ def refine(mag, neg, starts, nz, counts, sym, m, g, low, signs, lowv, newv, sv, 
                 ki += 16 - ns
                 si += nbc
                 j0 += 16
+        elif lanes == 8:
+            # whole-vector loads: only while 8 int16 (16 sign bytes) remain in each scratch array
+            # (the callers allocate VECTOR_PAD more); the band's rest runs the scalar tail below
+            while j0 + 8 <= e - a and li + 8 <= lowv.size and ki + 8 <= newv.size and si + 16 <= sv.size:
+                ns, nbc = _merge_lanes8(mag, neg, a + j0, lowv, li, newv, ki, sv, si, m, _EXP16, _EXP8)
+                li += ns
+                ki += 8 - ns
+                si += nbc
+                j0 += 8
         else:
             # Portable (`lanes` 0): blocks of 16 whose coefficients are all insignificant (most of
             # them where a part refines densely: ~95 % insignificant on the Klein V part) take 16
