@@ -635,6 +635,7 @@ def cachegen_dequant(sym, amax, mx, out):
     transposing write here ran at 8 ns per value; the caller transposes with torch (~1 ns)."""
     C, T = sym.shape
     fmx = np.float32(mx)
+    mx32 = np.int32(mx)
     scale = np.empty(T, np.float32)
     for t in range(T):
         scale[t] = np.float32(amax[t]) / fmx
@@ -642,7 +643,7 @@ def cachegen_dequant(sym, amax, mx, out):
         sc = sym[c]
         o = out[c]
         for t in range(T):
-            o[t] = np.float32(sc[t] - mx) * scale[t]
+            o[t] = np.float32(np.int32(sc[t] - mx32)) * scale[t]
 
 
 CG_TILE_T = 256   # tokens x channels per tile of `cachegen_fp16` (the fp16 tile is 32 KiB, in L1)
@@ -661,8 +662,10 @@ def cachegen_fp16(sym, amax, mx, lo, hi, out):
     scale = np.empty(T, np.float32)
     for t in range(T):
         scale[t] = np.float32(amax[t]) / fmx
-    row = np.empty(CG_TILE_T, np.float32)
     tile = np.empty((CG_TILE_C, CG_TILE_T), np.uint16)
+    # s - MAX in int32, as the reference's int32 arrays (numba widens to int64, and int64 -> float
+    # has no 128-bit vector conversion: the loop ran one value at a time on x86-64-v2)
+    mx32 = np.int32(mx)
     for c0 in range(lo, hi, CG_TILE_C):
         nc = min(CG_TILE_C, hi - c0)
         for t0 in range(0, T, CG_TILE_T):
@@ -670,9 +673,11 @@ def cachegen_fp16(sym, amax, mx, lo, hi, out):
             st = scale[t0:t0 + nt]
             for cc in range(nc):
                 sc = sym[c0 + cc, t0:t0 + nt]
+                tr = tile[cc, :nt]
+                # value and conversion in one loop (a float32 row, then `to_fp16` over it, ran
+                # 1.5-2x slower with x86-64-v2 code, erratically; the same float32 values)
                 for tt in range(nt):
-                    row[tt] = np.float32(sc[tt] - mx) * st[tt]
-                to_fp16(row[:nt], tile[cc, :nt])
+                    tr[tt] = _f16_bits(np.float32(np.int32(sc[tt] - mx32)) * st[tt])
             for tt in range(nt):
                 o = out[t0 + tt, c0:c0 + nc]
                 for cc in range(nc):
@@ -729,9 +734,11 @@ def _f16_bits_integer(builder, x):
     ax = builder.bitcast(a, f32)
     rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32]), "llvm.rint.f32")
     sub = builder.fptosi(builder.call(rint, [builder.fmul(ax, ir.Constant(f32, 16777216.0))]), i32)
-    o = builder.select(builder.icmp_unsigned(">=", a, c(113 << 23)), nrm, sub)       # normal / subnormal
-    big = builder.select(builder.icmp_unsigned(">", a, c(0x7F800000)), c(0x7E00), c(0x7C00))  # NaN / inf
-    o = builder.select(builder.icmp_unsigned(">=", a, c((127 + 16) << 23)), big, o)
+    # signed compares: a < 2^31, so they equal the unsigned ones, and SSE has only signed ones
+    # (an unsigned compare took 2 more instructions per vector)
+    o = builder.select(builder.icmp_signed(">=", a, c(113 << 23)), nrm, sub)       # normal / subnormal
+    big = builder.select(builder.icmp_signed(">", a, c(0x7F800000)), c(0x7E00), c(0x7C00))  # NaN / inf
+    o = builder.select(builder.icmp_signed(">=", a, c((127 + 16) << 23)), big, o)
     return builder.trunc(builder.or_(o, builder.lshr(sign, c(16))), ir.IntType(16))
 
 
