@@ -734,11 +734,14 @@ def _f16_bits_integer(builder, x):
     ax = builder.bitcast(a, f32)
     rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32]), "llvm.rint.f32")
     sub = builder.fptosi(builder.call(rint, [builder.fmul(ax, ir.Constant(f32, 16777216.0))]), i32)
-    # signed compares: a < 2^31, so they equal the unsigned ones, and SSE has only signed ones
-    # (an unsigned compare took 2 more instructions per vector)
-    o = builder.select(builder.icmp_signed(">=", a, c(113 << 23)), nrm, sub)       # normal / subnormal
-    big = builder.select(builder.icmp_signed(">", a, c(0x7F800000)), c(0x7E00), c(0x7C00))  # NaN / inf
-    o = builder.select(builder.icmp_signed(">=", a, c((127 + 16) << 23)), big, o)
+    # The range tests as float compares of |x| (one `cmpps` each; SSE has no unsigned integer
+    # compare, and LLVM turned signed compares of the non-negative a back into unsigned ones: 2
+    # instructions more per test). Equal to the integer tests a >= 113 << 23, a > 0x7F800000 and
+    # a >= 143 << 23 on every x: ordered >= 2^-14 (false for NaN, whose result the last select
+    # sets), unordered, unordered >= 2^16 (true for NaN and inf).
+    o = builder.select(builder.fcmp_ordered(">=", ax, ir.Constant(f32, 2.0 ** -14)), nrm, sub)   # normal / subnormal
+    big = builder.select(builder.fcmp_unordered("uno", ax, ax), c(0x7E00), c(0x7C00))           # NaN / inf
+    o = builder.select(builder.fcmp_unordered(">=", ax, ir.Constant(f32, 65536.0)), big, o)
     return builder.trunc(builder.or_(o, builder.lshr(sign, c(16))), ir.IntType(16))
 
 
