@@ -978,12 +978,54 @@ def _nonzero_positions16(typingctx, mag, j, sigpos, sp):
     return types.int64(mag, j, sigpos, sp), codegen
 
 
+@intrinsic
+def _nonzero_positions8(typingctx, mag, j, sigpos, sp, comp32):
+    """`_nonzero_positions16` 8 lanes at a time in 128-bit vectors: the positions j..j+7 whose
+    mag is nonzero, in order at sigpos[sp:] -> how many. Each half's 4 positions are compressed by
+    one byte shuffle (`_COMP32`'s row of its 4-bit mask) and stored whole: it writes 8 int32 from
+    sigpos[sp] on, of which the first (count) are the positions (the caller keeps sp + 8 inside
+    sigpos; what follows them is overwritten or never read)."""
+    if not (isinstance(mag, types.Array) and mag.dtype in (types.int32, types.int16)
+            and isinstance(sigpos, types.Array) and sigpos.dtype == types.int32
+            and isinstance(comp32, types.Array) and comp32.dtype == types.uint8):
+        return None
+    W = 8
+    mbits = 32 if mag.dtype == types.int32 else 16
+
+    def codegen(context, builder, signature, args):
+        amag, jj, apos, ss, atab = args
+        tys = signature.args
+        i8, i32 = ir.IntType(8), ir.IntType(32)
+        v4, b16 = ir.VectorType(i32, 4), ir.VectorType(i8, 16)
+        j = context.cast(builder, jj, tys[1], types.intp)
+        pm = builder.gep(context.make_array(tys[0])(context, builder, amag).data, [j])
+        vq = ir.VectorType(ir.IntType(mbits), W)
+        q = builder.load(builder.bitcast(pm, vq.as_pointer()), align=mbits // 8)
+        bits = builder.zext(builder.bitcast(builder.icmp_unsigned("!=", q, ir.Constant(vq, None)), i8), i32)
+        sp = context.cast(builder, ss, tys[3], types.intp)
+        base = context.make_array(tys[2])(context, builder, apos).data
+        j32 = _splat(builder, v4, builder.trunc(j, i32))
+        total = ir.Constant(ir.IntType(64), 0)
+        for h in range(2):
+            hb = builder.and_(builder.lshr(bits, i32(4 * h)), i32(15))
+            pos = builder.add(j32, ir.Constant(v4, list(range(4 * h, 4 * h + 4))))
+            ctl = _table_row(context, builder, tys[4], atab, hb)
+            packed = _byte_shuffle(builder, builder.bitcast(pos, b16), ctl)
+            dst = builder.gep(base, [builder.add(sp, total)])
+            builder.store(packed, builder.bitcast(dst, b16.as_pointer()), align=4)
+            total = builder.add(total, _popcount8(builder, builder.trunc(hb, i8)))
+        return total
+    return types.int64(mag, j, sigpos, sp, comp32), codegen
+
+
 @njit(nogil=True, cache=True)
 def sig_positions(mag, starts, sigptr, sigpos, lanes=0):
     """The flat positions of the nonzero magnitudes, in order, band by band, into
     sigpos[sigptr[b]:sigptr[b + 1]] (sigptr from the counts). Runs of 32 are tested at once
     (vectorised; ~1-5 % of them are nonzero where this runs). False if a band's count disagrees.
-    `lanes` = 16 (`VECTOR_LANES`): 16 at a time with a compressing store, the same positions.
+    `lanes` = 16 (`VECTOR_LANES`): 16 at a time with a compressing store, the same positions;
+    8: runs of 32 with a nonzero value 8 at a time by table-driven 128-bit compresses
+    (`_nonzero_positions8`: branch-free, where the scalar loop branched on every value).
     Positions are int32 (flat indices < 2^31)."""
     for b in range(starts.size - 1):
         sp = sigptr[b]
@@ -1005,6 +1047,14 @@ def sig_positions(mag, starts, sigptr, sigpos, lanes=0):
                 anyv |= blk[i]
             if anyv == 0:
                 continue
+            if lanes == 8 and j1 - j0 == 32 and sp + 40 <= sigpos.size:
+                c = 0
+                for h in range(0, 32, 8):
+                    c += _nonzero_positions8(mag, j0 + h, sigpos, sp + c, _COMP32)
+                if sp + c <= end:
+                    sp += c
+                    continue
+                # (a count disagrees: the scalar loop below finds where)
             for i in range(blk.size):
                 if blk[i] != 0:
                     if sp >= end:
