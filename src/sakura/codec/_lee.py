@@ -47,6 +47,8 @@ def idct2_2(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             ahead = src + np.uint64(PREFETCH_ROWS * C)
             for pq in range(0, 64, 16):
                 prefetch(mag, ahead + np.uint64(pq))
+            prefetch(neg, ahead)
+            prefetch(neg, ahead + np.uint64(64 - 1))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + of) * st
@@ -152,6 +154,8 @@ def idct2_4(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             ahead = src + np.uint64(PREFETCH_ROWS * C)
             for pq in range(0, 64, 16):
                 prefetch(mag, ahead + np.uint64(pq))
+            prefetch(neg, ahead)
+            prefetch(neg, ahead + np.uint64(64 - 1))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + of) * st
@@ -329,6 +333,8 @@ def idct2_8(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             ahead = src + np.uint64(PREFETCH_ROWS * C)
             for pq in range(0, 64, 16):
                 prefetch(mag, ahead + np.uint64(pq))
+            prefetch(neg, ahead)
+            prefetch(neg, ahead + np.uint64(64 - 1))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + of) * st
@@ -686,6 +692,8 @@ def idct2_16(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             ahead = src + np.uint64(PREFETCH_ROWS * C)
             for pq in range(0, 64, 16):
                 prefetch(mag, ahead + np.uint64(pq))
+            prefetch(neg, ahead)
+            prefetch(neg, ahead + np.uint64(64 - 1))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + of) * st
@@ -1475,6 +1483,8 @@ def idct2_32(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             ahead = src + np.uint64(PREFETCH_ROWS * C)
             for pq in range(0, 64, 16):
                 prefetch(mag, ahead + np.uint64(pq))
+            prefetch(neg, ahead)
+            prefetch(neg, ahead + np.uint64(64 - 1))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + of) * st
@@ -3272,6 +3282,8 @@ def idct2_64(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             ahead = src + np.uint64(PREFETCH_ROWS * C)
             for pq in range(0, 32, 16):
                 prefetch(mag, ahead + np.uint64(pq))
+            prefetch(neg, ahead)
+            prefetch(neg, ahead + np.uint64(32 - 1))
             for c in range(32):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + of) * st

@@ -1032,6 +1032,20 @@ def sig_positions(mag, starts, sigptr, sigpos, lanes=0):
         end = sigptr[b + 1]
         a = starts[b]
         e = starts[b + 1]
+        if lanes == 8:    # runs of 32 tested at once (a fixed count: unrolled), 8 at a time where nonzero
+            while a + 32 <= e and sp + 40 <= sigpos.size:
+                blk = mag[a:a + 32]
+                anyv = 0
+                for i in range(32):
+                    anyv |= blk[i]
+                if anyv != 0:
+                    c = 0
+                    for h in range(0, 32, 8):
+                        c += _nonzero_positions8(mag, a + h, sigpos, sp + c, _COMP32)
+                    if sp + c > end:
+                        break     # (a count disagrees: the scalar scan below finds where)
+                    sp += c
+                a += 32
         if lanes == 16:   # 16 at a time, the nonzero ones' positions compressed into sigpos
             while a + 16 <= e:
                 c = _nonzero_positions16(mag, a, sigpos, sp) if sp + 16 <= sigpos.size else -1
@@ -1047,14 +1061,6 @@ def sig_positions(mag, starts, sigptr, sigpos, lanes=0):
                 anyv |= blk[i]
             if anyv == 0:
                 continue
-            if lanes == 8 and j1 - j0 == 32 and sp + 40 <= sigpos.size:
-                c = 0
-                for h in range(0, 32, 8):
-                    c += _nonzero_positions8(mag, j0 + h, sigpos, sp + c, _COMP32)
-                if sp + c <= end:
-                    sp += c
-                    continue
-                # (a count disagrees: the scalar loop below finds where)
             for i in range(blk.size):
                 if blk[i] != 0:
                     if sp >= end:
