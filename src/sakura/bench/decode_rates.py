@@ -413,7 +413,8 @@ def markdown(result: dict) -> str:
          "(`sakura bench dilated`) simulate a phone's decode with the **phone-class** rates; the host rates are "
          "published beside them.", "",
          "- **host**: the decoders as they run on this machine: numba compiles for the host CPU and the "
-         "AVX-512 VBMI2 vector kernels (`vpexpandw`, `vpcompressd`) run where the CPU has them.",
+         "AVX-512 VBMI2 vector kernels (`vpexpandw`, `vpcompressd`) run where the CPU has them (on other "
+         "x86 CPUs the 128-bit kernels below).",
          "- **phone-class**: a phone core has 128-bit SIMD (Arm NEON). The proxy runs the same decoders in a "
          "child process with `SAKURA_DECODE_TARGET=phone` (`sakura.codec.target`): numba generates code for "
          f"`{PHONE_CPU_NAME}` (SSE4.2, 128-bit vectors, no AVX, no F16C), the AVX-512 kernels are off and "
