@@ -200,13 +200,37 @@ def unpack_low(low, m, n, out):
         out[i] = (w >> (bit & 7)) & mmask
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _ungroup_band(sb, n, m, g, o):
+    """One flagged band's n new indices -> o[:n], ungrouped from its symbols sb (g per symbol)."""
+    mmask = (1 << m) - 1
+    lg = 0 if g == 1 else 1 if g == 2 else 2
+    full = n // g if g in (2, 4) else 0
+    # whole symbols with the fields unrolled (g = 4: 2.1x faster than a field per
+    # iteration, whose k >> lg index kept LLVM from vectorising); the rest field by field
+    if g == 4:
+        for t in range(full):
+            v = sb[t]
+            o4 = o[4 * t:4 * t + 4]
+            o4[0] = v & mmask
+            o4[1] = (v >> m) & mmask
+            o4[2] = (v >> (2 * m)) & mmask
+            o4[3] = (v >> (3 * m)) & mmask
+    elif g == 2:
+        for t in range(full):
+            v = sb[t]
+            o2 = o[2 * t:2 * t + 2]
+            o2[0] = v & mmask
+            o2[1] = (v >> m) & mmask
+    for k in range(full * g, n):
+        o[k] = (sb[_u(k >> lg)] >> (m * (k & (g - 1)))) & mmask
+
+
 @njit(nogil=True, cache=True)
 def ungroup_bands(sym, nz, counts, m, g, out):
     """The new indices of every insignificant coefficient in flat order -> out (sum(counts),):
     ungrouped from `sym` (g per symbol, band order) in flagged bands, 0 in unflagged ones. Returns
     False if the symbols do not cover the flagged bands exactly."""
-    mmask = (1 << m) - 1
-    lg = 0 if g == 1 else 1 if g == 2 else 2
     ptr = 0
     at = 0
     for b in range(counts.size):
@@ -218,26 +242,7 @@ def ungroup_bands(sym, nz, counts, m, g, out):
             ns = (n + g - 1) // g
             if ptr + ns > sym.size:
                 return False
-            sb = sym[ptr:ptr + ns]
-            full = n // g if g in (2, 4) else 0
-            # whole symbols with the fields unrolled (g = 4: 2.1x faster than a field per
-            # iteration, whose k >> lg index kept LLVM from vectorising); the rest field by field
-            if g == 4:
-                for t in range(full):
-                    v = sb[t]
-                    o4 = o[4 * t:4 * t + 4]
-                    o4[0] = v & mmask
-                    o4[1] = (v >> m) & mmask
-                    o4[2] = (v >> (2 * m)) & mmask
-                    o4[3] = (v >> (3 * m)) & mmask
-            elif g == 2:
-                for t in range(full):
-                    v = sb[t]
-                    o2 = o[2 * t:2 * t + 2]
-                    o2[0] = v & mmask
-                    o2[1] = (v >> m) & mmask
-            for k in range(full * g, n):
-                o[k] = (sb[_u(k >> lg)] >> (m * (k & (g - 1)))) & mmask
+            _ungroup_band(sym[ptr:ptr + ns], n, m, g, o)
             ptr += ns
         at += n
     return ptr == sym.size
@@ -467,8 +472,8 @@ def refine(mag, neg, starts, nz, counts, sym, m, g, low, signs, lowv, newv, sv, 
     arrays' memory traffic against int32), reused from call to call: fresh arrays cost a page
     fault per 4 KiB (~30 % of a 4,096-token upgrade).
 
-    Three passes: the low bits and the new indices are unpacked first (each value independent:
-    vectorised), so the merge, whose two cursors advance with the data, does one load per input
+    The low bits are unpacked first, each band's new indices just before its merge (each value
+    independent: vectorised; a band's stay in cache), so the merge, whose two cursors advance with the data, does one load per input
     instead of a bit walk (the single-pass walk cost ~1.7 ns per coefficient, this ~3x less). The
     merge is branch-free (both paths computed, one kept): which path a coefficient takes is data,
     and branches were mispredicted ~1 in 3. Bands with no new indices coded only shift in
@@ -483,12 +488,18 @@ def refine(mag, neg, starts, nz, counts, sym, m, g, low, signs, lowv, newv, sv, 
         return 1
     unpack_low(low, m, nsig, lowv)
     lowv[nsig] = 0
-    if not ungroup_bands(sym, nz, counts, m, g, newv):
+    # the symbols' coverage and the new significant ones per band from the symbols themselves;
+    # the new indices are unpacked band by band below, into the start of newv, just before the
+    # band's merge: the band's (<= ~100 KB) stay in cache, where the whole part's unpacked ahead
+    # (2 bytes per insignificant coefficient: 25 MB per Klein V part at 4,096 tokens) went to
+    # memory and back
+    sptr = np.empty(counts.size + 1, np.int64)
+    became = np.empty(counts.size, np.int64)
+    if not refinement_counts(sym, nz, counts, m, g, sptr, became):
         return 2
-    newv[nins] = 0
     nbec = 0
-    for k in range(nins):
-        nbec += newv[k] > 0
+    for b in range(counts.size):
+        nbec += became[b]
     if nbec > (signs.size - 4) * 8:
         return 1
     for i in range(nbec):                    # the sign bits as bytes (one load in the merge)
@@ -501,7 +512,6 @@ def refine(mag, neg, starts, nz, counts, sym, m, g, low, signs, lowv, newv, sv, 
         a = starts[b]
         e = starts[b + 1]
         if nz[b] == 0 and counts[b] == e - a:   # nothing significant, nothing coded: all stay zero
-            ki += e - a
             continue
         mb = mag[a:e]
         nb_ = neg[a:e]
@@ -511,8 +521,11 @@ def refine(mag, neg, starts, nz, counts, sym, m, g, low, signs, lowv, newv, sv, 
                 sig = 1 if q != 0 else 0
                 mb[j] = (q << m) | (sig * lowv[_u(li)])
                 li += sig
-            ki += counts[b]
             continue
+        nb = counts[b]
+        _ungroup_band(sym[sptr[b]:sptr[b + 1]], nb, m, g, newv)   # this band's new indices: newv[:nb]
+        newv[nb] = 0
+        ki = 0
         j0 = 0
         if lanes == 16:
             while j0 + 16 <= e - a:
