@@ -1091,7 +1091,7 @@ class ProgressiveState(LadderState):
         mag, neg = self.mag[kv], self.neg[kv]
         sigptr = np.zeros(lay.nbands + 1, np.int64)
         np.cumsum(np.diff(lay.starts) - counts, out=sigptr[1:])
-        sigpos = K.scratch("sigpos", int(sigptr[-1]) + K.VECTOR_PAD + 32, np.int32)
+        sigpos = K.scratch("sigpos", int(sigptr[-1]), np.int32)
         if not K.sig_positions(mag, lay.starts, sigptr, sigpos, K.VECTOR_LANES):
             raise bs.CorruptError(f"{self.codec.name}: significant coefficients disagree with their counts")
         sbit0 = np.zeros(lay.nbands, np.int64)
