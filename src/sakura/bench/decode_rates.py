@@ -47,7 +47,7 @@ WORKERS = tuple(sorted({1, 2, os.cpu_count() or 1}))   # 1, 2 and all cores
 RATES_ASSET = "decode_rates.json"
 RATES_ENV = "SAKURA_DECODE_RATES"
 #: The decode targets (`sakura.codec.target`): this host's JIT and vector kernels, or the
-#: phone-class proxy (128-bit SIMD, portable kernels). Phone figures use "phone".
+#: phone-class proxy (128-bit SIMD and kernels). Phone figures use "phone".
 HOST, PHONE = "host", "phone"
 TARGETS = (HOST, PHONE)
 PHONE_CPU_NAME = "x86-64-v2"   # = sakura.codec.target.PHONE_CPU (not imported here: it would load the codecs)
@@ -292,7 +292,8 @@ def machine() -> dict:
 
 def target_info() -> dict:
     """What this process's decoders run as (`sakura.codec.target`): the target, the CPU numba
-    generates code for, the vector kernels' lanes (0: portable loops) and torch's CPU kernels."""
+    generates code for, the vector kernels' lanes (16: AVX-512 VBMI2, 8: 128-bit byte-shuffle
+    tables, 0: scalar loops) and torch's CPU kernels."""
     from sakura.codec import kernels as K
     from sakura.codec import target as TG
 
@@ -307,7 +308,9 @@ def target_info() -> dict:
 
 def target_label(info: dict) -> str:
     """One line naming how a target's rates were produced."""
-    kern = ("AVX-512 VBMI2 vector kernels" if info.get("vector_lanes") else "portable kernels (no vector intrinsics)")
+    kern = {16: "AVX-512 VBMI2 vector kernels",
+            8: "128-bit table-shuffle kernels (SSSE3 `pshufb`, the NEON `tbl` kind)"}.get(
+        info.get("vector_lanes"), "portable scalar kernels (no vector intrinsics)")
     return (f"{'phone-class proxy' if info.get('target') == PHONE else 'host'}: numba code for "
             f"`{info.get('jit_cpu', '?')}`, {kern}, torch CPU kernels `{info.get('torch_cpu_capability', '?')}`")
 
@@ -410,11 +413,16 @@ def markdown(result: dict) -> str:
          "(`sakura bench dilated`) simulate a phone's decode with the **phone-class** rates; the host rates are "
          "published beside them.", "",
          "- **host**: the decoders as they run on this machine: numba compiles for the host CPU and the "
-         "AVX-512 VBMI2 vector kernels (`vpexpandw`, `vpcompressd`) run where the CPU has them.",
+         "AVX-512 VBMI2 vector kernels (`vpexpandw`, `vpcompressd`) run where the CPU has them (on other "
+         "x86 CPUs the 128-bit kernels below).",
          "- **phone-class**: a phone core has 128-bit SIMD (Arm NEON). The proxy runs the same decoders in a "
          "child process with `SAKURA_DECODE_TARGET=phone` (`sakura.codec.target`): numba generates code for "
-         f"`{PHONE_CPU_NAME}` (SSE4.2, 128-bit vectors, no AVX, no F16C), the vector-intrinsic kernels are off "
-         "(their portable loops run), torch runs its baseline CPU kernels (`ATEN_CPU_CAPABILITY=default`). "
+         f"`{PHONE_CPU_NAME}` (SSE4.2, 128-bit vectors, no AVX, no F16C), the AVX-512 kernels are off and "
+         "their 128-bit versions run (`kernels.VECTOR_LANES` = 8: the refinement merge's expanding loads and "
+         "the significant positions' compressing stores as one byte shuffle by a 256-entry table row per "
+         "8-lane mask, SSSE3 `pshufb`, the instruction NEON has as `tbl`; the fp16 conversion in integer "
+         "operations, fused with the inverse DCT's last step), torch runs its baseline CPU kernels "
+         "(`ATEN_CPU_CAPABILITY=default`). "
          "A proxy, not a phone: same vector width, not the same instructions (an Arm core converts to fp16 "
          "in one instruction, x86-64-v2 in a short integer sequence) nor the same clock or caches.", "",
          f"Measured {result['date']} on {m['cpus']} CPUs **{m.get('cpu', '?')}** ({m['platform']}), load "
@@ -614,7 +622,7 @@ def describe_rates(path: str | Path | None = None, target: str = PHONE) -> str:
         t = load_target(path, target)
     except (OSError, KeyError, ValueError) as e:
         return f"no {target} decode rates ({e})"
-    kind = ("phone-class decode rates (128-bit proxy: numba code for " + str(t["jit_cpu"]) + ", portable kernels)"
+    kind = ("phone-class decode rates (128-bit proxy: numba code for " + str(t["jit_cpu"]) + ", 128-bit kernels)"
             if t["target"] == PHONE else f"host decode rates (numba code for {t['jit_cpu'] or 'the host CPU'})")
     return f"{kind}, measured {t['date']} on {t['machine'].get('cpu', '?')}, from {_short(t['source'])}"
 

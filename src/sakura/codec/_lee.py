@@ -5,7 +5,7 @@
 import numpy as np
 from numba import njit
 
-from .kernels import prefetch, to_fp16
+from .kernels import _f16_bits, prefetch
 
 PREFETCH_ROWS = 8   # fastdct.PREFETCH_ROWS
 
@@ -36,7 +36,6 @@ def idct2_2(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty(2 * 144, np.float32)
-    row = np.empty(64, np.float32)
     of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -48,6 +47,8 @@ def idct2_2(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             ahead = src + np.uint64(PREFETCH_ROWS * C)
             for pq in range(0, 64, 16):
                 prefetch(mag, ahead + np.uint64(pq))
+            prefetch(neg, ahead)
+            prefetch(neg, ahead + np.uint64(64 - 1))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + of) * st
@@ -81,17 +82,24 @@ def idct2_2(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             for j in range(2):
                 t = i * 2 + j
                 src = fl[bi + np.uint64(j * 64):bi + np.uint64((j + 1) * 64)]
-                if inv.size:
-                    d = inv[t]
-                    for c in range(64):
-                        row[c] = src[c] / d + m[c]
-                else:
-                    for c in range(64):
-                        row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, out16[t, b * 64:(b + 1) * 64])
+                    o16 = out16[t, b * 64:(b + 1) * 64]
+                    if inv.size:
+                        d = inv[t]
+                        for c in range(64):
+                            o16[c] = _f16_bits(src[c] / d + m[c])
+                    else:
+                        for c in range(64):
+                            o16[c] = _f16_bits(src[c] + m[c])
                 else:
-                    out32[t, b * 64:(b + 1) * 64] = row
+                    o32 = out32[t, b * 64:(b + 1) * 64]
+                    if inv.size:
+                        d = inv[t]
+                        for c in range(64):
+                            o32[c] = src[c] / d + m[c]
+                    else:
+                        for c in range(64):
+                            o32[c] = src[c] + m[c]
 
 
 _K4_0 = np.float32(0.5)
@@ -135,7 +143,6 @@ def idct2_4(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty(4 * 272, np.float32)
-    row = np.empty(64, np.float32)
     of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -147,6 +154,8 @@ def idct2_4(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             ahead = src + np.uint64(PREFETCH_ROWS * C)
             for pq in range(0, 64, 16):
                 prefetch(mag, ahead + np.uint64(pq))
+            prefetch(neg, ahead)
+            prefetch(neg, ahead + np.uint64(64 - 1))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + of) * st
@@ -212,17 +221,24 @@ def idct2_4(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             for j in range(4):
                 t = i * 4 + j
                 src = fl[bi + np.uint64(j * 64):bi + np.uint64((j + 1) * 64)]
-                if inv.size:
-                    d = inv[t]
-                    for c in range(64):
-                        row[c] = src[c] / d + m[c]
-                else:
-                    for c in range(64):
-                        row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, out16[t, b * 64:(b + 1) * 64])
+                    o16 = out16[t, b * 64:(b + 1) * 64]
+                    if inv.size:
+                        d = inv[t]
+                        for c in range(64):
+                            o16[c] = _f16_bits(src[c] / d + m[c])
+                    else:
+                        for c in range(64):
+                            o16[c] = _f16_bits(src[c] + m[c])
                 else:
-                    out32[t, b * 64:(b + 1) * 64] = row
+                    o32 = out32[t, b * 64:(b + 1) * 64]
+                    if inv.size:
+                        d = inv[t]
+                        for c in range(64):
+                            o32[c] = src[c] / d + m[c]
+                    else:
+                        for c in range(64):
+                            o32[c] = src[c] + m[c]
 
 
 _K8_0 = np.float32(0.3535533905932738)
@@ -306,7 +322,6 @@ def idct2_8(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty(8 * 528, np.float32)
-    row = np.empty(64, np.float32)
     of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -318,6 +333,8 @@ def idct2_8(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             ahead = src + np.uint64(PREFETCH_ROWS * C)
             for pq in range(0, 64, 16):
                 prefetch(mag, ahead + np.uint64(pq))
+            prefetch(neg, ahead)
+            prefetch(neg, ahead + np.uint64(64 - 1))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + of) * st
@@ -463,17 +480,24 @@ def idct2_8(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             for j in range(8):
                 t = i * 8 + j
                 src = fl[bi + np.uint64(j * 64):bi + np.uint64((j + 1) * 64)]
-                if inv.size:
-                    d = inv[t]
-                    for c in range(64):
-                        row[c] = src[c] / d + m[c]
-                else:
-                    for c in range(64):
-                        row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, out16[t, b * 64:(b + 1) * 64])
+                    o16 = out16[t, b * 64:(b + 1) * 64]
+                    if inv.size:
+                        d = inv[t]
+                        for c in range(64):
+                            o16[c] = _f16_bits(src[c] / d + m[c])
+                    else:
+                        for c in range(64):
+                            o16[c] = _f16_bits(src[c] + m[c])
                 else:
-                    out32[t, b * 64:(b + 1) * 64] = row
+                    o32 = out32[t, b * 64:(b + 1) * 64]
+                    if inv.size:
+                        d = inv[t]
+                        for c in range(64):
+                            o32[c] = src[c] / d + m[c]
+                    else:
+                        for c in range(64):
+                            o32[c] = src[c] + m[c]
 
 
 _K16_0 = np.float32(0.25)
@@ -657,7 +681,6 @@ def idct2_16(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty(16 * 1040, np.float32)
-    row = np.empty(64, np.float32)
     of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -669,6 +692,8 @@ def idct2_16(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             ahead = src + np.uint64(PREFETCH_ROWS * C)
             for pq in range(0, 64, 16):
                 prefetch(mag, ahead + np.uint64(pq))
+            prefetch(neg, ahead)
+            prefetch(neg, ahead + np.uint64(64 - 1))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + of) * st
@@ -1006,17 +1031,24 @@ def idct2_16(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             for j in range(16):
                 t = i * 16 + j
                 src = fl[bi + np.uint64(j * 64):bi + np.uint64((j + 1) * 64)]
-                if inv.size:
-                    d = inv[t]
-                    for c in range(64):
-                        row[c] = src[c] / d + m[c]
-                else:
-                    for c in range(64):
-                        row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, out16[t, b * 64:(b + 1) * 64])
+                    o16 = out16[t, b * 64:(b + 1) * 64]
+                    if inv.size:
+                        d = inv[t]
+                        for c in range(64):
+                            o16[c] = _f16_bits(src[c] / d + m[c])
+                    else:
+                        for c in range(64):
+                            o16[c] = _f16_bits(src[c] + m[c])
                 else:
-                    out32[t, b * 64:(b + 1) * 64] = row
+                    o32 = out32[t, b * 64:(b + 1) * 64]
+                    if inv.size:
+                        d = inv[t]
+                        for c in range(64):
+                            o32[c] = src[c] / d + m[c]
+                    else:
+                        for c in range(64):
+                            o32[c] = src[c] + m[c]
 
 
 _K32_0 = np.float32(0.1767766952966369)
@@ -1440,7 +1472,6 @@ def idct2_32(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty(32 * 2064, np.float32)
-    row = np.empty(64, np.float32)
     of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -1452,6 +1483,8 @@ def idct2_32(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             ahead = src + np.uint64(PREFETCH_ROWS * C)
             for pq in range(0, 64, 16):
                 prefetch(mag, ahead + np.uint64(pq))
+            prefetch(neg, ahead)
+            prefetch(neg, ahead + np.uint64(64 - 1))
             for c in range(64):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + of) * st
@@ -2237,17 +2270,24 @@ def idct2_32(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             for j in range(32):
                 t = i * 32 + j
                 src = fl[bi + np.uint64(j * 64):bi + np.uint64((j + 1) * 64)]
-                if inv.size:
-                    d = inv[t]
-                    for c in range(64):
-                        row[c] = src[c] / d + m[c]
-                else:
-                    for c in range(64):
-                        row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, out16[t, b * 64:(b + 1) * 64])
+                    o16 = out16[t, b * 64:(b + 1) * 64]
+                    if inv.size:
+                        d = inv[t]
+                        for c in range(64):
+                            o16[c] = _f16_bits(src[c] / d + m[c])
+                    else:
+                        for c in range(64):
+                            o16[c] = _f16_bits(src[c] + m[c])
                 else:
-                    out32[t, b * 64:(b + 1) * 64] = row
+                    o32 = out32[t, b * 64:(b + 1) * 64]
+                    if inv.size:
+                        d = inv[t]
+                        for c in range(64):
+                            o32[c] = src[c] / d + m[c]
+                    else:
+                        for c in range(64):
+                            o32[c] = src[c] + m[c]
 
 
 _K64_0 = np.float32(0.125)
@@ -3231,7 +3271,6 @@ def idct2_64(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
     into out16 (T, C) uint16 if out16.size, else as float32 into out32 (T, C)."""
     C = mu.size
     fl = np.empty(64 * 2064, np.float32)
-    row = np.empty(32, np.float32)
     of = np.float32(off)
     st = np.float32(step)
     zero = np.float32(0.0)
@@ -3243,6 +3282,8 @@ def idct2_64(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             ahead = src + np.uint64(PREFETCH_ROWS * C)
             for pq in range(0, 32, 16):
                 prefetch(mag, ahead + np.uint64(pq))
+            prefetch(neg, ahead)
+            prefetch(neg, ahead + np.uint64(32 - 1))
             for c in range(32):
                 q = mag[src + np.uint64(c)]
                 v = (np.float32(q) + of) * st
@@ -5052,14 +5093,21 @@ def idct2_64(mag, neg, perm, step, off, lo, hi, inv, mu, out16, out32):
             for j in range(64):
                 t = i * 64 + j
                 src = fl[bi + np.uint64(j * 32):bi + np.uint64((j + 1) * 32)]
-                if inv.size:
-                    d = inv[t]
-                    for c in range(32):
-                        row[c] = src[c] / d + m[c]
-                else:
-                    for c in range(32):
-                        row[c] = src[c] + m[c]
                 if out16.size:
-                    to_fp16(row, out16[t, b * 32:(b + 1) * 32])
+                    o16 = out16[t, b * 32:(b + 1) * 32]
+                    if inv.size:
+                        d = inv[t]
+                        for c in range(32):
+                            o16[c] = _f16_bits(src[c] / d + m[c])
+                    else:
+                        for c in range(32):
+                            o16[c] = _f16_bits(src[c] + m[c])
                 else:
-                    out32[t, b * 32:(b + 1) * 32] = row
+                    o32 = out32[t, b * 32:(b + 1) * 32]
+                    if inv.size:
+                        d = inv[t]
+                        for c in range(32):
+                            o32[c] = src[c] / d + m[c]
+                    else:
+                        for c in range(32):
+                            o32[c] = src[c] + m[c]

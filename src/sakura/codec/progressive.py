@@ -1114,8 +1114,9 @@ class ProgressiveState(LadderState):
                 self._refine_sparse(kv, counts, sym, nz, sptr, m, g, low, signs, sraw.size * 8, became)
                 continue
             err = K.refine(mag, neg, lay.starts, nz, counts, sym, m, g, low, signs,
-                           K.scratch("lowv", nsig + 1, np.int16), K.scratch("newv", nins + 1, np.int16),
-                           K.scratch("sv", nins + 1, np.uint8), K.VECTOR_LANES)
+                           K.scratch("lowv", nsig + 1 + K.VECTOR_PAD, np.int16),
+                           K.scratch("newv", nins + 1 + K.VECTOR_PAD, np.int16),
+                           K.scratch("sv", nins + 1 + K.VECTOR_PAD, np.uint8), K.VECTOR_LANES)
             if err == 2:
                 raise bs.CorruptError(f"{self.codec.name}: refinement symbols do not cover the bands")
             if err:

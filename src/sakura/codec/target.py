@@ -8,7 +8,8 @@ that way flatter every phone figure built from them.
 `SAKURA_DECODE_TARGET=phone` selects the phone-class path for the whole process:
   - numba generates code for `PHONE_CPU` (x86-64-v2: SSE4.2, 128-bit vectors, no AVX, no F16C),
     not for the host (`NUMBA_CPU_NAME` / `NUMBA_CPU_FEATURES`, set here before numba loads);
-  - the vector-intrinsic kernels (`kernels.VECTOR_LANES`) are off: their portable loops run;
+  - the AVX-512 vector-intrinsic kernels are off; `kernels.VECTOR_LANES` = 8 selects the 128-bit
+    ones (a byte shuffle by a table row per lane mask: SSSE3 `pshufb`, which NEON has as `tbl`);
   - torch's CPU kernels run their baseline (non-AVX) versions (`ATEN_CPU_CAPABILITY=default`).
 The JIT target is fixed when numba starts compiling, so a process that wants both (`sakura bench
 decode`) runs the phone-class side in a child process started with `phone_env()`.

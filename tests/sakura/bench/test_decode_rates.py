@@ -28,13 +28,13 @@ def test_klein_layer_shape_and_importance():
 
 def test_run_writes_rows_for_every_rung_and_worker_on_both_targets(tmp_path):
     """Host and phone-class measured in one run (the phone-class side in a child process on the
-    x86-64-v2 JIT, portable kernels): every rung x worker count on each, the side-by-side table,
+    x86-64-v2 JIT, 128-bit kernels): every rung x worker count on each, the side-by-side table,
     and the readers pick a target."""
     res = run(tmp_path, specs=["lossless", "cachegen:level=1", "layered:budgets=[1.0,2.0]"], tokens=[32],
               workers=(1, 2), rounds=1, log=lambda s: None)
     assert set(res["targets"]) == {"host", "phone"}
     ph = res["targets"]["phone"]
-    assert ph["target"] == "phone" and ph["vector_lanes"] == 0 and ph["jit_cpu"].startswith("x86-64-v2")
+    assert ph["target"] == "phone" and ph["vector_lanes"] == 8 and ph["jit_cpu"].startswith("x86-64-v2")
     assert res["targets"]["host"]["target"] == "host"
     names = {"lossless", "cachegen:level=1", "layered:budgets=[1.0,2.0]#0", "layered:budgets=[1.0,2.0]#1"}
     for t in ("host", "phone"):

@@ -146,15 +146,18 @@ def test_progressive_native_equals_reference(big, with_tables):
 
 
 @pytest.mark.parametrize("mdt", ["auto", "int32"])
-@pytest.mark.parametrize("lanes", [0, 16])
+@pytest.mark.parametrize("lanes", [0, 8, 16])
 @pytest.mark.parametrize("sparse", [0.0, 1.0])
 @pytest.mark.parametrize("big", [False, True])
 def test_progressive_sparse_and_dense_refinements_equal_reference(big, sparse, lanes, mdt, monkeypatch):
     """Every refinement forced through the dense merge (0) or the sparse one (1), the dense one
     scalar (lanes 0) or vector (16: expanding loads, correct on any CPU, fast with AVX-512
-    VBMI2), magnitudes int16 where they fit ("auto") or always int32, serial and split over
-    threads: all equal the reference decoder."""
+    VBMI2; 8: 128-bit byte-shuffle tables, x86 SSSE3), magnitudes int16 where they fit ("auto")
+    or always int32, serial and split over threads: all equal the reference decoder."""
     from concurrent.futures import ThreadPoolExecutor
+
+    if lanes == 8 and not K.BYTE_SHUFFLE:
+        pytest.skip("no 128-bit byte shuffle on this CPU")
 
     monkeypatch.setattr(PG, "SPARSE_REFINE", sparse)
     monkeypatch.setattr(K, "VECTOR_LANES", lanes)
@@ -172,15 +175,17 @@ def test_progressive_sparse_and_dense_refinements_equal_reference(big, sparse, l
 
 @pytest.mark.parametrize("seed", range(6))
 def test_refine_vector_merge_equals_scalar(seed):
-    """The dense merge 16 lanes at a time (`kernels._merge_lanes`) against the scalar merge on
-    random refinements: bands of lengths that are and are not multiples of 16, every mix of
-    significant / newly significant coefficients, m = 1-4 bits."""
+    """The dense merge 16 lanes at a time (`kernels._merge_lanes`) and 8 at a time
+    (`_merge_lanes8`, scratch arrays padded as the decoder pads them, and unpadded: the vector
+    loop stops short of their ends) against the scalar merge on random refinements: bands of
+    lengths that are and are not multiples of 16, every mix of significant / newly significant
+    coefficients, m = 1-4 bits."""
     rng = np.random.default_rng(seed)
     sizes = rng.integers(0, 70, 12)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     n = int(starts[-1])
     p_sig = rng.uniform(0, 1)
-    mag = np.where(rng.random(n) < p_sig, rng.integers(1, 50, n), 0).astype(np.int32)
+    mag = np.where(rng.random(n) < p_sig, rng.integers(1, 50, n), 0).astype(np.int16 if seed % 2 else np.int32)
     neg = np.where(mag > 0, rng.integers(0, 2, n), 0).astype(np.uint8)
     m, g = int(rng.integers(1, 5)), 1
     counts = np.array([int((mag[starts[b]:starts[b + 1]] == 0).sum()) for b in range(sizes.size)], np.int64)
@@ -191,13 +196,17 @@ def test_refine_vector_merge_equals_scalar(seed):
     low = np.concatenate([rng.integers(0, 256, (nsig * m + 7) // 8), np.zeros(4, np.int64)]).astype(np.uint8)
     signs = np.concatenate([rng.integers(0, 256, (nins + 7) // 8), np.zeros(4, np.int64)]).astype(np.uint8)
     outs = []
-    for lanes in (0, 16):
+    for lanes, pad in ((0, 0), (16, 0), (8, K.VECTOR_PAD), (8, 0)):
+        if lanes == 8 and not K.BYTE_SHUFFLE:
+            continue
         mg, ng = mag.copy(), neg.copy()
-        err = K.refine(mg, ng, starts, nz, counts, sym, m, g, low, signs, np.empty(nsig + 1, np.int16),
-                       np.empty(nins + 1, np.int16), np.empty(nins + 1, np.uint8), lanes)
+        # scratch full of garbage: the kernels must use only what they unpacked
+        lowv, newv = np.full(nsig + 1 + pad, -1, np.int16), np.full(nins + 1 + pad, -1, np.int16)
+        err = K.refine(mg, ng, starts, nz, counts, sym, m, g, low, signs, lowv, newv,
+                       np.full(nins + 1 + pad, 255, np.uint8), lanes)
         outs.append((err, mg, ng))
-    assert outs[0][0] == outs[1][0] == 0
-    assert np.array_equal(outs[0][1], outs[1][1]) and np.array_equal(outs[0][2], outs[1][2])
+    assert all(o[0] == 0 for o in outs)
+    assert all(np.array_equal(outs[0][1], o[1]) and np.array_equal(outs[0][2], o[2]) for o in outs[1:])
     assert not np.array_equal(outs[0][1], mag) or n == 0   # the refinement did something
 
 
@@ -206,20 +215,21 @@ def test_sig_positions_vector_equals_scalar(seed):
     rng = np.random.default_rng(seed)
     sizes = rng.integers(0, 90, 10)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    mag = np.where(rng.random(int(starts[-1])) < rng.uniform(0, 0.5), 3, 0).astype(np.int32)
+    mag = np.where(rng.random(int(starts[-1])) < rng.uniform(0, 0.5), 3, 0).astype(np.int16 if seed % 2 else np.int32)
     sigptr = np.zeros(sizes.size + 1, np.int64)
     np.cumsum([int((mag[starts[b]:starts[b + 1]] != 0).sum()) for b in range(sizes.size)], out=sigptr[1:])
+    lanes_pads = [(0, 0), (16, 0), (8, 0), (8, 3)]   # (8: generic vector IR, any CPU; with spare room too)
     got = []
-    for lanes in (0, 16):
-        pos = np.full(int(sigptr[-1]), -1, np.int32)
+    for lanes, pad in lanes_pads:
+        pos = np.full(int(sigptr[-1]) + pad, -1, np.int32)
         assert K.sig_positions(mag, starts, sigptr, pos, lanes)
-        got.append(pos)
-    assert np.array_equal(got[0], np.flatnonzero(mag)) and np.array_equal(got[1], got[0])
+        got.append(pos[:int(sigptr[-1])])
+    assert np.array_equal(got[0], np.flatnonzero(mag)) and all(np.array_equal(g, got[0]) for g in got[1:])
     b = int(np.flatnonzero(np.diff(sigptr) > 0)[-1])   # a band with nonzero magnitudes
     short = sigptr.copy()
-    short[b + 1:] -= 1                                  # ... counted one short: both say so
-    for lanes in (0, 16):
-        assert not K.sig_positions(mag, starts, short, np.zeros(int(sigptr[-1]), np.int32), lanes)
+    short[b + 1:] -= 1                                  # ... counted one short: all say so
+    for lanes, pad in lanes_pads:
+        assert not K.sig_positions(mag, starts, short, np.zeros(int(sigptr[-1]) + pad, np.int32), lanes)
 
 
 def test_progressive_weighted_and_untransformed_equal_reference():

@@ -1,7 +1,7 @@
 """The phone-class decode target (`sakura.codec.target`, SAKURA_DECODE_TARGET=phone): numba code
-for x86-64-v2 (128-bit SIMD, no F16C), the vector-intrinsic kernels off. Its kernels must give the
-reference decoder's bits, like the host's; its fp16 conversion is integer code, checked here
-against the hardware one on every class of float32."""
+for x86-64-v2 (128-bit SIMD, no F16C), the 128-bit kernels in place of the AVX-512 ones. Its
+kernels must give the reference decoder's bits and the host's; its fp16 conversion is integer
+code, checked here against the hardware one on every class of float32."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_integer_fp16_conversion_equals_the_hardware_one():
 
 
 def test_targets_are_named_and_the_phone_env_sets_the_jit_cpu(monkeypatch):
-    assert TG.current() == "host" and K.VECTOR_LANES in (0, 16)
+    assert TG.current() == "host" and K.VECTOR_LANES in (0, 8, 16)
     env = TG.phone_env({"PATH": "/bin"})
     assert env[TG.ENV] == "phone" and env["NUMBA_CPU_NAME"] == TG.PHONE_CPU == "x86-64-v2"
     assert env["NUMBA_CPU_FEATURES"] == "" and env["ATEN_CPU_CAPABILITY"] == "default" and env["PATH"] == "/bin"
@@ -59,45 +59,72 @@ def test_targets_are_named_and_the_phone_env_sets_the_jit_cpu(monkeypatch):
         TG.current()
 
 
+_SPECS = ("progressive:budgets=[0.3,0.8,2.0,3.5]", "cachegen:level=3", "cachegen:level=1")
+
+# Decodes the renditions the parent encoded (a pickle: name -> (spec, data, tables)) with the
+# target's default kernels and with the scalar loops (VECTOR_LANES 0) -> per rendition: both equal
+# the reference decoder bit for bit, and the SHA-256 of the decoded bits (the parent compares them
+# with its own decode on the host path).
 _CHILD = r"""
-import json, sys
+import hashlib, json, pickle, sys
 import torch
-from sakura.codec import ShardId, get_codec, target, kernels as K
+from sakura.codec import ShardId, codec_from_spec, target, kernels as K
 from sakura.codec import progressive as PG
-from sakura.bench.decode_rates import klein_layer
 target.check()
 bits = lambda t: t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
-out = {"target": target.current(), "jit": target.jit_cpu(), "lanes": K.VECTOR_LANES, "equal": {}}
+same = lambda a, b: all(x.dtype == y.dtype and torch.equal(bits(x), bits(y))   # bit patterns: -0.0 is not 0.0
+                        for x, y in ((a.key, b.key), (a.value, b.value))) and torch.equal(a.keep, b.keep)
+lanes = K.VECTOR_LANES
+out = {"target": target.current(), "jit": target.jit_cpu(), "lanes": lanes, "equal": {}, "sha": {}}
 ident = ShardId("t", "phone", 5)
-for T in (256, 1024):   # small and big layouts (quads, escapes), sparse and dense refinements
-    shard = klein_layer(T, heads=4, head_dim=32)
-    for name, c in (("progressive", get_codec("progressive", budgets=[0.3, 0.8, 2.0, 3.5])),
-                    ("cachegen:level=3", get_codec("cachegen", level=3)),
-                    ("cachegen:level=1", get_codec("cachegen", level=1))):
-        tables = c.fit_tables([shard]) if c.uses_tables else None
-        data = c.encode(shard, ident, tables)
-        ends = c.level_ends(data) if c.supports_layers else [len(data)]
-        for r, e in enumerate(ends):
-            got = c.decode(data[:e], ident, tables)
-            ref = (PG.decode_with(c, data[:e], ident, tables, "reference") if c.supports_layers
-                   else c.decode_with(data[:e], ident, tables, "reference"))
-            out["equal"][f"{name}#{r}@{T}"] = all(   # bit patterns, not values (-0.0 is not 0.0 here)
-                a.dtype == b.dtype and torch.equal(bits(a), bits(b))
-                for a, b in ((got.key, ref.key), (got.value, ref.value))) and torch.equal(got.keep, ref.keep)
+for name, (spec, data, tables) in pickle.load(open(sys.argv[1], "rb")).items():
+    c = codec_from_spec(spec)
+    ref = (PG.decode_with(c, data, ident, tables, "reference") if c.supports_layers
+           else c.decode_with(data, ident, tables, "reference"))
+    got = c.decode(data, ident, tables)
+    K.VECTOR_LANES = 0
+    scalar = c.decode(data, ident, tables)
+    K.VECTOR_LANES = lanes
+    out["equal"][name] = same(got, ref) and same(scalar, ref)
+    out["sha"][name] = hashlib.sha256(bits(got.key).numpy().tobytes() + bits(got.value).numpy().tobytes()).hexdigest()
 print("RESULT " + json.dumps(out))
 """
 
 
 @pytest.mark.slow
-def test_phone_class_decoders_equal_the_reference_bit_for_bit():
-    """A child process on the phone-class target (JIT for x86-64-v2, portable loops, integer
+def test_phone_class_decoders_equal_the_host_and_the_reference_bit_for_bit(tmp_path):
+    """A child process on the phone-class target (JIT for x86-64-v2, its 128-bit kernels, integer
     fp16 conversion; the first run compiles every kernel for that CPU, ~1 min) decodes every rung
-    of a progressive ladder and CacheGen levels 3 and 1, small and big layouts: each equals the
-    plain reference decoder bit for bit."""
+    of a progressive ladder and CacheGen levels 3 and 1, small and big layouts, encoded here: with
+    its kernels and with the scalar loops, each equals the plain reference decoder bit for bit, and
+    its bits are this process's (the host path's)."""
+    import hashlib
+    import pickle
+
+    from sakura.bench.decode_rates import klein_layer
+    from sakura.codec import ShardId, codec_from_spec
+
+    ident = ShardId("t", "phone", 5)
+    cases, host = {}, {}
+    for T in (256, 1024):   # small and big layouts (quads, escapes), sparse and dense refinements
+        shard = klein_layer(T, heads=4, head_dim=32)
+        for spec in _SPECS:
+            c = codec_from_spec(spec)
+            tables = c.fit_tables([shard]) if c.uses_tables else None
+            data = c.encode(shard, ident, tables)
+            for r, e in enumerate(c.level_ends(data) if c.supports_layers else [len(data)]):
+                name = f"{spec}#{r}@{T}"
+                cases[name] = (spec, data[:e], tables)
+                got = c.decode(data[:e], ident, tables)
+                b = [t.contiguous().view(torch.int16).numpy().tobytes() for t in (got.key, got.value)]
+                host[name] = hashlib.sha256(b[0] + b[1]).hexdigest()
+    path = tmp_path / "cases.pkl"
+    path.write_bytes(pickle.dumps(cases))
     env = TG.phone_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    r = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run([sys.executable, "-c", _CHILD, str(path)], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.split("RESULT ", 1)[1])
-    assert res["target"] == "phone" and res["lanes"] == 0 and res["jit"].startswith("x86-64-v2"), res
+    assert res["target"] == "phone" and res["lanes"] == 8 and res["jit"].startswith("x86-64-v2"), res
     assert len(res["equal"]) >= 10 and all(res["equal"].values()), res["equal"]
+    assert res["sha"] == host
