@@ -442,7 +442,7 @@ def bench_decode(
     tokens: Optional[list[int]] = typer.Option(None, help="Layer sizes in tokens (repeatable; default 1024 and 4096)."),
     rounds: int = typer.Option(3, min=1, help="Rounds per measurement (the best is reported)."),
     target: Optional[list[str]] = typer.Option(None, help="Decode target (repeatable): host (this CPU's kernels) and "
-                                                          "phone (phone-class proxy: 128-bit SIMD, portable kernels); "
+                                                          "phone (phone-class proxy: x86-64-v2 code, 128-bit kernels); "
                                                           "default both, side by side."),
     publish: bool = typer.Option(False, help="Also replace the shipped calibration (sakura/assets/decode_rates.json) "
                                              "and docs/decode_rates.md."),
