@@ -380,6 +380,8 @@ def _build_template(store, model, model_fp, name, images, instruction, calib, na
                              "dtype": "float16", "template_fingerprint": kv.template_fingerprint,
                              "layout": _jsonable(kv.layout), "instruction": instruction,
                              **_depends_on(model, images, kv)})
+    probe.close()
+    alloc_probe.close()
     ladder_b = sum({hashlib.sha256(r.data).digest(): len(r.data) for rs in encoded for r in rs}.values())
     fp16 = sum(s.fp16_bytes for s in shards)
     log(f"{name}: {L} shards x {len(encoded[0])} renditions, ladder {ladder_b / 1e3:.1f} kB + template PNG "
@@ -582,8 +584,10 @@ class _Probing:
     photos: int | None = None
 
     @property
-    def at_once(self) -> int:  # probes (decoded layers) in flight together
-        return self.batch * self.workers
+    def at_once(self) -> int:
+        """Probes (decoded layers) handed over together: a few per thread, so that the threads
+        are not idle while the caller decodes the next ones (one per model call when alone)."""
+        return self.batch * (self.workers * 4 if self.workers > 1 else 1)
 
 
 def _cpu_count() -> int:

@@ -81,13 +81,35 @@ class ShardDistortionProbe:
                 raise IndexError(f"layer {layer} out of range ({n} layers)")
         workers = max(1, min(int(workers), len(requests)))
         if workers > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
             per = -(-len(requests) // workers)
             runs = [requests[a:a + per] for a in range(0, len(requests), per)]
-            with ThreadPoolExecutor(max_workers=len(runs), thread_name_prefix="probe") as pool:
-                return [m for got in pool.map(lambda r: self._mse_run(r, batch), runs) for m in got]
+            return [m for got in self._pool(workers).map(lambda r: self._mse_run(r, batch), runs) for m in got]
         return self._mse_run(requests, batch)
+
+    def _pool(self, workers: int):
+        """A thread pool kept for this probe's life (a build calls it hundreds of times with a few
+        probes each: a pool per call cost more than it saved); its threads exit with the probe."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = getattr(self, "_threads", None)
+        if pool is None or pool._max_workers < workers:
+            if pool is not None:
+                pool.shutdown(wait=False)
+            pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="probe")
+            self._threads = pool
+        return pool
+
+    def close(self) -> None:
+        """Stop the probe threads (also done when the probe is garbage-collected)."""
+        pool = getattr(self, "_threads", None)
+        if pool is not None:
+            pool.shutdown(wait=True)
+            self._threads = None
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_threads", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     def _mse_run(self, requests: Sequence[tuple[int, LayerKV]], batch: int) -> list[float]:
         edit_many = getattr(self.model, "edit_many", None)

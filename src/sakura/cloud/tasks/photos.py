@@ -27,6 +27,25 @@ HELDOUT_TEXTURES = ("gravel",)
 _MAX_SIDE = 320  # sources are downscaled once so that crops + resizes stay cheap
 
 
+def _sklearn_sample_image(file: str) -> np.ndarray:
+    """scikit-learn's bundled sample image `file` as (H, W, 3) uint8, read from the installed
+    package's data folder: `sklearn.datasets.load_sample_image` gives the same array but imports
+    all of scikit-learn first (~1 s of every build)."""
+    import importlib.util
+    from pathlib import Path
+
+    from PIL import Image
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        raise ValueError(f"sample image {file!r} needs scikit-learn installed")
+    path = Path(spec.origin).parent / "datasets" / "images" / file
+    if not path.is_file():
+        raise ValueError(f"scikit-learn has no sample image {file!r} ({path})")
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
 @functools.lru_cache(maxsize=None)
 def load_source(name: str) -> torch.Tensor:
     """One source image as float32 (3, H, W) in [0, 1], shorter side at most `_MAX_SIDE` pixels.
@@ -34,9 +53,7 @@ def load_source(name: str) -> torch.Tensor:
     Greyscale sources are replicated to three channels.
     """
     if name.startswith("sklearn:"):
-        from sklearn.datasets import load_sample_image
-
-        arr = load_sample_image(name.split(":", 1)[1])
+        arr = _sklearn_sample_image(name.split(":", 1)[1])
     else:
         import skimage.data
 

@@ -144,3 +144,26 @@ def test_sample_batch_is_seeded_and_targets_are_ground_truth():
         task = TASKS[TASK_NAMES[int(a.task_index[i])]]
         assert int(a.instruction[i]) == task.instruction
         torch.testing.assert_close(a.target[i], task.ground_truth(a.photo[i:i + 1], a.template[i:i + 1])[0])
+
+
+def test_sklearn_sample_images_are_read_without_importing_sklearn():
+    """The build's photo sources read scikit-learn's bundled JPEGs from its data folder: the same
+    pixels as `load_sample_image`, without the ~1 s import of scikit-learn (checked in a child)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    from sklearn.datasets import load_sample_image
+
+    from sakura.cloud.tasks.photos import _sklearn_sample_image
+
+    for f in ("china.jpg", "flower.jpg"):
+        assert np.array_equal(_sklearn_sample_image(f), load_sample_image(f))
+    code = ("import sys; from sakura.cloud.tasks.photos import load_source; load_source('sklearn:china.jpg'); "
+            "print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr[-500:]
+    import pytest
+
+    with pytest.raises(ValueError, match="no sample image"):
+        _sklearn_sample_image("nope.jpg")
