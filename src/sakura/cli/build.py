@@ -12,7 +12,7 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
               steps: int, *, executor: str = "local", address: str | None = None, workers: int | None = None,
               force: bool = False, library: Path | None = None, task: str | None = None,
               prompt: str | None = None, device: str = "auto", dtype: str = "auto", probe_batch: int | None = None,
-              probe_workers: int | None = None, allocation_photos: int = 1, quiet: bool = False) -> None:
+              probe_workers: int | None = None, allocation_photos: int | None = None, quiet: bool = False) -> None:
     """Body of `sakura build`: clear one-line errors for bad names/specs instead of tracebacks.
 
     ``executor="local"`` (default) builds in this process as before; ``"ray"`` spreads templates

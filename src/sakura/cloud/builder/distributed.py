@@ -126,7 +126,7 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
                     steps: int = 4, seed: int = 0, executor: str = "ray", address: str | None = None,
                     workers: int | None = None, force: bool = False, max_retries: int = 3, progress: bool = True,
                     log: Callable[[str], None] = print, device: str = "auto", dtype: str = "auto",
-                    probe_batch: int | None = None, allocation_photos: int | None = 1) -> BuildReport:
+                    probe_batch: int | None = None, allocation_photos: int | None = None) -> BuildReport:
     """Build one manifest per template on ``executor``, skipping templates already current.
 
     Args:

@@ -68,8 +68,10 @@ DEFAULT_LADDER = ("progressive",) + FLOOR_RUNG_LADDER
 #: calibration photos. On the 12 held-out templates (docs/codec.md) >= 36-37 dB vs lossless kept the
 #: edit within 0.5 dB of the lossless edit's PSNR against ground truth; 38 leaves a margin.
 BASE_RUNG_PSNR_DB = 38.0
-#: Calibration photos the rate allocation's image probes edit (`build_store(allocation_photos=)`).
-ALLOCATION_PHOTOS = 1
+#: Calibration photos the rate allocation's image probes edit (`build_store(allocation_photos=)`):
+#: None, all of them. 1 costs ~0.7x the CPU but measured -2.2 dB on look-00's top rung on held-out
+#: photos (docs/scale.md).
+ALLOCATION_PHOTOS: int | None = None
 #: Candidate lowest-rung budgets (entropy-coded bits per value), tried cheapest first.
 BASE_RUNG_BUDGETS = (0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0)
 #: Single-rung budgets tried when even the top budget misses the target (hard templates: sticker).
@@ -195,8 +197,9 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             its layer sensitivities edit the first this many calibration photos (None: all); the
             ladder search's acceptance
             edits, every rendition's recorded distortion and the quality floor use all
-            `calibration` photos. 1 halves the probes' cost; measured on the default templates,
-            the same budgets' PSNR moved -0.4 to +0.8 dB and their bytes -1 to +1 % (docs/scale.md).
+            `calibration` photos. 1 halves the probes' cost (the build ~0.7x the CPU) but fits the
+            allocation to one photo: on held-out photos the default templates' lowest rungs moved
+            -0.1 to +0.1 dB and look-00's top rung -2.2 dB (docs/scale.md). Default: all.
         progress: a tqdm bar (stderr) naming the template and stage, with an ETA.
         profile: filled with {template: {stage: wall seconds, "stage cpu": CPU seconds}}.
         model: an already-loaded model to build with (then `model_name`, `device`, `dtype` are unused).
