@@ -64,9 +64,34 @@ def deadzone_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float,
     if amax is None:
         amax = float(np.abs(c).max(initial=0.0))
     qmax = int(math.floor(amax / step)) + 1
-    counts = np.zeros((int(band.max(initial=0)) + 1, 2 * qmax + 1), np.int64)
+    nb = int(band.max(initial=0)) + 1
+    if nb * (2 * qmax + 1) > MAX_DENSE_COUNTS:
+        return _deadzone_rd_sparse(c, band, float(step), energy)
+    counts = np.zeros((nb, 2 * qmax + 1), np.int64)
     err = deadzone_counts(c, band, float(step), qmax, counts)
     return err / energy, entropy_bits_of_counts(counts)
+
+
+#: the dense (bands x alphabet) histogram's size limit, in entries (128 MiB of int64): a fit's planes
+#: go down to step0 / 2^12, where a part with a large max |c| would need an alphabet of millions
+MAX_DENSE_COUNTS = 1 << 24
+
+
+def _deadzone_rd_sparse(c: np.ndarray, band: np.ndarray, step: float, energy: float) -> tuple[float, float]:
+    """`deadzone_rd` counting only the (band, symbol) pairs that occur (np.unique): memory in the
+    part's size, not in the alphabet's."""
+    a = np.abs(c)
+    q = np.floor(a / step)
+    err = float(np.square(a - np.where(q > 0, (q + 0.5) * step, 0.0)).sum())
+    s = (np.sign(c) * q).astype(np.int64)
+    smax = int(np.abs(s).max(initial=0))
+    width = 2 * smax + 1
+    key = band.astype(np.int64)[:, None] * width + (s + smax)  # band-major: key // width is the band
+    uniq, cnt = np.unique(key.reshape(-1), return_counts=True)
+    b = uniq // width
+    cnt = cnt.astype(np.float64)
+    tot = np.bincount(b, weights=cnt)
+    return err / energy, float(-(cnt * np.log2(cnt / tot[b])).sum())
 
 
 def warm_up() -> None:

@@ -381,3 +381,21 @@ def test_native_deadzone_rd_equals_the_numpy_reference(step):
     rel_n, bits_n = PG._deadzone_rd_numpy(c, band, step, e)
     rel, bits = PG._deadzone_rd(c, band, step, e)
     assert rel == pytest.approx(rel_n, rel=1e-12) and bits == pytest.approx(bits_n, rel=1e-12)
+
+
+def test_deadzone_rd_counts_sparsely_when_the_alphabet_is_huge(monkeypatch):
+    """A fit's planes reach step0 / 2^12: the dense (bands x alphabet) histogram could need
+    gigabytes there; above `MAX_DENSE_COUNTS` entries the sweep counts only the pairs that occur,
+    with the same result."""
+    from sakura.codec import fitkernels as FK
+
+    rng = np.random.default_rng(2)
+    c = rng.standard_normal((64, 48)) * 3
+    band = PG._bands(64, 8)
+    e = float((c ** 2).sum())
+    for step in (1e-4, 0.05, 2.0):
+        dense = FK.deadzone_rd(c, band, step, e)
+        monkeypatch.setattr(FK, "MAX_DENSE_COUNTS", 0)
+        sparse = FK.deadzone_rd(c, band, step, e)
+        monkeypatch.undo()
+        assert sparse == pytest.approx(dense, rel=1e-12)
