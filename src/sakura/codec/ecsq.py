@@ -152,18 +152,24 @@ def band_counts(sym: np.ndarray, band: np.ndarray, A: int) -> np.ndarray:
     return np.bincount(flat, minlength=nb * A).reshape(nb, A).astype(np.uint32)
 
 
+def context_entropy_bits(counts: np.ndarray, contexts: np.ndarray) -> float:
+    """Bits of symbols coded with one static model per context: -sum n log2(n / N_context), over
+    `counts` (k,) > 0 of the symbols that occur and their `contexts` (k,) int ids."""
+    c = counts.astype(np.float64)
+    tot = np.bincount(contexts, weights=c)
+    return float(-(c * np.log2(c / tot[contexts])).sum())
+
+
 def band_entropy_bits(sym: np.ndarray, band: np.ndarray) -> float:
-    """Bits of `sym` (T, C) coded with one adaptive-free model per band (`band`: (T,) context of
-    each row): sum over symbols of -log2 p(symbol | band). Logs are taken of the nonzero counts
-    only: at fine steps the alphabet runs to thousands of symbols per band, nearly all unused."""
+    """Bits of `sym` (T, C) coded with one static model per band (`band`: (T,) context of each
+    row). Logs are taken of the nonzero counts only: at fine steps the alphabet runs to thousands
+    of symbols per band, nearly all unused."""
     lo = int(sym.min(initial=0))
     A = int(sym.max(initial=0)) - lo + 1
     nb = int(band.max()) + 1
     cnt = np.bincount(((sym - lo) + (band[:, None] * A)).reshape(-1), minlength=nb * A)
     nz = np.flatnonzero(cnt)
-    c = cnt[nz].astype(np.float64)
-    tot = np.bincount(nz // A, weights=c, minlength=nb)
-    return float(-(c * np.log2(c / tot[nz // A])).sum())
+    return context_entropy_bits(cnt[nz], nz // A)
 
 
 def rd_points_dct(x: np.ndarray, mu: np.ndarray, n: int) -> list[tuple[float, float, float]]:

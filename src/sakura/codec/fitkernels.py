@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from . import target as _target
+from .ecsq import context_entropy_bits
 
 _target.configure()
 from numba import njit  # noqa: E402  (numba after the decode target is set)
@@ -45,14 +46,11 @@ def deadzone_counts(c, band, step, qmax, counts):
 
 
 def entropy_bits_of_counts(counts: np.ndarray) -> float:
-    """Bits of the symbols counted in `counts` (contexts, alphabet), one static model per context:
-    sum over symbols of -log2 p(symbol | context), from the nonzero counts only."""
+    """Bits of the symbols counted in `counts` (contexts, alphabet), one static model per context
+    (`ecsq.context_entropy_bits` over the nonzero counts)."""
     cnt = counts.reshape(counts.shape[0], -1)
     nz = np.flatnonzero(cnt)
-    A = cnt.shape[1]
-    c = cnt.reshape(-1)[nz].astype(np.float64)
-    tot = np.bincount(nz // A, weights=c, minlength=cnt.shape[0])
-    return float(-(c * np.log2(c / tot[nz // A])).sum())
+    return context_entropy_bits(cnt.reshape(-1)[nz], nz // cnt.shape[1])
 
 
 def deadzone_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float,
@@ -88,10 +86,7 @@ def _deadzone_rd_sparse(c: np.ndarray, band: np.ndarray, step: float, energy: fl
     width = 2 * smax + 1
     key = band.astype(np.int64)[:, None] * width + (s + smax)  # band-major: key // width is the band
     uniq, cnt = np.unique(key.reshape(-1), return_counts=True)
-    b = uniq // width
-    cnt = cnt.astype(np.float64)
-    tot = np.bincount(b, weights=cnt)
-    return err / energy, float(-(cnt * np.log2(cnt / tot[b])).sum())
+    return err / energy, context_entropy_bits(cnt, uniq // width)
 
 
 def warm_up() -> None:

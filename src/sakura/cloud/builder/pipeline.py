@@ -534,12 +534,9 @@ def search_budget(candidates: Sequence[float], psnr_at: Callable[[float], float]
             elif target_db >= ys[-1]:  # above every measured point: the last secant
                 slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
                 need = xs[-1] + (target_db - ys[-1]) / (slope if slope > 0 else SEARCH_SLOPE_DB_PER_BIT)
-            else:                      # between two: interpolate
-                j = int(np.searchsorted(ys, target_db))
-                if ys[j] <= ys[j - 1]:
-                    need = xs[j]
-                else:
-                    need = xs[j - 1] + (target_db - ys[j - 1]) * (xs[j] - xs[j - 1]) / (ys[j] - ys[j - 1])
+            else:                      # between two: interpolate (in PSNR order: it need not be monotone)
+                order = np.argsort(ys, kind="stable")
+                need = float(np.interp(target_db, ys[order], xs[order]))
         # the candidate nearest the predicted budget (in log: the candidates are roughly geometric)
         return min(range(lo, hi + 1), key=lambda k: abs(np.log(cands[k] / max(need, 1e-6))))
 

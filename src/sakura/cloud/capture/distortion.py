@@ -92,11 +92,11 @@ class ShardDistortionProbe:
         from concurrent.futures import ThreadPoolExecutor
 
         pool = getattr(self, "_threads", None)
-        if pool is None or pool._max_workers < workers:
+        if pool is None or getattr(self, "_thread_count", 0) < workers:
             if pool is not None:
                 pool.shutdown(wait=False)
             pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="probe")
-            self._threads = pool
+            self._threads, self._thread_count = pool, workers
         return pool
 
     def close(self) -> None:
