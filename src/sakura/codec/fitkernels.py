@@ -45,6 +45,31 @@ def deadzone_counts(c, band, step, qmax, counts):
     return err
 
 
+@njit(nogil=True, cache=True)
+def deadzone_keys(c, band, step, qmax, keys):
+    """`deadzone_counts`' squared error (the same loop, the same sum) with each value's (band,
+    index) pair written to `keys` (T*C,) int64 as band (2 qmax + 1) + index + qmax, instead of
+    counted: the histogram's nonzero entries are then np.unique(keys), in the dense table's order."""
+    T, C = c.shape
+    width = 2 * qmax + 1
+    err = 0.0
+    for t in range(T):
+        b = band[t]
+        for j in range(C):
+            x = c[t, j]
+            a = abs(x)
+            q = math.floor(a / step)
+            if q > 0:
+                d = a - (q + 0.5) * step
+                s = int(q) if x > 0 else -int(q)
+            else:
+                d = a
+                s = 0
+            err += d * d
+            keys[t * C + j] = b * width + s + qmax
+    return err
+
+
 def entropy_bits_of_counts(counts: np.ndarray) -> float:
     """Bits of the symbols counted in `counts` (contexts, alphabet), one static model per context
     (`ecsq.context_entropy_bits` over the nonzero counts)."""
@@ -63,32 +88,29 @@ def deadzone_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float,
         amax = float(np.abs(c).max(initial=0.0))
     qmax = int(math.floor(amax / step)) + 1
     nb = int(band.max(initial=0)) + 1
-    if nb * (2 * qmax + 1) > MAX_DENSE_COUNTS:
-        return _deadzone_rd_sparse(c, band, float(step), energy)
+    if nb * (2 * qmax + 1) > min(MAX_DENSE_COUNTS, SPARSE_COUNTS_PER_VALUE * c.size):
+        # fine steps: a table mostly of zeros, whose scan for nonzero counts cost more than the
+        # sweep (a bundled part at step0 / 2^12: 0.2 M entries for 8 K values), or that would
+        # not fit in memory (a large part's alphabet runs to millions). Sorting the pairs finds
+        # the same counts in the same order: the same bits, to the last one.
+        keys = np.empty(c.size, np.int64)
+        err = deadzone_keys(c, band, float(step), qmax, keys)
+        uniq, cnt = np.unique(keys, return_counts=True)
+        return err / energy, context_entropy_bits(cnt, uniq // (2 * qmax + 1))
     counts = np.zeros((nb, 2 * qmax + 1), np.int64)
     err = deadzone_counts(c, band, float(step), qmax, counts)
     return err / energy, entropy_bits_of_counts(counts)
 
 
+#: histogram entries per value of the part beyond which the pairs are sorted instead of counted
+#: in a dense table (measured crossover on a bundled part: 2-5 entries per value)
+SPARSE_COUNTS_PER_VALUE = 4
 #: the dense (bands x alphabet) histogram's size limit, in entries (128 MiB of int64): a fit's planes
 #: go down to step0 / 2^12, where a part with a large max |c| would need an alphabet of millions
 MAX_DENSE_COUNTS = 1 << 24
 
 
-def _deadzone_rd_sparse(c: np.ndarray, band: np.ndarray, step: float, energy: float) -> tuple[float, float]:
-    """`deadzone_rd` counting only the (band, symbol) pairs that occur (np.unique): memory in the
-    part's size, not in the alphabet's."""
-    a = np.abs(c)
-    q = np.floor(a / step)
-    err = float(np.square(a - np.where(q > 0, (q + 0.5) * step, 0.0)).sum())
-    s = (np.sign(c) * q).astype(np.int64)
-    smax = int(np.abs(s).max(initial=0))
-    width = 2 * smax + 1
-    key = band.astype(np.int64)[:, None] * width + (s + smax)  # band-major: key // width is the band
-    uniq, cnt = np.unique(key.reshape(-1), return_counts=True)
-    return err / energy, context_entropy_bits(cnt, uniq // width)
-
-
 def warm_up() -> None:
-    """Compile or load the kernel once (tiny input)."""
-    deadzone_rd(np.array([[0.5, -2.0]]), np.zeros(1, np.int64), 1.0, 1.0)
+    """Compile or load both kernels once (tiny input: a coarse step counts densely, a fine one sorts)."""
+    for step in (1.0, 1e-3):
+        deadzone_rd(np.array([[0.5, -2.0]]), np.zeros(1, np.int64), step, 1.0)

@@ -175,12 +175,18 @@ def _checked(mse: float, s: ShardKV, kv: str) -> float:
 
 def _probe_many(items: Sequence[tuple[ShardKV, str, Callable[[], torch.Tensor]]]) -> list[float]:
     """`_probe` of every (shard, part, make_decoded) in `items`, in order. When every shard's
-    probe carries the same ``many`` (the build's batched probe: ``many([(layer, kv, decoded)]) ->
-    [image MSE]``, several probes in one batched forward, ``many.batch`` at a time), the parts are
-    decoded a batch at a time and measured together; else one by one. Same values either way."""
+    probe carries the same ``many`` (the build's shared probe: ``many([(layer, kv, decoded)]) ->
+    [image MSE]``), the parts go to it together: one by one as they are decoded when it has
+    ``many.submit(layer, kv, decoded) -> Future`` (measured in threads meanwhile), else a batch
+    (``many.batch``) at a time, several probes in one batched forward; else one by one. Same
+    values either way."""
     many = getattr(items[0][0].distortion, "many", None) if items else None
     if many is None or any(getattr(s.distortion, "many", None) is not many for s, _, _ in items):
         return [_probe(s, kv, make()) for s, kv, make in items]
+    submit = getattr(many, "submit", None)
+    if submit is not None:  # handed over one by one as decoded, measured while the next decodes
+        futures = [submit(s.layer, kv, make()) for s, kv, make in items]
+        return [_checked(float(f.result()), s, kv) for f, (s, kv, _) in zip(futures, items)]
     batch = max(1, int(getattr(many, "batch", 8)))
     out: list[float] = []
     for a in range(0, len(items), batch):

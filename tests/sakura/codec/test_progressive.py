@@ -385,8 +385,9 @@ def test_native_deadzone_rd_equals_the_numpy_reference(step):
 
 def test_deadzone_rd_counts_sparsely_when_the_alphabet_is_huge(monkeypatch):
     """A fit's planes reach step0 / 2^12: the dense (bands x alphabet) histogram could need
-    gigabytes there; above `MAX_DENSE_COUNTS` entries the sweep counts only the pairs that occur,
-    with the same result."""
+    gigabytes there, and is mostly zeros long before; above `SPARSE_COUNTS_PER_VALUE` entries per
+    value (or `MAX_DENSE_COUNTS` in all) the sweep sorts the pairs that occur instead, with the
+    same result to the last bit (same counts, same order, the same error loop)."""
     from sakura.codec import fitkernels as FK
 
     rng = np.random.default_rng(2)
@@ -394,8 +395,12 @@ def test_deadzone_rd_counts_sparsely_when_the_alphabet_is_huge(monkeypatch):
     band = PG._bands(64, 8)
     e = float((c ** 2).sum())
     for step in (1e-4, 0.05, 2.0):
+        monkeypatch.setattr(FK, "SPARSE_COUNTS_PER_VALUE", 1 << 40)
         dense = FK.deadzone_rd(c, band, step, e)
-        monkeypatch.setattr(FK, "MAX_DENSE_COUNTS", 0)
+        monkeypatch.setattr(FK, "SPARSE_COUNTS_PER_VALUE", 0)
         sparse = FK.deadzone_rd(c, band, step, e)
+        monkeypatch.setattr(FK, "SPARSE_COUNTS_PER_VALUE", 1 << 40)
+        monkeypatch.setattr(FK, "MAX_DENSE_COUNTS", 0)
+        capped = FK.deadzone_rd(c, band, step, e)
         monkeypatch.undo()
-        assert sparse == pytest.approx(dense, rel=1e-12)
+        assert sparse == dense and capped == dense

@@ -195,3 +195,54 @@ def test_kv_source_protocol_declares_what_models_read(tiny_mini):
     assert isinstance(src, TemplateKVSource) and src.instruction is None and dict(src.layout) == {}
     out = tiny_mini.edit(_imgs(1, seed=2), template_kv=src, steps=2)
     assert torch.equal(out.image, tiny_mini.edit(_imgs(1, seed=2), template_kv=kv, steps=2).image)
+
+
+def test_edit_replacing_one_layer_equals_the_whole_edit_bit_for_bit(tiny_mini):
+    """The build's probes resume at the replaced layer (`first_step_prefix`): the first step's
+    blocks below it are not run, and the images are those of `edit`, to the last bit; also with
+    a keep mask (another attention kernel in that layer only) and on the first and last layer."""
+    photo, tmpl = _imgs(2, seed=11), _imgs(1, seed=12)
+    kv = tiny_mini.extract_template_kv(tmpl).to(torch.float16)
+    prefix = tiny_mini.first_step_prefix(photo, kv, steps=3, seed=5)
+    g = torch.Generator().manual_seed(0)
+    for layer in range(tiny_mini.num_layers):
+        l = kv.layers[layer]
+        keep = torch.ones(l.key.shape[0], dtype=torch.bool)
+        keep[::4] = False
+        for rep in (LayerKV((l.key.float() + 0.2 * torch.randn(l.key.shape, generator=g)).half(), l.value),
+                    LayerKV(l.key, l.value, keep)):
+            layers = [rep if i == layer else x for i, x in enumerate(kv.layers)]
+            whole = tiny_mini.edit(photo, template_kv=TemplateKV(layers, kv.model_fingerprint,
+                                                                 kv.template_fingerprint, kv.layout),
+                                   steps=3, seed=5).image
+            assert torch.equal(tiny_mini.edit_replacing(prefix, layer, rep), whole)
+    with pytest.raises(IndexError):
+        tiny_mini.edit_replacing(prefix, tiny_mini.num_layers, kv.layers[0])
+
+
+def test_rope_as_swapped_products_equals_the_pairwise_rotation():
+    from sakura.models.mini import apply_rope, rope_2d, rope_tables
+
+    cos, sin = rope_2d(4, 16, 100.0)
+    x = torch.randn(2, 16, 3, 16, generator=torch.Generator().manual_seed(1))
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    pairwise = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
+    assert torch.equal(apply_rope(x, *rope_tables(cos, sin)), pairwise)
+
+
+def test_last_block_rows_compute_as_in_the_whole_block(tiny_mini):
+    """`main_forward(rows_from=n)`: the last block skips the photo rows past attention; the rows
+    it returns are those of the whole block, bit for bit."""
+    block, n, c = tiny_mini.blocks[-1], tiny_mini.cfg.tokens_per_image, tiny_mini.cfg.dim
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 2 * n, c, generator=g)
+    temb = torch.randn(2, c, generator=g)
+    kt = torch.randn(2, n, tiny_mini.cfg.heads, tiny_mini.cfg.head_dim, generator=g)
+    vt = torch.randn(kt.shape, generator=g)
+    rope = tiny_mini._rope()
+    rope = (torch.cat([rope[0], rope[0]]), torch.cat([rope[1], rope[1]]))
+    with torch.no_grad():
+        whole = block.main_forward(x, temb, rope, kt, vt, None, None)
+        rows = block.main_forward(x, temb, rope, kt, vt, None, None, rows_from=n)
+    assert rows.shape == (2, n, c) and torch.equal(rows, whole[:, n:])

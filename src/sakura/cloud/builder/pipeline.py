@@ -479,13 +479,19 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log, ref=N
     # MAX_SINGLE_RUNG_BUDGETS[-1]: storage stays under 1/4 of fp16, docs/codec.md)
     cands = [x for x in BASE_RUNG_BUDGETS if x < top] + [top] + [x for x in MAX_SINGLE_RUNG_BUDGETS if x > top]
 
-    def trial(b: float) -> float:  # the calibration edits' PSNR vs lossless with one rung at budget b
-        t = get_codec(codec.name, **{**codec.params, "budgets": [b]})
+    def trial(b: float, **over) -> float:  # the calibration edits' PSNR vs lossless with one rung at budget b
+        t = get_codec(codec.name, **{**codec.params, "budgets": [b], **over})
         tables = t.fit_tables(shards)
         decs = [t.decode(t.encode(s, ident(i), tables), ident(i), tables) for i, s in enumerate(shards)]
         return psnr_db(float((edit([d.for_attention() for d in decs]).double() - ref).pow(2).mean()))
 
-    base, got = search_budget(cands, trial, base_psnr_db)
+    def proxy(b: float) -> float:  # the same with the sensitivity allocation: no image probes, one edit
+        return trial(b, allocate="sensitivity")
+
+    # the image allocation's trials cost ~100 image probes cold: guided by the proxy's PSNR (one
+    # edit a budget) the first trial is usually the answer (7 -> 5 trials on the default templates)
+    image = codec.params.get("allocate", "image") == "image"
+    base, got = search_budget(cands, trial, base_psnr_db, prior_at=proxy if image else None)
     n = rungs if base <= top / 2 else (2 if base < top else 1)
     budgets = [float(f"{x:.3g}") for x in np.geomspace(base, top, n)] if n > 1 else [base]
     log(f"  ladder budgets {budgets} (lowest rung: {got:.1f} dB vs lossless "
@@ -497,29 +503,63 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log, ref=N
 #: assumes until it has measured two budgets (dB per bit per value; ~6 at high rate, steeper here)
 SEARCH_START_BUDGET = 0.3
 SEARCH_SLOPE_DB_PER_BIT = 10.0
+#: with a prior (the proxy allocation's PSNR), what the image allocation is assumed to add to it
+#: until a trial has measured the difference (the default templates: 1-8 dB, median ~2.5: docs/scale.md)
+SEARCH_PRIOR_GAP_DB = 2.5
 
 
 def search_budget(candidates: Sequence[float], psnr_at: Callable[[float], float],
-                  target_db: float) -> tuple[float, float]:
+                  target_db: float, prior_at: Callable[[float], float] | None = None) -> tuple[float, float]:
     """The cheapest of `candidates` (ascending budgets, bits per value) whose `psnr_at(budget)` (dB)
-    reaches `target_db`, else the last: -> (budget, its PSNR). A pure function of `psnr_at`.
+    reaches `target_db`, else the last: -> (budget, its PSNR). A pure function of `psnr_at` and
+    `prior_at`.
 
     PSNR grows with the budget, so the answer is the candidate that passes while the one below it
-    misses. Each trial is predicted from the PSNRs measured so far (linear in the budget between
-    them, the secant slope beyond them, `SEARCH_SLOPE_DB_PER_BIT` with one point) and kept strictly
-    between the highest miss and the lowest pass, so it ends after at most as many trials as
-    candidates (a linear scan's worst case), usually 2-4. Were the PSNR not monotone in the budget,
-    the answer is still a pass whose cheaper neighbour misses, not always the cheapest pass."""
+    misses. Each trial is predicted and kept strictly between the highest miss and the lowest pass,
+    so it ends after at most as many trials as candidates (a linear scan's worst case), usually
+    2-4, on the same answer whatever the predictions. Were the PSNR not monotone in the budget,
+    the answer is still a pass whose cheaper neighbour misses, not always the cheapest pass.
+
+    The prediction: without `prior_at`, linear in the budget between the PSNRs measured so far,
+    the secant slope beyond them, `SEARCH_SLOPE_DB_PER_BIT` with one point. With `prior_at` (a
+    cheap estimate of the PSNR at any budget, e.g. a proxy allocation's one edit; called at
+    ~log2(candidates) budgets, memoised), the cheapest candidate whose prior plus the measured
+    difference at the nearest trial (`SEARCH_PRIOR_GAP_DB` before any) reaches the target: a good
+    prior makes the first trial the answer, and the second its cheaper neighbour's miss."""
     import numpy as np
 
     cands = [float(c) for c in candidates]
     if not cands:
         raise ValueError("search_budget: no candidate budgets")
     seen: dict[int, float] = {}
+    priors: dict[int, float] = {}
     miss, ok = -1, len(cands)  # highest index known to miss, lowest known to pass
+
+    def prior(i: int) -> float:
+        if i not in priors:
+            priors[i] = float(prior_at(cands[i]))
+        return priors[i]
+
+    def expected(i: int) -> float:  # the prior plus the difference measured nearest (in log budget)
+        if not seen:
+            return prior(i) + SEARCH_PRIOR_GAP_DB
+        j = min(seen, key=lambda j: (abs(np.log(cands[j] / cands[i])), j))
+        return prior(i) + (seen[j] - prior(j))
+
+    def predict_with_prior() -> int:
+        a, b = miss + 1, ok  # the cheapest in [a, b) expected to pass (bisection: it grows with the budget)
+        while a < b:
+            m = (a + b) // 2
+            if expected(m) >= target_db:
+                b = m
+            else:
+                a = m + 1
+        return min(a, ok - 1)  # none expected to pass: the dearest untried
 
     def predict() -> int:
         lo, hi = miss + 1, ok - 1
+        if prior_at is not None:
+            return predict_with_prior()
         if not seen:
             return min(range(lo, hi + 1), key=lambda i: abs(cands[i] - SEARCH_START_BUDGET))
         pts = sorted((cands[i], p) for i, p in seen.items())
@@ -600,28 +640,61 @@ def _cpu_count() -> int:
 
 
 def _many_probe(probe, kv, probing: "_Probing"):
-    """The batched probe every shard's `_part_probe` shares (``distortion.many``, which the
-    progressive codec's image allocation calls with all of a round's probes): [(layer, "k"/"v",
-    decoded part)] -> image MSEs, memoised on (layer, part, decoded bytes), `batch` edits per
-    model call and `workers` in threads at once (`ShardDistortionProbe.image_mse_many`)."""
+    """The probe every shard's `_part_probe` shares (``distortion.many``, which the progressive
+    codec's image allocation calls with all of a round's probes): [(layer, "k"/"v", decoded part)]
+    -> image MSEs, memoised on (layer, part, decoded bytes).
+
+    With one edit per model call (the CPU default) it also has ``many.submit(layer, part,
+    decoded) -> Future``: each probe goes to `probing.workers` threads as soon as it is decoded
+    (`ShardDistortionProbe.submit`), at most `probing.at_once` decoded parts waiting, so the
+    codec's decoding overlaps the probes and no thread idles for a batch to fill (handed over in
+    batches of 8, the memo's hits left the threads a few probes a call: 1.5x on two cores).
+    Else `batch` edits per model call, ``many.batch`` parts at a time."""
+    from collections import deque
+
     from sakura.models.kv import LayerKV
 
-    memo: dict[tuple[int, str, bytes], float] = {}
+    memo: dict[tuple[int, str, bytes], Any] = {}  # key -> MSE, or its Future while measured
+    waiting: deque = deque()  # futures of the parts in flight, oldest first
+
+    def replacement(layer: int, part: str, decoded):
+        lossless = kv.layers[layer]
+        return LayerKV(decoded, lossless.value) if part == "k" else LayerKV(lossless.key, decoded)
+
+    def submit(layer: int, part: str, decoded):
+        key = (layer, part, _digest(decoded))
+        if key not in memo:
+            while waiting and (waiting[0].done() or len(waiting) >= probing.at_once):
+                waiting.popleft().result()  # bounds the decoded parts held (a Klein part is tens of MB)
+            memo[key] = probe.submit(layer, replacement(layer, part, decoded), workers=probing.workers)
+            waiting.append(memo[key])
+        return memo[key]
 
     def many(items) -> list[float]:
+        if probing.batch <= 1:
+            return [f.result() for f in [submit(*item) for item in items]]
         keys = [(layer, part, _digest(decoded)) for layer, part, decoded in items]
         todo: dict[tuple[int, str, bytes], Any] = {}
         for key, (layer, part, decoded) in zip(keys, items):
             if key not in memo and key not in todo:
-                lossless = kv.layers[layer]
-                todo[key] = (layer, LayerKV(decoded, lossless.value) if part == "k" else LayerKV(lossless.key, decoded))
+                todo[key] = (layer, replacement(layer, part, decoded))
         for key, mse in zip(todo, probe.image_mse_many(list(todo.values()), batch=probing.batch,
                                                        workers=probing.workers)):
-            memo[key] = mse
-        return [memo[k] for k in keys]
+            memo[key] = _done(mse)
+        return [memo[k].result() for k in keys]
 
     many.batch = probing.at_once  # what the codec hands over per call (`progressive._probe_many`)
+    if probing.batch <= 1:
+        many.submit = submit
     return many
+
+
+def _done(value):
+    from concurrent.futures import Future
+
+    fut: Future = Future()
+    fut.set_result(value)
+    return fut
 
 
 def _digest(t) -> bytes:

@@ -13,6 +13,7 @@ The model is any object with the image-level edit API the bundled models share:
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -45,6 +46,10 @@ class ShardDistortionProbe:
         if self.photos.ndim != 4 or self.photos.shape[0] < 1:
             raise ValueError(f"photos must be (N, 3, H, W) with N >= 1, got {tuple(self.photos.shape)}")
         self._ref_image = self._edit(list(self.reference.layers)).double()  # (N, 3, S, S)
+        # a model that can resume an edit at the replaced layer (sakura-mini: `first_step_prefix`)
+        # skips the first step's blocks below it: the same images, ~10 % less compute a probe
+        prefix = getattr(self.model, "first_step_prefix", None)
+        self._prefix = prefix(self.photos, self.reference, steps=self.steps, seed=self.seed) if prefix else None
 
     def _edit(self, layers: list[LayerKV]) -> torch.Tensor:
         kv = TemplateKV(layers, self.reference.model_fingerprint, self.reference.template_fingerprint,
@@ -61,8 +66,11 @@ class ShardDistortionProbe:
         layers = list(self.reference.layers)
         if not 0 <= layer < len(layers):
             raise IndexError(f"layer {layer} out of range ({len(layers)} layers)")
-        layers[layer] = replacement
-        img = self._edit(layers).double()
+        if self._prefix is not None:
+            img = self.model.edit_replacing(self._prefix, layer, replacement).double()
+        else:
+            layers[layer] = replacement
+            img = self._edit(layers).double()
         return float((img - self._ref_image).pow(2).mean(dim=(1, 2, 3)).mean())
 
     def image_mse_many(self, requests: Sequence[tuple[int, LayerKV]], batch: int = 1,
@@ -80,11 +88,28 @@ class ShardDistortionProbe:
             if not 0 <= layer < n:
                 raise IndexError(f"layer {layer} out of range ({n} layers)")
         workers = max(1, min(int(workers), len(requests)))
+        if workers > 1 and batch <= 1:  # one probe a task: a thread that finishes takes the next
+            return list(self._pool(workers).map(lambda r: self.image_mse(*r), requests))
         if workers > 1:
             per = -(-len(requests) // workers)
             runs = [requests[a:a + per] for a in range(0, len(requests), per)]
             return [m for got in self._pool(workers).map(lambda r: self._mse_run(r, batch), runs) for m in got]
         return self._mse_run(requests, batch)
+
+    def submit(self, layer: int, replacement: LayerKV, workers: int = 1) -> Future:
+        """`image_mse(layer, replacement)` as a future, measured in one of `workers` threads (1:
+        here and now, the future already done): callers hand probes over as they decode them and
+        collect the values later, so decoding overlaps the probes and no thread waits for a batch."""
+        if not 0 <= layer < len(self.reference.layers):
+            raise IndexError(f"layer {layer} out of range ({len(self.reference.layers)} layers)")
+        if workers > 1:
+            return self._pool(workers).submit(self.image_mse, layer, replacement)
+        fut: Future = Future()
+        try:
+            fut.set_result(self.image_mse(layer, replacement))
+        except Exception as e:  # noqa: BLE001  (raised again by .result(), where the caller looks)
+            fut.set_exception(e)
+        return fut
 
     def _pool(self, workers: int):
         """A thread pool kept for this probe's life (a build calls it hundreds of times with a few

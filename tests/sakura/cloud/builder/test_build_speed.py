@@ -152,3 +152,40 @@ def test_layer_sensitivity_in_threads_equals_one_thread(tiny_mini):
     pairs = [(l.key, l.value) for l in kv.layers]
     one = layer_sensitivity(pairs, edit, seed=3)
     assert layer_sensitivity(pairs, edit, seed=3, workers=2) == one and all(k > 0 and v > 0 for k, v in one)
+
+
+@pytest.mark.parametrize("target", [20.0, 30.0, 38.0, 41.0, 55.0, 80.0])
+@pytest.mark.parametrize("prior", ["exact", "2 dB low", "6 dB low", "4 dB high", "flat"])
+def test_budget_search_with_a_prior_finds_the_same_budget(prior, target):
+    """A prior (the proxy allocation's PSNR, one cheap edit a budget) only steers which budget is
+    tried: the answer is a linear scan's for any prior, good or bad; a good one needs at most two
+    trials (the answer and its cheaper neighbour's miss); each budget is tried, and the prior asked,
+    at most once."""
+    import math
+
+    from sakura.cloud.builder.pipeline import BASE_RUNG_BUDGETS, MAX_SINGLE_RUNG_BUDGETS, search_budget
+
+    cands = list(BASE_RUNG_BUDGETS) + list(MAX_SINGLE_RUNG_BUDGETS)
+    f = lambda b: 20 + 25 * math.log1p(3 * b)  # noqa: E731
+    g = {"exact": lambda b: f(b) - 2.5, "2 dB low": lambda b: f(b) - 4.5, "6 dB low": lambda b: f(b) - 8.5,
+         "4 dB high": lambda b: f(b) + 1.5, "flat": lambda b: 30.0}[prior]
+    calls, asked = [], []
+    b, p = search_budget(cands, lambda x: calls.append(x) or f(x), target,
+                         prior_at=lambda x: asked.append(x) or g(x))
+    assert b == _linear_scan(cands, f, target) and p == f(b)
+    assert len(calls) == len(set(calls)) <= len(cands) and len(asked) == len(set(asked)) <= len(cands)
+    if prior == "exact":
+        assert len(calls) <= 2
+
+
+def test_probe_futures_equal_the_probe(tiny_mini):
+    kv = _kv(tiny_mini)
+    photos = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(5))
+    reqs = [(i % tiny_mini.num_layers, _perturbed(kv, i % tiny_mini.num_layers, i)) for i in range(4)]
+    probe = ShardDistortionProbe(tiny_mini, kv, photos, steps=2)
+    one = [probe.image_mse(l, r) for l, r in reqs]
+    assert [probe.submit(l, r).result() for l, r in reqs] == one
+    assert [f.result() for f in [probe.submit(l, r, workers=2) for l, r in reqs]] == one
+    with pytest.raises(IndexError):
+        probe.submit(99, reqs[0][1])
+    probe.close()
