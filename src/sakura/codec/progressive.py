@@ -176,16 +176,16 @@ def _checked(mse: float, s: ShardKV, kv: str) -> float:
 def _probe_many(items: Sequence[tuple[ShardKV, str, Callable[[], torch.Tensor]]]) -> list[float]:
     """`_probe` of every (shard, part, make_decoded) in `items`, in order. When every shard's
     probe carries the same ``many`` (the build's shared probe: ``many([(layer, kv, decoded)]) ->
-    [image MSE]``), the parts go to it together: one by one as they are decoded when it has
-    ``many.submit(layer, kv, decoded) -> Future`` (measured in threads meanwhile), else a batch
+    [image MSE]``), the parts go to it together: all at once when it has ``many.submit(layer,
+    kv, make) -> Future`` (decoded and measured in its threads), else a batch
     (``many.batch``) at a time, several probes in one batched forward; else one by one. Same
     values either way."""
     many = getattr(items[0][0].distortion, "many", None) if items else None
     if many is None or any(getattr(s.distortion, "many", None) is not many for s, _, _ in items):
         return [_probe(s, kv, make()) for s, kv, make in items]
     submit = getattr(many, "submit", None)
-    if submit is not None:  # handed over one by one as decoded, measured while the next decodes
-        futures = [submit(s.layer, kv, make()) for s, kv, make in items]
+    if submit is not None:  # all handed over: decoded and measured in the probe's threads
+        futures = [submit(s.layer, kv, make) for s, kv, make in items]
         return [_checked(float(f.result()), s, kv) for f, (s, kv, _) in zip(futures, items)]
     batch = max(1, int(getattr(many, "batch", 8)))
     out: list[float] = []
@@ -372,10 +372,56 @@ def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: s
     """Steps and planes of every (layer, K/V) part for a ladder at `budgets` bits per value.
     `use_image`: rung 0's steps by the shards' measured image distortion (`_image_steps`; every
     shard must have a `distortion` probe), the proxy (sensitivity x relative MSE) otherwise."""
+    fine, sens, means, total_values, sdt = _step_grids(shards, transform, use_sensitivity, weighting, gamma)
+    coarse_pts: dict = {}
+    step0 = allocate_steps(fine, sens, budgets[0] * total_values)
+    if use_image:
+        step0 = _image_steps(shards, fine, means, step0, budgets[0] * total_values, transform)
+    shard_of = {(s.layer, kv): s for s in shards for kv in PARTS}
+
+    def coarse_rd(part, mean):  # (relative MSE, bits) at each plane below step0, memoised per step
+        out = []
+        for k in range(MAX_PLANES + 1):
+            st = step0[part] * 2.0 ** -k
+            key = ("dz", part[1], transform, weighting, float(gamma), str(sdt), st)
+            cache = shard_of[part].fit_cache
+            if key not in cache:
+                cache[key] = _deadzone_rd(mean[1], mean[2], st, mean[3])
+            out.append((k,) + cache[key])
+        return out
+
+    with _part_pool(shards) as pool:
+        coarse = list(pool.map(lambda item: coarse_rd(*item), list(means.items())))
+    for part, pts in zip(means, coarse):
+        coarse_pts[part] = pts
+    planes = _ladder_planes(coarse_pts, sens, budgets, total_values)
+    if use_image and len(budgets) > 1:
+        planes = _image_planes(shards, means, step0, planes, coarse_pts, budgets, total_values, transform)
+    offsets = _image_offsets(shards, means, step0, planes, transform) if use_image else {}
+    return {part: PartPlan(means[part][0], float(step0[part]), planes[part], offsets.get(part)) for part in means}
+
+
+def proxy_image_mse(shards: Sequence[ShardKV], budget: float, transform: str = "dct", weighting: str = "none",
+                    gamma: float = 1.0) -> float:
+    """The sensitivity allocation's own estimate of the calibration edits' image MSE with one rung
+    at `budget` bits per value: sum over parts of sensitivity x relative MSE at the steps it picks
+    (`ShardKV.sensitivity` is image MSE per unit relative KV MSE: `layer_sensitivity`). No edit,
+    no probe (the step grids are memoised on the shards). The budget search's steer: on the
+    default templates the image allocation's measured PSNR is 5 dB below to 2 dB above it."""
+    if not all(s.sensitivity is not None for s in shards):
+        raise ValueError("proxy_image_mse: every shard needs its sensitivity")
+    fine, sens, _means, total_values, _sdt = _step_grids(shards, transform, True, weighting, gamma)
+    step0 = allocate_steps(fine, sens, budget * total_values)
+    return float(sum(sens[part] * next(r for st, r, _b in fine[part] if st == step0[part]) for part in fine))
+
+
+def _step_grids(shards: Sequence[ShardKV], transform: str, use_sensitivity: bool, weighting: str, gamma: float):
+    """Per part its step grid [(step, relative MSE, bits)], weight and transform arrays (mean,
+    coefficients, bands, energy, scales); the values in all; the scale dtype:
+    -> (fine, sens, means, total_values, sdt)."""
     sdt = Q.scale_dtype(np.array([max(float(s.key.abs().max()), float(s.value.abs().max())) for s in shards]))
     total_values = sum(s.num_values for s in shards)
     fine: dict = {}
-    coarse_pts: dict = {}
     sens: dict = {}
     means: dict = {}
 
@@ -411,31 +457,7 @@ def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: s
         fine[part] = pts
         sens[part] = float(s.sensitivity[j]) if use_sensitivity else 1.0
         means[part] = mean
-    step0 = allocate_steps(fine, sens, budgets[0] * total_values)
-    if use_image:
-        step0 = _image_steps(shards, fine, means, step0, budgets[0] * total_values, transform)
-    shard_of = {(s.layer, kv): s for s in shards for kv in PARTS}
-
-    def coarse_rd(part, mean):  # (relative MSE, bits) at each plane below step0, memoised per step
-        out = []
-        for k in range(MAX_PLANES + 1):
-            st = step0[part] * 2.0 ** -k
-            key = ("dz", part[1], transform, weighting, float(gamma), str(sdt), st)
-            cache = shard_of[part].fit_cache
-            if key not in cache:
-                cache[key] = _deadzone_rd(mean[1], mean[2], st, mean[3])
-            out.append((k,) + cache[key])
-        return out
-
-    with _part_pool(shards) as pool:
-        coarse = list(pool.map(lambda item: coarse_rd(*item), list(means.items())))
-    for part, pts in zip(means, coarse):
-        coarse_pts[part] = pts
-    planes = _ladder_planes(coarse_pts, sens, budgets, total_values)
-    if use_image and len(budgets) > 1:
-        planes = _image_planes(shards, means, step0, planes, coarse_pts, budgets, total_values, transform)
-    offsets = _image_offsets(shards, means, step0, planes, transform) if use_image else {}
-    return {part: PartPlan(means[part][0], float(step0[part]), planes[part], offsets.get(part)) for part in means}
+    return fine, sens, means, total_values, sdt
 
 
 # ---------------------------------------------------------------------------------------------

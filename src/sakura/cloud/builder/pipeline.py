@@ -469,6 +469,7 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log, ref=N
     import numpy as np
 
     from sakura.codec import ShardId, get_codec
+    from sakura.codec.progressive import proxy_image_mse
     from sakura.models.kv import LayerKV
 
     top = float(codec.params["budgets"][-1])
@@ -479,18 +480,19 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log, ref=N
     # MAX_SINGLE_RUNG_BUDGETS[-1]: storage stays under 1/4 of fp16, docs/codec.md)
     cands = [x for x in BASE_RUNG_BUDGETS if x < top] + [top] + [x for x in MAX_SINGLE_RUNG_BUDGETS if x > top]
 
-    def trial(b: float, **over) -> float:  # the calibration edits' PSNR vs lossless with one rung at budget b
-        t = get_codec(codec.name, **{**codec.params, "budgets": [b], **over})
+    def trial(b: float) -> float:  # the calibration edits' PSNR vs lossless with one rung at budget b
+        t = get_codec(codec.name, **{**codec.params, "budgets": [b]})
         tables = t.fit_tables(shards)
         decs = [t.decode(t.encode(s, ident(i), tables), ident(i), tables) for i, s in enumerate(shards)]
         return psnr_db(float((edit([d.for_attention() for d in decs]).double() - ref).pow(2).mean()))
 
-    def proxy(b: float) -> float:  # the same with the sensitivity allocation: no image probes, one edit
-        return trial(b, allocate="sensitivity")
+    def proxy(b: float) -> float:  # the sensitivity allocation's own PSNR estimate: no edit, no probe
+        p = codec.params
+        return psnr_db(proxy_image_mse(shards, b, p["transform"], p.get("weighting", "none"), float(p.get("gamma", 1.0))))
 
-    # the image allocation's trials cost ~100 image probes cold: guided by the proxy's PSNR (one
-    # edit a budget) the first trial is usually the answer (7 -> 5 trials on the default templates)
-    image = codec.params.get("allocate", "image") == "image"
+    # an image-allocation trial costs ~100 image probes cold: steered by the proxy's estimate the
+    # first trial is usually the answer (7 -> 5 trials on the default templates)
+    image = codec.params.get("allocate") == "image" and all(s.sensitivity is not None for s in shards)
     base, got = search_budget(cands, trial, base_psnr_db, prior_at=proxy if image else None)
     n = rungs if base <= top / 2 else (2 if base < top else 1)
     budgets = [float(f"{x:.3g}") for x in np.geomspace(base, top, n)] if n > 1 else [base]
@@ -503,9 +505,10 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log, ref=N
 #: assumes until it has measured two budgets (dB per bit per value; ~6 at high rate, steeper here)
 SEARCH_START_BUDGET = 0.3
 SEARCH_SLOPE_DB_PER_BIT = 10.0
-#: with a prior (the proxy allocation's PSNR), what the image allocation is assumed to add to it
-#: until a trial has measured the difference (the default templates: 1-8 dB, median ~2.5: docs/scale.md)
-SEARCH_PRIOR_GAP_DB = 2.5
+#: with a prior (the sensitivity allocation's PSNR estimate, `progressive.proxy_image_mse`), what
+#: the image allocation's measured PSNR is assumed to differ from it by until a trial has measured
+#: it (the default templates: -5 dB at the lowest budgets to +2 dB at 2 bits per value, docs/scale.md)
+SEARCH_PRIOR_GAP_DB = -2.0
 
 
 def search_budget(candidates: Sequence[float], psnr_at: Callable[[float], float],
@@ -522,10 +525,10 @@ def search_budget(candidates: Sequence[float], psnr_at: Callable[[float], float]
 
     The prediction: without `prior_at`, linear in the budget between the PSNRs measured so far,
     the secant slope beyond them, `SEARCH_SLOPE_DB_PER_BIT` with one point. With `prior_at` (a
-    cheap estimate of the PSNR at any budget, e.g. a proxy allocation's one edit; called at
-    ~log2(candidates) budgets, memoised), the cheapest candidate whose prior plus the measured
-    difference at the nearest trial (`SEARCH_PRIOR_GAP_DB` before any) reaches the target: a good
-    prior makes the first trial the answer, and the second its cheaper neighbour's miss."""
+    cheap estimate of the PSNR at any budget, e.g. the proxy allocation's own; memoised), the
+    cheapest candidate whose prior plus the difference measured at the nearest trial
+    (`SEARCH_PRIOR_GAP_DB` before any) reaches the target: a good prior makes the first trial the
+    answer, and the second its cheaper neighbour's miss."""
     import numpy as np
 
     cands = [float(c) for c in candidates]
@@ -644,35 +647,48 @@ def _many_probe(probe, kv, probing: "_Probing"):
     codec's image allocation calls with all of a round's probes): [(layer, "k"/"v", decoded part)]
     -> image MSEs, memoised on (layer, part, decoded bytes).
 
-    With one edit per model call (the CPU default) it also has ``many.submit(layer, part,
-    decoded) -> Future``: each probe goes to `probing.workers` threads as soon as it is decoded
-    (`ShardDistortionProbe.submit`), at most `probing.at_once` decoded parts waiting, so the
-    codec's decoding overlaps the probes and no thread idles for a batch to fill (handed over in
-    batches of 8, the memo's hits left the threads a few probes a call: 1.5x on two cores).
-    Else `batch` edits per model call, ``many.batch`` parts at a time."""
-    from collections import deque
+    With one edit per model call (the CPU default) it also has ``many.submit(layer, part, make)
+    -> Future``: `make()` decodes the part in one of `probing.workers` threads, which then probes
+    it (`ShardDistortionProbe.image_mse`) unless the memo has it. The codec hands a round's
+    probes over at once and the threads take them one by one, decoding included: handed over in
+    batches of 8 decoded on the caller's thread, the memo's hits left the threads a few probes a
+    call and the decoding ran alone (1.5x on two cores). Else `batch` edits per model call,
+    ``many.batch`` parts at a time."""
+    import threading
+    from concurrent.futures import Future
 
     from sakura.models.kv import LayerKV
 
-    memo: dict[tuple[int, str, bytes], Any] = {}  # key -> MSE, or its Future while measured
-    waiting: deque = deque()  # futures of the parts in flight, oldest first
+    memo: dict[tuple[int, str, bytes], Future] = {}
+    lock = threading.Lock()
 
     def replacement(layer: int, part: str, decoded):
         lossless = kv.layers[layer]
         return LayerKV(decoded, lossless.value) if part == "k" else LayerKV(lossless.key, decoded)
 
-    def submit(layer: int, part: str, decoded):
+    def measure(layer: int, part: str, make) -> float:
+        decoded = make()
         key = (layer, part, _digest(decoded))
-        if key not in memo:
-            while waiting and (waiting[0].done() or len(waiting) >= probing.at_once):
-                waiting.popleft().result()  # bounds the decoded parts held (a Klein part is tens of MB)
-            memo[key] = probe.submit(layer, replacement(layer, part, decoded), workers=probing.workers)
-            waiting.append(memo[key])
-        return memo[key]
+        with lock:
+            known = memo.get(key)
+            if known is None:
+                memo[key] = mine = Future()
+        if known is not None:  # measured, or being measured by a task that is running (no deadlock)
+            return known.result()
+        try:
+            mine.set_result(probe.image_mse(layer, replacement(layer, part, decoded)))
+        except BaseException as e:
+            mine.set_exception(e)
+        return mine.result()
+
+    def submit(layer: int, part: str, make) -> Future:
+        if probing.workers > 1:
+            return probe.pool(probing.workers).submit(measure, layer, part, make)
+        return _done(measure, layer, part, make)
 
     def many(items) -> list[float]:
         if probing.batch <= 1:
-            return [f.result() for f in [submit(*item) for item in items]]
+            return [f.result() for f in [submit(layer, part, lambda d=decoded: d) for layer, part, decoded in items]]
         keys = [(layer, part, _digest(decoded)) for layer, part, decoded in items]
         todo: dict[tuple[int, str, bytes], Any] = {}
         for key, (layer, part, decoded) in zip(keys, items):
@@ -680,7 +696,7 @@ def _many_probe(probe, kv, probing: "_Probing"):
                 todo[key] = (layer, replacement(layer, part, decoded))
         for key, mse in zip(todo, probe.image_mse_many(list(todo.values()), batch=probing.batch,
                                                        workers=probing.workers)):
-            memo[key] = _done(mse)
+            memo[key] = _done(lambda m=mse: m)
         return [memo[k].result() for k in keys]
 
     many.batch = probing.at_once  # what the codec hands over per call (`progressive._probe_many`)
@@ -689,11 +705,15 @@ def _many_probe(probe, kv, probing: "_Probing"):
     return many
 
 
-def _done(value):
+def _done(fn, *args):
+    """`fn(*args)` run here, as a finished Future (its exception kept for .result())."""
     from concurrent.futures import Future
 
     fut: Future = Future()
-    fut.set_result(value)
+    try:
+        fut.set_result(fn(*args))
+    except Exception as e:  # noqa: BLE001  (raised again where the caller asks for the result)
+        fut.set_exception(e)
     return fut
 
 

@@ -13,7 +13,6 @@ The model is any object with the image-level edit API the bundled models share:
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -89,31 +88,17 @@ class ShardDistortionProbe:
                 raise IndexError(f"layer {layer} out of range ({n} layers)")
         workers = max(1, min(int(workers), len(requests)))
         if workers > 1 and batch <= 1:  # one probe a task: a thread that finishes takes the next
-            return list(self._pool(workers).map(lambda r: self.image_mse(*r), requests))
+            return list(self.pool(workers).map(lambda r: self.image_mse(*r), requests))
         if workers > 1:
             per = -(-len(requests) // workers)
             runs = [requests[a:a + per] for a in range(0, len(requests), per)]
-            return [m for got in self._pool(workers).map(lambda r: self._mse_run(r, batch), runs) for m in got]
+            return [m for got in self.pool(workers).map(lambda r: self._mse_run(r, batch), runs) for m in got]
         return self._mse_run(requests, batch)
 
-    def submit(self, layer: int, replacement: LayerKV, workers: int = 1) -> Future:
-        """`image_mse(layer, replacement)` as a future, measured in one of `workers` threads (1:
-        here and now, the future already done): callers hand probes over as they decode them and
-        collect the values later, so decoding overlaps the probes and no thread waits for a batch."""
-        if not 0 <= layer < len(self.reference.layers):
-            raise IndexError(f"layer {layer} out of range ({len(self.reference.layers)} layers)")
-        if workers > 1:
-            return self._pool(workers).submit(self.image_mse, layer, replacement)
-        fut: Future = Future()
-        try:
-            fut.set_result(self.image_mse(layer, replacement))
-        except Exception as e:  # noqa: BLE001  (raised again by .result(), where the caller looks)
-            fut.set_exception(e)
-        return fut
-
-    def _pool(self, workers: int):
-        """A thread pool kept for this probe's life (a build calls it hundreds of times with a few
-        probes each: a pool per call cost more than it saved); its threads exit with the probe."""
+    def pool(self, workers: int):
+        """A thread pool of `workers` threads kept for this probe's life, for `image_mse_many` and
+        callers that submit probes themselves (the build: a pool per call cost more than it
+        saved); its threads exit with the probe (`close`)."""
         from concurrent.futures import ThreadPoolExecutor
 
         pool = getattr(self, "_threads", None)

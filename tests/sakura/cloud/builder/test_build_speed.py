@@ -163,12 +163,14 @@ def test_budget_search_with_a_prior_finds_the_same_budget(prior, target):
     at most once."""
     import math
 
-    from sakura.cloud.builder.pipeline import BASE_RUNG_BUDGETS, MAX_SINGLE_RUNG_BUDGETS, search_budget
+    from sakura.cloud.builder.pipeline import (BASE_RUNG_BUDGETS, MAX_SINGLE_RUNG_BUDGETS, SEARCH_PRIOR_GAP_DB,
+                                               search_budget)
 
     cands = list(BASE_RUNG_BUDGETS) + list(MAX_SINGLE_RUNG_BUDGETS)
     f = lambda b: 20 + 25 * math.log1p(3 * b)  # noqa: E731
-    g = {"exact": lambda b: f(b) - 2.5, "2 dB low": lambda b: f(b) - 4.5, "6 dB low": lambda b: f(b) - 8.5,
-         "4 dB high": lambda b: f(b) + 1.5, "flat": lambda b: 30.0}[prior]
+    exact = lambda b: f(b) - SEARCH_PRIOR_GAP_DB  # noqa: E731  (what the search assumes before a trial)
+    g = {"exact": exact, "2 dB low": lambda b: exact(b) - 2, "6 dB low": lambda b: exact(b) - 6,
+         "4 dB high": lambda b: exact(b) + 4, "flat": lambda b: 30.0}[prior]
     calls, asked = [], []
     b, p = search_budget(cands, lambda x: calls.append(x) or f(x), target,
                          prior_at=lambda x: asked.append(x) or g(x))
@@ -178,14 +180,24 @@ def test_budget_search_with_a_prior_finds_the_same_budget(prior, target):
         assert len(calls) <= 2
 
 
-def test_probe_futures_equal_the_probe(tiny_mini):
+def test_shared_probe_memoises_and_measures_in_threads(tiny_mini):
+    """The allocation's shared probe (`_many_probe`): parts handed over as decode callables are
+    decoded and measured in the threads; the same bytes twice are measured once; the values are
+    the probe's, in order, for any thread count."""
+    from sakura.cloud.builder.pipeline import _many_probe, _Probing
+
     kv = _kv(tiny_mini)
     photos = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(5))
-    reqs = [(i % tiny_mini.num_layers, _perturbed(kv, i % tiny_mini.num_layers, i)) for i in range(4)]
+    parts = [(i % tiny_mini.num_layers, "kv"[i % 2], _perturbed(kv, i % tiny_mini.num_layers, i).key) for i in range(4)]
+    want = []
     probe = ShardDistortionProbe(tiny_mini, kv, photos, steps=2)
-    one = [probe.image_mse(l, r) for l, r in reqs]
-    assert [probe.submit(l, r).result() for l, r in reqs] == one
-    assert [f.result() for f in [probe.submit(l, r, workers=2) for l, r in reqs]] == one
-    with pytest.raises(IndexError):
-        probe.submit(99, reqs[0][1])
+    for layer, part, dec in parts:
+        l = kv.layers[layer]
+        want.append(probe.image_mse(layer, LayerKV(dec, l.value) if part == "k" else LayerKV(l.key, dec)))
+    for workers in (1, 2):
+        calls = []
+        many = _many_probe(probe, kv, _Probing(1, workers))
+        futs = [many.submit(layer, part, lambda d=dec: calls.append(1) or d) for layer, part, dec in parts + parts[:2]]
+        assert [f.result() for f in futs] == want + want[:2] and len(calls) == 6
+        assert many(parts) == want
     probe.close()
