@@ -7,8 +7,9 @@ user + system: what the build costs, whatever else runs here), the per-stage CPU
 (`build_store(profile=...)`), and the store's digest; stores of every variant are compared file by
 file.
 
-Variants: ``current`` (this checkout's defaults: image probes in one thread per core),
-``current-1-thread`` (``probe_workers=1``: the CPU work alone), ``batched`` (``--probe-batch N``)
+Variants: ``current`` (this checkout's defaults: templates in one process per core, image probes
+in one thread per core), ``current-1-thread`` (one process, ``probe_workers=1``: the CPU work
+alone), ``batched`` (``--probe-batch N``)
 and, with ``--baseline-src DIR``, ``baseline`` (another checkout's ``src``, e.g. ``git worktree
 add /tmp/base <commit>`` then ``/tmp/base/src``), whose ``build_store`` is called with its own
 defaults. Stores differ between versions whose allocation differs: each variant's store size
@@ -43,12 +44,15 @@ if args.get("probe_batch") and "probe_batch" in params:
     kw["probe_batch"] = args["probe_batch"]
 if args.get("probe_workers") and "probe_workers" in params:
     kw["probe_workers"] = args["probe_workers"]
+if args.get("template_workers") and "template_workers" in params:
+    kw["template_workers"] = args["template_workers"]
 if "device" in params:
     kw["device"] = args.get("device", "cpu")
 build_store(args["store"], **kw)
-ru = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": ru.ru_utime + ru.ru_stime,
-                  "peak_rss_bytes": ru.ru_maxrss * 1024, "stages": prof}))
+ru, rc = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"wall_s": time.perf_counter() - t0,
+                  "cpu_s": ru.ru_utime + ru.ru_stime + rc.ru_utime + rc.ru_stime,  # template processes too
+                  "peak_rss_bytes": max(ru.ru_maxrss, rc.ru_maxrss) * 1024, "stages": prof}))
 """
 
 
@@ -65,8 +69,9 @@ def _digest(root: Path) -> dict[str, str]:
 def _run_variant(src: Path, store: Path, templates: Sequence[str], probe_batch: int | None, device: str,
                  probe_workers: int | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
+    # probe_workers=1 is the CPU work alone: one thread in one process (no template processes either)
     args = json.dumps({"store": str(store), "templates": list(templates), "probe_batch": probe_batch,
-                       "probe_workers": probe_workers, "device": device})
+                       "probe_workers": probe_workers, "template_workers": probe_workers, "device": device})
     p = subprocess.run([sys.executable, "-c", _CHILD, args], env=env, capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
         raise RuntimeError(f"build in {src} failed: {p.stderr.strip().splitlines()[-1:]}")

@@ -24,8 +24,8 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
     if executor not in ("local", "ray"):
         typer.echo(f"error: --executor must be local or ray, got {executor!r}", err=True)
         raise typer.Exit(2)
-    if executor == "local" and (address or workers or force):
-        typer.echo("error: --address/--workers/--force apply to --executor ray", err=True)
+    if executor == "local" and (address or force):
+        typer.echo("error: --address/--force apply to --executor ray", err=True)
         raise typer.Exit(2)
     from sakura.cloud.builder.template_files import TemplateSpecError, template_args
     try:
@@ -41,7 +41,7 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
         if executor == "local":
             build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
                         calibration=calibration, steps=steps, log=_echo_above_bar, device=device, dtype=dtype,
-                        probe_batch=probe_batch, probe_workers=probe_workers,
+                        probe_batch=probe_batch, probe_workers=probe_workers, template_workers=workers,
                         allocation_photos=allocation_photos, progress=not quiet)
             return
         from sakura.cloud.builder.distributed import build_templates
@@ -53,6 +53,9 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
     except TemplateSpecError as e:
         for line in e.problems:
             typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(2)
+    except ValueError as e:  # --workers > 1 where templates cannot fork (an accelerator, macOS)
+        typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     except OSError as e:  # a full disk, a read-only store: one line naming the path and the cause
         from sakura.util.fsutil import os_error_line

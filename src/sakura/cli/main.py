@@ -127,8 +127,10 @@ def build(
                                  "cluster; resumable: skips templates whose manifest verifies)."),
     address: Optional[str] = typer.Option(None, help="Existing Ray cluster (ray://host:10001 or host:6379); "
                                           "default: a local one (--executor ray)."),
-    workers: Optional[int] = typer.Option(None, min=1, help="Concurrent templates on a local Ray cluster "
-                                          "(default: all cores)."),
+    workers: Optional[int] = typer.Option(None, min=1, help="Templates built at once: --executor local, in "
+                                          "processes forked after the model loads (default: one per core up to "
+                                          "the template count, on the CPU under Linux; else 1); ray, tasks on a "
+                                          "local Ray cluster (default: all cores). The store does not depend on it."),
     force: bool = typer.Option(False, help="Rebuild templates even if their manifest verifies (--executor ray)."),
     device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp16 on mps, fp32 on cpu), fp32, fp16 or bf16; "

@@ -55,8 +55,10 @@ def build(store: str | os.PathLike[str], templates: Sequence[Any] | None = None,
         progress: a progress bar (stderr) naming the template and stage, with an ETA.
         probe_workers, allocation_photos: how the image probes run (`build_store`); neither
             changes what a store is for (probe_workers not at all: byte-identical stores).
-        executor: "local" (this process) or "ray" (library templates over a Ray cluster at
-            ``address``, ``workers`` at once; ``force`` rebuilds current ones).
+        executor: "local" (this machine: ``workers`` templates at once in processes forked after
+            the model loads, default one per core on the CPU under Linux, `build_store`'s
+            `template_workers`) or "ray" (library templates over a Ray cluster at ``address``,
+            ``workers`` at once; ``force`` rebuilds current ones).
     Returns a `BuildReport` (per template: built / skipped / failed, seconds, manifest path).
     Raises `TemplateSpecError` (a ValueError; ``.problems`` one line each) before any work when a
     template or the library is invalid.
@@ -74,12 +76,12 @@ def build(store: str | os.PathLike[str], templates: Sequence[Any] | None = None,
                                calibration=calibration, steps=steps, executor="ray", address=address,
                                workers=workers, force=force, log=log.info, progress=progress, device=device,
                                dtype=dtype, allocation_photos=allocation_photos)
-    if address or workers or force:
-        raise ValueError("address / workers / force apply to executor='ray'")
+    if address or force:
+        raise ValueError("address / force apply to executor='ray'")
     t0 = time.perf_counter()
     paths = build_store(store, model_name=model, templates=specs or None, ladder=ladder, calibration=calibration,
                         steps=steps, log=log.info, device=device, dtype=dtype, progress=progress,
-                        probe_workers=probe_workers, allocation_photos=allocation_photos)
-    report = BuildReport(executor="local", workers=1, seconds=time.perf_counter() - t0)
+                        probe_workers=probe_workers, template_workers=workers, allocation_photos=allocation_photos)
+    report = BuildReport(executor="local", workers=workers or 1, seconds=time.perf_counter() - t0)
     report.builds = [TemplateBuild(template=Path(p).stem, status="built", manifest=str(p)) for p in paths]
     return report

@@ -110,13 +110,19 @@ class _Stages:
     (template, stage) units: the bar names the template and stage and appears before the model loads."""
 
     def __init__(self, n_templates: int, progress: bool):
-        from tqdm import tqdm
+        if progress:
+            from tqdm import tqdm
 
-        self.bar = tqdm(total=n_templates * len(STAGES), unit="stage", disable=not progress, mininterval=0.5,
-                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} stages "
-                                   "[{elapsed}<{remaining}]")
+            self.bar = tqdm(total=n_templates * len(STAGES), unit="stage", mininterval=0.5,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} stages "
+                                       "[{elapsed}<{remaining}]")
+        else:  # no tqdm at all: a template process forked from a parent whose bar holds tqdm's locks
+            self.bar = _NullBar(total=n_templates * len(STAGES))
         self.template = ""
         self.seconds: dict[str, dict[str, float]] = {}
+        #: called with (template, stage, stage units done) as stages start (0) and end: a forked
+        #: template process reports its stages to the parent's bar through it
+        self.notify: Callable[[str, str, int], None] | None = None
 
     def start(self, template: str) -> None:
         self.template = template
@@ -129,6 +135,8 @@ class _Stages:
         @contextlib.contextmanager
         def run():
             self.bar.set_description_str(f"{self.template}: {name}" if self.template else name, refresh=True)
+            if self.notify is not None:
+                self.notify(self.template, name, 0)
             t0, c0 = time.perf_counter(), time.process_time()
             yield
             d = self.seconds.setdefault(self.template, {})
@@ -142,6 +150,8 @@ class _Stages:
         idx = STAGES.index(name) + 1
         if idx > self.done:
             self.bar.update(idx - self.done)
+            if self.notify is not None:
+                self.notify(self.template, name, idx - self.done)
             self.done = idx
 
     def finish_template(self) -> None:
@@ -151,12 +161,28 @@ class _Stages:
         self.bar.close()
 
 
+class _NullBar:
+    """What `_Stages` calls on a bar, doing nothing."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.n = total, 0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_description_str(self, desc: str, refresh: bool = True) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates: Sequence[Any] | None = None,
                 ladder: Sequence[str] = DEFAULT_LADDER, calibration: int = 2, steps: int = 4, seed: int = 0,
                 base_psnr_db: float | None = BASE_RUNG_PSNR_DB, log: Callable[[str], None] = print,
                 device: Any = "auto", dtype: Any = "auto", probe_batch: int | None = None,
                 probe_workers: int | None = None, allocation_photos: int | None = ALLOCATION_PHOTOS,
-                progress: bool = False,
+                template_workers: int | None = None, progress: bool = False,
                 profile: dict[str, dict[str, float]] | None = None, model: Any = None) -> list[Path]:
     """Build (or idempotently rebuild) one manifest per template; returns the manifest paths.
 
@@ -200,6 +226,14 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             `calibration` photos. 1 halves the probes' cost (the build ~0.7x the CPU) but fits the
             allocation to one photo: on held-out photos the default templates' lowest rungs moved
             -0.1 to +0.1 dB and look-00's top rung -2.2 dB (docs/scale.md). Default: all.
+        template_workers: templates built at once, each in a process forked after the model
+            loads (the weights shared, copy on write; each process holds its own template's KV
+            and probes). Default: one per CPU core up to the template count on the CPU where
+            processes fork (Linux), else 1. > 1 needs both (`ValueError` otherwise: an
+            accelerator runs one template at a time; `--executor ray` spreads over machines).
+            The stores do not depend on it. On 2 cores ~1.1x over one process with probe
+            threads: a template's serial stretches (allocation between probe rounds, encoding,
+            the acceptance edits) overlap another's probes.
         progress: a tqdm bar (stderr) naming the template and stage, with an ETA.
         profile: filled with {template: {stage: wall seconds, "stage cpu": CPU seconds}}.
         model: an already-loaded model to build with (then `model_name`, `device`, `dtype` are unused).
@@ -243,19 +277,96 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         tpls = resolve_templates(model, list(templates) if templates else default_templates())  # fails before any work
         stages.bar.total = len(tpls) * len(STAGES)
         calib = calibration_photos(size, calibration)  # public training photos, never the held-out test ones
-        out = []
-        for name, images, instruction in tpls:
-            stages.start(name)
-            out.append(_build_template(store, model, model_fp, name, images, instruction, calib, names, codecs,
-                                       floor_codec, steps=steps, seed=seed, base_psnr_db=base_psnr_db,
-                                       probing=_Probing(probe_batch, probe_workers, allocation_photos),
-                                       stages=stages, log=log))
-            stages.finish_template()
+        processes = _template_processes(template_workers, dev, len(tpls))
+        job = dict(store=store, model=model, model_fp=model_fp, calib=calib, names=names, codecs=codecs,
+                   floor_codec=floor_codec, steps=steps, seed=seed, base_psnr_db=base_psnr_db,
+                   probing=_Probing(probe_batch, probe_workers, allocation_photos))
+        if processes > 1:
+            out = _build_in_processes(processes, tpls, job, stages, log)
+        else:
+            out = []
+            for name, images, instruction in tpls:
+                stages.start(name)
+                out.append(_build_template(name=name, images=images, instruction=instruction, stages=stages,
+                                           log=log, **job))
+                stages.finish_template()
     finally:
         stages.close()
     if profile is not None:
         profile.update(stages.seconds)
     return out
+
+
+def _template_processes(requested: int | None, device: Any, templates: int) -> int:
+    """How many template processes `build_store` forks (see its `template_workers`)."""
+    import multiprocessing as mp
+    import sys
+
+    can_fork = sys.platform == "linux" and "fork" in mp.get_all_start_methods() and device.type == "cpu"
+    if requested is None:
+        return min(_cpu_count(), templates) if can_fork else 1
+    if requested < 1:
+        raise ValueError(f"template_workers must be >= 1, got {requested}")
+    if requested > 1 and not can_fork:
+        raise ValueError("template_workers > 1 builds templates in processes forked after the model loads: on "
+                         f"the CPU under Linux only (here: {device.type} on {sys.platform}); an accelerator "
+                         "builds one template at a time (--executor ray spreads templates over machines)")
+    return min(requested, templates)
+
+
+#: what a forked template process reads: set by `_build_in_processes` just before it forks
+_FORK_JOB: dict[str, Any] = {}
+
+
+def _build_in_processes(processes: int, tpls, job: dict, stages: "_Stages", log) -> list[Path]:
+    """`_build_template` of every template in `processes` forked processes (they inherit the
+    model and `job`; only an index goes over and (path, stage seconds, log lines) come back). Each
+    process reports its stages through a queue to the parent's bar; a template's log lines print
+    when it is done."""
+    import multiprocessing as mp
+    import threading
+
+    ctx = mp.get_context("fork")
+    events = ctx.Queue()
+    _FORK_JOB.update(job, tpls=tpls, events=events)
+
+    def show() -> None:  # the parent's bar, moved by the processes' stage events
+        for template, stage, done in iter(events.get, None):
+            stages.bar.set_description_str(f"{template}: {stage}", refresh=False)
+            stages.bar.update(done)
+
+    shower = threading.Thread(target=show, name="build-progress", daemon=True)
+    shower.start()
+    out: list[Path | None] = [None] * len(tpls)
+    pool = ctx.Pool(processes)
+    try:
+        for i, path, seconds, lines in pool.imap_unordered(_forked_template, range(len(tpls))):
+            for line in lines:
+                log(line)
+            out[i] = Path(path)
+            stages.seconds.update(seconds)
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+        events.put(None)
+        shower.join()
+        _FORK_JOB.clear()
+    return [p for p in out if p is not None]
+
+
+def _forked_template(i: int) -> tuple[int, str, dict, list[str]]:
+    job = dict(_FORK_JOB)
+    name, images, instruction = job.pop("tpls")[i]
+    events = job.pop("events")
+    lines: list[str] = []
+    stages = _Stages(1, progress=False)
+    stages.notify = lambda template, stage, done: events.put((template, stage, done))
+    stages.start(name)
+    path = _build_template(name=name, images=images, instruction=instruction, stages=stages, log=lines.append,
+                           **job)
+    stages.finish_template()
+    return i, str(path), stages.seconds, lines
 
 
 def _build_template(store, model, model_fp, name, images, instruction, calib, names, codecs, floor_codec, *,

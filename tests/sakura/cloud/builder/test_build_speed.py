@@ -201,3 +201,39 @@ def test_shared_probe_memoises_and_measures_in_threads(tiny_mini):
         assert [f.result() for f in futs] == want + want[:2] and len(calls) == 6
         assert many(parts) == want
     probe.close()
+
+
+def test_template_processes_build_the_same_store_and_report_their_stages(tmp_path, capsys):
+    """Templates in forked processes (the default on a multi-core CPU under Linux): the same
+    bytes as one process, every template's stage profile back in the parent, and the bar moved by
+    the processes' stage events."""
+    import sys
+
+    if sys.platform != "linux":
+        pytest.skip("template processes fork: Linux only")
+    kw = dict(templates=["look-00", "sticker-00"], calibration=1, steps=1, device="cpu")
+    lines, prof = [], {}
+    build_store(tmp_path / "a", template_workers=2, log=lines.append, profile=prof, progress=True, **kw)
+    err = capsys.readouterr().err
+    # the parent's bar names a template and stage (refreshed at most twice a second) and ends full
+    assert any(f"{t}: {st}" in err for t in ("look-00", "sticker-00") for st in STAGES) and "20/20 stages" in err
+    assert set(prof) == {"look-00", "sticker-00"} and all(set(STAGES) <= set(p) for p in prof.values())
+    assert sum(line.startswith(("look-00:", "sticker-00:")) for line in lines) == 2  # each summary line, once
+    build_store(tmp_path / "b", template_workers=1, log=lambda s: None, **kw)
+    assert _store_digest(tmp_path / "a") == _store_digest(tmp_path / "b")
+
+
+def test_template_processes_refused_where_they_cannot_fork():
+    import sys
+    from types import SimpleNamespace
+
+    from sakura.cloud.builder.pipeline import _template_processes
+
+    cpu, cuda = SimpleNamespace(type="cpu"), SimpleNamespace(type="cuda")
+    assert _template_processes(None, cuda, 5) == 1 and _template_processes(1, cuda, 5) == 1
+    with pytest.raises(ValueError, match="accelerator builds one template at a time"):
+        _template_processes(2, cuda, 5)
+    with pytest.raises(ValueError, match=">= 1"):
+        _template_processes(0, cpu, 5)
+    if sys.platform == "linux":
+        assert _template_processes(8, cpu, 3) == 3  # never more processes than templates
