@@ -167,22 +167,27 @@ class Block(nn.Module):
 
         x_t: (B, Tt, C). Returns the new x_t and this layer's template key, value (B, Tt, H, D).
         """
-        mod = self.ada(temb_t)[:, None].chunk(6, dim=-1)
+        mod = self.modulation(temb_t)
         q, k, v = self._qkv(x_t, mod, rope)
         attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self._finish(x_t, attn.transpose(1, 2), mod), k, v
 
-    def main_forward(self, x_m: torch.Tensor, temb: torch.Tensor, rope, k_t: torch.Tensor, v_t: torch.Tensor,
+    def modulation(self, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """adaLN's six (B, 1, C) shift/scale/gate vectors from the timestep embedding (B, C)."""
+        return self.ada(temb)[:, None].chunk(6, dim=-1)
+
+    def main_forward(self, x_m: torch.Tensor, temb: torch.Tensor | tuple, rope, k_t: torch.Tensor, v_t: torch.Tensor,
                      keep: torch.Tensor | None, probe: Callable[[torch.Tensor], None] | None,
                      rows_from: int = 0) -> torch.Tensor:
         """Photo + target stream: attends to [template K/V | own K/V].
 
-        x_m: (B, Tm, C); k_t, v_t: (B, Tt, H, D); keep: (Tt,) bool or None (False = masked out).
+        x_m: (B, Tm, C); temb: (B, C), or this block's `modulation(temb)` when the caller has it;
+        k_t, v_t: (B, Tt, H, D); keep: (Tt,) bool or None (False = masked out).
         rows_from: return only rows rows_from.. (B, Tm - rows_from, C): every token's K/V is still
         attended to, but only those rows' queries, projection and MLP run (the last block, whose
         photo rows nothing reads). Each row computes exactly as in the whole block.
         """
-        mod = self.ada(temb)[:, None].chunk(6, dim=-1)
+        mod = self.modulation(temb) if torch.is_tensor(temb) else temb
         q, k, v = self._qkv(x_m, mod, rope)
         tt = k_t.shape[1]
         if rows_from:
@@ -208,13 +213,15 @@ class Block(nn.Module):
 @dataclass(frozen=True)
 class FirstStepPrefix:
     """`MiniDiT.first_step_prefix`: one edit's setting (photo, noise, timesteps, the template KV
-    as attention reads it) and the first step's main stream entering each block."""
+    as attention reads it, each step's modulation) and the first step's main stream entering each
+    block."""
 
     photo: torch.Tensor                                                     # (B, 3, S, S), model device/dtype
     noise: torch.Tensor                                                     # (B, 3, S, S): x at t = 1
     timesteps: torch.Tensor                                                 # (steps + 1,)
     resident: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]  # per layer (K, V, keep)
     streams: list[torch.Tensor]                                             # per layer (B, 2T, C)
+    conditioning: list[tuple]                                               # per step `MiniDiT.conditioning`
 
 
 class MiniDiT(BundledImageModel, nn.Module):
@@ -251,6 +258,12 @@ class MiniDiT(BundledImageModel, nn.Module):
     def _temb(self, t: torch.Tensor) -> torch.Tensor:
         return self.time_mlp(timestep_embedding(t, self.cfg.dim).to(self.embed.weight.dtype))
 
+    def conditioning(self, t: torch.Tensor) -> tuple:
+        """What the main stream's modulation takes from the timestep t (B,): (temb (B, C), each
+        block's `modulation`, the output head's (shift, scale))."""
+        temb = self._temb(t)
+        return temb, [b.modulation(temb) for b in self.blocks], tuple(self.ada_out(temb)[:, None].chunk(2, dim=-1))
+
     def _rope(self):
         return self.rope_cos, self.rope_sin
 
@@ -274,7 +287,8 @@ class MiniDiT(BundledImageModel, nn.Module):
     def velocity(self, photo: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor,
                  kv_for_layer: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
                  probe: AttentionProbe | None = None, *, first_layer: int = 0,
-                 stream: torch.Tensor | None = None, record: list[torch.Tensor] | None = None) -> torch.Tensor:
+                 stream: torch.Tensor | None = None, record: list[torch.Tensor] | None = None,
+                 conditioning: tuple | None = None) -> torch.Tensor:
         """Predict v = ε - x_0 for the target. photo, x_t: (B, 3, H, W); t: (B,) in [0, 1].
 
         kv_for_layer(i) returns layer i's template (key, value) of shape (B, Tt, H, D) and an
@@ -285,6 +299,8 @@ class MiniDiT(BundledImageModel, nn.Module):
         first_layer, stream: start at block `first_layer` from `stream` (what `record` gave
         there for the same photo, x_t, t and template KV below that layer): blocks below it are
         not run (`FirstStepPrefix`). The result is bit for bit that of the whole pass.
+        conditioning: `conditioning(t)` when the caller has it (it depends on t only: the build's
+        probes reuse one per step).
         """
         cfg = self.cfg
         n = cfg.tokens_per_image
@@ -293,7 +309,7 @@ class MiniDiT(BundledImageModel, nn.Module):
             tx = patchify(x_t, cfg.patch_size)
             stream = torch.cat([self.embed(tp) + self.segment[1], self.embed(tx) + self.segment[2]], dim=1)  # (B, 2T, C)
         x = stream
-        temb = self._temb(t)
+        temb, mods, out_mod = conditioning if conditioning is not None else self.conditioning(t)
         cos, sin = self._rope()
         rope = (torch.cat([cos, cos]), torch.cat([sin, sin]))  # photo and target share the grid positions
         last = len(self.blocks) - 1
@@ -305,8 +321,8 @@ class MiniDiT(BundledImageModel, nn.Module):
             # the head reads the target rows only: the last block computes no photo rows past
             # attention (~7 % of a pass; bit for bit the same). An attention probe sees every row.
             rows_from = n if i == last and probe is None else 0
-            x = self.blocks[i].main_forward(x, temb, rope, k_t, v_t, keep, layer_probe, rows_from)
-        shift, scale = self.ada_out(temb)[:, None].chunk(2, dim=-1)
+            x = self.blocks[i].main_forward(x, mods[i], rope, k_t, v_t, keep, layer_probe, rows_from)
+        shift, scale = out_mod
         x = self.out(modulate(self.norm_out(x if x.shape[1] == n else x[:, n:]), shift, scale))  # (B, T, patch_dim)
         return self._to_velocity(x, photo, x_t, t)
 
@@ -397,8 +413,9 @@ class MiniDiT(BundledImageModel, nn.Module):
         noise = torch.randn(photo.shape, generator=gen).to(dev, dt)
         ts = torch.linspace(1.0, 0.0, steps + 1).to(dev, dt)
         streams: list[torch.Tensor] = []
-        self.velocity(photo, noise, ts[0].expand(b), lambda i: resident[i], record=streams)
-        return FirstStepPrefix(photo, noise, ts, resident, streams)
+        conds = [self.conditioning(ts[s].expand(b)) for s in range(steps)]  # per step: t only
+        self.velocity(photo, noise, ts[0].expand(b), lambda i: resident[i], record=streams, conditioning=conds[0])
+        return FirstStepPrefix(photo, noise, ts, resident, streams, conds)
 
     @torch.no_grad()
     def edit_replacing(self, prefix: "FirstStepPrefix", layer: int, replacement) -> torch.Tensor:
@@ -414,7 +431,8 @@ class MiniDiT(BundledImageModel, nn.Module):
         x, ts = prefix.noise, prefix.timesteps
         for s in range(len(ts) - 1):
             resume = {"first_layer": layer, "stream": prefix.streams[layer]} if s == 0 else {}
-            v = self.velocity(prefix.photo, x, ts[s].expand(b), kv_for_layer, **resume)
+            v = self.velocity(prefix.photo, x, ts[s].expand(b), kv_for_layer, conditioning=prefix.conditioning[s],
+                              **resume)
             x = x + (ts[s + 1] - ts[s]) * v
         return x.clamp(0.0, 1.0).float().cpu()
 
