@@ -10,9 +10,18 @@ from pathlib import Path
 from typing import Iterator
 
 from sakura.wire.store import Store
-from sakura.wire.server import serve_forever, serve_in_thread
 
 __all__ = ["Store", "open_store", "serve", "serve_forever"]
+
+
+def __getattr__(name: str):
+    # the HTTP server on first use: writing a store (`sakura build`) never serves, and importing
+    # the server cost every build 0.12 s
+    if name in ("serve_forever", "serve_in_thread"):
+        from sakura.wire import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module 'sakura.wire' has no attribute {name!r}")
 
 
 def open_store(path: str | os.PathLike[str]) -> Store:
@@ -34,5 +43,7 @@ def serve(store: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int =
     p = Path(store)
     if not p.is_dir():
         raise FileNotFoundError(f"store {p} is not a folder")
+    from sakura.wire.server import serve_in_thread
+
     with serve_in_thread(p, host=host, port=port, **options) as url:
         yield url

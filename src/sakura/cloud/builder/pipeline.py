@@ -396,18 +396,21 @@ def _build_template(store, model, model_fp, name, images, instruction, calib, na
 
     with stages.stage("sensitivity"):  # the allocation's proxy weights: on the allocation's photos
         alloc_calib = calib[:probing.photos] if probing.photos else calib
+        # the allocation's probe first: its reference edit is the sensitivities' and its first-step
+        # prefix serves their one-layer edits (the same images, faster)
+        alloc_probe = ShardDistortionProbe(model, kv, alloc_calib, steps=steps, seed=seed)
         sens = layer_sensitivity([(l.key, l.value) for l in kv.layers],
                                  lambda layers: calib_edit(layers, photos=alloc_calib), seed=seed,
-                                 workers=probing.workers)
+                                 workers=probing.workers, reference=alloc_probe.reference_image,
+                                 edit_one=lambda i, kv_: alloc_probe.edit_replacing(i, LayerKV(*kv_)))
 
     def calib_edit_layers(layers, kv=kv):
         return model.edit(calib, template_kv=TemplateKV(layers, kv.model_fingerprint, kv.template_fingerprint,
                                                         kv.layout), steps=steps, seed=seed).image
 
     with stages.stage("probe reference"):
-        probe = ShardDistortionProbe(model, kv, calib, steps=steps, seed=seed)
-        alloc_probe = probe if len(alloc_calib) == len(calib) else ShardDistortionProbe(model, kv, alloc_calib,
-                                                                                        steps=steps, seed=seed)
+        probe = alloc_probe if len(alloc_calib) == len(calib) else ShardDistortionProbe(model, kv, calib, steps=steps,
+                                                                                        seed=seed)
         many = _many_probe(alloc_probe, kv, probing)
     L = kv.num_layers
     shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=L, sensitivity=sens[i],

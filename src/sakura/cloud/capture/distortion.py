@@ -60,16 +60,19 @@ class ShardDistortionProbe:
         """The all-lossless calibration edit (N, 3, S, S), float64."""
         return self._ref_image
 
-    def image_mse(self, layer: int, replacement: LayerKV) -> float:
-        """Mean per-pixel MSE (pixels in [0, 1]) of the edit with `layer` replaced, vs the lossless edit."""
+    def edit_replacing(self, layer: int, replacement: LayerKV) -> torch.Tensor:
+        """The calibration edit (N, 3, S, S) with `layer` replaced, every other layer lossless."""
         layers = list(self.reference.layers)
         if not 0 <= layer < len(layers):
             raise IndexError(f"layer {layer} out of range ({len(layers)} layers)")
         if self._prefix is not None:
-            img = self.model.edit_replacing(self._prefix, layer, replacement).double()
-        else:
-            layers[layer] = replacement
-            img = self._edit(layers).double()
+            return self.model.edit_replacing(self._prefix, layer, replacement)
+        layers[layer] = replacement
+        return self._edit(layers)
+
+    def image_mse(self, layer: int, replacement: LayerKV) -> float:
+        """Mean per-pixel MSE (pixels in [0, 1]) of the edit with `layer` replaced, vs the lossless edit."""
+        img = self.edit_replacing(layer, replacement).double()
         return float((img - self._ref_image).pow(2).mean(dim=(1, 2, 3)).mean())
 
     def image_mse_many(self, requests: Sequence[tuple[int, LayerKV]], batch: int = 1,

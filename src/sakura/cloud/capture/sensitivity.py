@@ -17,12 +17,18 @@ import torch
 
 def layer_sensitivity(layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
                       edit: Callable[[list[tuple[torch.Tensor, torch.Tensor]]], torch.Tensor],
-                      eps: float = 0.05, seed: int = 0, workers: int = 1) -> list[tuple[float, float]]:
+                      eps: float = 0.05, seed: int = 0, workers: int = 1,
+                      edit_one: Callable[[int, tuple[torch.Tensor, torch.Tensor]], torch.Tensor] | None = None,
+                      reference: torch.Tensor | None = None) -> list[tuple[float, float]]:
     """[(key sensitivity, value sensitivity)] per layer. `layers`: [(key, value)] (T, H, D);
     `edit(layers)` returns the edited calibration images (B, 3, S, S) in [0, 1]. `workers` > 1:
     the perturbed edits run in that many threads (the perturbations are drawn first, in order:
-    the same values for any worker count)."""
-    ref = edit(list(layers)).double()
+    the same values for any worker count).
+
+    edit_one(i, (key, value)): the same images as `edit` with only layer i changed, when the
+    caller can compute that faster (the build: `ShardDistortionProbe.edit_replacing`);
+    reference: `edit(layers)` when the caller has it."""
+    ref = (reference if reference is not None else edit(list(layers))).double()
     g = torch.Generator().manual_seed(seed)
     perturbed = []
     for i, (k, v) in enumerate(layers):
@@ -30,12 +36,17 @@ def layer_sensitivity(layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
             xf = x.float()
             rms = xf.pow(2).mean(dim=(1, 2), keepdim=True).sqrt()
             noisy = xf + eps * rms * torch.randn(xf.shape, generator=g)
-            pert = list(layers)
-            pert[i] = (noisy.to(x.dtype), v) if j == 0 else (k, noisy.to(x.dtype))
-            perturbed.append(pert)
+            perturbed.append((i, (noisy.to(x.dtype), v) if j == 0 else (k, noisy.to(x.dtype))))
 
-    def mse(pert) -> float:
-        return float((edit(pert).double() - ref).pow(2).mean()) / eps ** 2
+    def edited(i: int, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if edit_one is not None:
+            return edit_one(i, kv)
+        pert = list(layers)
+        pert[i] = kv
+        return edit(pert)
+
+    def mse(item) -> float:
+        return float((edited(*item).double() - ref).pow(2).mean()) / eps ** 2
 
     if workers > 1:
         from concurrent.futures import ThreadPoolExecutor

@@ -66,3 +66,24 @@ def test_token_sensitivity_matches_finite_differences(setup):
     assert 0.4 < measured / predicted < 2.5, (measured, predicted)
     # the most sensitive token matters more than the least sensitive one of the same layer
     assert float(s[layer, 1].max()) > 3 * float(s[layer, 1].min())
+
+
+def test_layer_sensitivity_through_the_probe_equals_whole_edits(tiny_mini):
+    """The build hands `layer_sensitivity` the probe's one-layer edits (first-step prefix) and its
+    reference image: the same sensitivities, to the last bit, as whole edits."""
+    from sakura.cloud.capture import layer_sensitivity
+
+    g = torch.Generator().manual_seed(8)
+    kv = tiny_mini.extract_template_kv(torch.rand(1, 3, 16, 16, generator=g)).to(torch.float16)
+    photos = torch.rand(2, 3, 16, 16, generator=g)
+    layers = [(l.key, l.value) for l in kv.layers]
+
+    def edit(ls):
+        return tiny_mini.edit(photos, template_kv=TemplateKV([LayerKV(k, v) for k, v in ls], kv.model_fingerprint,
+                                                             kv.template_fingerprint, kv.layout), steps=2).image
+
+    probe = ShardDistortionProbe(tiny_mini, kv, photos, steps=2)
+    whole = layer_sensitivity(layers, edit)
+    fast = layer_sensitivity(layers, edit, reference=probe.reference_image,
+                             edit_one=lambda i, kv_: probe.edit_replacing(i, LayerKV(*kv_)))
+    assert fast == whole and all(k > 0 and v > 0 for k, v in whole)
