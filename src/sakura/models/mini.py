@@ -394,7 +394,7 @@ class MiniDiT(BundledImageModel, nn.Module):
 
     @torch.no_grad()
     def first_step_prefix(self, photo: torch.Tensor, template_kv: TemplateKVSource, *, steps: int = 8,
-                          seed: int = 0) -> "FirstStepPrefix":
+                          seed: int = 0) -> FirstStepPrefix:
         """What every edit of `photo` (steps, seed) shares with ``edit(photo, template_kv=...)``
         when its template KV differs from `template_kv` in one layer l only: the noise, the
         template KV cast for attention, and the first step's main stream up to block l.
@@ -418,7 +418,7 @@ class MiniDiT(BundledImageModel, nn.Module):
         return FirstStepPrefix(photo, noise, ts, resident, streams, conds)
 
     @torch.no_grad()
-    def edit_replacing(self, prefix: "FirstStepPrefix", layer: int, replacement) -> torch.Tensor:
+    def edit_replacing(self, prefix: FirstStepPrefix, layer: int, replacement) -> torch.Tensor:
         """``edit(photo, template_kv=KV, steps, seed).image`` where KV is the prefix's template KV
         with layer `layer` replaced by `replacement` (a `LayerKV`, any dtype; a keep mask is
         allowed), run from the prefix: the first step starts at block `layer`. (B, 3, S, S) float32
