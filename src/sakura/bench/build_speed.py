@@ -94,13 +94,18 @@ def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, r
     res: dict = {"templates": list(templates), "rounds": rounds, "device": device, "cpu_count": os.cpu_count(),
                  "load_avg_1min_start": os.getloadavg()[0], "variants": {v: [] for v in variants}}
     digests: dict[str, dict[str, str]] = {}
-    with tempfile.TemporaryDirectory(prefix="build-speed-") as tmp:
+    from tqdm import tqdm
+
+    with tempfile.TemporaryDirectory(prefix="build-speed-") as tmp, \
+            tqdm(total=rounds * len(variants), desc="builds", unit="build", disable=None) as bar:
         for r in range(rounds):
             order = list(variants) if r % 2 == 0 else list(reversed(variants))
             for v in order:
                 src, pb, pw = variants[v]
                 store = Path(tmp) / f"{v}-{r}"
+                bar.set_description_str(f"round {r} {v}")
                 fig = _run_variant(src, store, templates, pb, device, pw)
+                bar.update()
                 fig["store_bytes"] = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
                 fig["load_avg_1min"] = os.getloadavg()[0]
                 res["variants"][v].append(fig)

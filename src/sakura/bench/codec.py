@@ -126,7 +126,12 @@ def run_template(model, tpl, photos: torch.Tensor, gt: torch.Tensor, calib: torc
         rows.append(row)
         return row
 
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(cachegen) + len(sakura) + len(ladders), desc=tpl.name, unit="codec", disable=None)
     for spec in cachegen + sakura:
+        bar.set_description_str(f"{tpl.name}: {spec}")
+        bar.update()
         c = codec_from_spec(spec)
         shards = shards_with(None)
         tables = c.fit_tables(shards) if c.uses_tables else None
@@ -134,6 +139,8 @@ def run_template(model, tpl, photos: torch.Tensor, gt: torch.Tensor, calib: torc
         fam = "cachegen+delta" if "delta" in spec else c.name
         evaluate(spec, c, fam, datas, tables, tables.nbytes if tables is not None else 0)
     for lname, (spec, imp_src, tbl) in ladders.items():
+        bar.set_description_str(f"{tpl.name}: {lname}")
+        bar.update()
         c = codec_from_spec(spec)
         shards = shards_with(imp_src)
         tables = model_tables[spec] if tbl == "model" else c.fit_tables(shards)
@@ -143,6 +150,7 @@ def run_template(model, tpl, photos: torch.Tensor, gt: torch.Tensor, calib: torc
             row = evaluate(f"{lname}#{r}", c, lname, [d[:e[r]] for d, e in zip(full, ends)], tables,
                            tables.nbytes, rung=r)
             row["ladder_total_bytes"] = sum(len(d) for d in full)
+    bar.close()
     zero = edit([LayerKV(torch.zeros_like(l.key), torch.zeros_like(l.value)) for l in kv.layers])
     from sakura.cloud.tasks.quality import psnr_per_image
 

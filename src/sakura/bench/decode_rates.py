@@ -209,11 +209,16 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
     rows: list[DecodeRate] = []
     pools = {w: ThreadPoolExecutor(max_workers=w) for w in workers}
     split_pool = ThreadPoolExecutor(max_workers=SPLIT_THREADS, thread_name_prefix="split")
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(tokens) * len(specs), desc="decode rates", unit="spec", disable=None)
     try:
         for T in tokens:
             shard = _klein_layer_cached(T, heads, head_dim)
             ident = ShardId("bench-decode", f"klein-{T}", 5)
             for spec in specs:
+                bar.set_description_str(f"{spec} @ {T} tokens")
+                bar.update()
                 codec = codec_from_spec(spec)
                 tables = codec.fit_tables([shard]) if codec.uses_tables else None
                 data = codec.encode(shard, ident, tables)
@@ -257,6 +262,7 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
                             f"x{speed:.2f}" + (f"  (reference {ref_rate / 1e6:.1f} MB/CPU-s)" if ref_rate else "")
                             + (f"  one shard on {SPLIT_THREADS} threads x{split:.2f}" if split else ""))
     finally:
+        bar.close()
         for p in pools.values():
             p.shutdown()
         split_pool.shutdown()

@@ -179,7 +179,11 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
     kv_exact = model.extract_template_kv(timg, tpl.instruction).to(torch.float16)
     reference = model.edit(photo, template_kv=kv_exact, steps=image_steps).image
     rows, images, frontier = [], {}, []
-    with serve_in_thread(store) as url, _gc_frozen():
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(traces) * repeats * sum(m != "oracle" for m in METHODS), desc="live runs", unit="run",
+               disable=None)
+    with serve_in_thread(store) as url, _gc_frozen(), bar:
         for k, tname in enumerate(traces):
             tr = dilate_trace(load_trace(tname), dil)
             off = offset_s / dil.D
@@ -239,6 +243,8 @@ def run_dilated(workload: str = "style3x1024-out512", phone: str = "3", *, D: fl
                         images[method] = img
                         row["psnr_vs_lossless_db"] = float(psnr_per_image(img, reference).item())
                     live = row["live_runs_s"][-1]
+                    bar.set_description_str(f"{tname.split('/')[-1][:20]} {method}")
+                    bar.update()
                     log(f"  {tname.split('/')[-1][:28]:28s} {method:16s} live {live * dil.D:7.1f} s  "
                         f"sim {row['sim_s'] * dil.D:7.1f} s  (phone seconds; live/sim {live / row['sim_s']:.3f})"
                         + (f"  [run {rep + 1}/{repeats}]" if repeats > 1 else ""))

@@ -113,8 +113,12 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
 
     manifest = Store(store).get_manifest(model.fingerprint(), template)  # fetched with the gallery, untimed
     rows, images = [], {}
-    with serve_in_thread(store) as url:
+    from tqdm import tqdm
+
+    with serve_in_thread(store) as url, tqdm(total=len(methods), desc="methods", unit="edit", disable=None) as bar:
         for method in methods:
+            bar.set_description_str(method)
+            bar.update()
             log(f"  {method} ...")
             row: dict = {"method": method, "mode": "live (real execution on this machine, CPU)"}
             if method in ("oracle", "on-device", "on-device-nocache"):
