@@ -20,6 +20,17 @@ _target.configure()
 from numba import njit  # noqa: E402  (numba after the decode target is set)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _deadzone(x, step):
+    """One value through the dead-zone quantiser: (reconstruction error, signed index). Index
+    sign(x) floor(|x| / step); reconstruction (q + 1/2) step for q > 0, else 0."""
+    a = abs(x)
+    q = math.floor(a / step)
+    if q > 0:
+        return a - (q + 0.5) * step, (int(q) if x > 0 else -int(q))
+    return a, 0
+
+
 @njit(nogil=True, cache=True)
 def deadzone_counts(c, band, step, qmax, counts):
     """Squared error of the dead-zone quantiser at `step` over `c` (T, C) float64, and each row
@@ -31,15 +42,7 @@ def deadzone_counts(c, band, step, qmax, counts):
     for t in range(T):
         b = band[t]
         for j in range(C):
-            x = c[t, j]
-            a = abs(x)
-            q = math.floor(a / step)
-            if q > 0:
-                d = a - (q + 0.5) * step
-                s = int(q) if x > 0 else -int(q)
-            else:
-                d = a
-                s = 0
+            d, s = _deadzone(c[t, j], step)
             err += d * d
             counts[b, s + qmax] += 1
     return err
@@ -47,7 +50,7 @@ def deadzone_counts(c, band, step, qmax, counts):
 
 @njit(nogil=True, cache=True)
 def deadzone_keys(c, band, step, qmax, keys):
-    """`deadzone_counts`' squared error (the same loop, the same sum) with each value's (band,
+    """`deadzone_counts`' squared error (the same values, the same sum) with each value's (band,
     index) pair written to `keys` (T*C,) int64 as band (2 qmax + 1) + index + qmax, instead of
     counted: the histogram's nonzero entries are then np.unique(keys), in the dense table's order."""
     T, C = c.shape
@@ -56,15 +59,7 @@ def deadzone_keys(c, band, step, qmax, keys):
     for t in range(T):
         b = band[t]
         for j in range(C):
-            x = c[t, j]
-            a = abs(x)
-            q = math.floor(a / step)
-            if q > 0:
-                d = a - (q + 0.5) * step
-                s = int(q) if x > 0 else -int(q)
-            else:
-                d = a
-                s = 0
+            d, s = _deadzone(c[t, j], step)
             err += d * d
             keys[t * C + j] = b * width + s + qmax
     return err
