@@ -242,7 +242,7 @@ def _echo_planted(r: dict, width: int, rest) -> None:
 
 @app.command()
 def bench(
-    out: Path = typer.Option(Path("docs/saeot"), help="Folder for JSON results and plots."),
+    out: Path = typer.Option(Path("runs/bench"), help="Folder for JSON results and plots (the manual's copies: docs/saeot)."),
     synthetic: bool = typer.Option(True, help="Planted-match recovery vs samples."),
     acts: Optional[Path] = typer.Option(None, help="Activation cache: also bench real layer pairs."),
     saes: Optional[Path] = typer.Option(None, help="SAEs (layer_<l>/) for --acts."),
@@ -326,7 +326,7 @@ def evaluate(
     settings: str = typer.Option("shared,disjoint", help="shared and/or disjoint (fit tokens of the two layers)."),
     strategies: str = typer.Option("nn,hungarian,mutual", help="Matching strategies."),
     select_metric: str = typer.Option("judge", help="Metric the configuration is chosen by, on the val split."),
-    out: Path = typer.Option(Path("docs/saeot/evaluation.json")),
+    out: Path = typer.Option(Path("runs/evaluation.json")),
 ) -> None:
     """Non-circular matching evaluation: held-out val/test chunks outside the SAEs' training data
     (MiniLM judge, token Jaccard), disjoint corpora, interventions, NN / Hungarian / mutual-NN, hub
@@ -392,7 +392,7 @@ def summarize(
     select_metric: str = typer.Option("judge", help="Metric the configuration is chosen by, on the val split."),
     select_pairs: str = typer.Option("", help="Pairs (e.g. 9:18,9:10) whose val split chooses the configuration "
                                      "(default: all pairs; only configurations run on all of them compete)."),
-    out: Path = typer.Option(Path("docs/saeot/eval/summary.md")),
+    out: Path = typer.Option(Path("runs/summary.md")),
 ) -> None:
     """Verdict tables over several evaluations: per pair (adjacent / distant) and metric, paired
     OT - decoder-cosine and OT - SAE-Match intervals on the test split, for the default and the
@@ -446,7 +446,7 @@ def bench_speed(
     prefilters: str = typer.Option("sliced,pca-sliced,pca-bound,bound-mid",
                                    help="Pre-filters whose candidate recall is measured and exact run timed."),
     pruned: bool = typer.Option(True, help="Also time exact NN by lower-bound pruning (slow)."),
-    out: Path = typer.Option(Path("docs/saeot/speed.json")),
+    out: Path = typer.Option(Path("runs/speed.json")),
 ) -> None:
     """Wall time of all-pairs OT between two layers: sliced, exact on candidates, PCA-64, per core, legacy."""
     for opt, v in (("--k", k), ("--candidates", candidates), ("--recall-sources", recall_sources)):
@@ -498,7 +498,13 @@ def reproduce(
         md = out / "results.md"
         atomic_write(md, tables(out, preset).encode("utf-8"))
     else:
-        md = run(preset, out, only=only, log=typer.echo)
+        from saeot.reproduce import Interrupted
+
+        try:
+            md = run(preset, out, only=only, log=typer.echo)
+        except Interrupted as e:
+            typer.echo(f"saeot: {e}", err=True)
+            raise typer.Exit(130)  # 128 + SIGINT, as a shell reports an interrupted command
     if docs is not None:
         atomic_write(docs, md.read_bytes())
     typer.echo(f"wrote {md}" + (f" and {docs}" if docs else ""))
@@ -515,7 +521,8 @@ def bench_width(
     device: str = typer.Option("auto", help="Candidate search device: auto (cuda, mps, cpu), cpu, cuda, mps."),
     uncovered: bool = typer.Option(False, "--uncovered", help="Hard case: features without a counterpart too."),
     seed: int = typer.Option(0),
-    out: Path = typer.Option(Path("docs/saeot/width.json")),
+    out: Path = typer.Option(Path("runs/width.json"), help="Result JSON (the manual's copies live in docs/saeot/; "
+                             "pass --out there to replace them)."),
 ) -> None:
     """All-pairs exact W2 nearest neighbours at SAE width on synthetic layers (saeot.width): wall
     time by stage and recall of the exact NN, for every width in one run."""

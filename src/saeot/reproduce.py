@@ -122,6 +122,18 @@ def run_step(step: str, p: Preset, out: Path, log=print) -> dict:
     return res
 
 
+class Interrupted(KeyboardInterrupt):
+    """An interrupt (Ctrl-C) during a step: which step, after how long, and where the finished ones are."""
+
+    def __init__(self, step: str, seconds: float, out: Path):
+        super().__init__(step)
+        self.step, self.seconds, self.out = step, seconds, Path(out)
+
+    def __str__(self) -> str:
+        return (f"interrupted during step {self.step} after {self.seconds:.0f} s; the finished steps are kept in "
+                f"{self.out} (one JSON each) and the same command resumes from {self.step}")
+
+
 def reproduce(preset: str, out: Path, *, only: list[str] | None = None, log=print) -> Path:
     """Run the preset's missing steps (all, or ``only``), then write ``OUT/results.md``."""
     from saeot.bench import write_json
@@ -142,7 +154,11 @@ def reproduce(preset: str, out: Path, *, only: list[str] | None = None, log=prin
             log(f"[{preset}] {s}: done before ({path})")
             continue
         log(f"[{preset}] {s} ...")
-        res = run_step(s, p, out, log=log)
+        t0 = time.perf_counter()
+        try:
+            res = run_step(s, p, out, log=log)
+        except KeyboardInterrupt:
+            raise Interrupted(s, time.perf_counter() - t0, out) from None
         write_json(res, path)
         log(f"[{preset}] {s}: {res['_seconds']:.0f} s -> {path}")
     md = tables(out, preset)
