@@ -82,7 +82,8 @@ def _check_folder(option: str, path: Path, what: str) -> None:
 SOLVER_CHOICES = ("exact", "sinkhorn", "sinkhorn-debiased", "sliced")
 STRATEGY_CHOICES = ("nn", "hungarian", "mutual")
 SPACE_CHOICES = ("reference", "linear", "pca")
-METHOD_CHOICES = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "all")
+METHOD_CHOICES = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "sae-match-folded-encdec", "act-corr",
+                  "xact", "all")
 TASK_CHOICES = ("addition", "successor")
 
 
