@@ -415,7 +415,7 @@ def tables(out: Path, preset: str) -> str:
         for F, x in w["widths"].items():
             s = x["seconds"]
             L.append(f"| {int(F):,} | {x['pairs_evaluated']:,} | {s['embed']:.1f} | {s['candidates']:.1f} | "
-                     f"{s['exact']:.1f} | {s['total']:.1f} | {x['recall']:.3f} |")
+                     f"{s['exact']:.1f} | {s['total']:.1f} | {x.get('recall', float('nan')):.3f} |")
         L.append("")
     # 3. real model
     L += real_tables(out, p)
