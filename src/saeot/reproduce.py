@@ -127,7 +127,8 @@ def run_step(step: str, p: Preset, out: Path, log=print) -> dict:
         a, b, *rest = step[5:].split("_", 2)
         x = f"_{rest[0]}" if rest else ""
         res = evaluate_pairs(out / "acts", out / f"saes{x}", [(int(a), int(b))], model=r.model, n_eval=r.n_eval,
-                             n_intervene=0, settings=("shared", "disjoint"), splits=r.splits, log=log)
+                             n_intervene=0, settings=("shared", "disjoint"), splits=r.splits,
+                             strategies=("nn", "hungarian"), log=log)  # the verdicts use these two
         res["sae_set"] = x or "_seed0"
     elif step == "summary":
         res = {"preset": p.name, "real": r.label, "steps": {s: json.loads((out / f"{s}.json").read_text()).get(
