@@ -19,7 +19,7 @@ app = typer.Typer(
 def _warm_codec() -> float:
     """Compile (first run on a machine) or load from numba's disk cache the native codec decoders,
     at process start, so that no edit pays the JIT inside its latency (docs/codec.md, warm-up)."""
-    from sakura.codec.rans import warm_up
+    from sakura.codec import warm_up
 
     return warm_up()
 
