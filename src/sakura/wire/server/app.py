@@ -28,7 +28,7 @@ from aiohttp import web, web_protocol, web_server
 
 from sakura.wire.server.ranges import RangeError, RangeNotSatisfiable, byte_range, if_none_match_hits, if_range_allows
 from sakura.wire.store.layout import INDEX_URL, MANIFEST_URL_RE, OBJECT_URL_RE
-from sakura.wire.store.store import open_in_store
+from sakura.wire.store.store import open_in_store, store_format
 
 log = logging.getLogger("sakura.wire.server")
 access_log = logging.getLogger("sakura.wire.server.access")
@@ -588,8 +588,7 @@ def make_app(store_root: str | os.PathLike[str], *, chunk_bytes: int = DEFAULT_C
     ``sendfile``: send object bodies with the kernel's sendfile (default); else read ``chunk_bytes``
     at a time and write them (the fallback path, also used where sendfile is unavailable)."""
     root = Path(store_root).resolve()
-    if not root.is_dir():
-        raise FileNotFoundError(f"store directory {root} does not exist")
+    store_format(root)  # NotAStore (one line) for a missing path, a file or a folder that is no store
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
     app = web.Application()
