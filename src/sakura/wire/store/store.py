@@ -323,21 +323,30 @@ def begin_writing(root: Path) -> int:
     hold `WRITERS_LOCK` shared until `end_writing` (or this process's death: the kernel drops the
     lock). Returns the lock's fd."""
     root.mkdir(parents=True, exist_ok=True)
-    write_store_marker(root)
+    if (root / STORE_MARKER).exists():
+        store_format(root)  # a newer format or a damaged marker: refused before anything is written
     fd = _writers_lock_fd(root, create=True)
     if fd is None:
         raise StoreError(f"cannot open {root / WRITERS_LOCK} for writing")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pass  # another writer is alive: its temp files are in use; the last one to start alone cleans
-    else:
-        tdir = root / TMP_DIR
-        if tdir.is_dir():
-            removed = _remove_temps(root, [f"{TMP_DIR}/{p.name}" for p in tdir.iterdir()])
-            if removed:
-                log.info("removed %d temp file(s) left by an interrupted build: %s", len(removed), ", ".join(removed[:3]))
-    fcntl.flock(fd, fcntl.LOCK_SH)  # from exclusive (or nothing) to shared: other writers may start
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # another writer is alive: its temp files are in use; the next one to start alone cleans
+        else:
+            tdir = root / TMP_DIR
+            if tdir.is_dir():
+                removed = _remove_temps(root, [f"{TMP_DIR}/{p.name}" for p in tdir.iterdir()])
+                if removed:
+                    log.info("removed %d temp file(s) left by an interrupted build: %s", len(removed),
+                             ", ".join(removed[:3]))
+        # from exclusive (or nothing) to shared: other writers may start, and none cleans .tmp/
+        # while this one holds it (the marker's own temp file included)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        write_store_marker(root)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
