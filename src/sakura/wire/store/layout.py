@@ -4,11 +4,13 @@ The store is plain static files so that any static web server (ours, stock nginx
 URL paths that map 1:1 onto files under the store root::
 
     STORE/
+      sakura-store.json                           the store's marker: format and version (first build)
       index.json                                  catalogue of manifests (rewritten on commit)
       manifests/<model_fingerprint>/<template_id>.json
       objects/<sha256[:2]>/<sha256>               immutable, content-addressed (name = sha256 of bytes)
       .tmp/                                       temp files for atomic writes (never served)
       .lock                                       writer lock (never served)
+      .writers.lock                               held (shared) by live writers: stale .tmp/ detection
 
 Every name that enters a path is checked against a strict pattern first: no '/', '\\', '%',
 no leading '.', so a path built here can never leave the store root (the server and the client use
@@ -26,10 +28,16 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 INDEX_PATH = "index.json"
+#: The store's own marker, written by the first build: ``{"schema": "sakura.store", "format_version": 1}``.
+#: What makes a folder a store (``index.json`` alone does not: any tool may write one).
+STORE_MARKER = "sakura-store.json"
 MANIFEST_DIR = "manifests"
 OBJECT_DIR = "objects"
 TMP_DIR = ".tmp"
 LOCK_FILE = ".lock"
+#: Held shared by every writer while it may have temp files in ``.tmp/``; whoever gets it
+#: exclusively knows no writer is alive, so every temp file is stale (left by a killed build).
+WRITERS_LOCK = ".writers.lock"
 
 #: URL paths the server answers, as anchored regexes over the *raw* (undecoded) request path.
 OBJECT_URL_RE = re.compile(r"/objects/([0-9a-f]{2})/([0-9a-f]{64})")
