@@ -213,8 +213,9 @@ def edit(
 ) -> None:
     """Phone side: edit a local photo with a template whose KV streams from a cache server.
 
-    The edit always completes: what the link cannot deliver in time is computed on the device, and
-    with the server down a template already in the gallery is computed locally."""
+    Once the template is known (from the server, or the gallery's copy with the server down) the edit
+    completes: what the link cannot deliver in time is computed on the device. With the server down
+    and the template not in the gallery it fails with one line."""
     from sakura.cli.edit import edit_command
 
     try:  # the codec's JIT is warmed inside the edit, before its clock starts (streamed_edit)

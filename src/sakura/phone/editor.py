@@ -276,6 +276,11 @@ class Editor:
             messages.append(f"{why}; using the gallery's copy of {template}")
             if manifest is None:
                 messages.append("no manifest cached: computing the template on the device")
+        if self.policy == "raw-stream" and manifest is not None and not all(
+                any(r.name == "lossless" for r in s.renditions) for s in manifest.shards):
+            # raw-stream is the uncompressed baseline: it says so rather than stream another rung under its name
+            messages.append("raw-stream streams the lossless rendition, which this store's ladder lacks (build "
+                            "with --ladder lossless,...): every layer is computed on the device")
         for m in messages:
             log.info("%s", m)  # also in EditResult.messages (the CLI prints those)
         # a task's instruction id (bundled models) or the prompt (Klein); the model checks its kind

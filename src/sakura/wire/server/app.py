@@ -22,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, Iterator, Protocol
 
@@ -320,6 +321,14 @@ class _GuardedHandler(web_protocol.RequestHandler):
     close fires while no request is complete."""
 
     __slots__ = ("_header_timer", "_born")
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        # aiohttp's 400 body is its parser's message, which quotes the bad request bytes back (a
+        # request line, a header): answer with the status alone, as the log does (_RedactFilter)
+        if status != 500:
+            message = f"{status} {HTTPStatus(status).phrase}: malformed HTTP request (not echoed back)"
+        return super().handle_error(request, status, exc, message)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         limits: ConnectionLimits = self._manager._sakura_limits  # type: ignore[union-attr]
