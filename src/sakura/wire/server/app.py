@@ -768,7 +768,7 @@ FrontFactory = Callable[[str, int], Awaitable[Front]]
 
 def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8080,
                   chunk_bytes: int = DEFAULT_CHUNK_BYTES, limits: ConnectionLimits | None = None,
-                  front: FrontFactory | None = None) -> None:
+                  front: FrontFactory | None = None, verify_objects: bool = True) -> None:
     """Blocking entry point for ``sakura serve``; Ctrl-C stops it.
 
     With ``front`` (e.g. ``sakura.emulation.serve.pacing_front``: a measured trace replayed on one
@@ -778,7 +778,7 @@ def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1"
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(_exception_handler)
         runner, url = await start_server(store_root, host=host, port=0 if front is not None else port,
-                                         chunk_bytes=chunk_bytes, limits=limits)
+                                         chunk_bytes=chunk_bytes, limits=limits, verify_objects=verify_objects)
         proxy = None
         try:
             if front is not None:
