@@ -16,6 +16,36 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from sakura import __version__
+        from sakura.util.extras import DISTRIBUTION
+
+        typer.echo(f"{DISTRIBUTION} {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version (of the sakura-kv distribution) and exit."),
+) -> None:
+    """sakura: private on-device image editing with streamed, compressed template KV."""
+
+
+def _precheck(*checks) -> None:
+    """Run `sakura.cli.precheck` checks before any heavy import: the first bad argument is one
+    line on stderr and exit status 2, in a fraction of a second."""
+    from sakura.cli.precheck import UsageError
+
+    try:
+        for check in checks:
+            check()
+    except UsageError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
 def _warm_codec() -> float:
     """Compile (first run on a machine) or load from numba's disk cache the native codec decoders,
     at process start, so that no edit pays the JIT inside its latency (docs/codec.md, warm-up)."""
@@ -37,6 +67,9 @@ def info(
                         "or an installed plugin's name (sakura.available_models())."),
 ) -> None:
     """Print the model's config, parameter count, template-KV size and fingerprint."""
+    from sakura.cli import precheck
+
+    _precheck(lambda: precheck.model_spec(model))
     from sakura.models import load_model
 
     m = load_model(model)
@@ -146,6 +179,12 @@ def build(
     quiet: bool = typer.Option(False, help="No progress bar (the per-template summary lines stay)."),
 ) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
+    from sakura.cli import precheck
+
+    _precheck(lambda: precheck.store_to_write(store), lambda: precheck.model_spec(model),
+              lambda: precheck.build_templates(template),
+              lambda: precheck.extra("skimage", "sakura build (its public calibration photos)"),
+              lambda: precheck.extra("sklearn", "sakura build (its public calibration photos)"))
     from sakura.cli.build import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
@@ -216,6 +255,9 @@ def edit(
     Once the template is known (from the server, or the gallery's copy with the server down) the edit
     completes: what the link cannot deliver in time is computed on the device. With the server down
     and the template not in the gallery it fails with one line."""
+    from sakura.cli import precheck
+
+    _precheck(lambda: precheck.photo(photo), lambda: precheck.model_spec(model))
     from sakura.cli.edit import edit_command
 
     try:  # the codec's JIT is warmed inside the edit, before its clock starts (streamed_edit)
@@ -242,6 +284,10 @@ def templates(
     from sakura.phone.discovery import format_templates, list_templates
 
     fp = None
+    if model is not None:
+        from sakura.cli import precheck
+
+        _precheck(lambda: precheck.model_spec(model))
     try:
         if model is not None:
             from sakura.models import load_model
@@ -772,5 +818,18 @@ from sakura.util.clihelp import reflow_help  # noqa: E402  (after the last comma
 reflow_help(app)
 
 
-def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry
-    app(argv)
+def main(argv: Optional[list[str]] = None) -> None:
+    """The `sakura` console entry: the app, with an optional dependency that is not installed
+    reported as one line naming the extra to install (rc 2) wherever in a command it was imported."""
+    import sys
+
+    try:
+        app(argv)
+    except ModuleNotFoundError as e:
+        from sakura.util.extras import missing_extra_line
+
+        line = missing_extra_line(e)
+        if line is None:  # a core module missing is a broken install: the traceback is the report
+            raise
+        typer.echo(f"error: {line}", err=True)
+        sys.exit(2)

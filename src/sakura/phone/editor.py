@@ -163,14 +163,14 @@ class EditResult:
     def save(self, path: str | Path, *, compare: bool = True) -> list[Path]:
         """Write the edited image (format by suffix) and, with ``compare``, ``<stem>.compare.png``
         (photo | template | edit) beside it. Returns the paths written."""
-        from skimage import io as skio
+        from PIL import Image
 
         from sakura.util.figures import save_grid
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         arr = (self.image[0].detach().float().cpu().permute(1, 2, 0).numpy() * 255).round().astype("uint8")
-        skio.imsave(str(path), arr, check_contrast=False)
+        Image.fromarray(arr).save(path)
         written = [path]
         if compare:
             side = path.with_name(path.stem + ".compare.png")
