@@ -49,7 +49,7 @@ def _precheck(*checks) -> None:
 def _warm_codec() -> float:
     """Compile (first run on a machine) or load from numba's disk cache the native codec decoders,
     at process start, so that no edit pays the JIT inside its latency (docs/codec.md, warm-up)."""
-    from sakura.codec.rans import warm_up
+    from sakura.codec import warm_up
 
     return warm_up()
 
@@ -252,8 +252,9 @@ def edit(
 ) -> None:
     """Phone side: edit a local photo with a template whose KV streams from a cache server.
 
-    The edit always completes: what the link cannot deliver in time is computed on the device, and
-    with the server down a template already in the gallery is computed locally."""
+    Once the template is known (from the server, or the gallery's copy with the server down) the edit
+    completes: what the link cannot deliver in time is computed on the device. With the server down
+    and the template not in the gallery it fails with one line."""
     from sakura.cli import precheck
 
     _precheck(lambda: precheck.photo(photo), lambda: precheck.model_spec(model))
@@ -549,22 +550,24 @@ def bench_faults(
                                             "(time to outcome, peak RSS), slow-header clients, parser fuzz."),
     slow_headers: int = typer.Option(200, min=0, help="Slow-header connections to open (0: skip)."),
     fuzz: int = typer.Option(2000, min=0, help="Parser fuzz cases per parser (0: skip)."),
-    reliability: bool = typer.Option(True, help="Issue 35's probes (gc racing a rebuild, fd pressure, a FIFO in the "
-                                                "store, terminal escapes, template trust, disk full, large images, ...) "
+    reliability: bool = typer.Option(True, help="Issues 35 and 43's probes (gc racing a rebuild, fd pressure, a FIFO "
+                                                "in the store, verify on a non-store, a foreign object, interrupted "
+                                                "builds, the floor's held-out error, 64 edits with the hash check, ...) "
                                                 "-> reliability.md."),
     fd_duration_s: float = typer.Option(20.0, min=1.0, help="Seconds of each fd-pressure run."),
 ) -> None:
     """Live, loopback: inject each network fault (unreachable, 404/500, resets, corrupt object, stalled
     link) and show the edit completing with the right image, latency beside on-device's; then each
     hostile server (drip, stall after headers, huge sizes, redirect elsewhere, wrong object)."""
-    from sakura.bench.faults import run_faults, run_hostile, run_reliability
+    from sakura.bench.faults import run_faults, run_hostile
+    from sakura.bench.reliability import run_reliability
 
     if faults:
-        run_faults(out, steps=steps, log=typer.echo)
+        run_faults(out, steps=steps)
     if hostile:
-        run_hostile(out, steps=steps, slow_headers=slow_headers, fuzz_cases=fuzz, log=typer.echo)
+        run_hostile(out, steps=steps, slow_headers=slow_headers, fuzz_cases=fuzz)
     if reliability:
-        run_reliability(out, fd_duration_s=fd_duration_s, log=typer.echo)
+        run_reliability(out, fd_duration_s=fd_duration_s)
 
 
 @bench_app.command("link")
