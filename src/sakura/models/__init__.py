@@ -67,6 +67,15 @@ if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+MINI_WEIGHTS = ASSETS / "sakura-mini.safetensors"
+FLUX2_MINI_WEIGHTS = ASSETS / "flux2-mini.safetensors"
+MODEL_NAMES = ("sakura-mini", "flux2-mini")
+
+__all__ = ["EditOutput", "ImageTemplateEditModel", "KVMode", "KVSourceDefaults", "LayerKV", "MiniConfig", "MiniDiT", "TemplateEditModel", "TemplateKV",
+           "TemplateKVError", "TemplateKVSource", "ModelSpecError", "available_models", "load_flux2_mini", "load_mini",
+           "load_model", "register_model", "unregister_model"]
+
 
 def _load_bundled(name: str, default: Path, weights: str | Path | None, allow_random: bool, read, build,
                   device="auto", dtype="auto"):
