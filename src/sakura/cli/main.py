@@ -828,7 +828,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     except ModuleNotFoundError as e:
         from sakura.util.extras import missing_extra_line
 
-        line = missing_extra_line(e)
+        words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")][:2]
+        command = words[:2] if words[:1] in (["bench"], ["store"]) else words[:1]  # e.g. "sakura bench codec"
+        line = missing_extra_line(e, " ".join(["sakura", *command]))
         if line is None:  # a core module missing is a broken install: the traceback is the report
             raise
         typer.echo(f"error: {line}", err=True)
