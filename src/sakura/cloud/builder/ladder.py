@@ -59,7 +59,7 @@ def fit_ladder_by_probes(codec, shards, edit, base_psnr_db: float, log, ref=None
     probe's reference)."""
 
     from sakura.codec import ShardId, get_codec
-    from sakura.codec.progressive import proxy_image_mse
+    from sakura.codec.progressive.ladder import proxy_image_mse
     from sakura.models.kv import LayerKV
 
     top = float(codec.params["budgets"][-1])
@@ -235,7 +235,7 @@ def fit_ladder_by_model(codec, shards, edit, base_psnr_db: float, log, ref, max_
     images`, against `ref`) confirming it: -> (codec with budgets, manifest params, [(budget,
     predicted dB, measured dB)])."""
     from sakura.codec import ShardId, get_codec
-    from sakura.codec.progressive import model_image_mse
+    from sakura.codec.progressive.ladder import model_image_mse
 
     top = float(codec.params["budgets"][-1])
     rungs = len(codec.params["budgets"])

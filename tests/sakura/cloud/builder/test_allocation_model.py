@@ -12,7 +12,7 @@ import torch
 from sakura.cloud.builder.ladder import search_budget
 from sakura.cloud.capture import KVSensitivity, PredictedDistortion
 from sakura.codec import ShardKV
-from sakura.codec import progressive as P
+from sakura.codec.progressive import ladder as P
 
 
 def _shards(weights=(1.0, 1.0, 1.0), T=64, H=2, D=8, probes=4, seed=0):

@@ -11,7 +11,7 @@ import torch
 from sakura.cloud.capture import PredictedDistortion, ShardDistortionProbe, calibration_photos, measure_kv_sensitivity
 from sakura.cloud.tasks import get_template
 from sakura.codec import ShardKV
-from sakura.codec import progressive as P
+from sakura.codec.progressive import ladder as P
 from sakura.models import LayerKV, load_model
 
 
