@@ -18,7 +18,7 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
               force: bool = False, library: Path | None = None, task: str | None = None,
               prompt: str | None = None, device: str = "auto", dtype: str = "auto", probe_batch: int | None = None,
               probe_workers: int | None = None, allocation_photos: int | None = None, quiet: bool = False,
-              allocation: str = "model", json_out: bool = False) -> None:
+              allocation: str = "model", json_out: bool = False, sketch_probes: int | None = None) -> None:
     """Body of `sakura build`: clear one-line errors for bad names/specs instead of tracebacks.
 
     ``executor="local"`` (default) builds in this process as before; ``"ray"`` spreads templates
@@ -58,7 +58,7 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
                             calibration=calibration, steps=steps, device=device, dtype=dtype, workers=workers,
                             force=force, progress=not quiet, probe_workers=probe_workers,
                             allocation_photos=allocation_photos, allocation=allocation, probe_batch=probe_batch,
-                            log=_echo_above_bar if not json_out else _echo_stderr)
+                            sketch_probes=sketch_probes, log=_echo_above_bar if not json_out else _echo_stderr)
         else:
             from sakura.cloud.builder.distributed import build_templates
 

@@ -39,7 +39,7 @@ def build(store: str | os.PathLike[str], templates: Sequence[Any] | None = None,
           steps: int = 4, device: str = "auto", dtype: str = "auto", executor: str = "local",
           address: str | None = None, workers: int | None = None, force: bool = False, progress: bool | None = None,
           probe_workers: int | None = None, allocation_photos: int | None = ALLOCATION_PHOTOS,
-          allocation: str = "model", probe_batch: int | None = None,
+          allocation: str = "model", probe_batch: int | None = None, sketch_probes: int | None = None,
           log: Callable[[str], None] | None = None) -> BuildReport:
     """Build templates into ``store`` (created if missing; a template whose image, settings and
     model are unchanged and whose manifest verifies is skipped, in well under a second).
@@ -57,8 +57,9 @@ def build(store: str | os.PathLike[str], templates: Sequence[Any] | None = None,
             "fp16", "bf16". The store holds fp16 KV whatever the compute dtype.
         progress: a progress bar (stderr) naming the template and stage, with an ETA; None (default):
             on when stderr is a terminal, as diffusers' pipelines do. False switches it off.
-        allocation: "model" (default; the template's sensitivity model, ~10 calibration edits) or
-            "probes" (image probes, ~200 edits: the build before issue 41), `build_store`'s.
+        allocation: "model" (default; the template's sensitivity model, ~20 calibration edits) or
+            "probes" (image probes, ~200 edits: the build before issue 41), `build_store`'s;
+            `sketch_probes` the model's backward passes (default 8).
         probe_workers, probe_batch, allocation_photos: how image probes run (`build_store`).
         executor: "local" (this machine: ``workers`` templates at once in processes forked after
             the model loads, default one per core on the CPU under Linux, `build_store`'s
@@ -97,7 +98,8 @@ def build(store: str | os.PathLike[str], templates: Sequence[Any] | None = None,
     paths = build_store(store, model_name=model, templates=specs or None, ladder=ladder, calibration=calibration,
                         steps=steps, log=log, device=device, dtype=dtype, progress=progress,
                         probe_workers=probe_workers, template_workers=workers, allocation_photos=allocation_photos,
-                        allocation=allocation, probe_batch=probe_batch, facts=facts, force=force)
+                        allocation=allocation, probe_batch=probe_batch, facts=facts, force=force,
+                        sketch_probes=sketch_probes)
     report = BuildReport(executor="local", workers=1, seconds=time.perf_counter() - t0,
                          cpu_seconds=_cpu_seconds(resource) - cpu0)
     for p in paths:

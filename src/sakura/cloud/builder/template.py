@@ -9,7 +9,7 @@ Two calibrations (`build_store(allocation=)`):
   and confirms with at most `ladder.ACCEPTANCE_EDITS` measured edits, and every rendition's and
   quality floor's ``image_mse`` is predicted by it (``"image_predicted": 1`` in the rendition's
   distortion map; ``"predicted": true`` on the floor) except `FIGURE_CHECKS` measured ones, whose
-  prediction error the build reports. ~10 calibration edits a template.
+  prediction error the build reports. ~20 calibration edits a template (8 sketch probes).
 - ``"probes"``: every figure and allocation choice measured by image probes (one edit each), the
   build before issue 41 (~200 edits a template), kept to compare against.
 """

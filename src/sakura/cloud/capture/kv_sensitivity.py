@@ -11,9 +11,13 @@ g_k = J^T r_k, and
 
 for any error e: one (layer, K/V) part, one layer, or the whole template at once (cross terms
 included). The diagonal of the same sketch (sum_k g_k^2, diagonal Fisher / squared-gradient
-weighting as KVQuant does for LLM KV caches) is cheaper to store but misses the correlations of
-a quantiser's error (a dead zone shrinks a whole part toward zero): measured on sakura-mini it was
-~10 dB off at the 90th percentile where the sketch with 8 probes was 4 dB (docs/notes/build-41.md).
+weighting as KVQuant does for LLM KV caches) misses the correlations of a quantiser's error (a
+dead zone zeroes whole bands coherently): measured on sakura-mini it was 11-12 dB off at the 90th
+percentile where the sketch with 8 probes was 4 dB (docs/notes/build-41.md).
+
+The sketch's spread is Hutchinson's: a prediction's relative spread is sqrt(2 / P) whatever the
+error. The allocation therefore blends it with its own diagonal (`DIAGONAL_BLEND`), whose spread
+is small but which misses correlations; the manifest's figures use the sketch alone.
 
 Cost: one forward with autograd plus P backward passes over the calibration photos (a backward
 counts as 2 edits: `KVSensitivity.calibration_edits`). Memory: P fp32 copies of the KV.
@@ -32,11 +36,16 @@ import torch
 
 from sakura.models.kv import LayerKV, TemplateKV
 
-#: random image-space probes of the sketch (backward passes); 4 is the measured compromise between
-#: the prediction's spread and the build's cost (docs/notes/build-41.md)
-SKETCH_PROBES = 4
-import os as _os
-DIAGONAL_BLEND = float(_os.environ.get("SAKURA_DIAG_BLEND", "0"))
+#: random image-space probes of the sketch (backward passes). A prediction's relative spread is
+#: sqrt(2 / P): 8 is the measured compromise between the allocation's held-out quality and the
+#: build's cost (4: 11 edits a template, up to -5 dB on a rung; 64: the probe allocation's
+#: quality, 131 edits; docs/notes/build-41.md)
+SKETCH_PROBES = 8
+#: the allocation's part predictions (`coefficient_mse`) are the geometric blend full^(1-b) diag^b
+#: of the sketch and its diagonal: the diagonal's spread is small (a sum over every coefficient)
+#: but it misses the quantiser's correlated errors; b = 1/2 measured best at 8 probes (worst rung
+#: -1.7 dB on held-out photos where the sketch alone lost 4.4 dB; docs/notes/build-41.md)
+DIAGONAL_BLEND = 0.5
 
 
 @dataclass

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from sakura.cloud.capture import kv_sensitivity as KS
 from sakura.cloud.capture import PredictedDistortion, ShardDistortionProbe, calibration_photos, measure_kv_sensitivity
 from sakura.cloud.tasks import get_template
 from sakura.codec import ShardKV
@@ -79,7 +80,13 @@ def test_coefficient_domain_equals_token_domain(setup):
         x = (kv.layers[layer].key if part == "k" else kv.layers[layer].value)
         token_err = torch.from_numpy(P.EQ.inverse(err, transform.n)).reshape(x.shape)
         d = PredictedDistortion(sens, layer, kv.layers[layer].key, kv.layers[layer].value)
-        assert d.coefficient_mse(part, err, transform) == pytest.approx(sens.part_mse(layer, part, token_err), rel=1e-4)
+        full = float(np.sum(d.coefficient_projections(part, err, transform) ** 2))
+        assert full == pytest.approx(sens.part_mse(layer, part, token_err), rel=1e-4)
+        # the allocation's prediction: the geometric blend of the sketch and its diagonal
+        rows = sens.coefficient_rows(layer, part, transform)
+        diag = float(((rows ** 2).sum(0) * err.reshape(-1) ** 2).sum())
+        b = KS.DIAGONAL_BLEND
+        assert d.coefficient_mse(part, err, transform) == pytest.approx(full ** (1 - b) * diag ** b, rel=1e-9)
 
 
 def test_joint_predictions_add_up(setup):
