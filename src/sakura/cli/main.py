@@ -164,7 +164,16 @@ def build(
                                           "processes forked after the model loads (default: one per core up to "
                                           "the template count, on the CPU under Linux; else 1); ray, tasks on a "
                                           "local Ray cluster (default: all cores). The store does not depend on it."),
-    force: bool = typer.Option(False, help="Rebuild templates even if their manifest verifies (--executor ray)."),
+    force: bool = typer.Option(False, help="Rebuild templates even if current (unchanged image, settings and "
+                               "model, manifest verified), which are otherwise skipped."),
+    allocation: str = typer.Option("model", help="model (bits, ladder and figures by the template's sensitivity "
+                                   "model: ~20 calibration edits a template) or probes (every choice and figure "
+                                   "measured by image probes: ~200 edits; the build before issue 41)."),
+    sketch_probes: Optional[int] = typer.Option(None, min=1, help="Backward passes of --allocation model's "
+                                                "sensitivity sketch (default 8: ~20 calibration edits a template; "
+                                                "more: closer to the probes' quality, 2 edits each)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the BuildReport as JSON on stdout "
+                                  "({\"templates\": [{\"id\": ..., \"calibration_edits\": ..., ...}], ...})."),
     device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp16 on mps, fp32 on cpu), fp32, fp16 or bf16; "
                               "the store holds fp16 KV whatever the compute dtype."),
@@ -190,7 +199,7 @@ def build(
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
               workers=workers, force=force, library=library, task=task, prompt=prompt, device=device, dtype=dtype,
               probe_batch=probe_batch, probe_workers=probe_workers, allocation_photos=allocation_photos,
-              quiet=quiet)
+              quiet=quiet, allocation=allocation, json_out=json_out, sketch_probes=sketch_probes)
 
 
 @app.command()
@@ -242,6 +251,9 @@ def edit(
     gallery: Path = typer.Option(None, help="The phone's template gallery cache (default $SAKURA_GALLERY or "
                                             "~/.cache/sakura/gallery)."),
     decode_workers: int = typer.Option(0, min=0, help="Decode workers (0: one per core)."),
+    sketch_probes: Optional[int] = typer.Option(None, min=1, help="Backward passes of --allocation model's "
+                                                "sensitivity sketch (default 8: ~20 calibration edits a template; "
+                                                "more: closer to the probes' quality, 2 edits each)."),
     json_out: bool = typer.Option(False, "--json", help="Print the edit's record as JSON (per layer: fetched or "
                                   "computed here, rendition, bytes, timings; the PSNR floor held)."),
     device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
@@ -737,13 +749,35 @@ def bench_build_speed(
                                                 "(e.g. `git archive COMMIT src | tar -x -C /tmp/base`)."),
     probe_batch: int = typer.Option(1, min=1, help="Also build with this many probes per batched forward (1: skip)."),
     device: str = typer.Option("cpu", help="Device of the builds (auto, cpu, cuda, mps)."),
+    probes_variant: bool = typer.Option(False, help="Also build with --allocation probes (this checkout)."),
     out: Path = typer.Option(Path("out/build_speed.json"), help="JSON file for the figures."),
 ) -> None:
-    """`sakura build` of the bundled templates, stage by stage, against a baseline checkout, alternating in one run: wall and CPU seconds, same bytes?"""
+    """`sakura build` of the bundled templates, stage by stage, against a baseline checkout, alternating in one run: wall and CPU seconds, calibration edits, peak memory, same bytes?"""
     from sakura.bench.build_speed import run
 
     run(template or ("look-00", "texture-00", "sticker-00"), rounds=rounds, baseline_src=baseline_src,
-        probe_batch=probe_batch, device=device, out=out, log=typer.echo)
+        probe_batch=probe_batch, device=device, out=out, log=typer.echo, probes_variant=probes_variant)
+
+
+@bench_app.command("build-quality")
+def bench_build_quality(
+    baseline_src: Path = typer.Option(..., help="Another checkout's src folder to compare with "
+                                      "(e.g. `git archive 44df547 src | tar -x -C /tmp/base`)."),
+    photos: Optional[Path] = typer.Option(None, help="A folder of photos (.png/.jpg) no calibration used; default "
+                                          "the held-out crops (sources the calibration never uses)."),
+    template: Optional[list[str]] = typer.Option(None, help="Library templates (repeatable; default the three `sakura build` builds)."),
+    steps: int = typer.Option(4, min=1, help="Sampler steps of the edits."),
+    out: Path = typer.Option(Path("out/build_quality"), help="Folder for build_quality.json."),
+) -> None:
+    """This checkout's build vs another's on photos the build never saw: per template and rung, PSNR against the lossless-KV edit and bytes, new vs old."""
+    from sakura.bench.build_quality import DEFAULT_TEMPLATES, run
+
+    try:
+        run(baseline_src=baseline_src, photos_dir=photos, out=out, templates=template or DEFAULT_TEMPLATES,
+            steps=steps, log=typer.echo)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
 
 
 @bench_app.command("realscale")
