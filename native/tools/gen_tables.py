@@ -1,5 +1,5 @@
 """Generate native/src/gen_tables.h: the inverse DCT per size (the very operations of
-`sakura.codec.fastdct`'s generated `_lee.py`, op for op, so the C decoder equals numba bit for
+`sakura.codec.progressive.fastdct`'s generated `_lee.py`, op for op, so the C decoder equals numba bit for
 bit) and the two 256-entry tables the decoder would otherwise compute with exp2 (numpy's values,
 so no libm difference can creep in).
 
@@ -19,9 +19,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from sakura.codec import fastdct  # noqa: E402
+from sakura.codec.progressive import fastdct  # noqa: E402
 from sakura.codec.ecsq import COUNT_SCALE  # noqa: E402
-from sakura.codec.progressive import SCALE_STEPS_PER_OCTAVE  # noqa: E402
+from sakura.codec.progressive.ladder import SCALE_STEPS_PER_OCTAVE  # noqa: E402
 
 OUT = ROOT / "native" / "src" / "gen_tables.h"
 

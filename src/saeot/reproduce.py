@@ -72,15 +72,6 @@ PRESETS = {
 }
 
 
-def _cli(args: list[str]) -> None:
-    """Run one saeot command in-process, exactly as typed on the command line."""
-    import typer.main
-
-    from saeot.cli import app
-
-    typer.main.get_command(app).main([str(a) for a in args], prog_name="saeot", standalone_mode=False)
-
-
 def steps_of(p: Preset) -> list[str]:
     r = p.real
     return (list(p.synthetic) + ["width", "collect", "train"]
@@ -106,20 +97,22 @@ def run_step(step: str, p: Preset, out: Path, log=print) -> dict:
 
         res = width_bench(p.widths, device=resolve_device("auto"), log=log)
     elif step == "collect":
-        _cli(["collect", "--out", out / "acts", "--model", r.model, "--n-tokens", r.n_tokens,
-              "--layers", ",".join(map(str, r.layers)), "--device", "auto"]
-             + ([] if r.text is None else ["--text", r.text]))
-        res = json.loads((out / "acts" / "manifest.json").read_text())
+        from saeot.api import collect_cache
+
+        res = collect_cache(out / "acts", model=r.model, n_tokens=r.n_tokens, layers=r.layers, device="auto",
+                            text=None if r.text is None else Path(r.text), log=log)
     elif step == "train":
-        _cli(["train-sae", "--acts", out / "acts", "--out", out / "saes", "--layers", ",".join(map(str, r.layers)),
-              "--d-sae", r.d_sae, "--k", r.k, "--steps", r.steps, "--batch-size", r.batch_size, "--seed", 0])
+        from saeot.api import train_saes
+
+        train_saes(out / "acts", out / "saes", layers=r.layers, d_sae=r.d_sae, k=r.k, steps=r.steps,
+                   batch_size=r.batch_size, seed=0, log=log)
         res = json.loads((out / "saes" / "report.json").read_text())
     elif step.startswith("eval_"):
-        a, b = step[5:].split("_")
-        tmp = out / f"{step}.evaluate.json"
-        _cli(["evaluate", "--acts", out / "acts", "--saes", out / "saes", "--model", r.model, "--pairs", f"{a}:{b}",
-              "--n-eval", r.n_eval, "--n-intervene", 0, "--settings", "shared,disjoint", "--out", tmp])
-        res = json.loads(tmp.read_text())
+        from saeot.api import evaluate_pairs
+
+        a, b = (int(x) for x in step[5:].split("_"))
+        res = evaluate_pairs(out / "acts", out / "saes", [(a, b)], model=r.model, n_eval=r.n_eval, n_intervene=0,
+                             settings=("shared", "disjoint"), log=log)
     elif step == "summary":
         res = {"preset": p.name, "real": r.label, "steps": {s: json.loads((out / f"{s}.json").read_text()).get(
             "_seconds") for s in steps_of(p) if s != "summary" and (out / f"{s}.json").exists()}}
@@ -127,6 +120,18 @@ def run_step(step: str, p: Preset, out: Path, log=print) -> dict:
         raise ValueError(f"unknown reproduce step {step!r}; expected one of {steps_of(p)}")
     res["_seconds"] = time.perf_counter() - t0
     return res
+
+
+class Interrupted(KeyboardInterrupt):
+    """An interrupt (Ctrl-C) during a step: which step, after how long, and where the finished ones are."""
+
+    def __init__(self, step: str, seconds: float, out: Path):
+        super().__init__(step)
+        self.step, self.seconds, self.out = step, seconds, Path(out)
+
+    def __str__(self) -> str:
+        return (f"interrupted during step {self.step} after {self.seconds:.0f} s; the finished steps are kept in "
+                f"{self.out} (one JSON each) and the same command resumes from {self.step}")
 
 
 def reproduce(preset: str, out: Path, *, only: list[str] | None = None, log=print) -> Path:
@@ -149,7 +154,11 @@ def reproduce(preset: str, out: Path, *, only: list[str] | None = None, log=prin
             log(f"[{preset}] {s}: done before ({path})")
             continue
         log(f"[{preset}] {s} ...")
-        res = run_step(s, p, out, log=log)
+        t0 = time.perf_counter()
+        try:
+            res = run_step(s, p, out, log=log)
+        except KeyboardInterrupt:
+            raise Interrupted(s, time.perf_counter() - t0, out) from None
         write_json(res, path)
         log(f"[{preset}] {s}: {res['_seconds']:.0f} s -> {path}")
     md = tables(out, preset)

@@ -472,7 +472,7 @@ def _tensor_headers(path: Path) -> dict[str, tuple[str, tuple]]:
             if not 0 <= a <= b <= data or b - a != int(np.prod(shape, dtype=np.int64)) * _SAFETENSORS_DTYPES[dt]:
                 raise SAEFormatError(f"{path}: tensor {name!r} {dt}{list(shape)} does not fit the file "
                                      f"(offsets {a}..{b}, {data} data bytes): truncated or corrupt")
-            out[name] = ("f" if dt in _FLOAT_DTYPES else "other", shape)
+            out[name] = ("bf16" if dt == "BF16" else "f" if dt in _FLOAT_DTYPES else "other", shape)
         return out
     import zipfile
 
@@ -506,16 +506,25 @@ def _positive_int(folder, key, v, what="a positive integer"):
     return int(v)
 
 
+# an SAE config is a few kB (SAELens 6: ~1 kB); larger files are refused before they are read
+MAX_CFG_BYTES = 1 << 20
+
+
 def _read_cfg(folder: Path) -> dict:
     from saeot.errors import SAEFormatError
 
     cfg_path = folder / "cfg.json"
     if not cfg_path.exists():
         return {}
+    size = cfg_path.stat().st_size
+    if size > MAX_CFG_BYTES:  # SAELens configs are a few kB; never read an unbounded file into memory
+        raise SAEFormatError(f"{cfg_path}: {size:,} bytes, over the {MAX_CFG_BYTES:,}-byte limit of an SAE config")
     try:
         raw = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SAEFormatError(f"{cfg_path}: invalid JSON ({e})") from None
+    except RecursionError:  # json's parser recurses per nesting level: "[[[[...": one line, not 91
+        raise SAEFormatError(f"{cfg_path}: JSON nested too deeply to be an SAE config") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("metadata", {}) or {}, dict):
         raise SAEFormatError(f"{cfg_path}: expected a JSON object (with an object under 'metadata')")
     return raw
@@ -568,7 +577,7 @@ def load_sae(folder: Path, *, norm_scaling_factor: float | None = None, layer: i
         if name not in heads:
             raise SAEFormatError(f"{wpath}: missing tensor {name} (has {sorted(heads)})")
     for name, (kind, shape) in heads.items():
-        if kind != "f" and name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "log_threshold"):
+        if kind not in ("f", "bf16") and name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "log_threshold"):
             raise SAEFormatError(f"{wpath}: tensor {name} is not floating point")
     we = heads["W_enc"][1]
     if len(we) != 2 or min(we) < 1:
@@ -648,10 +657,17 @@ def load_sae(folder: Path, *, norm_scaling_factor: float | None = None, layer: i
                 f"but it is used for layer {layer} ({describe_layer(layer)})")
     # 4. the weights (sizes known to fit), then NaN / inf
     if wpath.suffix == ".safetensors":
-        from safetensors.numpy import load_file
-
         try:
-            w = load_file(str(wpath))
+            if any(kind == "bf16" for kind, _ in heads.values()):
+                # numpy has no bfloat16: read through torch and widen to float32 (exact: bf16 is a
+                # truncated float32), as SAELens does when it loads a bf16 release in float32
+                from safetensors.torch import load_file as load_torch
+
+                w = {n: (t.float() if t.is_floating_point() else t).numpy() for n, t in load_torch(str(wpath)).items()}
+            else:
+                from safetensors.numpy import load_file
+
+                w = load_file(str(wpath))
         except Exception as e:  # noqa: BLE001 - any parse failure of an external file is one line
             raise SAEFormatError(f"{wpath}: unreadable ({type(e).__name__}: {e})") from None
     else:
@@ -665,6 +681,14 @@ def load_sae(folder: Path, *, norm_scaling_factor: float | None = None, layer: i
             bad = int(np.size(w[name]) - np.isfinite(w[name]).sum())
             if bad:
                 raise SAEFormatError(f"{wpath}: {name} has {bad} NaN/inf values")
+    # an all-zero decoder reconstructs nothing and makes every feature the same direction (decoder
+    # cosine then matches every source to target 0): a broken or untrained file, not an SAE
+    if not np.any(w["W_dec"]):
+        raise SAEFormatError(f"{wpath}: W_dec is all zeros (an untrained or blanked SAE)")
+    zero_rows = int((~np.any(w["W_dec"], axis=1)).sum())
+    if zero_rows:
+        warnings.warn(f"{wpath}: {zero_rows} of {w['W_dec'].shape[0]} decoder rows are all zeros (dead features)",
+                      UserWarning, stacklevel=2)
     if "scaling_factor" in w and not np.allclose(w["scaling_factor"], 1.0):
         raise SAEFormatError(f"{folder}: finetuning scaling_factor != 1 is not supported")
     th = w.get("threshold")

@@ -58,3 +58,29 @@ def test_unknown_preset_or_step_is_one_line(tmp_path):
     assert r.exit_code == 2 and "--preset 'huge'" in r.output
     r = CliRunner().invoke(app, ["reproduce", "--steps", "nope", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "nope" in r.output
+
+
+def test_interrupted_reproduce_says_so_and_resumes(tiny_preset, tmp_path, monkeypatch):
+    """Issue 44: Ctrl-C inside a step used to surface as a missing-file error from the next line;
+    now it is one line naming the step, exit status 130, and the finished steps stay done."""
+    from saeot import bench
+
+    out = tmp_path / "rep"
+
+    def interrupted_sweep(**_kw):  # a Ctrl-C arriving inside the step's real work
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "margin_sweep", interrupted_sweep)
+    r = CliRunner().invoke(app, ["reproduce", "--preset", "test", "--out", str(out), "--steps", "margin_sweep"])
+    assert r.exit_code == 130
+    lines = [l for l in r.output.splitlines() if l.startswith("saeot:")]
+    assert len(lines) == 1 and "interrupted during step margin_sweep" in lines[0] and "resumes" in lines[0]
+    assert not (out / "margin_sweep.json").exists()  # nothing half-written
+
+
+def test_bench_width_without_out_writes_under_runs_not_docs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["bench-width", "--widths", "16", "--k", "4", "--d", "8", "--candidates", "4",
+                                 "--recall-sources", "4", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "runs" / "width.json").exists() and not (tmp_path / "docs").exists()

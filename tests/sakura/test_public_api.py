@@ -169,7 +169,7 @@ def test_a_wheel_installed_away_from_the_source_tree_edits(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
                         "-w", str(wheels), str(REPO)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    (wheel,) = wheels.glob("sakura-*.whl")
+    (wheel,) = wheels.glob("sakura_kv-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site = next((venv / "lib").glob("python3*/site-packages"))

@@ -173,7 +173,7 @@ def splits_a_shard(codec) -> bool:
 
 def reference_decoder(codec) -> Callable | None:
     """The plain reference decoder of `codec`'s bitstream (progressive ladders, CacheGen), or None."""
-    from sakura.codec import progressive as PG
+    from sakura.codec.progressive import ladder as PG
 
     if codec.name == "cachegen":
         return lambda data, ident, tables: codec.decode_with(data, ident, tables, "reference")
@@ -196,8 +196,7 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
     """Decode rates for every spec (and every layered rung) x layer size x worker count; with
     `reference`, the reference decoder's rate too (one run, at the smallest layer size: it decodes
     ~5 MB/s)."""
-    from sakura.codec import ShardId, codec_from_spec
-    from sakura.codec.rans import warm_up
+    from sakura.codec import ShardId, codec_from_spec, warm_up
 
     if not _WARM:
         _WARM.append(warm_up())
@@ -786,10 +785,9 @@ def side_by_side(old_src: str | Path, specs: Sequence[str] = ("progressive", "ca
 def _klein_renditions(specs: Sequence[str], tokens: int):
     """-> (ident, [(name, codec, blob, tables)]): every rung of every spec encoded from one Klein
     layer of `tokens` tokens, each decoded once so that nothing compiles while it is timed."""
-    from sakura.codec import ShardId, codec_from_spec
-    from sakura.codec import rans
+    from sakura.codec import ShardId, codec_from_spec, warm_up
 
-    rans.warm_up()
+    warm_up()
     # Alike to _SIDE_SNIPPET's encode loop, which must stay standalone (see there).
     shard = klein_layer(tokens)
     ident = ShardId("bench-decode", f"klein-{tokens}", 5)
@@ -813,7 +811,8 @@ def _timed_kernels(record: Callable[[str, float], None]):
     record("module.name", thread-CPU seconds) after each call (timed from Python); restored after."""
     import numba
 
-    from sakura.codec import _lee, kernels, rans
+    from sakura.codec import kernels, rans
+    from sakura.codec.progressive import _lee
 
     def timed(label, f):
         def w(*a, **k):

@@ -205,7 +205,7 @@ def generate(out: Path) -> dict[str, Any]:
         w.set_kv_layout({"layers": LAYERS, "tokens": TOKENS, "heads": HEADS, "head_dim": HEAD_DIM,
                          "dtype": "float16", "template_fingerprint": TEMPLATE_FP})
 
-    for private in (".lock", ".tmp"):   # the writer's lock and temp folder: never served, not vectors
+    for private in (".lock", ".tmp", ".writers.lock"):   # the writers' locks and temp folder: never served, not vectors
         q = out / "store" / private
         shutil.rmtree(q) if q.is_dir() else q.unlink(missing_ok=True)
 

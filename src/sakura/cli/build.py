@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 from pathlib import Path
+from typing import Iterator
 
 import typer
 
@@ -39,10 +43,11 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
         raise typer.Exit(2)
     try:
         if executor == "local":
-            build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
-                        calibration=calibration, steps=steps, log=_echo_above_bar, device=device, dtype=dtype,
-                        probe_batch=probe_batch, probe_workers=probe_workers, template_workers=workers,
-                        allocation_photos=allocation_photos, progress=not quiet)
+            with _interrupt_in_one_line():
+                build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
+                            calibration=calibration, steps=steps, log=_echo_above_bar, device=device, dtype=dtype,
+                            probe_batch=probe_batch, probe_workers=probe_workers, template_workers=workers,
+                            allocation_photos=allocation_photos, progress=not quiet)
             return
         from sakura.cloud.builder.distributed import build_templates
 
@@ -67,6 +72,37 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
         raise typer.Exit(2)
     if not rep.ok:
         raise typer.Exit(1)
+
+
+#: What a build says when Ctrl-C (SIGINT) ends it; its exit status is 130 (128 + SIGINT), as a shell's.
+INTERRUPTED = "interrupted; the store is consistent; rerun to finish"
+
+
+@contextlib.contextmanager
+def _interrupt_in_one_line() -> Iterator[None]:
+    """SIGINT ends the build with `INTERRUPTED` and rc 130 instead of a traceback per process.
+
+    Ctrl-C reaches every process of the foreground group: the template processes forked by the
+    build (`build_store`'s template_workers) inherit this handler and leave at once, silently (each
+    printed ``Process ForkPoolWorker-1:`` and a traceback); the parent unwinds (an uncommitted
+    template writes no manifest: objects land before manifests, so the store stays consistent) and
+    says so once. Temp files a killed process leaves are removed by the next build (the store's
+    `begin_writing`)."""
+    parent = os.getpid()
+
+    def on_sigint(signum, frame):
+        if os.getpid() != parent:
+            os._exit(130)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo(INTERRUPTED, err=True)
+        raise SystemExit(130) from None  # not typer.Exit: click's Exit is a RuntimeError, caught below as "error:"
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _echo_above_bar(line: str) -> None:

@@ -16,10 +16,40 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from sakura import __version__
+        from sakura.util.extras import DISTRIBUTION
+
+        typer.echo(f"{DISTRIBUTION} {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version (of the sakura-kv distribution) and exit."),
+) -> None:
+    """sakura: private on-device image editing with streamed, compressed template KV."""
+
+
+def _precheck(*checks) -> None:
+    """Run `sakura.cli.precheck` checks before any heavy import: the first bad argument is one
+    line on stderr and exit status 2, in a fraction of a second."""
+    from sakura.cli.precheck import UsageError
+
+    try:
+        for check in checks:
+            check()
+    except UsageError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
 def _warm_codec() -> float:
     """Compile (first run on a machine) or load from numba's disk cache the native codec decoders,
     at process start, so that no edit pays the JIT inside its latency (docs/codec.md, warm-up)."""
-    from sakura.codec.rans import warm_up
+    from sakura.codec import warm_up
 
     return warm_up()
 
@@ -37,6 +67,9 @@ def info(
                         "or an installed plugin's name (sakura.available_models())."),
 ) -> None:
     """Print the model's config, parameter count, template-KV size and fingerprint."""
+    from sakura.cli import precheck
+
+    _precheck(lambda: precheck.model_spec(model))
     from sakura.models import load_model
 
     m = load_model(model)
@@ -146,6 +179,12 @@ def build(
     quiet: bool = typer.Option(False, help="No progress bar (the per-template summary lines stay)."),
 ) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
+    from sakura.cli import precheck
+
+    _precheck(lambda: precheck.store_to_write(store), lambda: precheck.model_spec(model),
+              lambda: precheck.build_templates(template),
+              lambda: precheck.extra("skimage", "sakura build (its public calibration photos)"),
+              lambda: precheck.extra("sklearn", "sakura build (its public calibration photos)"))
     from sakura.cli.build import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
@@ -213,8 +252,12 @@ def edit(
 ) -> None:
     """Phone side: edit a local photo with a template whose KV streams from a cache server.
 
-    The edit always completes: what the link cannot deliver in time is computed on the device, and
-    with the server down a template already in the gallery is computed locally."""
+    Once the template is known (from the server, or the gallery's copy with the server down) the edit
+    completes: what the link cannot deliver in time is computed on the device. With the server down
+    and the template not in the gallery it fails with one line."""
+    from sakura.cli import precheck
+
+    _precheck(lambda: precheck.photo(photo), lambda: precheck.model_spec(model))
     from sakura.cli.edit import edit_command
 
     try:  # the codec's JIT is warmed inside the edit, before its clock starts (streamed_edit)
@@ -241,6 +284,10 @@ def templates(
     from sakura.phone.discovery import format_templates, list_templates
 
     fp = None
+    if model is not None:
+        from sakura.cli import precheck
+
+        _precheck(lambda: precheck.model_spec(model))
     try:
         if model is not None:
             from sakura.models import load_model
@@ -503,22 +550,24 @@ def bench_faults(
                                             "(time to outcome, peak RSS), slow-header clients, parser fuzz."),
     slow_headers: int = typer.Option(200, min=0, help="Slow-header connections to open (0: skip)."),
     fuzz: int = typer.Option(2000, min=0, help="Parser fuzz cases per parser (0: skip)."),
-    reliability: bool = typer.Option(True, help="Issue 35's probes (gc racing a rebuild, fd pressure, a FIFO in the "
-                                                "store, terminal escapes, template trust, disk full, large images, ...) "
+    reliability: bool = typer.Option(True, help="Issues 35 and 43's probes (gc racing a rebuild, fd pressure, a FIFO "
+                                                "in the store, verify on a non-store, a foreign object, interrupted "
+                                                "builds, the floor's held-out error, 64 edits with the hash check, ...) "
                                                 "-> reliability.md."),
     fd_duration_s: float = typer.Option(20.0, min=1.0, help="Seconds of each fd-pressure run."),
 ) -> None:
     """Live, loopback: inject each network fault (unreachable, 404/500, resets, corrupt object, stalled
     link) and show the edit completing with the right image, latency beside on-device's; then each
     hostile server (drip, stall after headers, huge sizes, redirect elsewhere, wrong object)."""
-    from sakura.bench.faults import run_faults, run_hostile, run_reliability
+    from sakura.bench.faults import run_faults, run_hostile
+    from sakura.bench.reliability import run_reliability
 
     if faults:
-        run_faults(out, steps=steps, log=typer.echo)
+        run_faults(out, steps=steps)
     if hostile:
-        run_hostile(out, steps=steps, slow_headers=slow_headers, fuzz_cases=fuzz, log=typer.echo)
+        run_hostile(out, steps=steps, slow_headers=slow_headers, fuzz_cases=fuzz)
     if reliability:
-        run_reliability(out, fd_duration_s=fd_duration_s, log=typer.echo)
+        run_reliability(out, fd_duration_s=fd_duration_s)
 
 
 @bench_app.command("link")
@@ -769,5 +818,18 @@ from sakura.util.clihelp import reflow_help  # noqa: E402  (after the last comma
 reflow_help(app)
 
 
-def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry
-    app(argv)
+def main(argv: Optional[list[str]] = None) -> None:
+    """The `sakura` console entry: the app, with an optional dependency that is not installed
+    reported as one line naming the extra to install (rc 2) wherever in a command it was imported."""
+    import sys
+
+    try:
+        app(argv)
+    except ModuleNotFoundError as e:
+        from sakura.util.extras import missing_extra_line
+
+        line = missing_extra_line(e)
+        if line is None:  # a core module missing is a broken install: the traceback is the report
+            raise
+        typer.echo(f"error: {line}", err=True)
+        sys.exit(2)

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import typer
 
+from sakura.wire.store.layout import STORE_MARKER
+from sakura.wire.store.store import Store, StoreError, store_format
+
 store_app = typer.Typer(help="Inspect a cache store: storage accounting and integrity.", no_args_is_help=True,
                         rich_markup_mode=None)
 
@@ -27,8 +30,6 @@ def stats_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Bytes per template: everything it costs (ladder, tables, template ref, manifest) vs one fp16 copy."""
-    from sakura.wire.store import Store, StoreError
-
     try:
         s = Store(store).stats()
     except StoreError as e:
@@ -59,8 +60,6 @@ def stats_cmd(
 @store_app.command("verify")
 def verify_cmd(store: Path = typer.Argument(..., help="Store directory.")) -> None:
     """Re-hash every object and check every manifest; exit 1 if anything is wrong."""
-    from sakura.wire.store import Store, StoreError
-
     try:
         rep = Store(store).verify()
     except StoreError as e:
@@ -68,8 +67,17 @@ def verify_cmd(store: Path = typer.Argument(..., help="Store directory.")) -> No
         raise typer.Exit(2)
     for p in rep.problems:
         typer.echo(f"PROBLEM {p}")
+    if rep.format_version == 0:
+        typer.echo(f"note: a store built before the format marker ({STORE_MARKER}); the next build or "
+                   f"`sakura store gc` writes it")
     if rep.orphans:
         typer.echo(f"note: {len(rep.orphans)} unreferenced object(s) (e.g. from an interrupted build)")
+    if rep.stale_temps is None:
+        typer.echo("note: a build is writing to this store now (its temp files are in use)")
+    elif rep.stale_temps:
+        typer.echo(f"note: {len(rep.stale_temps)} temp file(s) left by an interrupted build "
+                   f"(the next build or `sakura store gc` removes them): {', '.join(rep.stale_temps[:5])}"
+                   + (" ..." if len(rep.stale_temps) > 5 else ""))
     typer.echo(f"{'OK' if rep.ok else 'FAILED'}: {rep.checked_objects} objects, {rep.checked_manifests} manifests, "
                f"{len(rep.problems)} problem(s)")
     if not rep.ok:
@@ -83,8 +91,6 @@ def gc_cmd(
     dry_run: bool = typer.Option(False, help="List what would be deleted."),
 ) -> None:
     """Delete unreferenced objects (e.g. from an interrupted build) older than --min-age-s."""
-    from sakura.wire.store import Store, StoreError
-
     try:
         removed = Store(store).gc(min_age_s=min_age_s, dry_run=dry_run)
     except StoreError as e:
@@ -128,8 +134,10 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, tr
 
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not store.is_dir():
-        typer.echo(f"error: store directory {store} does not exist", err=True)
+    try:
+        store_format(store)  # a folder that is not a store is refused before anything binds
+    except StoreError as e:
+        typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     front = None
     if trace is not None or rtt_ms > 0:

@@ -221,6 +221,20 @@ class CodecTables:
 # ----------------------------------------------------------------------------------------------
 # the interface
 
+@dataclass
+class LadderState:
+    """What every ladder's decode state carries: its codec, the shard's identity, the tables, the
+    output dtype and shape, and the base object's header (`progressive.ladder.ProgressiveState`,
+    `nested.ladder.NestedState`)."""
+
+    codec: Any
+    ident: ShardId
+    tables: CodecTables | None
+    dtype: torch.dtype
+    shape: tuple[int, int, int]
+    header: dict[str, Any]
+
+
 class LayerState(Protocol):
     """A layered codec's decoded shard at some rung (`Codec.decode_state`)."""
 
@@ -337,7 +351,7 @@ class Codec(ABC):
         attn = None
         if queries is not None:
             attn = attention_rel_error(queries, shard.key, shard.value, dec.key, dec.value, keep)
-        w = weighted_rel_error(shard, dec)
+        w = weighted_rel_error(shard.key, shard.value, shard.importance, dec)
         return RenditionReport(
             codec=self.name, params=dict(self.params), nbytes=len(data), num_values=shard.num_values,
             bits_per_value=8.0 * len(data) / shard.num_values,

@@ -294,7 +294,7 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
     bandwidth = bandwidth or BandwidthEstimator(prior_bps=1e6)
     rtt = rtt or RttEstimator()
     workers = decode_workers or profile.decode_workers
-    from sakura.codec.rans import warm_up
+    from sakura.codec import warm_up
 
     warm_up()  # the native decoders' JIT (compile, or load from numba's disk cache) is paid before the clock starts
     # what the gallery knows before a photo comes in: the fingerprints, and the tables the phone holds

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from sakura.wire.store import Store
+from sakura.wire.store import Store, store_format
 
 __all__ = ["Store", "open_store", "serve", "serve_forever"]
 
@@ -27,11 +27,9 @@ def __getattr__(name: str):
 def open_store(path: str | os.PathLike[str]) -> Store:
     """A store folder (written by `sakura.build`) for reading: ``.stats()`` (storage accounting per
     template), ``.verify()`` (every object's hash, every manifest's references), ``.manifest_keys()``.
-    Raises FileNotFoundError (one line) when ``path`` is not a folder."""
-    p = Path(path)
-    if not p.is_dir():
-        raise FileNotFoundError(f"store {p} is not a folder (build one with sakura.build or `sakura build`)")
-    return Store(p)
+    Raises `sakura.wire.store.NotAStore` (one line) when ``path`` is not a store: missing, a file,
+    or a folder without the store's marker (build one with sakura.build or `sakura build`)."""
+    return Store(path)
 
 
 @contextlib.contextmanager
@@ -41,8 +39,7 @@ def serve(store: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int =
     For a long-running server use `serve_forever` or ``sakura serve``; in production, stock nginx
     serves the same folder (docs/serving.md)."""
     p = Path(store)
-    if not p.is_dir():
-        raise FileNotFoundError(f"store {p} is not a folder")
+    store_format(p)  # NotAStore before a thread starts
     from sakura.wire.server import serve_in_thread
 
     with serve_in_thread(p, host=host, port=port, **options) as url:

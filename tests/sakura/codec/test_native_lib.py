@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from sakura.codec import CodecError, ShardId, ShardKV, codec_from_spec, get_codec
 from sakura.codec import bitstream as bs
 from sakura.codec import native as NV
-from sakura.codec import progressive as PG
+from sakura.codec.progressive import ladder as PG
 
 ROOT = Path(__file__).resolve().parents[3]
 VECTORS = ROOT / "docs" / "wire-format" / "vectors"

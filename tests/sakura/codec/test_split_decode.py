@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sakura.codec import ShardId, ShardKV, codec_from_spec, get_codec
-from sakura.codec import progressive as PG
+from sakura.codec.progressive import ladder as PG
 from sakura.codec import rans as R
 
 from .conftest import make_shard

@@ -583,7 +583,7 @@ def _fit_ladder_to_template(codec, shards, edit, base_psnr_db: float, log, ref=N
     import numpy as np
 
     from sakura.codec import ShardId, get_codec
-    from sakura.codec.progressive import proxy_image_mse
+    from sakura.codec.progressive.ladder import proxy_image_mse
     from sakura.models.kv import LayerKV
 
     top = float(codec.params["budgets"][-1])

@@ -29,13 +29,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from . import bitstream as bs
-from . import entropy as E
-from . import kernels as K
-from . import native as NV
-from . import quant as Q
-from . import rans as R
-from .base import (Codec, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d,
+from .. import bitstream as bs
+from .. import native as NV
+from .. import entropy as E
+from .. import kernels as K
+from .. import quant as Q
+from .. import rans as R
+from ..base import (Codec, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d,
                    register)
 
 # quality level -> (key bins for the three layer groups, value bins for the two groups)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from . import bitstream as bs
+from .. import bitstream as bs
 from . import ecsq_coder as EQC
-from . import nested as N
-from .base import CodecTables, Codec, LayerKV, ShardKV, ShardId, check_params, register
+from . import ladder as N
+from ..base import CodecTables, Codec, LayerKV, ShardKV, ShardId, check_params, register
 
 
 class _SakuraBase(Codec):
@@ -84,7 +84,9 @@ class SakuraCodec(_SakuraBase):
         return [p["budget"]]
 
     def fit_tables(self, shards: Sequence[ShardKV]) -> CodecTables:
-        return N.fit_tables(self, shards)  # (dispatches to the ECSQ coder for quantiser="ecsq")
+        if self.params["quantiser"] == "ecsq":
+            return EQC.ecsq_tables(self, shards, [N.analyse(self, shard) for shard in shards])
+        return N.fit_tables(self, shards)
 
     def encode(self, shard: ShardKV, ident: ShardId, tables: CodecTables | None = None) -> bytes:
         if self.params["quantiser"] == "ecsq":
@@ -97,4 +99,4 @@ class SakuraCodec(_SakuraBase):
             return EQC.decode(self, obj, dtype, shape, tables)
         if obj.header.get("levels", 1) != 1:
             raise bs.CorruptError(f"sakura object claims {obj.header.get('levels')!r} levels; a sakura rendition has one")
-        return N.start_state(self, data, ident, tables).result()
+        return N.start_state(self, obj, data, ident, tables, dtype, shape).result()

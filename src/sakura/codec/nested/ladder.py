@@ -34,14 +34,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from . import bitstream as bs
-from . import ecsq as EQ
-from . import ecsq_coder as EQC
-from . import entropy as E
-from . import progressive as PG
-from . import quant as Q
-from .allocation import allocate_offsets, plan_bits
-from .base import finite, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, from_f32_2d
+from .. import bitstream as bs
+from .. import ecsq as EQ
+from .. import entropy as E
+from .. import quant as Q
+from ..allocation import allocate_offsets, plan_bits
+from ..base import finite, CodecTables, LadderState, LayerKV, ShardKV, ShardId, as_f32_2d, from_f32_2d
 
 CENTROID_MAX_BITS = 4  # wider bins are small enough that their midpoints are (nearly) unbiased
 CENTROID_LEVELS = 16   # a bin's reconstruction point is stored to 1/16 of the bin (error <= 1/32 bin)
@@ -163,8 +161,6 @@ def fit_tables(codec, shards: Sequence[ShardKV]) -> CodecTables:
     calibrated shard sensitivities (and allocate="sensitivity") also per-layer K/V width offsets."""
     arrays: dict[str, np.ndarray] = {}
     analyses = [analyse(codec, shard) for shard in shards]
-    if codec.params["quantiser"] == "ecsq":
-        return EQC.ecsq_tables(codec, shards, analyses)
     ko = int(codec.params["key_offset"])
     offs: dict[int, tuple[int, int]] = {}
     if (codec.params["allocate"] == "sensitivity" and shards
@@ -306,13 +302,11 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
     return out
 
 
-def start_state(codec, piece: bytes, ident: ShardId, tables: CodecTables | None) -> "NestedState":
-    obj, dtype, shape = codec._open(piece, ident, tables, kind=bs.KIND_SHARD)
+def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: CodecTables | None, dtype,
+                shape: tuple[int, int, int]) -> "NestedState":
+    """The state of a nested ladder's base object `piece`, opened (header parsed, checksum checked)
+    by the caller as `obj` of `dtype` and `shape`."""
     h = obj.header
-    if h.get("prog") is not None:
-        if h.get("level") != 0:
-            raise bs.CorruptError(f"base object has level {h.get('level')!r}")
-        return PG.start_state(codec, obj, piece, ident, tables, dtype, shape)
     T, H, D = shape
     C = H * D
     if h.get("level") != 0:
@@ -350,7 +344,7 @@ def start_state(codec, piece: bytes, ident: ShardId, tables: CodecTables | None)
 
 
 @dataclass
-class NestedState(PG.LadderState):
+class NestedState(LadderState):
     """Decoded indices of a shard at some ladder level; `upgrade` adds the next level in place."""
 
     scales: dict[str, np.ndarray]

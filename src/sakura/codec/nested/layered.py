@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from . import nested as N
-from . import progressive as PG
-from .base import CodecTables, LayerKV, ShardKV, ShardId, register
+from .. import bitstream as bs
+from . import ladder as N
+from ..progressive import ladder as PG
+from ..base import CodecTables, LayerKV, ShardKV, ShardId, register
 from .sakura import _COMMON, _SakuraBase
 
 
@@ -69,6 +70,10 @@ class LayeredCodec(_SakuraBase):
         return self.decode_state(data, ident, tables).result()
 
     def start_state(self, piece: bytes, ident: ShardId, tables: CodecTables | None):
-        """The base object of a nested ladder (`nested.NestedState`) or of a progressive one
-        (`progressive.ProgressiveState`, header `prog`)."""
-        return N.start_state(self, piece, ident, tables)
+        """The base object of a nested ladder (`nested.ladder.NestedState`) or of a progressive one
+        (`progressive.ladder.ProgressiveState`, header `prog`)."""
+        obj, dtype, shape = self._open(piece, ident, tables, kind=bs.KIND_SHARD)
+        if obj.header.get("level") != 0:
+            raise bs.CorruptError(f"base object has level {obj.header.get('level')!r}")
+        ladder = PG if obj.header.get("prog") is not None else N
+        return ladder.start_state(self, obj, piece, ident, tables, dtype, shape)

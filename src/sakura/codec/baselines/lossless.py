@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import bitstream as bs
-from . import native as NV
-from .base import finite, Codec, CodecTables, LayerKV, ShardKV, ShardId, check_params, register
+from .. import bitstream as bs
+from .. import native as NV
+from ..base import finite, Codec, CodecTables, LayerKV, ShardKV, ShardId, check_params, register
 
 _INT_VIEW = {torch.float32: (torch.int32, "<u4"), torch.float16: (torch.int16, "<u2"),
              torch.bfloat16: (torch.int16, "<u2")}

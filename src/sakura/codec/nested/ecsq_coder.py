@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from . import bitstream as bs
-from . import ecsq as EQ
-from . import entropy as E
-from .base import finite, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, from_f32_2d
+from .. import bitstream as bs
+from .. import ecsq as EQ
+from .. import entropy as E
+from ..base import finite, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, from_f32_2d
 
-if TYPE_CHECKING:  # nested dispatches here for its ECSQ tables; the analysis comes in from the caller
-    from . import nested as N
+if TYPE_CHECKING:  # the `sakura` codec dispatches here; the analysis (`ladder.analyse`) comes in from the caller
+    from . import ladder as N
 
 
 def ecsq_plan(codec, shards: Sequence[ShardKV], analyses: list[N.NestedAnalysis]) -> dict[tuple[int, str], tuple]:

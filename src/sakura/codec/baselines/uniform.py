@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import bitstream as bs
-from . import quant as Q
-from .base import finite, Codec, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d, register
+from .. import bitstream as bs
+from .. import quant as Q
+from ..base import finite, Codec, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, check_params, from_f32_2d, register
 
 
 def _check_int(p: dict[str, Any], name: str, lo: int, hi: int, codec: str) -> None:

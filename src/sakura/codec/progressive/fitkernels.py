@@ -13,8 +13,8 @@ import math
 
 import numpy as np
 
-from . import target as _target
-from .ecsq import context_entropy_bits
+from .. import target as _target
+from ..ecsq import context_entropy_bits
 
 _target.configure()
 from numba import njit  # noqa: E402  (numba after the decode target is set)

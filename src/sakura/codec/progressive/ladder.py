@@ -43,15 +43,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from . import bitstream as bs
-from . import ecsq as EQ
-from . import entropy as E
-from . import quant as Q
-from . import kernels as K
+from .. import bitstream as bs
+from .. import ecsq as EQ
+from .. import entropy as E
+from .. import quant as Q
+from .. import kernels as K
 from . import fastdct
-from . import rans as R
-from .allocation import allocate_steps, allocate_planes
-from .base import Codec, CodecTables, LayerKV, ShardKV, ShardId, as_f32_2d, check_params, finite, from_f32_2d, register
+from .. import rans as R
+from ..allocation import allocate_steps, allocate_planes
+from ..base import (Codec, CodecTables, LadderState, LayerKV, ShardKV, ShardId, as_f32_2d, check_params, finite,
+                    from_f32_2d, register)
 
 FORMAT_VERSION = 5      # 3: constriction ANS (no longer read); 4: interleaved rANS streams (`rans`);
                         # 5: 4 plus per-rung reconstruction offsets (header prog[kv]["off"])
@@ -877,19 +878,6 @@ def _band_cuts(lay: "Layout", units: int = 16) -> np.ndarray:
 _CUTS: dict[tuple[int, int, int, int], np.ndarray] = {}
 
 
-@dataclass
-class LadderState:
-    """What every ladder's decode state carries: its codec, the shard's identity, the tables, the
-    output dtype and shape, and the base object's header (`nested.NestedState` too)."""
-
-    codec: Any
-    ident: ShardId
-    tables: CodecTables | None
-    dtype: torch.dtype
-    shape: tuple[int, int, int]
-    header: dict[str, Any]
-
-
 def magnitude_dtype(m0: int, planes: Sequence[int]) -> type:
     """The native decoder's magnitude array dtype for a part: int16 where every rung's magnitudes
     fit (a rung-0 index is <= m0 and each plane appends one bit, so after the last plane a
@@ -1387,7 +1375,7 @@ def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: Cod
     """The decode state of a ladder's base object: libsakura_decode's (`native.ProgState`) where it
     covers the object and `engine` is "native", else a `ProgressiveState` (numba or reference)."""
     if engine == "native":
-        from . import native as NV
+        from .. import native as NV
 
         if NV.prog_supported(obj.header, dtype, shape):
             bs.require_version(obj, READ_VERSIONS, codec.name)
