@@ -912,7 +912,10 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
 # ---------------------------------------------------------------------------------------------
 # decode
 
-ENGINES = ("native", "reference")
+#: "native": libsakura_decode (`native`) where it covers the object, else the numba kernels;
+#: "numba": the numba kernels (the reference the C library is tested against, and its fallback);
+#: "reference": plain Python and numpy
+ENGINES = ("native", "numba", "reference")
 #: a refinement that changes at most this share of a part's coefficients (significant ones + new
 #: ones) runs sparse (`ProgressiveState._refine_sparse`): on the Klein layer, rung 2 refines K at
 #: ~2 %; the dense merge (`kernels.refine`) is faster where ~30 % change (V at rung 1: branches)
@@ -948,7 +951,7 @@ def magnitude_dtype(m0: int, planes: Sequence[int]) -> type:
 class ProgressiveState(LadderState):
     """Decoded magnitudes/signs of a shard at some rung; `upgrade` adds the next rung in place.
 
-    `engine`: "native" (numba kernels in `rans` / `kernels`, the GIL released throughout) or
+    `engine`: "numba" (or "native": numba kernels in `rans` / `kernels`, the GIL released throughout) or
     "reference" (plain Python rANS and numpy, the straightforward decoder the native one is
     tested against bit for bit)."""
 
@@ -1275,7 +1278,7 @@ class ProgressiveState(LadderState):
         step, planes, _m0, _n = self._part(kv)
         st = np.float32(step * 2.0 ** -planes[self.level])
         mag, neg = self.mag[kv], self.neg[kv]
-        if self.engine == "native":
+        if self.engine != "reference":
             out = np.empty((T, H * D), np.float32)
             K.reconstruct(mag, neg, lay.perm, H * D, st, self._off(kv), out)
             return out
@@ -1292,11 +1295,14 @@ class ProgressiveState(LadderState):
         out = []
         for kv in PARTS:
             n = self._part(kv)[3]
-            if self.engine == "native" and n:
+            if self.engine != "reference" and n and (fastdct.fits(n, H * D) or n not in fastdct.SIZES):
                 out.append(self._result_blocked(kv, n))
                 continue
+            # (the numba engine too where C is no multiple of the fused kernel's block: toy shapes
+            # such as the wire-format vectors' 8 channels, so that every decoder uses Lee's inverse
+            # on every power-of-two grid and the C library matches it bit for bit)
             x = self.coefficients(kv)
-            x = (fastdct.inverse_2d(x, n) if fastdct.fits(n, H * D) else inverse_f32(x, n)) if n else x
+            x = (fastdct.inverse_2d(x, n) if n in fastdct.SIZES else inverse_f32(x, n)) if n else x
             if self.scale.get(kv) is not None:
                 x /= self.scale[kv].astype(np.float32)[:, None]
             x += self.mean[kv].astype(np.float32)[None, :]
@@ -1422,9 +1428,21 @@ def inverse_f32(c: np.ndarray, n: int) -> np.ndarray:
 
 
 def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: CodecTables | None, dtype,
-                shape, engine: str = "native", pool: Executor | None = None, borrow: bool = False) -> ProgressiveState:
+                shape, engine: str = "native", pool: Executor | None = None, borrow: bool = False
+                ) -> "ProgressiveState | Any":
+    """The decode state of a ladder's base object: libsakura_decode's (`native.ProgState`) where it
+    covers the object and `engine` is "native", else a `ProgressiveState` (numba or reference)."""
+    if engine == "native":
+        from .. import native as NV
+
+        if NV.prog_supported(obj.header, dtype, shape):
+            bs.require_version(obj, READ_VERSIONS, codec.name)
+            layer = obj.header.get("layer", 0)
+            return NV.ProgState(codec, obj.header, obj.version, shape, tables,
+                                layer if isinstance(layer, int) else 0, pool).start(obj, zlib.crc32(piece))
+        engine = "numba"
     st = ProgressiveState(codec=codec, ident=ident, tables=tables, dtype=dtype, shape=shape, header=obj.header,
-                          engine=engine, pool=pool, borrow=borrow and engine == "native")
+                          engine=engine, pool=pool, borrow=borrow and engine != "reference")
     st.start(obj, zlib.crc32(piece))
     return st
 
