@@ -254,15 +254,16 @@ class CacheGenCodec(Codec):
         return w.to_bytes(bs.KIND_SHARD, h, FORMAT_VERSION, header_dict=True)
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-               pool: Executor | None = None) -> LayerKV:
-        return self.decode_with(data, ident, tables, "native", pool)
+               pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
+        return self.decode_with(data, ident, tables, "native", pool, parsed)
 
     def decode_with(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-                    engine: str = "native", pool: Executor | None = None) -> LayerKV:
+                    engine: str = "native", pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
         """`engine`: "native" (numba, releases the GIL) or "reference" (plain Python rANS + numpy,
         what the native decoder is tested against bit for bit). `pool` (native only): threads that
-        share this one shard's rANS pieces (whole channels each); bit-equal to the serial decode."""
-        obj, dtype, shape = self._open(data, ident, tables)
+        share this one shard's rANS pieces (whole channels each); bit-equal to the serial decode.
+        `parsed`: the object's header as the caller parsed it (`decode_any`), not parsed again."""
+        obj, dtype, shape = self._open(data, ident, tables, parsed=parsed)
         bs.require_version(obj, READ_VERSIONS, self.name)
         h = obj.header
         T, H, D = shape
