@@ -338,7 +338,7 @@ class ProgState:
         p = np.ascontiguousarray(obj.section("p"))
         _check(_lib().skn_prog_upgrade(self._s, l, _ptr(p), p.size, _ptr(own), own.size,
                                        ctypes.byref(self._tab) if self._tab is not None else None), self.codec.name)
-        self.level, self.last_crc = l, zlib.crc32(piece)
+        self.level, self.last_crc = l, obj.whole_crc()
         return self
 
     def result(self) -> Any:

@@ -1199,7 +1199,7 @@ class ProgressiveState(LadderState):
             if err:
                 raise bs.CorruptError(f"refinement or sign bits {kv} too short")
         rd.done()
-        self.level, self.last_crc = l, zlib.crc32(piece)
+        self.level, self.last_crc = l, obj.whole_crc()
         return self
 
     def _refine_sparse(self, kv: str, counts: np.ndarray, sym: np.ndarray, nz: np.ndarray, sptr: np.ndarray, m: int,
@@ -1439,27 +1439,28 @@ def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: Cod
             bs.require_version(obj, READ_VERSIONS, codec.name)
             layer = obj.header.get("layer", 0)
             return NV.ProgState(codec, obj.header, obj.version, shape, tables,
-                                layer if isinstance(layer, int) else 0, pool).start(obj, zlib.crc32(piece))
+                                layer if isinstance(layer, int) else 0, pool).start(obj, obj.whole_crc())
         engine = "numba"
     st = ProgressiveState(codec=codec, ident=ident, tables=tables, dtype=dtype, shape=shape, header=obj.header,
                           engine=engine, pool=pool, borrow=borrow and engine != "reference")
-    st.start(obj, zlib.crc32(piece))
+    st.start(obj, obj.whole_crc())
     return st
 
 
 def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, engine: str = "native",
-                pool: Executor | None = None) -> LayerKV:
+                pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
     """Decode every complete rung of `data` with `engine` ("reference": the plain decoder the native
     one is tested against; the bench's reference column). `pool` (native only): threads that share
     this one shard's rANS pieces, token rows and channel blocks; the output is the serial one bit
     for bit. One-shot: the native state's magnitudes live in the calling thread's scratch memory
-    (`kernels.scratch`; the result refers to none of it)."""
+    (`kernels.scratch`; the result refers to none of it). `parsed`: the base object as the caller
+    parsed it (`Codec._open`)."""
     mv = memoryview(data)
     spans = list(bs.split_objects(mv))
     if not spans or spans[-1][1] != len(mv):
         raise bs.TruncatedError("progressive ladder truncated")
     first = bytes(mv[spans[0][0]:spans[0][1]])
-    obj, dtype, shape = codec._open(first, ident, tables)
+    obj, dtype, shape = codec._open(first, ident, tables, parsed=parsed)
     if obj.header.get("prog") is None or obj.header.get("level") != 0:
         raise bs.CorruptError("not the base object of a progressive ladder")
     pieces = [bytes(mv[a:e]) for a, e in spans[1:]]
@@ -1521,9 +1522,10 @@ class ProgressiveCodec(Codec):
         return b"".join(self.encode_levels(shard, ident, tables))
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-               pool: Executor | None = None) -> LayerKV:
-        """`pool`: threads that share this one shard (see `decode_with`); bit-equal to the serial decode."""
-        return decode_with(self, data, ident, tables, "native", pool)
+               pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
+        """`pool`: threads that share this one shard (see `decode_with`); bit-equal to the serial
+        decode. `parsed`: the base object's header as the caller parsed it (`decode_any`)."""
+        return decode_with(self, data, ident, tables, "native", pool, parsed)
 
     def start_state(self, piece: bytes, ident: ShardId, tables: CodecTables | None) -> ProgressiveState:
         obj, dtype, shape = self._open(piece, ident, tables, kind=bs.KIND_SHARD)
