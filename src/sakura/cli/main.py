@@ -97,7 +97,7 @@ def demo(
         raise typer.Exit(2)
     typer.echo(f"codec decoders ready ({_warm_codec():.2f} s: numba JIT, disk-cached after the first run)")
     try:
-        run_demo(out_dir=out, seed=seed, model_name=model, log=typer.echo)
+        run_demo(out_dir=out, seed=seed, model_name=model)
     except (ValueError, FileNotFoundError) as e:  # a trace or store that cannot be read: one line, no traceback
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -403,10 +403,10 @@ def bench_codec(
     from sakura.bench.codec import run
 
     if ladder_check:
-        check(out, model_name=model, templates_per_task=templates, photos=photos, steps=steps, log=typer.echo)
+        check(out, model_name=model, templates_per_task=templates, photos=photos, steps=steps)
         return
     run(out, model_name=model, tasks=tasks, templates_per_task=templates, photos=photos, steps=steps, quick=quick,
-        klein=klein, storage=storage, throughput_tokens=throughput_tokens, log=typer.echo)
+        klein=klein, storage=storage, throughput_tokens=throughput_tokens)
 
 
 @bench_app.command("quality")
@@ -419,7 +419,7 @@ def bench_quality(
     """A model vs exact ground truth on held-out photos and templates: model, identity, swapped template."""
     from sakura.bench.quality import run_quality_bench
 
-    run_quality_bench(model, steps=steps, photos_per_source=photos_per_source, out=out, log=typer.echo)
+    run_quality_bench(model, steps=steps, photos_per_source=photos_per_source, out=out)
 
 
 @bench_app.command("isolation")
@@ -490,8 +490,7 @@ def bench_load(
         typer.echo(f"error: --clients must be comma-separated integers, got {clients!r}", err=True)
         raise typer.Exit(2) from None
     res = run_load(clients=levels, server=server, templates=templates, layers=layers, tokens=tokens, width=width,
-                   rounds=rounds, max_seconds=max_seconds, trace=trace, rtt_ms=rtt_ms, store=store, out=out,
-                   log=typer.echo)
+                   rounds=rounds, max_seconds=max_seconds, trace=trace, rtt_ms=rtt_ms, store=store, out=out)
     if any(r["errors"] for r in res["results"]):
         raise typer.Exit(1)
 
@@ -531,7 +530,7 @@ def bench_workloads(
     pure arithmetic on cited figures, writes workloads.md and two plots."""
     from sakura.bench.workloads import write_report
 
-    write_report(out, plots=plots, log=typer.echo)
+    write_report(out, plots=plots)
 
 
 @bench_app.command("e2e")
@@ -550,7 +549,7 @@ def bench_e2e(
     from sakura.bench.e2e import run_live
 
     run_live(out, template=template, photo_index=photo_index, trace=trace, offset_s=offset_s, rtt_ms=rtt_ms,
-             steps=steps, model_name=model, log=typer.echo)
+             steps=steps, model_name=model)
 
 
 @bench_app.command("faults")
@@ -591,7 +590,7 @@ def bench_link(
     between shards and the throughput estimate after three shards vs the true rate."""
     from sakura.bench.linkcheck import link_markdown, run_link_check
 
-    typer.echo(link_markdown(run_link_check(rtt_ms=rtt_ms, out_dir=out, log=typer.echo)))
+    typer.echo(link_markdown(run_link_check(rtt_ms=rtt_ms, out_dir=out)))
 
 
 @bench_app.command("dilated")
@@ -607,7 +606,7 @@ def bench_dilated(
     from sakura.bench.dilated import dilated_markdown, run_dilated
 
     typer.echo(f"codec decoders ready ({_warm_codec():.2f} s)")
-    r = run_dilated(workload, phone, D=dilation, out_dir=out, model_name=model, log=typer.echo)
+    r = run_dilated(workload, phone, D=dilation, out_dir=out, model_name=model)
     typer.echo(dilated_markdown(r))
 
 
@@ -646,15 +645,14 @@ def bench_profile(
         try:
             if not replay.is_file():
                 raise ValueError(f"--replay {replay}: no such file")
-            replay_runs(replay, losers_only=not all_runs, families=families, jobs=jobs, baselines=rerun_baselines,
-                        log=typer.echo)
+            replay_runs(replay, losers_only=not all_runs, families=families, jobs=jobs, baselines=rerun_baselines)
         except (ValueError, KeyError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
         return
     run_profile(out, workloads=workloads, phones=phones, families=families, offsets_per_trace=offsets_per_trace,
                 traces_per_family=traces_per_family or None, rtt_ms=rtt_ms, decode_workers=decode_workers or None,
-                model_name=model, seed=seed, jobs=jobs, decode_target=decode_target, log=typer.echo)
+                model_name=model, seed=seed, jobs=jobs, decode_target=decode_target)
 
 
 @bench_app.command("templates")
@@ -681,7 +679,7 @@ def bench_templates(
         raise typer.Exit(2)
     run_templates(out, templates=templates or DEFAULT_TEMPLATES, families=families or DEFAULT_FAMILIES,
                   workloads=workloads, phones=phones, traces_per_family=traces_per_family, jobs=jobs,
-                  model_name=model, log=typer.echo)
+                  model_name=model)
 
 
 @bench_app.command("both-models")
@@ -694,7 +692,7 @@ def bench_both_models(
     """Per-shard renditions on both bundled models: bits/value, the image PSNR with one shard replaced, and the decode rate."""
     from sakura.bench.both_models import MODELS, TEMPLATES, run
 
-    run(out, models=model or MODELS, templates=template or TEMPLATES, log=typer.echo)
+    run(out, models=model or MODELS, templates=template or TEMPLATES)
 
 
 @bench_app.command("importance")
@@ -712,7 +710,7 @@ def bench_importance(
     if bad:
         typer.echo(f"error: unknown task {bad[0]!r} (one of {', '.join(TASK_NAMES)})", err=True)
         raise typer.Exit(2)
-    run(out, tasks=task or TASK_NAMES, photos=photos, steps=steps, log=typer.echo)
+    run(out, tasks=task or TASK_NAMES, photos=photos, steps=steps)
 
 
 @bench_app.command("speed")
@@ -726,7 +724,7 @@ def bench_speed(
     """On-device CPU timings of the bundled models side by side: template compute, edits with KV injected, EXTRACT and NOCACHE, and the runtime's per-layer profile."""
     from sakura.bench.speed import MODELS, run
 
-    run(models=model or MODELS, template=template, rounds=rounds, steps=steps, out=out, log=typer.echo)
+    run(models=model or MODELS, template=template, rounds=rounds, steps=steps, out=out)
 
 
 @bench_app.command("klein-e2e")
@@ -738,7 +736,7 @@ def bench_klein_e2e(
     """A tiny random FLUX.2 Klein pipeline end to end: own templates from a TOML file, build, serve, and a streamed edit at every rendition against the on-device edit."""
     from sakura.bench.klein_e2e import run
 
-    run(out, size=size, steps=steps, log=typer.echo)
+    run(out, size=size, steps=steps)
 
 
 @bench_app.command("build-speed")
@@ -843,8 +841,7 @@ def bench_scale_model(
     from sakura.bench.scale_model import run
 
     run(out=out, plots_prefix=plots, build_json=build_json, edge_seconds=edge_seconds, edge_clients=edge_clients,
-        edge_objects=edge_objects, crowd_phones=crowd_phones, encode_tokens=encode_tokens, replot=replot,
-        log=typer.echo)
+        edge_objects=edge_objects, crowd_phones=crowd_phones, encode_tokens=encode_tokens, replot=replot)
 
 
 from sakura.util.clihelp import reflow_help  # noqa: E402  (after the last command: it rewrites their help)
