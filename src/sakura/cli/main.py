@@ -296,10 +296,10 @@ def templates(
             fp = load_model(model).fingerprint()
         items = list_templates(server, fp)
     except Exception as e:  # unreachable server, malformed index, bad model name: one line
-        from sakura.util.text import clean
+        from sakura.util.text import clean, connection_error_line
 
-        typer.echo(f"error: cannot list the templates of {server}: {clean(' '.join(str(e).split()) or type(e).__name__)}",
-                   err=True)
+        why = connection_error_line(e) or clean(' '.join(str(e).split()) or type(e).__name__)
+        typer.echo(f"error: cannot list the templates of {clean(server)}: {why}", err=True)
         raise typer.Exit(2) from None
     typer.echo(format_templates(items))
 
