@@ -122,3 +122,17 @@ def test_demo_without_traces_is_one_line_and_writes_nothing(tmp_path, monkeypatc
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "SAKURA_TRACES" in res.stderr, res.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_server_is_one_human_line():
+    """No ConnectionKey(...) dump: the host, the port and why, in one line (rc 2)."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = subprocess.run([sys.executable, "-m", "sakura", "templates", "--server", f"http://127.0.0.1:{port}"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip() == (f"error: cannot list the templates of http://127.0.0.1:{port}: cannot connect to "
+                                  f"127.0.0.1:{port} (Connection refused)"), res.stderr

@@ -209,8 +209,9 @@ def serve(
     port: int = typer.Option(8080, help="TCP port (0 picks a free one)."),
     chunk_kib: int = typer.Option(256, min=1, help="Bytes per streamed read/write step, KiB."),
     quiet: bool = typer.Option(False, help="No access log (warnings only)."),
-    trace: Optional[str] = typer.Option(None, help="Emulate one phone's downlink: trace under ../shared/traces, "
-                                                   "e.g. mahimahi_cellular/ATT-LTE-driving.down."),
+    trace: Optional[str] = typer.Option(None, help="Emulate one phone's downlink: a trace file, or a name "
+                                                   "under $SAKURA_TRACES, ../shared/traces or the bundled set, "
+                                                   "e.g. mahimahi_cellular/ATT-LTE-driving-2016.down (bundled)."),
     trace_offset: float = typer.Option(0.0, min=0.0, help="Start this many seconds into the trace."),
     rtt_ms: float = typer.Option(0.0, min=0.0, help="Emulated round-trip time, ms."),
     max_connections: int = typer.Option(0, min=0, help="Open connections held at most (0: from the fd limit, "
@@ -307,10 +308,10 @@ def templates(
             fp = load_model(model).fingerprint()
         items = list_templates(server, fp)
     except Exception as e:  # unreachable server, malformed index, bad model name: one line
-        from sakura.util.text import clean
+        from sakura.util.text import clean, connection_error_line
 
-        typer.echo(f"error: cannot list the templates of {server}: {clean(' '.join(str(e).split()) or type(e).__name__)}",
-                   err=True)
+        why = connection_error_line(e) or clean(' '.join(str(e).split()) or type(e).__name__)
+        typer.echo(f"error: cannot list the templates of {clean(server)}: {why}", err=True)
         raise typer.Exit(2) from None
     typer.echo(format_templates(items))
 
@@ -821,6 +822,19 @@ def bench_build_scale(
               steps=steps, out=out, log=typer.echo)
     if not res["same_bytes_in_every_store"]:
         raise typer.Exit(1)
+
+
+@bench_app.command("startup")
+def bench_startup(
+    baseline_src: Optional[Path] = typer.Option(None, help="Another checkout's src folder to compare with "
+                                                "(e.g. `git archive 44df547 src | tar -x -C /tmp/base`)."),
+    rounds: int = typer.Option(3, min=1, help="Rounds, baseline and this checkout alternating (medians)."),
+    out: Optional[Path] = typer.Option(None, help="Also write startup.json and startup.md here."),
+) -> None:
+    """How fast a bad argument is answered (bad template, unknown model, missing folder, file as store, bad photo): each command's own CPU and wall seconds, beside a baseline checkout."""
+    from sakura.bench.startup import run
+
+    run(out, baseline_src=baseline_src, rounds=rounds)
 
 
 # Alike in shape only to bench_load's options (see there).
