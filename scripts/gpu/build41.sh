@@ -5,9 +5,9 @@
 # <= 120 s (9B); the JSON's per-size `calibration_edits`, `allocation`, `build_s`,
 # `build_over_one_edit` and `fit_tables_s_per_layer` are the figures docs/scale.md wants.
 #
-# State when written (no GPU lent to the session): NOT MEASURED. KleinImageModel has no
-# differentiable edit yet, so `build_store` falls back to `allocation="probes"` for Klein (hundreds
-# of edits a template): expect the 60 s / 120 s targets to be missed until it has one
+# State when written (no GPU lent to the session): NOT MEASURED. The build uses the
+# sensitivity model (KleinImageModel.differentiable_edit: one forward with autograd + 8 backward
+# passes at 1024^2, whose device memory is unmeasured); `allocation` in the JSON says which ran
 # (docs/scale.md, "Calibration by a sensitivity model").
 #
 # On the device machine (repo root), with the wheels scripts/gpu/fetch_wheels.sh downloads here
