@@ -344,7 +344,7 @@ def klein_tiny_coverage(specs: list[str]) -> dict[str, Any]:
     from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
 
     from sakura.codec.metrics import rel_error
-    from sakura.models.klein import KleinAdapter, KleinReference
+    from sakura.models.flux.klein import KleinAdapter, KleinReference
 
     torch.manual_seed(0)
     tr = Flux2Transformer2DModel(patch_size=1, in_channels=8, num_layers=2, num_single_layers=2,

@@ -1,6 +1,6 @@
 """Tiny FLUX.2 Klein end to end, as a user would run it (`sakura bench klein-e2e`, docs/model-flux2/klein.md).
 
-A complete tiny Klein KV pipeline (random weights; `sakura.models.klein_tiny`) written with
+A complete tiny Klein KV pipeline (random weights; `sakura.models.flux.klein_tiny`) written with
 save_pretrained; a templates.toml with two templates of one's own images + prompts (one with two
 reference images); `sakura build --library` (lossless + progressive ladder); the store served on
 127.0.0.1; a streamed edit through the live runtime at every rendition, against the on-device edit.
@@ -31,7 +31,7 @@ def run(out: Path | None = None, size: int = 32, steps: int = 4, log: Callable[[
 
     from sakura.cloud.capture import calibration_photos
     from sakura.models import load_model
-    from sakura.models.klein_tiny import write_tiny_klein_folder
+    from sakura.models.flux.klein_tiny import write_tiny_klein_folder
     from sakura.phone import BandwidthEstimator, FixedPolicy, RttEstimator
     from sakura.phone.live import DeviceProfile, streamed_edit
     from sakura.wire.server import serve_in_thread

@@ -80,6 +80,10 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     if res.streamed.path == "streamed":
         q = f"{res.streamed.implied_psnr_db:.1f} dB" if res.streamed.quality_known else \
             "unknown (manifest has no image distortions)"
+        held = res.floor_estimate["heldout_error_db"]
+        if res.streamed.quality_known and held:
+            q += (f" (an estimate from the build's calibration photos: on held-out photos "
+                  f"{100 * held['below_floor_fraction']:.0f} % of edits landed below it, by up to {held['max_shortfall_db']:.1f} dB)")
         echo(f"image PSNR vs the lossless-KV edit implied by the renditions used: {q}")
     for e in res.streamed.events:
         echo("event: " + e)

@@ -25,6 +25,7 @@ import json
 import logging
 import math
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -80,6 +81,21 @@ def refresh_failure(e: BaseException, template: str) -> str:
     return f"server unavailable ({_short(cause, 140)})"
 
 
+#: What `EditResult.floor_psnr_db` rests on (it is not a guarantee for the photo at hand).
+FLOOR_BASIS = "estimate: each rung's image distortion measured at build time on the build's calibration photos"
+
+
+def floor_heldout_error() -> dict[str, Any] | None:
+    """The floor estimate's error on held-out photos as `sakura bench faults` last published it
+    (sakura/assets/floor_heldout.json), or None if the package carries no measurement."""
+    try:
+        d = json.loads(files("sakura.assets").joinpath("floor_heldout.json").read_text())
+    except (OSError, ValueError):
+        return None
+    keys = ("edits", "below_floor_fraction", "p95_shortfall_db", "max_shortfall_db", "command")
+    return {k: d.get(k) for k in keys}
+
+
 @dataclass
 class EditResult:
     """One edit's outcome.
@@ -106,8 +122,18 @@ class EditResult:
     @property
     def floor_psnr_db(self) -> float:
         """Image PSNR (dB) vs the lossless-KV edit that the renditions used imply (inf: every layer
-        lossless or computed here; nan: the manifest carries no image distortions)."""
+        lossless or computed here; nan: the manifest carries no image distortions). An ESTIMATE:
+        see `floor_estimate`."""
         return self.streamed.implied_psnr_db if self.streamed.quality_known else math.nan
+
+    @property
+    def floor_estimate(self) -> dict[str, Any]:
+        """The floor named for what it is: ``psnr_db`` (`floor_psnr_db`), its ``basis`` (the build
+        measured each rung on its calibration photos, not on this photo) and ``heldout_error_db``:
+        how far edits of photos the build never saw landed below their floor (``below_floor_fraction``,
+        ``p95_shortfall_db``, ``max_shortfall_db``; measured by `sakura bench faults`, shipped in
+        sakura/assets/floor_heldout.json; None where absent)."""
+        return {"psnr_db": self.floor_psnr_db, "basis": FLOOR_BASIS, "heldout_error_db": floor_heldout_error()}
 
     def layers(self) -> list[dict[str, Any]]:
         """Per layer: how its KV arrived ("fetched" or "computed here"), the rendition, bytes and
@@ -129,11 +155,12 @@ class EditResult:
         """A JSON-able record (what `sakura edit --json` prints)."""
         b = self.streamed.breakdown()
         floor = self.floor_psnr_db
+        floor = None if floor != floor else ("inf" if math.isinf(floor) else round(floor, 3))
         return {"template": self.template_id, "policy": self.policy, "path": self.streamed.path,
                 "latency_s": round(self.latency_s, 6), "bytes_fetched": int(b["bytes"]),
                 "layers_computed_here": int(b["local_shards"]), "layers_total": len(self.streamed.records),
                 "stall_s": round(b["stall_s"], 6),
-                "floor_psnr_db": None if floor != floor else ("inf" if math.isinf(floor) else round(floor, 3)),
+                "floor_psnr_db": floor, "floor_estimate": {**self.floor_estimate, "psnr_db": floor},
                 "layers": self.layers(), "events": list(self.streamed.events), "messages": list(self.messages)}
 
     def to_json(self) -> str:
@@ -142,14 +169,14 @@ class EditResult:
     def save(self, path: str | Path, *, compare: bool = True) -> list[Path]:
         """Write the edited image (format by suffix) and, with ``compare``, ``<stem>.compare.png``
         (photo | template | edit) beside it. Returns the paths written."""
-        from skimage import io as skio
+        from PIL import Image
 
         from sakura.util.figures import save_grid
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         arr = (self.image[0].detach().float().cpu().permute(1, 2, 0).numpy() * 255).round().astype("uint8")
-        skio.imsave(str(path), arr, check_contrast=False)
+        Image.fromarray(arr).save(path)
         written = [path]
         if compare:
             side = path.with_name(path.stem + ".compare.png")
@@ -301,6 +328,11 @@ class Editor:
             messages.append(f"{why}; using the gallery's copy of {template}")
             if manifest is None:
                 messages.append("no manifest cached: computing the template on the device")
+        if self.policy == "raw-stream" and manifest is not None and not all(
+                any(r.name == "lossless" for r in s.renditions) for s in manifest.shards):
+            # raw-stream is the uncompressed baseline: it says so rather than stream another rung under its name
+            messages.append("raw-stream streams the lossless rendition, which this store's ladder lacks (build "
+                            "with --ladder lossless,...): every layer is computed on the device")
         for m in messages:
             log.info("%s", m)  # also in EditResult.messages (the CLI prints those)
         # a task's instruction id (bundled models) or the prompt (Klein); the model checks its kind

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, Iterator, Protocol
 
@@ -320,6 +321,14 @@ class _GuardedHandler(web_protocol.RequestHandler):
     close fires while no request is complete."""
 
     __slots__ = ("_header_timer", "_born")
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        # aiohttp's 400 body is its parser's message, which quotes the bad request bytes back (a
+        # request line, a header): answer with the status alone, as the log does (_RedactFilter)
+        if status != 500:
+            message = f"{status} {HTTPStatus(status).phrase}: malformed HTTP request (not echoed back)"
+        return super().handle_error(request, status, exc, message)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         limits: ConnectionLimits = self._manager._sakura_limits  # type: ignore[union-attr]
@@ -759,7 +768,7 @@ FrontFactory = Callable[[str, int], Awaitable[Front]]
 
 def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8080,
                   chunk_bytes: int = DEFAULT_CHUNK_BYTES, limits: ConnectionLimits | None = None,
-                  front: FrontFactory | None = None) -> None:
+                  front: FrontFactory | None = None, verify_objects: bool = True) -> None:
     """Blocking entry point for ``sakura serve``; Ctrl-C stops it.
 
     With ``front`` (e.g. ``sakura.emulation.serve.pacing_front``: a measured trace replayed on one
@@ -769,7 +778,7 @@ def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1"
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(_exception_handler)
         runner, url = await start_server(store_root, host=host, port=0 if front is not None else port,
-                                         chunk_bytes=chunk_bytes, limits=limits)
+                                         chunk_bytes=chunk_bytes, limits=limits, verify_objects=verify_objects)
         proxy = None
         try:
             if front is not None:

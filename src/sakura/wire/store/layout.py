@@ -50,15 +50,22 @@ def check_name(value: object, what: str) -> str:
     naming ``what`` and the rule it breaks."""
     if not isinstance(value, str) or NAME_RE.fullmatch(value) is None:
         raise ValueError(
-            f"invalid {what} {value!r}: must be 1-128 chars of [A-Za-z0-9._-], starting with a letter or digit"
+            f"invalid {what} {shown(value)}: must be 1-128 chars of [A-Za-z0-9._-], starting with a letter or digit"
         )
     return value
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters with the full length named:
+    a 10 KB template id is not echoed back whole."""
+    r = repr(value)
+    return r if len(r) <= limit else f"{r[:limit]}... ({len(value) if isinstance(value, (str, bytes)) else len(r)} chars)"
 
 
 def check_sha256(value: object, what: str = "object id") -> str:
     """Return ``value`` if it is a 64-char lowercase hex sha256 digest, else raise ``ValueError``."""
     if not isinstance(value, str) or SHA256_RE.fullmatch(value) is None:
-        raise ValueError(f"invalid {what} {value!r}: must be 64 lowercase hex chars (a sha256 digest)")
+        raise ValueError(f"invalid {what} {shown(value)}: must be 64 lowercase hex chars (a sha256 digest)")
     return value
 
 
