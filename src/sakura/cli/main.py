@@ -185,6 +185,8 @@ def build(
               lambda: precheck.build_templates(template),
               lambda: precheck.extra("skimage", "sakura build (its public calibration photos)"),
               lambda: precheck.extra("sklearn", "sakura build (its public calibration photos)"))
+    for line in precheck.sticker_image_warnings(template, task):  # builds anyway: the user may mean it
+        typer.echo(f"warning: {line}", err=True)
     from sakura.cli.build import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
