@@ -303,7 +303,9 @@ def templates(
         why = connection_error_line(e) or clean(' '.join(str(e).split()) or type(e).__name__)
         typer.echo(f"error: cannot list the templates of {clean(server)}: {why}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(format_templates(items))
+    from sakura.util.text import fit_to_terminal
+
+    typer.echo(fit_to_terminal(format_templates(items)))  # one row per line, cut to the terminal's width
 
 
 #: Where `sakura bench` writes by default: out/bench/... ; with `sakura bench --publish ...`, the

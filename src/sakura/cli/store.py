@@ -43,14 +43,18 @@ def stats_cmd(
             t["whole_ratio_vs_fp16"] = ts.whole_ratio_vs_fp16
         typer.echo(json.dumps(d, indent=1))
         return
-    w = max([len("model/template")] + [len(t.model_fingerprint) + 1 + len(t.template_id) for t in s.templates])
-    typer.echo(f"{'model/template':{w}s} {'shards':>6s} {'rends':>6s} {'ladder':>11s} {'tables':>10s} "
-               f"{'template':>10s} {'manifest':>10s} {'whole':>11s} {'fp16 copy':>11s} {'whole/fp16':>10s}")
+    from sakura.util.text import fit_to_terminal as fit, terminal_columns
+
+    # on a terminal: the fingerprint's first 12 hex (rows were 166 columns wide), then cut to fit
+    fp = (lambda f: f[:12]) if terminal_columns() is not None else (lambda f: f)
+    w = max([len("model/template")] + [len(fp(t.model_fingerprint)) + 1 + len(t.template_id) for t in s.templates])
+    typer.echo(fit(f"{'model/template':{w}s} {'shards':>6s} {'rends':>6s} {'ladder':>11s} {'tables':>10s} "
+               f"{'template':>10s} {'manifest':>10s} {'whole':>11s} {'fp16 copy':>11s} {'whole/fp16':>10s}"))
     for t in s.templates:
-        typer.echo(f"{t.model_fingerprint + '/' + t.template_id:{w}s} {t.shards:6d} {t.renditions:6d} "
+        typer.echo(fit(f"{fp(t.model_fingerprint) + '/' + t.template_id:{w}s} {t.shards:6d} {t.renditions:6d} "
                    f"{_human(t.ladder_bytes):>11s} {_human(t.table_bytes):>10s} {_human(t.template_ref_bytes):>10s} "
                    f"{_human(t.manifest_bytes):>10s} {_human(t.whole_bytes):>11s} "
-                   f"{_human(t.fp16_bytes):>11s} {t.whole_ratio_vs_fp16:10.3f}")
+                   f"{_human(t.fp16_bytes):>11s} {t.whole_ratio_vs_fp16:10.3f}"))
     typer.echo("whole = ladder + tables + template reference + manifest (everything a template costs), "
                "each object once")
     typer.echo(f"objects on disk: {s.object_count} ({_human(s.object_bytes)}, each stored once); "
