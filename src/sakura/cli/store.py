@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
-from sakura.wire.store.layout import STORE_MARKER
-from sakura.wire.store.store import Store, StoreError, store_format
+# sakura.wire.store (pydantic, the manifest schema) is imported inside each command: importing it here
+# cost every `sakura` invocation, `--help` and a bad argument included, ~0.2 CPU-s (issue 45)
 
 store_app = typer.Typer(help="Inspect a cache store: storage accounting and integrity.", no_args_is_help=True,
                         rich_markup_mode=None)
@@ -30,6 +30,8 @@ def stats_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Bytes per template: everything it costs (ladder, tables, template ref, manifest) vs one fp16 copy."""
+    from sakura.wire.store.store import Store, StoreError
+
     try:
         s = Store(store).stats()
     except StoreError as e:
@@ -64,6 +66,9 @@ def stats_cmd(
 @store_app.command("verify")
 def verify_cmd(store: Path = typer.Argument(..., help="Store directory.")) -> None:
     """Re-hash every object and check every manifest; exit 1 if anything is wrong."""
+    from sakura.wire.store.layout import STORE_MARKER
+    from sakura.wire.store.store import Store, StoreError
+
     try:
         rep = Store(store).verify()
     except StoreError as e:
@@ -95,6 +100,8 @@ def gc_cmd(
     dry_run: bool = typer.Option(False, help="List what would be deleted."),
 ) -> None:
     """Delete unreferenced objects (e.g. from an interrupted build) older than --min-age-s."""
+    from sakura.wire.store.store import Store, StoreError
+
     try:
         removed = Store(store).gc(min_age_s=min_age_s, dry_run=dry_run)
     except StoreError as e:
@@ -138,6 +145,8 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, tr
 
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from sakura.wire.store.store import StoreError, store_format
+
     try:
         store_format(store)  # a folder that is not a store is refused before anything binds
     except StoreError as e:
