@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import signal
 
 #: Child prologue: print the process's own peak RSS at exit. VmHWM belongs to the address space
 #: the child got at exec; ru_maxrss would also count the parent's pages it was forked with.
@@ -66,7 +67,6 @@ def build_signalled(store: str | os.PathLike, args: list[str], sig: int, *, stop
     ``sig`` goes to the whole group (as Ctrl-C sends SIGINT to every process of the foreground
     job). Returns ``rc``, ``wall_s``, the output ``lines`` without the bar and ``signalled``
     (False if the build ended before the text appeared)."""
-    import signal
 
     p = subprocess.Popen([sys.executable, "-m", "sakura", "build", str(store), *args], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)

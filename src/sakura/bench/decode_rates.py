@@ -806,7 +806,8 @@ def _klein_renditions(specs: Sequence[str], tokens: int):
 
 @contextlib.contextmanager
 def _timed_kernels(record: Callable[[str, float], None]):
-    """While inside, every numba entry point of `rans`, `kernels` and `_lee` reports
+    """While inside, every numba entry point of `rans`, `kernels` and `_lee`, and every function of
+    the native library (`sakura.codec.native`), reports
     record("module.name", thread-CPU seconds) after each call (timed from Python); restored after."""
     import numba
 
@@ -822,6 +823,8 @@ def _timed_kernels(record: Callable[[str, float], None]):
                 record(label, time.thread_time() - c0)
         return w
 
+    from sakura.codec import native
+
     saved = []
     for mod in (rans, kernels, _lee):
         for name in dir(mod):
@@ -829,11 +832,20 @@ def _timed_kernels(record: Callable[[str, float], None]):
             if isinstance(f, numba.core.registry.CPUDispatcher):
                 saved.append((mod, name, f))
                 setattr(mod, name, timed(f"{mod.__name__.rsplit('.', 1)[-1]}.{name}", f))
+    lib = native._load()   # libsakura_decode's entry points (ctypes releases the GIL in them)
+    wrapped = []
+    if lib is not None:
+        for name in native._SIGS:
+            f = getattr(lib, name)
+            wrapped.append((name, f))
+            setattr(lib, name, timed(f"native.{name}", f))
     try:
         yield
     finally:
         for mod, name, f in saved:
             setattr(mod, name, f)
+        for name, f in wrapped:
+            setattr(lib, name, f)   # the foreign function itself again (restype / argtypes set)
 
 
 def gil_held(specs: Sequence[str] = ("progressive", "cachegen:level=3"), tokens: int = 1024, reps: int = 7,

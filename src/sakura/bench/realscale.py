@@ -163,6 +163,7 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
     reset_peak_memory(dev)
     prof: dict[str, dict[str, float]] = {}
     calls = {"edit": 0}
+    facts: dict[str, dict] = {}
     edit = model.edit
 
     def counted(*a: Any, **k: Any) -> Any:  # the build's whole calibration edits: what its cost scales with
@@ -173,7 +174,8 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
     t0 = time.perf_counter()
     try:
         build_store(store, model=model, templates=load_library_file(d / "templates.toml"), ladder=ladder,
-                    calibration=calibration, steps=steps, profile=prof, progress=progress, log=log_.info)
+                    calibration=calibration, steps=steps, profile=prof, progress=progress, log=log_.info,
+                    facts=facts)
     finally:
         del model.edit  # the class's method again
     res["build_s"] = time.perf_counter() - t0
@@ -182,6 +184,11 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
                    "quality floor")
     res["seconds_per_build_edit"] = sum(prof["sun"].get(k, 0.0) for k in edit_stages) / max(1, calls["edit"])
     res["build_stage_s"] = {k: round(v, 3) for k, v in prof["sun"].items() if not k.endswith(" cpu")}
+    # issue 41: the build's own count (a backward pass 2 edits) and allocation ("probes" where the
+    # model has no differentiable edit), the table fit's seconds per layer
+    res["calibration_edits"] = facts.get("sun", {}).get("calibration_edits")
+    res["allocation"] = facts.get("sun", {}).get("allocation")
+    res["fit_tables_s_per_layer"] = prof["sun"].get("fit tables", 0.0) / max(1, model.num_layers)
     res["build_peak"] = peak_memory(dev)
     checkpoint()
     st = Store(store)
@@ -225,6 +232,8 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
     res["streamed_edit_s"] = statistics.median(runs[1:])
     res["streamed_over_passes"] = res["streamed_edit_s"] / res["extract_plus_cached_s"]
     res["injected_over_passes"] = inj_s / res["extract_plus_cached_s"]
+    # the build's wall time as a multiple of one edit of one photo on this machine (issue 41: <= 20x)
+    res["build_over_one_edit"] = res["build_s"] / inj_s
     res["lossless_streamed_equals_injected"] = bool(torch.equal(streamed, injected))
     res["lossless_streamed_equals_in_sequence"] = bool(torch.equal(streamed, in_seq))
     res["streamed_vs_in_sequence_max_abs"] = float((streamed - in_seq).abs().max())

@@ -29,6 +29,12 @@ import math
 from dataclasses import dataclass, field, replace
 
 from sakura.models.flux.klein_config import KLEIN_4B, KLEIN_9B
+import numpy as np
+from pathlib import Path
+
+from sakura.bench.harness import get_logger
+
+log = get_logger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # sources (cited by key from the dataclasses below)
@@ -500,7 +506,6 @@ def plot_regimes(path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     rates = np.geomspace(5, 1000, 48)
     flops = np.geomspace(0.5e12, 20e12, 40)
@@ -561,9 +566,8 @@ def plot_ceilings(path) -> None:
     plt.close(fig)
 
 
-def write_report(out_dir="docs", *, plots: bool = True, log=print) -> None:
+def write_report(out_dir="docs", *, plots: bool = True) -> None:
     """workloads.md, and with `plots` workloads_ceilings.png and workloads_regimes.png, in `out_dir`."""
-    from pathlib import Path
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -571,4 +575,4 @@ def write_report(out_dir="docs", *, plots: bool = True, log=print) -> None:
     if plots:
         plot_ceilings(out / "workloads_ceilings.png")
         plot_regimes(out / "workloads_regimes.png")
-    log(f"wrote {out / 'workloads.md'}" + (" and the plots workloads_ceilings.png, workloads_regimes.png" if plots else ""))
+    log.info(f"wrote {out / 'workloads.md'}" + (" and the plots workloads_ceilings.png, workloads_regimes.png" if plots else ""))
