@@ -15,26 +15,42 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
-
 import torch
-from sakura.util.fsutil import write_json
+
+from sakura.bench.children import run_child, vm_hwm_kib
+from sakura.bench.harness import get_logger, markdown_table, publish
+import aiohttp
+import asyncio
+import os
+import random
+import re
+import resource
+import socket
+import subprocess
+import sys
+from sakura.cloud.builder.pipeline import build_store
+from sakura.cloud.tasks import get_template, heldout_photos
+from sakura.cloud.tasks.quality import psnr_per_image
+from sakura.emulation.faults import fault_proxy_in_thread, hostile_in_thread
+from sakura.models import load_model
+from sakura.models.kv import LayerKV, TemplateKV, TemplateKVError
+from sakura.phone import BandwidthEstimator, RttEstimator, SakuraPolicy
+from sakura.phone.live import Emulation, profile_model, streamed_edit
+from sakura.wire.server import serve_in_thread
+from sakura.wire.server.app import ConnectionLimits, connection_counts, start_server
+from sakura.wire.store.layout import manifest_relpath
+from sakura.wire.store.manifest import Manifest, ManifestError, manifest_tree
+from sakura.wire.store.store import Store
+from sakura.wire.store.synthetic import make_synthetic_store
+
+log = get_logger(__name__)
 
 FAULT_CASES = ("none", "server unreachable", "manifest 404", "manifest 500", "shards 500", "reset once mid-shard",
                "reset every connection", "corrupt object", "stalled link")
 
 
 def run_faults(out_dir: str | Path | None = None, *, template: str = "sticker-00", steps: int = 4, seed: int = 0,
-               cases=FAULT_CASES, log: Callable[[str], None] = print) -> dict:
-    from sakura.emulation.faults import fault_proxy_in_thread
-    from sakura.models import load_model
-    from sakura.phone import BandwidthEstimator, RttEstimator, SakuraPolicy
-    from sakura.phone.live import Emulation, profile_model, streamed_edit
-    from sakura.wire.server import serve_in_thread
-    from sakura.cloud.builder.pipeline import build_store
-    from sakura.wire.store.store import Store
-    from sakura.cloud.tasks import get_template, heldout_photos
-    from sakura.cloud.tasks.quality import psnr_per_image
+               cases=FAULT_CASES) -> dict:
 
     unknown = [c for c in cases if c not in FAULT_CASES]
     if unknown:
@@ -110,28 +126,25 @@ def run_faults(out_dir: str | Path | None = None, *, template: str = "sticker-00
                    "detection_bound_s": sum(s.local_s for s in [profile] * len(res.records)),
                    "events": res.events}
             rows.append(row)
-            log(f"  {case:24s} {1000 * res.latency_s:7.1f} ms vs on-device {1000 * on_device_s:6.1f} ms; "
+            log.info(f"  {case:24s} {1000 * res.latency_s:7.1f} ms vs on-device {1000 * on_device_s:6.1f} ms; "
                 f"local {row['local_layers']}/{row['layers']}; PSNR vs on-device {psnr:.1f} dB; "
                 f"{(res.events or ['no events'])[0][:90]}")
     tmp.cleanup()
     result = {"mode": "live (real execution on this machine, CPU, loopback with injected faults)",
               "template": template, "steps": steps, "profile": {"compute_s": profile.compute_s, "local_s": profile.local_s},
               "rows": rows}
-    return _publish(result, "faults", faults_table, out_dir, log)
+    return _publish(result, "faults", faults_table, out_dir)
 
 
 def faults_table(result: dict) -> str:
-    lines = [f"Faults, {result['mode']}; template `{result['template']}`, {result['steps']} steps; "
-             f"sakura streams the lossless rendition, so the right image is on-device's up to fp16 rounding.", "",
-             "| fault | sakura (ms) | on-device (ms) | extra (ms) | bound (ms) | layers local | PSNR vs on-device (dB) | what the runtime reported |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
-    for r in result["rows"]:
-        ev = "; ".join(r["events"])[:140].replace("|", "/") or "-"
-        ps = "inf (bit-exact)" if r["bit_exact_on_device"] else f"{r['psnr_vs_on_device_db']:.1f}"
-        lines.append(f"| {r['fault']} | {1000 * r['latency_s']:.1f} | {1000 * r['on_device_s']:.1f} | "
-                     f"{1000 * r['extra_s']:+.1f} | {1000 * r['detection_bound_s']:.1f} | {r['local_layers']}/{r['layers']} | "
-                     f"{ps} | {ev} |")
-    return "\n".join(lines) + "\n"
+    rows = [[r["fault"], f"{1000 * r['latency_s']:.1f}", f"{1000 * r['on_device_s']:.1f}", f"{1000 * r['extra_s']:+.1f}",
+             f"{1000 * r['detection_bound_s']:.1f}", f"{r['local_layers']}/{r['layers']}",
+             "inf (bit-exact)" if r["bit_exact_on_device"] else f"{r['psnr_vs_on_device_db']:.1f}",
+             "; ".join(r["events"])[:140] or "-"] for r in result["rows"]]
+    return (f"Faults, {result['mode']}; template `{result['template']}`, {result['steps']} steps; sakura streams the "
+            f"lossless rendition, so the right image is on-device's up to fp16 rounding.\n\n"
+            + markdown_table(["fault", "sakura (ms)", "on-device (ms)", "extra (ms)", "bound (ms)", "layers local",
+                              "PSNR vs on-device (dB)", "what the runtime reported"], rows, align="lrrrrrrl") + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,61 +155,9 @@ HOSTILE_CASES = ("honest server", "server down, gallery (on-device)", "drip mani
                  "raw-stream: shards stall after headers", "raw-stream: shards drip")
 
 
-#: Child prologue: print the process's own peak RSS at exit. VmHWM belongs to the address space
-#: the child got at exec; ru_maxrss would also count the parent's pages it was forked with.
-_CHILD = ("import atexit, sys\n"
-          "def _hwm():\n"
-          "    for ln in open('/proc/self/status'):\n"
-          "        if ln.startswith('VmHWM:'): sys.stderr.write('SAKURA_VMHWM_KIB=' + ln.split()[1] + '\\n')\n"
-          "atexit.register(_hwm)\n"
-          "from sakura.cli.main import app\n"
-          "app()\n")
-
-
-def _vm_hwm_kib(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for ln in f:
-                if ln.startswith("VmHWM:"):
-                    return int(ln.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _edit_subprocess(args: list[str], timeout_s: float) -> dict:
-    """Run `sakura edit ARGS` in a child; its wall time, exit code, last output lines and peak RSS
-    (MiB: the child's VmHWM, reported by the child at exit, else the last value polled from
-    /proc). Killed at ``timeout_s`` (reported as timed out)."""
-    import os
-    import subprocess
-    import sys
-
-    with tempfile.TemporaryFile() as log:
-        t = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-c", _CHILD, "edit", *args], stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-        timed_out, polled = False, None
-        while p.poll() is None:
-            polled = _vm_hwm_kib(p.pid) or polled
-            if time.perf_counter() - t > timeout_s and not timed_out:
-                timed_out = True
-                p.kill()
-            time.sleep(0.05)
-        wall = time.perf_counter() - t
-        log.seek(0)
-        lines = [ln for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
-    hwm = [int(ln.split("=", 1)[1]) for ln in lines if ln.startswith("SAKURA_VMHWM_KIB=")]
-    lines = [ln for ln in lines if not ln.startswith("SAKURA_VMHWM_KIB=")]
-    peak = hwm[-1] if hwm else polled
-    return {"wall_s": wall, "rc": p.returncode, "timed_out": timed_out, "lines": lines[-40:],
-            "peak_rss_mib": None if peak is None else peak / 1024}
-
-
 def _said(lines: list[str]) -> str:
     """What `sakura edit` said that matters, in a table cell: the error or the gallery fallback,
     how many layers were computed on the device, the first runtime event."""
-    import re
 
     parts = [next((ln for ln in lines if ln.startswith("error:") or "gallery" in ln or "server" in ln), "")[:110]]
     done = next((ln for ln in lines if ln.startswith("edited in")), "")
@@ -210,21 +171,11 @@ def _said(lines: list[str]) -> str:
 
 
 def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-00", steps: int = 4,
-                cases=HOSTILE_CASES, timeout_s: float = 120.0, slow_headers: int = 200, fuzz_cases: int = 2000,
-                log: Callable[[str], None] = print) -> dict:
+                cases=HOSTILE_CASES, timeout_s: float = 120.0, slow_headers: int = 200, fuzz_cases: int = 2000) -> dict:
     """Each hostile server of `sakura.emulation.faults.HOSTILE` against the real `sakura edit` in a
     subprocess: time to outcome (exit), exit code, what it said, peak RSS, beside an on-device
     edit. A case that runs into ``timeout_s`` is reported as a hang."""
-    import os
-    import resource
 
-    from sakura.emulation.faults import hostile_in_thread
-    from sakura.models import load_model
-    from sakura.wire.server import serve_in_thread
-    from sakura.cloud.builder.pipeline import build_store
-    from sakura.wire.store.layout import manifest_relpath
-    from sakura.wire.store.store import Store
-    from sakura.cloud.tasks import heldout_photos
 
     unknown = [c for c in cases if c not in HOSTILE_CASES]
     if unknown:
@@ -238,7 +189,7 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
     fp = model.fingerprint()
     manifest = Store(root).get_manifest(fp, template)
     photo = base / "photo.png"
-    from skimage import io as skio
+    from skimage import io as skio  # slow to import; one photo written
 
     skio.imsave(str(photo), (heldout_photos(model.cfg.image_size)[0].permute(1, 2, 0).numpy() * 255).astype("uint8"),
                 check_contrast=False)
@@ -248,7 +199,7 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
     rows = []
 
     def edit(url: str, gallery: Path, policy: str = "sakura") -> dict:
-        return _edit_subprocess([str(photo), "--server", url, "--template", template, "--out",
+        return run_child(["edit", str(photo), "--server", url, "--template", template, "--out",
                                  str(base / "out" / "edit.png"), "--steps", str(steps), "--gallery", str(gallery),
                                  "--policy", policy], timeout_s)
 
@@ -288,71 +239,65 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
             row = {"case": case, **r, **extra, "outcome": "hang (killed)" if r["timed_out"] else
                    ("edited" if r["rc"] == 0 else f"failed (exit {r['rc']})"), "said": _said(r["lines"])}
             rows.append(row)
-            log(f"  {case:40s} {row['outcome']:16s} {r['wall_s']:6.1f} s  peak RSS {r['peak_rss_mib'] or 0:6.0f} MiB"
+            log.info(f"  {case:40s} {row['outcome']:16s} {r['wall_s']:6.1f} s  peak RSS {r['peak_rss_mib'] or 0:6.0f} MiB"
                 f"  {row['said'][:90]}")
     tmp.cleanup()
     slow = []
     if slow_headers:
-        log("slow-header clients:")
-        slow.append(run_slow_headers(slow_headers, header_timeout_s=10.0, log=log))
-        slow.append(run_slow_headers(slow_headers, header_timeout_s=10.0, max_connections=slow_headers // 2, log=log))
-    fuzz = run_parser_fuzz(fuzz_cases, log=log) if fuzz_cases else {}
+        log.info("slow-header clients:")
+        slow.append(run_slow_headers(slow_headers, header_timeout_s=10.0))
+        slow.append(run_slow_headers(slow_headers, header_timeout_s=10.0, max_connections=slow_headers // 2))
+    fuzz = run_parser_fuzz(fuzz_cases) if fuzz_cases else {}
     result = {"mode": "live: real `sakura edit` subprocesses on this machine (CPU), hostile servers on 127.0.0.1",
               "template": template, "steps": steps, "timeout_s": timeout_s, "loadavg": list(os.getloadavg()),
               "rows": rows, "cpu_count": os.cpu_count(), "slow_headers": slow, "fuzz": fuzz,
               "parent_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    return _publish(result, "hostile", hostile_table, out_dir, log)
+    return _publish(result, "hostile", hostile_table, out_dir)
 
 
 # Alike in shape only to sakura.bench.e2e.live_table (a caption, a header row, one row per case):
 # the columns differ, so each table is written where its result is made.
 def hostile_table(result: dict) -> str:
     base = next((r for r in result["rows"] if r["case"].startswith("server down")), None)
-    lines = [f"Hostile servers, {result['mode']}; template `{result['template']}`, {result['steps']} steps; "
-             f"a case still running at {result['timeout_s']:.0f} s is killed and reported as a hang. "
-             f"Load average at the end {result['loadavg'][0]:.2f} on {result['cpu_count']} cores.", "",
-             "| hostile server | outcome | time to outcome (s) | vs on-device (s) | peak RSS (MiB) | what `sakura edit` said |",
-             "|---|---|---:|---:|---:|---|"]
+    rows = []
     for r in result["rows"]:
-        vs = f"{r['wall_s'] - base['wall_s']:+.1f}" if base is not None else "-"
-        said = r["said"].replace("|", "/")
-        if "requests_elsewhere" in r:
-            said += f" (requests that reached the other origin: {r['requests_elsewhere']})"
-        lines.append(f"| {r['case']} | {r['outcome']} | {r['wall_s']:.1f} | {vs} | "
-                     f"{r['peak_rss_mib'] or 0:.0f} | {said} |")
+        said = r["said"] + (f" (requests that reached the other origin: {r['requests_elsewhere']})"
+                            if "requests_elsewhere" in r else "")
+        rows.append([r["case"], r["outcome"], f"{r['wall_s']:.1f}",
+                     f"{r['wall_s'] - base['wall_s']:+.1f}" if base is not None else "-",
+                     f"{r['peak_rss_mib'] or 0:.0f}", said])
+    parts = [f"Hostile servers, {result['mode']}; template `{result['template']}`, {result['steps']} steps; a case "
+             f"still running at {result['timeout_s']:.0f} s is killed and reported as a hang. Load average at the end "
+             f"{result['loadavg'][0]:.2f} on {result['cpu_count']} cores.",
+             markdown_table(["hostile server", "outcome", "time to outcome (s)", "vs on-device (s)", "peak RSS (MiB)",
+                             "what `sakura edit` said"], rows, align="llrrrl")]
     if result.get("slow_headers"):
-        lines += ["", "Slow-header clients against `sakura serve` (each connection sends part of a request head and "
-                  "then nothing; a normal client fetches index.json meanwhile):", "",
-                  "| slow connections | connection cap | held at start | held after the header timeout | "
-                  "normal client | its latency (ms) |", "|---:|---:|---:|---:|---|---:|"]
-        for s in result["slow_headers"]:
-            lines.append(f"| {s['slow_connections']} | {s['max_connections']} | {s['held_at_start']} | "
-                         f"{s['held_after_timeout']} (after {s['header_timeout_s']:.0f} s) | {s['normal_client']} | "
-                         f"{1000 * s['normal_client_s']:.0f} |")
+        parts += ["Slow-header clients against `sakura serve` (each connection sends part of a request head and then "
+                  "nothing; a normal client fetches index.json meanwhile):",
+                  markdown_table(["slow connections", "connection cap", "held at start", "held after the header timeout",
+                                  "normal client", "its latency (ms)"],
+                                 [[s["slow_connections"], s["max_connections"], s["held_at_start"],
+                                   f"{s['held_after_timeout']} (after {s['header_timeout_s']:.0f} s)", s["normal_client"],
+                                   f"{1000 * s['normal_client_s']:.0f}"] for s in result["slow_headers"]],
+                                 align="rrrrlr")]
     if result.get("fuzz"):
-        lines += ["", "Parser fuzz (random mutations; an escape is any exception but the parser's typed error):", "",
-                  "| parser | cases | typed error | valid | escapes |", "|---|---:|---:|---:|---:|"]
-        for k, f in result["fuzz"].items():
-            lines.append(f"| {k} | {f['cases']} | {f['typed_error']} | {f['valid']} | {f['escapes']} "
-                         f"{f['escape_types'] or ''} |")
-    return "\n".join(lines) + "\n"
+        parts += ["Parser fuzz (random mutations; an escape is any exception but the parser's typed error):",
+                  markdown_table(["parser", "cases", "typed error", "valid", "escapes"],
+                                 [[k, f["cases"], f["typed_error"], f["valid"], f"{f['escapes']} {f['escape_types'] or ''}"]
+                                  for k, f in result["fuzz"].items()])]
+    return "\n\n".join(parts) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
 # slow-header clients against the server, and parser fuzz counts
 
-def run_slow_headers(n: int = 200, *, header_timeout_s: float = 10.0, max_connections: int = 0,
-                     log: Callable[[str], None] = print) -> dict:
+def run_slow_headers(n: int = 200, *, header_timeout_s: float = 10.0, max_connections: int = 0) -> dict:
     """Open ``n`` connections that never finish their request head against `sakura serve`
     (default limits unless given); a normal client fetches index.json meanwhile. Reports how
     many the server still holds after its header timeout (target 0) and whether the normal
     client was served."""
-    import asyncio
 
-    import aiohttp
 
-    from sakura.wire.server.app import ConnectionLimits, connection_counts, start_server
-    from sakura.wire.store.synthetic import make_synthetic_store
 
     tmp = tempfile.TemporaryDirectory(prefix="sakura-slowhdr-")
     make_synthetic_store(tmp.name, templates=1, layers=1, tokens=16, width=16)
@@ -400,24 +345,17 @@ def run_slow_headers(n: int = 200, *, header_timeout_s: float = 10.0, max_connec
         res = asyncio.run(go())
     finally:
         tmp.cleanup()
-    log(f"  {n} slow-header connections (cap {res['max_connections']}): held {res['held_at_start']} at start, "
+    log.info(f"  {n} slow-header connections (cap {res['max_connections']}): held {res['held_at_start']} at start, "
         f"{res['held_after_timeout']} after the {header_timeout_s:.0f} s header timeout; normal client: "
         f"{res['normal_client']} in {1000 * res['normal_client_s']:.0f} ms")
     return res
 
 
-def run_parser_fuzz(cases: int = 2000, *, seed: int = 0, log: Callable[[str], None] = print) -> dict:
+def run_parser_fuzz(cases: int = 2000, *, seed: int = 0) -> dict:
     """Random mutations of a real manifest and a real TemplateKV file through their parsers:
     how many raised something other than the typed error (escapes, target 0). Mutations: byte
     flips/deletions/insertions/duplications, and (manifests) adversarial JSON values (deep
     nesting, 5,000-digit integers, NaN) placed at a random node."""
-    import random
-
-    from sakura.models.kv import LayerKV, TemplateKV, TemplateKVError
-    from sakura.wire.store import ManifestError, Store
-    from sakura.wire.store.manifest import Manifest
-    from sakura.wire.store.synthetic import make_synthetic_store
-
     rnd = random.Random(seed)
     tmp = tempfile.TemporaryDirectory(prefix="sakura-fuzz-")
     root = Path(tmp.name)
@@ -449,7 +387,6 @@ def run_parser_fuzz(cases: int = 2000, *, seed: int = 0, log: Callable[[str], No
     hostile = ["[" * 20000 + "]" * 20000, "9" * 5000, "-" + "1" * 6000, "NaN", "1e400", '{"a":' * 3000 + "1" + "}" * 3000]
 
     def hostile_value() -> bytes:
-        from sakura.wire.store.manifest import manifest_tree
 
         d = manifest_tree(mbytes)
         path: list = []
@@ -490,27 +427,21 @@ def run_parser_fuzz(cases: int = 2000, *, seed: int = 0, log: Callable[[str], No
     for k in ("manifest", "template_kv"):
         out[k] = {"cases": cases, "typed_error": typed[k], "valid": valid[k], "escapes": sum(escapes[k].values()),
                   "escape_types": escapes[k]}
-        log(f"  fuzz {k:12s}: {cases} cases, {typed[k]} typed errors, {valid[k]} valid, "
+        log.info(f"  fuzz {k:12s}: {cases} cases, {typed[k]} typed errors, {valid[k]} valid, "
             f"{out[k]['escapes']} escapes {escapes[k] or ''}")
     return out
 
 
-def _publish(result: dict, name: str, table, out_dir, log) -> dict:
-    """Write `<name>.json` and `<name>.md` (the table) under `out_dir` if given, log the table."""
+def _publish(result: dict, name: str, table, out_dir) -> dict:
+    """Write `<name>.json` and `<name>.md` (the table) under `out_dir` if given (atomically), log the table."""
     text = table(result)
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / f"{name}.json", result, indent=2, default=float)
-        (out / f"{name}.md").write_text(text)
-    log(text)
-    return result
+    log.info("%s", text)
+    return publish(out_dir, name, json.loads(json.dumps(result, default=float)), text)
 
 
 # ------------------------------------------------------------------ issue 35: fd pressure
 def _proc_cpu_s(pid: int) -> float | None:
     """utime + stime of process ``pid`` (s), from /proc."""
-    import os
 
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -521,24 +452,13 @@ def _proc_cpu_s(pid: int) -> float | None:
 
 
 def run_fd_pressure(fd_limit: int = 64, idle_factor: float = 1.5, duration_s: float = 20.0, *,
-                    request_every_s: float = 0.1, request_timeout_s: float = 5.0,
-                    log: Callable[[str], None] = print) -> dict:
+                    request_every_s: float = 0.1, request_timeout_s: float = 5.0) -> dict:
     """A sustained run of `sakura serve` under fd pressure, 127.0.0.1 only: the server runs in a
     child with ``ulimit -n fd_limit``; ``idle_factor * fd_limit`` idle sockets (connect, never
     send) are held open for ``duration_s``, each reopened as soon as the server closes it, while a
     normal client fetches index.json and an object on a fresh connection every ``request_every_s``.
     Reports normal requests served / failed, their worst latency, the server's CPU seconds and
     peak RSS. Bounded: at most ``idle_factor * fd_limit`` sockets, ``duration_s`` seconds."""
-    import asyncio
-    import os
-    import resource
-    import socket
-    import subprocess
-    import sys
-
-    from sakura.wire.store import Store
-    from sakura.wire.store.synthetic import make_synthetic_store
-
     tmp = tempfile.TemporaryDirectory(prefix="sakura-fdp-")
     make_synthetic_store(tmp.name, templates=1, layers=2, tokens=64, width=64)
     m = Store(tmp.name).get_manifest("synthetic-model", "tpl-000")
@@ -618,7 +538,7 @@ def run_fd_pressure(fd_limit: int = 64, idle_factor: float = 1.5, duration_s: fl
 
     try:
         res = asyncio.run(go())
-        res["server_peak_rss_mib"] = (_vm_hwm_kib(proc.pid) or 0) / 1024
+        res["server_peak_rss_mib"] = (vm_hwm_kib(proc.pid) or 0) / 1024
         res["server_alive"] = proc.poll() is None
     finally:
         proc.terminate()
@@ -630,312 +550,8 @@ def run_fd_pressure(fd_limit: int = 64, idle_factor: float = 1.5, duration_s: fl
         tmp.cleanup()
     res.update(fd_limit=fd_limit, idle_sockets=n_idle, duration_s=duration_s,
                server_log_lines=len(err.decode(errors="replace").splitlines()))
-    log(f"  fd pressure: ulimit -n {fd_limit}, {n_idle} idle sockets for {duration_s:.0f} s "
+    log.info(f"  fd pressure: ulimit -n {fd_limit}, {n_idle} idle sockets for {duration_s:.0f} s "
         f"(reopened {res['idle_reopened']} times): normal requests {res['ok']} ok, {res['failed']} failed, "
         f"worst {1000 * res['worst_s']:.0f} ms; server {res['server_cpu_s']:.1f} CPU-s, "
         f"{res['server_peak_rss_mib']:.0f} MiB peak, {res['server_log_lines']} log lines")
     return res
-
-
-# ------------------------------------------------------------------ issue 35: reliability probes
-RELIABILITY_PROBES = ("edit, 3 other listed manifests drip", "gc racing a rebuild", "fd pressure", "FIFO in the store",
-                      "escapes in a manifest", "template swapped under a pinned id", "gallery manifest/reference mismatch",
-                      "manifest for another model", "disk full", "large template image", "library of 10,000 entries",
-                      "smaller")
-
-
-def _cli_subprocess(argv: list[str], timeout_s: float, *, code: str | None = None) -> dict:
-    """`sakura ARGV` (or python ``code`` with ARGV) in a child: wall time, rc, output lines, peak RSS
-    (the child's VmHWM). Killed at ``timeout_s``."""
-    import os
-    import subprocess
-    import sys
-
-    prologue = _CHILD.rsplit("from sakura.cli.main import app", 1)[0]
-    src = prologue + (code if code is not None else "from sakura.cli.main import app\napp()\n")
-    with tempfile.TemporaryFile() as out:
-        t = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-c", src, *argv], stdout=out, stderr=subprocess.STDOUT,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-        try:
-            p.wait(timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            timed_out = True
-        wall = time.perf_counter() - t
-        out.seek(0)
-        raw = out.read()
-    lines = [ln for ln in raw.decode(errors="replace").splitlines() if ln.strip()]
-    hwm = [int(ln.split("=", 1)[1]) for ln in lines if ln.startswith("SAKURA_VMHWM_KIB=")]
-    lines = [ln for ln in lines if not ln.startswith("SAKURA_VMHWM_KIB=")]
-    return {"wall_s": wall, "rc": p.returncode, "timed_out": timed_out, "lines": lines[-40:], "raw": raw,
-            "peak_rss_mib": hwm[-1] / 1024 if hwm else None}
-
-
-def _row(probe: str, item: str, outcome: str, time_s: float | None, peak: float | None, ok: bool) -> dict:
-    from sakura.util.text import clean
-
-    return {"probe": probe, "item": item, "outcome": clean(outcome, 220), "time_s": time_s, "peak_rss_mib": peak,
-            "ok": bool(ok)}
-
-
-def _last(r: dict) -> str:
-    keep = [ln for ln in r["lines"] if ln.startswith(("error:", "edited in", "warning:", "skipped")) or "gallery" in ln]
-    return (keep or r["lines"][-1:] or ["(no output)"])[0]
-
-
-def run_reliability(out_dir: str | Path | None = None, *, probes=RELIABILITY_PROBES, fd_duration_s: float = 20.0,
-                    library_entries: int = 10_000, timeout_s: float = 180.0,
-                    log: Callable[[str], None] = print) -> dict:
-    """Issue 35's probes, each for real on 127.0.0.1 (see docs/faults/README.md): the one-line
-    outcome, the time to it and peak memory (a child process each where a command is run)."""
-    import dataclasses
-    import os
-    import socket
-
-    import aiohttp  # noqa: F401  (fail early if the client stack is missing)
-
-    from sakura.cloud.builder.pipeline import build_store
-    from sakura.emulation.faults import hostile_in_thread
-    from sakura.models import load_model
-    from sakura.wire.server import serve_in_thread
-    from sakura.wire.store.layout import manifest_relpath
-    from sakura.wire.store.store import Store, _locked, _write_index, atomic_write, put_object
-
-    unknown = [p for p in probes if p not in RELIABILITY_PROBES]
-    if unknown:
-        raise ValueError(f"unknown probes {unknown}; expected some of {list(RELIABILITY_PROBES)}")
-    tmp = tempfile.TemporaryDirectory(prefix="sakura-rel-")
-    base = Path(tmp.name)
-    rows: list[dict] = []
-    import numpy as np
-    from PIL import Image
-
-    root = base / "store"
-    photo = base / "photo.png"
-    fp, m_st, m_look = "", None, None
-    if set(probes) - {"gc racing a rebuild", "fd pressure", "large template image", "library of 10,000 entries"}:
-        t_setup = time.perf_counter()
-        build_store(root, templates=["sticker-00", "look-00"], ladder=["lossless", "progressive"], calibration=1,
-                    steps=1, log=lambda s: None)
-        fp = load_model("sakura-mini").fingerprint()
-        st = Store(root)
-        m_st, m_look = st.get_manifest(fp, "sticker-00"), st.get_manifest(fp, "look-00")
-        Image.fromarray((np.random.default_rng(0).random((70, 70, 3)) * 255).astype("uint8")).save(photo)
-        log(f"  setup (store of 2 templates): {time.perf_counter() - t_setup:.0f} s")
-
-    def variant(name: str) -> Path:
-        import shutil
-
-        d = base / name
-        shutil.copytree(root, d)
-        return d
-
-    def put(d: Path, m, *, as_fp: str | None = None) -> None:
-        atomic_write(d, manifest_relpath(as_fp or m.model_fingerprint, m.template_id), m.to_bytes())
-        with _locked(d):
-            _write_index(d)
-
-    def edit(url: str, gallery: Path, *extra: str, template: str = "sticker-00") -> dict:
-        return _cli_subprocess(["edit", str(photo), "--server", url, "--template", template, "--out",
-                                str(base / "o.png"), "--steps", "1", "--gallery", str(gallery), *extra], timeout_s)
-
-    def add(row: dict) -> None:
-        rows.append(row)
-        t = "-" if row["time_s"] is None else f"{row['time_s']:.2f} s"
-        log(f"  {row['probe']}: {row['outcome']} ({t})")
-
-    for probe in probes:
-        try:
-            if probe == "edit, 3 other listed manifests drip":
-                with serve_in_thread(root) as url:  # the baseline: same command, honest server
-                    r = edit(url, base / "g-base")
-                add(_row("edit, honest server (baseline for the row below)", "1", f"rc {r['rc']}: {_last(r)}",
-                         r["wall_s"], r["peak_rss_mib"], r["rc"] == 0))
-                d = variant("drip3")
-                for i in range(3):
-                    put(d, dataclasses.replace(m_look, template_id=f"other-{i}"))
-                honest = {"/index.json", "/" + manifest_relpath(fp, "sticker-00"), "/" + manifest_relpath(fp, "look-00")}
-                honest |= {"/" + o.path for o in m_st.objects()}
-                with serve_in_thread(d) as up, hostile_in_thread(up, "drip", drip_s=1.0, honest_paths=honest) as (url, _):
-                    r = edit(url, base / "g-drip")
-                add(_row(probe, "1", f"rc {r['rc']}: {_last(r)}", r["wall_s"], r["peak_rss_mib"], r["rc"] == 0))
-            elif probe == "gc racing a rebuild":
-                d = base / "gc"
-                t = time.perf_counter()
-                ref = put_object(d, b"object left by a SIGKILLed build")
-                old = time.time() - 7200
-                os.utime(d / ref.path, (old, old))
-                from sakura.wire.store.store import RenditionInput, StoreWriter
-
-                w = StoreWriter(d, model_fingerprint="fp", template_id="t")
-                w.set_template_ref(b"object left by a SIGKILLed build", media_type="application/x-test")
-                w.add_shard(layer=0, tokens=(0, 1), fp16_bytes=4, renditions=[RenditionInput("raw", "raw", b"kv")])
-                removed = Store(d).gc(min_age_s=3600)
-                w.commit()
-                rep = Store(d).verify()
-                add(_row(probe, "2", f"gc removed {len(removed)}; store verify: {'OK' if rep.ok else rep.problems[0]}",
-                         time.perf_counter() - t, None, rep.ok and not removed))
-            elif probe == "fd pressure":
-                for lim, factor in ((64, 1.5), (1024, 1.5)):
-                    r = run_fd_pressure(lim, factor, fd_duration_s, log=lambda s: None)
-                    add(_row(f"fd pressure: ulimit -n {lim}, {r['idle_sockets']} idle sockets, {fd_duration_s:.0f} s "
-                             f"(time: worst normal request)", "3",
-                             f"normal requests {r['ok']} ok, {r['failed']} failed, worst {1000 * r['worst_s']:.0f} ms; "
-                             f"server {r['server_cpu_s']:.1f} CPU-s, {r['server_log_lines']} log lines",
-                             r["worst_s"], r["server_peak_rss_mib"], r["failed"] == 0 and r["server_alive"]))
-            elif probe == "FIFO in the store":
-                d = variant("fifo")
-                sha = "ff" * 32
-                (d / "objects" / "ff").mkdir(exist_ok=True)
-                os.mkfifo(d / "objects" / "ff" / sha)
-                import urllib.request
-
-                t = time.perf_counter()
-                with serve_in_thread(d) as url:
-                    codes = []
-                    for path in (f"objects/ff/{sha}", "index.json"):
-                        try:
-                            with urllib.request.urlopen(f"{url}/{path}", timeout=10) as resp:
-                                codes.append(resp.status)
-                        except urllib.error.HTTPError as e:
-                            codes.append(e.code)
-                        except OSError as e:
-                            codes.append(type(e).__name__)
-                took = time.perf_counter() - t
-                v = _cli_subprocess(["store", "verify", str(d)], timeout_s)
-                said = next((ln for ln in v["lines"] if "regular" in ln), _last(v))
-                add(_row(probe, "4", f"GET FIFO -> {codes[0]}, then index.json -> {codes[1]}; verify rc {v['rc']}: {said}",
-                         took, v["peak_rss_mib"], codes == [404, 200] and v["rc"] == 1))
-            elif probe == "escapes in a manifest":
-                d = variant("esc")
-                evil = "\x1b[2J\x1b]0;pwned\x07mini\nerror: your photo was uploaded"
-                put(d, dataclasses.replace(m_st, kv_layout={**m_st.kv_layout, "model": evil}))
-                with serve_in_thread(d) as url:
-                    r = _cli_subprocess(["templates", "--server", url], timeout_s)
-                ctl = sum(b < 0x20 and b not in (0x0a,) for b in r["raw"]) + r["raw"].count(b"\n" b"error: your")
-                add(_row(probe, "5", f"rc {r['rc']}; control bytes reaching the terminal: {ctl}", r["wall_s"],
-                         r["peak_rss_mib"], ctl == 0 and r["rc"] == 0))
-            elif probe == "template swapped under a pinned id":
-                g = base / "g-pin"
-                with serve_in_thread(root) as url:
-                    edit(url, g)
-                d = variant("swap")
-                put(d, dataclasses.replace(m_look, template_id="sticker-00"))
-                with serve_in_thread(d) as url:
-                    r = edit(url, g)
-                add(_row(probe, "6", f"rc {r['rc']}: {_last(r)}", r["wall_s"], r["peak_rss_mib"], r["rc"] == 2))
-            elif probe == "gallery manifest/reference mismatch":
-                g = base / "g-mix"
-                with serve_in_thread(root) as url:
-                    edit(url, g)
-                    edit(url, g, template="look-00")
-                (g / fp / "sticker-00.ref").write_bytes((g / fp / "look-00.ref").read_bytes())
-                r = edit(url, g)  # server gone
-                add(_row(probe, "6", f"rc {r['rc']}: {_last(r)}", r["wall_s"], r["peak_rss_mib"], r["rc"] == 2))
-            elif probe == "manifest for another model":
-                d = variant("other")
-                put(d, dataclasses.replace(m_st, model_fingerprint="0" * 64), as_fp=fp)
-                with serve_in_thread(d) as url:
-                    r = edit(url, base / "g-other")
-                add(_row(probe, "6", f"rc {r['rc']}: {_last(r)}", r["wall_s"], r["peak_rss_mib"],
-                         r["rc"] == 2 and "another model" in _last(r)))
-            elif probe == "disk full":
-                mnt = base / "tmpfs"
-                mnt.mkdir()
-                import subprocess
-
-                if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mnt)],
-                                  capture_output=True).returncode != 0:
-                    add(_row(probe, "7", "skipped: mounting a 200 KiB tmpfs needs root (the test injects ENOSPC "
-                                         "at fsync instead)", None, None, True))
-                    continue
-                try:
-                    r = _cli_subprocess(["build", str(mnt / "store"), "--template", "look-00", "--calibration", "1",
-                                         "--steps", "1", "--ladder", "lossless"], timeout_s)
-                    v = Store(mnt / "store").verify() if (mnt / "store").is_dir() else None
-                    idx = (mnt / "store" / "index.json").is_file()
-                    mans = list((mnt / "store" / "manifests").rglob("*.json")) if (mnt / "store").is_dir() else []
-                finally:
-                    subprocess.run(["umount", str(mnt)], capture_output=True)
-                err = [ln for ln in r["lines"] if ln.startswith("error:")]
-                add(_row(probe, "7", f"rc {r['rc']}, {len(r['lines'])} line(s): {err[0] if err else _last(r)}; "
-                                     f"manifests {len(mans)}, index {'present' if idx else 'absent'}",
-                         r["wall_s"], r["peak_rss_mib"], r["rc"] == 2 and len(err) == 1 and (idx or not mans)
-                         and "Traceback" not in r["raw"].decode(errors="replace") and (v is None or v.ok)))
-            elif probe == "large template image":
-                big = base / "big.png"
-                Image.new("RGB", (7999, 7999), (200, 30, 30)).save(big)
-                r = _cli_subprocess([str(big)], timeout_s, code=(
-                    "import sys, pathlib\nfrom sakura.cloud.builder.template_files import load_template_image\n"
-                    "x = load_template_image(pathlib.Path(sys.argv[1]), 64)\nprint('loaded', tuple(x.shape))\n"))
-                add(_row(f"{probe} (7999 x 7999 PNG, {big.stat().st_size // 1024} KB)", "8",
-                         f"rc {r['rc']}: {r['lines'][-1] if r['lines'] else ''}", r["wall_s"], r["peak_rss_mib"],
-                         r["rc"] == 0))
-            elif probe == "library of 10,000 entries":
-                lib = base / "lib"
-                lib.mkdir()
-                Image.fromarray((np.random.default_rng(1).random((512, 512, 3)) * 255).astype("uint8")).save(lib / "a.png")
-                (lib / "lib.toml").write_text("".join(f'[[template]]\nid = "t{i}"\nimages = ["a.png"]\ntask = "look"\n\n'
-                                                      for i in range(library_entries)))
-                r = _cli_subprocess([str(lib / "lib.toml")], timeout_s, code=(
-                    "import sys, pathlib\nfrom sakura.cloud.builder.template_files import load_library_file\n"
-                    "from sakura.cloud.builder.pipeline import resolve_templates\nfrom sakura.models import load_model\n"
-                    "t = resolve_templates(load_model('sakura-mini'), load_library_file(pathlib.Path(sys.argv[1])))\n"
-                    "print('resolved', len(t), 'entries')\n"))
-                add(_row(f"library of {library_entries:,} entries (512 px PNGs): checked and resolved", "8",
-                         f"rc {r['rc']}: {r['lines'][-1] if r['lines'] else ''}", r["wall_s"], r["peak_rss_mib"],
-                         r["rc"] == 0))
-            elif probe == "smaller":
-                deep = base / "deep.toml"
-                deep.write_text("x = " + "[" * 500 + "]" * 500 + "\n")
-                fifo = base / "lib.fifo"
-                os.mkfifo(fifo)
-                for name, libp in (("TOML nested 500 deep", deep), ("--library FIFO", fifo),
-                                   ("--library /dev/zero", Path("/dev/zero"))):
-                    r = _cli_subprocess(["build", str(base / "none"), "--library", str(libp)], timeout_s)
-                    add(_row(name, "10", f"rc {r['rc']}: {_last(r)}", r["wall_s"], r["peak_rss_mib"],
-                             r["rc"] == 2 and len(r["lines"]) == 1))
-                d = variant("stale")
-                put(d, dataclasses.replace(m_look, template_id="stale"))
-                (d / manifest_relpath(fp, "stale")).unlink()  # still in the index
-                with serve_in_thread(d) as url:
-                    r = _cli_subprocess(["templates", "--server", url], timeout_s)
-                said = next((ln for ln in r["lines"] if ln.startswith("skipped")), _last(r))
-                add(_row("one stale manifest in the index", "10", f"rc {r['rc']}, {len(r['lines']) - 2} listed; {said}",
-                         r["wall_s"], r["peak_rss_mib"], r["rc"] == 0 and said.startswith("skipped")))
-                import urllib.request
-
-                obj = m_st.template_ref.object
-                with serve_in_thread(root) as url:
-                    req = urllib.request.Request(f"{url}/{obj.path}", headers={"Range": "bytes=0-" + "9" * 30})
-                    t = time.perf_counter()
-                    try:
-                        with urllib.request.urlopen(req, timeout=10) as resp:
-                            status, n, cr = resp.status, len(resp.read()), resp.headers.get("Content-Range")
-                    except urllib.error.HTTPError as e:
-                        status, n, cr = e.code, 0, None
-                add(_row("Range: bytes=0-<30 digits>", "10", f"HTTP {status}, {n} of {obj.bytes} bytes, Content-Range {cr}",
-                         time.perf_counter() - t, None, status == 206 and n == obj.bytes))
-        except Exception as e:  # a probe that breaks is a row, not the end of the run
-            add(_row(probe, "-", f"probe error: {type(e).__name__}: {e}", None, None, False))
-    tmp.cleanup()
-    result = {"rows": rows, "load_avg": os.getloadavg(), "cores": os.cpu_count(), "fd_duration_s": fd_duration_s}
-    return _publish(result, "reliability", reliability_table, out_dir, log)
-
-
-def reliability_table(result: dict) -> str:
-    """Markdown: probe, issue item, outcome, time to outcome, peak RSS, held."""
-    from sakura.bench.results import _table
-
-    rows = [[r["probe"], r["item"], r["outcome"].replace("|", "/"),
-             "-" if r["time_s"] is None else f"{r['time_s']:.2f}",
-             "-" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:.0f}", "yes" if r["ok"] else "NO"]
-            for r in result["rows"]]
-    la = result.get("load_avg") or (float("nan"),) * 3
-    return (_table(["probe", "item", "outcome (one line)", "time to outcome (s)", "peak RSS (MiB)", "held"], rows,
-                   align="lllrrl")
-            + f"\nload average {la[0]:.1f} / {la[1]:.1f} / {la[2]:.1f} on {result.get('cores')} cores "
-              f"(shared machine: times are indicative)\n")

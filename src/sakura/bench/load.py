@@ -38,6 +38,10 @@ from sakura.wire.store import Store
 from sakura.wire.store.synthetic import make_synthetic_store
 from sakura.util.fsutil import write_json
 
+from sakura.bench.harness import get_logger
+
+log = get_logger(__name__)
+
 FP = "bench-model"
 
 
@@ -100,13 +104,18 @@ class RssSampler:
         self._t.join()
 
 
-def start_server(kind: str, store: Path, workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_server(kind: str, store: Path, workdir: Path, *, verify_objects: bool = True) -> tuple[subprocess.Popen, str]:
+    """`sakura serve` (or nginx) on a free port as its own process; ``verify_objects=False`` (sakura
+    only) turns off the check that objects hash to their names, to measure what it costs."""
     port = _free_port()
-    if kind == "sakura":
+    if kind == "sakura" and not verify_objects:
+        cmd = [sys.executable, "-c", "import sys; from sakura.wire.server.app import serve_forever; "
+               "serve_forever(sys.argv[1], port=int(sys.argv[2]), verify_objects=False)", str(store), str(port)]
+    elif kind == "sakura":
         cmd = [sys.executable, "-c", "from sakura.cli.main import app; app()", "serve", str(store),
                "--port", str(port), "--quiet"]
     elif kind == "nginx":
-        from sakura.wire.server.nginx import nginx_config
+        from sakura.wire.server.nginx import nginx_config  # the nginx path only
 
         exe = shutil.which("nginx") or "/usr/sbin/nginx"
         if not os.path.exists(exe):
@@ -138,6 +147,7 @@ async def phone(url: str, template: str, rounds: int, deadline: float, lat: list
                 return
             try:
                 m = await c.get_manifest(FP, template)
+                counters["manifests"] += 1
                 for s in m.shards:
                     if time.monotonic() > deadline:
                         return
@@ -156,7 +166,7 @@ async def phone(url: str, template: str, rounds: int, deadline: float, lat: list
 async def level(url: str, templates: list[str], n: int, rounds: int, max_s: float,
                 trace_spec: str | None = None, rtt_s: float = 0.0, seed: int = 0) -> dict:
     lat: list[float] = []
-    counters = {"bytes": 0, "shards": 0, "errors": 0, "resumes": 0}
+    counters = {"bytes": 0, "shards": 0, "errors": 0, "resumes": 0, "manifests": 0}
     proxies = []
     urls = [url] * n
     capacity = None
@@ -186,15 +196,15 @@ async def level(url: str, templates: list[str], n: int, rounds: int, max_s: floa
     return {"clients": n, "wall_s": wall, "bytes": counters["bytes"], "shards": counters["shards"],
             "throughput_MBps": counters["bytes"] / wall / 1e6, "throughput_Gbps": counters["bytes"] * 8 / wall / 1e9,
             "shard_p50_ms": float(np.percentile(a, 50) * 1e3), "shard_p99_ms": float(np.percentile(a, 99) * 1e3),
-            "errors": counters["errors"], "resumes": counters["resumes"],
+            "errors": counters["errors"], "resumes": counters["resumes"], "manifests": counters["manifests"],
+            "latencies_s": lat,
             **({"link_capacity_MBps": capacity} if capacity is not None else {}),
             **({"first_error": counters["first_error"]} if "first_error" in counters else {})}
 
 
 def run(clients: Sequence[int] = (1, 8, 32), server: str = "sakura", templates: int = 32, layers: int = 8,
         tokens: int = 512, width: int = 256, rounds: int = 1000, max_seconds: float = 8.0, trace: str | None = None,
-        rtt_ms: float = 0.0, store: Path | None = None, out: Path | None = None,
-        log: Callable[[str], None] = print) -> dict:
+        rtt_ms: float = 0.0, store: Path | None = None, out: Path | None = None) -> dict:
     """One concurrency level per entry of `clients` against `server` (sakura or nginx) serving a
     synthetic store; returns (and writes to `out`) the results."""
     config = dict(clients=list(clients), server=server, templates=templates, layers=layers, tokens=tokens, width=width,
@@ -206,7 +216,7 @@ def run(clients: Sequence[int] = (1, 8, 32), server: str = "sakura", templates: 
         names = make_synthetic_store(store, templates=templates, layers=layers, tokens=tokens,
                                      width=width, model_fingerprint=FP)
         st = Store(store).stats()
-        log(f"store: {templates} templates x {layers} shards, {st.object_bytes / 1e6:.1f} MB of objects "
+        log.info(f"store: {templates} templates x {layers} shards, {st.object_bytes / 1e6:.1f} MB of objects "
               f"(built in {time.monotonic() - t:.1f} s)")
         proc, url = start_server(server, store, Path(tmp))
         results = []
@@ -216,6 +226,7 @@ def run(clients: Sequence[int] = (1, 8, 32), server: str = "sakura", templates: 
                 cpu0 = _cpu_s(proc.pid)
                 with RssSampler(proc.pid) as rss:
                     r = asyncio.run(level(url, names, n, rounds, max_seconds, trace, rtt_ms / 1e3))
+                r.pop("latencies_s")  # the percentiles are kept, not every sample
                 r["server_cpu_s"] = _cpu_s(proc.pid) - cpu0
                 # server CPU per GB served: a figure the client-side bottleneck does not distort
                 r["server_cpu_s_per_GB"] = r["server_cpu_s"] / (r["bytes"] / 1e9) if r["bytes"] else float("nan")
@@ -223,7 +234,7 @@ def run(clients: Sequence[int] = (1, 8, 32), server: str = "sakura", templates: 
                 r["server_rss_idle_MiB"] = idle_kib / 1024
                 results.append(r)
                 cap = f" (links: {r['link_capacity_MBps']:.1f})" if "link_capacity_MBps" in r else ""
-                log(f"{server:6s} clients={n:3d}  {r['throughput_MBps']:8.1f} MB/s{cap}  "
+                log.info(f"{server:6s} clients={n:3d}  {r['throughput_MBps']:8.1f} MB/s{cap}  "
                       f"p50={r['shard_p50_ms']:7.1f} ms  p99={r['shard_p99_ms']:7.1f} ms  shards={r['shards']:5d}  "
                       f"errors={r['errors']}  server CPU {r['server_cpu_s_per_GB']:.2f} s/GB  RSS peak={r['server_rss_peak_MiB']:.1f} MiB "
                       f"(idle {r['server_rss_idle_MiB']:.1f})")

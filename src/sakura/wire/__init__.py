@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from sakura.wire.store import Store
+from sakura.wire.store import Store, store_format
 
 __all__ = ["Store", "open_store", "serve", "serve_forever"]
 
@@ -18,7 +18,7 @@ def __getattr__(name: str):
     # the HTTP server on first use: writing a store (`sakura build`) never serves, and importing
     # the server cost every build 0.12 s
     if name in ("serve_forever", "serve_in_thread"):
-        from sakura.wire import server
+        from sakura.wire import server  # the server on first use (0.12 s off every build)
 
         return getattr(server, name)
     raise AttributeError(f"module 'sakura.wire' has no attribute {name!r}")
@@ -27,11 +27,9 @@ def __getattr__(name: str):
 def open_store(path: str | os.PathLike[str]) -> Store:
     """A store folder (written by `sakura.build`) for reading: ``.stats()`` (storage accounting per
     template), ``.verify()`` (every object's hash, every manifest's references), ``.manifest_keys()``.
-    Raises FileNotFoundError (one line) when ``path`` is not a folder."""
-    p = Path(path)
-    if not p.is_dir():
-        raise FileNotFoundError(f"store {p} is not a folder (build one with sakura.build or `sakura build`)")
-    return Store(p)
+    Raises `sakura.wire.store.NotAStore` (one line) when ``path`` is not a store: missing, a file,
+    or a folder without the store's marker (build one with sakura.build or `sakura build`)."""
+    return Store(path)
 
 
 @contextlib.contextmanager
@@ -41,9 +39,8 @@ def serve(store: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int =
     For a long-running server use `serve_forever` or ``sakura serve``; in production, stock nginx
     serves the same folder (docs/serving.md)."""
     p = Path(store)
-    if not p.is_dir():
-        raise FileNotFoundError(f"store {p} is not a folder")
-    from sakura.wire.server import serve_in_thread
+    store_format(p)  # NotAStore before a thread starts
+    from sakura.wire.server import serve_in_thread  # aiohttp: only the commands that serve
 
     with serve_in_thread(p, host=host, port=port, **options) as url:
         yield url

@@ -20,7 +20,9 @@ import os
 import stat
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, Iterator, Protocol
 
@@ -28,7 +30,9 @@ from aiohttp import web, web_protocol, web_server
 
 from sakura.wire.server.ranges import RangeError, RangeNotSatisfiable, byte_range, if_none_match_hits, if_range_allows
 from sakura.wire.store.layout import INDEX_URL, MANIFEST_URL_RE, OBJECT_URL_RE
-from sakura.wire.store.store import open_in_store
+from sakura.wire.store.store import open_in_store, store_format
+import socket
+from sakura.util.aiothread import running_in_thread
 
 log = logging.getLogger("sakura.wire.server")
 access_log = logging.getLogger("sakura.wire.server.access")
@@ -119,7 +123,7 @@ MAX_CONNECTIONS_CEILING = 16384
 
 def _nofile_soft() -> int:
     try:
-        import resource
+        import resource  # Unix only
 
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         return 65536 if soft == resource.RLIM_INFINITY else int(soft)
@@ -299,7 +303,6 @@ class _GuardedSite(web.BaseSite):
         return f"http://{self._host}:{self._port}"
 
     async def start(self) -> None:
-        import socket
 
         await super().start()
         sock = socket.create_server((self._host, self._port), family=socket.AF_INET6 if ":" in self._host
@@ -319,6 +322,14 @@ class _GuardedHandler(web_protocol.RequestHandler):
     close fires while no request is complete."""
 
     __slots__ = ("_header_timer", "_born")
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        # aiohttp's 400 body is its parser's message, which quotes the bad request bytes back (a
+        # request line, a header): answer with the status alone, as the log does (_RedactFilter)
+        if status != 500:
+            message = f"{status} {HTTPStatus(status).phrase}: malformed HTTP request (not echoed back)"
+        return super().handle_error(request, status, exc, message)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         limits: ConnectionLimits = self._manager._sakura_limits  # type: ignore[union-attr]
@@ -394,9 +405,100 @@ def connection_counts(runner: web.AppRunner) -> dict[str, int]:
             "cap": getattr(srv, "_sakura_cap", 0), "accept_pauses": acc.pauses if acc is not None else 0,
             "accept_fd_errors": acc.fd_errors if acc is not None else 0}
 
+# ------------------------------------------------------------------------ objects match their names
+#: Objects up to this size are hashed on the event loop (~0.2 ms); larger ones in a worker thread.
+INLINE_HASH_BYTES = 256 * 1024
+#: Verified files remembered at most (an entry is ~200 bytes: 50 MB at the cap); beyond it the
+#: least recently served are forgotten and hashed again on their next request.
+MAX_VERIFIED_OBJECTS = 1 << 18
+
+
+def _sha256_fd(fd: int, size: int) -> str:
+    """sha256 of the first ``size`` bytes of ``fd`` (``os.pread``: the file position is untouched)."""
+    h = hashlib.sha256()
+    off = 0
+    while off < size:
+        chunk = os.pread(fd, min(1 << 20, size - off), off)
+        if not chunk:
+            break
+        h.update(chunk)
+        off += len(chunk)
+    return h.hexdigest()
+
+
+def _hash_dup(fd: int, size: int) -> str:
+    try:
+        return _sha256_fd(fd, size)
+    finally:
+        os.close(fd)
+
+
+class VerifiedObjects:
+    """The server's record of object files whose bytes it hashed to their name.
+
+    An object is served only if its bytes hash to its name (a file placed under ``objects/`` by
+    anything but a build, e.g. a hard link to a file outside the store, was served with a strong
+    ETag it did not have, and an edge would have cached it for a year). Hashing every request would
+    cost the whole file per Range request; instead the first request of a file hashes it and the
+    file's identity is remembered: ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)``. Any
+    change to the file (a rewrite, a replacement by rename, a new hard link, a chmod, even a
+    ``touch -d`` that restores the mtime) changes the ctime or the inode, so the next request
+    hashes again. What it does not see: bits that rot on disk after the check without a write
+    (``sakura store verify`` finds those; a restart re-verifies everything).
+
+    Concurrent first requests of one object share one hash (the others wait for it); a large
+    object is hashed in a worker thread, from a duplicate of the fd, so the event loop keeps
+    serving. A file found bad is remembered too (by the same identity) and refused at once."""
+
+    def __init__(self, cap: int = MAX_VERIFIED_OBJECTS) -> None:
+        self.cap = cap
+        self._seen: OrderedDict[str, tuple[tuple[int, ...], bool]] = OrderedDict()
+        self._pending: dict[tuple[str, tuple[int, ...]], asyncio.Future] = {}
+        self.hashed = 0  # files hashed so far (the bench reports it)
+        self.refused = 0  # requests refused because the bytes do not match the name
+
+    @staticmethod
+    def identity(st: os.stat_result) -> tuple[int, ...]:
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    async def matches(self, sha256: str, fd: int, st: os.stat_result) -> bool:
+        """True if the open file ``fd`` (stat ``st``) holds bytes whose sha256 is ``sha256``."""
+        ident = self.identity(st)
+        seen = self._seen.get(sha256)
+        if seen is not None and seen[0] == ident:
+            self._seen.move_to_end(sha256)
+            return seen[1]
+        key = (sha256, ident)
+        task = self._pending.get(key)
+        if task is None:
+            if st.st_size <= INLINE_HASH_BYTES:
+                return self._remember(sha256, ident, _sha256_fd(fd, st.st_size) == sha256)
+            # its own task (not the request's): a client that hangs up does not cancel the hash
+            # others wait on, and the thread reads a dup of the fd, which the request may close
+            task = asyncio.ensure_future(asyncio.to_thread(_hash_dup, os.dup(fd), st.st_size))
+            self._pending[key] = task
+
+            def done(t: asyncio.Future) -> None:
+                self._pending.pop(key, None)
+                if not t.cancelled() and t.exception() is None:
+                    self._remember(sha256, ident, t.result() == sha256)
+
+            task.add_done_callback(done)
+        return (await asyncio.shield(task)) == sha256
+
+    def _remember(self, sha256: str, ident: tuple[int, ...], ok: bool) -> bool:
+        self.hashed += 1
+        self._seen[sha256] = (ident, ok)
+        self._seen.move_to_end(sha256)
+        while len(self._seen) > self.cap:
+            self._seen.popitem(last=False)
+        return ok
+
+
 STORE_KEY = web.AppKey("store_root", Path)
 CHUNK_KEY = web.AppKey("chunk_bytes", int)
 SENDFILE_KEY = web.AppKey("sendfile", bool)
+VERIFIED_KEY = web.AppKey("verified_objects", VerifiedObjects)
 
 
 def _suspicious(raw_path: str) -> bool:
@@ -513,6 +615,13 @@ async def _serve_object(request: web.Request, root: Path, res: _Resource) -> tup
         return _text(404, f"no object {path.name}"), 404, 0
     fd, st = opened
     with os.fdopen(fd, "rb", buffering=0) as f:
+        verified = request.app.get(VERIFIED_KEY)
+        if verified is not None and not await verified.matches(path.name, fd, st):
+            verified.refused += 1
+            log.error("object %s: its bytes do not hash to its name; refusing to serve it "
+                      "(`sakura store verify %s` names it; rebuild, then purge it from any edge)", path.name, root)
+            return _text(500, f"object {path.name[:12]}... on this server is damaged; not served",
+                         **{"Cache-Control": "no-store"}), 500, 0
         size = st.st_size
         etag = f'"{path.name}"'
         common = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": _OBJECT_CACHE_CONTROL}
@@ -582,33 +691,37 @@ async def _serve_small(request: web.Request, root: Path, res: _Resource) -> tupl
 
 
 def make_app(store_root: str | os.PathLike[str], *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-             sendfile: bool = True) -> web.Application:
-    """The aiohttp application serving ``store_root`` (must exist).
+             sendfile: bool = True, verify_objects: bool = True) -> web.Application:
+    """The aiohttp application serving ``store_root`` (a store: `store_format` refuses anything else).
 
     ``sendfile``: send object bodies with the kernel's sendfile (default); else read ``chunk_bytes``
-    at a time and write them (the fallback path, also used where sendfile is unavailable)."""
+    at a time and write them (the fallback path, also used where sendfile is unavailable).
+    ``verify_objects``: serve an object only if its bytes hash to its name (`VerifiedObjects`);
+    False only to measure what the check costs (``sakura bench faults``)."""
     root = Path(store_root).resolve()
-    if not root.is_dir():
-        raise FileNotFoundError(f"store directory {root} does not exist")
+    store_format(root)  # NotAStore (one line) for a missing path, a file or a folder that is no store
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
     app = web.Application()
     app[STORE_KEY] = root
     app[CHUNK_KEY] = chunk_bytes
     app[SENDFILE_KEY] = bool(sendfile)
+    if verify_objects:
+        app[VERIFIED_KEY] = VerifiedObjects()
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
 
 
 async def start_server(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 0,
                        chunk_bytes: int = DEFAULT_CHUNK_BYTES, sendfile: bool = True,
-                       limits: ConnectionLimits | None = None) -> tuple[web.AppRunner, str]:
+                       limits: ConnectionLimits | None = None, verify_objects: bool = True) -> tuple[web.AppRunner, str]:
     """Start serving in the running event loop; returns (runner, base URL). ``port=0`` picks a
     free port. Stop with ``await runner.cleanup()``. ``limits``: header/idle timeouts and the
     connection cap (``ConnectionLimits()`` defaults)."""
     limits = limits or ConnectionLimits()
     # access_log=None: aiohttp's default access log records client address and User-Agent.
-    runner = web.AppRunner(make_app(store_root, chunk_bytes=chunk_bytes, sendfile=sendfile), access_log=None,
+    runner = web.AppRunner(make_app(store_root, chunk_bytes=chunk_bytes, sendfile=sendfile, verify_objects=verify_objects),
+                           access_log=None,
                            handle_signals=False, logger=protocol_log, max_line_size=MAX_FIELD_BYTES,
                            max_field_size=MAX_FIELD_BYTES, keepalive_timeout=limits.idle_timeout_s)
     await runner.setup()
@@ -634,7 +747,6 @@ async def running_server(store_root: str | os.PathLike[str], **kw) -> AsyncItera
 def serve_in_thread(store_root: str | os.PathLike[str], **kw) -> Iterator[str]:
     """Run the server on its own event loop in a daemon thread; yields the base URL. For tests
     and tools whose own code is synchronous or runs on another loop."""
-    from sakura.util.aiothread import running_in_thread
 
     with running_in_thread(lambda: start_server(store_root, **kw), lambda started: started[0].cleanup(),
                            name="sakura-serve", exception_handler=_exception_handler) as (_, url):
@@ -656,7 +768,7 @@ FrontFactory = Callable[[str, int], Awaitable[Front]]
 
 def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 8080,
                   chunk_bytes: int = DEFAULT_CHUNK_BYTES, limits: ConnectionLimits | None = None,
-                  front: FrontFactory | None = None) -> None:
+                  front: FrontFactory | None = None, verify_objects: bool = True) -> None:
     """Blocking entry point for ``sakura serve``; Ctrl-C stops it.
 
     With ``front`` (e.g. ``sakura.emulation.serve.pacing_front``: a measured trace replayed on one
@@ -666,7 +778,7 @@ def serve_forever(store_root: str | os.PathLike[str], *, host: str = "127.0.0.1"
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(_exception_handler)
         runner, url = await start_server(store_root, host=host, port=0 if front is not None else port,
-                                         chunk_bytes=chunk_bytes, limits=limits)
+                                         chunk_bytes=chunk_bytes, limits=limits, verify_objects=verify_objects)
         proxy = None
         try:
             if front is not None:

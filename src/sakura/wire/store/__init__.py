@@ -12,6 +12,7 @@ from sakura.wire.store.layout import check_name, check_sha256, manifest_relpath,
 from sakura.wire.store import manifest as _manifest
 from sakura.wire.store.manifest import *  # noqa: F403 (its __all__: the manifest types, listed once there)
 from sakura.wire.store.store import (
+    NotAStore,
     RenditionInput,
     Store,
     ObjectDamaged,
@@ -24,11 +25,12 @@ from sakura.wire.store.store import (
     atomic_write,
     put_object,
     sha256_file,
+    store_format,
 )
 
 __all__ = [
     "TemplateStore", "AsyncTemplateStore", "StoreNotFound", "StoreIntegrityError", "ObjectMissing", "ObjectDamaged",
     *_manifest.__all__,
-    "RenditionInput", "Store", "StoreError", "StoreStats", "StoreWriter", "TemplateStats", "VerifyReport",
+    "NotAStore", "store_format", "RenditionInput", "Store", "StoreError", "StoreStats", "StoreWriter", "TemplateStats", "VerifyReport",
     "atomic_write", "put_object", "sha256_file", "check_name", "check_sha256", "manifest_relpath", "object_relpath",
 ]

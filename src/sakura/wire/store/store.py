@@ -15,7 +15,9 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -29,7 +31,9 @@ from sakura.wire.store.layout import (
     NAME_RE,
     OBJECT_DIR,
     SHA256_RE,
+    STORE_MARKER,
     TMP_DIR,
+    WRITERS_LOCK,
     check_name,
     manifest_relpath,
 )
@@ -54,6 +58,13 @@ _HASH_CHUNK = 1 << 20  # bytes read per step when hashing files (bounded memory)
 
 class StoreError(RuntimeError):
     """The store on disk is unusable or inconsistent; the message names the file."""
+
+
+class NotAStore(StoreError, FileNotFoundError):
+    """The path given as a store is not one: missing, a regular file, or a folder without the
+    store's marker (`STORE_MARKER`). The message is one line naming the path. A `FileNotFoundError`
+    too, as `open_store` raised for a missing folder before the marker existed (callers' handlers
+    keep working)."""
 
 
 class ObjectMissing(StoreError, StoreNotFound):
@@ -201,6 +212,158 @@ def put_object(root: Path, data: bytes | bytearray | memoryview) -> ObjectRef:
     return ref
 
 
+# ------------------------------------------------------------------------------- store marker
+#: The on-disk format this code writes (`STORE_MARKER`'s ``format_version``) and the newest it reads.
+STORE_FORMAT_VERSION = 1
+#: What `store_format` answers for a store built before the marker existed (recognised, not
+#: rewritten by read-only commands; the next build or `gc` writes the marker: migrated).
+LEGACY_FORMAT_VERSION = 0
+_MARKER_SCHEMA = "sakura.store"
+
+
+def store_format(root: str | os.PathLike[str]) -> int:
+    """The format version of the store at ``root``, or `NotAStore` (one line) if it is none.
+
+    A store is a folder holding `STORE_MARKER` (``{"schema": "sakura.store", "format_version": 1}``),
+    written by the first build. ``index.json`` alone does not make one: a mistyped path (``/``, a
+    home folder) must fail an integrity check, not pass it with "0 objects". A store built before
+    the marker existed (``index.json`` of schema ``sakura.index`` beside ``manifests/`` and
+    ``objects/``) is recognised as `LEGACY_FORMAT_VERSION`."""
+    root = Path(root)
+    if not root.exists():
+        raise NotAStore(f"store {root} does not exist")
+    if not root.is_dir():
+        raise NotAStore(f"{root} is a file, not a store folder")
+    try:
+        data = read_store_file(root, STORE_MARKER, 4096)
+    except FileNotFoundError:
+        if _is_legacy_store(root):
+            return LEGACY_FORMAT_VERSION
+        raise NotAStore(f"{root} is not a sakura store (no {STORE_MARKER}; `sakura build {root}` makes one)") from None
+    except OSError as e:
+        raise NotAStore(f"{root / STORE_MARKER}: not a regular file in the store ({e.strerror or e})") from None
+    try:
+        d = parse_json(data, STORE_MARKER)
+        version = d["format_version"] if d.get("schema") == _MARKER_SCHEMA else None
+    except (ValueError, AttributeError):
+        version = None
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise NotAStore(f"{root / STORE_MARKER}: not a sakura store marker")
+    if version > STORE_FORMAT_VERSION:
+        raise NotAStore(f"{root}: store format {version} is newer than this sakura reads "
+                        f"({STORE_FORMAT_VERSION}); upgrade sakura")
+    return version
+
+
+def _is_legacy_store(root: Path) -> bool:
+    if not ((root / MANIFEST_DIR).is_dir() and (root / OBJECT_DIR).is_dir()):
+        return False
+    try:
+        idx = parse_json(read_store_file(root, INDEX_PATH, 1 << 30), INDEX_PATH)
+    except (OSError, ValueError):
+        return False
+    return isinstance(idx, dict) and idx.get("schema") == "sakura.index" and isinstance(idx.get("manifests"), list)
+
+
+def write_store_marker(root: Path) -> bool:
+    """Make ``root`` a store (new, empty or legacy): write `STORE_MARKER` unless it is there. True
+    if it was written. A folder holding a marker of another format is refused (`NotAStore`)."""
+    if (root / STORE_MARKER).exists() or (root / STORE_MARKER).is_symlink():
+        store_format(root)  # a newer format, or a damaged marker: refused before anything is written
+        return False
+    data = json.dumps({"schema": _MARKER_SCHEMA, "format_version": STORE_FORMAT_VERSION}, sort_keys=True) + "\n"
+    atomic_write(root, STORE_MARKER, data.encode())
+    return True
+
+
+# -------------------------------------------------------------------------- stale temporaries
+def stale_temp_files(root: Path) -> list[str] | None:
+    """``.tmp/...`` files no live writer owns (left by a killed build), relative to ``root``;
+    None when a writer is running (its temp files are in use, so none can be called stale)."""
+    tdir = root / TMP_DIR
+    if not tdir.is_dir():
+        return []
+    fd = _writers_lock_fd(root, create=False)
+    if fd is None:  # no writer ever held it here (or the folder is read-only): nothing can be live
+        return _temp_names(root)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        return _temp_names(root)
+    finally:
+        os.close(fd)
+
+
+def _temp_names(root: Path) -> list[str]:
+    """``.tmp/...`` entries but the writers' lock itself, sorted."""
+    lock = Path(WRITERS_LOCK).name
+    return sorted(f"{TMP_DIR}/{p.name}" for p in (root / TMP_DIR).iterdir() if p.name != lock)
+
+
+def _writers_lock_fd(root: Path, *, create: bool) -> int | None:
+    try:
+        if create:
+            (root / TMP_DIR).mkdir(exist_ok=True)
+        return os.open(root / WRITERS_LOCK, (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY)
+                       | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError:
+        return None
+
+
+def _remove_temps(root: Path, names: Iterable[str]) -> list[str]:
+    removed = []
+    for rel in names:
+        p = root / rel
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            removed.append(rel)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def begin_writing(root: Path) -> int:
+    """A writer's start: make ``root`` a store (`write_store_marker`), remove the temp files of
+    writers that died (only when no other writer is alive: then every ``.tmp/`` file is stale) and
+    hold `WRITERS_LOCK` shared until `end_writing` (or this process's death: the kernel drops the
+    lock). Returns the lock's fd."""
+    root.mkdir(parents=True, exist_ok=True)
+    if (root / STORE_MARKER).exists():
+        store_format(root)  # a newer format or a damaged marker: refused before anything is written
+    fd = _writers_lock_fd(root, create=True)
+    if fd is None:
+        raise StoreError(f"cannot open {root / WRITERS_LOCK} for writing")
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # another writer is alive: its temp files are in use; the next one to start alone cleans
+        else:
+            removed = _remove_temps(root, _temp_names(root))
+            if removed:
+                log.info("removed %d temp file(s) left by an interrupted build: %s", len(removed),
+                         ", ".join(removed[:3]))
+        # from exclusive (or nothing) to shared: other writers may start, and none cleans .tmp/
+        # while this one holds it (the marker's own temp file included)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        write_store_marker(root)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def end_writing(fd: int | None) -> None:
+    """Release `begin_writing`'s hold."""
+    if fd is not None:
+        os.close(fd)
+
+
 # ------------------------------------------------------------------------------------- writer
 @dataclass(frozen=True)
 class RenditionInput:
@@ -254,7 +417,7 @@ class StoreWriter:
         self.root = Path(root)
         self.model_fingerprint = check_name(model_fingerprint, "model fingerprint")
         self.template_id = check_name(template_id, "template id")
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._writing: int | None = begin_writing(self.root)  # marker, stale temps, held until commit
         self._template_ref: TemplateRef | None = None
         self._tables: list[Table] = []
         self._shards: list[Shard] = []
@@ -364,14 +527,27 @@ class StoreWriter:
                 _restore(self.root, rel, old)
                 raise
         self._committed = dest
+        self.close()
         return dest
+
+    def close(self) -> None:
+        """Stop writing (leaving the ``with`` block does it): another writer may now clean ``.tmp/``."""
+        end_writing(self._writing)
+        self._writing = None
 
     def __enter__(self) -> "StoreWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None and self._committed is None:
-            self.commit()
+        try:
+            if exc_type is None and self._committed is None:
+                self.commit()
+        finally:
+            self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_writing", None) is not None:
+            self.close()
 
 
 #: index.json's own version (unchanged when the manifest encoding moved to version 2)
@@ -498,6 +674,10 @@ class VerifyReport:
     checked_manifests: int = 0
     problems: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
+    #: ``.tmp/`` files no live writer owns (an interrupted build's; the next build removes them);
+    #: None when a build is writing now (its temp files are in use)
+    stale_temps: list[str] | None = field(default_factory=list)
+    format_version: int = STORE_FORMAT_VERSION
 
     @property
     def ok(self) -> bool:
@@ -513,8 +693,8 @@ class Store:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
-        if not self.root.is_dir():
-            raise StoreError(f"store directory {self.root} does not exist")
+        #: `store_format`: raises `NotAStore` for a missing path, a file, or a folder without the marker
+        self.format_version = store_format(self.root)
 
     def manifest_keys(self) -> list[tuple[str, str]]:
         """``(model_fingerprint, template_id)`` of every manifest on disk, sorted."""
@@ -669,7 +849,7 @@ class Store:
     def verify(self) -> VerifyReport:
         """Re-hash every object, validate every manifest and check every reference resolves to an
         object of the right size and checksum. Problems are listed with the file they concern."""
-        rep = VerifyReport()
+        rep = VerifyReport(format_version=self.format_version, stale_temps=stale_temp_files(self.root))
         rep.problems += [f"{rel}: is a symlink (serve refuses symlinks; the store must hold regular files)"
                          for rel in store_symlinks(self.root)]
         rep.problems += [f"{rel}: is not a regular file (a FIFO, socket or device; serve refuses it)"
@@ -719,12 +899,15 @@ class Store:
         """Delete objects no manifest refers to (e.g. left by an interrupted build) and stale temp
         files, if older than ``min_age_s`` seconds: a build in progress writes its objects before
         its manifest, so young orphans may be about to be referenced. Returns the deleted names.
-        Runs under the writer lock; refuses if any manifest is unreadable (its objects would look
-        like orphans)."""
-        import time as _time
-
-        now = _time.time()
+        Temp files no live writer owns (`stale_temp_files`) go whatever their age. Runs under the
+        writer lock; refuses if any manifest is unreadable (its objects would look like orphans). A
+        store built before the marker gets it (migrated) unless ``dry_run``."""
+        now = time.time()
         removed: list[str] = []
+        if not dry_run:
+            write_store_marker(self.root)
+        stale = stale_temp_files(self.root) or []
+        removed += stale if dry_run else _remove_temps(self.root, stale)
         with _locked(self.root):
             referenced: set[str] = set()
             for fp, tid, path in _scan_manifests(self.root):
@@ -741,7 +924,9 @@ class Store:
             tmp = self.root / TMP_DIR
             if tmp.is_dir():
                 for p in tmp.iterdir():
-                    if now - p.stat().st_mtime >= min_age_s:
+                    if p.name == Path(WRITERS_LOCK).name:
+                        continue
+                    if f"{TMP_DIR}/{p.name}" not in removed and now - p.stat().st_mtime >= min_age_s:
                         removed.append(f"{TMP_DIR}/{p.name}")
                         if not dry_run:
                             p.unlink()

@@ -13,8 +13,7 @@ def test_server_keeps_serving_with_idle_sockets_at_1_5x_the_fd_limit():
     # main: asyncio accepted until EMFILE, then retried every accept in a loop; normal requests
     # timed out for seconds at a time
     # a request not answered within 3 s counts as failed (main: 4 s stalls while accepts spun)
-    res = run_fd_pressure(fd_limit=64, idle_factor=1.5, duration_s=6.0, request_every_s=0.05, request_timeout_s=3.0,
-                          log=lambda s: None)
+    res = run_fd_pressure(fd_limit=64, idle_factor=1.5, duration_s=6.0, request_every_s=0.05, request_timeout_s=3.0)
     assert res["server_alive"]
     assert res["ok"] >= 4 and res["failed"] == 0, res
     assert res["server_log_lines"] < 20, res  # no log line per failed accept
