@@ -214,7 +214,7 @@ def match(
     _check_positive("--k", k)
     _check_positive("--candidates", candidates, allow_zero=True)
     _check_positive("--n-jobs", n_jobs, allow_zero=True)
-    from saeot.sae import load_sae_for_layer, parse_layer
+    from saeot.sae import parse_layer
 
     la, lb = parse_layer(layer_a), parse_layer(layer_b)
     if (acts_a is None) != (acts_b is None):
