@@ -1,6 +1,6 @@
 """`sakura bench realscale`: FLUX.2 Klein at the published shapes (random weights), as a user runs it.
 
-1. A random-weight Klein KV pipeline at a preset's shapes (`sakura.models.klein_random`: klein-4b,
+1. A random-weight Klein KV pipeline at a preset's shapes (`sakura.models.flux.klein_random`: klein-4b,
    klein-9b, or the CPU test preset `tiny`) written with `save_pretrained` in bf16 (fp32 on the CPU);
 2. loaded through ``klein:/folder@SIZE`` on the chosen device and dtype, exactly as a download
    (the second size reuses the loaded pipeline: same weights, a new `KleinImageModel`);
@@ -63,7 +63,7 @@ def pass_times(model: Any, photo, kv, prompt: str, steps: int, reps: int = 3) ->
     injected (what an edit runs first); ``cached_pass_s``: a later step, both references cached."""
     import torch
 
-    from sakura.models.klein import ForwardSlot, LazyTemplateLayers, latent_ids, text_ids
+    from sakura.models.flux.klein import ForwardSlot, LazyTemplateLayers, latent_ids, text_ids
 
     ad = model.adapter
     dev, dt = ad.device, ad.dtype
@@ -256,8 +256,8 @@ def run(preset: str = "tiny", sizes: Sequence[int] = (32, 64), *, device: str = 
 
     from sakura.cloud.builder.pipeline import DEFAULT_LADDER
     from sakura.models import load_model
-    from sakura.models.klein_image import KleinImageModel
-    from sakura.models.klein_random import PRESETS, weight_bytes, write_random_klein_folder
+    from sakura.models.flux.klein_image import KleinImageModel
+    from sakura.models.flux.klein_random import PRESETS, weight_bytes, write_random_klein_folder
     from sakura.util.device import peak_memory, resolve
 
     if preset not in PRESETS:

@@ -1,4 +1,5 @@
-"""The native decoders (`rans` + `kernels`, numba) against the plain reference decoders of the same
+"""The numba decoders (`rans` + `kernels`) and the C library (`native`, the default "native" engine
+where it is built) against the plain reference decoders of the same
 bitstream: bit-for-bit equal on random and real template KV, every rung and every upgrade; the rANS
 coder round-trips any symbols and tables (hypothesis); damaged input raises `CodecError` only and
 never yields non-finite KV; objects of the old wire version raise `VersionError`."""
@@ -159,6 +160,7 @@ def test_progressive_sparse_and_dense_refinements_equal_reference(big, sparse, l
     if lanes == 8 and not K.BYTE_SHUFFLE:
         pytest.skip("no 128-bit byte shuffle on this CPU")
 
+    monkeypatch.setenv("SAKURA_DECODER", "numba")   # these are the numba kernels' variants
     monkeypatch.setattr(PG, "SPARSE_REFINE", sparse)
     monkeypatch.setattr(K, "VECTOR_LANES", lanes)
     if mdt == "int32":

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .. import bitstream as bs
+from .. import native as NV
 from .. import entropy as E
 from .. import kernels as K
 from .. import quant as Q
@@ -254,15 +255,21 @@ class CacheGenCodec(Codec):
         return w.to_bytes(bs.KIND_SHARD, h, FORMAT_VERSION, header_dict=True)
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-               pool: Executor | None = None) -> LayerKV:
-        return self.decode_with(data, ident, tables, "native", pool)
+               pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
+        return self.decode_with(data, ident, tables, "native", pool, parsed)
 
     def decode_with(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-                    engine: str = "native", pool: Executor | None = None) -> LayerKV:
-        """`engine`: "native" (numba, releases the GIL) or "reference" (plain Python rANS + numpy,
+                    engine: str = "native", pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
+        """`engine`: "native" (libsakura_decode, `native`, where it covers the object, else numba), "numba"
+        (the numba kernels, releasing the GIL) or "reference" (plain Python rANS + numpy,
         what the native decoder is tested against bit for bit). `pool` (native only): threads that
-        share this one shard's rANS pieces (whole channels each); bit-equal to the serial decode."""
-        obj, dtype, shape = self._open(data, ident, tables)
+        share this one shard's rANS pieces (whole channels each); bit-equal to the serial decode.
+        `parsed`: the object's header as the caller parsed it (`decode_any`), not parsed again."""
+        if engine not in ("native", "numba", "reference"):
+            raise ValueError(f"cachegen: unknown engine {engine!r}")
+        use_native = engine == "native" and NV.available()
+        engine = "native" if engine == "numba" else engine   # below, "native" is the numba kernels
+        obj, dtype, shape = self._open(data, ident, tables, parsed=parsed)
         bs.require_version(obj, READ_VERSIONS, self.name)
         h = obj.header
         T, H, D = shape
@@ -304,6 +311,9 @@ class CacheGenCodec(Codec):
             if table.shape != (C, bins - 1):
                 raise bs.CorruptError(f"cachegen: histogram {kv} has shape {table.shape}, expected {(C, bins - 1)}")
             words, counts = obj.section(f"rans.{kv}"), obj.section(f"pieces.{kv}")
+            if not delta and use_native and dtype == torch.float16:
+                out.append(NV.cachegen_f16(T, C, bins, amax, table, words, counts).reshape(shape))
+                continue
             if not delta and engine == "native" and dtype == torch.float16:
                 out.append(_fp16_cm(_rans_decode(words, counts, model, T, C, False, engine, pool), amax, bins,
                                     pool).reshape(shape))

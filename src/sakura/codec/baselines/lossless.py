@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .. import bitstream as bs
+from .. import native as NV
 from ..base import finite, Codec, CodecTables, LayerKV, ShardKV, ShardId, check_params, register
 
 _INT_VIEW = {torch.float32: (torch.int32, "<u4"), torch.float16: (torch.int16, "<u2"),
@@ -46,11 +47,21 @@ class LosslessCodec(Codec):
                 w.add(name, a)
         return w.to_bytes(bs.KIND_SHARD, self._header(shard, ident, None))
 
-    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> LayerKV:
-        obj, dtype, shape = self._open(data, ident, None)
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
+               parsed: bs.Object | None = None) -> LayerKV:
+        obj, dtype, shape = self._open(data, ident, None, parsed=parsed)  # parsed: see `decode_any`
         iv, np_dt = _INT_VIEW[dtype]
         n = shape[0] * shape[1] * shape[2]
         out = []
+        planes = bool(obj.header["params"].get("zstd"))
+        if dtype == torch.float16 and NV.available():   # the native decoder (libsakura_decode)
+            out = []
+            for name in ("key", "value"):
+                a = obj.section(name)
+                if a.shape != ((2, n) if planes else (n,)) or a.dtype != np.dtype("|u1" if planes else "<u2"):
+                    raise bs.CorruptError(f"lossless: section {name} has shape {a.shape} and dtype {a.dtype}")
+                out.append(NV.lossless_f16(a, n, planes).reshape(shape))
+            return LayerKV(out[0], out[1], torch.ones(shape[0], dtype=torch.bool))
         for name in ("key", "value"):
             a = obj.section(name)
             if obj.header["params"].get("zstd"):

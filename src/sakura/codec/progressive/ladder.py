@@ -912,7 +912,10 @@ def encode_levels(codec, shard: ShardKV, ident: ShardId, tables: CodecTables | N
 # ---------------------------------------------------------------------------------------------
 # decode
 
-ENGINES = ("native", "reference")
+#: "native": libsakura_decode (`native`) where it covers the object, else the numba kernels;
+#: "numba": the numba kernels (the reference the C library is tested against, and its fallback);
+#: "reference": plain Python and numpy
+ENGINES = ("native", "numba", "reference")
 #: a refinement that changes at most this share of a part's coefficients (significant ones + new
 #: ones) runs sparse (`ProgressiveState._refine_sparse`): on the Klein layer, rung 2 refines K at
 #: ~2 %; the dense merge (`kernels.refine`) is faster where ~30 % change (V at rung 1: branches)
@@ -948,7 +951,7 @@ def magnitude_dtype(m0: int, planes: Sequence[int]) -> type:
 class ProgressiveState(LadderState):
     """Decoded magnitudes/signs of a shard at some rung; `upgrade` adds the next rung in place.
 
-    `engine`: "native" (numba kernels in `rans` / `kernels`, the GIL released throughout) or
+    `engine`: "numba" (or "native": numba kernels in `rans` / `kernels`, the GIL released throughout) or
     "reference" (plain Python rANS and numpy, the straightforward decoder the native one is
     tested against bit for bit)."""
 
@@ -1196,7 +1199,7 @@ class ProgressiveState(LadderState):
             if err:
                 raise bs.CorruptError(f"refinement or sign bits {kv} too short")
         rd.done()
-        self.level, self.last_crc = l, zlib.crc32(piece)
+        self.level, self.last_crc = l, obj.whole_crc()
         return self
 
     def _refine_sparse(self, kv: str, counts: np.ndarray, sym: np.ndarray, nz: np.ndarray, sptr: np.ndarray, m: int,
@@ -1275,7 +1278,7 @@ class ProgressiveState(LadderState):
         step, planes, _m0, _n = self._part(kv)
         st = np.float32(step * 2.0 ** -planes[self.level])
         mag, neg = self.mag[kv], self.neg[kv]
-        if self.engine == "native":
+        if self.engine != "reference":
             out = np.empty((T, H * D), np.float32)
             K.reconstruct(mag, neg, lay.perm, H * D, st, self._off(kv), out)
             return out
@@ -1292,11 +1295,14 @@ class ProgressiveState(LadderState):
         out = []
         for kv in PARTS:
             n = self._part(kv)[3]
-            if self.engine == "native" and n:
+            if self.engine != "reference" and n and (fastdct.fits(n, H * D) or n not in fastdct.SIZES):
                 out.append(self._result_blocked(kv, n))
                 continue
+            # (the numba engine too where C is no multiple of the fused kernel's block: toy shapes
+            # such as the wire-format vectors' 8 channels, so that every decoder uses Lee's inverse
+            # on every power-of-two grid and the C library matches it bit for bit)
             x = self.coefficients(kv)
-            x = (fastdct.inverse_2d(x, n) if fastdct.fits(n, H * D) else inverse_f32(x, n)) if n else x
+            x = (fastdct.inverse_2d(x, n) if n in fastdct.SIZES else inverse_f32(x, n)) if n else x
             if self.scale.get(kv) is not None:
                 x /= self.scale[kv].astype(np.float32)[:, None]
             x += self.mean[kv].astype(np.float32)[None, :]
@@ -1422,26 +1428,39 @@ def inverse_f32(c: np.ndarray, n: int) -> np.ndarray:
 
 
 def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: CodecTables | None, dtype,
-                shape, engine: str = "native", pool: Executor | None = None, borrow: bool = False) -> ProgressiveState:
+                shape, engine: str = "native", pool: Executor | None = None, borrow: bool = False
+                ) -> "ProgressiveState | Any":
+    """The decode state of a ladder's base object: libsakura_decode's (`native.ProgState`) where it
+    covers the object and `engine` is "native", else a `ProgressiveState` (numba or reference)."""
+    if engine == "native":
+        from .. import native as NV
+
+        if NV.prog_supported(obj.header, dtype, shape):
+            bs.require_version(obj, READ_VERSIONS, codec.name)
+            layer = obj.header.get("layer", 0)
+            return NV.ProgState(codec, obj.header, obj.version, shape, tables,
+                                layer if isinstance(layer, int) else 0, pool).start(obj, obj.whole_crc())
+        engine = "numba"
     st = ProgressiveState(codec=codec, ident=ident, tables=tables, dtype=dtype, shape=shape, header=obj.header,
-                          engine=engine, pool=pool, borrow=borrow and engine == "native")
-    st.start(obj, zlib.crc32(piece))
+                          engine=engine, pool=pool, borrow=borrow and engine != "reference")
+    st.start(obj, obj.whole_crc())
     return st
 
 
 def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, engine: str = "native",
-                pool: Executor | None = None) -> LayerKV:
+                pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
     """Decode every complete rung of `data` with `engine` ("reference": the plain decoder the native
     one is tested against; the bench's reference column). `pool` (native only): threads that share
     this one shard's rANS pieces, token rows and channel blocks; the output is the serial one bit
     for bit. One-shot: the native state's magnitudes live in the calling thread's scratch memory
-    (`kernels.scratch`; the result refers to none of it)."""
+    (`kernels.scratch`; the result refers to none of it). `parsed`: the base object as the caller
+    parsed it (`Codec._open`)."""
     mv = memoryview(data)
     spans = list(bs.split_objects(mv))
     if not spans or spans[-1][1] != len(mv):
         raise bs.TruncatedError("progressive ladder truncated")
     first = bytes(mv[spans[0][0]:spans[0][1]])
-    obj, dtype, shape = codec._open(first, ident, tables)
+    obj, dtype, shape = codec._open(first, ident, tables, parsed=parsed)
     if obj.header.get("prog") is None or obj.header.get("level") != 0:
         raise bs.CorruptError("not the base object of a progressive ladder")
     pieces = [bytes(mv[a:e]) for a, e in spans[1:]]
@@ -1503,9 +1522,10 @@ class ProgressiveCodec(Codec):
         return b"".join(self.encode_levels(shard, ident, tables))
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-               pool: Executor | None = None) -> LayerKV:
-        """`pool`: threads that share this one shard (see `decode_with`); bit-equal to the serial decode."""
-        return decode_with(self, data, ident, tables, "native", pool)
+               pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
+        """`pool`: threads that share this one shard (see `decode_with`); bit-equal to the serial
+        decode. `parsed`: the base object's header as the caller parsed it (`decode_any`)."""
+        return decode_with(self, data, ident, tables, "native", pool, parsed)
 
     def start_state(self, piece: bytes, ident: ShardId, tables: CodecTables | None) -> ProgressiveState:
         obj, dtype, shape = self._open(piece, ident, tables, kind=bs.KIND_SHARD)

@@ -115,7 +115,7 @@ def test_klein_differentiable_edit_equals_edit_and_sketches(tmp_path):
     """`KleinImageModel.differentiable_edit` (the adapter's no_grad lifted): the same images as
     `edit`, and the sketch reaches every layer's keys and values."""
     pytest.importorskip("diffusers")
-    from sakura.models.klein_random import write_random_klein_folder
+    from sakura.models.flux.klein_random import write_random_klein_folder
 
     write_random_klein_folder(tmp_path / "k", "tiny", dtype=torch.float32)
     model = load_model(f"klein:{tmp_path / 'k'}@32", device="cpu", dtype="fp32")
