@@ -95,8 +95,11 @@ def run(runs: int, out: Path, save: bool = False, seed: int = 1, log: Callable[[
                             str(Path(tmp) / "seeds")], capture_output=True, text=True)
             for f in CORPUS.iterdir():
                 f.unlink()
+            # the seeds are the vectors (regenerated for every replay): only what fuzzing added is saved
+            seed_bytes = {f.read_bytes() for f in (Path(tmp) / "seeds").iterdir()}
             for f in merged.iterdir():
-                shutil.copy(f, CORPUS / f.name)
+                if f.read_bytes() not in seed_bytes:
+                    shutil.copy(f, CORPUS / f.name)
     report = {"executions": int(stats.get("number_of_executed_units", done[-1] if done else 0)),
               "runs_asked": runs, "seconds": round(wall, 1),
               "execs_per_s": round(int(stats.get("number_of_executed_units", 0)) / wall, 1) if wall else None,
