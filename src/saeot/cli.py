@@ -82,7 +82,8 @@ def _check_folder(option: str, path: Path, what: str) -> None:
 SOLVER_CHOICES = ("exact", "sinkhorn", "sinkhorn-debiased", "sliced")
 STRATEGY_CHOICES = ("nn", "hungarian", "mutual")
 SPACE_CHOICES = ("reference", "linear", "pca")
-METHOD_CHOICES = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "all")
+METHOD_CHOICES = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "sae-match-folded-encdec", "act-corr",
+                  "xact", "all")
 TASK_CHOICES = ("addition", "successor")
 
 
@@ -120,20 +121,10 @@ def collect(
         _check_folder("--exclude", exclude, "an activation cache from `saeot collect`")
     if text is not None:
         _check_folder("--text", text, "a text file, a folder of text files or a .jsonl file")
-    from saeot.collect import collect_activations, excluding_chunks
-    from saeot.corpus import chunk_corpus, chunk_documents, user_documents
-    from saeot.models import load_model
+    from saeot.api import collect_cache
 
-    docs = user_documents(text, text_field) if text is not None else None  # bad text fails before the model loads
-    lm = load_model(model, device=device)
-    chunks = chunk_documents(lm.tokenizer, docs, n_tokens, ctx_len) if docs is not None else \
-        chunk_corpus(lm.tokenizer, n_tokens, ctx_len, src)
-    if exclude is not None:
-        chunks = excluding_chunks(chunks, exclude)
-        if not chunks:
-            _fail(f"every chunk of the first {n_tokens} corpus tokens is in {exclude}; raise --n-tokens")
-    collect_activations(lm, chunks, out, _layers(layers), batch_size, source=None if text is None else text)
-    typer.echo(f"cached {len(chunks) * ctx_len} tokens x layers {layers} of {model} in {out} (device {lm.device})")
+    collect_cache(out, model=model, n_tokens=n_tokens, ctx_len=ctx_len, layers=_layers(layers), batch_size=batch_size,
+                  sources=src, text=text, text_field=text_field, exclude=exclude, device=device, log=typer.echo)
 
 
 @app.command("train-sae")
@@ -147,7 +138,12 @@ def train_sae(
     batch_size: int = typer.Option(1024),
     lr: float = typer.Option(1e-3),
     aux_k: int = typer.Option(-1, help="AuxK: dead features used to model the residual (-1 = min(d_sae/2, 4k), 0 = off)."),
-    seed: int = typer.Option(0, help="Initialisation and batch-sampling seed."),
+    seed: int = typer.Option(0, help="Base seed: layer l's SAE is initialised from its own seed (saeot.api.layer_seed), "
+                             "so no two layers start from the same random decoder."),
+    same_seed: bool = typer.Option(False, "--same-seed", help="Initialise every layer from --seed itself (the "
+                                   "pre-issue-44 behaviour; decoder cosine then matches features by index)."),
+    architecture: str = typer.Option("topk", help="topk (TopK + AuxK) or jumprelu (per-feature thresholds "
+                                     "trained to an L0 of --k)."),
     stop_after: int = typer.Option(0, help="Run at most this many steps per layer now, checkpoint, resume on the "
                                    "next call (0 = train to --steps)."),
     extra_acts: Optional[list[Path]] = typer.Option(None, help="Training-only activation cache (`saeot collect "
@@ -163,67 +159,18 @@ def train_sae(
     for opt, v in (("--d-sae", d_sae), ("--k", k), ("--steps", steps), ("--batch-size", batch_size)):
         _check_positive(opt, v)
     _check_positive("--stop-after", stop_after, allow_zero=True)
+    _check_choice("--architecture", architecture, ("topk", "jumprelu"))
     if k > d_sae:
         _fail(f"--k {k} must be <= --d-sae {d_sae}")
     _check_folder("--acts", acts, "run `saeot collect`")
     extra_acts = list(extra_acts or [])
     for x in extra_acts:
         _check_folder("--extra-acts", x, "run `saeot collect --exclude ACTS`")
-    import numpy as np
+    from saeot.api import train_saes
 
-    from saeot.collect import chunk_token_set, load_activations, load_manifest
-    from saeot.evaluate import chunk_split
-    from saeot.bench import write_json
-    from saeot.sae import sae_metadata, sae_report, save_sae, train_topk_sae
-
-    man = load_manifest(acts)
-    todo = man["layers"] if _layers(layers) is None else _layers(layers)
-    split = chunk_split(load_activations(acts, "chunk"))
-    # the guarantee that judged tokens stay outside training, checked on token content, not on names
-    held = chunk_token_set(acts, split["held"]) if extra_acts else set()
-    for x in extra_acts:
-        shared = held & chunk_token_set(x)
-        if shared:
-            _fail(f"--extra-acts {x} holds {len(shared)} val/test chunks of --acts {acts}; "
-                  f"collect it with --exclude {acts}")
-        man_x = load_manifest(x)
-        missing = [l for l in todo if l not in man_x["layers"]]
-        if missing or man_x["model"] != man["model"]:
-            _fail(f"--extra-acts {x} lacks layers {missing} or is from another model ({man_x['model']})")
-    rpath = out / "report.json"
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-    for l in todo:
-        X = load_activations(acts, l)
-        X_fit = X[split["fit"]]
-        if extra_acts:
-            X_fit = np.concatenate([X_fit] + [load_activations(x, l) for x in extra_acts], 0)
-        ck = out / "checkpoints" / f"layer_{l}.pt"
-        sae = train_topk_sae(X_fit, d_sae, k, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
-                             aux_k=None if aux_k < 0 else aux_k, cfg=sae_metadata(man["model"], l),
-                             checkpoint=ck, stop_after=stop_after or None)
-        if sae is None:
-            typer.echo(f"layer {l}: checkpointed at {ck} (run again to continue)")
-            continue
-        save_sae(sae, out / f"layer_{l}")
-        rep = sae_report(sae, X[split["held"]])
-        # val and test apart too: a recipe is chosen on val, and test is reported once
-        for part in ("val", "test"):
-            p_rep = sae_report(sae, X[split[part]])
-            rep[f"fvu_{part}"], rep[f"n_tokens_{part}"] = p_rep["fvu"], p_rep["n_tokens"]
-        fit_rep = sae_report(sae, X_fit[:40960])
-        rep["dead_frac_train"], rep["fvu_train"] = fit_rep["dead_frac"], fit_rep["fvu"]
-        rep.update({"d_sae": d_sae, "k": k, "steps": steps, "batch_size": batch_size, "seed": seed, "lr": lr, "train_tokens": len(X_fit),
-                    "extra_acts": (None if not extra_acts else str(extra_acts[0]) if len(extra_acts) == 1
-                                   else [str(x) for x in extra_acts]),
-                    "held_out": "val + test chunks (saeot.evaluate.chunk_split), never trained on"})
-        typer.echo(f"layer {l}: FVU {rep['fvu']:.3f} (val {rep['fvu_val']:.3f}, test {rep['fvu_test']:.3f})  "
-                   f"L0 {rep['l0']:.1f}  dead {rep['dead_frac']:.1%} (held-out {rep['n_tokens']} tokens; "
-                   f"dead on train {rep['dead_frac_train']:.1%})")
-        write_json(rep, out / f"layer_{l}" / "report.json")
-        # re-read before writing: another train-sae run may have added layers to the same folder meanwhile
-        reports = json.loads(rpath.read_text()) if rpath.exists() else {}
-        reports[str(l)] = rep
-        write_json(reports, rpath)  # atomic: a crash never leaves a half-written report.json
+    train_saes(acts, out, layers=_layers(layers), d_sae=d_sae, k=k, steps=steps, batch_size=batch_size, lr=lr,
+               aux_k=aux_k, seed=seed, same_seed_all_layers=same_seed, architecture=architecture,
+               stop_after=stop_after, extra_acts=extra_acts, log=typer.echo)
 
 
 @app.command()
@@ -276,41 +223,13 @@ def match(
         _check_folder("--acts", acts, "run `saeot collect`, or pass --acts-a/--acts-b")
     if sae_a is None or sae_b is None:
         _check_folder("--saes", saes, "run `saeot train-sae`, or pass --sae-a/--sae-b")
+    from saeot.api import match_layers
     from saeot.methods import METHODS
-    from saeot.pipeline import compare_methods, features_from_arrays, layer_pair
 
-    SA = load_sae_for_layer(sae_a if sae_a is not None else saes, la)
-    SB = load_sae_for_layer(sae_b if sae_b is not None else saes, lb)
-    if acts_a is not None:
-        from saeot.collect import load_array
-
-        Ha = load_array(acts_a, d=SA.d_in, what="--acts-a")
-        Hb = load_array(acts_b, d=SB.d_in, rows=len(Ha), what="--acts-b")
-        tokens = None if tokens_file is None else load_array(tokens_file, rows=len(Ha), integer=True, what="--tokens")
-        A, B = features_from_arrays(Ha, Hb, SA, SB, space=space, k=k, geometry=geometry)
-    else:
-        from saeot.collect import load_activations
-
-        A, B = layer_pair(acts, SA, SB, la, lb, space=space, k=k, geometry=geometry)
-        tokens = load_activations(acts, "tokens")
-    methods = METHODS if method == "all" else (method,)
-    res = compare_methods(A, B, tokens, methods=methods, strategy=strategy, solver=solver,
-                          candidates=candidates or None, progress=True, n_jobs=n_jobs or None, hubness=hubness)
-    doc = {"layer_a": la, "layer_b": lb, "space": space, "geometry": geometry, "hubness": hubness,
-           "k": k, "solver": solver, "strategy": strategy,
-           "methods": {n: {"seconds": r.seconds, "evaluated_pairs": r.evaluated,
-                           "top_token_jaccard": None if r.proxy != r.proxy else r.proxy,
-                           "strategy": "hungarian" if n == "sae-match-folded" else strategy,
-                           "n_matched": int(len(r.matching.src)),
-                           "src": r.matching.src.tolist(), "tgt": r.matching.tgt.tolist(),
-                           "dist": r.matching.dist.tolist()} for n, r in res.items()}}
-    from saeot.bench import write_json
-
-    write_json(doc, out)
-    for n, r in res.items():
-        jac = "n/a (no --tokens)" if r.proxy != r.proxy else f"{r.proxy:.3f}"
-        typer.echo(f"{n:>16}: {len(r.matching.src)} matched, top-token Jaccard {jac}, "
-                   f"{r.seconds:.1f} s, {r.evaluated} pairs evaluated")
+    match_layers(out, layer_a=la, layer_b=lb, acts=acts, saes=saes, sae_a=sae_a, sae_b=sae_b, acts_a=acts_a,
+                 acts_b=acts_b, tokens_file=tokens_file, methods=METHODS if method == "all" else (method,),
+                 solver=solver, strategy=strategy, space=space, geometry=geometry, hubness=hubness, k=k,
+                 candidates=candidates or None, n_jobs=n_jobs or None, log=typer.echo)
 
 
 def _echo_planted(r: dict, width: int, rest) -> None:
@@ -324,7 +243,7 @@ def _echo_planted(r: dict, width: int, rest) -> None:
 
 @app.command()
 def bench(
-    out: Path = typer.Option(Path("docs/saeot"), help="Folder for JSON results and plots."),
+    out: Path = typer.Option(Path("runs/bench"), help="Folder for JSON results and plots (the manual's copies: docs/saeot)."),
     synthetic: bool = typer.Option(True, help="Planted-match recovery vs samples."),
     acts: Optional[Path] = typer.Option(None, help="Activation cache: also bench real layer pairs."),
     saes: Optional[Path] = typer.Option(None, help="SAEs (layer_<l>/) for --acts."),
@@ -408,7 +327,7 @@ def evaluate(
     settings: str = typer.Option("shared,disjoint", help="shared and/or disjoint (fit tokens of the two layers)."),
     strategies: str = typer.Option("nn,hungarian,mutual", help="Matching strategies."),
     select_metric: str = typer.Option("judge", help="Metric the configuration is chosen by, on the val split."),
-    out: Path = typer.Option(Path("docs/saeot/evaluation.json")),
+    out: Path = typer.Option(Path("runs/evaluation.json")),
 ) -> None:
     """Non-circular matching evaluation: held-out val/test chunks outside the SAEs' training data
     (MiniLM judge, token Jaccard), disjoint corpora, interventions, NN / Hungarian / mutual-NN, hub
@@ -456,26 +375,15 @@ def evaluate(
     configs = cfgs
     _check_folder("--acts", acts, "run `saeot collect`")
     _check_folder("--saes", saes, "run `saeot train-sae`")
-    from saeot.bench import write_json
-    from saeot.evaluate import choose_config, evaluate_pair, markdown_summary
-    from saeot.models import load_model
-    from saeot.sae import load_sae_for_layer
+    from saeot.api import evaluate_pairs
+    from saeot.evaluate import markdown_summary
 
-    lm = load_model(model)
-    res = {}
-    for la, lb in prs:
-        res[f"{la}->{lb}"] = evaluate_pair(acts, load_sae_for_layer(saes, la), load_sae_for_layer(saes, lb), la, lb,
-                                           lm=lm, n_eval=n_eval, n_intervene=n_intervene, configs=configs,
-                                           settings=tuple(_csv(settings)), strategies=tuple(_csv(strategies)),
-                                           n_chunks=n_chunks, log=typer.echo)
-        write_json({"pairs": res}, out)  # after every pair: a partial result survives an interruption
-    choice = choose_config(res, metric=select_metric, setting=_csv(settings)[0])
-    write_json({"pairs": res, "selection": choice}, out)
-    show = [configs[0].name] + ([choice["chosen"]] if choice["chosen"] not in (None, configs[0].name) else [])
-    md = (f"Default: {configs[0].name}; chosen on the val split by {select_metric} (NN): {choice['chosen']}\n"
-          + markdown_summary(res, split="test", configs=show))
-    out.with_suffix(".md").write_text(md + "\n")
-    typer.echo(md)
+    doc = evaluate_pairs(acts, saes, prs, model=model, out=out, n_eval=n_eval, n_intervene=n_intervene,
+                         configs=configs, settings=_csv(settings), strategies=_csv(strategies), n_chunks=n_chunks,
+                         select_metric=select_metric, log=typer.echo)
+    show = [configs[0].name] + ([doc["selection"]["chosen"]]
+                                if doc["selection"]["chosen"] not in (None, configs[0].name) else [])
+    typer.echo(markdown_summary(doc["pairs"], split="test", configs=show))
     typer.echo(f"wrote {out} and {out.with_suffix('.md')}")
 
 
@@ -485,7 +393,7 @@ def summarize(
     select_metric: str = typer.Option("judge", help="Metric the configuration is chosen by, on the val split."),
     select_pairs: str = typer.Option("", help="Pairs (e.g. 9:18,9:10) whose val split chooses the configuration "
                                      "(default: all pairs; only configurations run on all of them compete)."),
-    out: Path = typer.Option(Path("docs/saeot/eval/summary.md")),
+    out: Path = typer.Option(Path("runs/summary.md")),
 ) -> None:
     """Verdict tables over several evaluations: per pair (adjacent / distant) and metric, paired
     OT - decoder-cosine and OT - SAE-Match intervals on the test split, for the default and the
@@ -539,7 +447,7 @@ def bench_speed(
     prefilters: str = typer.Option("sliced,pca-sliced,pca-bound,bound-mid",
                                    help="Pre-filters whose candidate recall is measured and exact run timed."),
     pruned: bool = typer.Option(True, help="Also time exact NN by lower-bound pruning (slow)."),
-    out: Path = typer.Option(Path("docs/saeot/speed.json")),
+    out: Path = typer.Option(Path("runs/speed.json")),
 ) -> None:
     """Wall time of all-pairs OT between two layers: sliced, exact on candidates, PCA-64, per core, legacy."""
     for opt, v in (("--k", k), ("--candidates", candidates), ("--recall-sources", recall_sources)):
@@ -591,7 +499,13 @@ def reproduce(
         md = out / "results.md"
         atomic_write(md, tables(out, preset).encode("utf-8"))
     else:
-        md = run(preset, out, only=only, log=typer.echo)
+        from saeot.reproduce import Interrupted
+
+        try:
+            md = run(preset, out, only=only, log=typer.echo)
+        except Interrupted as e:
+            typer.echo(f"saeot: {e}", err=True)
+            raise typer.Exit(130)  # 128 + SIGINT, as a shell reports an interrupted command
     if docs is not None:
         atomic_write(docs, md.read_bytes())
     typer.echo(f"wrote {md}" + (f" and {docs}" if docs else ""))
@@ -607,8 +521,14 @@ def bench_width(
     recall_sources: int = typer.Option(64, help="Sources whose exact NN is found by pruned search (recall)."),
     device: str = typer.Option("auto", help="Candidate search device: auto (cuda, mps, cpu), cpu, cuda, mps."),
     uncovered: bool = typer.Option(False, "--uncovered", help="Hard case: features without a counterpart too."),
+    support_dtype: str = typer.Option("float32", help="Storage of the shared token array the supports are "
+                                      "gathered from: float32 or float16 (half the memory; costs stay float32)."),
+    no_recall: bool = typer.Option(False, "--no-recall", help="Skip the recall check (time and memory only)."),
+    no_exact: bool = typer.Option(False, "--no-exact", help="Stop after the candidate search (memory plan at "
+                                  "widths whose exact stage is too long here; implies --no-recall)."),
     seed: int = typer.Option(0),
-    out: Path = typer.Option(Path("docs/saeot/width.json")),
+    out: Path = typer.Option(Path("runs/width.json"), help="Result JSON (the manual's copies live in docs/saeot/; "
+                             "pass --out there to replace them)."),
 ) -> None:
     """All-pairs exact W2 nearest neighbours at SAE width on synthetic layers (saeot.width): wall
     time by stage and recall of the exact NN, for every width in one run."""
@@ -616,6 +536,7 @@ def bench_width(
     for opt, v in (("--k", k), ("--d", d), ("--candidates", candidates), ("--recall-sources", recall_sources)):
         _check_positive(opt, v)
     _check_choice("--prefilter", prefilter, ("sliced", "pca-sliced"))
+    _check_choice("--support-dtype", support_dtype, ("float32", "float16"))
     from saeot.bench import write_json
     from saeot.models import resolve_device
     from saeot.width import width_bench
@@ -628,7 +549,9 @@ def bench_width(
     if min(ws) < 2:
         _fail("--widths must be >= 2")
     r = width_bench(ws, k=k, d=d, candidates=candidates, prefilter=prefilter, recall_sources=recall_sources,
-                    device=dev, seed=seed, cover=not uncovered, log=typer.echo)
+                    device=dev, seed=seed, cover=not uncovered, support_dtype=support_dtype, recall=not no_recall,
+                    exact=not no_exact,
+                    log=typer.echo)
     write_json(r, out)
     typer.echo(f"wrote {out}")
 

@@ -192,7 +192,9 @@ def chunk_corpus(tokenizer, n_tokens: int, ctx_len: int = 128, sources: tuple[st
     return out
 
 
-def _doc_chunks(tokenizer, text, ctx_len: int):
+def _doc_chunks(tokenizer, text, ctx_len: int, tail: list | None = None):
+    """Whole ``ctx_len``-token chunks of one document; the last tokens that do not fill a chunk
+    are appended to ``tail`` (their count) when the document is exhausted."""
     if callable(text):  # a lazy document (extra sources): read it only when its first chunk is needed
         text = text()
     # Tokenise in slices of ~20k characters so huge documents do not stall the first chunk.
@@ -202,6 +204,8 @@ def _doc_chunks(tokenizer, text, ctx_len: int):
         while len(buf) >= ctx_len:
             yield buf[:ctx_len]
             buf = buf[ctx_len:]
+    if tail is not None:
+        tail.append(len(buf))
 
 
 def chunks_fingerprint(chunks: list[list[int]]) -> str:
@@ -265,15 +269,22 @@ def user_documents(path: Path, field: str | None = None) -> list[str]:
     return docs
 
 
-def chunk_documents(tokenizer, docs: list[str], n_tokens: int, ctx_len: int = 128) -> list[list[int]]:
+def chunk_documents(tokenizer, docs: list[str], n_tokens: int, ctx_len: int = 128,
+                    stats: dict | None = None) -> list[list[int]]:
     """Token chunks of ``ctx_len`` from the user's ``docs``, round-robin over documents (as
     :func:`chunk_corpus` does for the bundled sources) until ``n_tokens``; fewer if the text runs
-    out.  Raises :class:`saeot.errors.TextInputError` if not one chunk fits."""
+    out.  Raises :class:`saeot.errors.TextInputError` if not one chunk fits.
+
+    The tokens at the end of a document that do not fill a whole chunk are not collected (every
+    chunk has the same length, without padding); ``stats`` (a dict, optional) receives
+    ``text_tokens_kept``, ``tail_tokens_dropped`` and ``documents_with_tail`` for the documents read
+    to their end, and ``text_tokens`` = kept + dropped, so the caller can say what was left out."""
     from saeot.errors import TextInputError
 
     if ctx_len < 2 or n_tokens < 1:
         raise ValueError(f"need ctx_len >= 2 and n_tokens >= 1, got {ctx_len}, {n_tokens}")
-    streams = [iter(_doc_chunks(tokenizer, d, ctx_len)) for d in docs]
+    tails: list[int] = []
+    streams = [iter(_doc_chunks(tokenizer, d, ctx_len, tails)) for d in docs]
     out: list[list[int]] = []
     while streams and len(out) * ctx_len < n_tokens:
         alive = []
@@ -283,6 +294,11 @@ def chunk_documents(tokenizer, docs: list[str], n_tokens: int, ctx_len: int = 12
                 out.append(c)
                 alive.append(st)
         streams = alive
+    if stats is not None:
+        kept = len(out) * ctx_len
+        stats.update({"text_tokens_kept": kept, "tail_tokens_dropped": int(sum(tails)),
+                      "documents_with_tail": int(sum(1 for t in tails if t)), "text_tokens": kept + int(sum(tails))})
     if not out:
-        raise TextInputError(f"the text holds fewer than --ctx-len={ctx_len} tokens: no chunk to collect")
+        raise TextInputError(f"the text holds fewer than --ctx-len={ctx_len} tokens ({sum(tails)} tokens): "
+                             "no chunk to collect")
     return out

@@ -1,3 +1,3 @@
-from sakura.cli.main import app
+from sakura.cli.main import main
 
-app()
+main()

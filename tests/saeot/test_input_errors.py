@@ -67,6 +67,10 @@ CASES = {
                       "not a residual-stream hook"),
     "truncated weights": (lambda f: (f / "sae_weights.safetensors").write_bytes(
         (f / "sae_weights.safetensors").read_bytes()[:-100]), "truncated or corrupt"),
+    # issue 44: a 91-line RecursionError, an unbounded read, and an accepted all-zero decoder before
+    "cfg.json deeply nested": (lambda f: (f / "cfg.json").write_text("[" * 200_000 + "]" * 200_000), "nested too deeply"),
+    "cfg.json huge": (lambda f: (f / "cfg.json").write_text("{" + " " * (2 << 20) + "}"), "byte limit"),
+    "W_dec all zero": (lambda f: _edit_weights(f, lambda w: w["W_dec"].fill(0.0)), "W_dec is all zeros"),
 }
 
 
@@ -97,7 +101,8 @@ def _match(tmp_path, sae_a, sae_b, la="resid_post.1", lb="resid_post.1", extra=(
                                     "--out", str(tmp_path / "m.json"), *extra])
 
 
-@pytest.mark.parametrize("case", ["W_dec all NaN", "W_dec transposed", "k many", "cfg.json invalid", "d_sae zero"])
+@pytest.mark.parametrize("case", ["W_dec all NaN", "W_dec transposed", "k many", "cfg.json invalid", "d_sae zero",
+                                  "cfg.json deeply nested", "W_dec all zero"])
 def test_cli_refuses_a_malformed_sae_with_status_2(tmp_path, case):
     _arrays(tmp_path)
     good = _good(tmp_path, "a")
@@ -198,3 +203,20 @@ def test_compress_takes_saes_by_path_and_checks_their_layer(tmp_path):
     assert r.exit_code == 2 and "used for layer 2" in r.output and len(r.output.strip().splitlines()) == 1
     r = CliRunner().invoke(app, ["compress", "--acts", str(tmp_path / "acts"), "--layers", "2", "--sae", "nonsense"])
     assert r.exit_code == 2 and "LAYER=PATH" in r.output
+
+
+def test_bf16_sae_loads_as_its_float32_values(tmp_path):
+    """A bfloat16 SAE (SAELens releases exist in bf16) passed the header check, then failed with
+    "data type 'bfloat16' not understood"; now it loads, widened exactly to float32."""
+    import torch
+    from safetensors.torch import load_file as load_torch, save_file as save_torch
+
+    folder = _good(tmp_path)
+    w = load_torch(str(folder / "sae_weights.safetensors"))
+    save_torch({n: t.to(torch.bfloat16) for n, t in w.items()}, str(folder / "sae_weights.safetensors"))
+    sae = load_sae(folder)
+    assert sae.W_dec.dtype == np.float32
+    np.testing.assert_array_equal(sae.W_dec, w["W_dec"].to(torch.bfloat16).float().numpy())
+    assert not np.array_equal(sae.W_dec, w["W_dec"].numpy())  # really rounded: the file was bf16
+    x = np.random.default_rng(0).standard_normal((5, D)).astype(np.float32)
+    assert sae.encode(x).shape == (5, F)

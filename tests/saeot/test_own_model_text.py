@@ -122,3 +122,25 @@ def test_device_auto_picks_an_available_device():
     assert resolve_device("auto") == want
     with pytest.raises(ValueError, match="--device 'tpu'"):
         resolve_device("tpu")
+
+
+def test_collect_text_reports_the_tail_it_leaves_out(own, tmp_path):
+    """Issue 44: `collect --text` kept 384 of 476 tokens and said nothing; every chunk has the same
+    length, so each document's last partial chunk is left out, and now the command says how much."""
+    from transformers import AutoTokenizer
+
+    from saeot.corpus import chunk_documents, user_documents
+
+    tok = AutoTokenizer.from_pretrained(own / "my-model")
+    docs = user_documents(own / "notes.txt")
+    n_text = sum(len(tok(d, add_special_tokens=False)["input_ids"]) for d in docs)
+    stats: dict = {}
+    chunks = chunk_documents(tok, docs, 10 ** 9, 100, stats=stats)
+    assert stats["text_tokens"] == n_text and stats["text_tokens_kept"] == 100 * len(chunks)
+    assert 0 < stats["tail_tokens_dropped"] == n_text - 100 * len(chunks)
+    r = CliRunner().invoke(app, ["collect", "--model", str(own / "my-model"), "--text", str(own / "notes.txt"),
+                                 "--n-tokens", "100000", "--ctx-len", "100", "--layers", "1",
+                                 "--out", str(tmp_path / "acts")])
+    assert r.exit_code == 0, r.output
+    assert (f"kept {stats['text_tokens_kept']:,} of {n_text:,} text tokens: {stats['tail_tokens_dropped']:,} tokens"
+            in r.output)

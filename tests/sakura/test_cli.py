@@ -56,8 +56,63 @@ def test_demo_end_to_end(tmp_path):
 
 def test_info_rejects_unknown_model():
     res = runner.invoke(app, ["info", "--model", "nope"])
-    assert res.exit_code != 0
-    assert "unknown model" in str(res.exception)
+    assert res.exit_code == 2
+    assert "unknown model 'nope'" in res.output
+
+
+def test_version():
+    import sakura
+
+    res = subprocess.run([sys.executable, "-m", "sakura", "--version"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == f"sakura-kv {sakura.__version__}", res
+
+
+# Each bad argument answers before torch, numba or a model loads (issue 45: they took 4-27 s):
+# the command runs in a child that reports, at exit, which heavy modules it had imported.
+_REPORT_HEAVY = ("import atexit, sys; atexit.register(lambda: print('HEAVY', sorted(m for m in ('torch', 'numba', "
+                 "'diffusers', 'numpy') if m in sys.modules), file=sys.stderr)); from sakura.cli.main import main; "
+                 "main(sys.argv[1:])")
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    (d / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)  # a PNG signature, then garbage
+    (d / "a-file").write_text("not a store")
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), (200, 120, 40)).save(d / "good.png")
+    return d
+
+
+@pytest.mark.parametrize("args, says", [
+    (["build", "{d}/store", "--template", "no-such-template"], "no template named 'no-such-template'"),
+    (["build", "{d}/store", "--template", "look-09"], "no template named 'look-09'"),
+    (["build", "{d}/store", "--model", "nope"], "unknown model 'nope'"),
+    (["build", "{d}/store", "--model", "klein:/nonexistent@512"], "/nonexistent: not a local folder"),
+    (["build", "{d}/store", "--model", "kontext:{d}/missing"], "missing: not a local folder"),
+    (["build", "{d}/a-file"], "a-file: is a file, not a store folder"),
+    (["build", "{d}/store", "--template", "mine={d}/photo.png", "--task", "look"], "not a readable image"),
+    (["edit", "{d}/photo.png", "--server", "http://127.0.0.1:9", "--template", "x"], "not a readable image"),
+    (["edit", "{d}/nothing.png", "--server", "http://127.0.0.1:9", "--template", "x"], "no such photo"),
+    (["edit", "{d}/good.png", "--server", "http://127.0.0.1:9", "--model", "nope"], "unknown model 'nope'"),
+    (["info", "--model", "klein:{d}/missing@64"], "missing: not a local folder"),
+])
+def test_bad_arguments_answer_before_anything_heavy_loads(bad_inputs, args, says):
+    argv = [a.format(d=bad_inputs) for a in args]
+    res = subprocess.run([sys.executable, "-c", _REPORT_HEAVY, *argv], capture_output=True, text=True, timeout=120)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2, res.stderr
+    assert len(lines) == 2 and lines[0].startswith("error: ") and says in lines[0], lines
+    assert lines[1] == "HEAVY []", lines  # nothing heavy was imported to say it
+
+
+def test_library_names_known_to_the_cli_are_the_librarys():
+    from sakura.cli.precheck import LIBRARY_TASKS, library_names
+    from sakura.cloud.tasks import TASK_NAMES, template_library
+
+    assert tuple(TASK_NAMES) == LIBRARY_TASKS
+    assert sorted(library_names()) == sorted(t.name for t in template_library(16))
 
 
 def test_demo_without_traces_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
@@ -67,3 +122,17 @@ def test_demo_without_traces_is_one_line_and_writes_nothing(tmp_path, monkeypatc
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "SAKURA_TRACES" in res.stderr, res.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_server_is_one_human_line():
+    """No ConnectionKey(...) dump: the host, the port and why, in one line (rc 2)."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = subprocess.run([sys.executable, "-m", "sakura", "templates", "--server", f"http://127.0.0.1:{port}"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip() == (f"error: cannot list the templates of http://127.0.0.1:{port}: cannot connect to "
+                                  f"127.0.0.1:{port} (Connection refused)"), res.stderr

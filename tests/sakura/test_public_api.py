@@ -72,8 +72,11 @@ def test_editor_rejects_bad_input_in_one_line(tmp_path):
         sakura.Editor("ftp://x")
     with pytest.raises(ValueError, match="policy must be one of"):
         sakura.Editor("http://127.0.0.1:9", policy="cachegen")
-    with pytest.raises(FileNotFoundError, match="is not a folder"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         sakura.open_store(tmp_path / "nope")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(FileNotFoundError, match="not a sakura store"):
+        sakura.open_store(tmp_path / "plain")
 
 
 def test_example_script_builds_serves_and_edits(tmp_path):
@@ -169,7 +172,7 @@ def test_a_wheel_installed_away_from_the_source_tree_edits(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
                         "-w", str(wheels), str(REPO)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    (wheel,) = wheels.glob("sakura-*.whl")
+    (wheel,) = wheels.glob("sakura_kv-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site = next((venv / "lib").glob("python3*/site-packages"))

@@ -39,7 +39,6 @@ from sakura.cloud.tasks.quality import psnr_per_image, ssim_per_image
 from sakura.codec import CodecTables, decode_any
 from sakura.codec.metrics import rel_error
 from sakura.models import MINI_WEIGHTS, load_model
-from sakura.models.klein import KleinAdapter, KleinReference
 from sakura.models.kv import LayerKV, TemplateKV
 from sakura.models.mini import MiniDiT
 from sakura.wire.store import Store
@@ -347,6 +346,7 @@ def worker_scaling(spec: str, shard: ShardKV, workers=(1, 2, 4), layers: int = 8
 def klein_tiny_coverage(specs: list[str]) -> dict[str, Any]:
     """Tiny random FLUX.2 (diffusers) template KV through every codec: shapes, bits, rel errors."""
     from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel  # the Klein path only
+    from sakura.models.flux.klein import KleinAdapter, KleinReference  # diffusers: the [flux] extra, only here
 
 
     torch.manual_seed(0)

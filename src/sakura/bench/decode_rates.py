@@ -173,7 +173,7 @@ def splits_a_shard(codec) -> bool:
 
 def reference_decoder(codec) -> Callable | None:
     """The plain reference decoder of `codec`'s bitstream (progressive ladders, CacheGen), or None."""
-    from sakura.codec import progressive as PG
+    from sakura.codec.progressive import ladder as PG
 
     if codec.name == "cachegen":
         return lambda data, ident, tables: codec.decode_with(data, ident, tables, "reference")
@@ -196,8 +196,7 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
     """Decode rates for every spec (and every layered rung) x layer size x worker count; with
     `reference`, the reference decoder's rate too (one run, at the smallest layer size: it decodes
     ~5 MB/s)."""
-    from sakura.codec import ShardId, codec_from_spec
-    from sakura.codec.rans import warm_up
+    from sakura.codec import ShardId, codec_from_spec, warm_up
 
     if not _WARM:
         _WARM.append(warm_up())
@@ -786,10 +785,9 @@ def side_by_side(old_src: str | Path, specs: Sequence[str] = ("progressive", "ca
 def _klein_renditions(specs: Sequence[str], tokens: int):
     """-> (ident, [(name, codec, blob, tables)]): every rung of every spec encoded from one Klein
     layer of `tokens` tokens, each decoded once so that nothing compiles while it is timed."""
-    from sakura.codec import ShardId, codec_from_spec
-    from sakura.codec import rans
+    from sakura.codec import ShardId, codec_from_spec, warm_up
 
-    rans.warm_up()
+    warm_up()
     # Alike to _SIDE_SNIPPET's encode loop, which must stay standalone (see there).
     shard = klein_layer(tokens)
     ident = ShardId("bench-decode", f"klein-{tokens}", 5)
@@ -808,11 +806,13 @@ def _klein_renditions(specs: Sequence[str], tokens: int):
 
 @contextlib.contextmanager
 def _timed_kernels(record: Callable[[str, float], None]):
-    """While inside, every numba entry point of `rans`, `kernels` and `_lee` reports
+    """While inside, every numba entry point of `rans`, `kernels` and `_lee`, and every function of
+    the native library (`sakura.codec.native`), reports
     record("module.name", thread-CPU seconds) after each call (timed from Python); restored after."""
     import numba
 
-    from sakura.codec import _lee, kernels, rans
+    from sakura.codec import kernels, rans
+    from sakura.codec.progressive import _lee
 
     def timed(label, f):
         def w(*a, **k):
@@ -823,6 +823,8 @@ def _timed_kernels(record: Callable[[str, float], None]):
                 record(label, time.thread_time() - c0)
         return w
 
+    from sakura.codec import native
+
     saved = []
     for mod in (rans, kernels, _lee):
         for name in dir(mod):
@@ -830,11 +832,20 @@ def _timed_kernels(record: Callable[[str, float], None]):
             if isinstance(f, numba.core.registry.CPUDispatcher):
                 saved.append((mod, name, f))
                 setattr(mod, name, timed(f"{mod.__name__.rsplit('.', 1)[-1]}.{name}", f))
+    lib = native._load()   # libsakura_decode's entry points (ctypes releases the GIL in them)
+    wrapped = []
+    if lib is not None:
+        for name in native._SIGS:
+            f = getattr(lib, name)
+            wrapped.append((name, f))
+            setattr(lib, name, timed(f"native.{name}", f))
     try:
         yield
     finally:
         for mod, name, f in saved:
             setattr(mod, name, f)
+        for name, f in wrapped:
+            setattr(lib, name, f)   # the foreign function itself again (restype / argtypes set)
 
 
 def gil_held(specs: Sequence[str] = ("progressive", "cachegen:level=3"), tokens: int = 1024, reps: int = 7,

@@ -1,6 +1,6 @@
 """Tiny FLUX.2 Klein end to end, as a user would run it (`sakura bench klein-e2e`, docs/model-flux2/klein.md).
 
-A complete tiny Klein KV pipeline (random weights; `sakura.models.klein_tiny`) written with
+A complete tiny Klein KV pipeline (random weights; `sakura.models.flux.klein_tiny`) written with
 save_pretrained; a templates.toml with two templates of one's own images + prompts (one with two
 reference images); `sakura build --library` (lossless + progressive ladder); the store served on
 127.0.0.1; a streamed edit through the live runtime at every rendition, against the on-device edit.
@@ -23,7 +23,7 @@ from sakura.cloud.builder.template_files import load_library_file
 from sakura.cloud.capture import calibration_photos
 from sakura.cloud.tasks.quality import psnr_per_image
 from sakura.models import load_model
-from sakura.models.klein_tiny import write_tiny_klein_folder
+from sakura.models.flux.klein_tiny import write_tiny_klein_folder
 from sakura.phone import BandwidthEstimator, FixedPolicy, RttEstimator
 from sakura.phone.live import DeviceProfile, streamed_edit
 from sakura.wire.server import serve_in_thread

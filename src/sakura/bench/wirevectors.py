@@ -79,6 +79,28 @@ def layer_kv(layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(key.astype(np.float16)), torch.from_numpy(value.astype(np.float16))
 
 
+#: the big-layout vectors' shard: the same formula at T = 16 tokens (a 4 x 4 grid, 7 bands), H = 56
+#: heads, D = 128: 114,688 coefficients per part, >= 16,384 per band, so the progressive coder
+#: groups symbols (rung-0 quads with escapes, several refinement values per symbol)
+BIG_HEADS, BIG_HEAD_DIM = 56, 128
+#: (file stem, codec spec, with tables): the big layouts, self-contained and with a table object
+#: (token scales, `weighting="importance"`, need tables: see docs/wire-format.md 4.8)
+BIG = (("progressive-big", "progressive:budgets=[0.5,1.5,3.0],allocate=\"none\"", False),
+       ("progressive-big-scaled", "progressive:budgets=[0.5,1.5,3.0],allocate=\"none\",weighting=\"importance\"",
+        True))
+
+
+def big_shard() -> ShardKV:
+    """The big-layout vectors' layer 0: `layer_kv`'s formula over BIG_HEADS x BIG_HEAD_DIM, and the
+    token importance w_t = 1 + (t mod 5) / 2 (what `weighting="importance"` turns into scales)."""
+    t, h, d = np.meshgrid(np.arange(TOKENS), np.arange(BIG_HEADS), np.arange(BIG_HEAD_DIM), indexing="ij")
+    key = np.sin(0.37 * t + 1.3 * h + 0.71 * d) * (1 + (d % 4) / 4)
+    value = np.cos(0.23 * t - 0.9 * h + 0.53 * d) * (2 - (h % 2))
+    imp = torch.from_numpy(1.0 + (np.arange(TOKENS) % 5) / 2.0).float()
+    return ShardKV(torch.from_numpy(key.astype(np.float16)), torch.from_numpy(value.astype(np.float16)),
+                   importance=imp, layer=0, num_layers=1)
+
+
 def template_images() -> torch.Tensor:
     """Two 4 x 4 RGB reference images (R = 2): pixel values k/255, exact in the 8-bit PNG."""
     k = (np.arange(2 * 3 * 4 * 4).reshape(2, 3, 4, 4) * 37) % 256
@@ -183,7 +205,7 @@ def generate(out: Path) -> dict[str, Any]:
         w.set_kv_layout({"layers": LAYERS, "tokens": TOKENS, "heads": HEADS, "head_dim": HEAD_DIM,
                          "dtype": "float16", "template_fingerprint": TEMPLATE_FP})
 
-    for private in (".lock", ".tmp"):   # the writer's lock and temp folder: never served, not vectors
+    for private in (".lock", ".tmp", ".writers.lock"):   # the writers' locks and temp folder: never served, not vectors
         q = out / "store" / private
         shutil.rmtree(q) if q.is_dir() else q.unlink(missing_ok=True)
 
@@ -202,6 +224,25 @@ def generate(out: Path) -> dict[str, Any]:
             rec["rungs"] = [{"prefix_bytes": e, "decoded": _decode_checked(data[:e], ident(0), None)}
                             for e in codec.level_ends(data)]
         entries.append(rec)
+
+    # the big progressive layouts (quads, escapes, grouped refinements; token scales with tables)
+    big = big_shard()
+    for stem, spec, with_tables in BIG:
+        codec = codec_from_spec(spec)
+        tables = codec.fit_tables([big]) if with_tables else None
+        data = codec.encode(big, ident(0), tables)
+        path = f"objects/{stem}.skkv"
+        (out / path).write_bytes(data)
+        tpath = None
+        if tables is not None:
+            tpath = f"objects/{stem}.tables.skkv"
+            (out / tpath).write_bytes(tables.to_bytes(table_ident))
+        entries.append({"name": stem, "path": path, "codec": codec.name, "spec": spec,
+                        "shape": [TOKENS, BIG_HEADS, BIG_HEAD_DIM],
+                        "version": bs.parse(data, whole=False).version, "identity": _ident_json(ident(0)),
+                        "tables": tpath, "decoded": _decode_checked(data, ident(0), tables),
+                        "rungs": [{"prefix_bytes": e, "decoded": _decode_checked(data[:e], ident(0), tables)}
+                                  for e in codec.level_ends(data)]})
 
     (out / "header-dict-1.bin").write_bytes(bs.HEADER_DICT_1)   # flag bit 1's zstd raw-content dictionary
     doc = {"schema": "sakura.wire-vectors", "schema_version": 1,
@@ -249,6 +290,100 @@ def check(root: Path) -> list[str]:
     return problems
 
 
+def _case_prog(pieces: list[bytes], tables: CodecTables | None) -> bytes:
+    """A progressive ladder's rungs (whole objects) as one native case body (native/tests/skn_case.h)."""
+    base = bs.parse(pieces[0])
+    h = base.header
+    T, H, D = (int(x) for x in h["shape"])
+    levels = int(h["levels"])
+    out = [struct.pack("<4i", T, H, D, levels)]
+    for kv in ("k", "v"):
+        e = h["prog"][kv]
+        planes = list(e["planes"]) + [0] * (16 - levels)
+        off = list(e.get("off") or []) + [0.0] * (16 - len(e.get("off") or []))
+        out.append(struct.pack("<d5i16i16d", float(e["step"]), int(e["m0"]), int(e["grid"]),
+                               int(np.dtype(e["mean"]).str == "<f4"), int(bool(e.get("scaled", False))),
+                               int(e.get("off") is not None), *planes, *off))
+    layer = int(h.get("layer", 0))
+    out.append(struct.pack("<I", int(tables is not None)))
+    if tables is not None:
+        for kv in ("k", "v"):
+            mu = tables.arrays.get(f"L{layer}.{kv}.mean")
+            out.append(struct.pack("<I", int(mu is not None)))
+            if mu is not None:
+                out.append(np.ascontiguousarray(mu, "<f4").tobytes())
+            for slot in range(17):
+                name = "e0q" if slot == 0 else f"e{slot - 1}"
+                a = tables.arrays.get(f"L{layer}.{kv}.{name}")
+                a = np.zeros((0, 0), np.uint8) if a is None else np.ascontiguousarray(a, np.uint8)
+                out.append(struct.pack("<2I", *a.shape) + a.tobytes())
+    out.append(struct.pack("<I", len(pieces)))
+    for piece in pieces:
+        o = bs.parse(piece)
+        own = list(o.header.get("own") or [])
+        p = o.section("p").tobytes()
+        out.append(struct.pack(f"<I{len(own)}iI", len(own), *own, len(p)) + p)
+    return b"".join(out)
+
+
+def _case_cachegen(data: bytes, tables: CodecTables | None) -> bytes:
+    o = bs.parse(data)
+    h = o.header
+    T, H, D = (int(x) for x in h["shape"])
+    C, layer = H * D, int(h.get("layer", 0))
+    out = [struct.pack("<2i", T, C)]
+    for kv, bins in (("k", int(h["key_bins"])), ("v", int(h["value_bins"]))):
+        hist = tables.get(f"L{layer}.{kv}.b{bins}") if tables is not None else o.section(f"hist.{kv}")
+        w, pc = o.section(f"rans.{kv}"), o.section(f"pieces.{kv}")
+        out.append(struct.pack("<i", bins) + np.asarray(o.section(f"{kv}_amax"), "<f4").tobytes()
+                   + np.ascontiguousarray(hist, "<u4").tobytes() + struct.pack("<I", w.size) + w.astype("<u2").tobytes()
+                   + struct.pack("<I", pc.size) + pc.astype("<u4").tobytes())
+    return b"".join(out)
+
+
+def _case_lossless(data: bytes) -> bytes:
+    o = bs.parse(data)
+    n = int(np.prod(o.header["shape"]))
+    planes = bool(o.header["params"].get("zstd"))
+    return struct.pack("<Ii", n, int(planes)) + b"".join(o.section(nm).astype("<u2" if not planes else "|u1").tobytes()
+                                                        for nm in ("key", "value"))
+
+
+def native_cases(root: Path, out: Path) -> list[Path]:
+    """The vectors under `root` that libsakura_decode decodes (progressive, every rung; CacheGen but
+    its delta variant; lossless), as case files for its C runner and fuzz seeds
+    (native/tests/skn_case.h): the container already parsed (the app's part), the expected digest
+    as recorded. Returns the files written."""
+    root, out = Path(root), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = json.loads((root / "vectors.json").read_text())
+    files = []
+    for e in doc["objects"]:
+        if e.get("kind") == "tables" or e["codec"] not in ("progressive", "cachegen", "lossless"):
+            continue
+        if "delta=true" in e.get("spec", "") or bs.parse(
+                (root / e["path"]).read_bytes(), whole=False).header.get("dtype") != "float16":
+            continue
+        data = (root / e["path"]).read_bytes()
+        ident = ShardId(e["identity"]["model"], e["identity"]["template"], e["identity"]["shard"])
+        tables = None
+        if e["tables"] is not None:
+            tables = CodecTables.from_bytes((root / e["tables"]).read_bytes(), ShardId(ident.model, ident.template, -1))
+        cuts = [(e.get("prefix_bytes"), e["decoded"])] + [(r["prefix_bytes"], r["decoded"]) for r in e.get("rungs", [])]
+        for k, (end, want) in enumerate(cuts):
+            piece = data if end is None else data[:end]
+            if e["codec"] == "progressive":
+                kind, body = 1, _case_prog([bytes(piece[a:b]) for a, b in bs.split_objects(piece)], tables)
+            elif e["codec"] == "cachegen":
+                kind, body = 2, _case_cachegen(piece, tables)
+            else:
+                kind, body = 3, _case_lossless(piece)
+            f = out / f"{e['name'].replace(' ', '_').replace('#', '-')}-{k}.case"
+            f.write_bytes(b"SKNC" + struct.pack("<I", kind) + bytes.fromhex(want["sha256_key_value"]) + body)
+            files.append(f)
+    return files
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -256,7 +391,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help=f"output folder (default {DEFAULT_OUT})")
     ap.add_argument("--docs", action="store_true", help=f"rewrite the published vectors, {DOCS_DIR}")
     ap.add_argument("--check", type=Path, default=None, metavar="DIR", help="decode the vectors in DIR and compare")
+    ap.add_argument("--native-cases", type=Path, default=None, metavar="DIR",
+                    help="write the vectors (of --check's folder, default the docs') as libsakura_decode case files")
     a = ap.parse_args(argv)
+    if a.native_cases is not None:
+        files = native_cases(a.check or DOCS_DIR, a.native_cases)
+        print(f"wrote {len(files)} cases to {a.native_cases}")
+        return 0
     if a.check is not None:
         problems = check(a.check)
         for p in problems:

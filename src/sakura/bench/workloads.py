@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from sakura.models.klein_config import KLEIN_4B, KLEIN_9B
+from sakura.models.flux.klein_config import KLEIN_4B, KLEIN_9B
 import numpy as np
 from pathlib import Path
 
@@ -142,7 +142,7 @@ class Workload:
     denoising pass; `passes` = steps x cfg_passes.
     """
 
-    # Alike in shape only to sakura.models.klein_config.KleinConfig (both are field lists of
+    # Alike in shape only to sakura.models.flux.klein_config.KleinConfig (both are field lists of
     # int shapes): a Workload is what a method pays per edit, KleinConfig a transformer's shapes.
     name: str
     model: str
@@ -180,7 +180,7 @@ class Workload:
         return 2 * self.template_tokens * self.hidden
 
 
-# Shapes from the Klein adapter's config classes (sakura.models.klein_config), the one table of them.
+# Shapes from the Klein adapter's config classes (sakura.models.flux.klein_config), the one table of them.
 _KLEIN4B = dict(model="FLUX.2-klein-4B", layers=KLEIN_4B.depth, hidden=KLEIN_4B.hidden,
                 weights_per_token_layer=flux2_weights_per_token_layer(KLEIN_4B.hidden),
                 text_tokens=KLEIN_4B.text_tokens, text_encoder_weights=qwen3_weights(2560, 9728, 36))

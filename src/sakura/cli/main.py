@@ -16,10 +16,40 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from sakura import __version__
+        from sakura.util.extras import DISTRIBUTION
+
+        typer.echo(f"{DISTRIBUTION} {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version (of the sakura-kv distribution) and exit."),
+) -> None:
+    """sakura: private on-device image editing with streamed, compressed template KV."""
+
+
+def _precheck(*checks) -> None:
+    """Run `sakura.cli.precheck` checks before any heavy import: the first bad argument is one
+    line on stderr and exit status 2, in a fraction of a second."""
+    from sakura.cli.precheck import UsageError
+
+    try:
+        for check in checks:
+            check()
+    except UsageError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
 def _warm_codec() -> float:
     """Compile (first run on a machine) or load from numba's disk cache the native codec decoders,
     at process start, so that no edit pays the JIT inside its latency (docs/codec.md, warm-up)."""
-    from sakura.codec.rans import warm_up
+    from sakura.codec import warm_up
 
     return warm_up()
 
@@ -37,6 +67,9 @@ def info(
                         "or an installed plugin's name (sakura.available_models())."),
 ) -> None:
     """Print the model's config, parameter count, template-KV size and fingerprint."""
+    from sakura.cli import precheck
+
+    _precheck(lambda: precheck.model_spec(model))
     from sakura.models import load_model
 
     m = load_model(model)
@@ -131,7 +164,16 @@ def build(
                                           "processes forked after the model loads (default: one per core up to "
                                           "the template count, on the CPU under Linux; else 1); ray, tasks on a "
                                           "local Ray cluster (default: all cores). The store does not depend on it."),
-    force: bool = typer.Option(False, help="Rebuild templates even if their manifest verifies (--executor ray)."),
+    force: bool = typer.Option(False, help="Rebuild templates even if current (unchanged image, settings and "
+                               "model, manifest verified), which are otherwise skipped."),
+    allocation: str = typer.Option("model", help="model (bits, ladder and figures by the template's sensitivity "
+                                   "model: ~20 calibration edits a template) or probes (every choice and figure "
+                                   "measured by image probes: ~200 edits; the build before issue 41)."),
+    sketch_probes: Optional[int] = typer.Option(None, min=1, help="Backward passes of --allocation model's "
+                                                "sensitivity sketch (default 8: ~20 calibration edits a template; "
+                                                "more: closer to the probes' quality, 2 edits each)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the BuildReport as JSON on stdout "
+                                  "({\"templates\": [{\"id\": ..., \"calibration_edits\": ..., ...}], ...})."),
     device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp16 on mps, fp32 on cpu), fp32, fp16 or bf16; "
                               "the store holds fp16 KV whatever the compute dtype."),
@@ -146,12 +188,18 @@ def build(
     quiet: bool = typer.Option(False, help="No progress bar (the per-template summary lines stay)."),
 ) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
+    from sakura.cli import precheck
+
+    _precheck(lambda: precheck.store_to_write(store), lambda: precheck.model_spec(model),
+              lambda: precheck.build_templates(template),
+              lambda: precheck.extra("skimage", "sakura build (its public calibration photos)"),
+              lambda: precheck.extra("sklearn", "sakura build (its public calibration photos)"))
     from sakura.cli.build import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
               workers=workers, force=force, library=library, task=task, prompt=prompt, device=device, dtype=dtype,
               probe_batch=probe_batch, probe_workers=probe_workers, allocation_photos=allocation_photos,
-              quiet=quiet)
+              quiet=quiet, allocation=allocation, json_out=json_out, sketch_probes=sketch_probes)
 
 
 @app.command()
@@ -161,8 +209,9 @@ def serve(
     port: int = typer.Option(8080, help="TCP port (0 picks a free one)."),
     chunk_kib: int = typer.Option(256, min=1, help="Bytes per streamed read/write step, KiB."),
     quiet: bool = typer.Option(False, help="No access log (warnings only)."),
-    trace: Optional[str] = typer.Option(None, help="Emulate one phone's downlink: trace under ../shared/traces, "
-                                                   "e.g. mahimahi_cellular/ATT-LTE-driving.down."),
+    trace: Optional[str] = typer.Option(None, help="Emulate one phone's downlink: a trace file, or a name "
+                                                   "under $SAKURA_TRACES, ../shared/traces or the bundled set, "
+                                                   "e.g. mahimahi_cellular/ATT-LTE-driving-2016.down (bundled)."),
     trace_offset: float = typer.Option(0.0, min=0.0, help="Start this many seconds into the trace."),
     rtt_ms: float = typer.Option(0.0, min=0.0, help="Emulated round-trip time, ms."),
     max_connections: int = typer.Option(0, min=0, help="Open connections held at most (0: from the fd limit, "
@@ -203,6 +252,9 @@ def edit(
     gallery: Path = typer.Option(None, help="The phone's template gallery cache (default $SAKURA_GALLERY or "
                                             "~/.cache/sakura/gallery)."),
     decode_workers: int = typer.Option(0, min=0, help="Decode workers (0: one per core)."),
+    sketch_probes: Optional[int] = typer.Option(None, min=1, help="Backward passes of --allocation model's "
+                                                "sensitivity sketch (default 8: ~20 calibration edits a template; "
+                                                "more: closer to the probes' quality, 2 edits each)."),
     json_out: bool = typer.Option(False, "--json", help="Print the edit's record as JSON (per layer: fetched or "
                                   "computed here, rendition, bytes, timings; the PSNR floor held)."),
     device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
@@ -216,6 +268,9 @@ def edit(
     Once the template is known (from the server, or the gallery's copy with the server down) the edit
     completes: what the link cannot deliver in time is computed on the device. With the server down
     and the template not in the gallery it fails with one line."""
+    from sakura.cli import precheck
+
+    _precheck(lambda: precheck.photo(photo), lambda: precheck.model_spec(model))
     from sakura.cli.edit import edit_command
 
     try:  # the codec's JIT is warmed inside the edit, before its clock starts (streamed_edit)
@@ -242,6 +297,10 @@ def templates(
     from sakura.phone.discovery import format_templates, list_templates
 
     fp = None
+    if model is not None:
+        from sakura.cli import precheck
+
+        _precheck(lambda: precheck.model_spec(model))
     try:
         if model is not None:
             from sakura.models import load_model
@@ -249,10 +308,10 @@ def templates(
             fp = load_model(model).fingerprint()
         items = list_templates(server, fp)
     except Exception as e:  # unreachable server, malformed index, bad model name: one line
-        from sakura.util.text import clean
+        from sakura.util.text import clean, connection_error_line
 
-        typer.echo(f"error: cannot list the templates of {server}: {clean(' '.join(str(e).split()) or type(e).__name__)}",
-                   err=True)
+        why = connection_error_line(e) or clean(' '.join(str(e).split()) or type(e).__name__)
+        typer.echo(f"error: cannot list the templates of {clean(server)}: {why}", err=True)
         raise typer.Exit(2) from None
     typer.echo(format_templates(items))
 
@@ -689,13 +748,35 @@ def bench_build_speed(
                                                 "(e.g. `git archive COMMIT src | tar -x -C /tmp/base`)."),
     probe_batch: int = typer.Option(1, min=1, help="Also build with this many probes per batched forward (1: skip)."),
     device: str = typer.Option("cpu", help="Device of the builds (auto, cpu, cuda, mps)."),
+    probes_variant: bool = typer.Option(False, help="Also build with --allocation probes (this checkout)."),
     out: Path = typer.Option(Path("out/build_speed.json"), help="JSON file for the figures."),
 ) -> None:
-    """`sakura build` of the bundled templates, stage by stage, against a baseline checkout, alternating in one run: wall and CPU seconds, same bytes?"""
+    """`sakura build` of the bundled templates, stage by stage, against a baseline checkout, alternating in one run: wall and CPU seconds, calibration edits, peak memory, same bytes?"""
     from sakura.bench.build_speed import run
 
     run(template or ("look-00", "texture-00", "sticker-00"), rounds=rounds, baseline_src=baseline_src,
-        probe_batch=probe_batch, device=device, out=out, log=typer.echo)
+        probe_batch=probe_batch, device=device, out=out, log=typer.echo, probes_variant=probes_variant)
+
+
+@bench_app.command("build-quality")
+def bench_build_quality(
+    baseline_src: Path = typer.Option(..., help="Another checkout's src folder to compare with "
+                                      "(e.g. `git archive 44df547 src | tar -x -C /tmp/base`)."),
+    photos: Optional[Path] = typer.Option(None, help="A folder of photos (.png/.jpg) no calibration used; default "
+                                          "the held-out crops (sources the calibration never uses)."),
+    template: Optional[list[str]] = typer.Option(None, help="Library templates (repeatable; default the three `sakura build` builds)."),
+    steps: int = typer.Option(4, min=1, help="Sampler steps of the edits."),
+    out: Path = typer.Option(Path("out/build_quality"), help="Folder for build_quality.json."),
+) -> None:
+    """This checkout's build vs another's on photos the build never saw: per template and rung, PSNR against the lossless-KV edit and bytes, new vs old."""
+    from sakura.bench.build_quality import DEFAULT_TEMPLATES, run
+
+    try:
+        run(baseline_src=baseline_src, photos_dir=photos, out=out, templates=template or DEFAULT_TEMPLATES,
+            steps=steps, log=typer.echo)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
 
 
 @bench_app.command("realscale")
@@ -743,6 +824,19 @@ def bench_build_scale(
         raise typer.Exit(1)
 
 
+@bench_app.command("startup")
+def bench_startup(
+    baseline_src: Optional[Path] = typer.Option(None, help="Another checkout's src folder to compare with "
+                                                "(e.g. `git archive 44df547 src | tar -x -C /tmp/base`)."),
+    rounds: int = typer.Option(3, min=1, help="Rounds, baseline and this checkout alternating (medians)."),
+    out: Optional[Path] = typer.Option(None, help="Also write startup.json and startup.md here."),
+) -> None:
+    """How fast a bad argument is answered (bad template, unknown model, missing folder, file as store, bad photo): each command's own CPU and wall seconds, beside a baseline checkout."""
+    from sakura.bench.startup import run
+
+    run(out, baseline_src=baseline_src, rounds=rounds)
+
+
 # Alike in shape only to bench_load's options (see there).
 @bench_app.command("scale-model")
 def bench_scale_model(
@@ -769,5 +863,20 @@ from sakura.util.clihelp import reflow_help  # noqa: E402  (after the last comma
 reflow_help(app)
 
 
-def main(argv: Optional[list[str]] = None) -> None:  # pragma: no cover - console entry
-    app(argv)
+def main(argv: Optional[list[str]] = None) -> None:
+    """The `sakura` console entry: the app, with an optional dependency that is not installed
+    reported as one line naming the extra to install (rc 2) wherever in a command it was imported."""
+    import sys
+
+    try:
+        app(argv)
+    except ModuleNotFoundError as e:
+        from sakura.util.extras import missing_extra_line
+
+        words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")][:2]
+        command = words[:2] if words[:1] in (["bench"], ["store"]) else words[:1]  # e.g. "sakura bench codec"
+        line = missing_extra_line(e, " ".join(["sakura", *command]))
+        if line is None:  # a core module missing is a broken install: the traceback is the report
+            raise
+        typer.echo(f"error: {line}", err=True)
+        sys.exit(2)

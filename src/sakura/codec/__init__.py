@@ -8,15 +8,20 @@ Public API (see docs/codec.md):
     Codec.describe(shard, data, ident, tables=None, queries=None) -> RenditionReport
     decode_any(data, ident, tables)                     (dispatch on the codec named in the header)
     layered codecs (`supports_layers`): level_ends(data), decode_state / upgrade (rung by rung)
+    warm_up()                                           (compile every decode kernel before the clock starts)
 Parameters are validated strictly (`base.check_params`: unknown names and wrong types raise).
 
-Codecs (registry names):
-    progressive  the progressive transform ladder, `sakura build`'s default (progressive.py)
-    layered      a nested-quantiser ladder, rungs as byte prefixes of one object (layered.py)
-    sakura       one importance-aware rendition at a bit budget (sakura.py)
-    cachegen     CacheGen's KV codec (SIGCOMM'24, as in LMCache), the baseline and quality floor
-    uniform      fixed-width int quantisation (`bits` 1..8, KIVI-style groups), no entropy coding
-    lossless     the stored bit patterns (fp32/fp16/bf16), optionally zstd; bit-exact
+Layout (floors inside the codec; docs/structure.md): the shared base at this level (`base`: the
+Codec interface, registry, `LadderState`; `bitstream`, `entropy`, `rans`, `kernels`, `quant`,
+`ecsq`, `allocation`, `metrics`, `target`), then one subpackage per family:
+
+    progressive/  progressive  the progressive transform ladder, `sakura build`'s default (ladder.py)
+    baselines/    cachegen     CacheGen's KV codec (SIGCOMM'24, as in LMCache), the baseline and quality floor
+                  uniform      fixed-width int quantisation (`bits` 1..8, KIVI-style groups), no entropy coding
+                  lossless     the stored bit patterns (fp32/fp16/bf16), optionally zstd; bit-exact
+    nested/       sakura       one importance-aware rendition at a bit budget (sakura.py)
+                  layered      a nested-quantiser ladder, rungs as byte prefixes of one object (layered.py);
+                               with quantiser="ecsq" the progressive family's ladder
 """
 
 from . import target as _target
@@ -26,13 +31,29 @@ _target.configure()   # before anything loads numba: SAKURA_DECODE_TARGET=phone 
 from .base import (Codec, CodecTables, RenditionReport, ShardKV, UnknownCodecError, available_codecs,
                    codec_from_spec, decode_any, get_codec, register)
 from .bitstream import CodecError, CorruptError, IdentityError, ShardId, TruncatedError, VersionError
-from . import lossless as _lossless  # noqa: F401  (registers)
-from . import uniform as _uniform  # noqa: F401
-from . import sakura as _sakura  # noqa: F401
-from . import layered as _layered  # noqa: F401
-from . import cachegen as _cachegen  # noqa: F401
-from . import progressive as _progressive  # noqa: F401
+from .baselines import lossless as _lossless  # noqa: F401  (registers)
+from .baselines import uniform as _uniform  # noqa: F401
+from .nested import sakura as _sakura  # noqa: F401
+from .nested import layered as _layered  # noqa: F401
+from .baselines import cachegen as _cachegen  # noqa: F401
+from .progressive import ladder as _progressive  # noqa: F401
 
 __all__ = ["Codec", "CodecTables", "RenditionReport", "ShardKV", "ShardId", "UnknownCodecError",
            "CodecError", "CorruptError", "IdentityError", "TruncatedError", "VersionError",
-           "available_codecs", "codec_from_spec", "decode_any", "get_codec", "register"]
+           "available_codecs", "codec_from_spec", "decode_any", "get_codec", "register", "warm_up"]
+
+
+def warm_up() -> float:
+    """Compile (or load from numba's disk cache) every kernel of the codec's decoders and of the
+    build's table fit; returns seconds spent. Called at process start by `sakura edit` / `demo` /
+    `warm` / the benches, so that no edit pays the JIT."""
+    import time
+
+    from . import rans
+    from .progressive import fastdct, fitkernels
+
+    t0 = time.perf_counter()
+    rans.warm_up()   # the rANS coder and the shared decode kernels
+    fastdct.warm_up()
+    fitkernels.warm_up()  # the build's table fit (cloud side): cheap to compile with the rest
+    return time.perf_counter() - t0

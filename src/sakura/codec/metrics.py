@@ -1,14 +1,13 @@
-"""Distortion measures for decoded shards (all computed in float32)."""
+"""Distortion measures for decoded shards (all computed in float32). Plain functions of tensors:
+imports nothing of the codec (`base.Codec.describe` calls them)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from .base import LayerKV, ShardKV
+from sakura.models.kv import LayerKV
 
 
 def rel_error(ref: torch.Tensor, got: torch.Tensor, keep: torch.Tensor | None = None) -> float:
@@ -20,16 +19,19 @@ def rel_error(ref: torch.Tensor, got: torch.Tensor, keep: torch.Tensor | None = 
     return float((r - g).norm()) / den if den > 0 else float((r - g).norm())
 
 
-def weighted_rel_error(shard: "ShardKV", dec: "LayerKV") -> float:
+def weighted_rel_error(key: torch.Tensor, value: torch.Tensor, importance: torch.Tensor | None,
+                       dec: LayerKV) -> float:
     """Importance-weighted relative error of K and V, dropped tokens counting as fully lost.
 
     sqrt( sum_t w_t (|k_t - k^_t|^2 + |v_t - v^_t|^2) / sum_t w_t (|k_t|^2 + |v_t|^2) ),
     with w = importance (uniform when absent). A cheap stand-in for attention error.
+    Shapes: key/value (tokens, heads, head_dim), importance (tokens,) or (2, tokens) (keys' and
+    values' own), as in `base.ShardKV`.
     """
-    T = shard.key.shape[0]
-    w = shard.importance.float() if shard.importance is not None else torch.ones(T)
+    T = key.shape[0]
+    w = importance.float() if importance is not None else torch.ones(T)
     wk, wv = (w[0], w[1]) if w.ndim == 2 else (w, w)  # (2, T): keys' and values' own weights
-    k, v = shard.key.float().reshape(T, -1), shard.value.float().reshape(T, -1)
+    k, v = key.float().reshape(T, -1), value.float().reshape(T, -1)
     keep = dec.keep.reshape(T, 1)
     kh = torch.where(keep, dec.key.float().reshape(T, -1), torch.zeros(()))
     vh = torch.where(keep, dec.value.float().reshape(T, -1), torch.zeros(()))

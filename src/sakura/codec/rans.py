@@ -444,9 +444,8 @@ def decode_reference(words: np.ndarray, counts: np.ndarray, seg_ctx: np.ndarray,
 
 
 def warm_up() -> float:
-    """Compile (or load from the disk cache) every kernel of the codec's native decoder; returns
-    seconds spent. Called at process start by `sakura edit` / `demo` / the benches, so that no
-    edit pays the JIT."""
+    """Compile (or load from the disk cache) the rANS coder's and the shared decode kernels
+    (`kernels`); returns seconds spent. `sakura.codec.warm_up` adds the progressive family's."""
     import time
 
     t0 = time.perf_counter()
@@ -460,9 +459,7 @@ def warm_up() -> float:
     sc, sl = np.array([0], np.int32), np.array([3], np.int64)
     w, c = encode(sym, sc, sl, wide)
     decode(w, c, sc, sl, wide)
-    from . import fastdct, fitkernels, kernels
+    from . import kernels
 
     kernels.warm_up()
-    fastdct.warm_up()
-    fitkernels.warm_up()  # the build's table fit (cloud side): cheap to compile with the rest
     return time.perf_counter() - t0

@@ -54,6 +54,11 @@ class ModelEntry:
             for part in attr.split("."):
                 obj = getattr(obj, part)
         except Exception as e:  # a plugin's own bug: say whose and why, in one line
+            from sakura.util.extras import missing_extra_line
+
+            extra = missing_extra_line(e, f"model {self.name!r} ({self.target})")
+            if extra is not None:  # an optional dependency of sakura's that the plugin imports
+                raise ModelSpecError(extra) from e
             raise ModelSpecError(f"model {self.name!r} ({self.target}, {self.origin}) failed to load: "
                                  f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         if not callable(obj):
@@ -138,6 +143,22 @@ def available_models() -> dict[str, str]:
     out = {n: f"{e.target} [{e.origin}]" for n, e in _entry_points().items()}
     out.update({n: f"{e.target} [{e.origin}]" for n, e in _registered.items()})
     return out
+
+
+def check_model_spec(spec: str) -> None:
+    """What can be checked of a spec before torch or the model loads, in a fraction of a second:
+    the name is registered (`ModelSpecError`, one line) and, for sakura's own adapters, the
+    argument (klein/kontext: the local folder exists; flux2-mini and Klein: diffusers is
+    installed). An entry-point plugin's module is not imported here (that may be slow); a factory
+    given to `register_model` may carry the same kind of check as a ``check_arg(arg)`` attribute."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelSpecError(f"model spec must be NAME or NAME:ARG, got {spec!r}")
+    name, _, arg = spec.strip().partition(":")
+    entry = _lookup(name)
+    if entry.factory is not None or entry.target in _BUNDLED.values():  # in-process or sakura's own: cheap
+        check = getattr(entry.load(), "check_arg", None)
+        if callable(check):
+            check(arg)
 
 
 def load_model(spec: str = "sakura-mini", **options: Any) -> Any:

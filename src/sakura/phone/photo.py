@@ -69,15 +69,15 @@ def load_photo(path, size: int, *, max_pixels: int = MAX_PHOTO_PIXELS) -> torch.
         except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise PhotoError(f"{path}: image data is corrupt or truncated ({first[:120]})") from None
-    from skimage.transform import resize
+    from sakura.util.resize import resize_antialiased
 
     hh, ww = arr.shape[:2]
     s = min(hh, ww)
     arr = arr[(hh - s) // 2:(hh - s) // 2 + s, (ww - s) // 2:(ww - s) // 2 + s]
-    if s > 4 * size:  # box-reduce first: skimage's anti-aliased resize of a 50 Mpx float image is slow
+    if s > 4 * size:  # box-reduce first: an anti-aliased resize of a 50 Mpx float image is slow
         k = s // (2 * size)
         arr = arr[: (s // k) * k, : (s // k) * k].reshape(s // k, k, s // k, k, 3).mean(axis=(1, 3))
-    arr = resize(arr, (size, size), anti_aliasing=True)
+    arr = resize_antialiased(arr, (size, size))  # skimage's resize(..., anti_aliasing=True), numpy only
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).permute(2, 0, 1)[None].clamp(0, 1)
 
 

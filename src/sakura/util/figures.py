@@ -1,4 +1,5 @@
-"""Small figures both the demo and `sakura edit` write (matplotlib, imported only when called)."""
+"""Small figures both the demo and `sakura edit` write: `save_grid` with Pillow alone (the phone's
+`sakura edit` needs no plotting library), `save_panels` with matplotlib (the [bench] extra)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,20 @@ from pathlib import Path
 import torch
 
 
-def save_grid(path: Path, images: list[torch.Tensor], titles: list[str]) -> None:
-    """One row of images (each (1, 3, H, W) in [0, 1]) with a title above each, as a PNG."""
-    import matplotlib
+def save_grid(path: Path, images: list[torch.Tensor], titles: list[str], *, cell: int = 256) -> None:
+    """One row of images (each (1, 3, H, W) in [0, 1]) with a title above each, as a PNG: each
+    image scaled to ``cell`` pixels per side with nearest-neighbour (pixels stay visible)."""
+    from PIL import Image, ImageDraw
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(images), figsize=(2.2 * len(images), 2.6))
-    for ax, img, title in zip(axes, images, titles):
-        ax.imshow(img[0].permute(1, 2, 0).clamp(0, 1).numpy(), interpolation="nearest")
-        ax.set_title(title, fontsize=8)
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    pad, head = 8, 18
+    sheet = Image.new("RGB", (len(images) * (cell + pad) + pad, cell + head + pad), "white")
+    draw = ImageDraw.Draw(sheet)
+    for i, (img, title) in enumerate(zip(images, titles)):
+        arr = (img[0].detach().float().clamp(0, 1).permute(1, 2, 0).cpu().numpy() * 255).round().astype("uint8")
+        x = pad + i * (cell + pad)
+        sheet.paste(Image.fromarray(arr).resize((cell, cell), Image.Resampling.NEAREST), (x, head))
+        draw.text((x, 3), title[:48], fill="black")
+    sheet.save(path)
 
 
 def save_panels(path: Path, rows: list[list[tuple[torch.Tensor, str]]], title: str = "") -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sakura.codec import CodecError, ShardId, get_codec
-from sakura.codec.cachegen import layer_bins
+from sakura.codec.baselines.cachegen import layer_bins
 
 from .conftest import make_shard
 

@@ -13,7 +13,7 @@ from hypothesis import given
 from sakura.codec import CodecError, ShardId, codec_from_spec, get_codec
 from sakura.codec import bitstream as bs
 from sakura.codec import ecsq as EQ
-from sakura.codec.nested import widths
+from sakura.codec.nested.ladder import widths
 
 from .conftest import make_shard
 from .test_roundtrip import SETTINGS, _out_tol, shards

@@ -9,16 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from sakura.codec import ShardId, ShardKV, fastdct, get_codec
+from sakura.codec import ShardId, ShardKV, get_codec
+from sakura.codec.progressive import fastdct
 from sakura.codec import ecsq as EQ
 from sakura.codec import kernels as K
-from sakura.codec import progressive as PG
+from sakura.codec.progressive import ladder as PG
 
 ID = ShardId("m", "t", 1)
 
 
 def test_generated_module_is_up_to_date():
-    assert fastdct.GENERATED.read_text() == fastdct.source(), "run `python -m sakura.codec.fastdct`"
+    assert fastdct.GENERATED.read_text() == fastdct.source(), "run `python -m sakura.codec.progressive.fastdct`"
 
 
 @pytest.mark.parametrize("n", fastdct.SIZES)

@@ -10,7 +10,7 @@ import torch
 
 from sakura.codec import CodecError, IdentityError, ShardId, ShardKV, get_codec
 from sakura.codec import ecsq as EQ
-from sakura.codec import progressive as PG
+from sakura.codec.progressive import ladder as PG
 
 from .conftest import make_shard
 
@@ -388,7 +388,7 @@ def test_deadzone_rd_counts_sparsely_when_the_alphabet_is_huge(monkeypatch):
     gigabytes there, and is mostly zeros long before; above `SPARSE_COUNTS_PER_VALUE` entries per
     value (or `MAX_DENSE_COUNTS` in all) the sweep sorts the pairs that occur instead, with the
     same result to the last bit (same counts, same order, the same error loop)."""
-    from sakura.codec import fitkernels as FK
+    from sakura.codec.progressive import fitkernels as FK
 
     rng = np.random.default_rng(2)
     c = rng.standard_normal((64, 48)) * 3

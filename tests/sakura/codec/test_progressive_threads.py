@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-import sakura.codec.progressive as prog
+import sakura.codec.progressive.ladder as prog
 from sakura.codec import ShardId, ShardKV, codec_from_spec
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from sakura.codec import CodecError, ShardKV, ShardId, codec_from_spec, get_codec
 from sakura.codec import quant as Q
-from sakura.codec.cachegen import layer_bins
+from sakura.codec.baselines.cachegen import layer_bins
 
 ID = ShardId("m", "t", 3)
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sakura.codec import ShardId, ShardKV, codec_from_spec, get_codec
-from sakura.codec import progressive as PG
+from sakura.codec.progressive import ladder as PG
 from sakura.codec import rans as R
 
 from .conftest import make_shard
@@ -27,7 +27,9 @@ def _equal(a, b) -> bool:
 
 @pytest.fixture
 def max_pieces(monkeypatch):
-    """Records the most pieces any one native rANS stream had, to show the split had work to share."""
+    """Records the most pieces any one numba rANS stream had, to show the split had work to share
+    (these tests are the numba decoder's: the C library's split is test_decode_pool's)."""
+    monkeypatch.setenv("SAKURA_DECODER", "numba")
     seen = [0]
     real = R.decode
 

@@ -69,7 +69,7 @@ _CHILD = r"""
 import hashlib, json, pickle, sys
 import torch
 from sakura.codec import ShardId, codec_from_spec, target, kernels as K
-from sakura.codec import progressive as PG
+from sakura.codec.progressive import ladder as PG
 target.check()
 bits = lambda t: t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
 same = lambda a, b: all(x.dtype == y.dtype and torch.equal(bits(x), bits(y))   # bit patterns: -0.0 is not 0.0

@@ -220,7 +220,8 @@ def load_template_image(path: Path, size: int, *, background: tuple[float, float
     (94 s and 3.3 GB before)."""
     import numpy as np
     import torch
-    from skimage.transform import resize
+
+    from sakura.util.resize import resize_antialiased
 
     with _open_image(path, load=False) as im:
         if im.format == "JPEG" and im.mode in ("RGB", "L", "CMYK"):
@@ -239,7 +240,7 @@ def load_template_image(path: Path, size: int, *, background: tuple[float, float
     rgb = rgb * a + np.asarray(background, dtype=np.float32) * (1.0 - a)
     s = rgb.shape[0]
     if s != size:
-        rgb = resize(rgb, (size, size), anti_aliasing=s > size)
+        rgb = resize_antialiased(rgb, (size, size))  # skimage's resize: an upscale is never smoothed
     rgb = np.round(np.clip(rgb, 0.0, 1.0) * 255.0) / 255.0
     return torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)).permute(2, 0, 1).contiguous()
 

@@ -36,9 +36,10 @@ def _sklearn_sample_image(file: str) -> np.ndarray:
 
     from PIL import Image
 
+    from sakura.util.extras import require
+
+    require("sklearn", "the builder's public photos (scikit-learn's sample images)")
     spec = importlib.util.find_spec("sklearn")
-    if spec is None or spec.origin is None:
-        raise ValueError(f"sample image {file!r} needs scikit-learn installed")
     path = Path(spec.origin).parent / "datasets" / "images" / file
     if not path.is_file():
         raise ValueError(f"scikit-learn has no sample image {file!r} ({path})")
@@ -55,6 +56,9 @@ def load_source(name: str) -> torch.Tensor:
     if name.startswith("sklearn:"):
         arr = _sklearn_sample_image(name.split(":", 1)[1])
     else:
+        from sakura.util.extras import require
+
+        require("skimage", "the builder's public photos (scikit-image's data images)")
         import skimage.data
 
         if name not in skimage.data.__all__:

@@ -60,9 +60,11 @@ class StoreError(RuntimeError):
     """The store on disk is unusable or inconsistent; the message names the file."""
 
 
-class NotAStore(StoreError):
+class NotAStore(StoreError, FileNotFoundError):
     """The path given as a store is not one: missing, a regular file, or a folder without the
-    store's marker (`STORE_MARKER`). The message is one line naming the path."""
+    store's marker (`STORE_MARKER`). The message is one line naming the path. A `FileNotFoundError`
+    too, as `open_store` raised for a missing folder before the marker existed (callers' handlers
+    keep working)."""
 
 
 class ObjectMissing(StoreError, StoreNotFound):

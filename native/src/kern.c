@@ -1,0 +1,248 @@
+/* The per-path kernels, compiled once per vector path with SKN_PATH set:
+ *   SKN_PATH_SCALAR  portable C11, one value at a time (VW = 1; auto-vectorisation off)
+ *   SKN_PATH_SSE4    x86-64-v2 (SSE4.2, 128-bit: VW = 4; fp16 by integer operations)
+ *   SKN_PATH_AVX2    AVX2 + F16C (256-bit: VW = 8; fp16 by vcvtps2ph)
+ *   SKN_PATH_NEON    aarch64 Advanced SIMD (128-bit: VW = 4; fp16 by FCVTN)
+ * The vector paths use GCC/Clang vector extensions, whose arithmetic is lane-wise IEEE float32,
+ * the same operations in the same order as the scalar path and as numba's kernels (no FMA
+ * contraction: built with -ffp-contract=off), so every path gives the same bits. */
+#include <string.h>
+
+#include "skn_internal.h"
+
+#if defined(SKN_PATH_AVX2)
+#define VW 8
+#define PATH_NAME "avx2"
+#define SFX(x) x##_avx2
+#include <immintrin.h>
+#elif defined(SKN_PATH_SSE4)
+#define VW 4
+#define PATH_NAME "sse4"
+#define SFX(x) x##_sse4
+#elif defined(SKN_PATH_NEON)
+#define VW 4
+#define PATH_NAME "neon"
+#define SFX(x) x##_neon
+#include <arm_neon.h>
+#else
+#define VW 1
+#define PATH_NAME "scalar"
+#define SFX(x) x##_scalar
+#endif
+
+#if VW == 1
+typedef float VF;
+typedef uint32_t VU;
+static SKN_INLINE VF vload(const float *p) { return *p; }
+static SKN_INLINE void vstore(float *p, VF v) { *p = v; }
+#else
+typedef float VF __attribute__((vector_size(VW * 4)));
+typedef uint32_t VU __attribute__((vector_size(VW * 4)));
+typedef int32_t VI __attribute__((vector_size(VW * 4)));
+static SKN_INLINE VF vload(const float *p) { VF v; memcpy(&v, p, sizeof v); return v; }
+static SKN_INLINE void vstore(float *p, VF v) { memcpy(p, &v, sizeof v); }
+#endif
+
+#define SKN_HAVE_VF 1
+#include "gen_tables.h"
+
+/* float32 -> fp16 bits, round to nearest even (F. Giesen's float_to_half_fast3_rtne: equal to a
+ * hardware conversion on every finite value and infinity; NaN -> 0x7e00 with the sign). */
+static SKN_INLINE uint16_t f16_scalar(float x)
+{
+    uint32_t f;
+    memcpy(&f, &x, 4);
+    const uint32_t sign = f & 0x80000000u;
+    f ^= sign;
+    uint32_t o;
+    if (f >= (143u << 23)) {
+        o = f > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (f < (113u << 23)) {
+        float a;
+        memcpy(&a, &f, 4);
+        a += 0.5f;                               /* denorm magic: ((127 - 15) + (23 - 10) + 1) << 23 */
+        uint32_t u;
+        memcpy(&u, &a, 4);
+        o = u - 0x3f000000u;
+    } else {
+        const uint32_t odd = (f >> 13) & 1u;
+        o = (f + (((uint32_t)(15 - 127) << 23) + 0xfffu) + odd) >> 13;
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+
+#if VW > 1
+/* VW values at once: the vector form of f16_scalar (for paths without a conversion instruction). */
+static SKN_INLINE void f16_vec(VF x, uint16_t *out)
+{
+#if defined(SKN_PATH_AVX2)
+    __m128i h = _mm256_cvtps_ph((__m256)x, _MM_FROUND_TO_NEAREST_INT);
+    memcpy(out, &h, 16);
+#elif defined(SKN_PATH_NEON)
+    float16x4_t h = vcvt_f16_f32((float32x4_t)x);
+    vst1_u16(out, vreinterpret_u16_f16(h));
+#else
+    VU f;
+    memcpy(&f, &x, sizeof f);
+    const VU sign = f & 0x80000000u;
+    f ^= sign;
+    VF a;
+    memcpy(&a, &f, sizeof a);
+    VF ad = a + 0.5f;
+    VU du;
+    memcpy(&du, &ad, sizeof du);
+    const VU den = du - 0x3f000000u;
+    const VU odd = (f >> 13) & 1u;
+    const VU nrm = (f + ((((uint32_t)(15 - 127)) << 23) + 0xfffu) + odd) >> 13;
+    const VU big = (VU)((VI)(f > 0x7f800000u)) & 0x7e00u;     /* NaN */
+    const VU inf = (VU)((VI)(f <= 0x7f800000u)) & 0x7c00u;    /* inf / overflow */
+    const VU isbig = (VU)(f >= (143u << 23));
+    const VU issub = (VU)(f < (113u << 23));
+    VU o = (issub & den) | (~issub & nrm);
+    o = (isbig & (big | inf)) | (~isbig & o);
+    o |= sign >> 16;
+    for (int i = 0; i < VW; i++) out[i] = (uint16_t)o[i];
+#endif
+}
+#endif
+
+static void SFX(to_f16)(const float *x, size_t n, uint16_t *out)
+{
+    size_t i = 0;
+#if VW > 1
+    for (; i + VW <= n; i += VW) f16_vec(vload(x + i), out + i);
+#endif
+    for (; i < n; i++) out[i] = f16_scalar(x[i]);
+}
+
+/* one row of CB values: out16[c] = fp16(src[c] / d + mu[c]) (or without the division) */
+static SKN_INLINE void finish_row(const float *src, const float *mu, const float *dptr, int cb, uint16_t *o16)
+{
+    int c = 0;
+#if VW > 1
+    if (dptr) {
+        const float d = *dptr;
+        for (; c + VW <= cb; c += VW) f16_vec(vload(src + c) / d + vload(mu + c), o16 + c);
+    } else {
+        for (; c + VW <= cb; c += VW) f16_vec(vload(src + c) + vload(mu + c), o16 + c);
+    }
+#endif
+    for (; c < cb; c++) o16[c] = f16_scalar(dptr ? src[c] / *dptr + mu[c] : src[c] + mu[c]);
+}
+
+/* One channel block (channels [c0, c0 + cbw)) of one part: the dead-zone reconstruction of the
+ * block's channels (band-sorted rows scattered to their token-grid rows) into the block buffer fl
+ * (grid row u at u * rs, column v at v * cbw), pass 1 (over u) in place, pass 2 (over v) in place
+ * on each grid row, then / scale + mean and fp16 into the output rows (numba's `idct2_<n>`). */
+#define IDCT_KERNEL(N, MAGT)                                                                          \
+static void SFX(idct2_##N##_##MAGT)(const MAGT *mag, const uint8_t *neg, const int32_t *perm, float step, \
+                                    float off, int32_t c0, int32_t cbw, const float *inv, const float *mu, \
+                                    int32_t C, uint16_t *out, float *fl)                             \
+{                                                                                                     \
+    enum { n = N, T = N * N };                                                                        \
+    const int cb = cbw, rs = n * cbw + 16, lg = __builtin_ctz(n);                                     \
+    for (int r = 0; r < T; r++) {                                                                     \
+        const uint32_t gi = (uint32_t)perm[r];                                                        \
+        float *dst = fl + (size_t)(gi >> lg) * rs + (size_t)(gi & (n - 1)) * cb;                      \
+        const size_t src = (size_t)r * C + (size_t)c0;                                                \
+        const MAGT *mr = mag + src;                                                                   \
+        const uint8_t *nr = neg + src;                                                                \
+        for (int c = 0; c < cb; c++) {                                                                \
+            const MAGT q = mr[c];                                                                     \
+            float v = ((float)q + off) * step;                                                        \
+            v = nr[c] ? -v : v;                                                                       \
+            dst[c] = q != 0 ? v : 0.0f;                                                               \
+        }                                                                                             \
+    }                                                                                                 \
+    VF col[N];                                                                                        \
+    float cs[N];                                                                                      \
+    int q = 0;                                          /* pass 1: over u, every (v, c) column */     \
+    for (; q + VW <= n * cb; q += VW) {                                                               \
+        for (int u = 0; u < n; u++) col[u] = vload(fl + q + (size_t)u * rs);                          \
+        idct_##N(col);                                                                                \
+        for (int u = 0; u < n; u++) vstore(fl + q + (size_t)u * rs, col[u]);                          \
+    }                                                                                                 \
+    for (; q < n * cb; q++) {                                                                         \
+        for (int u = 0; u < n; u++) cs[u] = fl[q + (size_t)u * rs];                                   \
+        idcts_##N(cs);                                                                                \
+        for (int u = 0; u < n; u++) fl[q + (size_t)u * rs] = cs[u];                                   \
+    }                                                                                                 \
+    for (int i = 0; i < n; i++) {                       /* pass 2: over v, per grid row i */          \
+        float *row = fl + (size_t)i * rs;                                                             \
+        int c = 0;                                                                                    \
+        for (; c + VW <= cb; c += VW) {                                                               \
+            for (int v = 0; v < n; v++) col[v] = vload(row + c + (size_t)v * cb);                     \
+            idct_##N(col);                                                                            \
+            for (int v = 0; v < n; v++) vstore(row + c + (size_t)v * cb, col[v]);                     \
+        }                                                                                             \
+        for (; c < cb; c++) {                                                                         \
+            for (int v = 0; v < n; v++) cs[v] = row[c + (size_t)v * cb];                              \
+            idcts_##N(cs);                                                                            \
+            for (int v = 0; v < n; v++) row[c + (size_t)v * cb] = cs[v];                              \
+        }                                                                                             \
+        for (int j = 0; j < n; j++) {                                                                 \
+            const int t = i * n + j;                                                                  \
+            finish_row(row + (size_t)j * cb, mu + c0, inv ? inv + t : NULL, cb,                       \
+                       out + (size_t)t * C + (size_t)c0);                                             \
+        }                                                                                             \
+    }                                                                                                 \
+}
+
+#define IDCT_BOTH(N) IDCT_KERNEL(N, int16_t) IDCT_KERNEL(N, int32_t)
+IDCT_BOTH(2)
+IDCT_BOTH(4)
+IDCT_BOTH(8)
+IDCT_BOTH(16)
+IDCT_BOTH(32)
+IDCT_BOTH(64)
+
+/* Channel blocks [lo, hi) of skn_block_channels(n) channels (the last one the C % width tail, if
+ * any); scratch holds n x skn_row_stride(n) floats. */
+static int SFX(idct2_f16)(int n, int mag32, const void *mag, const uint8_t *neg, const int32_t *perm, float step,
+                          float off, int32_t lo, int32_t hi, const float *inv, const float *mu, int32_t C,
+                          uint16_t *out, float *scratch)
+{
+    const int cbf = skn_block_channels(n);
+    for (int32_t b = lo; b < hi; b++) {
+        const int32_t c0 = b * cbf, cbw = C - c0 < cbf ? C - c0 : cbf;
+        if (cbw <= 0) return SKN_E_ARG;
+#define CASE(N)                                                                                             \
+        case N:                                                                                             \
+            if (mag32) SFX(idct2_##N##_int32_t)(mag, neg, perm, step, off, c0, cbw, inv, mu, C, out, scratch); \
+            else SFX(idct2_##N##_int16_t)(mag, neg, perm, step, off, c0, cbw, inv, mu, C, out, scratch);       \
+            break;
+        switch (n) {
+            CASE(2) CASE(4) CASE(8) CASE(16) CASE(32) CASE(64)
+        default:
+            return SKN_E_UNSUPPORTED;
+        }
+#undef CASE
+    }
+    return SKN_OK;
+}
+
+enum { CG_TILE_T = 256, CG_TILE_C = 64 };
+
+static void SFX(cachegen_f16)(const uint16_t *sym, const float *scale, int32_t mx, int32_t T, int32_t C,
+                              uint16_t *out)
+{
+    uint16_t tile[CG_TILE_C][CG_TILE_T];
+    float row[CG_TILE_T];
+    for (int32_t c0 = 0; c0 < C; c0 += CG_TILE_C) {
+        const int nc = C - c0 < CG_TILE_C ? C - c0 : CG_TILE_C;
+        for (int32_t t0 = 0; t0 < T; t0 += CG_TILE_T) {
+            const int nt = T - t0 < CG_TILE_T ? T - t0 : CG_TILE_T;
+            for (int cc = 0; cc < nc; cc++) {
+                const uint16_t *sc = sym + (size_t)(c0 + cc) * T + t0;
+                for (int tt = 0; tt < nt; tt++) row[tt] = (float)((int32_t)sc[tt] - mx) * scale[t0 + tt];
+                SFX(to_f16)(row, (size_t)nt, tile[cc]);
+            }
+            for (int tt = 0; tt < nt; tt++) {
+                uint16_t *o = out + (size_t)(t0 + tt) * C + c0;
+                for (int cc = 0; cc < nc; cc++) o[cc] = tile[cc][tt];
+            }
+        }
+    }
+}
+
+const skn_kernels SFX(skn_kernels) = {PATH_NAME, SFX(idct2_f16), SFX(cachegen_f16), SFX(to_f16)};

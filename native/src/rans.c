@@ -1,0 +1,165 @@
+/* The interleaved rANS decoder (wire-format 4.6; sakura.codec.rans._decode_pieces in numba).
+ * 8 lanes for streams of >= 1,024 symbols (1 below), a slot -> symbol table per context row
+ * (built when the row changes), renormalisation without a branch in the 8-lane body. Every word
+ * read is bounds-checked or proven in bounds (>= 8 words left before a block of 8 steps). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "skn_internal.h"
+
+#define LANES_BIG 8
+#define BIG_STREAM 1024
+
+typedef struct {
+    const uint8_t *w;   /* words, little-endian u16 */
+    int64_t p, pend;
+} cursor;
+
+static void build_slots(const skn_model *m, uint32_t c, uint8_t *tab8, uint16_t *tab16)
+{
+    const uint32_t *f = m->freq + (size_t)c * m->A, *cm = m->cum + (size_t)c * (m->A + 1);
+    if (tab8) {
+        for (uint32_t s = 0; s < m->A; s++) memset(tab8 + cm[s], (int)s, f[s]);
+    } else {
+        for (uint32_t s = 0; s < m->A; s++)
+            for (uint32_t k = 0; k < f[s]; k++) tab16[cm[s] + k] = (uint16_t)s;
+    }
+}
+
+#define SLOT(tab8, tab16, x) ((tab8) ? (uint32_t)(tab8)[(x)] : (uint32_t)(tab16)[(x)])
+
+int skn_rans_run(const skn_stream *st, const int32_t *seg_ctx, const int64_t *seg_len, size_t n_seg,
+                 const skn_model *m, int64_t piece, uint16_t *out, int64_t n)
+{
+    if (n < 0 || piece <= 0) return SKN_E_ARG;
+    const int64_t pieces = n ? (n + piece - 1) / piece : 0;
+    if ((int64_t)st->n_pieces != pieces) return SKN_E_RANS_LAYOUT;
+    if (n == 0) return st->n_words == 0 ? SKN_OK : SKN_E_RANS_LAYOUT;
+    /* the segments: contexts inside the table, lengths adding up to n */
+    int64_t tot = 0;
+    for (size_t i = 0; i < n_seg; i++) {
+        if (seg_ctx[i] < 0 || (uint32_t)seg_ctx[i] >= m->rows || seg_len[i] < 0) return SKN_E_RANS_LAYOUT;
+        tot += seg_len[i];
+        if (tot > n) return SKN_E_RANS_LAYOUT;
+    }
+    if (tot != n) return SKN_E_RANS_LAYOUT;
+    /* piece word counts add up to the words */
+    uint64_t wsum = 0;
+    for (int64_t i = 0; i < pieces; i++) {
+        wsum += skn_rd32(st->counts + 4 * i);
+        if (wsum > st->n_words) return SKN_E_RANS_LAYOUT;
+    }
+    if (wsum != st->n_words) return SKN_E_RANS_LAYOUT;
+
+    const int lanes = n >= BIG_STREAM ? LANES_BIG : 1;
+    const uint32_t bits = m->bits, mask = (1u << bits) - 1;
+    uint8_t *tab8 = NULL;
+    uint16_t *tab16 = NULL;
+    if (m->A <= 256) tab8 = malloc((size_t)1 << bits);
+    else tab16 = malloc(((size_t)1 << bits) * sizeof *tab16);
+    if (!tab8 && !tab16) return SKN_E_NOMEM;
+
+    const uint8_t *w = st->words;
+    int rc = SKN_OK;
+    size_t seg = 0;
+    int64_t seg_end = seg_len[0];
+    int64_t cur = -1;
+    int64_t p = 0;
+    for (int64_t pc = 0; pc < pieces && rc == SKN_OK; pc++) {
+        const int64_t a = pc * piece, b = (a + piece < n) ? a + piece : n;
+        const int64_t pend = p + skn_rd32(st->counts + 4 * pc);
+        uint32_t x[LANES_BIG];
+        if (pend - p < 2 * lanes) { rc = SKN_E_RANS_WORDS; break; }
+        for (int l = 0; l < lanes; l++) {
+            x[l] = ((uint32_t)skn_rd16(w + 2 * p) << 16) | skn_rd16(w + 2 * (p + 1));
+            p += 2;
+        }
+        int64_t i = a;
+        while (i < b) {
+            while (seg_end <= i) { seg++; seg_end += seg_len[seg]; }
+            const uint32_t c = (uint32_t)seg_ctx[seg];
+            if ((int64_t)c != cur) { build_slots(m, c, tab8, tab16); cur = c; }
+            const int64_t stop = b < seg_end ? b : seg_end;
+            const uint32_t *f = m->freq + (size_t)c * m->A, *cm = m->cum + (size_t)c * (m->A + 1);
+            int64_t j = i;
+            /* head: single checked steps until lane 0 */
+            while (j < stop && ((j - a) & (lanes - 1)) != 0) {
+                const int l = (int)((j - a) & (lanes - 1));
+                uint32_t xx = x[l];
+                const uint32_t slot = xx & mask, s = SLOT(tab8, tab16, slot);
+                xx = f[s] * (xx >> bits) + slot - cm[s];
+                if (xx < SKN_RANS_L) {
+                    if (p >= pend) { rc = SKN_E_RANS_WORDS; goto done; }
+                    xx = (xx << 16) | skn_rd16(w + 2 * p);
+                    p++;
+                }
+                x[l] = xx;
+                out[j++] = (uint16_t)s;
+            }
+            if (lanes == LANES_BIG) {
+                /* a step reads at most one word: with >= 8 words left a block needs no checks */
+                while (j + 8 <= stop && pend - p >= 8) {
+                    for (int l = 0; l < 8; l++) {
+                        uint32_t xx = x[l];
+                        const uint32_t slot = xx & mask, s = SLOT(tab8, tab16, slot);
+                        xx = f[s] * (xx >> bits) + slot - cm[s];
+                        const uint32_t need = xx < SKN_RANS_L;
+                        const uint32_t wd = skn_rd16(w + 2 * p);
+                        xx = need ? (xx << 16) | wd : xx;
+                        p += need;
+                        x[l] = xx;
+                        out[j + l] = (uint16_t)s;
+                    }
+                    j += 8;
+                }
+            }
+            /* tail */
+            while (j < stop) {
+                const int l = (int)((j - a) & (lanes - 1));
+                uint32_t xx = x[l];
+                const uint32_t slot = xx & mask, s = SLOT(tab8, tab16, slot);
+                xx = f[s] * (xx >> bits) + slot - cm[s];
+                if (xx < SKN_RANS_L) {
+                    if (p >= pend) { rc = SKN_E_RANS_WORDS; goto done; }
+                    xx = (xx << 16) | skn_rd16(w + 2 * p);
+                    p++;
+                }
+                x[l] = xx;
+                out[j++] = (uint16_t)s;
+            }
+            i = stop;
+        }
+        if (p != pend) { rc = SKN_E_RANS_LEFTOVER; break; }
+        for (int l = 0; l < lanes; l++)
+            if (x[l] != SKN_RANS_L) { rc = SKN_E_RANS_STATE; break; }
+    }
+done:
+    free(tab8);
+    free(tab16);
+    return rc;
+}
+
+int skn_rans_decode(const uint8_t *words, size_t n_words, const uint8_t *counts, size_t n_pieces,
+                    const int32_t *seg_ctx, const int64_t *seg_len, size_t n_seg, const double *weights,
+                    uint32_t rows, uint32_t alphabet, int64_t piece, int32_t *out, int64_t n)
+{
+    if ((!words && n_words) || (!counts && n_pieces) || (!seg_ctx && n_seg) || (!seg_len && n_seg) || !weights ||
+        (!out && n) || n < 0 || (n > 0 && n_seg == 0))
+        return SKN_E_ARG;
+    double *w = malloc((size_t)rows * alphabet * sizeof *w + 1);
+    if (!w) return SKN_E_NOMEM;
+    for (size_t i = 0; i < (size_t)rows * alphabet; i++) w[i] = weights[i] + 1.0;
+    skn_model m;
+    int rc = skn_model_build(&m, w, rows, alphabet);
+    free(w);
+    if (rc) return rc;
+    uint16_t *tmp = malloc((size_t)(n ? n : 1) * sizeof *tmp);
+    if (!tmp) { skn_model_free(&m); return SKN_E_NOMEM; }
+    skn_stream st = {words, n_words, counts, n_pieces};
+    rc = skn_rans_run(&st, seg_ctx, seg_len, n_seg, &m, piece, tmp, n);
+    if (rc == SKN_OK)
+        for (int64_t i = 0; i < n; i++) out[i] = tmp[i];
+    free(tmp);
+    skn_model_free(&m);
+    return rc;
+}

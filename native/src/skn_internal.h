@@ -1,0 +1,68 @@
+/* Internal declarations of libsakura_decode (not installed). */
+#ifndef SKN_INTERNAL_H
+#define SKN_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "../include/sakura_decode.h"
+
+#if defined(__GNUC__) || defined(__clang__)
+#define SKN_INLINE inline __attribute__((always_inline))
+#else
+#define SKN_INLINE inline
+#endif
+
+#define SKN_RANS_L (1u << 16)
+#define SKN_PIECE (1 << 16)
+#define SKN_MAX_ALPHABET (1 << 15)
+#define SKN_DEFAULT_MAX_VALUES ((uint64_t)1 << 28)
+
+static SKN_INLINE uint16_t skn_rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static SKN_INLINE uint32_t skn_rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* A quantised static model: freq/cum (rows, A) / (rows, A + 1). */
+typedef struct skn_model {
+    uint32_t rows, A, bits;
+    uint32_t *freq;
+    uint32_t *cum;
+} skn_model;
+
+/* weights (rows, A) > 0 (smoothing already added) -> model; numpy's arithmetic exactly. */
+int skn_model_build(skn_model *m, const double *weights, uint32_t rows, uint32_t A);
+/* from a u8 log-count table (wire-format 4.8) */
+int skn_model_from_logcounts(skn_model *m, const uint8_t *t, uint32_t rows, uint32_t A);
+/* from u32 counts (+1 smoothing) */
+int skn_model_from_counts(skn_model *m, const uint32_t *c, uint32_t rows, uint32_t A);
+void skn_model_free(skn_model *m);
+
+/* Decode a stream whose words/counts are raw little-endian bytes. Symbols -> out (uint16). */
+typedef struct skn_stream {
+    const uint8_t *words; size_t n_words;
+    const uint8_t *counts; size_t n_pieces;
+} skn_stream;
+
+int skn_rans_run(const skn_stream *st, const int32_t *seg_ctx, const int64_t *seg_len, size_t n_seg,
+                 const skn_model *m, int64_t piece, uint16_t *out, int64_t n);
+
+/* The per-path kernels (kern.c compiled once per vector path). */
+typedef struct skn_kernels {
+    const char *name;
+    /* fused reconstruction + 2-D inverse DCT + scale + mean + fp16 for channel blocks [lo, hi) */
+    int (*idct2_f16)(int n, int mag32, const void *mag, const uint8_t *neg, const int32_t *perm, float step,
+                     float off, int32_t lo, int32_t hi, const float *inv, const float *mu, int32_t C,
+                     uint16_t *out, float *scratch);
+    /* CacheGen: (C, T) channel-major symbols -> (T, C) fp16 of (s - mx) * scale[t] */
+    void (*cachegen_f16)(const uint16_t *sym, const float *scale, int32_t mx, int32_t T, int32_t C,
+                         uint16_t *out);
+    /* n float32 -> fp16 bits (round to nearest even) */
+    void (*to_f16)(const float *x, size_t n, uint16_t *out);
+} skn_kernels;
+
+const skn_kernels *skn_kernels_get(void);
+int skn_block_channels(int n);
+int skn_row_stride(int n);
+
+#endif
