@@ -27,7 +27,7 @@ def rng():
 @pytest.fixture(scope="session")
 def klein_folder(tmp_path_factory):
     """A complete tiny FLUX.2 Klein pipeline written with save_pretrained, once per test run."""
-    from sakura.models.klein_tiny import write_tiny_klein_folder
+    from sakura.models.flux.klein_tiny import write_tiny_klein_folder
 
     return write_tiny_klein_folder(tmp_path_factory.mktemp("klein"))
 
@@ -35,7 +35,7 @@ def klein_folder(tmp_path_factory):
 @pytest.fixture(scope="session")
 def kontext_folder(tmp_path_factory):
     """A complete tiny FLUX.1 Kontext pipeline written with save_pretrained, once per test run."""
-    from sakura.models.kontext_tiny import write_tiny_kontext_folder
+    from sakura.models.flux.kontext_tiny import write_tiny_kontext_folder
 
     return write_tiny_kontext_folder(tmp_path_factory.mktemp("kontext"))
 

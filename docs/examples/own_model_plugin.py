@@ -4,8 +4,9 @@
 The model is a Flux transformer working on pixels directly (2x2 patches, no VAE) with a toy prompt
 encoder, small enough to train or test on a laptop; what makes it a sakura model is the ~10 calls
 of `sakura.models.ImageTemplateEditModel`. The template stream and the per-layer K/V capture and
-injection come from sakura's Flux-family block loop (`sakura.models.kontext.kontext_blocks`),
-which runs any `FluxTransformer2DModel` without modifying it.
+injection come from sakura's Flux-family block loop (`sakura.models.flux.kontext_blocks`), which
+runs any `FluxTransformer2DModel` without modifying it. Every sakura name it uses is public and
+stable: `sakura.models.adapter` and `sakura.models.flux` (docs/api.md).
 
 Use it in-process:
 
@@ -32,11 +33,11 @@ from typing import Any, Iterator
 import torch
 from diffusers import FluxTransformer2DModel
 
-from sakura.models.base import (EditOutput, KVMode, check_images, check_source_fits, check_steps, patchify,
-                                resolve_kv_mode, unpatchify)
-from sakura.models.klein import LazyTemplateLayers
-from sakura.models.kontext import KVSlot, image_ids, kontext_blocks, kontext_forward
-from sakura.models.kv import LayerKV, TemplateKV, TemplateKVSource, fingerprint_model, fingerprint_tensors
+# sakura's public adapter contract (docs/api.md, "Stability"): nothing else of sakura is imported
+from sakura.models.adapter import (EditOutput, KVMode, LayerKV, LazyTemplateLayers, TemplateKV, TemplateKVSource,
+                                   check_images, check_prompt, check_source_fits, check_steps, fingerprint_model,
+                                   fingerprint_tensors, patchify, resolve_device, resolve_kv_mode, unpatchify)
+from sakura.models.flux import KVSlot, image_ids, kontext_blocks, kontext_forward
 
 PATCH = 2          # pixels per token side: a token is a 2x2x3 pixel patch (in_channels = 12)
 TEXT_TOKENS = 4    # the toy prompt encoder's tokens
@@ -71,14 +72,17 @@ class PixelFlux:
     template_conditioning = "prompt"   # a template = image + prompt (the bundled models: image + task id)
     max_template_images = 1
 
-    def __init__(self, transformer: FluxTransformer2DModel, image_size: int = 32):
+    def __init__(self, transformer: FluxTransformer2DModel, image_size: int = 32, *, device="auto", dtype="auto"):
         c = transformer.config
         if c.in_channels != 3 * PATCH * PATCH or image_size % PATCH:
             raise ValueError(f"PixelFlux needs in_channels = 12 and an even image size, got {c.in_channels}, {image_size}")
-        self.transformer = transformer.eval()
+        self.device, self.dtype = resolve_device(device, dtype)  # "auto" -> cuda/mps/cpu, bf16/fp16/fp32
         self.cfg = PixelFluxConfig(image_size, c.num_attention_heads, c.attention_head_dim,
                                    c.num_layers + c.num_single_layers)
-        self._fingerprint: str | None = None
+        # the identity of the weights as saved, before any cast: a store built in fp32 on one machine
+        # serves an edit in bf16 on another
+        self._fingerprint = fingerprint_model(transformer, {"kind": "pixel-flux", **asdict(self.cfg)})
+        self.transformer = transformer.eval().to(self.device, self.dtype)
 
     # 1. identity: what a stored KV is checked against -----------------------------------------
     @property
@@ -87,8 +91,6 @@ class PixelFlux:
 
     def fingerprint(self) -> str:
         """sha256 of config + weights, stamped on every template KV (a KV of other weights is refused)."""
-        if self._fingerprint is None:
-            self._fingerprint = fingerprint_model(self.transformer, {"kind": "pixel-flux", **asdict(self.cfg)})
         return self._fingerprint
 
     def template_fingerprint(self, template: torch.Tensor, instruction: Any = "") -> str:
@@ -102,22 +104,19 @@ class PixelFlux:
 
     @staticmethod
     def _prompt_text(instruction: Any) -> str:
-        if instruction is None or instruction == 0:   # the runtime's "no instruction"
-            return ""
-        if not isinstance(instruction, str):
-            raise ValueError(f"a pixel-flux template's instruction is its prompt text, got {instruction!r}")
-        return instruction
+        return check_prompt(instruction, "pixel-flux")   # "" for no instruction; a ValueError for a non-string
 
     def _prompt(self, prompt: str):
         """A toy prompt encoder (a real plugin runs its text encoder here): embeddings seeded by the
         prompt's hash -> (embeds (1, 4, joint_dim), pooled (1, pooled_dim), text ids (4, 3))."""
         c = self.transformer.config
         g = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "little"))
-        return (torch.randn(1, TEXT_TOKENS, c.joint_attention_dim, generator=g),
-                torch.randn(1, c.pooled_projection_dim, generator=g), torch.zeros(TEXT_TOKENS, 3))
+        on = dict(device=self.device, dtype=self.dtype)  # drawn on the CPU (the same on every device), then moved
+        return (torch.randn(1, TEXT_TOKENS, c.joint_attention_dim, generator=g).to(**on),
+                torch.randn(1, c.pooled_projection_dim, generator=g).to(**on), torch.zeros(TEXT_TOKENS, 3, device=self.device))
 
     def _tokens(self, img: torch.Tensor) -> torch.Tensor:
-        return patchify(img * 2 - 1, PATCH)               # (1, grid^2, 12) in [-1, 1]
+        return patchify(img.to(self.device, self.dtype) * 2 - 1, PATCH)  # (1, grid^2, 12) in [-1, 1]
 
     # 3. capture: the template's K/V per layer, lazily -------------------------------------------
     @torch.no_grad()
@@ -128,8 +127,9 @@ class PixelFlux:
         _, pooled, _ = self._prompt(self._prompt_text(instruction))
         slot = KVSlot()                                    # captures the template stream's K/V
         blocks = kontext_blocks(self.transformer, main=None, main_ids=None, prompt_embeds=None, txt_ids=None,
-                                template=self._tokens(template), tmpl_ids=image_ids(self.cfg.grid, 2), pooled=pooled,
-                                timestep=torch.zeros(1), guidance=None, ref_timestep=0.0, slot=slot)
+                                template=self._tokens(template), tmpl_ids=image_ids(self.cfg.grid, 2).to(self.device),
+                                pooled=pooled, timestep=torch.zeros(1, device=self.device), guidance=None,
+                                ref_timestep=0.0, slot=slot)
         for i in range(self.num_layers):
             next(blocks)
             yield slot.captured[i]
@@ -138,7 +138,7 @@ class PixelFlux:
         return list(self.template_layers(template, instruction))
 
     def _wrap(self, template, prompt, pairs) -> TemplateKV:
-        return TemplateKV([LayerKV(k[0].contiguous(), v[0].contiguous()) for k, v in pairs], self.fingerprint(),
+        return TemplateKV([LayerKV(k[0].contiguous().cpu(), v[0].contiguous().cpu()) for k, v in pairs], self.fingerprint(),
                           self.template_fingerprint(template, prompt),
                           layout={"kind": "pixel-flux", "grid": [self.cfg.grid] * 2, "instruction": prompt},
                           positions=image_ids(self.cfg.grid, 2))
@@ -168,30 +168,31 @@ class PixelFlux:
             prompt = self._prompt_text(template_kv.instruction if instruction is None else instruction)
             # each layer read once (a streamed source's layer(i) is a one-shot request), kept for later steps
             injected = LazyTemplateLayers.from_source(template_kv, tokens=self.cfg.tokens_per_image,
-                                                      heads=self.cfg.heads, head_dim=self.cfg.head_dim)
+                                                      heads=self.cfg.heads, head_dim=self.cfg.head_dim,
+                                                      device=self.device, dtype=self.dtype)  # cast on arrival
         else:
             template, prompt = self._image(template, "template"), self._prompt_text(instruction)
         emb, pooled, txt_ids = self._prompt(prompt)
         g, n = self.cfg.grid, self.cfg.tokens_per_image
-        main_ids = torch.cat([image_ids(g, 0), image_ids(g, 1)])
+        main_ids = torch.cat([image_ids(g, 0), image_ids(g, 1)]).to(self.device)
         out, captured, t_start = [], None, time.perf_counter()
         for j in range(photo.shape[0]):
-            x = torch.randn(1, n, 3 * PATCH * PATCH, generator=torch.Generator().manual_seed(seed))
+            x = torch.randn(1, n, 3 * PATCH * PATCH, generator=torch.Generator().manual_seed(seed)).to(self.device, self.dtype)
             inject = injected if mode is KVMode.INJECTED else None
-            ts = torch.linspace(1.0, 0.0, steps + 1)
+            ts = torch.linspace(1.0, 0.0, steps + 1, device=self.device)
             for i in range(steps):
                 in_seq = mode is KVMode.NOCACHE or (mode is KVMode.EXTRACT and inject is None)
                 slot = KVSlot(inject=None if in_seq else inject, probe=None if in_seq else probe)
                 v = kontext_forward(self.transformer, main=torch.cat([x, self._tokens(photo[j:j + 1])], 1),
                                     main_ids=main_ids, prompt_embeds=emb, txt_ids=txt_ids,
                                     template=self._tokens(template) if in_seq else None,
-                                    tmpl_ids=image_ids(g, 2) if in_seq else None, pooled=pooled,
+                                    tmpl_ids=image_ids(g, 2).to(self.device) if in_seq else None, pooled=pooled,
                                     timestep=ts[i:i + 1], guidance=None, ref_timestep=0.0, slot=slot)[:, :n]
                 if in_seq and mode is KVMode.EXTRACT:      # step 0 captured the K/V: reuse them after
-                    inject = LazyTemplateLayers.from_pairs(slot.captured)
+                    inject = LazyTemplateLayers.from_pairs(slot.captured, device=self.device, dtype=self.dtype)
                     captured = captured or self._wrap(template, prompt, slot.captured)
                 x = x + (ts[i + 1] - ts[i]) * v                # Euler step of dx/dt = v (noise at t = 1)
-            out.append(((unpatchify(x, PATCH, 3, self.cfg.image_size) + 1) / 2).clamp(0, 1))
+            out.append(((unpatchify(x.float().cpu(), PATCH, 3, self.cfg.image_size) + 1) / 2).clamp(0, 1))
         return EditOutput(torch.cat(out), captured, {"denoise": time.perf_counter() - t_start})
 
     # 5. describe: for `sakura info`, manifests and the benchmarks ------------------------------
@@ -204,14 +205,17 @@ class PixelFlux:
                 "fingerprint": self.fingerprint()[:16]}
 
 
-def load(arg: str = "", **options) -> PixelFlux:
+def load(arg: str = "", *, device="auto", dtype="auto") -> PixelFlux:
     """The plugin's factory: ``pixel-flux:/folder[@S]`` (a `FluxTransformer2DModel.save_pretrained`
-    folder, S px per side, default 32). Errors are one line: a ValueError or FileNotFoundError."""
+    folder, S px per side, default 32). sakura passes ``device=`` / ``dtype=`` from ``--device`` /
+    ``--dtype`` (or the Python API); a name that does not exist here is a one-line `DeviceError`.
+    Errors are one line: a ValueError or FileNotFoundError."""
     m = re.fullmatch(r"(.*?)(?:@(\d+))?", arg)
     folder, size = m.group(1), int(m.group(2) or 32)
     if not folder or not Path(folder).is_dir():
         raise FileNotFoundError(f"pixel-flux needs a transformer folder: pixel-flux:/folder[@S], got {arg!r}")
-    return PixelFlux(FluxTransformer2DModel.from_pretrained(folder, local_files_only=True), size, **options)
+    return PixelFlux(FluxTransformer2DModel.from_pretrained(folder, local_files_only=True), size, device=device,
+                     dtype=dtype)
 
 
 def write_tiny_transformer(folder: str | Path) -> Path:

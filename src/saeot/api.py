@@ -181,6 +181,7 @@ def match_layers(out: Path | None, *, layer_a: int, layer_b: int, acts: Path | N
     ``acts_a`` / ``acts_b`` (the same tokens row by row); SAEs from the folder ``saes`` or the
     single folders ``sae_a`` / ``sae_b``; each SAE's own hook must name the layer it is used for.
     """
+    from saeot.methods import ONE_TO_ONE
     from saeot.pipeline import compare_methods, features_from_arrays, layer_pair
     from saeot.sae import load_sae_for_layer
 
@@ -204,7 +205,7 @@ def match_layers(out: Path | None, *, layer_a: int, layer_b: int, acts: Path | N
            "k": k, "solver": solver, "strategy": strategy,
            "methods": {n: {"seconds": r.seconds, "evaluated_pairs": r.evaluated,
                            "top_token_jaccard": None if r.proxy != r.proxy else r.proxy,
-                           "strategy": "hungarian" if n in ONE_TO_ONE_METHODS else strategy,
+                           "strategy": "hungarian" if n in ONE_TO_ONE else strategy,
                            "n_matched": int(len(r.matching.src)),
                            "src": r.matching.src.tolist(), "tgt": r.matching.tgt.tolist(),
                            "dist": r.matching.dist.tolist()} for n, r in res.items()}}
@@ -219,13 +220,13 @@ def match_layers(out: Path | None, *, layer_a: int, layer_b: int, acts: Path | N
     return doc
 
 
-ONE_TO_ONE_METHODS = ("sae-match-folded",)
 
 
 def evaluate_pairs(acts: Path, saes: Path, pairs: Sequence[tuple[int, int]], *, model: str = "gemma3-270m",
              out: Path | None = None, n_eval: int = 128, n_intervene: int = 0, configs=None,
              settings: Sequence[str] = ("shared", "disjoint"), strategies: Sequence[str] = ("nn", "hungarian", "mutual"),
-             n_chunks: int = 4, select_metric: str = "judge", saes_b: Path | None = None, log: Log = print) -> dict:
+             n_chunks: int = 4, select_metric: str = "judge", saes_b: Path | None = None,
+             splits: Sequence[str] = ("val", "test"), log: Log = print) -> dict:
     """Non-circular evaluation of every method on each layer pair (:func:`saeot.evaluate.evaluate_pair`):
     held-out judges, shared and disjoint settings, paired OT - baseline intervals.  ``out`` (JSON)
     is rewritten after every pair, so an interruption keeps the finished pairs; ``out``'s ``.md``
@@ -250,7 +251,7 @@ def evaluate_pairs(acts: Path, saes: Path, pairs: Sequence[tuple[int, int]], *, 
                                            load_sae_for_layer(saes_b if saes_b is not None else saes, lb), la, lb,
                                            lm=lm, n_eval=n_eval, n_intervene=n_intervene, configs=configs,
                                            settings=tuple(settings), strategies=tuple(strategies),
-                                           n_chunks=n_chunks, log=log)
+                                           n_chunks=n_chunks, splits=tuple(splits), log=log)
         if out is not None:
             write_json({"pairs": res}, out)  # after every pair: a partial result survives an interruption
     choice = choose_config(res, metric=select_metric, setting=list(settings)[0])

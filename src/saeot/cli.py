@@ -82,7 +82,8 @@ def _check_folder(option: str, path: Path, what: str) -> None:
 SOLVER_CHOICES = ("exact", "sinkhorn", "sinkhorn-debiased", "sliced")
 STRATEGY_CHOICES = ("nn", "hungarian", "mutual")
 SPACE_CHOICES = ("reference", "linear", "pca")
-METHOD_CHOICES = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "all")
+METHOD_CHOICES = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "sae-match-folded-encdec", "act-corr",
+                  "xact", "all")
 TASK_CHOICES = ("addition", "successor")
 
 
@@ -213,7 +214,7 @@ def match(
     _check_positive("--k", k)
     _check_positive("--candidates", candidates, allow_zero=True)
     _check_positive("--n-jobs", n_jobs, allow_zero=True)
-    from saeot.sae import load_sae_for_layer, parse_layer
+    from saeot.sae import parse_layer
 
     la, lb = parse_layer(layer_a), parse_layer(layer_b)
     if (acts_a is None) != (acts_b is None):
@@ -520,6 +521,14 @@ def bench_width(
     recall_sources: int = typer.Option(64, help="Sources whose exact NN is found by pruned search (recall)."),
     device: str = typer.Option("auto", help="Candidate search device: auto (cuda, mps, cpu), cpu, cuda, mps."),
     uncovered: bool = typer.Option(False, "--uncovered", help="Hard case: features without a counterpart too."),
+    support_dtype: str = typer.Option("float32", help="Storage of the shared token array the supports are "
+                                      "gathered from: float32 or float16 (half the memory; costs stay float32)."),
+    no_recall: bool = typer.Option(False, "--no-recall", help="Skip the recall check (time and memory only)."),
+    certify: bool = typer.Option(False, "--certify", help="After the candidates, visit every target whose lower "
+                                 "bound is below the best candidate's W2: the exact NN (recall 1 by construction), "
+                                 "at the cost of the extra exact problems it reports."),
+    no_exact: bool = typer.Option(False, "--no-exact", help="Stop after the candidate search (memory plan at "
+                                  "widths whose exact stage is too long here; implies --no-recall)."),
     seed: int = typer.Option(0),
     out: Path = typer.Option(Path("runs/width.json"), help="Result JSON (the manual's copies live in docs/saeot/; "
                              "pass --out there to replace them)."),
@@ -530,6 +539,7 @@ def bench_width(
     for opt, v in (("--k", k), ("--d", d), ("--candidates", candidates), ("--recall-sources", recall_sources)):
         _check_positive(opt, v)
     _check_choice("--prefilter", prefilter, ("sliced", "pca-sliced"))
+    _check_choice("--support-dtype", support_dtype, ("float32", "float16"))
     from saeot.bench import write_json
     from saeot.models import resolve_device
     from saeot.width import width_bench
@@ -542,7 +552,9 @@ def bench_width(
     if min(ws) < 2:
         _fail("--widths must be >= 2")
     r = width_bench(ws, k=k, d=d, candidates=candidates, prefilter=prefilter, recall_sources=recall_sources,
-                    device=dev, seed=seed, cover=not uncovered, log=typer.echo)
+                    device=dev, seed=seed, cover=not uncovered, support_dtype=support_dtype, recall=not no_recall,
+                    exact=not no_exact, certify=certify,
+                    log=typer.echo)
     write_json(r, out)
     typer.echo(f"wrote {out}")
 

@@ -34,7 +34,7 @@ from saeot.geometry import DEFAULT_GEOMETRY
 from saeot.matching import Matching, match
 from saeot.methods import LayerFeatures, distance_matrix
 
-EVAL_METHODS = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr")
+EVAL_METHODS = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "xact")
 STRATEGIES = ("nn", "hungarian", "mutual")
 
 
@@ -134,31 +134,78 @@ class OTConfig:
         return None
 
 
+def affine_map(H_from: np.ndarray, H_to: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares affine map ``H_to ~ H_from @ W + c`` (rows = the same tokens): (W (d, d'), c (d',))."""
+    X = np.asarray(H_from, np.float64)
+    Y = np.asarray(H_to, np.float64)
+    mx, my = X.mean(0), Y.mean(0)
+    W, *_ = np.linalg.lstsq(X - mx, Y - my, rcond=None)
+    return W.astype(np.float32), (my - mx @ W).astype(np.float32)
+
+
 def fitted_features(sae_a, sae_b, Ha, Hb, masks, setting: str, k: int = 32, geometry: str = DEFAULT_GEOMETRY,
                     acts=None):
-    """LayerFeatures of both layers fitted on their tokens for ``setting`` ("shared": both on the
-    fit chunks; "disjoint": A on fit_a, B on fit_b), embedded in the target layer's hidden-state
-    space transformed by ``geometry`` (:mod:`saeot.geometry`, fitted on the fit tokens).
-    ``acts`` = precomputed (acts_a, acts_b) for these tokens (SAE encoding is the slow part)."""
+    """LayerFeatures of both layers fitted on their tokens for ``setting``.
+
+    - ``shared``: both layers on the fit chunks; both distributions sit on the target layer's
+      hidden states of those tokens, ``g(Hb[fit])``; ``xact`` = act-corr there.
+    - ``disjoint`` (geometry only): A's features on ``fit_a``, B's on ``fit_b`` (no token in
+      common).  No target-layer state of a source token is used anywhere: the source tokens are
+      placed in the target's space by an affine map ``M`` fitted on the *target's* tokens
+      (``Ha[fit_b] -> Hb[fit_b]``), ``Za = g(M(Ha[fit_a]))``, ``Zb = g(Hb[fit_b])``, with the
+      geometry ``g`` fitted on ``Hb[fit_b]``.  ``A.target_acts`` = the target SAE applied to
+      ``M(Ha[fit_a])``: what ``xact`` correlates, reading exactly the inputs OT reads.
+
+    Embedded by ``geometry`` (:mod:`saeot.geometry`).  ``acts`` = precomputed (acts_a, acts_b)
+    for these tokens (SAE encoding is the slow part)."""
     from saeot.geometry import Geometry
 
     ma_tok, mb_tok = (masks["fit"], masks["fit"]) if setting == "shared" else (masks["fit_a"], masks["fit_b"])
-    g = Geometry.fit(Hb[masks["fit"]], geometry)
-    Za = g(Hb[ma_tok])
-    Zb = Za if setting == "shared" else g(Hb[mb_tok])
     acts_a, acts_b = acts if acts is not None else (sae_a.encode(Ha[ma_tok]), sae_b.encode(Hb[mb_tok]))
+    if setting == "shared":
+        g = Geometry.fit(Hb[masks["fit"]], geometry)
+        Za = Zb = g(Hb[ma_tok])
+        target_acts = None
+    else:
+        W, c = affine_map(Ha[mb_tok], Hb[mb_tok])
+        Ha_mapped = np.asarray(Ha[ma_tok], np.float32) @ W + c  # (n_a, d_b): source tokens, target space
+        g = Geometry.fit(Hb[mb_tok], geometry)
+        Za, Zb = g(Ha_mapped), g(Hb[mb_tok])
+        target_acts = sae_b.encode(Ha_mapped)
     A = LayerFeatures(W_dec=sae_a.W_dec, acts=acts_a, Z=Za, W_enc=sae_a.W_enc, k=k, b_enc=sae_a.b_enc,
-                      threshold=sae_a.threshold)
+                      threshold=sae_a.threshold, target_acts=target_acts)
     B = LayerFeatures(W_dec=sae_b.W_dec, acts=acts_b, Z=Zb, W_enc=sae_b.W_enc, k=k, b_enc=sae_b.b_enc,
                       threshold=sae_b.threshold)
     return A, B
 
 
+WHAT_EACH_METHOD_SEES = {
+    "ot": {"shared": "both SAEs' activations on the fit tokens (top-k supports); the target layer's states of "
+                     "those tokens (reference space)",
+           "disjoint": "source SAE on fit_a, target SAE on fit_b; target states of fit_b; source states of fit_a "
+                       "mapped into the target space by an affine map fitted on fit_b"},
+    "xact": {"shared": "both SAEs' activations on the fit tokens (= act-corr)",
+             "disjoint": "source SAE on fit_a; target SAE on the mapped source states M(Ha[fit_a]) (OT's own inputs)"},
+    "act-corr": {"shared": "both SAEs' activations on the fit tokens", "disjoint": "undefined (no common token)"},
+    "decoder-cosine": {"shared": "decoder rows only", "disjoint": "decoder rows only"},
+    "sae-match": {"shared": "encoder columns and decoder rows", "disjoint": "encoder columns and decoder rows"},
+    "sae-match-folded": {"shared": "decoder rows and thresholds (TopK: one per layer from the fit activations)",
+                         "disjoint": "decoder rows and thresholds"},
+}
+
+
 class ContextJudge:
-    """MiniLM embeddings of features' top held-out contexts; cached per (layer, feature)."""
+    """MiniLM embeddings of features' top held-out contexts; cached per (layer, feature).
+
+    ``mask_token=True`` (the *masked judge*, issue 44): in every context the activating token
+    itself is replaced by ``[MASK]``, so two features that fire on the same word are not rated
+    alike for that word alone; only the surrounding text (12 tokens before, 2 after) is compared.
+    It still rewards features whose contexts are alike in topic or register (two features firing
+    in Python docstrings look alike whatever they detect), and the same word's neighbours are
+    often alike too, so it weakens token identity rather than removing it."""
 
     def __init__(self, tokens, chunk, decode, held_mask, n_ctx: int = 4, before: int = 12, after: int = 2,
-                 model=None):
+                 model=None, mask_token: bool = False):
         if model is None:
             from sentence_transformers import SentenceTransformer
 
@@ -169,6 +216,7 @@ class ContextJudge:
         self.tokens, self.chunk, self.decode = tokens, chunk, decode
         self.held_pos = np.flatnonzero(held_mask)  # held-out rows -> corpus positions
         self.n_ctx, self.before, self.after = n_ctx, before, after
+        self.mask_token = mask_token
         self.cache: dict = {}
 
     def _text(self, p: int) -> str:
@@ -177,6 +225,10 @@ class ContextJudge:
             lo -= 1
         while hi + 1 < len(self.tokens) and hi - p < self.after and self.chunk[hi + 1] == self.chunk[p]:
             hi += 1
+        if self.mask_token:
+            left = self.decode([int(t) for t in self.tokens[lo:p]]) if p > lo else ""
+            right = self.decode([int(t) for t in self.tokens[p + 1:hi + 1]]) if hi > p else ""
+            return f"{left} [MASK] {right}".strip()
         return self.decode([int(t) for t in self.tokens[lo:hi + 1]])
 
     def embed(self, layer, held_acts, features) -> dict:
@@ -281,7 +333,7 @@ def intervention_effects(lm, sae_a, sae_b, la: int, lb: int, sources, chunk_ids_
     return out
 
 
-METRICS = ("judge", "jaccard", "rel_effect", "hit10")  # higher = better for all four
+METRICS = ("judge", "judge_masked", "jaccard", "rel_effect", "hit10")  # higher = better for all
 
 
 def _chunks_of(held_acts, rows_chunk, features, n_chunks: int) -> dict[int, list[int]]:
@@ -298,7 +350,8 @@ def _chunks_of(held_acts, rows_chunk, features, n_chunks: int) -> dict[int, list
 
 
 def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, settings=("shared", "disjoint"),
-                  configs=None, baselines=("decoder-cosine", "sae-match", "sae-match-folded", "act-corr"), strategies=STRATEGIES,
+                  configs=None, baselines=("decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "xact"),
+                  strategies=STRATEGIES,
                   splits=SPLITS, n_eval: int = 128, n_intervene: int = 32, n_chunks: int = 4, csls_k: int = 10,
                   seed: int = 0, progress: bool = True, log=print, k: int | None = None,
                   candidates: int | None = None) -> dict:
@@ -339,17 +392,23 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
     held = {sp: (sae_a.encode(Ha[masks[sp]]), sae_b.encode(Hb[masks[sp]])) for sp in splits}
     alive_held = {sp: (np.asarray(a.getnnz(axis=0)).ravel() > 0, np.asarray(b.getnnz(axis=0)).ravel() > 0)
                   for sp, (a, b) in held.items()}
-    judges = {}
+    judges, masked_judges = {}, {}
     if lm is not None:
         shared_model = None
         for sp in splits:
             judges[sp] = ContextJudge(tokens, chunk, lm.tokenizer.decode, masks[sp], model=shared_model)
             shared_model = judges[sp].model
+            masked_judges[sp] = ContextJudge(tokens, chunk, lm.tokenizer.decode, masks[sp], model=shared_model,
+                                             mask_token=True)
     rng = np.random.default_rng(seed)
     use_csls = any(c.hubness == "csls" for c in configs)
     out: dict = {"layers": [la, lb], "n_tokens": int(len(tokens)), "fit_tokens": int(masks["fit"].sum()),
                  "split_tokens": {sp: int(masks[sp].sum()) for sp in splits}, "configs": [c.name for c in configs],
                  "settings": {}}
+    if sae_a.d_sae == sae_b.d_sae and sae_a.d_in == sae_b.d_in:  # shared initialisation shows up here (issue 44)
+        da = sae_a.W_dec / np.maximum(np.linalg.norm(sae_a.W_dec, axis=1, keepdims=True), 1e-12)
+        db = sae_b.W_dec / np.maximum(np.linalg.norm(sae_b.W_dec, axis=1, keepdims=True), 1e-12)
+        out["same_index_decoder_cosine"] = float(np.mean((da * db).sum(1)))
     inter: dict = {}  # split -> {"sources", "effects", "seconds"}, shared by every setting
     for setting in settings:
         t0 = time.perf_counter()
@@ -435,11 +494,12 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
                 jac = np.full(len(sample), np.nan)
                 jac[has] = held_out_jaccard(ha, hb, toks, sample[has], tgt[has])
                 sc["jaccard"] = jac
-                if sp in judges:
-                    jd = np.full(len(sample), np.nan)
-                    if has.any():
-                        jd[has] = judges[sp].similarity(la, ha, lb, hb, sample[has], tgt[has])
-                    sc["judge"] = jd
+                for key, jdg in (("judge", judges), ("judge_masked", masked_judges)):
+                    if sp in jdg:
+                        jd = np.full(len(sample), np.nan)
+                        if has.any():
+                            jd[has] = jdg[sp].similarity(la, ha, lb, hb, sample[has], tgt[has])
+                        sc[key] = jd
                 if sp in inter:
                     isrc, eff = inter[sp]["sources"], inter[sp]["effects"]
                     top10 = np.argsort(-eff, 1)[:, :10]
@@ -464,6 +524,12 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
                         x, y = res["scores"][c.name][s][sp], res["scores"][b][s][sp]
                         res["paired"].setdefault(c.name, {}).setdefault(b, {}).setdefault(s, {})[sp] = {
                             m: paired_bootstrap(x[m], y[m], seed=seed) for m in x if m in y}
+        # diagnostic: how often a method matches feature i to feature i (by index); two SAEs trained
+        # from the same random initialisation share decoder directions by index (issue 44)
+        res["targets"] = {f"{name}/{s}": [int(mt.as_dict().get(int(i), -1)) for i in sample]
+                          for (name, s), mt in matchings.items()}  # each judged source's match (-1 = none)
+        res["identity_match"] = {f"{name}/{s}": float(np.mean(mt.src == mt.tgt)) if len(mt.src) else float("nan")
+                                 for (name, s), mt in matchings.items() if name != "random"}
         res["agree_with_first_ot_nn"] = {
             name: float(np.mean([matchings[(configs[0].name, "nn")].as_dict().get(i) == j
                                  for i, j in matchings[(name, "nn")].as_dict().items()]))
@@ -508,7 +574,7 @@ def choose_config(res: dict, *, split: str = "val", strategy: str = "nn", metric
             "metric": metric, "setting": setting, "pairs": sorted(pairs) if pairs is not None else "all"}
 
 
-_METRIC_NAMES = {"judge": "MiniLM judge", "jaccard": "held-out Jaccard", "rel_effect": "intervention rel. effect",
+_METRIC_NAMES = {"judge": "MiniLM judge", "judge_masked": "MiniLM judge, token masked", "jaccard": "held-out Jaccard", "rel_effect": "intervention rel. effect",
                  "hit10": "intervention hit@10"}
 
 

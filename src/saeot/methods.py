@@ -12,18 +12,29 @@ name               distance between feature i of layer A and feature j of layer 
                    feature's decoder norm into its encoder (unit decoder rows, encoder column
                    times the norm), then squared Euclidean distance of the concatenated
                    [encoder column, decoder row]
-``sae-match-folded`` SAE-Match as published (Balagansky et al., ICLR 2025): every feature's
-                   activation threshold theta folded into its parameters (encoder column and
-                   encoder bias / theta, decoder row * theta: an exact reparametrisation whose
-                   threshold is 1), then the mean squared error of the concatenated folded
-                   [encoder column, encoder bias, decoder row]; matched one-to-one (Hungarian,
-                   :data:`ONE_TO_ONE`) whatever the strategy asked for.  JumpReLU: theta = its
+``sae-match-folded`` SAE-Match as published (Balagansky et al., ICLR 2025, sec. 3): every
+                   feature's activation threshold theta folded into its parameters (encoder
+                   column and encoder bias / theta, decoder row * theta: an exact
+                   reparametrisation whose threshold is 1), then the permutation minimising the
+                   mean squared error between the *folded decoder* rows, theta_i W_dec[i]
+                   (the paper's matching objective is on decoder weights; the encoder enters
+                   only through the fold's invariance); matched one-to-one (Hungarian,
+                   :data:`ONE_TO_ONE`) whatever the strategy asked for.
+``sae-match-folded-encdec`` the same fold, MSE of the concatenated folded [encoder column,
+                   encoder bias, decoder row] (saeot's reading before issue 44; kept for
+                   comparison).  JumpReLU: theta = its
                    threshold.  TopK has no per-feature threshold: the decision is "among the k
                    largest", a data-dependent threshold shared by all features of a token, so the
                    fold uses one theta per layer, the mean over tokens of the smallest active
                    activation (BatchTopK's global threshold, as dictionary_learning tracks it);
                    without activations (or standard ReLU SAEs, threshold 0) theta = 1.
 ``act-corr``       1 - Pearson correlation of their activations over the same corpus tokens
+``xact``           co-firing on OT's own inputs: 1 - Pearson correlation of source feature i's
+                   activations at the source's support tokens with target feature j's
+                   activations at *the same tokens as OT's reference space sees them*
+                   (``LayerFeatures.target_acts``: the target SAE applied to the reference
+                   states of the source's tokens).  On shared tokens this is act-corr; on
+                   disjoint tokens it is the cheap baseline that reads everything OT reads.
 =================  ===========================================================================
 
 ``sae-match`` (the variant above it) folds decoder norms instead of thresholds and is matched by
@@ -41,9 +52,12 @@ import numpy as np
 from saeot.distributions import FeatureDistributions, feature_distributions
 from saeot.wasserstein import PairwiseResult, measures, pairwise_w2
 
-METHODS = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr")
+METHODS = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "sae-match-folded-encdec", "act-corr", "xact")
+# the default set of compare_methods (demo, report, bench): on shared tokens xact equals act-corr, and
+# the enc+dec reading of SAE-Match is kept for comparison only
+CORE_METHODS = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr")
 # methods whose published matching is one-to-one: compare_methods matches them by Hungarian
-ONE_TO_ONE = ("sae-match-folded",)
+ONE_TO_ONE = ("sae-match-folded", "sae-match-folded-encdec")
 
 
 @dataclass
@@ -67,6 +81,9 @@ class LayerFeatures:
     threshold : (F,) float, optional
         Per-feature activation threshold folded by ``sae-match-folded`` (JumpReLU's threshold);
         None = :func:`effective_threshold` of ``acts`` (TopK).
+    target_acts : (n_tokens, F_target) array or scipy.sparse matrix, optional
+        Source layers only (``xact``): the *target* SAE's activations at this layer's tokens, as
+        OT's reference space sees those tokens; None = the target's own ``acts`` (shared tokens).
     """
 
     W_dec: np.ndarray
@@ -76,6 +93,7 @@ class LayerFeatures:
     k: int = 32
     b_enc: np.ndarray | None = None
     threshold: np.ndarray | None = None
+    target_acts: object | None = None
     _dists: FeatureDistributions | None = field(default=None, repr=False)
 
     @property
@@ -166,6 +184,13 @@ def folded_parameters(L: LayerFeatures) -> np.ndarray:
     return np.concatenate([enc.T / th[:, None], (b / th)[:, None], dec * th[:, None]], axis=1)
 
 
+def _folded_decoder_mse(A: LayerFeatures, B: LayerFeatures) -> np.ndarray:
+    """(Fa, Fb) mean squared error between folded decoder rows theta_i W_dec[i] (SAE-Match's cost)."""
+    fa, fb = (folded_parameters(L)[:, -L.W_dec.shape[1]:] for L in (A, B))
+    D = (fa * fa).sum(1)[:, None] + (fb * fb).sum(1)[None, :] - 2 * fa @ fb.T
+    return np.maximum(D, 0.0) / fa.shape[1]
+
+
 def _folded_mse(A: LayerFeatures, B: LayerFeatures) -> np.ndarray:
     fa, fb = folded_parameters(A), folded_parameters(B)
     D = (fa * fa).sum(1)[:, None] + (fb * fb).sum(1)[None, :] - 2 * fa @ fb.T
@@ -179,7 +204,7 @@ def distance_matrix(method: str, A: LayerFeatures, B: LayerFeatures, *, solver: 
 
     Parameters
     ----------
-    method : {"ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr"}
+    method : one of :data:`METHODS`
     A, B : LayerFeatures
         Source and target layer.
     solver, candidates, prefilter, **solver_kw
@@ -219,7 +244,11 @@ def distance_matrix(method: str, A: LayerFeatures, B: LayerFeatures, *, solver: 
     elif method == "sae-match":
         D = _sae_match_distance(A, B)
     elif method == "sae-match-folded":
+        D = _folded_decoder_mse(A, B)
+    elif method == "sae-match-folded-encdec":
         D = _folded_mse(A, B)
+    elif method == "xact":
+        D = _activation_correlation_distance(A.acts, B.acts if A.target_acts is None else A.target_acts)
     else:
         D = _activation_correlation_distance(A.acts, B.acts)
     Fa, Fb = D.shape

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import time
+
+import numpy as np
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +50,16 @@ class RealRun:
     n_eval: int
     label: str
     text: str | None = None  # a user text file instead of the bundled corpus (saeot collect --text)
+    sae_seeds: int = 2  # TopK SAE sets trained with base seeds 0..sae_seeds-1 (every layer its own seed)
+    jumprelu: bool = True  # also a JumpReLU SAE set (per-feature thresholds: where SAE-Match differs)
+    splits: tuple[str, ...] = ("test",)  # judged splits (val is only for choosing among OT variants)
+
+
+def sae_sets(r: RealRun) -> list[tuple[str, str, int]]:
+    """(suffix, architecture, base seed) of every SAE set: "" = TopK seed 0 (folder ``saes``),
+    "_seed1" ... the other TopK seeds, "_jumprelu" the JumpReLU set (folder ``saes<suffix>``)."""
+    return ([("", "topk", 0)] + [(f"_seed{s}", "topk", s) for s in range(1, r.sae_seeds)]
+            + ([("_jumprelu", "jumprelu", 0)] if r.jumprelu else []))
 
 
 @dataclass(frozen=True)
@@ -74,8 +86,9 @@ PRESETS = {
 
 def steps_of(p: Preset) -> list[str]:
     r = p.real
-    return (list(p.synthetic) + ["width", "collect", "train"]
-            + [f"eval_{a}_{b}" for a, b in r.pairs] + ["summary"])
+    sets = sae_sets(r)
+    return (list(p.synthetic) + ["width", "collect"] + [f"train{x}" for x, _, _ in sets]
+            + [f"eval_{a}_{b}{x}" for a, b in r.pairs for x, _, _ in sets] + ["summary"])
 
 
 def run_step(step: str, p: Preset, out: Path, log=print) -> dict:
@@ -101,18 +114,22 @@ def run_step(step: str, p: Preset, out: Path, log=print) -> dict:
 
         res = collect_cache(out / "acts", model=r.model, n_tokens=r.n_tokens, layers=r.layers, device="auto",
                             text=None if r.text is None else Path(r.text), log=log)
-    elif step == "train":
+    elif step.startswith("train"):
         from saeot.api import train_saes
 
-        train_saes(out / "acts", out / "saes", layers=r.layers, d_sae=r.d_sae, k=r.k, steps=r.steps,
-                   batch_size=r.batch_size, seed=0, log=log)
-        res = json.loads((out / "saes" / "report.json").read_text())
+        x, arch, seed = next(t for t in sae_sets(r) if f"train{t[0]}" == step)
+        train_saes(out / "acts", out / f"saes{x}", layers=r.layers, d_sae=r.d_sae, k=r.k, steps=r.steps,
+                   batch_size=r.batch_size, seed=seed, architecture=arch, log=log)
+        res = json.loads((out / f"saes{x}" / "report.json").read_text())
     elif step.startswith("eval_"):
         from saeot.api import evaluate_pairs
 
-        a, b = (int(x) for x in step[5:].split("_"))
-        res = evaluate_pairs(out / "acts", out / "saes", [(a, b)], model=r.model, n_eval=r.n_eval, n_intervene=0,
-                             settings=("shared", "disjoint"), log=log)
+        a, b, *rest = step[5:].split("_", 2)
+        x = f"_{rest[0]}" if rest else ""
+        res = evaluate_pairs(out / "acts", out / f"saes{x}", [(int(a), int(b))], model=r.model, n_eval=r.n_eval,
+                             n_intervene=0, settings=("shared", "disjoint"), splits=r.splits,
+                             strategies=("nn", "hungarian"), log=log)  # the verdicts use these two
+        res["sae_set"] = x or "_seed0"
     elif step == "summary":
         res = {"preset": p.name, "real": r.label, "steps": {s: json.loads((out / f"{s}.json").read_text()).get(
             "_seconds") for s in steps_of(p) if s != "summary" and (out / f"{s}.json").exists()}}
@@ -174,6 +191,8 @@ def reproduce(preset: str, out: Path, *, only: list[str] | None = None, log=prin
 CO_FIRING = ("act-corr",)  # baselines that see which tokens a feature fires on, as OT's default space does
 HIGHER = {"judge": "MiniLM judge: cosine similarity of the two features' held-out top contexts (higher = "
                    "more alike in meaning, by a sentence embedder; an offline proxy for the paper's LLM judge)",
+          "judge_masked": "masked judge: the same with the activating token replaced by [MASK] in every context "
+                          "(does not reward firing on the same word by itself)",
           "jaccard": "held-out Jaccard: overlap of the token ids at the two features' top held-out activations "
                      "(higher = fire on the same words)"}
 
@@ -187,25 +206,161 @@ def _ci(x: dict | None) -> str:
     return "n/a" if not x or not x.get("n", 1) else f"{x['mean']:.2f} [{x['lo']:.2f}, {x['hi']:.2f}]"
 
 
-def verdict_counts(evals: dict, setting: str, strategy: str = "nn", split: str = "test") -> dict:
-    """{baseline: {"wins", "ties", "losses"}} of the default OT configuration over every pair and metric
-    (judge, Jaccard) from the paired bootstrap verdicts."""
-    out: dict = {}
-    for ev in evals.values():
-        st = ev["settings"].get(setting)
-        if not st:
+BASELINES = ("decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "xact")
+FAMILY_METRICS = ("judge", "judge_masked", "jaccard")  # one family: they score the same matches
+ONE_TO_ONE_BASELINES = ("sae-match-folded", "sae-match-folded-encdec")
+
+
+def _ot_name(st: dict, ev: dict) -> str:
+    return st["configs"][0] if "configs" in st else ev["configs"][0]
+
+
+def paired_cells(evals_by_set: dict, setting: str, baseline: str, sets, split: str = "test") -> dict:
+    """{(pair, metric): per-source OT - baseline differences pooled over the SAE sets ``sets``} of the
+    default OT configuration; against a one-to-one baseline both sides match one-to-one (Hungarian),
+    else nearest neighbour.  Sources of different SAE seeds are different features: pooled as items."""
+    strat = "hungarian" if baseline in ONE_TO_ONE_BASELINES else "nn"
+    cells: dict = {}
+    for x in sets:
+        for pair, ev in evals_by_set.get(x, {}).items():
+            st = ev["settings"].get(setting)
+            if not st or baseline not in st["scores"]:
+                continue
+            so, sb = st["scores"][_ot_name(st, ev)].get(strat, {}).get(split, {}), \
+                st["scores"][baseline].get(strat, {}).get(split, {})
+            for m in FAMILY_METRICS:
+                if m in so and m in sb:
+                    d = np.asarray(so[m], np.float64) - np.asarray(sb[m], np.float64)
+                    cells.setdefault((pair, m), []).extend(d.tolist())
+    return cells
+
+
+def verdicts(evals_by_set: dict, setting: str, sets, split: str = "test") -> dict:
+    """{baseline: {"wins", "ties", "losses", "cells": {(pair, metric): result}}}: one Holm family per
+    baseline and setting (every pair x {judge, masked judge, Jaccard}), SAE seeds pooled per cell
+    (:func:`saeot.stats.family_verdicts`)."""
+    from saeot.stats import family_verdicts
+
+    out = {}
+    for bl in BASELINES:
+        cells = paired_cells(evals_by_set, setting, bl, sets, split)
+        if not cells:
             continue
-        ot = st["configs"][0] if "configs" in st else ev["configs"][0]
-        for bl, by_s in st["paired"].get(ot, {}).items():
-            # SAE-Match as published is one-to-one: compared with OT's one-to-one (Hungarian) matching
-            strat = "hungarian" if bl == "sae-match-folded" else strategy
-            for m in ("judge", "jaccard"):
-                r = by_s.get(strat, {}).get(split, {}).get(m)
-                if not r:
-                    continue
-                key = {"win": "wins", "loss": "losses"}.get(r.get("verdict"), "ties")
-                out.setdefault(bl, {"wins": 0, "ties": 0, "losses": 0})[key] += 1
+        fam = family_verdicts(cells)
+        cnt = {"wins": 0, "ties": 0, "losses": 0}
+        for r in fam.values():
+            cnt[{"win": "wins", "loss": "losses"}.get(r["verdict"], "ties")] += 1
+        out[bl] = {**cnt, "cells": fam}
     return out
+
+
+def verdict_counts(evals: dict, setting: str, strategy: str = "nn", split: str = "test") -> dict:
+    """{baseline: {"wins", "ties", "losses"}} of one evaluation ({pair: ...}) under Holm across its cells
+    (kept for the committed evaluations of earlier rounds)."""
+    return {bl: {k: v for k, v in c.items() if k != "cells"}
+            for bl, c in verdicts({"": evals}, setting, [""], split).items()}
+
+
+def _load_evals(out: Path, p: "Preset") -> dict:
+    """{set suffix: {pair: evaluation}} of every eval step present."""
+    res: dict = {}
+    for a, b in p.real.pairs:
+        for x, _, _ in sae_sets(p.real):
+            e = _load(out, f"eval_{a}_{b}{x}")
+            if e:
+                res.setdefault(x, {}).update(e["pairs"])
+    return res
+
+
+def _fmt_cell(r: dict | None) -> str:
+    if not r or not r.get("n"):
+        return "n/a"
+    return f"{r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] p={r['p_holm']:.3g} **{r['verdict']}**"
+
+
+def real_tables(out: Path, p: "Preset") -> list[str]:
+    """The real-model tables: W/T/L under Holm (TopK seeds pooled; JumpReLU apart), per-pair cells,
+    seconds per method, SAE-Match vs decoder cosine and the identity-match diagnostic."""
+    evs = _load_evals(out, p)
+    if not evs:
+        return []
+    topk = [x for x, arch, _ in sae_sets(p.real) if arch == "topk" and x in evs]
+    jr = [x for x, arch, _ in sae_sets(p.real) if arch == "jumprelu" and x in evs]
+    pairs = sorted({pr for x in evs for pr in evs[x]})
+    L = [f"## {p.real.label}", ""]
+    if p.real.model == "tiny-random":
+        L += ["*The tiny model is random: what its features share across layers is the token identity that "
+              "the residual stream carries from the embeddings, not learned meaning. These rows check that the "
+              "pipeline runs end to end; they are not evidence about any method on a real model.*", ""]
+    L += ["What higher means: " + "; ".join(HIGHER.values()) + ". Held-out = test chunks outside the SAEs' "
+          "and the distances' fit tokens.", "",
+          "What each method sees. **Shared** tokens: OT reads both SAEs' activations on the fit tokens and the "
+          "target layer's states of those tokens; act-corr and xact (= act-corr here) read the same activations. "
+          "**Disjoint** tokens (geometry only): the source's features are fitted on one half of the fit chunks, "
+          "the target's on the other; OT places the source tokens in the target's space by an affine map fitted "
+          "on the *target's* tokens, so no target-layer state of a source token is used; xact correlates the "
+          "source SAE with the target SAE applied to those same mapped states (OT's own inputs); act-corr is "
+          "undefined. Decoder cosine reads decoder rows; SAE-Match as published reads decoder rows and "
+          "thresholds (TopK: one per layer).", ""]
+    for title, sets in (("TopK SAEs, seeds pooled: " + ", ".join(x or "_seed0" for x in topk), topk),
+                        ("JumpReLU SAEs (per-feature thresholds)", jr)):
+        if not sets:
+            continue
+        v = {st: verdicts(evs, st, sets) for st in ("shared", "disjoint")}
+        L += [f"### {title}", "",
+              "OT (default) against each baseline: wins / ties / losses over pairs x {MiniLM judge, masked "
+              "judge, Jaccard}, **one Holm family per baseline and setting** (sign-flip p per cell, per-source "
+              "differences pooled over the SAE seeds; win / loss = Holm-adjusted p < 0.05). Against "
+              "sae-match-folded both sides match one-to-one (Hungarian), else nearest neighbour. Seconds = "
+              "mean time to compute the method's distances on the fit tokens per pair.", "",
+              "| baseline | shared W / T / L | disjoint W / T / L | seconds shared | seconds disjoint |",
+              "|---|---|---|---|---|"]
+        secs = {}
+        for st in ("shared", "disjoint"):
+            for x in sets:
+                for ev in evs[x].values():
+                    s_ = ev["settings"].get(st)
+                    if s_:
+                        for n, t in s_["fit_seconds"].items():
+                            secs.setdefault((st, "ot" if n.startswith("ot[") else n), []).append(t)
+        def sec(st, n):
+            return f"{np.mean(secs[(st, n)]):.2f}" if (st, n) in secs else "-"
+        for bl in BASELINES:
+            c = [f"{v[st][bl]['wins']} / {v[st][bl]['ties']} / {v[st][bl]['losses']}" if bl in v[st] else "n/a"
+                 for st in ("shared", "disjoint")]
+            L.append(f"| {bl} | {c[0]} | {c[1]} | {sec('shared', bl)} | {sec('disjoint', bl)} |")
+        L.append(f"| (OT itself) | | | {sec('shared', 'ot')} | {sec('disjoint', 'ot')} |")
+        L += ["", "Per cell: OT - baseline, mean [95% bootstrap], Holm-adjusted p, verdict:", "",
+              "| pair | setting | metric | " + " | ".join(BASELINES) + " |", "|---|---|---|" + "---|" * len(BASELINES)]
+        for pr in pairs:
+            for st in ("shared", "disjoint"):
+                for m in FAMILY_METRICS:
+                    row = [_fmt_cell(v[st].get(bl, {}).get("cells", {}).get((pr, m))) for bl in BASELINES]
+                    if any(c != "n/a" for c in row):
+                        L.append(f"| {pr} | {st} | {m} | " + " | ".join(row) + " |")
+        L.append("")
+    # SAE-Match vs decoder cosine, identity-match diagnostic
+    L += ["### Diagnostics: does SAE-Match differ from decoder cosine; do SAEs share an initialisation", "",
+          "Per SAE set and pair (shared tokens, judged sources): share of sources whose one-to-one SAE-Match "
+          "target differs from decoder cosine's one-to-one target; share of sources decoder cosine (NN) matches "
+          "to the feature with the *same index*; mean cosine of same-index decoder rows (about 0 for independent "
+          "initialisations).", "",
+          "| SAE set | pair | SAE-Match != decoder cosine (Hungarian) | decoder cosine NN: same index | "
+          "same-index decoder cosine |", "|---|---|---|---|---|"]
+    for x in evs:
+        for pr, ev in evs[x].items():
+            st = ev["settings"].get("shared")
+            if not st or "targets" not in st:
+                continue
+            t1, t2 = (np.asarray(st["targets"].get(k, []), dtype=np.int64)
+                      for k in ("sae-match-folded/hungarian", "decoder-cosine/hungarian"))
+            diff = f"{np.mean(t1 != t2):.2f}" if len(t1) and len(t1) == len(t2) else "-"
+            idn = st.get("identity_match", {}).get("decoder-cosine/nn")
+            sic = ev.get("same_index_decoder_cosine")
+            L.append(f"| {x or '_seed0'} | {pr} | {diff} | {'-' if idn is None else f'{idn:.3f}'} | "
+                     f"{'-' if sic is None else f'{sic:.3f}'} |")
+    L.append("")
+    return L
 
 
 def tables(out: Path, preset: str) -> str:
@@ -263,50 +418,8 @@ def tables(out: Path, preset: str) -> str:
         for F, x in w["widths"].items():
             s = x["seconds"]
             L.append(f"| {int(F):,} | {x['pairs_evaluated']:,} | {s['embed']:.1f} | {s['candidates']:.1f} | "
-                     f"{s['exact']:.1f} | {s['total']:.1f} | {x['recall']:.3f} |")
+                     f"{s['exact']:.1f} | {s['total']:.1f} | {x.get('recall', float('nan')):.3f} |")
         L.append("")
     # 3. real model
-    evals = {}
-    for a, b in p.real.pairs:
-        e = _load(out, f"eval_{a}_{b}")
-        if e:
-            evals.update(e["pairs"])
-    if evals:
-        L += [f"## {p.real.label}", ""]
-        if p.real.model == "tiny-random":
-            L += ["*The tiny model is random: what its features share across layers is the token identity that "
-                  "the residual stream carries from the embeddings, not learned meaning (hence decoder cosine, which "
-                  "reads those directions, sits well above the random-match row). These rows check that the "
-                  "pipeline runs end to end; they are not evidence about any method on a real model.*", ""]
-        L += ["What higher means: " + "; ".join(HIGHER.values()) + ". Held-out = val/test chunks outside the SAEs' "
-              "and the distances' fit tokens. **act-corr shares OT's co-firing signal** (both see which tokens a "
-              "feature fires on); decoder cosine and both SAE-Match variants see only weights. On *disjoint* tokens "
-              "the two layers' features are fitted on different chunks, so co-firing is impossible and act-corr "
-              "is undefined: there OT has only the geometry of the hidden states.", ""]
-        for setting in ("shared", "disjoint"):
-            cnt = verdict_counts(evals, setting)
-            if cnt:
-                L += [f"**OT (default) vs each baseline, {setting} tokens, NN matching, test split**: "
-                      "wins / ties / losses over pairs x {judge, Jaccard} (paired 95% bootstrap; against "
-                      "sae-match-folded both sides match one-to-one, Hungarian):", "",
-                      "| baseline | wins | ties | losses |", "|---|---|---|---|"]
-                for bl, c in cnt.items():
-                    L.append(f"| {bl} | {c['wins']} | {c['ties']} | {c['losses']} |")
-                L.append("")
-            L += [f"**Per pair, {setting} tokens, test split** (mean [95% CI]; s = seconds to compute the "
-                  "method's distances on the fit tokens):", "",
-                  "| pair | method | strategy | judge | Jaccard | s |", "|---|---|---|---|---|---|"]
-            for pair, ev in evals.items():
-                st = ev["settings"].get(setting)
-                if not st:
-                    continue
-                for n, by_s in st["summary"].items():
-                    for s_name in (["hungarian"] if n == "sae-match-folded" else ["nn"]):
-                        if s_name not in by_s:
-                            continue
-                        r = by_s[s_name].get("test", {})
-                        secs = st["fit_seconds"].get(n)
-                        L.append(f"| {pair} | {n} | {s_name} | {_ci(r.get('judge'))} | {_ci(r.get('jaccard'))} | "
-                                 + ("-" if secs is None else f"{secs:.2f}") + " |")
-            L.append("")
+    L += real_tables(out, p)
     return "\n".join(L) + "\n"

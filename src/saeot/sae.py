@@ -378,12 +378,148 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
                bd.astype(np.float32), "topk", k, None, info)
 
 
+def _jumprelu_functions(bandwidth: float):
+    """JumpReLU and its L0 step with straight-through gradients for the threshold (Rajamanoharan
+    et al., 2024, "Jumping Ahead", eqs. 11-12): the Heaviside step's derivative in theta is
+    replaced by a rectangle kernel of width ``bandwidth`` around the threshold."""
+    import torch
+
+    def kernel(u):
+        return ((u > -0.5) & (u < 0.5)).to(u.dtype)
+
+    class JumpReLU(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, pre, theta):
+            ctx.save_for_backward(pre, theta)
+            return pre * (pre > theta)
+
+        @staticmethod
+        def backward(ctx, g):
+            pre, theta = ctx.saved_tensors
+            d_theta = -(theta / bandwidth) * kernel((pre - theta) / bandwidth) * g
+            return g * (pre > theta), d_theta.sum(0)
+
+    class Step(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, pre, theta):
+            ctx.save_for_backward(pre, theta)
+            return (pre > theta).to(pre.dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            pre, theta = ctx.saved_tensors
+            d_theta = -(1.0 / bandwidth) * kernel((pre - theta) / bandwidth) * g
+            return torch.zeros_like(pre), d_theta.sum(0)
+
+    return JumpReLU.apply, Step.apply
+
+
+def train_jumprelu_sae(X: np.ndarray, d_sae: int, *, target_l0: float = 32, steps: int = 2000,
+                       batch_size: int = 1024, lr: float = 1e-3, seed: int = 0, progress: bool = True,
+                       cfg: dict | None = None, bandwidth: float = 0.05, theta_init: float = 0.1,
+                       theta_lr_mult: float = 20.0,
+                       checkpoint: Path | None = None, checkpoint_every: int = 200,
+                       stop_after: int | None = None) -> SAE | None:
+    """Train a JumpReLU SAE with one trainable threshold per feature (Rajamanoharan et al., 2024).
+
+    ``f(x) = pre * H(pre - theta)`` with ``pre = (x - b_dec) W_enc + b_enc``; loss = MSE +
+    lambda * L0, the L0 and the thresholds trained through straight-through estimators
+    (:func:`_jumprelu_functions`).  Instead of a fixed sparsity coefficient, lambda follows a
+    multiplicative controller towards ``target_l0`` active features per token (our choice: the
+    JumpReLU SAEs are then as sparse as the TopK SAEs with k = target_l0 they are compared with).
+    Decoder rows are kept at unit norm, so the per-feature thresholds are what differs between
+    features' scales (what SAE-Match folds).  Inputs are scaled as in :func:`train_topk_sae`
+    and the scale is folded back (the thresholds act on pre-activations, which the fold leaves
+    unchanged).  ``checkpoint`` / ``stop_after``: as in :func:`train_topk_sae`.
+
+    Returns
+    -------
+    SAE
+        ``architecture="jumprelu"`` with ``threshold`` (d_sae,) > 0.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    X = np.asarray(X, dtype=np.float32)
+    n, d = X.shape
+    scale = float(np.sqrt((X.astype(np.float64) ** 2).sum(1).mean() / d)) or 1.0
+    Xt = torch.from_numpy(X / scale)
+    g = torch.Generator().manual_seed(seed)
+    W_dec = torch.randn(d_sae, d, generator=g)
+    W_dec /= W_dec.norm(dim=1, keepdim=True)
+    W_dec.requires_grad_(True)
+    W_enc = W_dec.detach().T.clone().requires_grad_(True)  # (d, d_sae), tied init
+    b_enc = torch.zeros(d_sae, requires_grad=True)
+    b_dec = Xt.mean(0).clone().requires_grad_(True)
+    log_theta = torch.full((d_sae,), float(np.log(theta_init)), requires_grad=True)
+    # the thresholds get a larger step (theta_lr_mult): with lr alone a log-threshold moves <= lr per
+    # step, too little for 600-step runs to spread the thresholds over the features' scales
+    opt = torch.optim.Adam([{"params": [W_enc, b_enc, W_dec, b_dec], "lr": lr},
+                            {"params": [log_theta], "lr": lr * theta_lr_mult, "base_mult": theta_lr_mult}], lr=lr)
+    log_lam = torch.tensor(float(np.log(0.1)))
+    jump, step_fn = _jumprelu_functions(bandwidth)
+    bs = min(batch_size, n)
+    start = 0
+    ck_meta = {"n": n, "d": d, "d_sae": d_sae, "target_l0": target_l0, "steps": steps, "batch_size": bs, "lr": lr,
+               "seed": seed, "bandwidth": bandwidth, "theta_lr_mult": theta_lr_mult, "arch": "jumprelu"}
+    if checkpoint is not None and Path(checkpoint).exists():
+        st = torch.load(checkpoint, weights_only=False)
+        if st["meta"] != ck_meta:
+            raise ValueError(f"checkpoint {checkpoint} is from another run ({st['meta']}); delete it or change the path")
+        with torch.no_grad():
+            for t, v in zip((W_enc, b_enc, W_dec, b_dec, log_theta), st["params"]):
+                t.copy_(v)
+        opt.load_state_dict(st["opt"])
+        g.set_state(st["rng"])
+        log_lam, start = st["log_lam"], st["step"]
+
+    def save_checkpoint(step_done: int) -> None:
+        from saeot.fsutil import atomic_write
+
+        state = {"meta": ck_meta, "params": [t.detach().clone() for t in (W_enc, b_enc, W_dec, b_dec, log_theta)],
+                 "opt": opt.state_dict(), "rng": g.get_state(), "log_lam": log_lam, "step": step_done}
+        atomic_write(checkpoint, lambda f: torch.save(state, f))
+
+    end = steps if stop_after is None else min(steps, start + int(stop_after))
+    for step in tqdm(range(start, end), initial=start, total=steps, disable=not progress,
+                     desc=f"train JumpReLU SAE d_sae={d_sae}", mininterval=2):
+        x = Xt[torch.randint(0, n, (bs,), generator=g)]
+        pre = (x - b_dec) @ W_enc + b_enc
+        theta = log_theta.exp()
+        a = jump(pre, theta)
+        err = x - (a @ W_dec + b_dec)
+        mse = (err ** 2).sum(1).mean()
+        l0 = step_fn(pre, theta).sum(1).mean()
+        loss = mse + log_lam.exp() * l0
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            W_dec /= W_dec.norm(dim=1, keepdim=True).clamp_min(1e-8)
+            # sparsity controller: lambda up while L0 is above target, down below (log-space, bounded steps)
+            log_lam = (log_lam + 0.05 * float(np.clip(float(l0) / target_l0 - 1.0, -1.0, 1.0))).clamp(-12.0, 6.0)
+        for pg in opt.param_groups:  # linear decay over the last 20% of steps
+            pg["lr"] = lr * pg.get("base_mult", 1.0) * min(1.0, (steps - step) / max(1, 0.2 * steps))
+        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step == end - 1):
+            save_checkpoint(step + 1)
+    if end < steps:
+        if checkpoint is None:
+            raise ValueError("stop_after needs a checkpoint to resume from")
+        return None
+    info = {"d_in": d, "d_sae": d_sae, "architecture": "jumprelu", "train_steps": steps, "train_tokens_seen": steps * bs,
+            "normalization_scale": scale, "target_l0": target_l0, "sparsity_coefficient_final": float(log_lam.exp())}
+    info.update(cfg or {})
+    return SAE((W_enc.detach().numpy() / scale).astype(np.float32), b_enc.detach().numpy().astype(np.float32),
+               (W_dec.detach().numpy() * scale).astype(np.float32), (b_dec.detach().numpy() * scale).astype(np.float32),
+               "jumprelu", None, log_theta.detach().exp().numpy().astype(np.float32), info)
+
+
 # cfg keys that live under "metadata" in SAELens 6 configs (LLM_METADATA_KEYS there, plus ours)
 METADATA_KEYS = ("model_name", "hook_name", "hook_head_index", "hook_layer", "prepend_bos", "dataset_path",
                  "context_size", "model_class_name", "model_from_pretrained_kwargs", "seqpos_slice",
                  "exclude_special_tokens", "neuronpedia_id", "sae_lens_training_version", "sae_lens_version",
                  "train_steps", "train_tokens_seen", "normalization_scale", "aux_k", "aux_coef", "saeot_layer",
-                 "dead_after_tokens")
+                 "dead_after_tokens", "target_l0", "sparsity_coefficient_final")
 
 
 def save_sae(sae: SAE, folder: Path) -> Path:

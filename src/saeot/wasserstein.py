@@ -43,6 +43,62 @@ Solver = Literal["exact", "sinkhorn", "sinkhorn-debiased", "sliced"]
 SOLVERS = ("exact", "sinkhorn", "sinkhorn-debiased", "sliced")
 
 
+class GatheredSupports:
+    """(F, k, d) support points read on demand as ``Z[index[key]]`` (float32), never stored whole.
+
+    Every feature's k support points are rows of one token array ``Z`` (n_tokens, d), so a layer
+    needs ``index`` (F, k) and the shared ``Z`` instead of F x k x d floats: at 16,384 features,
+    k = 32, d = 2,304 that is 4 MB + Z instead of 4.8 GB.  ``Z`` may be float16 (half the bytes;
+    points are widened to float32 when gathered, so costs are still computed in float32).
+    Indexing with an int, a slice or an index array returns a float32 array, as a stored X would.
+    """
+
+    ndim = 3
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, Z: np.ndarray, index: np.ndarray):
+        self.Z, self.index = Z, index
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.index.shape[0], self.index.shape[1], self.Z.shape[1])
+
+    def __len__(self) -> int:
+        return self.index.shape[0]
+
+    def __getitem__(self, key):
+        rest = ()
+        if isinstance(key, tuple):
+            key, rest = key[0], key[1:]
+        out = self.Z[self.index[key]].astype(np.float32, copy=False)
+        if rest:
+            out = out[rest] if out.ndim == 2 else out[(slice(None),) + rest]
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+    def astype(self, dtype, copy: bool = True):
+        return self[:].astype(dtype)
+
+    def reshape(self, *shape):
+        return self[:].reshape(*shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.index.nbytes)  # Z is shared between the layers that index it
+
+
+def project_tokens(Z: np.ndarray, directions: np.ndarray, block: int = 32768) -> np.ndarray:
+    """(n, d) @ (d, L) in float32 blocks of rows (a float16 Z is never widened whole)."""
+    th = np.asarray(directions, dtype=np.float32)
+    out = np.empty((len(Z), th.shape[1]), dtype=np.float32)
+    for s in range(0, len(Z), block):
+        out[s:s + block] = Z[s:s + block].astype(np.float32, copy=False) @ th
+    return out
+
+
 @dataclass
 class Measures:
     """F discrete measures with padded supports, in one embedding space.
@@ -65,14 +121,21 @@ class Measures:
 
     @property
     def centroid(self) -> np.ndarray:
-        """(F, d) weighted means (float64; computed in X's precision without an (F, k, d) copy)."""
-        return np.matmul(self.w[:, None, :].astype(self.X.dtype), self.X)[:, 0].astype(np.float64)
+        """(F, d) weighted means (float64; computed in X's precision, 1,024 features at a time)."""
+        F, _, d = self.X.shape
+        out = np.empty((F, d))
+        for s in range(0, F, 1024):
+            X = self.X[s:s + 1024]
+            out[s:s + 1024] = np.matmul(self.w[s:s + 1024, None, :].astype(X.dtype), X)[:, 0]
+        return out
 
     @property
     def alive(self) -> np.ndarray:
         return self.w.sum(axis=1) > 0
 
     def subset(self, rows) -> "Measures":
+        if isinstance(self.X, GatheredSupports):
+            return Measures(GatheredSupports(self.X.Z, self.index[rows]), self.w[rows], self.Z, self.index[rows])
         return Measures(self.X[rows], self.w[rows], self.Z, None if self.index is None else self.index[rows])
 
 
@@ -86,14 +149,14 @@ def measures(dist: FeatureDistributions, Z: np.ndarray, dtype=np.float32) -> Mea
     Z : (n_tokens, d) array
         Reference-space embedding of every token position.
     dtype : numpy dtype
-        Of the support points ``X`` (float32 by default: the cost matrices are built in float32,
-        about 1e-6 relative, far below any difference that changes a match; the solvers run in
-        float64).
+        Of the stored token embeddings (float32 by default; float16 halves them).  Cost matrices
+        are built in float32 either way (about 1e-6 relative, far below any difference that
+        changes a match; the solvers run in float64).
 
     Returns
     -------
     Measures
-        ``X`` of shape (F, k, d).
+        ``X`` of shape (F, k, d), a :class:`GatheredSupports` view of ``Z``.
     """
     Z = np.asarray(Z)
     if Z.ndim != 2:
@@ -104,7 +167,8 @@ def measures(dist: FeatureDistributions, Z: np.ndarray, dtype=np.float32) -> Mea
     first = np.where(idx[:, :1] >= 0, idx[:, :1], 0)  # (F, 1)
     idx = np.where(idx >= 0, idx, first)  # pad with the first support point
     Zc = np.ascontiguousarray(Z, dtype=dtype)  # no copy if Z already is: layers that share Z share Zc
-    return Measures(X=Zc[idx], w=dist.weight.astype(np.float64), Z=Zc, index=idx)
+    # supports are gathered from Zc when used (GatheredSupports), never stored as (F, k, d)
+    return Measures(X=GatheredSupports(Zc, idx), w=dist.weight.astype(np.float64), Z=Zc, index=idx)
 
 
 def _sqdist(x: np.ndarray, y: np.ndarray, block: int = 512) -> np.ndarray:
@@ -339,7 +403,7 @@ def sliced_embedding(m: Measures, n_proj: int = 64, n_quantiles: int = 32, seed:
     L = directions.shape[1]
     Q = n_quantiles
     th = directions.astype(np.float32)
-    Pz = None if m.Z is None or m.index is None else m.Z.astype(np.float32, copy=False) @ th  # (n, L)
+    Pz = None if m.Z is None or m.index is None else project_tokens(m.Z, th)  # (n, L)
     out = np.empty((F, L, Q), dtype=np.float32)
     w_all = np.ascontiguousarray(m.w, dtype=np.float64)
 
@@ -753,7 +817,8 @@ def principal_directions(ma: Measures, mb: Measures, n_proj: int = 64) -> np.nda
         rows = np.arange(m.X.shape[0] * m.X.shape[1])
         if len(rows) > 16384:
             rows = np.sort(rng.choice(rows, 16384, replace=False))
-        X = m.X.reshape(-1, d)[rows].astype(np.float32)
+        X = (m.Z[m.index.reshape(-1)[rows]] if m.index is not None and m.Z is not None
+             else m.X.reshape(-1, d)[rows]).astype(np.float32)
         w = m.w.reshape(-1)[rows] * (m.X.shape[0] * m.X.shape[1] / len(rows))
         C += ((X * w[:, None].astype(np.float32)).T @ X).astype(np.float64)
         mean += w @ X.astype(np.float64)
@@ -793,7 +858,7 @@ def pca_bound_embedding(m: Measures, directions: np.ndarray, n_quantiles: int = 
     V = directions.astype(np.float64)
     m_perp = c - (c @ V) @ V.T
     # spread in the complement = total spread^2 - variance along each principal axis
-    Pz = (m.Z.astype(np.float32, copy=False) @ V.astype(np.float32)).astype(np.float64) if m.Z is not None else None
+    Pz = project_tokens(m.Z, V).astype(np.float64) if m.Z is not None else None
     w = m.w / np.maximum(m.w.sum(1, keepdims=True), 1e-300)
     var_in = np.empty(len(c))
     for s in range(0, len(c), 1024):
@@ -943,7 +1008,14 @@ def stability_bound(Za: np.ndarray, da: FeatureDistributions, Zb: np.ndarray, db
 def spread(m: Measures) -> np.ndarray:
     """(F,) root of the total variance, sqrt(sum_i w_i ||x_i - centroid||^2)."""
     # sum_i w_i |x_i - c|^2 = sum_i w_i |x_i|^2 - |c|^2 (weights sum to 1); no (F, k, d) temporary
-    sq = np.einsum("fkd,fkd->fk", m.X, m.X, dtype=np.float64)  # (F, k), accumulated in float64
+    if m.index is not None and m.Z is not None:  # squared norms of the tokens once, then gathered
+        zz = np.empty(len(m.Z))
+        for s in range(0, len(m.Z), 32768):
+            z = m.Z[s:s + 32768].astype(np.float64)
+            zz[s:s + 32768] = np.einsum("nd,nd->n", z, z)
+        sq = zz[m.index]  # (F, k)
+    else:
+        sq = np.einsum("fkd,fkd->fk", m.X, m.X, dtype=np.float64)  # (F, k), accumulated in float64
     c = m.centroid
     w = m.w / np.maximum(m.w.sum(1, keepdims=True), 1e-300)
     return np.sqrt(np.maximum((w * sq).sum(1) - (c * c).sum(1), 0.0))
@@ -960,7 +1032,8 @@ def lower_bound(ma: Measures, mb: Measures) -> np.ndarray:
 
 
 def nearest_w2(ma: Measures, mb: Measures, *, block: int = 8, progress: bool = False, max_sliced: bool = True,
-               n_proj: int = 32, n_quantiles: int = 16) -> tuple[np.ndarray, np.ndarray, int]:
+               n_proj: int = 32, n_quantiles: int = 16, init: tuple[np.ndarray, np.ndarray] | None = None
+               ) -> tuple[np.ndarray, np.ndarray, int]:
     """Exact W2 nearest neighbour of every source feature, pruned by lower bounds.
 
     Targets are visited in increasing lower bound: the larger of :func:`lower_bound` (mean and
@@ -974,6 +1047,10 @@ def nearest_w2(ma: Measures, mb: Measures, *, block: int = 8, progress: bool = F
         (Fa, k, d), (Fb, k, d).
     block : int
         Targets evaluated per step.
+    init : (nn, dist), optional
+        A known target and its exact W2 per source (e.g. the best candidate of a pre-filtered
+        search): the search starts from it, so only targets whose bound is below it are visited,
+        and the answer is still exact (a certification pass).
 
     Returns
     -------
@@ -996,8 +1073,8 @@ def nearest_w2(ma: Measures, mb: Measures, *, block: int = 8, progress: bool = F
             rows = np.arange(s, min(Fa, s + 256))
             P[rows] = np.maximum(P[rows], max_sliced_lower_bound(ea, eb, n_proj, rows))
     P[:, ~mb.alive] = np.inf
-    nn = np.full(Fa, -1, dtype=np.int64)
-    dist = np.full(Fa, np.inf)
+    nn = np.full(Fa, -1, dtype=np.int64) if init is None else np.asarray(init[0], dtype=np.int64).copy()
+    dist = np.full(Fa, np.inf) if init is None else np.asarray(init[1], dtype=np.float64).copy()
     evaluated = 0
     for i in tqdm(np.flatnonzero(ma.alive), disable=not progress, desc="exact NN", unit="feature",
                   mininterval=2):

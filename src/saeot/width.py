@@ -28,8 +28,8 @@ from saeot.wasserstein import Measures, measures
 
 
 def synthetic_layers(n_features: int, *, k: int = 32, d: int = 640, tokens_per_concept: int = 16,
-                     features_per_concept: int = 2, spurious: float = 0.2, seed: int = 0, cover: bool = True
-                     ) -> tuple[Measures, Measures]:
+                     features_per_concept: int = 2, spurious: float = 0.2, seed: int = 0, cover: bool = True,
+                     dtype=np.float32) -> tuple[Measures, Measures]:
     """Two layers' feature measures over one token pool (float32, reference space ``d``).
 
     ``n_features / features_per_concept`` concepts with centres ~ N(0, I/d) * 2 (distance ~2 apart;
@@ -54,8 +54,13 @@ def synthetic_layers(n_features: int, *, k: int = 32, d: int = 640, tokens_per_c
     n_conc = max(1, n_features // features_per_concept)
     n_tok = n_conc * tokens_per_concept
     mu = (rng.standard_normal((n_conc, d), dtype=np.float32) * np.float32(2 / np.sqrt(2 * d)))
-    Z = np.repeat(mu, tokens_per_concept, axis=0)  # (n_tok, d), token t has concept t // tokens_per_concept
-    Z += rng.standard_normal(Z.shape, dtype=np.float32) / np.float32(np.sqrt(d))
+    # (n_tok, d), token t has concept t // tokens_per_concept; filled in blocks straight into ``dtype``
+    # (float16 halves the token array and no float32 copy of it is ever made)
+    Z = np.empty((n_tok, d), dtype=dtype)
+    for s in range(0, n_conc, 2048):
+        blk = np.repeat(mu[s:s + 2048], tokens_per_concept, axis=0)
+        blk += rng.standard_normal(blk.shape, dtype=np.float32) / np.float32(np.sqrt(d))
+        Z[s * tokens_per_concept:s * tokens_per_concept + len(blk)] = blk
 
     def layer() -> Measures:
         # every concept gets features_per_concept features in each layer (then the remainder at random):
@@ -71,7 +76,7 @@ def synthetic_layers(n_features: int, *, k: int = 32, d: int = 640, tokens_per_c
         idx[spur] = rng.integers(0, n_tok, int(spur.sum()))
         w = rng.uniform(0.5, 1.5, (n_features, k))
         w /= w.sum(1, keepdims=True)
-        return measures(FeatureDistributions(idx.astype(np.int64), w, w.copy()), Z)
+        return measures(FeatureDistributions(idx.astype(np.int64), w, w.copy()), Z, dtype=dtype)
 
     return layer(), layer()
 
@@ -108,6 +113,7 @@ def candidate_search(ea: np.ndarray, eb: np.ndarray, candidates: int, *, device:
 
     dev = torch.device(device)
     Fa, Fb = len(ea), len(eb)
+    block = max(1, min(block, (1 << 25) // max(1, Fb)))  # a (block, Fb) float32 tile stays <= 128 MB
     c, cr = min(candidates, Fb), min(candidates, Fa)
     B = torch.from_numpy(np.ascontiguousarray(eb, dtype=np.float32)).to(dev)  # (Fb, e)
     bb = (B * B).sum(1)  # (Fb,)
@@ -152,7 +158,7 @@ def nearest_from_pairs(pairs: np.ndarray, vals: np.ndarray, n_sources: int) -> t
 
 def all_pairs_nn(ma: Measures, mb: Measures, *, candidates: int = 16, prefilter: str = "pca-sliced",
                  n_proj: int = 64, n_quantiles: int = 16, device: str = "cpu", n_jobs: int | None = None,
-                 block: int = 2048) -> dict:
+                 block: int = 2048, exact: bool = True, certify: bool = False) -> dict:
     """Exact W2 nearest neighbour of every source among its candidates, timed by stage.
 
     Returns
@@ -171,16 +177,44 @@ def all_pairs_nn(ma: Measures, mb: Measures, *, candidates: int = 16, prefilter:
 
         torch.cuda.synchronize()
     t2 = time.perf_counter()
+    if not exact:  # memory / candidate-search runs at widths whose exact stage is only extrapolated
+        return {"nn": None, "dist": None, "pairs": int(len(pairs)),
+                "seconds": {"embed": t1 - t0, "candidates": t2 - t1, "exact": float("nan"), "total": t2 - t0}}
     vals = w2_pairs(ma, mb, pairs, "exact", n_jobs=n_jobs)
     t3 = time.perf_counter()
     nn, dist = nearest_from_pairs(pairs, vals, ma.X.shape[0])
-    return {"nn": nn, "dist": dist, "pairs": int(len(pairs)),
-            "seconds": {"embed": t1 - t0, "candidates": t2 - t1, "exact": t3 - t2, "total": t3 - t0}}
+    secs = {"embed": t1 - t0, "candidates": t2 - t1, "exact": t3 - t2, "total": t3 - t0}
+    n_pairs = int(len(pairs))
+    if certify:  # visit every target whose lower bound is below the best candidate: the exact NN
+        from saeot.wasserstein import nearest_w2
+
+        nn, dist, extra = nearest_w2(ma, mb, init=(nn, dist))
+        secs["certify"] = time.perf_counter() - t3
+        secs["total"] = time.perf_counter() - t0
+        n_pairs += int(extra)
+    return {"nn": nn, "dist": dist, "pairs": n_pairs, "seconds": secs}
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process so far (Linux ru_maxrss is in kB)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def memory_plan(n_features: int, d: int, *, k: int = 32, n_tokens: int, support_bytes: int = 2) -> dict:
+    """Bytes one layer's OT inputs take, stored as saeot stores them: the shared token array
+    (n_tokens, d) in ``support_bytes`` per value (2 = float16), the supports' token indices
+    (F, k) int64 and weights (F, k) float64, against the (F, k, d) float32 supports of before."""
+    return {"n_features": n_features, "d": d, "k": k, "n_tokens": n_tokens,
+            "token_array_bytes": n_tokens * d * support_bytes, "index_weight_bytes": n_features * k * 16,
+            "materialised_float32_bytes": n_features * k * d * 4}
 
 
 def width_bench(widths=(4096, 16384), *, k: int = 32, d: int = 640, candidates: int = 16,
                 prefilter: str = "pca-sliced", recall_sources: int = 64, device: str = "cpu", seed: int = 0,
-                n_jobs: int | None = None, cover: bool = True, log=print) -> dict:
+                n_jobs: int | None = None, cover: bool = True, support_dtype: str = "float32",
+                recall: bool = True, exact: bool = True, certify: bool = False, log=print) -> dict:
     """Wall time and nearest-neighbour recall of all-pairs exact W2 at each width, in one run.
 
     Per width: build :func:`synthetic_layers`, run :func:`all_pairs_nn`, then the exact nearest
@@ -194,27 +228,36 @@ def width_bench(widths=(4096, 16384), *, k: int = 32, d: int = 640, candidates: 
     out = {"params": {"k": k, "d": d, "candidates": candidates, "prefilter": prefilter,
                       "recall_sources": recall_sources, "device": device, "seed": seed,
                       "cpu_threads": n_jobs or default_jobs(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                      "support_dtype": support_dtype, "certify": certify, "peak_rss_before_bytes": peak_rss_bytes(),
                       "data": "synthetic_layers (saeot.width): concept clusters, 2 features per concept"
                               + ("" if cover else ", concepts at random (uncovered: hard case)")},
            "widths": {}}
     for F in widths:
         tb = time.perf_counter()
-        ma, mb = synthetic_layers(F, k=k, d=d, seed=seed, cover=cover)
+        ma, mb = synthetic_layers(F, k=k, d=d, seed=seed, cover=cover, dtype=np.dtype(support_dtype))
         build = time.perf_counter() - tb
-        r = all_pairs_nn(ma, mb, candidates=candidates, prefilter=prefilter, device=device, n_jobs=n_jobs)
-        rng = np.random.default_rng(seed + 1)
-        rows = np.sort(rng.choice(F, min(recall_sources, F), replace=False))
-        tr = time.perf_counter()
-        true_nn, true_d, evaluated = nearest_w2(ma.subset(rows), mb)
-        rec_s = time.perf_counter() - tr
-        found = np.isclose(r["dist"][rows], true_d, rtol=1e-6, atol=1e-9)
+        r = all_pairs_nn(ma, mb, candidates=candidates, prefilter=prefilter, device=device, n_jobs=n_jobs,
+                         exact=exact, certify=certify)
         res = {"n_features": F, "pairs_evaluated": r["pairs"], "pairs_per_source": r["pairs"] / F,
-               "seconds": {**r["seconds"], "build_data": build, "recall_check": rec_s},
-               "recall": float(found.mean()), "recall_sources": int(len(rows)),
-               "recall_check_pairs": int(evaluated)}
+               "seconds": {**r["seconds"], "build_data": build},
+               "memory": {**memory_plan(F, d, k=k, n_tokens=len(ma.Z), support_bytes=ma.Z.itemsize),
+                          "token_array_shared_by_both_layers": ma.Z is mb.Z,
+                          "peak_rss_bytes_after_nn": peak_rss_bytes()}}
+        msg = ""
+        if recall and exact:
+            rng = np.random.default_rng(seed + 1)
+            rows = np.sort(rng.choice(F, min(recall_sources, F), replace=False))
+            tr = time.perf_counter()
+            true_nn, true_d, evaluated = nearest_w2(ma.subset(rows), mb)
+            res["seconds"]["recall_check"] = time.perf_counter() - tr
+            found = np.isclose(r["dist"][rows], true_d, rtol=1e-6, atol=1e-9)
+            res.update({"recall": float(found.mean()), "recall_sources": int(len(rows)),
+                        "recall_check_pairs": int(evaluated)})
+            msg = f"; recall of the exact NN {res['recall']:.3f} on {len(rows)} sources"
         out["widths"][str(F)] = res
-        log(f"width {F}: {r['pairs']} exact W2 pairs, all-pairs NN {r['seconds']['total']:.1f} s "
-            f"(embed {r['seconds']['embed']:.1f}, candidates {r['seconds']['candidates']:.1f} on {device}, "
-            f"exact {r['seconds']['exact']:.1f}); recall of the exact NN {res['recall']:.3f} on {len(rows)} sources")
+        log(f"width {F} (d {d}, supports {support_dtype}): {r['pairs']} exact W2 pairs, all-pairs NN "
+            f"{r['seconds']['total']:.1f} s (embed {r['seconds']['embed']:.1f}, candidates "
+            f"{r['seconds']['candidates']:.1f} on {device}, exact {r['seconds']['exact']:.1f}); peak RSS "
+            f"{res['memory']['peak_rss_bytes_after_nn'] / 2**30:.2f} GiB" + msg)
         del ma, mb
     return out

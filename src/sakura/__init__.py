@@ -22,8 +22,7 @@ so ``import sakura`` stays fast)::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from sakura.util.lazy import lazy_names
 
 __version__ = "0.1.0"
 
@@ -47,14 +46,5 @@ _API = {
 __all__ = ["__version__", *_API]
 
 
-def __getattr__(name: str) -> Any:
-    # lazy: torch, diffusers and aiohttp load when the first API name is used, not on `import sakura`
-    if name in _API:
-        value = getattr(importlib.import_module(_API[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'sakura' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_API))
+# lazy: torch, diffusers and aiohttp load when the first API name is used, not on `import sakura`
+__getattr__, __dir__ = lazy_names(__name__, _API, globals())

@@ -6,7 +6,7 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("name", ["distributions", "wasserstein", "matching", "sae"])
+@pytest.mark.parametrize("name", ["distributions", "wasserstein", "matching", "sae", "stats", "api"])
 def test_doctests(name):
     mod = importlib.import_module(f"saeot.{name}")
     res = doctest.testmod(mod)

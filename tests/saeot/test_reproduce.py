@@ -29,18 +29,29 @@ def test_reproduce_runs_resumes_and_tables_come_from_json(tiny_preset, tmp_path)
     r = run(app, ["reproduce", "--preset", "test", "--out", str(out), "--docs", str(tmp_path / "results.md")])
     assert r.exit_code == 0, r.output
     steps = rp.steps_of(tiny_preset)
-    assert steps == ["margin_sweep", "width", "collect", "train", "eval_0_2", "summary"]
+    assert steps == ["margin_sweep", "width", "collect", "train", "train_seed1", "train_jumprelu", "eval_0_2",
+                     "eval_0_2_seed1", "eval_0_2_jumprelu", "summary"]
     assert all((out / f"{s}.json").exists() for s in steps)
     md = (out / "results.md").read_text()
     assert md == (tmp_path / "results.md").read_text()
     for heading in ("Planted matches vs margin", "Width: all-pairs exact W2", "tiny random model (test)",
-                    "act-corr shares OT's co-firing signal", "The tiny model is random"):
+                    "What each method sees", "The tiny model is random", "one Holm family per baseline",
+                    "TopK SAEs, seeds pooled: _seed0, _seed1", "JumpReLU SAEs", "same-index decoder cosine"):
         assert heading in md
     w = json.loads((out / "width.json").read_text())
     assert f"| 64 | {w['widths']['64']['pairs_evaluated']:,} |" in md  # a figure read from the JSON
     ev = json.loads((out / "eval_0_2.json").read_text())["pairs"]["0->2"]["settings"]
     assert set(ev) == {"shared", "disjoint"} and "act-corr" not in ev["disjoint"]["summary"]
-    assert "sae-match-folded" in ev["shared"]["summary"]
+    assert "sae-match-folded" in ev["shared"]["summary"] and "xact" in ev["disjoint"]["summary"]
+    assert "judge_masked" in ev["shared"]["scores"]["xact"]["nn"]["test"]
+    # independent seeds: the two TopK sets differ, and no layer shares another's initialisation
+    tr0, tr1 = (json.loads((out / f"{s}.json").read_text()) for s in ("train", "train_seed1"))
+    assert len({tr0["0"]["seed"], tr0["2"]["seed"], tr1["0"]["seed"], tr1["2"]["seed"]}) == 4
+    # JumpReLU: per-feature thresholds, so SAE-Match as published is not decoder cosine there
+    from saeot.sae import load_sae
+
+    th = load_sae(out / "saes_jumprelu" / "layer_2").threshold
+    assert th is not None and th.std() > 0.05 * th.mean()
     # resume: nothing reruns; a deleted step (only that one) is run again
     r = run(app, ["reproduce", "--preset", "test", "--out", str(out)])
     assert r.exit_code == 0 and r.output.count("done before") == len(steps)

@@ -72,8 +72,11 @@ def test_editor_rejects_bad_input_in_one_line(tmp_path):
         sakura.Editor("ftp://x")
     with pytest.raises(ValueError, match="policy must be one of"):
         sakura.Editor("http://127.0.0.1:9", policy="cachegen")
-    with pytest.raises(FileNotFoundError, match="is not a folder"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         sakura.open_store(tmp_path / "nope")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(FileNotFoundError, match="not a sakura store"):
+        sakura.open_store(tmp_path / "plain")
 
 
 def test_example_script_builds_serves_and_edits(tmp_path):

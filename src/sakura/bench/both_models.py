@@ -12,6 +12,12 @@ import math
 from pathlib import Path
 from typing import Callable, Sequence
 from sakura.util.fsutil import write_json
+from sakura.bench.profile import measure_ladder
+from sakura.util.psnr import psnr_db
+
+from sakura.bench.harness import get_logger, markdown_table, publish
+
+log = get_logger(__name__)
 
 MODELS = ("sakura-mini", "flux2-mini")
 TEMPLATES = ("look-00", "texture-00", "sticker-00")
@@ -23,29 +29,25 @@ HEADER = ("Per-shard renditions on both trained models (`sakura bench both-model
           "fp16 MB per CPU-second on a Klein-sized layer.")
 
 
-def run(out_dir: Path, models: Sequence[str] = MODELS, templates: Sequence[str] = TEMPLATES,
-        log: Callable[[str], None] = print) -> dict:
+def run(out_dir: Path, models: Sequence[str] = MODELS, templates: Sequence[str] = TEMPLATES) -> dict:
     """Measure every (model, template) ladder; write out_dir/both_models.json and .md; return the JSON."""
-    from sakura.bench.profile import measure_ladder
-    from sakura.util.psnr import psnr_db
 
     out: dict[str, dict] = {}
-    lines = [HEADER, "", "| model | template | rendition | bits/value | one-shard image PSNR (dB) | decode MB/s |",
-             "|---|---|---|---:|---:|---:|"]
+    rows = []
     for model in models:
         for tpl in templates:
-            lad = measure_ladder(model, tpl, log=lambda s: None)
+            lad = measure_ladder(model, tpl)
             out[f"{model}/{tpl}"] = lad
             for name, r in lad["renditions"].items():
                 if name.endswith("delta=true"):  # the delta variant is weaker here (docs/codec.md)
                     continue
                 p = psnr_db(r["image_mse"])
-                lines.append(f"| {model} | {tpl} | `{name}` | {r['bits_per_value']:.2f} | "
-                             f"{'inf' if math.isinf(p) else f'{p:.1f}'} | {r['decode_fp16_bytes_per_cpu_s'] / 1e6:.0f} |")
-            log(f"{model} {tpl} done")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / "both_models.json", out, indent=1, default=float)
-    (out_dir / "both_models.md").write_text("\n".join(lines) + "\n")
-    log("\n".join(lines))
+                rows.append([model, tpl, f"`{name}`", f"{r['bits_per_value']:.2f}", "inf" if math.isinf(p) else f"{p:.1f}",
+                             f"{r['decode_fp16_bytes_per_cpu_s'] / 1e6:.0f}"])
+            log.info(f"{model} {tpl} done")
+    md = HEADER + "\n\n" + markdown_table(["model", "template", "rendition", "bits/value", "one-shard image PSNR (dB)",
+                                            "decode MB/s"], rows, align="lllrrr")
+    publish(out_dir, "both_models", json.loads(json.dumps(out, default=float)), md)
+    lines = md.splitlines()
+    log.info("\n".join(lines))
     return out

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 _CHILD = r"""
-import json, sys, time, resource
+import json, sys, time, resource, multiprocessing
 t0 = time.perf_counter()
 from sakura.cloud.builder.pipeline import build_store
 import inspect
@@ -40,6 +40,39 @@ params = inspect.signature(build_store).parameters
 prof = {}
 if "profile" in params:
     kw["profile"] = prof
+facts = {}
+if "facts" in params:
+    kw["facts"] = facts
+if args.get("allocation") and "allocation" in params:
+    kw["allocation"] = args["allocation"]
+# every checkout's edits counted the same way, at the model: photos edited / calibration photos (2),
+# a first-step prefix 1/steps, a backward pass 2 (autograd.grad calls); shared memory, so that
+# forked template processes count too
+from sakura.models.mini import MiniDiT
+import torch
+edits = multiprocessing.Value("d", 0.0)
+def _count(x):
+    with edits.get_lock():
+        edits.value += x
+def _wrap(name, photos_of, frac=1.0):
+    f = getattr(MiniDiT, name, None)
+    if f is None:
+        return
+    def g(self, *a, **k):
+        _count(photos_of(a, k) / 2.0 * (frac if name != "first_step_prefix" else 1.0 / k.get("steps", 8)))
+        return f(self, *a, **k)
+    setattr(MiniDiT, name, g)
+_wrap("edit", lambda a, k: (a[0] if a else k["photo"]).shape[0])
+# `edit` is `differentiable_edit` under no_grad: the latter counts only when it keeps a graph
+_wrap("differentiable_edit", lambda a, k: (a[0] if a else k["photo"]).shape[0] if torch.is_grad_enabled() else 0)
+_wrap("edit_replacing", lambda a, k: a[0].photo.shape[0])
+_wrap("edit_many", lambda a, k: (a[0] if a else k["photo"]).shape[0] * len(a[1] if len(a) > 1 else k["template_kvs"]))
+_wrap("first_step_prefix", lambda a, k: (a[0] if a else k["photo"]).shape[0])
+_grad = torch.autograd.grad
+def _counted_grad(*a, **k):
+    _count(2.0)
+    return _grad(*a, **k)
+torch.autograd.grad = _counted_grad
 if args.get("probe_batch") and "probe_batch" in params:
     kw["probe_batch"] = args["probe_batch"]
 if args.get("probe_workers") and "probe_workers" in params:
@@ -52,7 +85,9 @@ build_store(args["store"], **kw)
 ru, rc = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"wall_s": time.perf_counter() - t0,
                   "cpu_s": ru.ru_utime + ru.ru_stime + rc.ru_utime + rc.ru_stime,  # template processes too
-                  "peak_rss_bytes": max(ru.ru_maxrss, rc.ru_maxrss) * 1024, "stages": prof}))
+                  "peak_rss_bytes": max(ru.ru_maxrss, rc.ru_maxrss) * 1024, "stages": prof,
+                  "calibration_edits_counted": edits.value,
+                  "calibration_edits_reported": {t: f.get("calibration_edits") for t, f in facts.items()}}))
 """
 
 
@@ -67,11 +102,12 @@ def _digest(root: Path) -> dict[str, str]:
 
 
 def _run_variant(src: Path, store: Path, templates: Sequence[str], probe_batch: int | None, device: str,
-                 probe_workers: int | None = None) -> dict:
+                 probe_workers: int | None = None, allocation: str | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
     # probe_workers=1 is the CPU work alone: one thread in one process (no template processes either)
     args = json.dumps({"store": str(store), "templates": list(templates), "probe_batch": probe_batch,
-                       "probe_workers": probe_workers, "template_workers": probe_workers, "device": device})
+                       "probe_workers": probe_workers, "template_workers": probe_workers, "device": device,
+                       "allocation": allocation})
     p = subprocess.run([sys.executable, "-c", _CHILD, args], env=env, capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
         raise RuntimeError(f"build in {src} failed: {p.stderr.strip().splitlines()[-1:]}")
@@ -80,17 +116,19 @@ def _run_variant(src: Path, store: Path, templates: Sequence[str], probe_batch: 
 
 def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, rounds: int = 1,
         baseline_src: Path | None = None, probe_batch: int = 1, device: str = "cpu", out: Path | None = None,
-        log: Callable[[str], None] = print) -> dict:
+        log: Callable[[str], None] = print, probes_variant: bool = False) -> dict:
     """Build `templates` with every variant, `rounds` alternating rounds; returns (and writes to
     `out`) per variant the runs' figures and whether its stores equal the first variant's."""
     here = Path(__file__).resolve().parents[2]  # this checkout's src
-    variants: dict[str, tuple[Path, int | None, int | None]] = {}
+    variants: dict[str, tuple[Path, int | None, int | None, str | None]] = {}
     if baseline_src is not None:
-        variants["baseline"] = (Path(baseline_src).resolve(), None, None)
-    variants["current"] = (here, None, None)
-    variants["current-1-thread"] = (here, None, 1)
+        variants["baseline"] = (Path(baseline_src).resolve(), None, None, None)
+    variants["current"] = (here, None, None, None)
+    variants["current-1-thread"] = (here, None, 1, None)
+    if probes_variant:  # this checkout's build with the probe allocation (the build before issue 41)
+        variants["current-probes"] = (here, None, None, "probes")
     if probe_batch > 1:
-        variants[f"batched{probe_batch}"] = (here, probe_batch, None)
+        variants[f"batched{probe_batch}"] = (here, probe_batch, None, "probes")
     res: dict = {"templates": list(templates), "rounds": rounds, "device": device, "cpu_count": os.cpu_count(),
                  "load_avg_1min_start": os.getloadavg()[0], "variants": {v: [] for v in variants}}
     digests: dict[str, dict[str, str]] = {}
@@ -101,10 +139,10 @@ def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, r
         for r in range(rounds):
             order = list(variants) if r % 2 == 0 else list(reversed(variants))
             for v in order:
-                src, pb, pw = variants[v]
+                src, pb, pw, alloc = variants[v]
                 store = Path(tmp) / f"{v}-{r}"
                 bar.set_description_str(f"round {r} {v}")
-                fig = _run_variant(src, store, templates, pb, device, pw)
+                fig = _run_variant(src, store, templates, pb, device, pw, alloc)
                 bar.update()
                 fig["store_bytes"] = sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
                 fig["load_avg_1min"] = os.getloadavg()[0]
@@ -112,7 +150,9 @@ def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, r
                 d = _digest(store)
                 digests.setdefault(v, d)
                 fig["store_same_as_round0"] = d == digests[v]
-                log(f"round {r} {v}: {fig['wall_s']:.1f} s wall, {fig['cpu_s']:.1f} CPU-s (load {fig['load_avg_1min']:.1f})")
+                log(f"round {r} {v}: {fig['wall_s']:.1f} s wall, {fig['cpu_s']:.1f} CPU-s, "
+                    f"{fig['calibration_edits_counted'] / len(templates):.1f} calibration edits a template, peak RSS "
+                    f"{fig['peak_rss_bytes'] / 2**20:.0f} MiB (load {fig['load_avg_1min']:.1f})")
     first = next(iter(variants))
     res["summary"] = {}
     for v, runs in res["variants"].items():
@@ -125,6 +165,9 @@ def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, r
                     stages[k[:-4]] = stages.get(k[:-4], 0.0) + s
         res["summary"][v] = {"median_cpu_s": cpu, "median_wall_s": wall, "stage_cpu_s": stages,
                              "store_bytes": runs[0]["store_bytes"],
+                             "calibration_edits_per_template": runs[0]["calibration_edits_counted"] / len(templates),
+                             "calibration_edits_reported": runs[0]["calibration_edits_reported"],
+                             "peak_rss_mib": max(x["peak_rss_bytes"] for x in runs) / 2**20,
                              "store_bytes_identical_to_" + first: digests[v] == digests[first]}
     base = res["summary"][first]["median_cpu_s"]
     base_wall = res["summary"][first]["median_wall_s"]

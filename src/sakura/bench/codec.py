@@ -31,6 +31,22 @@ import torch
 from sakura.codec import ShardId, ShardKV, codec_from_spec
 from sakura.util.psnr import psnr_db
 from sakura.util.fsutil import write_json
+import sakura.cloud.builder.pipeline as B
+from sakura.cloud.builder.pipeline import build_store
+from sakura.cloud.capture import calibration_photos, layer_sensitivity, template_importance, token_sensitivity
+from sakura.cloud.tasks import TASK_NAMES, get_task, heldout_photos, library_templates
+from sakura.cloud.tasks.quality import psnr_per_image, ssim_per_image
+from sakura.codec import CodecTables, decode_any
+from sakura.codec.metrics import rel_error
+from sakura.models import MINI_WEIGHTS, load_model
+from sakura.models.kv import LayerKV, TemplateKV
+from sakura.models.mini import MiniDiT
+from sakura.wire.store import Store
+
+from sakura.bench.harness import get_logger, markdown_head
+from tqdm import tqdm
+
+log = get_logger(__name__)
 
 
 def _cpu() -> float:
@@ -59,8 +75,6 @@ QUICK_LADDERS = {"progressive": LADDERS["progressive"]}
 def load_bench_model(name: str):
     """Any model `load_model` knows. The bundled mini model without trained weights gets its
     zero-initialised adaLN gates randomised, so the output depends on the template at all."""
-    from sakura.models import MINI_WEIGHTS, load_model
-    from sakura.models.mini import MiniDiT
 
     model = load_model(name)
     label = name
@@ -76,7 +90,6 @@ def load_bench_model(name: str):
 
 
 def image_metrics(img: torch.Tensor, ref: torch.Tensor, gt: torch.Tensor) -> dict[str, float]:
-    from sakura.cloud.tasks.quality import psnr_per_image, ssim_per_image
 
     return {"psnr_vs_lossless_db": float(psnr_per_image(img, ref).mean()),
             "ssim_vs_lossless": float(ssim_per_image(img, ref).mean()),
@@ -87,10 +100,7 @@ def image_metrics(img: torch.Tensor, ref: torch.Tensor, gt: torch.Tensor) -> dic
 # one template
 
 def run_template(model, tpl, photos: torch.Tensor, gt: torch.Tensor, calib: torch.Tensor, *, steps: int,
-                 seed: int, cachegen: list[str], sakura: list[str], ladders: dict, model_tables: dict,
-                 log: Callable[[str], None]) -> dict[str, Any]:
-    from sakura.cloud.capture import layer_sensitivity, template_importance, token_sensitivity
-    from sakura.models.kv import LayerKV, TemplateKV
+                 seed: int, cachegen: list[str], sakura: list[str], ladders: dict, model_tables: dict) -> dict[str, Any]:
 
     kv = model.extract_template_kv(tpl.image[None], tpl.instruction).to(torch.float16)
     L = kv.num_layers
@@ -126,8 +136,6 @@ def run_template(model, tpl, photos: torch.Tensor, gt: torch.Tensor, calib: torc
         rows.append(row)
         return row
 
-    from tqdm import tqdm
-
     bar = tqdm(total=len(cachegen) + len(sakura) + len(ladders), desc=tpl.name, unit="codec", disable=None)
     for spec in cachegen + sakura:
         bar.set_description_str(f"{tpl.name}: {spec}")
@@ -152,7 +160,6 @@ def run_template(model, tpl, photos: torch.Tensor, gt: torch.Tensor, calib: torc
             row["ladder_total_bytes"] = sum(len(d) for d in full)
     bar.close()
     zero = edit([LayerKV(torch.zeros_like(l.key), torch.zeros_like(l.value)) for l in kv.layers])
-    from sakura.cloud.tasks.quality import psnr_per_image
 
     out = {"template": tpl.name, "instruction": tpl.instruction, "fp16_bytes": fp16, "rows": rows,
            "lossless_psnr_vs_gt_db": float(psnr_per_image(ref, gt).mean()),
@@ -164,7 +171,7 @@ def run_template(model, tpl, photos: torch.Tensor, gt: torch.Tensor, calib: torc
     for r in rows:
         r["delta_psnr_vs_gt_db"] = r["psnr_vs_gt_db"] - out["lossless_psnr_vs_gt_db"]
     for r in rows:
-        log(_fmt_row(r))
+        log.info(_fmt_row(r))
     return out
 
 
@@ -245,13 +252,11 @@ def compare(rows: list[dict[str, Any]]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # storage and throughput
 
-def store_whole(model_name: str, templates: list[str], log) -> dict[str, Any]:
+def store_whole(model_name: str, templates: list[str]) -> dict[str, Any]:
     """Build a store with the default ladder for `templates`; what `sakura store stats` reports."""
-    from sakura.wire.store import Store
-    from sakura.cloud.builder.pipeline import build_store
 
     with tempfile.TemporaryDirectory() as d:
-        build_store(d, model_name=model_name, templates=templates, log=log)
+        build_store(d, model_name=model_name, templates=templates, log=log.info)
         out = {}
         for t in Store(d).stats().templates:
             out[t.template_id] = {"ladder": t.ladder_bytes, "tables": t.table_bytes, "template_ref": t.template_ref_bytes,
@@ -306,7 +311,6 @@ _WORKER: dict[str, Any] = {}
 
 def _worker_init(spec: str, shard_bytes: bytes, tables_bytes: bytes) -> None:
     torch.set_num_threads(1)
-    from sakura.codec import CodecTables
 
     _WORKER["codec"] = codec_from_spec(spec)
     _WORKER["tables"] = CodecTables.from_bytes(tables_bytes, ShardId("bench", "synthetic", -1))
@@ -341,10 +345,9 @@ def worker_scaling(spec: str, shard: ShardKV, workers=(1, 2, 4), layers: int = 8
 
 def klein_tiny_coverage(specs: list[str]) -> dict[str, Any]:
     """Tiny random FLUX.2 (diffusers) template KV through every codec: shapes, bits, rel errors."""
-    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
+    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel  # the Klein path only
+    from sakura.models.flux.klein import KleinAdapter, KleinReference  # diffusers: the [flux] extra, only here
 
-    from sakura.codec.metrics import rel_error
-    from sakura.models.klein import KleinAdapter, KleinReference
 
     torch.manual_seed(0)
     tr = Flux2Transformer2DModel(patch_size=1, in_channels=8, num_layers=2, num_single_layers=2,
@@ -373,19 +376,17 @@ def klein_tiny_coverage(specs: list[str]) -> dict[str, Any]:
 
 def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, templates_per_task: int = 4,
         photos: int = 6, steps: int = 8, quick: bool = False, klein: bool = True, throughput_tokens: int = 1024,
-        storage: bool = True, seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
+        storage: bool = True, seed: int = 0) -> dict[str, Any]:
     torch.set_num_threads(1)
     out_dir.mkdir(parents=True, exist_ok=True)
     import sakura.cloud.builder.pipeline  # noqa: F401  (loaded now: a long run must not pick up later edits halfway)
-    from sakura.cloud.capture import calibration_photos
-    from sakura.cloud.tasks import TASK_NAMES, get_task, heldout_photos, library_templates
 
     cachegen, sakura, ladders = (QUICK_CACHEGEN, QUICK_SAKURA, QUICK_LADDERS) if quick else (CACHEGEN, SAKURA, LADDERS)
     model, label = load_bench_model(model_name)
     size = int(model.cfg.image_size)
     calib = calibration_photos(size, 2, seed=seed)
     test = heldout_photos(size, n_per_source=max(1, -(-photos // 3)))[:photos]
-    log(f"model: {label}; {test.shape[0]} held-out photos, {templates_per_task} held-out templates per task, "
+    log.info(f"model: {label}; {test.shape[0]} held-out photos, {templates_per_task} held-out templates per task, "
         f"{steps} steps")
     # per-model tables (shared by every template of the model): fitted on the library's training templates
     model_tables: dict[str, Any] = {}
@@ -402,19 +403,19 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, templ
         tpls = library_templates(size, task=name, held_out=True)[:templates_per_task]
         per = []
         for tpl in tpls:
-            log(f"task {name}: template {tpl.name}")
+            log.info(f"task {name}: template {tpl.name}")
             gt = task.ground_truth(test, tpl.image[None])
             t = run_template(model, tpl, test, gt, calib, steps=steps, seed=seed, cachegen=cachegen, sakura=sakura,
-                             ladders=ladders, model_tables=model_tables, log=log)
+                             ladders=ladders, model_tables=model_tables)
             t["compare"] = compare(t["rows"])
             per.append(t)
         results["tasks"][name] = {"templates": per}
     if storage:
         names = [t["template"] for task in results["tasks"].values() for t in task["templates"]]
-        results["storage"] = store_whole(model_name, names, log)
+        results["storage"] = store_whole(model_name, names)
     big = synthetic_layer(throughput_tokens, 24, 128)
     tp = ["progressive", SAKURA[6], "cachegen:level=3", "cachegen:level=3,delta=true"]
-    log(f"throughput on a synthetic Klein-4B-sized layer {tuple(big.shape)} fp16, 1 thread")
+    log.info(f"throughput on a synthetic Klein-4B-sized layer {tuple(big.shape)} fp16, 1 thread")
     results["throughput_klein_sized"] = throughput(tp[:1] if quick else tp, big, repeats=2 if quick else 3)
     results["decode_workers"] = worker_scaling("progressive", big, workers=(1, 2) if quick else (1, 2, 4),
                                                layers=2 if quick else 8)
@@ -424,7 +425,7 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, templ
     write_json(out_dir / "results.json", results, indent=1, default=float)
     write_table(results, out_dir / "table.md")
     plot(results, out_dir)
-    log(f"wrote {out_dir}/results.json, table.md, rd_psnr.png")
+    log.info(f"wrote {out_dir}/results.json, table.md, rd_psnr.png")
     return results
 
 
@@ -456,8 +457,7 @@ def write_table(res: dict[str, Any], path: Path) -> None:
     lines = [f"Model: {res['model']}; {res['steps']} sampling steps; {res['photos']} held-out photos; "
              "bytes include the per-template (or per-model) tables a phone must fetch; PSNR/SSIM: "
              "`sakura.cloud.tasks.quality` (mean over photos); MB/s: fp16 KV per CPU-second of one thread.", ""]
-    lines += ["## Summary", "", "| task | sakura/CacheGen bytes at equal PSNR, max (median) | vs CacheGen+delta | "
-              "rung 0 ΔPSNR vs GT (dB) | whole template / fp16 |", "|---|---|---|---|---|"]
+    lines += ["## Summary", "", *markdown_head(['task', 'sakura/CacheGen bytes at equal PSNR, max (median)', 'vs CacheGen+delta', 'rung 0 ΔPSNR vs GT (dB)', 'whole template / fp16'], 'lllll')]
     for task, s in res["summary"].items():
         f = lambda d: (f"{d['max_ratio']:.2f} ({d['median_ratio']:.2f}), n={d['points']}" + (  # noqa: E731
             f", {d['not_reached']} not reached" if d["not_reached"] else "")) if d["max_ratio"] else "n/a"
@@ -475,15 +475,13 @@ def write_table(res: dict[str, Any], path: Path) -> None:
                           f"(all-zero KV {tt['zero_kv_psnr_vs_gt_db']:.2f}); top 10% of tokens hold "
                           f"{100 * tt['token_sensitivity_top10pct_share']:.0f}% of the gradient sensitivity, "
                           f"{100 * tt['attention_top10pct_share']:.0f}% of the attention", "",
-                      "| setting | bits/value | bytes | tables | PSNR vs lossless | SSIM | ΔPSNR vs GT | dec MB/s |",
-                      "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                      *markdown_head(['setting', 'bits/value', 'bytes', 'tables', 'PSNR vs lossless', 'SSIM', 'ΔPSNR vs GT', 'dec MB/s'], 'lrrrrrrr')]
             for r in tt["rows"]:
                 lines.append(f"| `{r['setting']}` | {r['bits_per_value']:.3f} | {r['bytes']} | {r['table_bytes']} | "
                              f"{r['psnr_vs_lossless_db']:.2f} | {r['ssim_vs_lossless']:.4f} | "
                              f"{r['delta_psnr_vs_gt_db']:+.2f} | {r['decode_MBps']:.0f} |")
     lines += ["", "### Throughput, Klein-4B-sized synthetic layer (iid tokens), fp16 KV, 1 thread", "",
-              "| setting | bits/value | encode MB/s | decode MB/s | rung 0: bits/value, decode MB/s |",
-              "|---|---:|---:|---:|---|"]
+              *markdown_head(['setting', 'bits/value', 'encode MB/s', 'decode MB/s', 'rung 0: bits/value, decode MB/s'], 'lrrrl')]
     for r in res["throughput_klein_sized"]:
         r0 = (f"{r['rung0_bits_per_value']:.3f}, {r['rung0_decode_MBps']:.0f}" if "rung0_decode_MBps" in r else "")
         lines.append(f"| `{r['setting']}` | {r['bits_per_value']:.3f} | {r['encode_MBps']:.1f} | "
@@ -493,7 +491,7 @@ def write_table(res: dict[str, Any], path: Path) -> None:
         + f" on a {res['decode_workers'][0]['cores_on_machine']}-core machine."]
     if "storage" in res:
         lines += ["", "### Whole template in the store (`sakura build` default ladder, `sakura store stats`)", "",
-                  "| template | ladder | tables | template PNG | manifest | whole | whole / fp16 |", "|---|---:|---:|---:|---:|---:|---:|"]
+                  *markdown_head(['template', 'ladder', 'tables', 'template PNG', 'manifest', 'whole', 'whole / fp16'], 'lrrrrrr')]
         for k, v in res["storage"].items():
             lines.append(f"| {k} | {v['ladder']} | {v['tables']} | {v['template_ref']} | {v['manifest']} | {v['whole']} | "
                          f"{v['whole_ratio_vs_fp16']:.3f} |")
@@ -501,10 +499,10 @@ def write_table(res: dict[str, Any], path: Path) -> None:
 
 
 def plot(res: dict[str, Any], out_dir: Path) -> None:
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     tasks = list(res["tasks"])
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
@@ -533,18 +531,11 @@ def plot(res: dict[str, Any], out_dir: Path) -> None:
 # the default ladder as `sakura build` stores it
 
 def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_per_task: int = 4, photos: int = 6,
-                 steps: int = 8, seed: int = 0, tasks: tuple[str, ...] | None = None,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:
+                 steps: int = 8, seed: int = 0, tasks: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Build the held-out templates with `sakura build`'s defaults, then read every rung back from
     the store (prefix + shared tables, as a phone would) and edit the held-out photos with it:
     what each template costs whole (`sakura store stats`) and how far each rung's edit is from the
     lossless-KV edit's PSNR against ground truth."""
-    import sakura.cloud.builder.pipeline as B
-    from sakura.codec import CodecTables, decode_any
-    from sakura.models.kv import LayerKV, TemplateKV
-    from sakura.wire.store import Store
-    from sakura.cloud.tasks import TASK_NAMES, get_task, heldout_photos, library_templates
-    from sakura.cloud.tasks.quality import psnr_per_image
 
     torch.set_num_threads(1)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -555,7 +546,7 @@ def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_pe
     res: dict[str, Any] = {"model": label, "ladder": list(B.DEFAULT_LADDER), "base_psnr_db": B.BASE_RUNG_PSNR_DB,
                            "photos": int(test.shape[0]), "steps": steps, "templates": {}}
     with tempfile.TemporaryDirectory() as d:
-        B.build_store(d, model_name=model_name, templates=[t.name for t in tpls], log=log)
+        B.build_store(d, model_name=model_name, templates=[t.name for t in tpls], log=log.info)
         st = Store(d)
         stats = {t.template_id: t for t in st.stats().templates}
         fp = model.fingerprint()
@@ -594,14 +585,13 @@ def ladder_check(out_dir: Path, *, model_name: str = "sakura-mini", templates_pe
                 "lossless_psnr_vs_gt_db": ref_gt, "ladder": t.ladder_bytes, "tables": t.table_bytes,
                 "template_ref": t.template_ref_bytes, "manifest": t.manifest_bytes, "fp16": t.fp16_bytes,
                 "objects_ratio_vs_fp16": t.ratio_vs_fp16, "whole_ratio_vs_fp16": t.whole_ratio_vs_fp16}
-            log(f"{tpl.name}: budgets {res['templates'][tpl.name]['budgets']}, lowest rung "
+            log.info(f"{tpl.name}: budgets {res['templates'][tpl.name]['budgets']}, lowest rung "
                 f"{rungs[0]['delta_psnr_vs_gt_db']:+.2f} dB vs GT ({rungs[0]['psnr_vs_lossless_db']:.1f} dB vs lossless), "
                 f"whole {t.whole_ratio_vs_fp16:.3f} of fp16 (objects {t.ratio_vs_fp16:.3f})")
     write_json(out_dir / "ladder_check.json", res, indent=1, default=float)
     lines = [f"`sakura build` default ladder {res['ladder']} (lowest rung fitted to {res['base_psnr_db']} dB vs lossless "
              f"on the calibration photos), {res['photos']} held-out photos, {steps} steps; rungs read back from the store.", "",
-             "| template | budgets | lowest rung ΔPSNR vs GT (dB) | per rung PSNR vs lossless (dB) | ladder | tables | PNG | "
-             "manifest | objects / fp16 | whole / fp16 |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+             *markdown_head(['template', 'budgets', 'lowest rung ΔPSNR vs GT (dB)', 'per rung PSNR vs lossless (dB)', 'ladder', 'tables', 'PNG', 'manifest', 'objects / fp16', 'whole / fp16'], 'llrlrrrrrr')]
     for name, t in res["templates"].items():
         lines.append(f"| {name} | {t['budgets']} | {t['rungs'][0]['delta_psnr_vs_gt_db']:+.2f} | "
                      + ", ".join(f"{r['psnr_vs_lossless_db']:.1f}" for r in t["rungs"])

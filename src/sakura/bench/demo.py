@@ -29,6 +29,20 @@ import torch
 
 from sakura.util.figures import save_panels
 from sakura.util.fsutil import write_json
+import numpy as np
+from sakura.bench.dilated import equal_psnr_ratios, run_dilated
+from sakura.bench.e2e import plot_timelines
+from sakura.bench.profile import BASELINES, DEFAULT_RATES_MBPS, run_methods, with_measured_pool
+from sakura.bench.workloads import PHONES, ceilings, get_phone, get_workload, workload_costs
+from sakura.cloud.tasks import get_template, heldout_photos
+from sakura.emulation.traces import constant_trace, describe_trace, load_trace
+from sakura.models import TemplateKV, load_model
+from sakura.phone import TraceLink
+from sakura.wire.store.store import Store
+
+from sakura.bench.harness import get_logger, markdown_head
+
+log = get_logger(__name__)
 
 #: every file `run_demo` writes into its folder, with what it shows (docs/demo.md lists the same)
 OUTPUTS = {
@@ -65,12 +79,7 @@ def _med(xs: list[float]) -> str:
 def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "sticker-00",
              workload: str = "style3x1024-out512", phone: str = "3", D: float = 20.0, repeats: int = 3,
              trace: str = "umn_5gophers/All-Carriers/01-Throughput/data.csv#VERIZON/8/US-East/102",
-             model_name: str = "sakura-mini", log=print) -> dict:
-    from sakura.bench.dilated import equal_psnr_ratios, run_dilated
-    from sakura.bench.workloads import ceilings, get_phone, get_workload, workload_costs
-    from sakura.cloud.tasks import get_template, heldout_photos
-    from sakura.emulation.traces import describe_trace, load_trace
-    from sakura.models import TemplateKV, load_model
+             model_name: str = "sakura-mini") -> dict:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -84,12 +93,12 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
     same = torch.equal(model.edit(photo, template_kv=loaded, steps=steps, seed=seed).image,
                        model.edit(photo, template=tpl.image[None], instruction=tpl.instruction, steps=steps,
                                   seed=seed).image)
-    log(f"injected KV == in-sequence edit (torch.equal): {same}")
+    log.info(f"injected KV == in-sequence edit (torch.equal): {same}")
 
     words = describe_trace(trace)
     mbps = load_trace(trace).mean_mbps
     res = run_dilated(workload, phone, D=D, traces=(trace,), template=template, store=out_dir / "store",
-                      out_dir=out_dir, image_steps=steps, model_name=model_name, repeats=repeats, log=log)
+                      out_dir=out_dir, image_steps=steps, model_name=model_name, repeats=repeats)
     im = res.pop("images")
     c = workload_costs(get_workload(workload), get_phone(phone))
     ceil = ceilings(c)
@@ -98,7 +107,7 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
     lat = lambda m: by[m]["live_phone_s"] if not math.isnan(by[m]["live_phone_s"]) else by[m]["sim_phone_s"]  # noqa: E731
 
     _pictures(out_dir, res, by, im, trace, words, mbps, lat)
-    _regimes(out_dir, res, template, workload, phone, mbps, log)
+    _regimes(out_dir, res, template, workload, phone, mbps)
 
     names = {"cachegen": "cachegen (as published)", "cachegen-fair": "cachegen-fair (ours)",
              "cachegen-L3": "cachegen-L3 (held to level 3)"}
@@ -108,9 +117,7 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
              f"times in phone seconds). Ceilings with free, instant KV: {ceil['vs on-device']:.2f}x vs on-device, "
              f"{ceil['vs on-device-nocache']:.2f}x vs on-device-nocache. Decode times: "
              f"{res.get('decode_rates', '?')}.", "",
-             "| method | live (s), median [min-max] | simulated (s) | live / sim, every run | on-device / method "
-             "(ceiling) | layers computed here | PSNR vs lossless KV (dB) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             *markdown_head(['method', 'live (s), median [min-max]', 'simulated (s)', 'live / sim, every run', 'on-device / method (ceiling)', 'layers computed here', 'PSNR vs lossless KV (dB)'], 'lrrrrrr')]
     for m in ("oracle", "on-device", "cachegen", "cachegen-fair", "cachegen-L3", "sakura"):
         r = by[m]
         xs = r.get("live_runs_phone_s") or []
@@ -150,7 +157,7 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
               "itself. Frontier: the simulated sweep on the same inputs (dilated_frontier.png)."]
     table = "\n".join(lines) + "\n"
     (out_dir / "demo.md").write_text(table)
-    log(table)
+    log.info(table)
     summary = {"injected_kv_equals_in_sequence_torch_equal": same, "workload": workload, "phone": c.phone, "D": D,
                "repeats": runs, "trace": trace, "trace_words": words, "trace_mean_mbps": mbps, "ceilings": ceil,
                "latency_phone_s": {m: by[m]["live_phone_s"] for m in by},
@@ -163,7 +170,7 @@ def run_demo(out_dir: Path, seed: int = 0, steps: int = 8, template: str = "stic
                "equal_quality_ratios": {k: statistics.median(v) for k, v in eq_runs.items() if v},
                "frontier_ratios_at_L3_psnr": fr, "decode_rates": res.get("decode_rates"), "outputs": OUTPUTS}
     write_json(out_dir / "summary.json", summary, indent=2, default=float)
-    log("wrote " + ", ".join(str(out_dir / f.replace("<template>", template)) for f in OUTPUTS))
+    log.info("wrote " + ", ".join(str(out_dir / f.replace("<template>", template)) for f in OUTPUTS))
     if not same:
         raise SystemExit("injected KV did not reproduce the in-sequence edit")
     return summary
@@ -177,7 +184,6 @@ def _fmt_runs(xs: list[float]) -> str:
 
 def _pictures(out_dir: Path, res: dict, by: dict, im: dict, trace: str, words: str, mbps: float, lat) -> None:
     """demo.png (every method's edit, titled) and timeline.png (first run of every method)."""
-    from sakura.bench.e2e import plot_timelines
 
     shown = [m for m in ("on-device", "cachegen", "cachegen-fair", "cachegen-L3", "sakura") if m in im]
     label = {"sakura": "sakura (streamed)", "cachegen": "cachegen (published)", "cachegen-fair": "cachegen-fair (ours)",
@@ -206,21 +212,16 @@ def _pictures(out_dir: Path, res: dict, by: dict, im: dict, trace: str, words: s
                          f"{res['workload']} on {res['phone']}\n{words}, {mbps:,.0f} Mbit/s mean")
 
 
-def _regimes(out_dir: Path, res: dict, template: str, workload: str, phone: str, mbps: float, log) -> None:
+def _regimes(out_dir: Path, res: dict, template: str, workload: str, phone: str, mbps: float) -> None:
     """regimes.png: the same measured renditions, simulated over constant link rate x phone."""
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
-    from sakura.bench.profile import BASELINES, DEFAULT_RATES_MBPS, run_methods, with_measured_pool
-    from sakura.bench.workloads import PHONES, get_phone, get_workload, workload_costs
-    from sakura.emulation.traces import constant_trace
-    from sakura.phone import TraceLink
 
     ladder = _ladder_from_result(out_dir / "store", template, res)
-    ladder, pool = with_measured_pool(ladder, log=log)   # the measured pool, not an assumed 4 cores
+    ladder, pool = with_measured_pool(ladder)   # the measured pool, not an assumed 4 cores
     w = get_workload(workload)
     grid = np.full((len(PHONES), len(DEFAULT_RATES_MBPS)), np.nan)
     for i, ph in enumerate(PHONES):
@@ -255,7 +256,6 @@ def _regimes(out_dir: Path, res: dict, template: str, workload: str, phone: str,
 
 def _ladder_from_result(store: Path, template: str, res: dict) -> dict:
     """The measured ladder (bits/value, image MSE, decode rate) in the form `sakura.bench.profile` takes."""
-    from sakura.wire.store.store import Store
 
     st = Store(store)
     (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
@@ -267,7 +267,6 @@ def _ladder_from_result(store: Path, template: str, res: dict) -> dict:
             d["bpv"].append(8 * r.nbytes / (s.fp16_bytes / 2))
             d["mse"].append(float(r.distortion.get("image_mse", 0.0)))
     D = res["D"]
-    from sakura.bench.workloads import get_phone, get_workload, workload_costs
 
     c = workload_costs(get_workload(res["workload"]), get_phone(res["phone"].split(" (")[0]))
     f = c.layers / len(m.shards)

@@ -23,6 +23,21 @@ from typing import Callable, Sequence
 import torch
 from sakura.phone.policies import CACHEGEN_LEVELS, make_policy
 from sakura.util.fsutil import write_json
+from sakura.cloud.builder.pipeline import build_store
+from sakura.cloud.tasks import get_task, get_template, heldout_photos
+from sakura.cloud.tasks.quality import psnr_per_image, ssim_per_image
+from sakura.emulation import load_trace
+from sakura.emulation.pacer import pacer_in_thread
+from sakura.models import load_model
+from sakura.phone import BandwidthEstimator, CacheGenPolicy, FixedPolicy, RttEstimator, SakuraPolicy
+from sakura.phone.live import Emulation, profile_model, streamed_edit
+from sakura.wire.server import serve_in_thread
+from sakura.wire.store.store import Store
+
+from sakura.bench.harness import get_logger, markdown_head
+from tqdm import tqdm
+
+log = get_logger(__name__)
 
 METHODS = ("oracle", "on-device", "on-device-nocache", "raw-stream", "cachegen", "sakura")
 #: What the live benchmark's store holds: raw-stream's lossless copy, the default (progressive)
@@ -44,7 +59,6 @@ def sakura_renditions(manifest=None) -> tuple[str, ...] | None:
 
 
 def _quality(img: torch.Tensor, reference: torch.Tensor, truth: torch.Tensor, region: torch.Tensor | None) -> dict:
-    from sakura.cloud.tasks.quality import psnr_per_image, ssim_per_image
 
     q = {"bit_exact_vs_lossless": bool(torch.equal(img, reference)),
          "psnr_vs_lossless_db": float(psnr_per_image(img, reference).mean()),
@@ -59,19 +73,11 @@ def _quality(img: torch.Tensor, reference: torch.Tensor, truth: torch.Tensor, re
 def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: int = 0,
              trace: str = "mahimahi_cellular/TMobile-LTE-short.down", offset_s: float = 10.0, rtt_ms: float = 40.0,
              steps: int = 8, seed: int = 0, methods: Sequence[str] = METHODS, store: str | Path | None = None,
-             model_name: str = "sakura-mini", log: Callable[[str], None] = print) -> dict:
+             model_name: str = "sakura-mini") -> dict:
     """Run every method once on the same template, photo and trace segment; write JSON + table.
 
     Returns {"mode": "live", "rows": [per-method dict], ...}.
     """
-    from sakura.emulation import load_trace
-    from sakura.emulation.pacer import pacer_in_thread
-    from sakura.models import load_model
-    from sakura.phone import BandwidthEstimator, CacheGenPolicy, FixedPolicy, RttEstimator, SakuraPolicy
-    from sakura.phone.live import Emulation, profile_model, streamed_edit
-    from sakura.wire.server import serve_in_thread
-    from sakura.cloud.builder.pipeline import build_store
-    from sakura.cloud.tasks import get_task, get_template, heldout_photos
 
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -96,8 +102,8 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     if store is None:
         tmp = tempfile.TemporaryDirectory(prefix="sakura-e2e-")
         store = tmp.name
-    log(f"building store for {template} ({len(LIVE_LADDER)} codec settings) ...")
-    build_store(store, model_name=model_name, templates=[template], ladder=LIVE_LADDER, calibration=2, steps=4, log=log)
+    log.info(f"building store for {template} ({len(LIVE_LADDER)} codec settings) ...")
+    build_store(store, model_name=model_name, templates=[template], ladder=LIVE_LADDER, calibration=2, steps=4, log=log.info)
     profile = profile_model(model)
     # the phone's estimate before the edit: mean rate over the 10 s of trace before the start
     prior = max(1.0, (tr.cumulative(offset_s) - tr.cumulative(max(0.0, offset_s - 10.0))) / min(10.0, max(offset_s, 1e-9))) \
@@ -109,17 +115,14 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     model.template_stream(timg, tpl.instruction)
     local_template_s = time.perf_counter() - t0
 
-    from sakura.wire.store.store import Store
 
     manifest = Store(store).get_manifest(model.fingerprint(), template)  # fetched with the gallery, untimed
     rows, images = [], {}
-    from tqdm import tqdm
-
     with serve_in_thread(store) as url, tqdm(total=len(methods), desc="methods", unit="edit", disable=None) as bar:
         for method in methods:
             bar.set_description_str(method)
             bar.update()
-            log(f"  {method} ...")
+            log.info(f"  {method} ...")
             row: dict = {"method": method, "mode": "live (real execution on this machine, CPU)"}
             if method in ("oracle", "on-device", "on-device-nocache"):
                 kw = ({"template_kv": kv} if method == "oracle" else
@@ -162,7 +165,7 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
     write_json(out_dir / "e2e_live.json", result, indent=2, default=float)
     table = live_table(result)
     (out_dir / "e2e_live.md").write_text(table)
-    log(table)
+    log.info(table)
     plot_timelines(result["rows"], out_dir / "e2e_live_timeline.png")
     result["images"] = {"photo": photo, "template": timg, "truth": truth, **images}  # not in the JSON
     return result
@@ -173,8 +176,7 @@ def live_table(result: dict) -> str:
     lines = [f"Live (real execution on this machine, CPU, 1 thread): {result.get('model', 'sakura-mini')}, template `{result['template']}`, "
              f"held-out photo {result['photo_index']}, trace `{result['trace']}` from {result['offset_s']} s, "
              f"RTT {result['rtt_ms']} ms, {result['steps']} steps; fp16 template KV {result['fp16_kv_bytes']} B.", "",
-             "| method | latency (ms) | stall (ms) | bytes | local shards | PSNR vs lossless (dB) | PSNR vs truth (dB) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             *markdown_head(['method', 'latency (ms)', 'stall (ms)', 'bytes', 'local shards', 'PSNR vs lossless (dB)', 'PSNR vs truth (dB)'], 'lrrrrrr')]
     for r in result["rows"]:
         lines.append(f"| {r['method']} | {1000 * r['latency_s']:.1f} | {1000 * r['stall_s']:.1f} | {r['bytes']} | "
                      f"{r['local_shards']} | {_db(r['psnr_vs_lossless_db'])} | {_db(r['psnr_vs_truth_db'])} |")
@@ -196,11 +198,11 @@ def plot_timelines(rows: list[dict], path: Path, *, scale: float = 1000.0, unit:
     "timeline": [ShardRecord as dict], optional "latency_s", "label", "post_s" (the work after the
     first pass, shaded before the end)}; times (s) are multiplied by
     `scale` for the axis (1000: ms; D: phone seconds of a time-dilated run)."""
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
+    from matplotlib.patches import Patch  # plots only: not imported by a run that draws nothing
 
     rows = [r for r in rows if r.get("timeline")]
     if not rows:

@@ -19,6 +19,29 @@ import torch
 
 from sakura.bench.children import run_child, vm_hwm_kib
 from sakura.bench.harness import get_logger, markdown_table, publish
+import aiohttp
+import asyncio
+import os
+import random
+import re
+import resource
+import socket
+import subprocess
+import sys
+from sakura.cloud.builder.pipeline import build_store
+from sakura.cloud.tasks import get_template, heldout_photos
+from sakura.cloud.tasks.quality import psnr_per_image
+from sakura.emulation.faults import fault_proxy_in_thread, hostile_in_thread
+from sakura.models import load_model
+from sakura.models.kv import LayerKV, TemplateKV, TemplateKVError
+from sakura.phone import BandwidthEstimator, RttEstimator, SakuraPolicy
+from sakura.phone.live import Emulation, profile_model, streamed_edit
+from sakura.wire.server import serve_in_thread
+from sakura.wire.server.app import ConnectionLimits, connection_counts, start_server
+from sakura.wire.store.layout import manifest_relpath
+from sakura.wire.store.manifest import Manifest, ManifestError, manifest_tree
+from sakura.wire.store.store import Store
+from sakura.wire.store.synthetic import make_synthetic_store
 
 log = get_logger(__name__)
 
@@ -28,15 +51,6 @@ FAULT_CASES = ("none", "server unreachable", "manifest 404", "manifest 500", "sh
 
 def run_faults(out_dir: str | Path | None = None, *, template: str = "sticker-00", steps: int = 4, seed: int = 0,
                cases=FAULT_CASES) -> dict:
-    from sakura.emulation.faults import fault_proxy_in_thread
-    from sakura.models import load_model
-    from sakura.phone import BandwidthEstimator, RttEstimator, SakuraPolicy
-    from sakura.phone.live import Emulation, profile_model, streamed_edit
-    from sakura.wire.server import serve_in_thread
-    from sakura.cloud.builder.pipeline import build_store
-    from sakura.wire.store.store import Store
-    from sakura.cloud.tasks import get_template, heldout_photos
-    from sakura.cloud.tasks.quality import psnr_per_image
 
     unknown = [c for c in cases if c not in FAULT_CASES]
     if unknown:
@@ -144,7 +158,6 @@ HOSTILE_CASES = ("honest server", "server down, gallery (on-device)", "drip mani
 def _said(lines: list[str]) -> str:
     """What `sakura edit` said that matters, in a table cell: the error or the gallery fallback,
     how many layers were computed on the device, the first runtime event."""
-    import re
 
     parts = [next((ln for ln in lines if ln.startswith("error:") or "gallery" in ln or "server" in ln), "")[:110]]
     done = next((ln for ln in lines if ln.startswith("edited in")), "")
@@ -162,16 +175,7 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
     """Each hostile server of `sakura.emulation.faults.HOSTILE` against the real `sakura edit` in a
     subprocess: time to outcome (exit), exit code, what it said, peak RSS, beside an on-device
     edit. A case that runs into ``timeout_s`` is reported as a hang."""
-    import os
-    import resource
 
-    from sakura.emulation.faults import hostile_in_thread
-    from sakura.models import load_model
-    from sakura.wire.server import serve_in_thread
-    from sakura.cloud.builder.pipeline import build_store
-    from sakura.wire.store.layout import manifest_relpath
-    from sakura.wire.store.store import Store
-    from sakura.cloud.tasks import heldout_photos
 
     unknown = [c for c in cases if c not in HOSTILE_CASES]
     if unknown:
@@ -185,7 +189,7 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
     fp = model.fingerprint()
     manifest = Store(root).get_manifest(fp, template)
     photo = base / "photo.png"
-    from skimage import io as skio
+    from skimage import io as skio  # slow to import; one photo written
 
     skio.imsave(str(photo), (heldout_photos(model.cfg.image_size)[0].permute(1, 2, 0).numpy() * 255).astype("uint8"),
                 check_contrast=False)
@@ -292,12 +296,8 @@ def run_slow_headers(n: int = 200, *, header_timeout_s: float = 10.0, max_connec
     (default limits unless given); a normal client fetches index.json meanwhile. Reports how
     many the server still holds after its header timeout (target 0) and whether the normal
     client was served."""
-    import asyncio
 
-    import aiohttp
 
-    from sakura.wire.server.app import ConnectionLimits, connection_counts, start_server
-    from sakura.wire.store.synthetic import make_synthetic_store
 
     tmp = tempfile.TemporaryDirectory(prefix="sakura-slowhdr-")
     make_synthetic_store(tmp.name, templates=1, layers=1, tokens=16, width=16)
@@ -356,13 +356,6 @@ def run_parser_fuzz(cases: int = 2000, *, seed: int = 0) -> dict:
     how many raised something other than the typed error (escapes, target 0). Mutations: byte
     flips/deletions/insertions/duplications, and (manifests) adversarial JSON values (deep
     nesting, 5,000-digit integers, NaN) placed at a random node."""
-    import random
-
-    from sakura.models.kv import LayerKV, TemplateKV, TemplateKVError
-    from sakura.wire.store import ManifestError, Store
-    from sakura.wire.store.manifest import Manifest
-    from sakura.wire.store.synthetic import make_synthetic_store
-
     rnd = random.Random(seed)
     tmp = tempfile.TemporaryDirectory(prefix="sakura-fuzz-")
     root = Path(tmp.name)
@@ -394,7 +387,6 @@ def run_parser_fuzz(cases: int = 2000, *, seed: int = 0) -> dict:
     hostile = ["[" * 20000 + "]" * 20000, "9" * 5000, "-" + "1" * 6000, "NaN", "1e400", '{"a":' * 3000 + "1" + "}" * 3000]
 
     def hostile_value() -> bytes:
-        from sakura.wire.store.manifest import manifest_tree
 
         d = manifest_tree(mbytes)
         path: list = []
@@ -450,7 +442,6 @@ def _publish(result: dict, name: str, table, out_dir) -> dict:
 # ------------------------------------------------------------------ issue 35: fd pressure
 def _proc_cpu_s(pid: int) -> float | None:
     """utime + stime of process ``pid`` (s), from /proc."""
-    import os
 
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -468,16 +459,6 @@ def run_fd_pressure(fd_limit: int = 64, idle_factor: float = 1.5, duration_s: fl
     normal client fetches index.json and an object on a fresh connection every ``request_every_s``.
     Reports normal requests served / failed, their worst latency, the server's CPU seconds and
     peak RSS. Bounded: at most ``idle_factor * fd_limit`` sockets, ``duration_s`` seconds."""
-    import asyncio
-    import os
-    import resource
-    import socket
-    import subprocess
-    import sys
-
-    from sakura.wire.store import Store
-    from sakura.wire.store.synthetic import make_synthetic_store
-
     tmp = tempfile.TemporaryDirectory(prefix="sakura-fdp-")
     make_synthetic_store(tmp.name, templates=1, layers=2, tokens=64, width=64)
     m = Store(tmp.name).get_manifest("synthetic-model", "tpl-000")

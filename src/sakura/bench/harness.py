@@ -31,20 +31,22 @@ from typing import Any, Sequence
 
 from sakura.util.fsutil import write_json, write_text
 
-__all__ = ["get_logger", "set_verbosity", "markdown_table", "terminal_table", "write_json", "write_text", "publish"]
+__all__ = ["get_logger", "set_verbosity", "markdown_table", "markdown_head", "terminal_table", "write_json", "write_text", "publish"]
 
 ROOT_LOGGER = "sakura.bench"
 
 
 class _StdoutHandler(logging.StreamHandler):
-    """A StreamHandler bound to whatever ``sys.stdout`` is when a line is written."""
+    """A StreamHandler bound to whatever ``sys.stdout`` is when a line is written (never to a
+    stream captured earlier and since closed)."""
 
-    def __init__(self) -> None:
-        super().__init__(sys.stdout)
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stdout
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.setStream(sys.stdout)
-        super().emit(record)
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
 
 
 def _root() -> logging.Logger:
@@ -97,6 +99,12 @@ def markdown_table(head: Sequence[str], rows: Sequence[Sequence[Any]], align: st
         return "| " + " | ".join(_cell(c).replace("|", "\\|") for c in cells) + " |"
 
     return "\n".join([line(head), "| " + " | ".join(sep[a] for a in al) + " |"] + [line(r) for r in rows])
+
+
+def markdown_head(head: Sequence[str], align: str | None = None) -> list[str]:
+    """The header and separator lines of `markdown_table` alone, for a table whose rows are written
+    one by one (``lines += markdown_head([...], "lrr")``, then a line per row)."""
+    return markdown_table(head, [], align).splitlines()
 
 
 def terminal_table(head: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None, *,

@@ -13,22 +13,26 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from sakura.cloud.tasks import TASK_NAMES
+import torch
+from sakura.cloud.capture import calibration_photos, template_importance, token_sensitivity
+from sakura.cloud.tasks import heldout_photos, library_templates
+from sakura.cloud.tasks.quality import psnr_per_image
+from sakura.codec import ShardId, ShardKV, codec_from_spec
+from sakura.models import LayerKV, load_model
+
+from sakura.bench.harness import get_logger
+
+log = get_logger(__name__)
 
 SPECS = ("layered:budgets=[1.0,2.0,3.0]", 'sakura:budget=1.0,quantiser="ecsq"')
 SOURCES = ("none", "attention", "sensitivity")
 
 
 def run(out: Path | None = None, tasks: Sequence[str] = TASK_NAMES, photos: int = 6, calibration: int = 2,
-        steps: int = 8, model_name: str = "sakura-mini", log: Callable[[str], None] = print) -> list[dict]:
+        steps: int = 8, model_name: str = "sakura-mini") -> list[dict]:
     """One row per (task, importance source, codec spec): [(bytes, PSNR dB) per rung]; written as
     text (one row a line, as docs/codec/importance_nested.txt) to `out` if given."""
-    import torch
 
-    from sakura.cloud.capture import calibration_photos, template_importance, token_sensitivity
-    from sakura.codec import ShardId, ShardKV, codec_from_spec
-    from sakura.models import LayerKV, load_model
-    from sakura.cloud.tasks import heldout_photos, library_templates
-    from sakura.cloud.tasks.quality import psnr_per_image
 
     m = load_model(model_name)
     size = m.cfg.image_size
@@ -64,7 +68,7 @@ def run(out: Path | None = None, tasks: Sequence[str] = TASK_NAMES, photos: int 
                     rungs.append((sum(e[r] for e in ends), round(float(psnr_per_image(img, ref).mean()), 1)))
                 row = {"task": task, "importance": source, "spec": spec, "rungs": rungs}
                 rows.append(row)
-                log(f"{task} {source} {spec} {rungs}")
+                log.info(f"{task} {source} {spec} {rungs}")
     if out is not None:
         head = (f"# sakura bench importance  ({model_name}, first held-out template per task, {photos} held-out photos, "
                 f"{steps} steps)\n# task, importance source, codec spec, [(bytes of all shards without tables, image "

@@ -1,6 +1,6 @@
 """Tiny FLUX.2 Klein end to end, as a user would run it (`sakura bench klein-e2e`, docs/model-flux2/klein.md).
 
-A complete tiny Klein KV pipeline (random weights; `sakura.models.klein_tiny`) written with
+A complete tiny Klein KV pipeline (random weights; `sakura.models.flux.klein_tiny`) written with
 save_pretrained; a templates.toml with two templates of one's own images + prompts (one with two
 reference images); `sakura build --library` (lossless + progressive ladder); the store served on
 127.0.0.1; a streamed edit through the live runtime at every rendition, against the on-device edit.
@@ -15,31 +15,35 @@ import time
 from pathlib import Path
 from typing import Callable
 from sakura.util.fsutil import write_json
+import shutil
+import torch
+from PIL import Image, ImageDraw
+from sakura.cloud.builder.pipeline import build_store
+from sakura.cloud.builder.template_files import load_library_file
+from sakura.cloud.capture import calibration_photos
+from sakura.cloud.tasks.quality import psnr_per_image
+from sakura.models import load_model
+from sakura.models.flux.klein_tiny import write_tiny_klein_folder
+from sakura.phone import BandwidthEstimator, FixedPolicy, RttEstimator
+from sakura.phone.live import DeviceProfile, streamed_edit
+from sakura.wire.server import serve_in_thread
+from sakura.wire.store.store import Store
+from sakura.wire.store.template_ref import decode_template_ref, split_template_images
+
+from sakura.bench.harness import get_logger
+
+log = get_logger(__name__)
 
 TEMPLATES_TOML = ('[[template]]\nid = "sun"\nimages = ["sun.png"]\nprompt = "add a sun"\n\n'
                   '[[template]]\nid = "sun-and-moon"\nimages = ["sun.png", "moon.png"]\n'
                   'prompt = "add the sun and the moon"\n')
 
 
-def run(out: Path | None = None, size: int = 32, steps: int = 4, log: Callable[[str], None] = print) -> dict:
+def run(out: Path | None = None, size: int = 32, steps: int = 4) -> dict:
     """Build, serve and stream-edit both templates at `size` px; returns (and writes to `out`) per
     template its bytes and per rendition: bit-exact with on-device?, PSNR vs on-device, bytes fetched."""
-    import shutil
 
-    import torch
-    from PIL import Image, ImageDraw
 
-    from sakura.cloud.capture import calibration_photos
-    from sakura.models import load_model
-    from sakura.models.klein_tiny import write_tiny_klein_folder
-    from sakura.phone import BandwidthEstimator, FixedPolicy, RttEstimator
-    from sakura.phone.live import DeviceProfile, streamed_edit
-    from sakura.wire.server import serve_in_thread
-    from sakura.cloud.builder.pipeline import build_store
-    from sakura.wire.store.template_ref import decode_template_ref, split_template_images
-    from sakura.wire.store.store import Store
-    from sakura.cloud.builder.template_files import load_library_file
-    from sakura.cloud.tasks.quality import psnr_per_image
 
     work = Path(tempfile.mkdtemp(prefix="klein-e2e-"))
     try:
@@ -53,7 +57,7 @@ def run(out: Path | None = None, size: int = 32, steps: int = 4, log: Callable[[
         store = work / "store"
         t = time.perf_counter()
         build_store(store, model_name=model_name, templates=load_library_file(work / "templates.toml"),
-                    ladder=("lossless", "progressive"), calibration=2, steps=steps, log=log)
+                    ladder=("lossless", "progressive"), calibration=2, steps=steps)
         build_s = time.perf_counter() - t
         model = load_model(model_name)
         st = Store(store)
@@ -86,7 +90,7 @@ def run(out: Path | None = None, size: int = 32, steps: int = 4, log: Callable[[
                                          "manifest_bytes": s.manifest_bytes, "rungs": rows}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    log(json.dumps(res, indent=1))
+    log.info(json.dumps(res, indent=1))
     if out is not None:
         write_json(Path(out), res, indent=1)
     return res

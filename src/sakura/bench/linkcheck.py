@@ -32,19 +32,22 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 from sakura.util.fsutil import write_json
+from sakura.emulation.pacer import pacing_proxy_in_thread
+from sakura.emulation.traces import constant_trace
+from sakura.phone import BandwidthEstimator, FixedPolicy, Route, RttEstimator, ShardSpec
+from sakura.phone.driver import EditDriver
+from sakura.phone.live import FetchStage
+from sakura.wire.server import serve_in_thread
+from sakura.wire.store.store import Store
+from sakura.wire.store.synthetic import make_synthetic_store
+
+from sakura.bench.harness import get_logger, markdown_head
+
+log = get_logger(__name__)
 
 
 def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: float = 40.0, shards: int = 12,
-                   shard_ms: float = 50.0, out_dir: str | Path | None = None,
-                   log: Callable[[str], None] = print) -> dict:
-    from sakura.emulation.pacer import pacing_proxy_in_thread
-    from sakura.emulation.traces import constant_trace
-    from sakura.phone import BandwidthEstimator, FixedPolicy, Route, RttEstimator, ShardSpec
-    from sakura.phone.driver import EditDriver
-    from sakura.phone.live import FetchStage
-    from sakura.wire.server import serve_in_thread
-    from sakura.wire.store.store import Store
-    from sakura.wire.store.synthetic import make_synthetic_store
+                   shard_ms: float = 50.0, out_dir: str | Path | None = None) -> dict:
 
     rows = []
     for mbps in rates_mbps:
@@ -118,7 +121,7 @@ def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: flo
                    "timeline_ms": [[r.index, round(1000 * r.t_request, 1), round(1000 * r.t_first_byte, 1),
                                     round(1000 * r.fetch_end, 1), r.first_chunk_bytes] for r in recs]}
             rows.append(row)
-            log(f"  {mbps:6g} Mbit/s: idle {100 * row['idle_share']:.1f} % of {1000 * span:.0f} ms streaming; estimate after "
+            log.info(f"  {mbps:6g} Mbit/s: idle {100 * row['idle_share']:.1f} % of {1000 * span:.0f} ms streaming; estimate after "
                 f"3 shards {row['estimate_after_3_mbps']:.1f} Mbit/s ({100 * row['estimate_error']:+.1f} % vs nominal, "
                 f"{100 * row['estimate_error_vs_delivered']:+.1f} % vs delivered {row['delivered_mbps']:.0f}); request-to-last-"
                 f"byte would read {row['naive_first_shard_mbps']:.1f}; RTT estimate {row['rtt_estimate_ms']:.1f} ms; "
@@ -135,8 +138,7 @@ def run_link_check(rates_mbps: Sequence[float] = (10, 100, 1000), *, rtt_ms: flo
 def link_markdown(result: dict) -> str:
     lines = [f"Link check, {result['mode']}: raw-stream's fetch stage alone, constant rate through the pacer. "
              "Reproduce: `./dev sakura bench link --out docs/e2e` (per-shard timelines in link.json).", "",
-             "| rate (Mbit/s) | RTT (ms) | shards x bytes | link idle (share of streaming) | delivered (Mbit/s) | estimate after 3 shards (Mbit/s) | error vs nominal | error vs delivered | request-to-last-byte reading (Mbit/s) | lost at the pacer (kB, share of carried) | load average (1 min) |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             *markdown_head(['rate (Mbit/s)', 'RTT (ms)', 'shards x bytes', 'link idle (share of streaming)', 'delivered (Mbit/s)', 'estimate after 3 shards (Mbit/s)', 'error vs nominal', 'error vs delivered', 'request-to-last-byte reading (Mbit/s)', 'lost at the pacer (kB, share of carried)', 'load average (1 min)'], 'rrlrrrrrrrr')]
     for r in result["rows"]:
         lines.append(f"| {r['mbps']:g} | {r['rtt_ms']:g} | {r['shards']} x {r['shard_bytes']} | {100 * r['idle_share']:.1f} % | "
                      f"{r['delivered_mbps']:.0f} | {r['estimate_after_3_mbps']:.1f} | {100 * r['estimate_error']:+.1f} % | "

@@ -38,6 +38,10 @@ from sakura.wire.store import Store
 from sakura.wire.store.synthetic import make_synthetic_store
 from sakura.util.fsutil import write_json
 
+from sakura.bench.harness import get_logger
+
+log = get_logger(__name__)
+
 FP = "bench-model"
 
 
@@ -111,7 +115,7 @@ def start_server(kind: str, store: Path, workdir: Path, *, verify_objects: bool 
         cmd = [sys.executable, "-c", "from sakura.cli.main import app; app()", "serve", str(store),
                "--port", str(port), "--quiet"]
     elif kind == "nginx":
-        from sakura.wire.server.nginx import nginx_config
+        from sakura.wire.server.nginx import nginx_config  # the nginx path only
 
         exe = shutil.which("nginx") or "/usr/sbin/nginx"
         if not os.path.exists(exe):
@@ -200,8 +204,7 @@ async def level(url: str, templates: list[str], n: int, rounds: int, max_s: floa
 
 def run(clients: Sequence[int] = (1, 8, 32), server: str = "sakura", templates: int = 32, layers: int = 8,
         tokens: int = 512, width: int = 256, rounds: int = 1000, max_seconds: float = 8.0, trace: str | None = None,
-        rtt_ms: float = 0.0, store: Path | None = None, out: Path | None = None,
-        log: Callable[[str], None] = print) -> dict:
+        rtt_ms: float = 0.0, store: Path | None = None, out: Path | None = None) -> dict:
     """One concurrency level per entry of `clients` against `server` (sakura or nginx) serving a
     synthetic store; returns (and writes to `out`) the results."""
     config = dict(clients=list(clients), server=server, templates=templates, layers=layers, tokens=tokens, width=width,
@@ -213,7 +216,7 @@ def run(clients: Sequence[int] = (1, 8, 32), server: str = "sakura", templates: 
         names = make_synthetic_store(store, templates=templates, layers=layers, tokens=tokens,
                                      width=width, model_fingerprint=FP)
         st = Store(store).stats()
-        log(f"store: {templates} templates x {layers} shards, {st.object_bytes / 1e6:.1f} MB of objects "
+        log.info(f"store: {templates} templates x {layers} shards, {st.object_bytes / 1e6:.1f} MB of objects "
               f"(built in {time.monotonic() - t:.1f} s)")
         proc, url = start_server(server, store, Path(tmp))
         results = []
@@ -231,7 +234,7 @@ def run(clients: Sequence[int] = (1, 8, 32), server: str = "sakura", templates: 
                 r["server_rss_idle_MiB"] = idle_kib / 1024
                 results.append(r)
                 cap = f" (links: {r['link_capacity_MBps']:.1f})" if "link_capacity_MBps" in r else ""
-                log(f"{server:6s} clients={n:3d}  {r['throughput_MBps']:8.1f} MB/s{cap}  "
+                log.info(f"{server:6s} clients={n:3d}  {r['throughput_MBps']:8.1f} MB/s{cap}  "
                       f"p50={r['shard_p50_ms']:7.1f} ms  p99={r['shard_p99_ms']:7.1f} ms  shards={r['shards']:5d}  "
                       f"errors={r['errors']}  server CPU {r['server_cpu_s_per_GB']:.2f} s/GB  RSS peak={r['server_rss_peak_MiB']:.1f} MiB "
                       f"(idle {r['server_rss_idle_MiB']:.1f})")

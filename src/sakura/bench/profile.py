@@ -45,6 +45,33 @@ from sakura.util.psnr import psnr_db
 from sakura.phone.driver import LOSS_BOUND
 from sakura.phone.policies import CACHEGEN_DELTA_LEVELS, CACHEGEN_LEVELS
 from sakura.util import fsutil
+import numpy as np
+from sakura.bench.decode_rates import describe_rates, load_scaling, load_split, load_target
+from sakura.bench.workloads import PHONES, WORKLOADS, ceilings, get_phone, get_workload, workload_costs
+from sakura.cloud.builder.pipeline import DEFAULT_LADDER, build_store
+from sakura.emulation import list_traces, load_trace
+from sakura.emulation.traces import constant_trace
+from sakura.phone import (
+    BandwidthEstimator,
+    CacheGenPolicy,
+    Route,
+    RttEstimator,
+    SakuraPolicy,
+    ShardSpec,
+    TraceLink,
+    offline_plan,
+)
+from sakura.phone.plan import PipelineState, evaluate
+from sakura.phone.policies import make_policy as make
+from sakura.phone.sim import simulate_edit
+from sakura.wire.store.store import Store
+
+from sakura.bench.harness import get_logger, markdown_head
+from tqdm import tqdm
+import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+
+log = get_logger(__name__)
 
 METHODS = ("oracle", "on-device", "on-device-nocache", "raw-stream", "cachegen", "cachegen-fair", "cachegen-L3",
            "cachegen-fair-L3", "sakura", "sakura-meet", "offline")
@@ -62,18 +89,15 @@ SWEEP_SAKURA_QUALITY_X = (0.25, 0.5, 1.0, 2.0, 4.0)
 DEFAULT_RATES_MBPS = (5, 10, 20, 50, 100, 200, 300, 500, 1000)
 
 
-def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00", *, target: str = "phone",
-                   log: Callable[[str], None] = print) -> dict:
+def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00", *, target: str = "phone") -> dict:
     """Build a store for one template with the default ladder + lossless + CacheGen (both variants);
     returns per rendition {codec, bits_per_value, image_mse (mean per shard)}, the mean quality
     floor, the model's layer count, and the decode rates of each rendition on a Klein-sized layer."""
-    from sakura.cloud.builder.pipeline import DEFAULT_LADDER, build_store
-    from sakura.wire.store.store import Store
 
     ladder = ("lossless",) + tuple(DEFAULT_LADDER) + CACHEGEN_LEVELS + CACHEGEN_DELTA_LEVELS
     with tempfile.TemporaryDirectory(prefix="sakura-profile-") as root:
         build_store(root, model_name=model_name, templates=[template], ladder=ladder, calibration=2, steps=4,
-                    log=log)
+                    log=log.info)
         st = Store(root)
         (fp, tid), = [k for k in st.manifest_keys() if k[1] == template]
         m = st.get_manifest(fp, tid)
@@ -88,21 +112,19 @@ def measure_ladder(model_name: str = "sakura-mini", template: str = "sticker-00"
                       "image_mse": statistics.mean(v["mse"])} for k, v in out.items()}
     ladder = {"model": model_name, "template": template, "layers": len(m.shards), "renditions": renditions,
               "floor_image_mse": statistics.mean(floors) if floors else None}
-    return rate_ladder(ladder, target, log=log)
+    return rate_ladder(ladder, target)
 
 
-def rate_ladder(ladder: dict, target: str = "phone", *, path: str | Path | None = None,
-                log: Callable[[str], None] = print) -> dict:
+def rate_ladder(ladder: dict, target: str = "phone", *, path: str | Path | None = None) -> dict:
     """The ladder with every rendition's per-core decode rate (Klein-sized layer) set from the
     calibration of `target` ("phone": the phone-class proxy; "host": this server's kernels), and
     which rates those are (`decode_target`, `decode_rates`). The renditions' bytes and qualities
     stay: the same measured ladder can be simulated with either target's rates."""
-    from sakura.bench.decode_rates import describe_rates
 
     rs = ladder["renditions"]
     rates = decode_rates(list(rs), path, bits_per_value={k: v["bits_per_value"] for k, v in rs.items()}, target=target)
     desc = describe_rates(path, target)
-    log(f"decode: {desc} (per core, Klein-sized layer)")
+    log.info(f"decode: {desc} (per core, Klein-sized layer)")
     return {**ladder, "decode_target": target, "decode_rates": desc,
             "renditions": {k: {**v, "decode_fp16_bytes_per_cpu_s": rates[k]} for k, v in rs.items()}}
 
@@ -133,7 +155,6 @@ def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: i
     store's ladder is calibrated per template (sticker-00's single rung sits at ~2.25 bits/value,
     the bench ladder's rung 0 at ~0.22), and a rung's decode cost grows with its bits/value
     (2.0 bits/value decodes at ~0.4x the rate of 0.22)."""
-    from sakura.bench.decode_rates import load_target
 
     cal = load_target(path, target)
     rows = cal["rows"]
@@ -163,19 +184,18 @@ def decode_rates(names: Sequence[str], path: str | Path | None = None, tokens: i
     return out
 
 
-def with_measured_pool(ladder: dict, decode_workers: int | None = None, *, log: Callable[[str], None] = print):
+def with_measured_pool(ladder: dict, decode_workers: int | None = None):
     """(ladder with every rendition's decode rate scaled to one worker of the measured pool, the
     pool): `decode_workers` threads at the scaling `sakura bench decode` measured for the ladder's
     decode target (`rate_ladder`; phone-class if unsaid), not an assumed count of perfectly
     parallel cores."""
-    from sakura.bench.decode_rates import load_scaling
 
     pool = load_scaling(decode_workers, target=ladder.get("decode_target", "phone"))
     out = {**ladder, "renditions": {k: {**r, "decode_fp16_bytes_per_cpu_s": r["decode_fp16_bytes_per_cpu_s"] * pool.per_worker}
                                     for k, r in ladder["renditions"].items()}}
     rates = sorted(r["decode_fp16_bytes_per_cpu_s"] for r in ladder["renditions"].values())
     if rates:
-        log(f"decode: per-core rates {rates[0] / 1e6:.0f}-{rates[-1] / 1e6:.0f} MB/s of fp16 KV; {pool.describe()}")
+        log.info(f"decode: per-core rates {rates[0] / 1e6:.0f}-{rates[-1] / 1e6:.0f} MB/s of fp16 KV; {pool.describe()}")
     return out, pool
 
 
@@ -183,7 +203,6 @@ def workload_specs(costs, ladder: dict, allowed: Sequence[str], *, decode_scale:
     """`ShardSpec`s for a workload: per layer its first-pass compute (the user's photo KV and the
     live tokens, both attending to the template), local template compute, and the allowed
     renditions scaled to the workload's layer size."""
-    from sakura.phone import Route, ShardSpec
 
     B = costs.kv_fp16_bytes_per_layer
     spread = ladder["layers"] / costs.layers  # the mini model's total distortion over the workload's layers
@@ -219,7 +238,6 @@ def stronger_cachegen(ladder: dict) -> tuple[str, ...]:
 def make_policy(method: str, ladder: dict, costs):
     """The runtime policy of a streaming method (a fresh object: policies hold per-edit state),
     from the one registry (`sakura.phone.policies`), with this ladder's stronger CacheGen variant."""
-    from sakura.phone.policies import make_policy as make
 
     if method not in ("raw-stream", "sakura", "sakura-meet") and not method.startswith("cachegen"):
         raise KeyError(f"unknown streaming method {method!r}")
@@ -234,9 +252,6 @@ def run_methods(costs, ladder: dict, link, *, prior_bps: float, rtt_s: float, de
     (`out["sweep"]`: CacheGen's level cap x target, sakura's quality floor). decode_split: the live
     decode pool's measured intra-shard split (`simulate_edit(decode_split=)`), for every simulated
     streaming method alike (the offline planner's open-loop evaluation does not model it)."""
-    from sakura.phone import BandwidthEstimator, CacheGenPolicy, RttEstimator, SakuraPolicy, offline_plan
-    from sakura.phone.plan import PipelineState, evaluate
-    from sakura.phone.sim import simulate_edit
 
     pre = costs.text_encoder_s + costs.vae_encode_s
     post = (costs.passes - 1) * costs.layers * costs.live_layer_s + costs.vae_decode_s
@@ -306,8 +321,7 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
                 families: Sequence[str] | None = None, offsets_per_trace: int = 1, traces_per_family: int | None = None,
                 rates_mbps: Sequence[float] = DEFAULT_RATES_MBPS, rtt_ms: float = 40.0, decode_workers: int | None = None,
                 seed: int = 0, model_name: str = "sakura-mini", ladder: dict | None = None, sweep: bool = True,
-                jobs: int = 1, decode_split: float | None = None, decode_target: str = "phone",
-                log: Callable[[str], None] = print) -> dict:
+                jobs: int = 1, decode_split: float | None = None, decode_target: str = "phone") -> dict:
     """Every method x workload x phone level x (every trace at seeded offsets + constant links).
     `decode_target`: whose decode rates ("phone": the phone-class proxy, the default; "host": this
     server's AVX-512 kernels, for comparison); a given `ladder` keeps its own rates unless it names
@@ -316,31 +330,26 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     `decode_split`: None = the live pool's measured intra-shard split (`decode_rates.load_split`, as
     `sakura bench dilated`; 1.0 with one worker). `jobs`: processes over the independent runs
     (workload x phone x link); the result is the same as with one."""
-    from tqdm import tqdm
-
-    from sakura.bench.workloads import PHONES, WORKLOADS, ceilings, get_phone, get_workload, workload_costs
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     if ladder is None:
-        ladder = measure_ladder(model_name, target=decode_target, log=log)
+        ladder = measure_ladder(model_name, target=decode_target)
     elif ladder.get("decode_target", decode_target) != decode_target:
-        ladder = rate_ladder(ladder, decode_target, log=log)
+        ladder = rate_ladder(ladder, decode_target)
     else:   # a given ladder keeps its own rates (a fixture's, a replayed profile's)
         ladder = {**ladder, "decode_target": decode_target,
                   "decode_rates": ladder.get("decode_rates", "the given ladder's own per-core rates")}
-    ladder, pool = with_measured_pool(ladder, decode_workers, log=log)
+    ladder, pool = with_measured_pool(ladder, decode_workers)
     decode_workers = pool.workers
     wls = [get_workload(w) for w in workloads] if workloads else list(WORKLOADS)
     phs = [get_phone(p) for p in phones] if phones else list(PHONES)
     links = profile_links(families=families, offsets_per_trace=offsets_per_trace,
                           traces_per_family=traces_per_family, rates_mbps=rates_mbps, seed=seed)
     if decode_split is None:
-        from sakura.bench.decode_rates import load_split
-
         decode_split = load_split(target=decode_target) if decode_workers > 1 else 1.0
-    log(f"decode: {pool.describe()}; one shard over idle workers x{decode_split:.2f} (every streaming method)")
+    log.info(f"decode: {pool.describe()}; one shard over idle workers x{decode_split:.2f} (every streaming method)")
     link_args = dict(families=families, offsets_per_trace=offsets_per_trace, traces_per_family=traces_per_family,
                      rates_mbps=rates_mbps, seed=seed)
     cells = [(w, ph, i) for w in wls for ph in phs for i in range(len(links))]
@@ -354,9 +363,6 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
                 runs.append(_profile_run(c))
                 bar.update()
         else:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
-
             # each worker rebuilds the (deterministic) links once; results come back in cell order
             with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_init_worker,
                                      initargs=(cfg, link_args, None)) as ex:
@@ -380,8 +386,8 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     plot_profile(result, out)
     if sweep:
         plot_frontiers(result, out)
-    log(md)
-    log(checks_text(result))
+    log.info(md)
+    log.info(checks_text(result))
     return result
 
 
@@ -395,7 +401,6 @@ def _init_worker(cfg: dict, link_args: dict | None, links: list | None) -> None:
 
 def _profile_run(cell) -> dict:
     """One profile run (a workload, a phone, the index of a link of `profile_links`)."""
-    from sakura.bench.workloads import ceilings, workload_costs
 
     w, ph, i = cell
     fam, name, link, prior = _WORKER["links"][i]
@@ -414,9 +419,6 @@ def profile_links(*, families: Sequence[str] | None = None, offsets_per_trace: i
     """The profile's links, (family, name, link, prior bytes/s): every trace (or a seeded sample per
     family) at seeded start offsets, the prior being what the phone saw in the 10 s before, and the
     constant rates. Deterministic in its arguments, so a run can be replayed (`replay_runs`)."""
-    from sakura.emulation import list_traces, load_trace
-    from sakura.emulation.traces import constant_trace
-    from sakura.phone import TraceLink
 
     rng = random.Random(seed)
     links: list[tuple[str, str, object, float]] = []
@@ -445,7 +447,7 @@ REPLAY_BASELINES = ("cachegen", "cachegen-fair", "cachegen-L3", "cachegen-fair-L
 
 
 def replay_runs(profile_json: str | Path, *, losers_only: bool = True, families: Sequence[str] | None = None,
-                jobs: int = 1, baselines: bool = False, log: Callable[[str], None] = print) -> list[dict]:
+                jobs: int = 1, baselines: bool = False) -> list[dict]:
     """Re-simulate sakura on the runs of a written profile (its ladder, seed and links; the baselines
     are read from the file: they do not depend on sakura's policy), by default only the losing ones
     (losers_only=False: every run, so a policy change's new losers show; it prints the runs that lose now or lost).
@@ -475,9 +477,6 @@ def replay_runs(profile_json: str | Path, *, losers_only: bool = True, families:
         _init_worker(cfg, None, links)
         results = [_replay_run(c) for c in cells]
     else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
         with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_init_worker,
                                  initargs=(cfg, link_args, None)) as ex:
             results = list(ex.map(_replay_run, cells, chunksize=4))
@@ -493,8 +492,8 @@ def replay_runs(profile_json: str | Path, *, losers_only: bool = True, families:
     n = sum(x["now"] > 1 + LOSS_TOLERANCE for x in out)
     shown = out if losers_only else [x for x in out if max(x["now"], x["was"]) > 1 + LOSS_TOLERANCE]
     for x in sorted(shown, key=lambda x: -x["now"]):
-        log(f"{x['now']:.3f} (was {x['was']:.3f})  {x['workload']:20s} {x['phone'][:13]:13s} {x['link']}")
-    log(f"{n} of {len(out)} replayed runs lose by > {100 * LOSS_TOLERANCE:.0f} % (worst {max(x['now'] for x in out):.3f}; "
+        log.info(f"{x['now']:.3f} (was {x['was']:.3f})  {x['workload']:20s} {x['phone'][:13]:13s} {x['link']}")
+    log.info(f"{n} of {len(out)} replayed runs lose by > {100 * LOSS_TOLERANCE:.0f} % (worst {max(x['now'] for x in out):.3f}; "
         f"sakura / on-device at worst {max(x['vs_on_device'] for x in out):.4f})" if out else "no runs to replay")
     return out
 
@@ -502,7 +501,6 @@ def replay_runs(profile_json: str | Path, *, losers_only: bool = True, families:
 def _replay_run(cell) -> dict:
     """sakura (and the baselines, `replay_runs(baselines=True)`) on one run of a written profile (a workload name, a
     phone name, a link index): {method: result}."""
-    from sakura.bench.workloads import get_phone, get_workload, workload_costs
 
     w, ph, i = cell
     _, _, link, prior = _WORKER["links"][i]
@@ -681,8 +679,7 @@ def profile_markdown(result: dict) -> str:
              "cachegen-fair (a CacheGen run counts when its PSNR is at most sakura's). *Floor-bound*: losing runs where "
              "even the offline planner (perfect knowledge of the link, sakura's renditions and quality floor) is slower "
              "than that baseline, i.e. the baseline won by dropping below sakura's quality floor.", "",
-             "| family | runs | losing runs | of which floor-bound | worst ratio | worst vs on-device | worst run's link |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             *markdown_head(['family', 'runs', 'losing runs', 'of which floor-bound', 'worst ratio', 'worst vs on-device', "worst run's link"], 'lrrrrrl')]
     for fam, c in fc.items():
         lines.append(f"| {fam} | {c['runs']} | {c['losing_runs']} | {c['losing_runs_floor_bound']} | "
                      f"{c['worst_loss_ratio']:.3f} | {c['worst_vs_on_device']:.4f} | {c['worst_run']} |")
@@ -693,10 +690,7 @@ def profile_markdown(result: dict) -> str:
               "configuration of each method (CacheGen: level cap x latency target; sakura: quality floor) whose median "
               "PSNR reaches cachegen-L3's, CacheGen's / sakura's. **Defaults**: both at their defaults (PSNR beside). "
               "**ceiling**: the ratio with free, instant template KV.", "",
-              "| workload | phone | family | runs | equal quality vs cachegen-L3 | vs cachegen-fair-L3 | frontier at "
-              "L3 PSNR: cachegen / cachegen-fair | defaults: vs cachegen | vs cachegen-fair | vs on-device (ceiling) | "
-              "vs nocache (ceiling) | losing runs | sakura/offline p90 | PSNR sakura / cachegen / cachegen-fair / L3 |",
-              "|---|---|---|---:|---|---|---|---|---|---|---|---:|---:|---|"]
+              *markdown_head(['workload', 'phone', 'family', 'runs', 'equal quality vs cachegen-L3', 'vs cachegen-fair-L3', 'frontier at L3 PSNR: cachegen / cachegen-fair', 'defaults: vs cachegen', 'vs cachegen-fair', 'vs on-device (ceiling)', 'vs nocache (ceiling)', 'losing runs', 'sakura/offline p90', 'PSNR sakura / cachegen / cachegen-fair / L3'], 'lllrlllllllrrl')]
     for k, s in result["summary"].items():
         f = lambda d: f"{d['median']:.2f} ({d['p10']:.2f})"  # noqa: E731
         ps = s["psnr_median_db"]
@@ -721,11 +715,10 @@ def _db(x: float) -> str:
 def plot_profile(result: dict, out: Path) -> None:
     """Heatmaps (constant rate x phone: sakura vs best baseline, vs cachegen, vs on-device) per
     workload, and latency CDFs per trace family for one workload and phone."""
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     runs = result["runs"]
     wls = sorted({r["workload"] for r in runs}, key=[w["name"] for w in result["workloads"]].index)
@@ -780,10 +773,10 @@ def plot_profile(result: dict, out: Path) -> None:
 def plot_frontiers(result: dict, out: Path) -> None:
     """Latency-quality frontiers: per workload one figure, a row per phone and a panel per trace
     family; each method's sweep configurations at their median latency and median PSNR."""
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     runs = result["runs"]
     wls = [w["name"] for w in result["workloads"] if any(r["workload"] == w["name"] for r in runs)]

@@ -14,25 +14,29 @@ import torch
 
 from sakura.models import ImageTemplateEditModel
 from sakura.cloud.tasks.quality import QualityReport, evaluate_quality, quality_grid
+from sakura.models import load_model
+
+from sakura.bench.harness import get_logger
+
+log = get_logger(__name__)
 
 
 def run_quality_bench(model_name: str = "sakura-mini", *, steps: int = 8, photos_per_source: int = 4,
-                      out=None, log=print) -> QualityReport:
+                      out=None) -> QualityReport:
     """`sakura bench quality`: print the table; with `out`, also write quality.json and grid.png."""
-    from sakura.models import load_model
 
     torch.set_num_threads(1)
     model = load_model(model_name)
     if not isinstance(model, ImageTemplateEditModel):
         raise ValueError(f"the quality benchmark needs an image-level model (sakura-mini, flux2-mini), not {model_name!r}")
     report = evaluate_quality(model, steps=steps, photos_per_source=photos_per_source)
-    log(report.markdown())
-    log(f"model beats identity by >= 6 dB on every task: {report.passes(6.0)}")
+    log.info(report.markdown())
+    log.info(f"model beats identity by >= 6 dB on every task: {report.passes(6.0)}")
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "quality.json").write_text(json.dumps({**report.to_dict(), "model": model.describe(),
                                                       "passes_6db": report.passes(6.0)}, indent=2) + "\n")
         quality_grid(model, out / "grid.png", steps=steps)
-        log(f"wrote {out / 'quality.json'} and {out / 'grid.png'}")
+        log.info(f"wrote {out / 'quality.json'} and {out / 'grid.png'}")
     return report

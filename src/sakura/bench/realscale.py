@@ -1,6 +1,6 @@
 """`sakura bench realscale`: FLUX.2 Klein at the published shapes (random weights), as a user runs it.
 
-1. A random-weight Klein KV pipeline at a preset's shapes (`sakura.models.klein_random`: klein-4b,
+1. A random-weight Klein KV pipeline at a preset's shapes (`sakura.models.flux.klein_random`: klein-4b,
    klein-9b, or the CPU test preset `tiny`) written with `save_pretrained` in bf16 (fp32 on the CPU);
 2. loaded through ``klein:/folder@SIZE`` on the chosen device and dtype, exactly as a download
    (the second size reuses the loaded pipeline: same weights, a new `KleinImageModel`);
@@ -63,7 +63,7 @@ def pass_times(model: Any, photo, kv, prompt: str, steps: int, reps: int = 3) ->
     injected (what an edit runs first); ``cached_pass_s``: a later step, both references cached."""
     import torch
 
-    from sakura.models.klein import ForwardSlot, LazyTemplateLayers, latent_ids, text_ids
+    from sakura.models.flux.klein import ForwardSlot, LazyTemplateLayers, latent_ids, text_ids
 
     ad = model.adapter
     dev, dt = ad.device, ad.dtype
@@ -163,6 +163,7 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
     reset_peak_memory(dev)
     prof: dict[str, dict[str, float]] = {}
     calls = {"edit": 0}
+    facts: dict[str, dict] = {}
     edit = model.edit
 
     def counted(*a: Any, **k: Any) -> Any:  # the build's whole calibration edits: what its cost scales with
@@ -173,7 +174,8 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
     t0 = time.perf_counter()
     try:
         build_store(store, model=model, templates=load_library_file(d / "templates.toml"), ladder=ladder,
-                    calibration=calibration, steps=steps, profile=prof, progress=progress, log=log_.info)
+                    calibration=calibration, steps=steps, profile=prof, progress=progress, log=log_.info,
+                    facts=facts)
     finally:
         del model.edit  # the class's method again
     res["build_s"] = time.perf_counter() - t0
@@ -182,6 +184,11 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
                    "quality floor")
     res["seconds_per_build_edit"] = sum(prof["sun"].get(k, 0.0) for k in edit_stages) / max(1, calls["edit"])
     res["build_stage_s"] = {k: round(v, 3) for k, v in prof["sun"].items() if not k.endswith(" cpu")}
+    # issue 41: the build's own count (a backward pass 2 edits) and allocation ("probes" where the
+    # model has no differentiable edit), the table fit's seconds per layer
+    res["calibration_edits"] = facts.get("sun", {}).get("calibration_edits")
+    res["allocation"] = facts.get("sun", {}).get("allocation")
+    res["fit_tables_s_per_layer"] = prof["sun"].get("fit tables", 0.0) / max(1, model.num_layers)
     res["build_peak"] = peak_memory(dev)
     checkpoint()
     st = Store(store)
@@ -225,6 +232,8 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
     res["streamed_edit_s"] = statistics.median(runs[1:])
     res["streamed_over_passes"] = res["streamed_edit_s"] / res["extract_plus_cached_s"]
     res["injected_over_passes"] = inj_s / res["extract_plus_cached_s"]
+    # the build's wall time as a multiple of one edit of one photo on this machine (issue 41: <= 20x)
+    res["build_over_one_edit"] = res["build_s"] / inj_s
     res["lossless_streamed_equals_injected"] = bool(torch.equal(streamed, injected))
     res["lossless_streamed_equals_in_sequence"] = bool(torch.equal(streamed, in_seq))
     res["streamed_vs_in_sequence_max_abs"] = float((streamed - in_seq).abs().max())
@@ -247,8 +256,8 @@ def run(preset: str = "tiny", sizes: Sequence[int] = (32, 64), *, device: str = 
 
     from sakura.cloud.builder.pipeline import DEFAULT_LADDER
     from sakura.models import load_model
-    from sakura.models.klein_image import KleinImageModel
-    from sakura.models.klein_random import PRESETS, weight_bytes, write_random_klein_folder
+    from sakura.models.flux.klein_image import KleinImageModel
+    from sakura.models.flux.klein_random import PRESETS, weight_bytes, write_random_klein_folder
     from sakura.util.device import peak_memory, resolve
 
     if preset not in PRESETS:

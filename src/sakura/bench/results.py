@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sakura.util.psnr import psnr_db as _psnr  # dependency-free (math only)
+from sakura.bench.workloads import PHONES, WORKLOADS, ceilings, workload_costs
+from sakura.emulation.traces import describe_trace
 
 MODES = ("Every figure says where it comes from: **live** = real execution on the machine that ran the bench "
          "(CPU, shared, 1 torch thread); **live, time-dilated** = the real runtime at a phone workload's times "
@@ -176,7 +178,6 @@ def decode(docs: Path) -> str:
 
 
 def workloads(docs: Path) -> str:
-    from sakura.bench.workloads import PHONES, WORKLOADS, ceilings, workload_costs
 
     rows = []
     for w in WORKLOADS:
@@ -226,7 +227,6 @@ def profile(docs: Path) -> str:
 
 
 def dilated(docs: Path) -> str:
-    from sakura.emulation.traces import describe_trace
 
     d = _load(docs, "e2e/dilated.json")
     methods = ["on-device", "cachegen", "cachegen-fair", "cachegen-L3", "sakura"]

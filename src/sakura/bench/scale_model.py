@@ -29,6 +29,22 @@ import time
 from pathlib import Path
 from typing import Callable
 from sakura.util.fsutil import write_json
+import aiohttp
+import shutil
+import torch
+from sakura.bench.codec import synthetic_layer
+from sakura.cloud.builder.pipeline import DEFAULT_LADDER
+from sakura.codec import ShardId, codec_from_spec
+from sakura.wire.client import TemplateClient
+from sakura.wire.server import run_edge, run_nginx, serve_in_thread
+from sakura.wire.server.accesslog import OriginLog
+from sakura.wire.server.nginx import nginx_worker_pids
+from sakura.wire.store import RenditionInput, StoreWriter
+from sakura.wire.store.synthetic import make_synthetic_store
+
+from sakura.bench.harness import get_logger
+
+log = get_logger(__name__)
 
 # --------------------------------------------------------------------------- named workloads
 #: Template KV shapes (public configs): Klein-4B per SPEC (FLUX.2-klein-4B: 25 attention layers,
@@ -51,11 +67,7 @@ def fp16_bytes(w: dict) -> int:
 
 # --------------------------------------------------------------------------- 1. encode on a Klein-sized layer
 def measure_encode(tokens: int = 1024, repeats: int = 2) -> dict:
-    import torch
 
-    from sakura.codec import ShardId, codec_from_spec
-    from sakura.bench.codec import synthetic_layer
-    from sakura.cloud.builder.pipeline import DEFAULT_LADDER
 
     torch.set_num_threads(1)
     shard = synthetic_layer(tokens, 24, 128)
@@ -97,12 +109,7 @@ def _proc_cpu_s(pids: list[int]) -> float:
 
 
 def measure_edge(clients: int = 16, hot_seconds: float = 6.0, objects: int = 256, object_bytes: int = 1 << 20) -> dict:
-    import aiohttp
 
-    from sakura.wire.server import run_edge, run_nginx
-    from sakura.wire.server.accesslog import OriginLog
-    from sakura.wire.server.nginx import nginx_worker_pids
-    from sakura.wire.store import StoreWriter, RenditionInput
 
     work = Path(tempfile.mkdtemp(prefix="sakura-edge-bench-"))
     store = work / "store"
@@ -148,7 +155,6 @@ def measure_edge(clients: int = 16, hot_seconds: float = 6.0, objects: int = 256
         n_hot, b_hot = asyncio.run(fetch_all(edge, paths, time.monotonic() + hot_seconds))
         hot_s, hot_cpu = time.monotonic() - t1, _proc_cpu_s(pids) - c1
         origin_after_hot = sum(olog.object_requests().values())
-    import shutil
 
     shutil.rmtree(work, ignore_errors=True)
     return {"clients": clients, "object_bytes": object_bytes, "objects": objects,
@@ -163,12 +169,7 @@ def measure_edge(clients: int = 16, hot_seconds: float = 6.0, objects: int = 256
 def measure_crowd(phones: int = 32) -> dict:
     """``phones`` TemplateClients fetch one template through a fresh edge at once (default 1 MiB
     slices, objects < 1 slice): origin requests per object, errors, bytes verified (by the client)."""
-    import shutil
 
-    from sakura.wire.client import TemplateClient
-    from sakura.wire.server import run_edge, serve_in_thread
-    from sakura.wire.server.accesslog import OriginLog
-    from sakura.wire.store.synthetic import make_synthetic_store
 
     work = Path(tempfile.mkdtemp(prefix="sakura-crowd-bench-"))
     make_synthetic_store(work / "store", templates=1, layers=6, tokens=256, width=256)
@@ -249,10 +250,10 @@ def zipf_top_k_hit(k: int, n: int, s: float) -> float:
 
 
 def plots(res: dict, out_prefix: str) -> list[str]:
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     m = res["model"]
     names = [r["workload"] for r in m["workloads"]]
@@ -310,7 +311,7 @@ def plots(res: dict, out_prefix: str) -> list[str]:
 
 def run(out: Path | None = None, plots_prefix: str | None = None, build_json: Path = Path("docs/scale_build.json"),
         edge_seconds: float = 6.0, edge_clients: int = 16, edge_objects: int = 256, crowd_phones: int = 32,
-        encode_tokens: int = 1024, replot: Path | None = None, log: Callable[[str], None] = print) -> dict:
+        encode_tokens: int = 1024, replot: Path | None = None) -> dict:
     """Measure (encode, edge CPU, crowd), model, plot; with `replot`, recompute the model and plots
     from a saved result JSON without measuring."""
     if replot is not None:  # recompute the model from saved measurements (+ the current build JSON), redraw
@@ -321,24 +322,24 @@ def run(out: Path | None = None, plots_prefix: str | None = None, build_json: Pa
         write_json(Path(replot), res, indent=1)
         return res
     enc = measure_encode(tokens=encode_tokens)
-    log(f"Klein-sized layer {enc['shape']}: {enc['cpu_s_per_layer']:.2f} CPU-s (fit {enc['fit_s']:.2f}, encode "
+    log.info(f"Klein-sized layer {enc['shape']}: {enc['cpu_s_per_layer']:.2f} CPU-s (fit {enc['fit_s']:.2f}, encode "
           f"{enc['encode_s']:.2f}, distortion per rung {enc['describe_s']:.2f}); rungs "
           f"{[round(b, 3) for b in enc['rung_bits_per_value']]} bit/value; ladder {enc['ladder_fraction_of_fp16']:.3f} "
           f"of fp16 with tables")
     edge = measure_edge(clients=edge_clients, hot_seconds=edge_seconds, objects=edge_objects)
-    log(f"edge: cold pass {edge['cold']['edge_cpu_s_per_GB']:.2f} CPU-s/GB ({edge['cold']['origin_requests']} origin "
+    log.info(f"edge: cold pass {edge['cold']['edge_cpu_s_per_GB']:.2f} CPU-s/GB ({edge['cold']['origin_requests']} origin "
           f"requests for {edge['objects']} objects); hot {edge['hot']['edge_cpu_s_per_GB']:.2f} CPU-s/GB at "
           f"{edge['hot']['MB_per_s']:.0f} MB/s, {edge['hot']['origin_requests']} origin requests; load "
           f"{edge['loadavg_1min']:.1f}")
     crowd = measure_crowd(phones=crowd_phones)
-    log(f"crowd: {crowd['phones']} phones, {crowd['objects']} objects: {crowd['origin_requests']} origin requests "
+    log.info(f"crowd: {crowd['phones']} phones, {crowd['objects']} objects: {crowd['origin_requests']} origin requests "
           f"(max {crowd['origin_requests_per_object_max']} per object), {crowd['errors']} errors, "
           f"{crowd['bytes_verified'] / 1e6:.1f} MB sha256-verified in {crowd['seconds']:.1f} s")
     build = json.loads(Path(build_json).read_text()) if Path(build_json).exists() else None
     res = {"encode": enc, "edge": edge, "crowd": crowd, "model": model(enc, edge, build)}
     for r in res["model"]["workloads"]:
         e = r["edits"]
-        log(f"{r['workload']}: fp16 {r['fp16_bytes'] / 1e6:.0f} MB; per edit "
+        log.info(f"{r['workload']}: fp16 {r['fp16_bytes'] / 1e6:.0f} MB; per edit "
               + ", ".join(f"rung {x['rung']} {x['bytes_per_edit'] / 1e6:.1f} MB -> {x['edits_per_s_link']:.0f}/s" for x in e)
               + f"; storage (layered) {r['storage']['layered ladder'] / 1e12:.2f} TB; build {r['build_cpu_s_per_template']:.0f} CPU-s/template")
     if plots_prefix:

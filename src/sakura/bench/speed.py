@@ -12,19 +12,23 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 from sakura.util.fsutil import write_json
+import torch
+from sakura.cloud.tasks import get_template, heldout_photos
+from sakura.models import load_model
+from sakura.phone.live import profile_model
+
+from sakura.bench.harness import get_logger
+
+log = get_logger(__name__)
 
 MODELS = ("sakura-mini", "flux2-mini")
 
 
 def run(models: Sequence[str] = MODELS, template: str = "sticker-h0", rounds: int = 3, steps: int = 8,
-        out: Path | None = None, log: Callable[[str], None] = print) -> dict:
+        out: Path | None = None) -> dict:
     """Returns {model: {template_s, injected_s, extract_s, nocache_s (medians), profile_compute_s,
     profile_local_s, template_kv_bytes_fp16}}; written as JSON to `out` if given."""
-    import torch
 
-    from sakura.models import load_model
-    from sakura.phone.live import profile_model
-    from sakura.cloud.tasks import get_template, heldout_photos
 
     loaded = {n: load_model(n) for n in models}
     times: dict[tuple[str, str], list[float]] = {}
@@ -53,11 +57,11 @@ def run(models: Sequence[str] = MODELS, template: str = "sticker-h0", rounds: in
         r.update(profile_compute_s=p.compute_s, profile_local_s=p.local_s,
                  template_kv_bytes_fp16=m.describe()["template_kv_bytes_fp16"])
         res["models"][n] = r
-        log(f"{n:12s} template {r['template_s'] * 1e3:7.1f} ms | edit {steps} steps: injected "
+        log.info(f"{n:12s} template {r['template_s'] * 1e3:7.1f} ms | edit {steps} steps: injected "
             f"{r['injected_s'] * 1e3:7.1f} ms, extract {r['extract_s'] * 1e3:7.1f} ms, nocache "
             f"{r['nocache_s'] * 1e3:7.1f} ms | profile per layer: compute {p.compute_s * 1e3:.2f} ms, local "
             f"template {p.local_s * 1e3:.2f} ms")
-    log(f"(median of {rounds} rounds, load {res['load_avg_1min']:.1f})")
+    log.info(f"(median of {rounds} rounds, load {res['load_avg_1min']:.1f})")
     if out is not None:
         write_json(Path(out), res, indent=1)
     return res

@@ -22,6 +22,12 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 from sakura.util.fsutil import write_json
+import statistics
+from sakura.bench.profile import measure_ladder, run_profile
+
+from sakura.bench.harness import get_logger, markdown_head
+
+log = get_logger(__name__)
 
 #: one template per task (the first training template of each; sticker-00 is the profile's own)
 DEFAULT_TEMPLATES = ("look-00", "texture-00", "sticker-00")
@@ -46,11 +52,10 @@ def run_templates(out_dir: str | Path, *, templates: Sequence[str] = DEFAULT_TEM
                   families: Sequence[str] | None = DEFAULT_FAMILIES, workloads: Sequence[str] | None = None,
                   phones: Sequence[str] | None = None, traces_per_family: int = 0, jobs: int = 1,
                   rates_mbps: Sequence[float] | None = None,
-                  model_name: str = "sakura-mini", log: Callable[[str], None] = print) -> dict:
+                  model_name: str = "sakura-mini") -> dict:
     """`run_profile` once per template (renditions measured on that template); returns and writes the
     per-template summaries. The runs themselves are not kept (each template's full profile is
     `sakura bench profile` with that ladder)."""
-    from sakura.bench.profile import measure_ladder, run_profile
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -58,19 +63,19 @@ def run_templates(out_dir: str | Path, *, templates: Sequence[str] = DEFAULT_TEM
     per: dict[str, dict] = {}
     phone_names: list[str] = []
     for t in templates:
-        log(f"== template {t}: measuring its renditions")
-        ladder = measure_ladder(model_name, t, log=lambda s: None)
+        log.info(f"== template {t}: measuring its renditions")
+        ladder = measure_ladder(model_name, t)
         with tempfile.TemporaryDirectory(prefix="sakura-templates-") as tmp:
             r = run_profile(tmp, workloads=workloads, phones=phones, families=families,
                             traces_per_family=traces_per_family or None, model_name=model_name, ladder=ladder,
-                            jobs=jobs, log=lambda s: None,
+                            jobs=jobs,
                             **({} if rates_mbps is None else {"rates_mbps": tuple(rates_mbps)}))
         add_l3_ceiling(r["summary"], r["runs"])
         phone_names = [ph["name"] for ph in r["phones"]]
         per[t] = {"ladder": r["ladder"], "floor": floor_bits(r["ladder"]), "summary": r["summary"],
                   "family_checks": r["family_checks"], "runs": len(r["runs"])}
         c = r["family_checks"]["all"]
-        log(f"   {len(r['runs'])} runs, {c['losing_runs']} losing, worst {c['worst_loss_ratio']:.3f}")
+        log.info(f"   {len(r['runs'])} runs, {c['losing_runs']} losing, worst {c['worst_loss_ratio']:.3f}")
     result = {"mode": "phone profile per template (trace-driven simulation; EXTRAPOLATED)", "model": model_name,
               "templates": list(templates), "families": list(families) if families else None,
               "traces_per_family": traces_per_family, "phones": phone_names, "wall_s": time.perf_counter() - t0, "per_template": per}
@@ -78,14 +83,13 @@ def run_templates(out_dir: str | Path, *, templates: Sequence[str] = DEFAULT_TEM
     md = templates_markdown(result)
     (out / "templates.md").write_text(md)
     plot_templates(result, out / "templates.png")
-    log(md)
+    log.info(md)
     return result
 
 
 def add_l3_ceiling(summary: dict, runs: list[dict]) -> None:
     """Adds `ceiling_vs_cachegen_L3` (median cachegen-L3 / oracle latency: the ratio with free, instant
     template KV) to every workload x phone x family entry of a profile summary, in place."""
-    import statistics
 
     for s in summary.values():
         rs = [r for r in runs if r["workload"] == s["workload"] and r["phone"] == s["phone"]
@@ -111,9 +115,7 @@ def templates_markdown(result: dict) -> str:
              "renditions (bits/value, per-shard image MSE) are measured on its own real KV; everything else is "
              "`sakura bench profile`'s.", "",
              "## Bytes at the image floor", "",
-             "| template | floor (per-shard image MSE) | CacheGen-L3 bits/value | cheapest sakura rendition under the "
-             "floor, bits/value | ratio | runs | losing runs | worst ratio |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             *markdown_head(['template', 'floor (per-shard image MSE)', 'CacheGen-L3 bits/value', 'cheapest sakura rendition under the floor, bits/value', 'ratio', 'runs', 'losing runs', 'worst ratio'], 'lrrrrrrr')]
     for t, p in per.items():
         f = p["floor"]
         sb = f["sakura_bits_per_value_at_floor"]
@@ -127,8 +129,7 @@ def templates_markdown(result: dict) -> str:
               "cachegen-L3 / sakura latency, median (p10) over the family's runs (sakura at its default image floor, "
               "CacheGen held to level 3 on every shard, else recompute); the ceiling (cachegen-L3 / oracle with free, "
               "instant KV, median) beside; sakura's median PSNR vs the lossless-KV edit.", "",
-              "| workload | phone | family | " + " | ".join(per) + " |",
-              "|---|---|---|" + "---|" * len(per)]
+              *markdown_head(["workload", "phone", "family", *per], "lll" + "l" * len(per))]
     for w, ph, fam in _cells(result):
         k = f"{w} | {ph} | {fam}"
         cells = []
@@ -144,10 +145,10 @@ def templates_markdown(result: dict) -> str:
 def plot_templates(result: dict, path: Path) -> None:
     """Grouped bars: equal-quality ratio (median, p10 whisker) per workload x phone cell, one bar per
     template, the ceiling as a tick above each bar."""
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     per = result["per_template"]
     cells = _cells(result)

@@ -28,7 +28,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from sakura.models.klein_config import KLEIN_4B, KLEIN_9B
+from sakura.models.flux.klein_config import KLEIN_4B, KLEIN_9B
+import numpy as np
+from pathlib import Path
+
+from sakura.bench.harness import get_logger
+
+log = get_logger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # sources (cited by key from the dataclasses below)
@@ -136,7 +142,7 @@ class Workload:
     denoising pass; `passes` = steps x cfg_passes.
     """
 
-    # Alike in shape only to sakura.models.klein_config.KleinConfig (both are field lists of
+    # Alike in shape only to sakura.models.flux.klein_config.KleinConfig (both are field lists of
     # int shapes): a Workload is what a method pays per edit, KleinConfig a transformer's shapes.
     name: str
     model: str
@@ -174,7 +180,7 @@ class Workload:
         return 2 * self.template_tokens * self.hidden
 
 
-# Shapes from the Klein adapter's config classes (sakura.models.klein_config), the one table of them.
+# Shapes from the Klein adapter's config classes (sakura.models.flux.klein_config), the one table of them.
 _KLEIN4B = dict(model="FLUX.2-klein-4B", layers=KLEIN_4B.depth, hidden=KLEIN_4B.hidden,
                 weights_per_token_layer=flux2_weights_per_token_layer(KLEIN_4B.hidden),
                 text_tokens=KLEIN_4B.text_tokens, text_encoder_weights=qwen3_weights(2560, 9728, 36))
@@ -496,11 +502,10 @@ def regime_speedups(w: Workload, phone: PhoneLevel, link_mbps: float, *, bits: f
 
 def plot_regimes(path) -> None:
     """Per workload: the bound on the speedup vs on-device over link rate x phone FLOP/s."""
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     rates = np.geomspace(5, 1000, 48)
     flops = np.geomspace(0.5e12, 20e12, 40)
@@ -532,10 +537,10 @@ def plot_regimes(path) -> None:
 
 def plot_ceilings(path) -> None:
     """Bars: ceiling vs on-device and vs on-device-nocache per workload; beside them W* at 2 bits/value."""
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     names = [w.name for w in WORKLOADS]
     cs = [ceilings(workload_costs(w, PHONES[-1])) for w in WORKLOADS]
@@ -561,9 +566,8 @@ def plot_ceilings(path) -> None:
     plt.close(fig)
 
 
-def write_report(out_dir="docs", *, plots: bool = True, log=print) -> None:
+def write_report(out_dir="docs", *, plots: bool = True) -> None:
     """workloads.md, and with `plots` workloads_ceilings.png and workloads_regimes.png, in `out_dir`."""
-    from pathlib import Path
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -571,4 +575,4 @@ def write_report(out_dir="docs", *, plots: bool = True, log=print) -> None:
     if plots:
         plot_ceilings(out / "workloads_ceilings.png")
         plot_regimes(out / "workloads_regimes.png")
-    log(f"wrote {out / 'workloads.md'}" + (" and the plots workloads_ceilings.png, workloads_regimes.png" if plots else ""))
+    log.info(f"wrote {out / 'workloads.md'}" + (" and the plots workloads_ceilings.png, workloads_regimes.png" if plots else ""))

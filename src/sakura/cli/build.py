@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -16,20 +17,29 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
               steps: int, *, executor: str = "local", address: str | None = None, workers: int | None = None,
               force: bool = False, library: Path | None = None, task: str | None = None,
               prompt: str | None = None, device: str = "auto", dtype: str = "auto", probe_batch: int | None = None,
-              probe_workers: int | None = None, allocation_photos: int | None = None, quiet: bool = False) -> None:
+              probe_workers: int | None = None, allocation_photos: int | None = None, quiet: bool = False,
+              allocation: str = "model", json_out: bool = False, sketch_probes: int | None = None) -> None:
     """Body of `sakura build`: clear one-line errors for bad names/specs instead of tracebacks.
 
     ``executor="local"`` (default) builds in this process as before; ``"ray"`` spreads templates
-    over a Ray cluster (``sakura.cloud.builder.distributed``), skipping templates already current; exit 1
-    if any template failed (the others are committed)."""
-    from sakura.cloud.builder.pipeline import DEFAULT_LADDER, build_store
+    over a Ray cluster (``sakura.cloud.builder.distributed``); both skip templates already current
+    unless ``force``; exit 1 if any template failed (the others are committed). ``json_out``: the
+    `BuildReport` as JSON on stdout (the per-template lines then go to stderr)."""
+    import json
+    import sys
+
+    from sakura.cloud.builder.api import build
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if executor not in ("local", "ray"):
         typer.echo(f"error: --executor must be local or ray, got {executor!r}", err=True)
         raise typer.Exit(2)
-    if executor == "local" and (address or force):
-        typer.echo("error: --address/--force apply to --executor ray", err=True)
+    if executor == "local" and address:
+        typer.echo("error: --address applies to --executor ray", err=True)
+        raise typer.Exit(2)
+    if allocation not in ("model", "probes"):
+        typer.echo(f"error: --allocation must be model or probes, got {allocation!r}", err=True)
         raise typer.Exit(2)
     from sakura.cloud.builder.template_files import TemplateSpecError, template_args
     try:
@@ -44,17 +54,20 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
     try:
         if executor == "local":
             with _interrupt_in_one_line():
-                build_store(store, model_name=model, templates=templates or None, ladder=ladder or DEFAULT_LADDER,
-                            calibration=calibration, steps=steps, log=_echo_above_bar, device=device, dtype=dtype,
-                            probe_batch=probe_batch, probe_workers=probe_workers, template_workers=workers,
-                            allocation_photos=allocation_photos, progress=not quiet)
-            return
-        from sakura.cloud.builder.distributed import build_templates
+                rep = build(store, templates or None, model=model, ladder=ladder or DEFAULT_LADDER,
+                            calibration=calibration, steps=steps, device=device, dtype=dtype, workers=workers,
+                            force=force, progress=not quiet, probe_workers=probe_workers,
+                            allocation_photos=allocation_photos, allocation=allocation, probe_batch=probe_batch,
+                            sketch_probes=sketch_probes, log=_echo_above_bar if not json_out else _echo_stderr)
+        else:
+            from sakura.cloud.builder.distributed import build_templates
 
-        rep = build_templates(store, templates=templates or None, model_name=model, ladder=ladder or DEFAULT_LADDER,
-                              calibration=calibration, steps=steps, executor="ray", address=address, workers=workers,
-                              force=force, log=typer.echo, progress=not quiet, device=device, dtype=dtype,
-                              probe_batch=probe_batch, allocation_photos=allocation_photos)
+            rep = build_templates(store, templates=templates or None, model_name=model,
+                                  ladder=ladder or DEFAULT_LADDER, calibration=calibration, steps=steps,
+                                  executor="ray", address=address, workers=workers, force=force,
+                                  log=typer.echo if not json_out else _echo_stderr, progress=not quiet, device=device,
+                                  dtype=dtype, probe_batch=probe_batch, allocation_photos=allocation_photos,
+                                  allocation=allocation)
     except TemplateSpecError as e:
         for line in e.problems:
             typer.echo(f"error: {line}", err=True)
@@ -70,6 +83,8 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
     except (ValueError, KeyError, NotImplementedError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
+    if json_out:
+        sys.stdout.write(json.dumps(rep.to_json(), indent=1) + "\n")
     if not rep.ok:
         raise typer.Exit(1)
 
@@ -110,3 +125,10 @@ def _echo_above_bar(line: str) -> None:
     from tqdm import tqdm
 
     tqdm.write(line)
+
+
+def _echo_stderr(line: str) -> None:
+    """A summary line on stderr (above the bar): stdout holds only the JSON report."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stderr)

@@ -30,8 +30,8 @@ from sakura.bench.results import _table
 #: The packages whose `__all__` is the public API, in the order the page lists them: the facade
 #: first, then each wing's public package (the user's view: models, codec, store/server/client,
 #: build, phone). A package without `__all__` is listed as such.
-PUBLIC_MODULES = ("sakura", "sakura.models", "sakura.codec", "sakura.wire.store", "sakura.wire.server",
-                  "sakura.wire.client", "sakura.cloud.builder", "sakura.phone")
+PUBLIC_MODULES = ("sakura", "sakura.models", "sakura.models.adapter", "sakura.models.flux", "sakura.codec",
+                  "sakura.wire.store", "sakura.wire.server", "sakura.wire.client", "sakura.cloud.builder", "sakura.phone")
 DOCS = Path("docs")
 DEFAULT_OUT = Path("out/docs")
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -185,6 +185,14 @@ def api_markdown(modules: tuple[str, ...] = PUBLIC_MODULES) -> str:
            "What `sakura` and each wing's public package export (their `__all__`), with signatures and "
            "docstrings, generated from the code (`python -m sakura.cli.docgen --docs`; a test fails when "
            "this page and the code differ). Anything not listed here is internal and may change.", "",
+           "**Stability.** Every name on this page is public. `sakura.models.adapter` (the contract a model "
+           "plugin implements and the helpers it may use) and `sakura.models.flux` (the Flux family's block loop "
+           "for Flux-shaped plugins) are **stable**: within a major version a name keeps its meaning and its "
+           "signature only grows keyword arguments with defaults. A name or module that has to change or go is "
+           "first kept working for one minor release with a `DeprecationWarning` that names its replacement "
+           "(e.g. `sakura.models.klein` -> `sakura.models.flux.klein`, moved in 0.1.0, removed in 0.2), and the "
+           "change is in the release notes. Before 1.0 the other packages' names may change between minor "
+           "releases, with the same one-release warning where we can give one.", "",
            "Packages: " + ", ".join(f"[`{m}`](#{m.replace('.', '')})" for m in modules), ""]
     for name in modules:
         mod = importlib.import_module(name)

@@ -97,7 +97,7 @@ def demo(
         raise typer.Exit(2)
     typer.echo(f"codec decoders ready ({_warm_codec():.2f} s: numba JIT, disk-cached after the first run)")
     try:
-        run_demo(out_dir=out, seed=seed, model_name=model, log=typer.echo)
+        run_demo(out_dir=out, seed=seed, model_name=model)
     except (ValueError, FileNotFoundError) as e:  # a trace or store that cannot be read: one line, no traceback
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -164,7 +164,16 @@ def build(
                                           "processes forked after the model loads (default: one per core up to "
                                           "the template count, on the CPU under Linux; else 1); ray, tasks on a "
                                           "local Ray cluster (default: all cores). The store does not depend on it."),
-    force: bool = typer.Option(False, help="Rebuild templates even if their manifest verifies (--executor ray)."),
+    force: bool = typer.Option(False, help="Rebuild templates even if current (unchanged image, settings and "
+                               "model, manifest verified), which are otherwise skipped."),
+    allocation: str = typer.Option("model", help="model (bits, ladder and figures by the template's sensitivity "
+                                   "model: ~20 calibration edits a template) or probes (every choice and figure "
+                                   "measured by image probes: ~200 edits; the build before issue 41)."),
+    sketch_probes: Optional[int] = typer.Option(None, min=1, help="Backward passes of --allocation model's "
+                                                "sensitivity sketch (default 8: ~20 calibration edits a template; "
+                                                "more: closer to the probes' quality, 2 edits each)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the BuildReport as JSON on stdout "
+                                  "({\"templates\": [{\"id\": ..., \"calibration_edits\": ..., ...}], ...})."),
     device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("auto", help="auto (bf16 on cuda, fp16 on mps, fp32 on cpu), fp32, fp16 or bf16; "
                               "the store holds fp16 KV whatever the compute dtype."),
@@ -185,12 +194,14 @@ def build(
               lambda: precheck.build_templates(template),
               lambda: precheck.extra("skimage", "sakura build (its public calibration photos)"),
               lambda: precheck.extra("sklearn", "sakura build (its public calibration photos)"))
+    for line in precheck.sticker_image_warnings(template, task):  # builds anyway: the user may mean it
+        typer.echo(f"warning: {line}", err=True)
     from sakura.cli.build import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
               workers=workers, force=force, library=library, task=task, prompt=prompt, device=device, dtype=dtype,
               probe_batch=probe_batch, probe_workers=probe_workers, allocation_photos=allocation_photos,
-              quiet=quiet)
+              quiet=quiet, allocation=allocation, json_out=json_out, sketch_probes=sketch_probes)
 
 
 @app.command()
@@ -200,8 +211,9 @@ def serve(
     port: int = typer.Option(8080, help="TCP port (0 picks a free one)."),
     chunk_kib: int = typer.Option(256, min=1, help="Bytes per streamed read/write step, KiB."),
     quiet: bool = typer.Option(False, help="No access log (warnings only)."),
-    trace: Optional[str] = typer.Option(None, help="Emulate one phone's downlink: trace under ../shared/traces, "
-                                                   "e.g. mahimahi_cellular/ATT-LTE-driving.down."),
+    trace: Optional[str] = typer.Option(None, help="Emulate one phone's downlink: a trace file, or a name "
+                                                   "under $SAKURA_TRACES, ../shared/traces or the bundled set, "
+                                                   "e.g. mahimahi_cellular/ATT-LTE-driving-2016.down (bundled)."),
     trace_offset: float = typer.Option(0.0, min=0.0, help="Start this many seconds into the trace."),
     rtt_ms: float = typer.Option(0.0, min=0.0, help="Emulated round-trip time, ms."),
     max_connections: int = typer.Option(0, min=0, help="Open connections held at most (0: from the fd limit, "
@@ -242,6 +254,9 @@ def edit(
     gallery: Path = typer.Option(None, help="The phone's template gallery cache (default $SAKURA_GALLERY or "
                                             "~/.cache/sakura/gallery)."),
     decode_workers: int = typer.Option(0, min=0, help="Decode workers (0: one per core)."),
+    sketch_probes: Optional[int] = typer.Option(None, min=1, help="Backward passes of --allocation model's "
+                                                "sensitivity sketch (default 8: ~20 calibration edits a template; "
+                                                "more: closer to the probes' quality, 2 edits each)."),
     json_out: bool = typer.Option(False, "--json", help="Print the edit's record as JSON (per layer: fetched or "
                                   "computed here, rendition, bytes, timings; the PSNR floor held)."),
     device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
@@ -295,12 +310,14 @@ def templates(
             fp = load_model(model).fingerprint()
         items = list_templates(server, fp)
     except Exception as e:  # unreachable server, malformed index, bad model name: one line
-        from sakura.util.text import clean
+        from sakura.util.text import clean, connection_error_line
 
-        typer.echo(f"error: cannot list the templates of {server}: {clean(' '.join(str(e).split()) or type(e).__name__)}",
-                   err=True)
+        why = connection_error_line(e) or clean(' '.join(str(e).split()) or type(e).__name__)
+        typer.echo(f"error: cannot list the templates of {clean(server)}: {why}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(format_templates(items))
+    from sakura.util.text import fit_to_terminal
+
+    typer.echo(fit_to_terminal(format_templates(items)))  # one row per line, cut to the terminal's width
 
 
 #: Where `sakura bench` writes by default: out/bench/... ; with `sakura bench --publish ...`, the
@@ -391,10 +408,10 @@ def bench_codec(
     from sakura.bench.codec import run
 
     if ladder_check:
-        check(out, model_name=model, templates_per_task=templates, photos=photos, steps=steps, log=typer.echo)
+        check(out, model_name=model, templates_per_task=templates, photos=photos, steps=steps)
         return
     run(out, model_name=model, tasks=tasks, templates_per_task=templates, photos=photos, steps=steps, quick=quick,
-        klein=klein, storage=storage, throughput_tokens=throughput_tokens, log=typer.echo)
+        klein=klein, storage=storage, throughput_tokens=throughput_tokens)
 
 
 @bench_app.command("quality")
@@ -407,7 +424,7 @@ def bench_quality(
     """A model vs exact ground truth on held-out photos and templates: model, identity, swapped template."""
     from sakura.bench.quality import run_quality_bench
 
-    run_quality_bench(model, steps=steps, photos_per_source=photos_per_source, out=out, log=typer.echo)
+    run_quality_bench(model, steps=steps, photos_per_source=photos_per_source, out=out)
 
 
 @bench_app.command("isolation")
@@ -478,8 +495,7 @@ def bench_load(
         typer.echo(f"error: --clients must be comma-separated integers, got {clients!r}", err=True)
         raise typer.Exit(2) from None
     res = run_load(clients=levels, server=server, templates=templates, layers=layers, tokens=tokens, width=width,
-                   rounds=rounds, max_seconds=max_seconds, trace=trace, rtt_ms=rtt_ms, store=store, out=out,
-                   log=typer.echo)
+                   rounds=rounds, max_seconds=max_seconds, trace=trace, rtt_ms=rtt_ms, store=store, out=out)
     if any(r["errors"] for r in res["results"]):
         raise typer.Exit(1)
 
@@ -519,7 +535,7 @@ def bench_workloads(
     pure arithmetic on cited figures, writes workloads.md and two plots."""
     from sakura.bench.workloads import write_report
 
-    write_report(out, plots=plots, log=typer.echo)
+    write_report(out, plots=plots)
 
 
 @bench_app.command("e2e")
@@ -538,7 +554,7 @@ def bench_e2e(
     from sakura.bench.e2e import run_live
 
     run_live(out, template=template, photo_index=photo_index, trace=trace, offset_s=offset_s, rtt_ms=rtt_ms,
-             steps=steps, model_name=model, log=typer.echo)
+             steps=steps, model_name=model)
 
 
 @bench_app.command("faults")
@@ -579,7 +595,7 @@ def bench_link(
     between shards and the throughput estimate after three shards vs the true rate."""
     from sakura.bench.linkcheck import link_markdown, run_link_check
 
-    typer.echo(link_markdown(run_link_check(rtt_ms=rtt_ms, out_dir=out, log=typer.echo)))
+    typer.echo(link_markdown(run_link_check(rtt_ms=rtt_ms, out_dir=out)))
 
 
 @bench_app.command("dilated")
@@ -595,7 +611,7 @@ def bench_dilated(
     from sakura.bench.dilated import dilated_markdown, run_dilated
 
     typer.echo(f"codec decoders ready ({_warm_codec():.2f} s)")
-    r = run_dilated(workload, phone, D=dilation, out_dir=out, model_name=model, log=typer.echo)
+    r = run_dilated(workload, phone, D=dilation, out_dir=out, model_name=model)
     typer.echo(dilated_markdown(r))
 
 
@@ -634,15 +650,14 @@ def bench_profile(
         try:
             if not replay.is_file():
                 raise ValueError(f"--replay {replay}: no such file")
-            replay_runs(replay, losers_only=not all_runs, families=families, jobs=jobs, baselines=rerun_baselines,
-                        log=typer.echo)
+            replay_runs(replay, losers_only=not all_runs, families=families, jobs=jobs, baselines=rerun_baselines)
         except (ValueError, KeyError) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
         return
     run_profile(out, workloads=workloads, phones=phones, families=families, offsets_per_trace=offsets_per_trace,
                 traces_per_family=traces_per_family or None, rtt_ms=rtt_ms, decode_workers=decode_workers or None,
-                model_name=model, seed=seed, jobs=jobs, decode_target=decode_target, log=typer.echo)
+                model_name=model, seed=seed, jobs=jobs, decode_target=decode_target)
 
 
 @bench_app.command("templates")
@@ -669,7 +684,7 @@ def bench_templates(
         raise typer.Exit(2)
     run_templates(out, templates=templates or DEFAULT_TEMPLATES, families=families or DEFAULT_FAMILIES,
                   workloads=workloads, phones=phones, traces_per_family=traces_per_family, jobs=jobs,
-                  model_name=model, log=typer.echo)
+                  model_name=model)
 
 
 @bench_app.command("both-models")
@@ -682,7 +697,7 @@ def bench_both_models(
     """Per-shard renditions on both bundled models: bits/value, the image PSNR with one shard replaced, and the decode rate."""
     from sakura.bench.both_models import MODELS, TEMPLATES, run
 
-    run(out, models=model or MODELS, templates=template or TEMPLATES, log=typer.echo)
+    run(out, models=model or MODELS, templates=template or TEMPLATES)
 
 
 @bench_app.command("importance")
@@ -700,7 +715,7 @@ def bench_importance(
     if bad:
         typer.echo(f"error: unknown task {bad[0]!r} (one of {', '.join(TASK_NAMES)})", err=True)
         raise typer.Exit(2)
-    run(out, tasks=task or TASK_NAMES, photos=photos, steps=steps, log=typer.echo)
+    run(out, tasks=task or TASK_NAMES, photos=photos, steps=steps)
 
 
 @bench_app.command("speed")
@@ -714,7 +729,7 @@ def bench_speed(
     """On-device CPU timings of the bundled models side by side: template compute, edits with KV injected, EXTRACT and NOCACHE, and the runtime's per-layer profile."""
     from sakura.bench.speed import MODELS, run
 
-    run(models=model or MODELS, template=template, rounds=rounds, steps=steps, out=out, log=typer.echo)
+    run(models=model or MODELS, template=template, rounds=rounds, steps=steps, out=out)
 
 
 @bench_app.command("klein-e2e")
@@ -726,7 +741,7 @@ def bench_klein_e2e(
     """A tiny random FLUX.2 Klein pipeline end to end: own templates from a TOML file, build, serve, and a streamed edit at every rendition against the on-device edit."""
     from sakura.bench.klein_e2e import run
 
-    run(out, size=size, steps=steps, log=typer.echo)
+    run(out, size=size, steps=steps)
 
 
 @bench_app.command("build-speed")
@@ -737,13 +752,35 @@ def bench_build_speed(
                                                 "(e.g. `git archive COMMIT src | tar -x -C /tmp/base`)."),
     probe_batch: int = typer.Option(1, min=1, help="Also build with this many probes per batched forward (1: skip)."),
     device: str = typer.Option("cpu", help="Device of the builds (auto, cpu, cuda, mps)."),
+    probes_variant: bool = typer.Option(False, help="Also build with --allocation probes (this checkout)."),
     out: Path = typer.Option(Path("out/build_speed.json"), help="JSON file for the figures."),
 ) -> None:
-    """`sakura build` of the bundled templates, stage by stage, against a baseline checkout, alternating in one run: wall and CPU seconds, same bytes?"""
+    """`sakura build` of the bundled templates, stage by stage, against a baseline checkout, alternating in one run: wall and CPU seconds, calibration edits, peak memory, same bytes?"""
     from sakura.bench.build_speed import run
 
     run(template or ("look-00", "texture-00", "sticker-00"), rounds=rounds, baseline_src=baseline_src,
-        probe_batch=probe_batch, device=device, out=out, log=typer.echo)
+        probe_batch=probe_batch, device=device, out=out, log=typer.echo, probes_variant=probes_variant)
+
+
+@bench_app.command("build-quality")
+def bench_build_quality(
+    baseline_src: Path = typer.Option(..., help="Another checkout's src folder to compare with "
+                                      "(e.g. `git archive 44df547 src | tar -x -C /tmp/base`)."),
+    photos: Optional[Path] = typer.Option(None, help="A folder of photos (.png/.jpg) no calibration used; default "
+                                          "the held-out crops (sources the calibration never uses)."),
+    template: Optional[list[str]] = typer.Option(None, help="Library templates (repeatable; default the three `sakura build` builds)."),
+    steps: int = typer.Option(4, min=1, help="Sampler steps of the edits."),
+    out: Path = typer.Option(Path("out/build_quality"), help="Folder for build_quality.json."),
+) -> None:
+    """This checkout's build vs another's on photos the build never saw: per template and rung, PSNR against the lossless-KV edit and bytes, new vs old."""
+    from sakura.bench.build_quality import DEFAULT_TEMPLATES, run
+
+    try:
+        run(baseline_src=baseline_src, photos_dir=photos, out=out, templates=template or DEFAULT_TEMPLATES,
+            steps=steps, log=typer.echo)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
 
 
 @bench_app.command("realscale")
@@ -791,6 +828,19 @@ def bench_build_scale(
         raise typer.Exit(1)
 
 
+@bench_app.command("startup")
+def bench_startup(
+    baseline_src: Optional[Path] = typer.Option(None, help="Another checkout's src folder to compare with "
+                                                "(e.g. `git archive 44df547 src | tar -x -C /tmp/base`)."),
+    rounds: int = typer.Option(3, min=1, help="Rounds, baseline and this checkout alternating (medians)."),
+    out: Optional[Path] = typer.Option(None, help="Also write startup.json and startup.md here."),
+) -> None:
+    """How fast a bad argument is answered (bad template, unknown model, missing folder, file as store, bad photo): each command's own CPU and wall seconds, beside a baseline checkout."""
+    from sakura.bench.startup import run
+
+    run(out, baseline_src=baseline_src, rounds=rounds)
+
+
 # Alike in shape only to bench_load's options (see there).
 @bench_app.command("scale-model")
 def bench_scale_model(
@@ -809,8 +859,7 @@ def bench_scale_model(
     from sakura.bench.scale_model import run
 
     run(out=out, plots_prefix=plots, build_json=build_json, edge_seconds=edge_seconds, edge_clients=edge_clients,
-        edge_objects=edge_objects, crowd_phones=crowd_phones, encode_tokens=encode_tokens, replot=replot,
-        log=typer.echo)
+        edge_objects=edge_objects, crowd_phones=crowd_phones, encode_tokens=encode_tokens, replot=replot)
 
 
 from sakura.util.clihelp import reflow_help  # noqa: E402  (after the last command: it rewrites their help)
@@ -828,7 +877,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     except ModuleNotFoundError as e:
         from sakura.util.extras import missing_extra_line
 
-        line = missing_extra_line(e)
+        words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")][:2]
+        command = words[:2] if words[:1] in (["bench"], ["store"]) else words[:1]  # e.g. "sakura bench codec"
+        line = missing_extra_line(e, " ".join(["sakura", *command]))
         if line is None:  # a core module missing is a broken install: the traceback is the report
             raise
         typer.echo(f"error: {line}", err=True)

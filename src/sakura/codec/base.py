@@ -368,9 +368,16 @@ class Codec(ABC):
         return h
 
     def _open(self, data: bytes, ident: ShardId, tables: CodecTables | None, kind: int = bs.KIND_SHARD,
-              whole: bool = True) -> tuple[bs.Object, torch.dtype, tuple[int, int, int]]:
-        """Parse + verify an object: checksum, identity, codec name, tables; return (obj, dtype, shape)."""
-        obj = bs.parse(data, whole=whole)
+              whole: bool = True, parsed: bs.Object | None = None) -> tuple[bs.Object, torch.dtype, tuple[int, int, int]]:
+        """Parse + verify an object: checksum, identity, codec name, tables; return (obj, dtype, shape).
+        `parsed`: `bitstream.parse(data, whole=False)` when the caller has it (header parsed and
+        checksum verified once per shard on the phone), not parsed again."""
+        if parsed is None:
+            obj = bs.parse(data, whole=whole)
+        elif whole and parsed.nbytes != len(data):
+            raise bs.CorruptError(f"{len(data) - parsed.nbytes} unexpected trailing bytes after the object")
+        else:
+            obj = parsed
         bs.check_identity(obj, ident, codec=self.name, kind=kind)
         h = obj.header
         want_tables = h.get("tables")
@@ -462,11 +469,14 @@ def _split_top(s: str) -> list[str]:
 
 
 def decode_any(data: bytes, ident: ShardId, tables: CodecTables | None = None,
-               pool: Executor | None = None) -> LayerKV:
+               pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
     """Decode an object with whichever registered codec wrote it (named in its header). `pool`:
     threads that may share this one shard, for codecs whose `decode` takes one (the native
-    progressive and CacheGen decoders; bit-equal to the serial decode); ignored by the others."""
-    obj = bs.parse(data, whole=False)
+    progressive and CacheGen decoders; bit-equal to the serial decode); ignored by the others.
+    `parsed`: the first object of `data` as `bitstream.parse(data, whole=False)` returned it (the
+    phone parses and checks a shard's header once, before decoding): not parsed or checksummed
+    again by the codecs whose `decode` takes it (progressive, CacheGen, lossless, uniform)."""
+    obj = parsed if parsed is not None else bs.parse(data, whole=False)
     codec = obj.header.get("codec")
     if not isinstance(codec, str):
         raise bs.CorruptError("object header names no codec")
@@ -479,9 +489,19 @@ def decode_any(data: bytes, ident: ShardId, tables: CodecTables | None = None,
         raise
     except (ValueError, TypeError) as e:
         raise bs.CorruptError(f"object header has invalid {codec} parameters: {e}") from None
-    if pool is not None and "pool" in inspect.signature(codec_obj.decode).parameters:
-        return codec_obj.decode(data, ident, tables, pool=pool)
-    return codec_obj.decode(data, ident, tables)
+    takes = _decode_keywords(type(codec_obj))
+    extra = {k: v for k, v in (("pool", pool), ("parsed", obj)) if v is not None and k in takes}
+    return codec_obj.decode(data, ident, tables, **extra)
+
+
+_DECODE_KEYWORDS: dict[type, frozenset[str]] = {}
+
+
+def _decode_keywords(cls: type) -> frozenset[str]:
+    """The parameters of a codec class's `decode` (looked up once per class)."""
+    if cls not in _DECODE_KEYWORDS:
+        _DECODE_KEYWORDS[cls] = frozenset(inspect.signature(cls.decode).parameters)
+    return _DECODE_KEYWORDS[cls]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -162,6 +162,16 @@ class Object:
     payload: memoryview
     nbytes: int  # total bytes of this object including the fixed header
     version: int = 1  # format version from the fixed header (codecs whose bitstream changed check it)
+    fixed: bytes = b""  # the fixed header's 24 bytes as read (`parse`), checksum field included
+
+    def whole_crc(self) -> int:
+        """``zlib.crc32`` of the whole object's bytes, what a refinement object names as its
+        ``parent_crc``: derived from the checksum `parse` verified (which covers every byte but the
+        checksum field itself) in O(log size), not from a second pass over the object."""
+        if len(self.fixed) != FIXED_SIZE:
+            raise ValueError("whole_crc needs an object read by parse")
+        stored = int.from_bytes(self.fixed[20:24], "little")
+        return stored ^ crc32_shift(zlib.crc32(self.fixed[:20]) ^ zlib.crc32(self.fixed), self.nbytes - FIXED_SIZE)
 
     def section(self, name: str) -> np.ndarray:
         """Return section `name` as a numpy array of its declared dtype and shape (a copy)."""
@@ -319,7 +329,41 @@ def parse(data: bytes | memoryview, at: int = 0, *, whole: bool = True) -> Objec
     if total != plen:
         raise CorruptError(f"section table covers {total} bytes, payload has {plen}")
     return Object(kind=kind, header=header, payload=mv[at + FIXED_SIZE + hlen:end], nbytes=end - at,
-                  version=int(mv[at + 4]) | int(mv[at + 5]) << 8)
+                  version=int(mv[at + 4]) | int(mv[at + 5]) << 8, fixed=bytes(mv[at:at + FIXED_SIZE]))
+
+
+_SHIFTS: list[list[int]] = []   # _SHIFTS[k][i]: the crc32 register bit i advanced over 2^k zero bytes
+
+
+def crc32_shift(x: int, n: int) -> int:
+    """The crc32 register ``x`` (no pre/post inversion) advanced over ``n`` zero bytes: the linear
+    map zlib's ``crc32_combine`` rests on. crc32 is affine in its start value, so for one byte
+    string B, ``crc32(B, a) ^ crc32(B, b) == crc32_shift(a ^ b, len(B))``. O(log n): the maps for
+    1, 2, 4, ... zero bytes are built once (32 columns each)."""
+    if not _SHIFTS:
+        one = [zlib.crc32(b"\0", (1 << i) ^ 0xFFFFFFFF) ^ 0xFFFFFFFF for i in range(32)]  # 1 zero byte
+        _SHIFTS.append(one)
+        for _ in range(63):
+            m = _SHIFTS[-1]
+            _SHIFTS.append([_apply(m, c) for c in m])   # 2^(k+1) bytes: the 2^k map twice
+    k = 0
+    while n:
+        if n & 1:
+            x = _apply(_SHIFTS[k], x)
+        n >>= 1
+        k += 1
+    return x
+
+
+def _apply(m: list[int], x: int) -> int:
+    out = 0
+    i = 0
+    while x:
+        if x & 1:
+            out ^= m[i]
+        x >>= 1
+        i += 1
+    return out
 
 
 def split_objects(data: bytes | memoryview) -> Iterator[tuple[int, int]]:

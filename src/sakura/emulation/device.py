@@ -16,6 +16,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 from sakura.models.kv import KVSourceDefaults
+from sakura.emulation.traces import Trace
+from sakura.models.kv import LayerKV
 
 
 def decode_padding(pad_s: Mapping[str, float], split: float = 1.0) -> Callable[..., None]:
@@ -69,7 +71,6 @@ class Dilation:
 
 def dilate_trace(trace, dil: Dilation):
     """The trace with time / D and rate x D x beta (bytes/s)."""
-    from sakura.emulation.traces import Trace
 
     return Trace(name=f"{trace.name} (dilated /{dil.D:g})", edges=trace.edges / dil.D, rate=trace.rate * dil.D * dil.beta)
 
@@ -111,7 +112,6 @@ class _LocalSource(KVSourceDefaults):
     """On-device (Klein KV extract mode, first step): each template layer computed when reached."""
 
     def __init__(self, device: "DilatedDevice", template: torch.Tensor, instruction: int):
-        from sakura.models.kv import LayerKV
 
         m = device.m
         self.model_fingerprint = m.fingerprint()

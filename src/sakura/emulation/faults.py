@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from sakura.emulation.listener import Listener
+from sakura.emulation.pacer import proxy_in_thread
+from sakura.wire.store.manifest import encode_manifest_tree, manifest_tree
+from urllib.parse import urlsplit
 
 FAULTS = ("reset", "reset-always", "stall", "http500")
 
@@ -150,9 +153,7 @@ def _abort(w: asyncio.StreamWriter) -> None:
 @contextlib.contextmanager
 def fault_proxy_in_thread(upstream_url: str, fault: str, after_bytes: int = 0) -> Iterator[tuple[str, FaultProxy]]:
     """Run a `FaultProxy` in a daemon thread; yields (its URL, the proxy)."""
-    from urllib.parse import urlsplit
 
-    from sakura.emulation.pacer import proxy_in_thread
 
     u = urlsplit(upstream_url)
     with proxy_in_thread(lambda: FaultProxy((u.hostname, u.port), fault, after_bytes).start(), name="sakura-faults",
@@ -292,7 +293,6 @@ class HostileServer(Listener):
             uw.close()
 
     def _inflate_manifest(self, body: bytes) -> bytes:
-        from sakura.wire.store.manifest import encode_manifest_tree, manifest_tree
 
         try:
             d = manifest_tree(body)
@@ -323,9 +323,7 @@ def _set_length(head: bytes, n: int) -> bytes:
 @contextlib.contextmanager
 def hostile_in_thread(upstream_url: str, mode: str, **kw) -> Iterator[tuple[str, HostileServer]]:
     """Run a `HostileServer` in a daemon thread; yields (its URL, the server)."""
-    from urllib.parse import urlsplit
 
-    from sakura.emulation.pacer import proxy_in_thread
 
     u = urlsplit(upstream_url)
     with proxy_in_thread(lambda: HostileServer((u.hostname, u.port), mode, **kw).start(), name="sakura-hostile",

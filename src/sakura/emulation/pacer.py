@@ -24,6 +24,8 @@ from typing import AsyncIterator, Callable, Iterator
 
 from sakura.emulation.listener import Listener
 from sakura.emulation.traces import Trace
+from sakura.util.aiothread import running_in_thread
+from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +261,6 @@ async def paced(upstream_url: str, trace: Trace | None, *, offset_s: float = 0.0
                 **kw) -> AsyncIterator[PacingProxy]:
     """``async with paced("http://127.0.0.1:8080", trace, rtt_s=0.05) as proxy:`` then fetch via
     ``proxy.url``. The link clock starts when the proxy is up."""
-    from urllib.parse import urlsplit
 
     u = urlsplit(upstream_url)
     link = Link(trace, offset_s=offset_s)
@@ -272,7 +273,6 @@ def proxy_in_thread(start, name: str = "sakura-proxy", timeout_s: float = 30.0) 
     """Run an asyncio proxy on its own event loop in a daemon thread, for synchronous callers
     (benchmarks, tests). `start()` is a coroutine returning the started proxy, which must have
     an async `close()`; yields the proxy. A failure to start is raised here."""
-    from sakura.util.aiothread import running_in_thread
 
     with running_in_thread(start, lambda px: px.close(), name=name, timeout_s=timeout_s) as px:
         yield px
@@ -283,7 +283,6 @@ def pacing_proxy_in_thread(upstream_url: str, trace, offset_s: float, rtt_s: flo
     """The pacing proxy in a daemon thread (see `proxy_in_thread`); yields the proxy (``.url``,
     ``.stats``, ``.link``: read them, from this thread, once its traffic has ended). ``kw``:
     `PacingProxy` options."""
-    from urllib.parse import urlsplit
 
     u = urlsplit(upstream_url)
 

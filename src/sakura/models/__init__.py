@@ -12,11 +12,15 @@ docs/your-own-model.md walks through it).
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.util
 import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sakura.util.extras import require
+from sakura.util.lazy import lazy_names
 
 from .registry import ModelSpecError, available_models, load_model, register_model, unregister_model
 
@@ -28,22 +32,40 @@ log = logging.getLogger(__name__)
 #: public name -> the submodule it lives in, imported on first use: `import sakura.models.registry`
 #: (the CLI's spec checks) and `sakura.models.load_model` of an unknown name do not load torch
 _LAZY = {
-    "EditOutput": "base", "ImageTemplateEditModel": "base", "KVMode": "base", "TemplateEditModel": "base",
-    "KVSourceDefaults": "kv", "LayerKV": "kv", "TemplateKV": "kv", "TemplateKVError": "kv", "TemplateKVSource": "kv",
-    "MiniConfig": "mini", "MiniDiT": "mini",
+    "EditOutput": ".base", "ImageTemplateEditModel": ".base", "KVMode": ".base", "TemplateEditModel": ".base",
+    "KVSourceDefaults": ".kv", "LayerKV": ".kv", "TemplateKV": ".kv", "TemplateKVError": ".kv", "TemplateKVSource": ".kv",
+    "MiniConfig": ".mini", "MiniDiT": ".mini",
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: modules moved into the Flux family (0.1.0): the old path still imports, with a DeprecationWarning,
+#: until 0.2 (docs/api.md, "Stability")
+MOVED_MODULES = {f"{__name__}.{old}": f"{__name__}.flux.{old}" for old in
+                 ("klein", "klein_image", "klein_config", "klein_random", "klein_tiny", "kontext", "kontext_tiny")}
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`import sakura.models.klein` -> the module `sakura.models.flux.klein`, under both names."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        return importlib.util.spec_from_loader(fullname, self) if fullname in MOVED_MODULES else None
+
+    def create_module(self, spec):
+        import warnings
+
+        warnings.warn(f"{spec.name} moved to {MOVED_MODULES[spec.name]}; the old path goes in sakura-kv 0.2",
+                      DeprecationWarning, stacklevel=2)
+        return importlib.import_module(MOVED_MODULES[spec.name])
+
+    def exec_module(self, module):
+        pass  # already executed under its new name
+
+
+if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModuleFinder())
+
+
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 MINI_WEIGHTS = ASSETS / "sakura-mini.safetensors"
@@ -140,7 +162,7 @@ def load_klein_spec(arg: str = "", **options):
     """Model-registry factory of ``klein:/path/to/local/folder[@SIZE]`` (FLUX.2 Klein at SIZE px per
     side, default 512: a `KleinImageModel`, whose ``.adapter`` is the packed-latent `KleinAdapter`)."""
     _check_klein_arg(arg)
-    from .klein_image import KleinImageModel
+    from .flux.klein_image import KleinImageModel
 
     return KleinImageModel.from_pretrained(arg, **options)
 
@@ -149,7 +171,7 @@ def load_kontext_spec(arg: str = "", **options):
     """Model-registry factory of ``kontext:/path/to/local/folder[@SIZE]`` (FLUX.1 Kontext at SIZE px
     per side, default 512: a `KontextImageModel`; options: guidance, ref_timestep, max_sequence_length)."""
     _check_kontext_arg(arg)
-    from .kontext import KontextImageModel
+    from .flux.kontext import KontextImageModel
 
     return KontextImageModel.from_pretrained(arg, **options)
 

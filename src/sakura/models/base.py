@@ -114,6 +114,17 @@ def check_steps(steps: Any) -> int:
     return steps
 
 
+def check_prompt(instruction: Any, family: str) -> str:
+    """The prompt text of a prompt-conditioned template (Klein, Kontext, a plugin): ``instruction``
+    itself; None or the bundled models' "no instruction" (0, e.g. from a device profile run) is "".
+    Anything else is a ValueError naming the ``family`` ("a Klein template's instruction ...")."""
+    if instruction is None or (isinstance(instruction, int) and not isinstance(instruction, bool) and instruction == 0):
+        return ""
+    if not isinstance(instruction, str):
+        raise ValueError(f"a {family} template's instruction is its prompt text, got {instruction!r}")
+    return instruction
+
+
 @runtime_checkable
 class ImageModelConfig(Protocol):
     """What the store, the runtime and the benchmarks read off an image-level model's `cfg`
@@ -165,7 +176,7 @@ class PatchGridConfig:
             raise ValueError(f"dim {self.dim} / heads {self.heads} must give a head_dim divisible by {m} "
                              f"({self.rope_axes}-axis RoPE)")
 
-    # Alike in shape only to sakura.models.klein_config.KleinConfig's properties: see there why
+    # Alike in shape only to sakura.models.flux.klein_config.KleinConfig's properties: see there why
     # they are kept separate.
     @property
     def grid(self) -> int:

@@ -48,11 +48,12 @@ import torch.nn as nn
 from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
 
 from .base import BundledImageModel, EditOutput, KVMode, PatchGridConfig, check_steps, patchify, resolve_kv_mode
-from .klein import (
+from .adapter import LazyTemplateLayers
+from .flux.klein import (
     REF_SLOT_SCALE,
     AttentionProbe,
     ForwardSlot,
-    LazyTemplateLayers,
+    _LazyKVCache,
     install_processors,
     latent_ids,
     text_ids,
@@ -199,7 +200,7 @@ class Flux2MiniDiT(BundledImageModel, nn.Module):
             out = self._run(self._main_tokens(photo, x_t), self.ids_main, prompt, t, mode="extract",
                             num_ref=cfg.tokens_per_image, slot=slot)
             return self._to_velocity(out, photo, x_t, t)
-        cache = template.cache(cfg.double_layers, cfg.single_layers)
+        cache = _LazyKVCache(template, cfg.double_layers, cfg.single_layers)
         slot = ForwardSlot(inject=template, probe=probe)
         out = self._run(self._main_tokens(photo, x_t), self.ids_main, prompt, t,
                         mode="cached", cache=cache, slot=slot)
@@ -230,7 +231,7 @@ class Flux2MiniDiT(BundledImageModel, nn.Module):
         never attends to), so the K/V equal the ones captured inside an edit. `instruction` is
         accepted for API parity; the template KV does not depend on it (the prompt is text).
         """
-        # Copied from sakura.models.klein.reference_layers with the template as the only image
+        # Adapted from sakura.models.flux.klein.reference_layers with the template as the only image
         # tokens (no blended modulation, no image segment); keep in sync with it.
         tr, cfg = self.transformer, self.cfg
         template = template.to(self.device, self.dtype)

@@ -35,6 +35,8 @@ class OfferedTemplate:
 #: Manifests `sakura templates` reads at once (an index may list ~150k entries: the listing's
 #: overall deadline, not their number, bounds the wait).
 LIST_CONCURRENCY = 8
+#: Seconds a whole listing may take (entries not read by then are skipped, named).
+LIST_DEADLINE_S = 10.0
 
 
 class TemplateListing(list):
@@ -62,7 +64,7 @@ def _offer(server: str, fp: str, tid: str, m) -> OfferedTemplate:
         thumbnail=f"{server.rstrip('/')}/{m.template_ref.object.path}", conditioning=cond)
 
 
-async def _offered(client, server: str, model_fingerprint: str | None, deadline_s: float) -> TemplateListing:
+async def offered_templates(client, server: str, model_fingerprint: str | None, deadline_s: float) -> TemplateListing:
     """Read the index, then the listed manifests (``LIST_CONCURRENCY`` at a time), all within one
     overall ``deadline_s``; an unreadable manifest (stale entry, corrupt, slow) is skipped and named."""
     import time
@@ -103,18 +105,18 @@ async def _offered(client, server: str, model_fingerprint: str | None, deadline_
     return out
 
 
-async def list_templates_async(server: str, model_fingerprint: str | None = None, *, deadline_s: float = 10.0,
+async def list_templates_async(server: str, model_fingerprint: str | None = None, *, deadline_s: float = LIST_DEADLINE_S,
                                timeout_s: float = 5.0) -> TemplateListing:
     """`list_templates` on the running loop."""
     from sakura.wire.client import TemplateClient
 
     async with TemplateClient(server, connect_timeout=min(timeout_s, deadline_s), read_timeout=timeout_s,
                               max_retries=1, max_connections=LIST_CONCURRENCY) as c:
-        return await _offered(c, server, model_fingerprint, deadline_s)
+        return await offered_templates(c, server, model_fingerprint, deadline_s)
 
 
 def list_templates(server: str, model_fingerprint: str | None = None, timeout_s: float = 5.0, *,
-                   deadline_s: float = 10.0) -> TemplateListing:
+                   deadline_s: float = LIST_DEADLINE_S) -> TemplateListing:
     """Every template `server` offers (for one model fingerprint, or all), read within one overall
     ``deadline_s``: entries that cannot be read in time (or at all) are in ``.skipped``, named.
     Raises on a server that cannot be reached or whose index is malformed or too slow."""
@@ -139,7 +141,7 @@ async def offered_manifest(client, model_fingerprint: str, template_id: str | No
     else:
         head = "--template is required"
     try:
-        offered = await _offered(client, server, model_fingerprint, deadline_s)
+        offered = await offered_templates(client, server, model_fingerprint, deadline_s)
     except Exception as e:
         raise TemplateNotOffered(f"{head}, and {server} cannot list its templates "
                                  f"({clean(' '.join(str(e).split()) or type(e).__name__, 120)})") from None

@@ -7,16 +7,20 @@ rest, and returns an `EditResult`: the image, the per-layer record and the PSNR 
 server down, a template already in the gallery is edited on the device. The photo never leaves the
 process: the only requests sent are for public template objects.
 
+One HTTP session for the `Editor`'s life: its gallery refreshes, listings and every edit's shard
+fetches go through one `ClientThread` (one event loop in one thread, one pool of keep-alive
+connections), so the second edit finds its connections warm. `close()` (or ``with Editor(...)``)
+ends it; an editor dropped without `close` is closed when it is collected, or at exit.
+
     from sakura.phone.editor import Editor
-    editor = Editor("http://127.0.0.1:8080", model="sakura-mini")
-    result = editor.edit("photo.jpg", template="sticker-00")
+    with Editor("http://127.0.0.1:8080", model="sakura-mini") as editor:
+        result = editor.edit("photo.jpg", template="sticker-00")
     result.save("edited.png")
     print(result.to_dict()["layers"])
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -30,7 +34,8 @@ import torch
 
 from sakura.models import load_model
 from sakura.util.device import device_options
-from sakura.wire.client import DeadlineExceeded, IntegrityError, NotFound, RedirectRefused, TemplateClient, WrongManifest
+from sakura.wire.client import (ClientThread, DeadlineExceeded, IntegrityError, NotFound, RedirectRefused, TemplateClient,
+                                WrongManifest)
 from sakura.wire.store.manifest import ManifestError
 from sakura.wire.store.template_ref import split_template_images
 
@@ -38,7 +43,8 @@ from .estimator import BandwidthEstimator, RttEstimator
 from .discovery import TemplateNotOffered, offered_manifest
 from .gallery import Gallery, decode_template_ref
 from .limits import MANIFEST_DEADLINE_BYTES, LimitError, check_template_ref, step_deadline_s
-from .live import NO_MANIFEST, StreamedEdit, _short, profile_model, streamed_edit
+from . import live
+from .live import DEFAULT_MAX_INFLIGHT, NO_MANIFEST, StreamedEdit, _short, streamed_edit
 from .photo import load_photo
 from .plan import LOCAL
 from .policies import EDIT_POLICIES, make_policy
@@ -219,21 +225,43 @@ class Editor:
         self._prior_mbps = prior_mbps
         self._decode_workers = decode_workers
         self._profile = None
+        self._link: ClientThread | None = None
+
+    @property
+    def link(self) -> ClientThread:
+        """The editor's one HTTP session and its event loop (opened on first use, kept until `close`)."""
+        if self._link is None or self._link.closed:
+            self._link = ClientThread(self.server, name="sakura-editor", max_connections=DEFAULT_MAX_INFLIGHT)
+        return self._link
+
+    def close(self) -> None:
+        """Close the HTTP session and end its thread (a later call opens a new one)."""
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    def __enter__(self) -> "Editor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     @property
     def profile(self):
         """The device profile the planner assumes (per-layer compute, decode rates), measured once."""
         if self._profile is None:
-            self._profile = profile_model(self.model, repeats=1)
+            self._profile = live.profile_model(self.model, repeats=1)  # (looked up there: a test may pin it)
             if self._decode_workers:
                 self._profile.decode_workers = self._decode_workers
         return self._profile
 
     def templates(self, *, timeout_s: float = 5.0) -> list:
         """What the server offers for this model (`OfferedTemplate`s); raises on an unreachable server."""
-        from .discovery import list_templates
+        from .discovery import LIST_DEADLINE_S, offered_templates
 
-        return list_templates(self.server, self.model.fingerprint(), timeout_s=timeout_s)
+        fp = self.model.fingerprint()
+        return self.link.run(lambda c: offered_templates(
+            c.sharing(connect_timeout=timeout_s, read_timeout=timeout_s, max_retries=1), self.server, fp, LIST_DEADLINE_S))
 
     def _fetch_template(self, template: str) -> tuple[Any, bytes]:
         """The template's manifest and reference bytes from the server, each under a deadline
@@ -241,25 +269,22 @@ class Editor:
         fp, size = self.model.fingerprint(), self.model.cfg.image_size
         rate_bps = max(self.bandwidth.predict_bps() or self._prior_mbps * 1e6 / 8, 0.01e6 / 8)
 
-        async def refresh():  # what a gallery screen fetches: manifest + template image
-            async with TemplateClient(self.server, connect_timeout=2.0, read_timeout=5.0, max_retries=1) as c:
-                # the one manifest this edit needs, by id (a 404: TemplateNotOffered, with the listing)
-                m = await offered_manifest(c, fp, template, self.model_name,
-                                           deadline_s=step_deadline_s(MANIFEST_DEADLINE_BYTES, rate_bps))
-                check_template_ref(m, size)  # before a byte of it is buffered
-                ref = await c.fetch_object(m.template_ref.object,
-                                           deadline_s=step_deadline_s(m.template_ref.object.bytes, rate_bps))
-                return m, ref.data
+        async def refresh(c: TemplateClient):  # what a gallery screen fetches: manifest + template image
+            # the one manifest this edit needs, by id (a 404: TemplateNotOffered, with the listing)
+            m = await offered_manifest(c, fp, template, self.model_name,
+                                       deadline_s=step_deadline_s(MANIFEST_DEADLINE_BYTES, rate_bps))
+            check_template_ref(m, size)  # before a byte of it is buffered
+            ref = await c.fetch_object(m.template_ref.object,
+                                       deadline_s=step_deadline_s(m.template_ref.object.bytes, rate_bps))
+            return m, ref.data
 
-        return asyncio.run(refresh())
+        return self.link.run(lambda c: refresh(c.sharing(connect_timeout=2.0, read_timeout=5.0, max_retries=1)))
 
     def edit_requires_template(self) -> None:
         """Raise `TemplateNotOffered` listing what the server offers for this model (no template given)."""
-        async def listing():
-            async with TemplateClient(self.server, connect_timeout=2.0, read_timeout=5.0, max_retries=1) as c:
-                await offered_manifest(c, self.model.fingerprint(), None, self.model_name, deadline_s=5.0)
-
-        asyncio.run(listing())
+        fp = self.model.fingerprint()
+        self.link.run(lambda c: offered_manifest(c.sharing(connect_timeout=2.0, read_timeout=5.0, max_retries=1),
+                                                 fp, None, self.model_name, deadline_s=5.0))
 
     def edit(self, photo: str | Path | torch.Tensor, template: str, *, steps: int = 8, seed: int = 0) -> EditResult:
         """Edit ``photo`` (a file path, or a (1, 3, S, S) tensor in [0, 1]) with ``template``.
@@ -316,7 +341,8 @@ class Editor:
         res = streamed_edit(self.model, img, base_url=self.server, template_id=template, template_image=timages,
                             instruction=instruction, policy=make_policy(self.policy), profile=self.profile,
                             bandwidth=self.bandwidth, rtt=self.rtt, steps=steps, seed=seed,
-                            manifest=manifest if manifest is not None else NO_MANIFEST, allow_fast_path=True)
+                            manifest=manifest if manifest is not None else NO_MANIFEST, allow_fast_path=True,
+                            link=self.link)
         return EditResult(image=res.image, photo=img, template_image=timages, template_id=template,
                           policy=self.policy, streamed=res, messages=messages)
 

@@ -80,13 +80,11 @@ def shard_shapes(model: Any, manifest: Any) -> list[tuple[int, int, int]]:
     return out
 
 
-def check_shard_object(data: bytes, shape: tuple[int, int, int], where: str) -> None:
-    """Raise `LimitError` unless the codec object's header declares exactly ``shape``: read from
-    the header only, before the decoder allocates anything."""
-    from sakura.codec import bitstream as bs
-
-    obj = bs.parse(data, whole=False)  # header + checksum only; raises the codec's own errors
-    got = obj.header.get("shape") if isinstance(obj.header, dict) else None
+def check_shard_header(header: dict, shape: tuple[int, int, int], where: str) -> None:
+    """Raise `LimitError` unless a codec object's header (`bitstream.parse(data).header`, parsed
+    once on the phone and handed on to the decoder) declares exactly ``shape``: checked on the
+    header only, before the decoder allocates anything."""
+    got = header.get("shape") if isinstance(header, dict) else None
     if not isinstance(got, list) or [v if isinstance(v, int) else None for v in got] != list(shape):
         raise LimitError(f"{where}: object header declares shape {got!r}, the manifest and model say {list(shape)}")
 

@@ -262,13 +262,233 @@ class _LinkMeter:
         return n, max(0.0, t_last - a)
 
 
+#: Most shard requests in flight at once (and the connection pool an `Editor` keeps for them).
+DEFAULT_MAX_INFLIGHT = 8
+
+
+class LiveEdit:
+    """One streamed edit on the live executor, read top to bottom in `run`:
+
+        1. warm the decoders' JIT              (before the clock: a phone app does it at launch)
+        2. what the gallery knows              (fingerprints, the codec tables the phone holds)
+        3. the clock starts                    (photo in)
+        4. the manifest                        (given, or fetched within `manifest_timeout_s`)
+        5. is it for this model and template?  (else: the whole edit on the device)
+        6. the first plan                      (the `EditDriver`; a plan that fetches nothing: on the device)
+        7. fetch, decode and compute, pipelined (`FetchStage` -> `DecodePool` -> `LiveKVSource`)
+
+    Every request goes through one HTTP session (`link`, a `ClientThread`): an `Editor` passes its
+    own, kept for its life; without one the edit opens one for itself and closes it at the end.
+    Arguments: `streamed_edit`'s. Never raises because of the network: every failure ends in local
+    compute, listed in the result's `events`.
+    """
+
+    def __init__(self, model: Any, photo: torch.Tensor, *, base_url: str, template_id: str,
+                 template_image: torch.Tensor, instruction: int, policy: Policy, profile: DeviceProfile,
+                 bandwidth: BandwidthEstimator | None = None, rtt: RttEstimator | None = None,
+                 decode_workers: int | None = None, max_inflight: int = DEFAULT_MAX_INFLIGHT, steps: int = 8,
+                 seed: int = 0, manifest: Any = None, manifest_timeout_s: float = 2.0, allow_fast_path: bool = True,
+                 emulate: Emulation | None = None, link: Any = None) -> None:
+        self.model, self.photo, self.base_url, self.template_id = model, photo, base_url, template_id
+        self.template_image, self.instruction, self.policy, self.profile = template_image, instruction, policy, profile
+        self.bandwidth = bandwidth or BandwidthEstimator(prior_bps=1e6)
+        self.rtt = rtt or RttEstimator()
+        self.workers = decode_workers or profile.decode_workers
+        self.max_inflight, self.steps, self.seed = max_inflight, steps, seed
+        self.manifest, self.manifest_timeout_s, self.allow_fast_path = manifest, manifest_timeout_s, allow_fast_path
+        self.emulate = emulate or Emulation()
+        self.link = link
+        self._own_link: Any = None     # the ClientThread this edit opened (no `link` given), closed at the end
+        self.events: list[str] = []
+        self.t0 = math.nan
+
+    def clock(self) -> float:
+        """Seconds since the edit started (photo in)."""
+        return time.monotonic() - self.t0
+
+    # ------------------------------------------------------------------------------ the edit
+    def run(self) -> StreamedEdit:
+        from sakura.codec import warm_up
+
+        warm_up()  # 1. the native decoders' JIT (compile, or load from numba's disk cache), before the clock
+        try:
+            self._know_template()                                        # 2.
+            self.t0 = time.monotonic()                                   # 3.
+            if self.emulate.clock_start is not None:
+                self.emulate.clock_start(self.t0)
+            manifest, why = self._manifest()                             # 4.
+            if manifest is None:
+                return self._on_device(why)
+            manifest_s = self.clock()
+            why = self._mismatch(manifest)                               # 5.
+            if why:
+                return self._on_device(why)
+            driver = self._first_plan(manifest)                          # 6.
+            if self.allow_fast_path and self.policy.fetches_nothing(driver):
+                res = self._on_device("", driver.records)
+                res.manifest_s = manifest_s
+                return res
+            return self._stream(manifest, driver, manifest_s)           # 7.
+        finally:
+            if self._own_link is not None:
+                self._own_link.close()
+
+    def _know_template(self) -> None:
+        """The fingerprints and the tables the phone holds: what a gallery knows before a photo comes in."""
+        from sakura.codec import CodecTables, ShardId
+
+        self.model_fp = self.model.fingerprint()
+        self.template_fp = self.model.template_fingerprint(self.template_image, self.instruction)
+        self.held_tables: dict[str, Any] = {}
+        if self.emulate.tables:
+            try:
+                self.held_tables = {name: CodecTables.from_bytes(blob, ShardId(self.model_fp, self.template_fp, -1))
+                                    for name, blob in self.emulate.tables.items()}
+            except Exception:  # tables of another template or model: fetched (and checked) in the edit instead
+                self.held_tables = {}
+
+    def _session(self) -> Any:
+        """The edit's HTTP session: the caller's `link`, or one opened for this edit."""
+        if self.link is None:
+            from sakura.wire.client import ClientThread
+
+            self._own_link = self.link = ClientThread(self.base_url, name="sakura-edit", max_connections=self.max_inflight)
+        return self.link
+
+    def _manifest(self) -> tuple[Any, str]:
+        """(the manifest, "") or (None, why not). Fetched inside the timed edit when none was given:
+        fail fast (no retries, `manifest_timeout_s`), the device can compute."""
+        if self.manifest is NO_MANIFEST:
+            return None, "no manifest for this template (server down, not in the gallery)"
+        if self.manifest is not None:
+            return self.manifest, ""
+        t = self.manifest_timeout_s
+        try:
+            return self._session().run(lambda c: asyncio.wait_for(
+                c.sharing(connect_timeout=t, read_timeout=t, max_retries=0).get_manifest(self.model_fp, self.template_id),
+                2 * t)), ""
+        except Exception as e:  # any network or server failure: the device can still compute
+            return None, f"manifest unavailable ({_short(e)})"
+
+    def _mismatch(self, manifest: Any) -> str:
+        """Why this manifest cannot serve this edit ("" if it can); sets the shard shapes it declares."""
+        from sakura.phone.limits import LimitError, shard_shapes
+
+        if manifest.template_id != self.template_id or manifest.model_fingerprint != self.model_fp:
+            return f"manifest is for {manifest.model_fingerprint[:16]}…/{manifest.template_id}"
+        if manifest.kv_layout.get("template_fingerprint") != self.template_fp:
+            return "manifest's template fingerprint differs from the gallery image's"
+        if len(manifest.shards) != self.model.num_layers:
+            return f"manifest has {len(manifest.shards)} shards, the model has {self.model.num_layers} layers"
+        try:  # sizes and shapes from the manifest and the model's config, before any allocation
+            self.shapes = shard_shapes(self.model, manifest)
+        except LimitError as e:
+            return str(e)
+        return ""
+
+    def _first_plan(self, manifest: Any) -> EditDriver:
+        specs = list(self.emulate.specs) if self.emulate.specs is not None else shard_specs(manifest, self.profile)
+        if self.emulate.renditions is not None:
+            specs = [replace(s, routes=tuple(r for r in s.routes if r.name in self.emulate.renditions)) for s in specs]
+        driver = EditDriver(specs, self.policy, bandwidth=self.bandwidth, rtt=self.rtt, decode_workers=self.workers,
+                            max_inflight=self.max_inflight, compute_start_s=self.clock() + self.profile.pre_s,
+                            other_s=self.profile.pre_s + self.profile.post_s)
+        driver.start(self.clock())
+        return driver
+
+    def _on_device(self, why: str, records: list[ShardRecord] | None = None) -> StreamedEdit:
+        """The whole edit on the device (no manifest, a mismatched one, or a plan that fetches nothing)."""
+        if why:
+            self.events.append(f"{self.clock() * 1000:.0f} ms: {why}; computing the template on the device")
+        out = self.model.edit(self.photo, template=self.template_image, instruction=self.instruction, mode="extract",
+                              steps=self.steps, seed=self.seed)
+        recs = records or [ShardRecord(j, source=LOCAL) for j in range(self.model.num_layers)]
+        for r in recs:
+            r.source = LOCAL
+        return StreamedEdit(image=out.image, latency_s=self.clock(), records=recs, policy=self.policy.name,
+                            events=self.events, path="on-device", timings_s=out.timings_s)
+
+    def _stream(self, manifest: Any, driver: EditDriver, manifest_s: float) -> StreamedEdit:
+        """Fetch (`FetchStage`, on the session's loop), decode (`DecodePool`) and compute (the model
+        pulling `LiveKVSource.layer(i)`), pipelined; the driver decides every step."""
+        from sakura.codec import CodecTables, ShardId
+
+        try:
+            link = self._session()
+        except Exception as e:  # a URL no session can be opened for: the device computes
+            res = self._on_device(f"no HTTP session for {self.base_url!r} ({_short(e)})", driver.records)
+            res.manifest_s = manifest_s
+            return res
+        self.driver, self.cond = driver, threading.Condition()
+        self.quality_known = all("image_mse" in r.distortion for s in manifest.shards for r in s.renditions)
+        self.source = LiveKVSource(driver, self.cond, self.clock, self._local_layers, self.model_fp, self.template_fp,
+                                   self.instruction)
+        self.pool = DecodePool(self.workers)
+        self.stage = FetchStage(self.base_url, manifest, driver, self.cond, self.clock, self.t0,
+                                max_inflight=self.max_inflight, on_fetched=self._fetched,
+                                decode_table=lambda blob: CodecTables.from_bytes(
+                                    blob, ShardId(self.model_fp, self.template_fp, -1)),
+                                held_tables=self.held_tables, link=link)
+        self.source.on_layer = self.stage.kick
+        self.stage.start()
+        try:
+            out = self.model.edit(self.photo, template_kv=self.source, steps=self.steps, seed=self.seed)
+        finally:
+            self.stage.stop()
+            self.pool.shutdown()
+        latency = self.clock()
+        self.events.extend(driver.events)
+        requested = [r for r in driver.records if r.t_request == r.t_request]
+        return StreamedEdit(image=out.image, latency_s=latency, records=driver.records, policy=self.policy.name,
+                            events=self.events, tables_bytes=self.stage.tables_bytes, manifest_s=manifest_s,
+                            image_mse=driver.image_mse(), quality_known=self.quality_known, timings_s=out.timings_s,
+                            link_idle_s=self.stage.meter.idle_s if requested else math.nan, used_kv=self.source.used)
+
+    # ------------------------------------------------------------------- the stages' callbacks
+    def _local_layers(self) -> Iterator[LayerKV]:
+        """The template generator: the template's KV computed here, layer by layer."""
+        return (LayerKV(k[0], v[0]) for k, v in self.model.template_layers(self.template_image, self.instruction))
+
+    def _fetched(self, j: int, data: bytes, rendition: Any) -> None:
+        """A shard's bytes arrived (the fetch stage's thread): decode them on a pool worker."""
+        self.pool.submit(self._decode, j, data, rendition)
+
+    def _decode(self, j: int, data: bytes, rendition: Any) -> None:
+        """Decode shard j (a pool worker) and hand its KV to the forward pass. The object's header is
+        parsed and checksummed once: its declared shape is checked against the manifest and the
+        model before the decoder allocates anything, and the decoder takes the parsed header on."""
+        from sakura.codec import ShardId
+        from sakura.codec import bitstream as bs
+        from sakura.phone.limits import check_shard_header
+
+        try:
+            t = time.monotonic()
+            tables = self.stage.tables.get(rendition.tables[0]) if rendition.tables else None
+            parsed = bs.parse(data, whole=False)
+            check_shard_header(parsed.header, self.shapes[j], f"shard {j}")
+            shared: list[bool] = []
+            kv = self.pool.decode(data, ShardId(self.model_fp, self.template_fp, j), tables, shared=shared,
+                                  parsed=parsed).for_attention()
+            if self.emulate.after_decode is not None:
+                self.emulate.after_decode(rendition.name, t, bool(shared and shared[0]), self.pool)
+            with self.cond:
+                self.source.decoded[j] = kv
+                self.driver.on_decoded(j, self.clock())
+                self.cond.notify_all()
+        except Exception as e:
+            with self.cond:
+                self.driver.on_decode_failed(j, _short(e), self.clock())
+                self.cond.notify_all()
+
+
 def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id: str,
                   template_image: torch.Tensor, instruction: int, policy: Policy, profile: DeviceProfile,
                   bandwidth: BandwidthEstimator | None = None, rtt: RttEstimator | None = None,
-                  decode_workers: int | None = None, max_inflight: int = 8, steps: int = 8, seed: int = 0,
-                  manifest: Any = None, manifest_timeout_s: float = 2.0, allow_fast_path: bool = True,
-                  emulate: Emulation | None = None) -> StreamedEdit:
-    """Edit `photo` with the template's KV streamed from `base_url`, pipelined with compute.
+                  decode_workers: int | None = None, max_inflight: int = DEFAULT_MAX_INFLIGHT, steps: int = 8,
+                  seed: int = 0, manifest: Any = None, manifest_timeout_s: float = 2.0, allow_fast_path: bool = True,
+                  emulate: Emulation | None = None, link: Any = None) -> StreamedEdit:
+    """Edit `photo` with the template's KV streamed from `base_url`, pipelined with compute
+    (`LiveEdit(...).run()`).
 
     Args:
         model: the on-device model (sakura-mini or flux2-mini; its fingerprint selects the manifest).
@@ -284,128 +504,16 @@ def streamed_edit(model: Any, photo: torch.Tensor, *, base_url: str, template_id
             threads, so no overhead over on-device).
         emulate: a benchmark's overrides (`Emulation`: planner inputs, allowed renditions, decode
             padding); None on a phone.
+        link: the HTTP session to fetch through (`sakura.wire.client.ClientThread` for `base_url`:
+            an `Editor`'s, kept across edits); None opens one for this edit.
 
     Never raises because of the network: every failure ends in local compute, listed in `events`.
     """
-    from sakura.wire.client import TemplateClient
-    from sakura.codec import CodecTables, ShardId
-    from sakura.phone.limits import LimitError, check_shard_object, shard_shapes
-
-    bandwidth = bandwidth or BandwidthEstimator(prior_bps=1e6)
-    rtt = rtt or RttEstimator()
-    workers = decode_workers or profile.decode_workers
-    from sakura.codec import warm_up
-
-    warm_up()  # the native decoders' JIT (compile, or load from numba's disk cache) is paid before the clock starts
-    # what the gallery knows before a photo comes in: the fingerprints, and the tables the phone holds
-    model_fp = model.fingerprint()
-    tfp = model.template_fingerprint(template_image, instruction)
-    emulate = emulate or Emulation()
-    held_tables = {}
-    if emulate.tables:
-        try:
-            held_tables = {name: CodecTables.from_bytes(blob, ShardId(model_fp, tfp, -1))
-                           for name, blob in emulate.tables.items()}
-        except Exception:  # tables of another template or model: fetched (and checked) in the edit instead
-            held_tables = {}
-    t0 = time.monotonic()
-    if emulate.clock_start is not None:
-        emulate.clock_start(t0)
-    clock = lambda: time.monotonic() - t0  # noqa: E731
-    events: list[str] = []
-
-    def on_device(why: str, records: list[ShardRecord] | None = None) -> StreamedEdit:
-        if why:
-            events.append(f"{clock() * 1000:.0f} ms: {why}; computing the template on the device")
-        out = model.edit(photo, template=template_image, instruction=instruction, mode="extract", steps=steps, seed=seed)
-        recs = records or [ShardRecord(j, source=LOCAL) for j in range(model.num_layers)]
-        for r in recs:
-            r.source = LOCAL
-        return StreamedEdit(image=out.image, latency_s=clock(), records=recs, policy=policy.name, events=events,
-                            path="on-device", timings_s=out.timings_s)
-
-    if manifest is NO_MANIFEST:
-        return on_device("no manifest for this template (server down, not in the gallery)")
-    if manifest is None:
-        async def get_manifest():
-            async with TemplateClient(base_url, connect_timeout=manifest_timeout_s, read_timeout=manifest_timeout_s,
-                                      max_retries=0) as c:  # inside the timed edit: fail fast, compute
-                return await asyncio.wait_for(c.get_manifest(model_fp, template_id), manifest_timeout_s * 2)
-        try:
-            manifest = asyncio.run(get_manifest())
-        except Exception as e:  # any network or server failure: the device can still compute
-            return on_device(f"manifest unavailable ({_short(e)})")
-    manifest_s = clock()
-    problem = None
-    if manifest.template_id != template_id or manifest.model_fingerprint != model_fp:
-        problem = f"manifest is for {manifest.model_fingerprint[:16]}…/{manifest.template_id}"
-    elif manifest.kv_layout.get("template_fingerprint") != tfp:
-        problem = "manifest's template fingerprint differs from the gallery image's"
-    elif len(manifest.shards) != model.num_layers:
-        problem = f"manifest has {len(manifest.shards)} shards, the model has {model.num_layers} layers"
-    else:
-        try:  # sizes and shapes from the manifest and the model's config, before any allocation
-            shapes = shard_shapes(model, manifest)
-        except LimitError as e:
-            problem = str(e)
-    if problem:
-        return on_device(problem)
-
-    specs = list(emulate.specs) if emulate.specs is not None else shard_specs(manifest, profile)
-    if emulate.renditions is not None:
-        specs = [replace(s, routes=tuple(r for r in s.routes if r.name in emulate.renditions)) for s in specs]
-    after_decode = emulate.after_decode
-    quality_known = all("image_mse" in r.distortion for s in manifest.shards for r in s.renditions)
-    driver = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt, decode_workers=workers, max_inflight=max_inflight,
-                        compute_start_s=clock() + profile.pre_s, other_s=profile.pre_s + profile.post_s)
-    driver.start(clock())
-    if allow_fast_path and policy.fetches_nothing(driver):
-        res = on_device("", driver.records)
-        res.manifest_s = manifest_s
-        return res
-
-    cond = threading.Condition()
-    local_layers = lambda: (LayerKV(k[0], v[0]) for k, v in model.template_layers(template_image, instruction))  # noqa: E731
-    source = LiveKVSource(driver, cond, clock, local_layers, model_fp, tfp, instruction)
-    pool = DecodePool(workers)
-
-    def decode(j: int, data: bytes, rendition: Any, tables: dict[str, Any]) -> None:
-        try:
-            t = time.monotonic()
-            tbl = tables.get(rendition.tables[0]) if rendition.tables else None
-            check_shard_object(data, shapes[j], f"shard {j}")  # header shape, before the decoder allocates
-            shared: list[bool] = []
-            dec = pool.decode(data, ShardId(model_fp, tfp, j), tbl, shared=shared)
-            kv = dec.for_attention()
-            if after_decode is not None:
-                after_decode(rendition.name, t, bool(shared and shared[0]), pool)
-            with cond:
-                source.decoded[j] = kv
-                driver.on_decoded(j, clock())
-                cond.notify_all()
-        except Exception as e:
-            with cond:
-                driver.on_decode_failed(j, _short(e), clock())
-                cond.notify_all()
-
-    stage = FetchStage(base_url, manifest, driver, cond, clock, t0, max_inflight=max_inflight,
-                       on_fetched=lambda j, data, rend: pool.submit(decode, j, data, rend, stage.tables),
-                       decode_table=lambda blob: CodecTables.from_bytes(blob, ShardId(model_fp, tfp, -1)),
-                       held_tables=held_tables)
-    source.on_layer = stage.kick
-    stage.start()
-    try:
-        out = model.edit(photo, template_kv=source, steps=steps, seed=seed)
-    finally:
-        stage.stop()
-        pool.shutdown()
-    latency = clock()
-    events.extend(driver.events)
-    requested = [r for r in driver.records if r.t_request == r.t_request]
-    idle = stage.meter.idle_s if requested else math.nan
-    return StreamedEdit(image=out.image, latency_s=latency, records=driver.records, policy=policy.name, events=events,
-                        tables_bytes=stage.tables_bytes, manifest_s=manifest_s, image_mse=driver.image_mse(),
-                        quality_known=quality_known, timings_s=out.timings_s, link_idle_s=idle, used_kv=source.used)
+    return LiveEdit(model, photo, base_url=base_url, template_id=template_id, template_image=template_image,
+                    instruction=instruction, policy=policy, profile=profile, bandwidth=bandwidth, rtt=rtt,
+                    decode_workers=decode_workers, max_inflight=max_inflight, steps=steps, seed=seed,
+                    manifest=manifest, manifest_timeout_s=manifest_timeout_s, allow_fast_path=allow_fast_path,
+                    emulate=emulate, link=link).run()
 
 
 def split_decode_end(t_start: float, decode_s: float, split: float, t_next: float | None) -> float:
@@ -464,15 +572,17 @@ class DecodePool:
                 return self.executor
         return None
 
-    def decode(self, data: bytes, ident: Any, tables: Any, shared: list[bool] | None = None) -> Any:
+    def decode(self, data: bytes, ident: Any, tables: Any, shared: list[bool] | None = None,
+               parsed: Any = None) -> Any:
         """`decode_any` of one shard, split over the idle workers where the codec can (`share`);
-        appends to `shared` whether it was offered the idle workers."""
+        appends to `shared` whether it was offered the idle workers. `parsed`: the object's
+        header as the caller parsed and checked it (`bitstream.parse`), not parsed again."""
         from sakura.codec import decode_any
 
         pool = self.share()
         if shared is not None:
             shared.append(pool is not None)
-        return decode_any(data, ident, tables, pool=pool)
+        return decode_any(data, ident, tables, pool=pool, parsed=parsed)
 
     def pad(self, t_start: float, pad_s: float, split: float = 1.0, poll_s: float = 0.002) -> None:
         """Emulation (a slower decoder): hold this worker until a decode that began at monotonic
@@ -500,9 +610,10 @@ class TableUnusable(RuntimeError):
 
 
 class FetchStage:
-    """The fetch stage on its own thread and event loop: issues the driver's requests (ahead,
-    several in flight on one connection pool), feeds chunk timing to the driver's estimators and
-    hands each completed shard to `on_fetched(layer, bytes, rendition)` (from the loop's thread).
+    """The fetch stage on an HTTP session's event loop (`link`, a `ClientThread`: the edit's, an
+    `Editor`'s; None: one of its own for its life): issues the driver's requests (ahead, several in
+    flight on one connection pool), feeds chunk timing to the driver's estimators and hands each
+    completed shard to `on_fetched(layer, bytes, rendition)` (from the loop's thread).
 
     It needs no model: a link check runs it alone. Thread-safe entry points: `kick` (something
     changed: ask the driver again), `stop`. `held_tables` (name -> decoded tables, as
@@ -510,10 +621,12 @@ class FetchStage:
     """
 
     def __init__(self, base_url: str, manifest: Any, driver: EditDriver, cond: threading.Condition,
-                 clock: Callable[[], float], t0: float, *, max_inflight: int = 8,
+                 clock: Callable[[], float], t0: float, *, max_inflight: int = DEFAULT_MAX_INFLIGHT,
                  on_fetched: Callable[[int, bytes, Any], None], decode_table: Callable[[bytes], Any] = lambda b: b,
-                 held_tables: Mapping[str, Any] | None = None):
+                 held_tables: Mapping[str, Any] | None = None, link: Any = None):
         self.base_url, self.manifest, self.driver, self.cond, self.clock, self.t0 = base_url, manifest, driver, cond, clock, t0
+        self.link = link
+        self._own_link: Any = None
         self.max_inflight = max_inflight
         self.warm_connections = min(2, max_inflight - 1)
         self.on_fetched, self.decode_table = on_fetched, decode_table
@@ -522,11 +635,14 @@ class FetchStage:
         self.tables_bytes = 0   # fetched (held tables do not count)
         self._stop = threading.Event()
         self._kick: Callable[[], None] | None = None
-        self._thread: threading.Thread | None = None
+        self._done: concurrent.futures.Future | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._main, name="sakura-fetch", daemon=True)
-        self._thread.start()
+        if self.link is None:
+            from sakura.wire.client import ClientThread
+
+            self._own_link = self.link = ClientThread(self.base_url, name="sakura-fetch", max_connections=self.max_inflight)
+        self._done = self.link.submit(self._serve(self.link.client))
 
     def kick(self) -> None:
         if self._kick is not None:
@@ -538,12 +654,14 @@ class FetchStage:
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         self.kick()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
+        if self._done is not None:
+            concurrent.futures.wait([self._done], timeout=timeout_s)
+        if self._own_link is not None:
+            self._own_link.close()
 
-    def _main(self) -> None:
+    async def _serve(self, client: Any) -> None:
         try:
-            asyncio.run(self._run())
+            await self._run(client)
         except BaseException as e:  # the client itself failed: every pending shard goes local
             with self.cond:
                 for r in self.driver.records:
@@ -552,7 +670,7 @@ class FetchStage:
                         r.status = FAILED
                 self.cond.notify_all()
 
-    async def _run(self) -> None:
+    async def _run(self, client: Any) -> None:
         from sakura.wire.client import TemplateClient
         from sakura.phone.limits import fetch_deadline_s
 
@@ -642,47 +760,46 @@ class FetchStage:
             finally:
                 kick.set()
 
-        async with TemplateClient(self.base_url, max_connections=self.max_inflight) as client:
-            # Open a second and third connection now, alongside the first request: a request
-            # issued ahead while another transfer runs needs a free connection, and a new one
-            # costs a handshake round trip (as a phone keeps its CDN connections warm). Handshakes
-            # only: warming with a request (it was the index) put its answer on the downlink ahead
-            # of the first shard, which the planner does not count (on the dilated LTE trace two
-            # 559-byte index answers stood for 2 x 10.7 MB of phone traffic and made shard 5 late).
-            async def warm_up() -> None:  # the coroutine is made when the task runs (none left un-awaited if cancelled first)
-                await _swallow(client.open_connections(self.warm_connections))
+        # Open a second and third connection now, alongside the first request: a request
+        # issued ahead while another transfer runs needs a free connection, and a new one
+        # costs a handshake round trip (as a phone keeps its CDN connections warm). Handshakes
+        # only: warming with a request (it was the index) put its answer on the downlink ahead
+        # of the first shard, which the planner does not count (on the dilated LTE trace two
+        # 559-byte index answers stood for 2 x 10.7 MB of phone traffic and made shard 5 late).
+        async def warm_up() -> None:  # the coroutine is made when the task runs (none left un-awaited if cancelled first)
+            await _swallow(client.open_connections(self.warm_connections))
 
-            warm = [asyncio.create_task(warm_up())]
-            try:
-                while not self._stop.is_set():
-                    with cond:
-                        reqs, wake = driver.next_requests(clock())
-                        cancel = driver.to_cancel()
-                        busy = bool(driver.inflight())
-                    for j in cancel:
-                        t = tasks.pop(j, None)
-                        if t is not None and not t.done():
-                            t.cancel()
-                    for j, route in reqs:
-                        old = tasks.pop(j, None)  # given back for a lower shard and sent again at once
-                        if old is not None and not old.done():
-                            old.cancel()
-                            with cond:
-                                self.meter.active_first.pop(j, None)
-                        tasks[j] = asyncio.create_task(fetch_one(client, j, route))
-                    kick.clear()
-                    timeout = 0.25 if wake is None else max(0.0, min(0.25, wake - clock()))
-                    if busy:  # ask again soon: the transfer under way refines when the link drains
-                        timeout = min(timeout, POLL_S)
-                    try:
-                        await asyncio.wait_for(kick.wait(), timeout)
-                    except asyncio.TimeoutError:
-                        pass
-            finally:  # also when the loop raised (a policy with no such rendition): no task outlives the client
-                # (a warm-up task left running re-opened the session after close: "Unclosed client session")
-                for t in list(tasks.values()) + warm:
-                    t.cancel()
-                await asyncio.gather(*tasks.values(), *warm, return_exceptions=True)
+        warm = [asyncio.create_task(warm_up())]
+        try:
+            while not self._stop.is_set():
+                with cond:
+                    reqs, wake = driver.next_requests(clock())
+                    cancel = driver.to_cancel()
+                    busy = bool(driver.inflight())
+                for j in cancel:
+                    t = tasks.pop(j, None)
+                    if t is not None and not t.done():
+                        t.cancel()
+                for j, route in reqs:
+                    old = tasks.pop(j, None)  # given back for a lower shard and sent again at once
+                    if old is not None and not old.done():
+                        old.cancel()
+                        with cond:
+                            self.meter.active_first.pop(j, None)
+                    tasks[j] = asyncio.create_task(fetch_one(client, j, route))
+                kick.clear()
+                timeout = 0.25 if wake is None else max(0.0, min(0.25, wake - clock()))
+                if busy:  # ask again soon: the transfer under way refines when the link drains
+                    timeout = min(timeout, POLL_S)
+                try:
+                    await asyncio.wait_for(kick.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+        finally:  # also when the loop raised (a policy with no such rendition): no task outlives the client
+            # (a warm-up task left running re-opened the session after close: "Unclosed client session")
+            for t in list(tasks.values()) + warm:
+                t.cancel()
+            await asyncio.gather(*tasks.values(), *warm, return_exceptions=True)
 
 
 async def _swallow(coro) -> None:

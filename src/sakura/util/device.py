@@ -38,18 +38,18 @@ def resolve_device(device: Any = "auto"):
     try:
         dev = device if isinstance(device, torch.device) else torch.device(str(device).strip().lower())
     except (RuntimeError, TypeError) as e:
-        raise DeviceError(f"--device {device!r}: not a device name (auto, cpu, cuda, cuda:N, mps)") from e
+        raise DeviceError(f"device {device!r}: not a device name (auto, cpu, cuda, cuda:N, mps)") from e
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise DeviceError(f"--device {device}: CUDA is not available on this machine")
+            raise DeviceError(f"device {str(device)!r}: CUDA is not available on this machine")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise DeviceError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+            raise DeviceError(f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     elif dev.type == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():
-            raise DeviceError(f"--device {device}: MPS is not available on this machine")
+            raise DeviceError(f"device {str(device)!r}: MPS is not available on this machine")
     elif dev.type != "cpu":
-        raise DeviceError(f"--device {device}: unsupported device type {dev.type!r} (auto, cpu, cuda, mps)")
+        raise DeviceError(f"device {str(device)!r}: unsupported device type {dev.type!r} (auto, cpu, cuda, mps)")
     return dev
 
 
@@ -60,11 +60,11 @@ def resolve_dtype(dtype: Any = "auto", device: Any = None):
 
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise DeviceError(f"--dtype {dtype}: expected float32, float16 or bfloat16")
+            raise DeviceError(f"dtype {str(dtype)!r}: expected float32, float16 or bfloat16")
         return dtype
     key = "auto" if dtype is None else str(dtype).strip().lower()
     if key not in DTYPE_NAMES:
-        raise DeviceError(f"--dtype {dtype!r}: expected auto, float32, float16 or bfloat16 (fp32, fp16, bf16)")
+        raise DeviceError(f"dtype {dtype!r}: expected auto, float32, float16 or bfloat16 (fp32, fp16, bf16)")
     if DTYPE_NAMES[key] is not None:
         return getattr(torch, DTYPE_NAMES[key])
     dev = resolve_device(device) if not isinstance(device, torch.device) else device

@@ -177,7 +177,7 @@ def test_rate_ladder_takes_one_targets_rates_and_says_which(tmp_path):
         "phone": {"jit_cpu": "x86-64-v2", "rows": [row("progressive#0", 0.2, 5e8), row("cachegen:level=3", 2.1, 6e8)]}}}))
     ladder = {"renditions": {"progressive#0": {"bits_per_value": 0.3, "image_mse": 1e-4, "decode_fp16_bytes_per_cpu_s": 1.0},
                              "cachegen:level=3": {"bits_per_value": 2.6, "image_mse": 2e-4}}}
-    host, phone = (rate_ladder(ladder, t, path=f, log=lambda s: None) for t in ("host", "phone"))
+    host, phone = (rate_ladder(ladder, t, path=f) for t in ("host", "phone"))
     assert [r["decode_fp16_bytes_per_cpu_s"] for r in host["renditions"].values()] == [9e8, 7e8]
     assert [r["decode_fp16_bytes_per_cpu_s"] for r in phone["renditions"].values()] == [5e8, 6e8]
     assert phone["decode_target"] == "phone" and "phone-class" in phone["decode_rates"] and "x86-64-v2" in phone["decode_rates"]

@@ -9,7 +9,7 @@ from sakura.bench.linkcheck import link_markdown, run_link_check
 
 
 def test_link_check_reports_the_capacity_lost_at_the_pacer(tmp_path):
-    res = run_link_check((10,), rtt_ms=10.0, shards=4, shard_ms=40.0, out_dir=tmp_path, log=lambda s: None)
+    res = run_link_check((10,), rtt_ms=10.0, shards=4, shard_ms=40.0, out_dir=tmp_path)
     row, = res["rows"]
     assert row["completed"]
     carried = row["shards"] * row["shard_bytes"]

@@ -15,7 +15,7 @@ def test_profile_jobs_give_the_same_runs(tmp_path):
     ladder = json.loads((Path(__file__).parents[3] / "docs/e2e/e2e_profile.json").read_text())["ladder"]
     kw = dict(workloads=["style3x1024-out512"], phones=["~3.6"], families=["mahimahi_cellular"],
               traces_per_family=2, rates_mbps=(50.0,), ladder=ladder, decode_workers=2,
-              sweep=False, log=lambda *_: None)
+              sweep=False)
     one = run_profile(tmp_path / "one", jobs=1, **kw)
     two = run_profile(tmp_path / "two", jobs=2, **kw)
     assert len(one["runs"]) == 3
@@ -31,11 +31,10 @@ def test_replay_jobs_and_families_give_the_same_runs(tmp_path):
 
     ladder = json.loads((Path(__file__).parents[3] / "docs/e2e/e2e_profile.json").read_text())["ladder"]
     run_profile(tmp_path, workloads=["style3x1024-out512"], phones=["~3.6"], families=["mahimahi_cellular"],
-                traces_per_family=2, rates_mbps=(50.0,), ladder=ladder, decode_workers=2, sweep=False,
-                log=lambda *_: None)
+                traces_per_family=2, rates_mbps=(50.0,), ladder=ladder, decode_workers=2, sweep=False)
     path = tmp_path / "e2e_profile.json"
-    one = replay_runs(path, losers_only=False, families=["mahimahi_cellular"], jobs=1, log=lambda *_: None)
-    two = replay_runs(path, losers_only=False, families=["mahimahi_cellular"], jobs=2, log=lambda *_: None)
+    one = replay_runs(path, losers_only=False, families=["mahimahi_cellular"], jobs=1)
+    two = replay_runs(path, losers_only=False, families=["mahimahi_cellular"], jobs=2)
     assert len(one) == 2 and {x["family"] for x in one} == {"mahimahi_cellular"}  # the constant link is left out
     assert one == two
     assert all(x["now"] == x["was"] and x["psnr_db"] == x["psnr_was_db"] for x in one)

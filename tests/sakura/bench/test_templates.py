@@ -25,7 +25,7 @@ def test_floor_bits_picks_the_cheapest_rendition_under_the_floor():
 @pytest.mark.skipif(traces_root() is None, reason="SAKURA_TRACES names no folder (unset, the bundled traces serve)")
 def test_one_template_profile_writes_its_table_and_plot(tmp_path):
     r = run_templates(tmp_path, templates=["texture-00"], workloads=["style3x1024-out512"], phones=["~11"],
-                      traces_per_family=1, rates_mbps=(100.0,), log=lambda *_: None)
+                      traces_per_family=1, rates_mbps=(100.0,))
     p = r["per_template"]["texture-00"]
     assert p["ladder"]["template"] == "texture-00" and p["runs"] == 2      # one 5G trace + one constant link
     f = p["floor"]

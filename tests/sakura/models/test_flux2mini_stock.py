@@ -5,7 +5,7 @@ with isolation the in-sequence edit equals the edit from the cached (photo-indep
 import torch
 
 from sakura.models.flux2mini import Flux2MiniDiT
-from sakura.models.klein import ForwardSlot
+from sakura.models.flux.klein import ForwardSlot
 from sakura.cloud.training.loop import Recipe, new_state, train_step
 
 def _captured(model: Flux2MiniDiT, template, photo, images):

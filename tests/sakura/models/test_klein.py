@@ -17,7 +17,7 @@ from diffusers.pipelines.flux2.pipeline_flux2_klein_kv import compute_empirical_
 from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
 
 from sakura.models import KVMode, LayerKV, TemplateKV, TemplateKVError
-from sakura.models.klein import KleinAdapter, KleinReference, latent_ids, measure_template_dependence, text_ids
+from sakura.models.flux.klein import KleinAdapter, KleinReference, latent_ids, measure_template_dependence, text_ids
 
 C, JD, GRID = 8, 12, 4
 
@@ -168,7 +168,7 @@ def test_bad_inputs(tiny):
 
 
 def test_template_layers_is_lazy_and_bit_identical_to_the_extract_forward(tiny):
-    from sakura.models.klein import ForwardSlot
+    from sakura.models.flux.klein import ForwardSlot
 
     adapter = KleinAdapter(copy.deepcopy(tiny))
     template = ref(1, slot=0)

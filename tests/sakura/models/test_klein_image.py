@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sakura.models import KVMode, load_model
-from sakura.models.klein_image import KleinConfig, KleinImageModel, parse_klein_name
+from sakura.models.flux.klein_image import KleinConfig, KleinImageModel, parse_klein_name
 
 S = 16
 
@@ -58,7 +58,7 @@ def test_bad_inputs(model):
 
 def test_phone_workloads_take_their_shapes_from_the_klein_config():
     from sakura.bench.workloads import get_workload
-    from sakura.models.klein_config import KLEIN_4B, KLEIN_9B
+    from sakura.models.flux.klein_config import KLEIN_4B, KLEIN_9B
 
     w4, w9 = get_workload("klein4b-512"), get_workload("klein9b-1024")
     assert (w4.layers, w4.hidden, w4.text_tokens) == (KLEIN_4B.depth, KLEIN_4B.hidden, KLEIN_4B.text_tokens)

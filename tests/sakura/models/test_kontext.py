@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sakura.models import ImageTemplateEditModel, KVMode, TemplateKVError, available_models, load_model
-from sakura.models.kontext import (KontextConfig, KontextImageModel, KVSlot, image_ids, kontext_forward,
+from sakura.models.flux.kontext import (KontextConfig, KontextImageModel, KVSlot, image_ids, kontext_forward,
                                    parse_kontext_arg)
 from sakura.models.kv import KVSourceDefaults, LayerKV, TemplateKV
 

@@ -83,3 +83,81 @@ def test_the_example_plugin_builds_serves_and_streams_bit_exact(plugin, tmp_path
     assert res.path == "streamed" and res.choices() == ["lossless"] * model.num_layers
     want = model.edit(photo, template_kv=model.extract_template_kv(images, "warm").to(torch.float16), steps=2).image
     assert torch.equal(res.image, want)
+
+
+def _page_block(lang: str, must_contain: str) -> str:
+    text = (EXAMPLE.parents[1] / "your-own-model.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split(f"```{lang}\n")[1:]]
+    (block,) = [b for b in blocks if must_contain in b]
+    return block
+
+
+@pytest.mark.integration
+def test_a_plugin_package_built_from_the_page_installs_and_runs_in_bfloat16(tmp_path):
+    """docs/your-own-model.md as a user follows it: the package layout and pyproject.toml the page
+    gives, with docs/examples/own_model_plugin.py as its module, pip-installed into a venv of its
+    own; then `sakura build`, `serve` and `edit` with its model name, --device cpu --dtype bfloat16,
+    found through the entry point alone (nothing registered in-process)."""
+    import os
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    from PIL import Image
+
+    pkg = tmp_path / "my-sakura-plugin"
+    (pkg / "my_sakura_plugin").mkdir(parents=True)
+    (pkg / "pyproject.toml").write_text(_page_block("toml", 'name = "my-sakura-plugin"'))
+    (pkg / "my_sakura_plugin" / "__init__.py").write_text(EXAMPLE.read_text())
+    venv, site = tmp_path / "venv", None
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    deps = [p for p in sys.path if p.endswith("site-packages")]
+    (site / "deps.pth").write_text("\n".join(deps) + "\n")  # this venv's dependencies (sakura-kv[flux] among them)
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                        "--target", str(site), str(pkg)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert list(site.glob("my_sakura_plugin-*.dist-info")), "the plugin's metadata (its entry point) is installed"
+
+    folder = tmp_path / "transformer"
+    subprocess.run([str(venv / "bin" / "python"), "-c", "import sys, my_sakura_plugin as p; "
+                    "p.write_tiny_transformer(sys.argv[1])", str(folder)], check=True, timeout=300,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    Image.fromarray((torch.arange(S * S * 3).reshape(S, S, 3) * 7 % 256).to(torch.uint8).numpy()).save(tmp_path / "t.png")
+    Image.new("RGB", (40, 30), (30, 140, 200)).save(tmp_path / "photo.png")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[3] / "src")}
+    sakura = [str(venv / "bin" / "python"), "-m", "sakura"]
+    spec = f"pixel-flux:{folder}@{S}"
+    on_cpu_bf16 = ["--device", "cpu", "--dtype", "bfloat16"]
+    r = subprocess.run([*sakura, "build", str(tmp_path / "store"), "--model", spec, "--template", f"stripes={tmp_path / 't.png'}",
+                        "--prompt", "warm", "--calibration", "1", "--steps", "2", "--quiet", *on_cpu_bf16],
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([*sakura, "serve", str(tmp_path / "store"), "--port", str(port), "--quiet"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):  # bounded: 30 s
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1)
+                break
+            except OSError as e:
+                if getattr(e, "code", None):
+                    break
+                time.sleep(0.1)
+        r = subprocess.run([*sakura, "edit", str(tmp_path / "photo.png"), "--server", f"http://127.0.0.1:{port}",
+                            "--template", "stripes", "--model", spec, "--steps", "2", "--out", str(tmp_path / "e.png"),
+                            "--gallery", str(tmp_path / "g"), "--prior-mbps", "1000", "--json", *on_cpu_bf16],
+                           capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    import json
+
+    rec = json.loads(r.stdout)
+    assert rec["layers_total"] == 2 and (tmp_path / "e.png").stat().st_size > 100

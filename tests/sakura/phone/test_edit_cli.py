@@ -22,7 +22,7 @@ def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("store")
     from sakura.bench.e2e import LIVE_LADDER
 
-    build_store(root, templates=["sticker-00"], ladder=LIVE_LADDER, calibration=1, steps=1, log=lambda s: None)
+    build_store(root, templates=["sticker-00"], ladder=LIVE_LADDER, calibration=1, steps=1)
     return root
 
 
@@ -62,7 +62,11 @@ def test_edit_command_rejects_bad_inputs(store, tmp_path):
         assert res.exit_code == 2 and "not a readable image" in res.output
         res = runner.invoke(app, ["edit", str(tmp_path / "missing.png"), "--server", url, "--template", "sticker-00"])
         assert res.exit_code == 2 and "no such photo" in res.output
-        res = runner.invoke(app, ["edit", str(bad), "--server", url, "--template", "sticker-00", "--policy", "fastest"])
+        good = tmp_path / "photo.png"   # (the photo is checked before the policy: a readable one here)
+        from PIL import Image
+
+        Image.new("RGB", (64, 64), (200, 120, 40)).save(good)
+        res = runner.invoke(app, ["edit", str(good), "--server", url, "--template", "sticker-00", "--policy", "fastest"])
         assert res.exit_code == 2 and "policy must be one of" in res.output
 
 
@@ -70,7 +74,7 @@ def test_live_bench_runs_every_method(store, tmp_path, need_trace):
     import inspect
 
     need_trace(inspect.signature(run_live).parameters["trace"].default)  # the bench's default (not bundled)
-    r = run_live(tmp_path, steps=1, store=store, log=lambda s: None)
+    r = run_live(tmp_path, steps=1, store=store)
     assert [row["method"] for row in r["rows"]] == list(METHODS)
     by = {row["method"]: row for row in r["rows"]}
     assert by["raw-stream"]["bytes"] >= r["fp16_kv_bytes"]  # lossless moves at least the fp16 KV
@@ -97,7 +101,7 @@ def test_profile_bench_smoke(tmp_path):
                                                         "image_mse": 1e-4 / i, "decode_fp16_bytes_per_cpu_s": 1e8}
                                 for i in (1, 2, 3)}}}
     r = run_profile(tmp_path, workloads=["klein4b-1024"], phones=["11"], families=["mahimahi_cellular"],
-                    traces_per_family=2, rates_mbps=(10, 1000), ladder=ladder, log=lambda s: None)
+                    traces_per_family=2, rates_mbps=(10, 1000), ladder=ladder)
     assert len(r["runs"]) == 4 and (tmp_path / "e2e_profile.md").is_file()
     for row in r["runs"]:
         # sakura can always fall back to computing locally: never much worse than on-device
@@ -128,14 +132,14 @@ def test_profile_bench_smoke(tmp_path):
     # the written profile replays: the same links, ladder and policy give every run's sakura latency again
     from sakura.bench.profile import replay_runs
 
-    again = replay_runs(tmp_path / "e2e_profile.json", losers_only=False, log=lambda s: None)
+    again = replay_runs(tmp_path / "e2e_profile.json", losers_only=False)
     assert len(again) == 4
     by_link = {row["link"]: row["sakura"]["latency_s"] for row in r["runs"]}
     for x in again:
         assert x["sakura_latency_s"] == pytest.approx(by_link[x["link"]], rel=1e-12) and x["now"] == pytest.approx(x["was"])
     # ... and with the CacheGen baselines re-simulated too (`--rerun-baselines`), every run's verdict again
     cg = {row["link"]: row["cachegen-L3"]["latency_s"] for row in r["runs"]}
-    for x in replay_runs(tmp_path / "e2e_profile.json", losers_only=False, baselines=True, log=lambda s: None):
+    for x in replay_runs(tmp_path / "e2e_profile.json", losers_only=False, baselines=True):
         assert x["now"] == pytest.approx(x["was"], rel=1e-12)
         assert x["cachegen_L3_latency_s"] == pytest.approx(cg[x["link"]], rel=1e-12)
 

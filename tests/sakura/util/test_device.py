@@ -33,7 +33,7 @@ def test_bad_device_is_one_line(device):
 
 
 def test_bad_dtype_is_one_line():
-    with pytest.raises(DeviceError, match="--dtype"):
+    with pytest.raises(DeviceError, match="dtype"):
         resolve_dtype("int8", "cpu")
     with pytest.raises(DeviceError):
         resolve_dtype(torch.int32)
@@ -75,3 +75,12 @@ def test_device_options_leave_auto_out_and_check_names():
     assert device_options("cpu", "bf16") == {"device": "cpu", "dtype": "bf16"}
     with pytest.raises(DeviceError):
         device_options("gpu", "auto")
+
+
+def test_errors_name_the_argument_not_a_cli_flag():
+    """The Python API raises these too: `sakura.build(device="tpu")` names `device`, not `--device`."""
+    for kwargs in ({"device": "tpu"}, {"dtype": "fp8"}):
+        with pytest.raises(DeviceError) as e:
+            resolve(**kwargs)
+        (arg,) = kwargs
+        assert str(e.value).startswith(f"{arg} ") and "--" not in str(e.value), str(e.value)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -47,14 +47,39 @@ class TemplateBuild:
     cpu_seconds: float = 0.0  # CPU time of the process that built it (all its threads)
     worker: str = ""
     error: str | None = None
+    #: whole edits of the calibration photos this template's build ran (a backward pass counts 2;
+    #: 0 when skipped)
+    calibration_edits: float = 0.0
+    #: "model" or "probes" (`build_store(allocation=)`); None when skipped or failed
+    allocation: str | None = None
+    #: the model allocation's measured checks of predicted figures: [{shard, rendition,
+    #: predicted_image_mse, measured_image_mse}]
+    figure_checks: list[dict] = field(default_factory=list)
+    #: the ladder search's measured trials: [{budget, predicted_psnr_db, measured_psnr_db}]
+    ladder_trials: list[dict] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.template
+
+    def to_json(self) -> dict[str, Any]:
+        d = {"id": self.template, **{k: v for k, v in asdict(self).items() if k != "template"}}
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
 
 
 @dataclass
 class BuildReport:
+    """What a build did: per template (`builds`) built / skipped / failed with its wall and CPU
+    seconds and calibration edits; `processes` and `threads` it used (template processes, image
+    probe threads per process; Ray: the cluster's CPUs as workers); `seconds` the whole build's wall."""
+
     executor: str
     workers: int
     seconds: float = 0.0   # wall time of the whole build, including skipped-template checks
     builds: list[TemplateBuild] = field(default_factory=list)
+    processes: int = 1
+    threads: int = 1
+    cpu_seconds: float = 0.0  # CPU time of the whole build (this process and its template processes)
 
     def by_status(self, status: str) -> list[str]:
         return [b.template for b in self.builds if b.status == status]
@@ -62,6 +87,13 @@ class BuildReport:
     @property
     def ok(self) -> bool:
         return not self.by_status("failed")
+
+    def to_json(self) -> dict[str, Any]:
+        """What `sakura build --json` prints: ``{"templates": [{"id": ..., "calibration_edits": ..., ...}], ...}``."""
+        return {"templates": [b.to_json() for b in self.builds], "executor": self.executor, "workers": self.workers,
+                "processes": self.processes, "threads": self.threads, "seconds": round(self.seconds, 4),
+                "cpu_seconds": round(self.cpu_seconds, 4), "ok": self.ok,
+                "calibration_edits": round(sum(b.calibration_edits for b in self.builds), 3)}
 
 
 def expected_rendition_bases(ladder: Sequence[str]) -> set[str]:
@@ -116,9 +148,13 @@ def _build_one(store: str, template: str, opts: dict[str, Any], model_fingerprin
                              time.perf_counter() - t0, time.process_time() - c0, worker=worker)
     from sakura.cloud.builder.pipeline import build_store
 
-    paths = build_store(store, templates=[template], log=lambda _s: None, **opts)
+    facts: dict[str, dict] = {}
+    paths = build_store(store, templates=[template], log=lambda _s: None, force=True, facts=facts, **opts)
+    f = facts.get(template, {})
     return TemplateBuild(template, "built", str(paths[0]), time.perf_counter() - t0, time.process_time() - c0,
-                         worker=worker)
+                         worker=worker, calibration_edits=f.get("calibration_edits", 0.0),
+                         allocation=f.get("allocation"), figure_checks=f.get("figure_checks", []),
+                         ladder_trials=f.get("ladder_trials", []))
 
 
 def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] | None = None,
@@ -126,7 +162,8 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
                     steps: int = 4, seed: int = 0, executor: str = "ray", address: str | None = None,
                     workers: int | None = None, force: bool = False, max_retries: int = 3, progress: bool = True,
                     log: Callable[[str], None] = print, device: str = "auto", dtype: str = "auto",
-                    probe_batch: int | None = None, allocation_photos: int | None = None) -> BuildReport:
+                    probe_batch: int | None = None, allocation_photos: int | None = None,
+                    allocation: str = "model") -> BuildReport:
     """Build one manifest per template on ``executor``, skipping templates already current.
 
     Args:
@@ -138,6 +175,7 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
             already initialised in this process, that cluster is used as is.
         workers: concurrent templates on a local cluster (each task takes one CPU).
         force: rebuild templates even if their manifest is current.
+        allocation: `build_store`'s ("model" or "probes").
         max_retries: Ray retries of a task whose worker died (a task that raises is not retried).
         progress: a tqdm bar over templates (stderr).
     Returns:
@@ -156,7 +194,7 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
     root = Path(store).resolve()
     root.mkdir(parents=True, exist_ok=True)
     opts = dict(model_name=model_name, ladder=ladder, calibration=calibration, steps=steps, seed=seed, device=device,
-                dtype=dtype, probe_batch=probe_batch, allocation_photos=allocation_photos)
+                dtype=dtype, probe_batch=probe_batch, allocation_photos=allocation_photos, allocation=allocation)
     if executor == "ray":
         opts["probe_workers"] = 1  # one CPU per Ray task: its probes run one at a time
     t_start = time.perf_counter()

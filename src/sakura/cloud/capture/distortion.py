@@ -40,14 +40,21 @@ class ShardDistortionProbe:
     photos: torch.Tensor
     steps: int = 4
     seed: int = 0
+    #: the all-lossless edit of `photos` when the caller has it (else made here: one edit)
+    reference_image: torch.Tensor | None = None
+    #: resume probes at the replaced layer (`first_step_prefix`: 1/steps of an edit up front, then
+    #: ~10 % off each probe); False for a probe that measures one or two layers only
+    use_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.photos.ndim != 4 or self.photos.shape[0] < 1:
             raise ValueError(f"photos must be (N, 3, H, W) with N >= 1, got {tuple(self.photos.shape)}")
-        self._ref_image = self._edit(list(self.reference.layers)).double()  # (N, 3, S, S)
+        given = self.reference_image
+        self._ref_image = (given if given is not None else self._edit(list(self.reference.layers))).double()
+        self.reference_image = self._ref_image  # (N, 3, S, S) float64, as `image_mse` compares against
         # a model that can resume an edit at the replaced layer (sakura-mini: `first_step_prefix`)
         # skips the first step's blocks below it: the same images, ~10 % less compute a probe
-        prefix = getattr(self.model, "first_step_prefix", None)
+        prefix = getattr(self.model, "first_step_prefix", None) if self.use_prefix else None
         self._prefix = prefix(self.photos, self.reference, steps=self.steps, seed=self.seed) if prefix else None
 
     def _edit(self, layers: list[LayerKV]) -> torch.Tensor:
@@ -55,10 +62,6 @@ class ShardDistortionProbe:
                         self.reference.layout)
         return self.model.edit(self.photos, template_kv=kv, steps=self.steps, seed=self.seed).image
 
-    @property
-    def reference_image(self) -> torch.Tensor:
-        """The all-lossless calibration edit (N, 3, S, S), float64."""
-        return self._ref_image
 
     def edit_replacing(self, layer: int, replacement: LayerKV) -> torch.Tensor:
         """The calibration edit (N, 3, S, S) with `layer` replaced, every other layer lossless."""

@@ -255,20 +255,21 @@ class CacheGenCodec(Codec):
         return w.to_bytes(bs.KIND_SHARD, h, FORMAT_VERSION, header_dict=True)
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-               pool: Executor | None = None) -> LayerKV:
-        return self.decode_with(data, ident, tables, "native", pool)
+               pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
+        return self.decode_with(data, ident, tables, "native", pool, parsed)
 
     def decode_with(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-                    engine: str = "native", pool: Executor | None = None) -> LayerKV:
+                    engine: str = "native", pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
         """`engine`: "native" (libsakura_decode, `native`, where it covers the object, else numba), "numba"
         (the numba kernels, releasing the GIL) or "reference" (plain Python rANS + numpy,
         what the native decoder is tested against bit for bit). `pool` (native only): threads that
-        share this one shard's rANS pieces (whole channels each); bit-equal to the serial decode."""
+        share this one shard's rANS pieces (whole channels each); bit-equal to the serial decode.
+        `parsed`: the object's header as the caller parsed it (`decode_any`), not parsed again."""
         if engine not in ("native", "numba", "reference"):
             raise ValueError(f"cachegen: unknown engine {engine!r}")
         use_native = engine == "native" and NV.available()
         engine = "native" if engine == "numba" else engine   # below, "native" is the numba kernels
-        obj, dtype, shape = self._open(data, ident, tables)
+        obj, dtype, shape = self._open(data, ident, tables, parsed=parsed)
         bs.require_version(obj, READ_VERSIONS, self.name)
         h = obj.header
         T, H, D = shape

@@ -47,8 +47,9 @@ class LosslessCodec(Codec):
                 w.add(name, a)
         return w.to_bytes(bs.KIND_SHARD, self._header(shard, ident, None))
 
-    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> LayerKV:
-        obj, dtype, shape = self._open(data, ident, None)
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
+               parsed: bs.Object | None = None) -> LayerKV:
+        obj, dtype, shape = self._open(data, ident, None, parsed=parsed)  # parsed: see `decode_any`
         iv, np_dt = _INT_VIEW[dtype]
         n = shape[0] * shape[1] * shape[2]
         out = []

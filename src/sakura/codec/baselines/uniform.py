@@ -52,8 +52,9 @@ class UniformCodec(Codec):
             w.add(f"{kv}_sym", Q.pack(Q.indices(u, bits), b))
         return w.to_bytes(bs.KIND_SHARD, self._header(shard, ident, None, scale_dtype=sdt.str))
 
-    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None) -> LayerKV:
-        obj, dtype, shape = self._open(data, ident, None)
+    def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
+               parsed: bs.Object | None = None) -> LayerKV:
+        obj, dtype, shape = self._open(data, ident, None, parsed=parsed)  # parsed: see `decode_any`
         p = obj.header["params"]
         try:
             b, kg, vg = int(p["bits"]), int(p["key_group"]), int(p["value_group"])

@@ -162,6 +162,40 @@ def _decoded_part(c: np.ndarray, step: float, n: int, mean: np.ndarray, scale: n
     return torch.from_numpy(y.astype(np.float32)).reshape(shape).to(dtype)
 
 
+class _TokenGridDCT:
+    """The coefficient transform of a part with token grid `n` (0: identity), as a callable over
+    (T, C) arrays; `cache_key` names it for a distortion model that caches rows transformed by it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.cache_key = ("dct", n)
+
+    def __call__(self, y: np.ndarray) -> np.ndarray:
+        return EQ.forward(y, self.n) if self.n else np.asarray(y, np.float64)
+
+
+def _part_maker(s: ShardKV, c: np.ndarray, step: float, n: int, mean: np.ndarray, scale: np.ndarray | None,
+                off: float = 0.5) -> Callable[[], torch.Tensor]:
+    """``make()`` -> the decoded part at `step` (the probe's input). Without token scales it also
+    has ``make.coefficient_error()`` -> (reconstruction - coefficients (T, C), transform): what a
+    distortion model with ``coefficient_mse`` predicts from without decoding (no inverse DCT: a
+    Klein-4B 1024^2 part is 12.6 M values)."""
+    def make() -> torch.Tensor:
+        return _decoded_part(c, step, n, mean, scale, s.shape, s.key.dtype, off)
+    if scale is None:
+        def coefficient_error() -> tuple[np.ndarray, _TokenGridDCT]:
+            a = np.abs(c)
+            q = np.floor(a / step)
+            rec = np.where(q > 0, np.copysign((q + off) * step, c), 0.0)
+            return rec - c, _TokenGridDCT(n)
+        make.coefficient_error = coefficient_error  # type: ignore[attr-defined]
+    return make
+
+
+#: a sensitivity model predicts from the coefficients' error (no inverse transform, no fp16 cast)
+COEFFICIENT_DOMAIN = True
+
+
 def _probe(s: ShardKV, kv: str, decoded: torch.Tensor) -> float:
     """The shard's `distortion` probe on one decoded part (image MSE, >= 0), checked: a probe that
     returns NaN, inf or a negative number is an error, not a point the allocator may pick."""
@@ -181,6 +215,10 @@ def _probe_many(items: Sequence[tuple[ShardKV, str, Callable[[], torch.Tensor]]]
     kv, make) -> Future`` (decoded and measured in its threads), else a batch
     (``many.batch``) at a time, several probes in one batched forward; else one by one. Same
     values either way."""
+    if COEFFICIENT_DOMAIN and items and all(hasattr(s.distortion, "coefficient_mse") and hasattr(make, "coefficient_error")
+                     for s, _kv, make in items):  # a sensitivity model: predicted in the coefficient domain
+        return [_checked(float(s.distortion.coefficient_mse(kv, *make.coefficient_error())), s, kv)
+                for s, kv, make in items]
     many = getattr(items[0][0].distortion, "many", None) if items else None
     if many is None or any(getattr(s.distortion, "many", None) is not many for s, _, _ in items):
         return [_probe(s, kv, make()) for s, kv, make in items]
@@ -210,8 +248,7 @@ def _image_steps(shards: Sequence[ShardKV], fine: dict, means: dict, step0: dict
         def make(part, i):
             s, _kv = by_part[part]
             mu, c, _band, _energy, sc = means[part]
-            return lambda: _decoded_part(c, fine[part][i][0], _grid(s.shape[0], transform), mu, sc, s.shape,
-                                         s.key.dtype)
+            return _part_maker(s, c, fine[part][i][0], _grid(s.shape[0], transform), mu, sc)
         got = _probe_many([(*by_part[part], make(part, i)) for part, i in todo])
         for (part, i), mse in zip(todo, got):
             measured[part][i] = mse
@@ -257,7 +294,7 @@ def _image_offsets(shards: Sequence[ShardKV], means: dict, step0: dict, planes: 
     def make(part, st, o):
         s = shard_of[part]
         mu, c, _band, _energy, sc = means[part]
-        return lambda: _decoded_part(c, st, _grid(s.shape[0], transform), mu, sc, s.shape, s.key.dtype, o)
+        return _part_maker(s, c, st, _grid(s.shape[0], transform), mu, sc, o)
 
     while True:
         todo = [(key, len(got)) for key, got in walks.items()
@@ -312,7 +349,7 @@ def _image_planes(shards: Sequence[ShardKV], means: dict, step0: dict, proxy: di
         s, _kv = by_part[part]
         mu, c, _band, _energy, sc = means[part]
         st = float(np.float32(step0[part] * 2.0 ** -k))
-        return lambda: _decoded_part(c, st, _grid(s.shape[0], transform), mu, sc, s.shape, s.key.dtype)
+        return _part_maker(s, c, st, _grid(s.shape[0], transform), mu, sc)
 
     for _round in range(IMAGE_WIDEN + 1):
         todo = [(part, k) for part in proxy for k in range(top[part] + 1) if k not in measured[part]]
@@ -414,6 +451,27 @@ def proxy_image_mse(shards: Sequence[ShardKV], budget: float, transform: str = "
     fine, sens, _means, total_values, _sdt = _step_grids(shards, transform, True, weighting, gamma)
     step0 = allocate_steps(fine, sens, budget * total_values)
     return float(sum(sens[part] * next(r for st, r, _b in fine[part] if st == step0[part]) for part in fine))
+
+
+def model_image_mse(shards: Sequence[ShardKV], budget: float, transform: str = "dct", weighting: str = "none",
+                    gamma: float = 1.0) -> float:
+    """The calibration edits' image MSE of a one-rung ladder at `budget` bits per value, predicted
+    by the shards' `distortion` (a sensitivity model, `sakura.cloud.capture.PredictedDistortion`:
+    no edit) at the plan the image allocation makes by the same model: the sum of the parts'
+    predictions (the image MSEs of different parts add up, docs/codec.md; the allocation minimises
+    that sum). Summing the parts' sketch projections before squaring would count their cross terms
+    too, but from one P-probe sketch of the whole template: relative spread sqrt(2/P) however many
+    parts, where the sum of the parts' own estimates averages theirs (docs/notes/build-41.md)."""
+    use_sens, _ = allocation_modes("image", shards)
+    plans = plan_parts(shards, [budget], transform, use_sens, weighting, gamma, use_image=True)
+    _fine, _sens, means, _tv, _sdt = _step_grids(shards, transform, use_sens, weighting, gamma)
+    shard_of = {(s.layer, kv): s for s in shards for kv in PARTS}
+    items = []
+    for part, plan in plans.items():
+        s = shard_of[part]
+        mu, c, _band, _energy, sc = means[part]
+        items.append((s, part[1], _part_maker(s, c, plan.step0, _grid(s.shape[0], transform), mu, sc, plan.offs()[0])))
+    return float(sum(_probe_many(items)))
 
 
 def _step_grids(shards: Sequence[ShardKV], transform: str, use_sensitivity: bool, weighting: str, gamma: float):
@@ -1141,7 +1199,7 @@ class ProgressiveState(LadderState):
             if err:
                 raise bs.CorruptError(f"refinement or sign bits {kv} too short")
         rd.done()
-        self.level, self.last_crc = l, zlib.crc32(piece)
+        self.level, self.last_crc = l, obj.whole_crc()
         return self
 
     def _refine_sparse(self, kv: str, counts: np.ndarray, sym: np.ndarray, nz: np.ndarray, sptr: np.ndarray, m: int,
@@ -1381,27 +1439,28 @@ def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: Cod
             bs.require_version(obj, READ_VERSIONS, codec.name)
             layer = obj.header.get("layer", 0)
             return NV.ProgState(codec, obj.header, obj.version, shape, tables,
-                                layer if isinstance(layer, int) else 0, pool, borrow).start(obj, zlib.crc32(piece))
+                                layer if isinstance(layer, int) else 0, pool, borrow).start(obj, obj.whole_crc())
         engine = "numba"
     st = ProgressiveState(codec=codec, ident=ident, tables=tables, dtype=dtype, shape=shape, header=obj.header,
                           engine=engine, pool=pool, borrow=borrow and engine != "reference")
-    st.start(obj, zlib.crc32(piece))
+    st.start(obj, obj.whole_crc())
     return st
 
 
 def decode_with(codec, data: bytes, ident: ShardId, tables: CodecTables | None, engine: str = "native",
-                pool: Executor | None = None) -> LayerKV:
+                pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
     """Decode every complete rung of `data` with `engine` ("reference": the plain decoder the native
     one is tested against; the bench's reference column). `pool` (native only): threads that share
     this one shard's rANS pieces, token rows and channel blocks; the output is the serial one bit
     for bit. One-shot: the native state's magnitudes live in the calling thread's scratch memory
-    (`kernels.scratch`; the result refers to none of it)."""
+    (`kernels.scratch`; the result refers to none of it). `parsed`: the base object as the caller
+    parsed it (`Codec._open`)."""
     mv = memoryview(data)
     spans = list(bs.split_objects(mv))
     if not spans or spans[-1][1] != len(mv):
         raise bs.TruncatedError("progressive ladder truncated")
     first = bytes(mv[spans[0][0]:spans[0][1]])
-    obj, dtype, shape = codec._open(first, ident, tables)
+    obj, dtype, shape = codec._open(first, ident, tables, parsed=parsed)
     if obj.header.get("prog") is None or obj.header.get("level") != 0:
         raise bs.CorruptError("not the base object of a progressive ladder")
     pieces = [bytes(mv[a:e]) for a, e in spans[1:]]
@@ -1463,9 +1522,10 @@ class ProgressiveCodec(Codec):
         return b"".join(self.encode_levels(shard, ident, tables))
 
     def decode(self, data: bytes, ident: ShardId, tables: CodecTables | None = None,
-               pool: Executor | None = None) -> LayerKV:
-        """`pool`: threads that share this one shard (see `decode_with`); bit-equal to the serial decode."""
-        return decode_with(self, data, ident, tables, "native", pool)
+               pool: Executor | None = None, parsed: bs.Object | None = None) -> LayerKV:
+        """`pool`: threads that share this one shard (see `decode_with`); bit-equal to the serial
+        decode. `parsed`: the base object's header as the caller parsed it (`decode_any`)."""
+        return decode_with(self, data, ident, tables, "native", pool, parsed)
 
     def start_state(self, piece: bytes, ident: ShardId, tables: CodecTables | None) -> ProgressiveState:
         obj, dtype, shape = self._open(piece, ident, tables, kind=bs.KIND_SHARD)

@@ -2,6 +2,7 @@
 
 from sakura.wire.client.client import (
     Chunk,
+    ClientThread,
     DeadlineExceeded,
     FetchError,
     FetchResult,
@@ -13,5 +14,5 @@ from sakura.wire.client.client import (
     WrongManifest,
 )
 
-__all__ = ["Chunk", "DeadlineExceeded", "FetchError", "FetchResult", "IntegrityError", "NotFound", "RedirectRefused",
+__all__ = ["Chunk", "ClientThread", "DeadlineExceeded", "FetchError", "FetchResult", "IntegrityError", "NotFound", "RedirectRefused",
            "RetryPolicy", "TemplateClient", "WrongManifest"]

@@ -156,7 +156,10 @@ class TemplateClient:
     size its manifest entry declares (the caller checks that against its own limits first).
 
     Use as ``async with TemplateClient(url) as c: ...``. Cancel a fetch by cancelling its task:
-    the connection is closed at once (not returned to the pool with an unread body).
+    the connection is closed at once (not returned to the pool with an unread body). One session
+    (one connection pool) serves any number of requests: `sharing` gives a client with other
+    timeouts and retries on the same session, and `ClientThread` keeps one open on its own event
+    loop for a synchronous caller's whole life (an `Editor`).
     """
 
     def __init__(self, base_url: str, *, connect_timeout: float = 5.0, read_timeout: float = 10.0,
@@ -175,6 +178,8 @@ class TemplateClient:
                                               sock_read=read_timeout)
         self._limit = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._owner: TemplateClient | None = None   # `sharing`: the client whose session this one uses
+        self.sessions_opened = 0                     # aiohttp sessions this client made (tests, logs)
         if not (min_rate_bps > 0 and max_deadline_s > 0):
             raise ValueError("min_rate_bps and max_deadline_s must be > 0")
         self.min_rate_bps, self.max_deadline_s = float(min_rate_bps), float(max_deadline_s)
@@ -205,8 +210,25 @@ class TemplateClient:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
+    def sharing(self, *, connect_timeout: float | None = None, read_timeout: float | None = None,
+                max_retries: int | None = None) -> "TemplateClient":
+        """A client on this one's session and connection pool with other timeouts and retries
+        (None: this one's): a gallery refresh that must fail fast and the shard fetches of an edit
+        share one pool of warm connections. Closing it leaves the session open (its owner closes it)."""
+        t = self._timeout
+        c = TemplateClient(self.base_url, connect_timeout=t.connect if connect_timeout is None else connect_timeout,
+                           read_timeout=t.sock_read if read_timeout is None else read_timeout,
+                           max_retries=self.retry.retries if max_retries is None else max_retries,
+                           chunk_bytes=self.chunk_bytes, max_connections=self._limit,
+                           min_rate_bps=self.min_rate_bps, max_deadline_s=self.max_deadline_s)
+        c._owner = self._owner or self
+        return c
+
     def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._owner is not None:
+            return self._owner._ensure_session()
         if self._session is None or self._session.closed:
+            self.sessions_opened += 1
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit_per_host=self._limit, ttl_dns_cache=300),
                 timeout=self._timeout,
@@ -218,6 +240,8 @@ class TemplateClient:
         return self._session
 
     async def close(self) -> None:
+        if self._owner is not None:
+            return  # the owner's session: closed by the owner
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -262,7 +286,7 @@ class TemplateClient:
         while True:
             try:
                 async with s.get(self._url(relpath), headers={"Accept": "application/json"},
-                                 allow_redirects=False) as r:
+                                 allow_redirects=False, timeout=self._timeout) as r:
                     self._check_redirect(r, what)
                     if r.status == 404:
                         raise NotFound(f"{what}: server has no {relpath}")
@@ -385,7 +409,7 @@ class TemplateClient:
                 if etag is not None and not etag.startswith("W/"):
                     headers["If-Range"] = etag
             try:
-                async with s.get(url, headers=headers, allow_redirects=False) as r:
+                async with s.get(url, headers=headers, allow_redirects=False, timeout=self._timeout) as r:
                     self._check_redirect(r, f"object {ref.sha256}")
                     if r.status == 404:
                         raise NotFound(f"object {ref.sha256}: server has none (404)")
@@ -440,3 +464,74 @@ class TemplateClient:
         if res.t_first_byte != res.t_first_byte:
             res.t_first_byte = res.t_done  # nothing needed fetching
         return res
+
+
+class ClientThread:
+    """One `TemplateClient` (one HTTP session, one pool of keep-alive connections) on its own
+    event loop in a daemon thread, for a synchronous caller that fetches over a long life: an
+    `Editor`'s gallery refreshes and every edit's manifest and shard fetches go through it, so
+    connections stay warm across edits and no edit opens a session or an event loop of its own.
+
+    ``run(fn)`` runs ``await fn(client)`` on the loop and returns its result in the caller's
+    thread; ``submit(coro)`` schedules a coroutine there (a `concurrent.futures.Future`);
+    ``close()`` closes the session and ends the thread (also at exit, if the owner never did).
+    ``client_options``: `TemplateClient`'s (``max_connections``, timeouts, retries).
+    """
+
+    def __init__(self, base_url: str, *, name: str = "sakura-client", **client_options: Any) -> None:
+        import contextlib
+        import threading
+        import weakref
+
+        from sakura.util.aiothread import running_in_thread
+
+        self.client = client = TemplateClient(base_url, **client_options)   # checks the URL before a thread starts
+
+        async def start() -> asyncio.AbstractEventLoop:   # (closes over the client, not self: see below)
+            client._ensure_session()   # made on the loop it is used on
+            return asyncio.get_running_loop()
+
+        async def stop(_loop: asyncio.AbstractEventLoop) -> None:
+            await client.close()
+
+        stack = contextlib.ExitStack()
+        self.loop: asyncio.AbstractEventLoop = stack.enter_context(running_in_thread(start, stop, name=name))
+        loop_thread: list[int] = []
+        self.loop.call_soon_threadsafe(lambda: loop_thread.append(threading.get_ident()))
+        # closed by `close`, when this object is collected, or at exit (nothing it runs refers to it)
+        self._closed = weakref.finalize(self, _close_from_outside, stack, loop_thread)
+
+    @property
+    def closed(self) -> bool:
+        return not self._closed.alive
+
+    def submit(self, coro: Any) -> "Any":
+        """Schedule ``coro`` on the client's loop -> a `concurrent.futures.Future` of its result."""
+        if self.closed:
+            coro.close()
+            raise RuntimeError("ClientThread is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, fn: Callable[[TemplateClient], Any], timeout_s: float | None = None) -> Any:
+        """``await fn(client)`` on the client's loop; its result (or exception) here."""
+        return self.submit(fn(self.client)).result(timeout_s)
+
+    def close(self) -> None:
+        self._closed()
+
+    def __enter__(self) -> "ClientThread":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _close_from_outside(stack: Any, loop_thread: list[int]) -> None:
+    """End a `ClientThread` (close its session, stop its loop, join its thread): from its own loop
+    thread (a collection that ran there) it cannot join itself, so another thread does it."""
+    import threading
+
+    if loop_thread and threading.get_ident() == loop_thread[0]:
+        threading.Thread(target=stack.close, name="sakura-client-close", daemon=True).start()
+    else:
+        stack.close()

@@ -31,6 +31,8 @@ from aiohttp import web, web_protocol, web_server
 from sakura.wire.server.ranges import RangeError, RangeNotSatisfiable, byte_range, if_none_match_hits, if_range_allows
 from sakura.wire.store.layout import INDEX_URL, MANIFEST_URL_RE, OBJECT_URL_RE
 from sakura.wire.store.store import open_in_store, store_format
+import socket
+from sakura.util.aiothread import running_in_thread
 
 log = logging.getLogger("sakura.wire.server")
 access_log = logging.getLogger("sakura.wire.server.access")
@@ -121,7 +123,7 @@ MAX_CONNECTIONS_CEILING = 16384
 
 def _nofile_soft() -> int:
     try:
-        import resource
+        import resource  # Unix only
 
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         return 65536 if soft == resource.RLIM_INFINITY else int(soft)
@@ -301,7 +303,6 @@ class _GuardedSite(web.BaseSite):
         return f"http://{self._host}:{self._port}"
 
     async def start(self) -> None:
-        import socket
 
         await super().start()
         sock = socket.create_server((self._host, self._port), family=socket.AF_INET6 if ":" in self._host
@@ -746,7 +747,6 @@ async def running_server(store_root: str | os.PathLike[str], **kw) -> AsyncItera
 def serve_in_thread(store_root: str | os.PathLike[str], **kw) -> Iterator[str]:
     """Run the server on its own event loop in a daemon thread; yields the base URL. For tests
     and tools whose own code is synchronous or runs on another loop."""
-    from sakura.util.aiothread import running_in_thread
 
     with running_in_thread(lambda: start_server(store_root, **kw), lambda started: started[0].cleanup(),
                            name="sakura-serve", exception_handler=_exception_handler) as (_, url):

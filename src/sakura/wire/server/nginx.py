@@ -28,6 +28,7 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlsplit
 
 
 #: The same client bounds in the origin's and the edge's http block.
@@ -113,7 +114,6 @@ def edge_config(origin_url: str, *, port: int, prefix: str | os.PathLike[str], h
             (``proxy_cache_lock_timeout`` / ``_age``); past it nginx goes to the origin uncached.
         workers: nginx worker processes (``auto`` on a real edge: pass ``0``).
     """
-    from urllib.parse import urlsplit
 
     u = urlsplit(origin_url)
     if u.scheme != "http" or not u.hostname or not u.port or u.path not in ("", "/") or u.query:

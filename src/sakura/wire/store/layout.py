@@ -10,7 +10,7 @@ URL paths that map 1:1 onto files under the store root::
       objects/<sha256[:2]>/<sha256>               immutable, content-addressed (name = sha256 of bytes)
       .tmp/                                       temp files for atomic writes (never served)
       .lock                                       writer lock (never served)
-      .writers.lock                               held (shared) by live writers: stale .tmp/ detection
+      .tmp/.writers.lock                          held (shared) by live writers: stale .tmp/ detection
 
 Every name that enters a path is checked against a strict pattern first: no '/', '\\', '%',
 no leading '.', so a path built here can never leave the store root (the server and the client use
@@ -37,7 +37,7 @@ TMP_DIR = ".tmp"
 LOCK_FILE = ".lock"
 #: Held shared by every writer while it may have temp files in ``.tmp/``; whoever gets it
 #: exclusively knows no writer is alive, so every temp file is stale (left by a killed build).
-WRITERS_LOCK = ".writers.lock"
+WRITERS_LOCK = ".tmp/.writers.lock"
 
 #: URL paths the server answers, as anchored regexes over the *raw* (undecoded) request path.
 OBJECT_URL_RE = re.compile(r"/objects/([0-9a-f]{2})/([0-9a-f]{64})")

@@ -31,7 +31,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Iterator, Literal, Mapping, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from sakura.util.psnr import psnr_db
 from sakura.wire.store.layout import check_name, check_sha256, object_relpath
@@ -142,6 +142,8 @@ class RenditionJSON(_Schema):
 class QualityFloorJSON(_Schema):
     reference: Name
     image_mse: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+    #: true when image_mse is predicted by the build's sensitivity model (issue 41), not measured
+    predicted: StrictBool | None = None
 
 
 class ShardJSON(_Schema):
@@ -390,7 +392,8 @@ class Shard:
         return cls(index=j.index, layer=j.layer, tokens=(t0, t1), fp16_bytes=j.fp16_bytes,
                    renditions=tuple(Rendition._from_schema(r, f"{where}.renditions[{i}]")
                                     for i, r in enumerate(j.renditions)),
-                   quality_floor=({"reference": floor.reference, "image_mse": float(floor.image_mse)}
+                   quality_floor=({"reference": floor.reference, "image_mse": float(floor.image_mse),
+                                   **({"predicted": True} if floor.predicted else {})}
                                   if floor is not None else None))
 
 

@@ -60,9 +60,11 @@ class StoreError(RuntimeError):
     """The store on disk is unusable or inconsistent; the message names the file."""
 
 
-class NotAStore(StoreError):
+class NotAStore(StoreError, FileNotFoundError):
     """The path given as a store is not one: missing, a regular file, or a folder without the
-    store's marker (`STORE_MARKER`). The message is one line naming the path."""
+    store's marker (`STORE_MARKER`). The message is one line naming the path. A `FileNotFoundError`
+    too, as `open_store` raised for a missing folder before the marker existed (callers' handlers
+    keep working)."""
 
 
 class ObjectMissing(StoreError, StoreNotFound):
@@ -283,19 +285,27 @@ def stale_temp_files(root: Path) -> list[str] | None:
         return []
     fd = _writers_lock_fd(root, create=False)
     if fd is None:  # no writer ever held it here (or the folder is read-only): nothing can be live
-        return sorted(f"{TMP_DIR}/{p.name}" for p in tdir.iterdir())
+        return _temp_names(root)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None
-        return sorted(f"{TMP_DIR}/{p.name}" for p in tdir.iterdir())
+        return _temp_names(root)
     finally:
         os.close(fd)
 
 
+def _temp_names(root: Path) -> list[str]:
+    """``.tmp/...`` entries but the writers' lock itself, sorted."""
+    lock = Path(WRITERS_LOCK).name
+    return sorted(f"{TMP_DIR}/{p.name}" for p in (root / TMP_DIR).iterdir() if p.name != lock)
+
+
 def _writers_lock_fd(root: Path, *, create: bool) -> int | None:
     try:
+        if create:
+            (root / TMP_DIR).mkdir(exist_ok=True)
         return os.open(root / WRITERS_LOCK, (os.O_RDWR | os.O_CREAT if create else os.O_RDONLY)
                        | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
     except OSError:
@@ -334,12 +344,10 @@ def begin_writing(root: Path) -> int:
         except BlockingIOError:
             pass  # another writer is alive: its temp files are in use; the next one to start alone cleans
         else:
-            tdir = root / TMP_DIR
-            if tdir.is_dir():
-                removed = _remove_temps(root, [f"{TMP_DIR}/{p.name}" for p in tdir.iterdir()])
-                if removed:
-                    log.info("removed %d temp file(s) left by an interrupted build: %s", len(removed),
-                             ", ".join(removed[:3]))
+            removed = _remove_temps(root, _temp_names(root))
+            if removed:
+                log.info("removed %d temp file(s) left by an interrupted build: %s", len(removed),
+                         ", ".join(removed[:3]))
         # from exclusive (or nothing) to shared: other writers may start, and none cleans .tmp/
         # while this one holds it (the marker's own temp file included)
         fcntl.flock(fd, fcntl.LOCK_SH)
@@ -916,6 +924,8 @@ class Store:
             tmp = self.root / TMP_DIR
             if tmp.is_dir():
                 for p in tmp.iterdir():
+                    if p.name == Path(WRITERS_LOCK).name:
+                        continue
                     if f"{TMP_DIR}/{p.name}" not in removed and now - p.stat().st_mtime >= min_age_s:
                         removed.append(f"{TMP_DIR}/{p.name}")
                         if not dry_run:

@@ -77,8 +77,10 @@ def test_build_writes_a_valid_store_that_decodes(built):
 
 
 def test_rebuild_is_idempotent(built):
+    """A forced rebuild (an unchanged template is otherwise skipped: test_build_report.py) makes
+    the same bytes: nothing is rewritten."""
     before = _snapshot(built)
-    build_store(built, templates=["look-00"], ladder=LADDER, calibration=1, steps=1, log=lambda s: None)
+    build_store(built, templates=["look-00"], ladder=LADDER, calibration=1, steps=1, log=lambda s: None, force=True)
     assert _snapshot(built) == before
 
 

@@ -6,7 +6,7 @@ import hashlib
 import pytest
 import torch
 
-from sakura.cloud.builder.pipeline import STAGES, build_store
+from sakura.cloud.builder.pipeline import MODEL_STAGES, STAGES, build_store
 from sakura.cloud.capture import ShardDistortionProbe
 from sakura.models.kv import LayerKV
 
@@ -59,12 +59,12 @@ def _store_digest(root):
 def test_batched_probes_build_the_same_ladder_and_report_stages(tmp_path, capsys):
     prof = {}
     build_store(tmp_path / "a", templates=["look-00"], calibration=1, steps=1, log=lambda s: None, device="cpu",
-                probe_batch=1, profile=prof, progress=True)
+                probe_batch=1, profile=prof, progress=True, allocation="probes")
     err = capsys.readouterr().err
     assert "loading sakura-mini" in err and "look-00: ladder search" in err  # the bar names template and stage
     assert set(STAGES) <= set(prof["look-00"]) and all(v >= 0 for v in prof["look-00"].values())
     build_store(tmp_path / "b", templates=["look-00"], calibration=1, steps=1, log=lambda s: None, device="cpu",
-                probe_batch=8)
+                probe_batch=8, allocation="probes")
     from sakura.wire.store.manifest import manifest_tree  # version 2 manifests are compressed JSON
 
     ma = manifest_tree(next((tmp_path / "a" / "manifests").rglob("look-00.json")).read_bytes())
@@ -92,7 +92,7 @@ def test_probes_in_threads_give_the_same_values_in_order(tiny_mini):
 
 
 def test_probe_threads_leave_the_store_unchanged(tmp_path):
-    kw = dict(templates=["look-00"], calibration=1, steps=1, log=lambda s: None, device="cpu")
+    kw = dict(templates=["look-00"], calibration=1, steps=1, log=lambda s: None, device="cpu", allocation="probes")
     build_store(tmp_path / "a", probe_workers=1, **kw)
     build_store(tmp_path / "b", probe_workers=2, **kw)
     assert _store_digest(tmp_path / "a") == _store_digest(tmp_path / "b")
@@ -217,7 +217,7 @@ def test_template_processes_build_the_same_store_and_report_their_stages(tmp_pat
     err = capsys.readouterr().err
     # the parent's bar names a template and stage (refreshed at most twice a second) and ends full
     assert any(f"{t}: {st}" in err for t in ("look-00", "sticker-00") for st in STAGES) and "20/20 stages" in err
-    assert set(prof) == {"look-00", "sticker-00"} and all(set(STAGES) <= set(p) for p in prof.values())
+    assert set(prof) == {"look-00", "sticker-00"} and all(set(MODEL_STAGES) <= set(p) for p in prof.values())
     assert sum(line.startswith(("look-00:", "sticker-00:")) for line in lines) == 2  # each summary line, once
     build_store(tmp_path / "b", template_workers=1, log=lambda s: None, **kw)
     assert _store_digest(tmp_path / "a") == _store_digest(tmp_path / "b")

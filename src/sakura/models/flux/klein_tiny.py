@@ -2,7 +2,7 @@
 `save_pretrained`: what a user's download looks like on disk, small enough for tests and for
 trying `sakura build --model klein:/folder@16` without a real checkpoint.
 
-    python -m sakura.models.klein_tiny /tmp/tiny-klein
+    python -m sakura.models.flux.klein_tiny /tmp/tiny-klein
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FLUX.2 Klein at the image level: the same API as sakura-mini and flux2-mini, pixels in, pixels out.
 
-`KleinAdapter` (sakura.models.klein) works on packed latents and prompt embeddings. This wrapper
+`KleinAdapter` (sakura.models.flux.klein) works on packed latents and prompt embeddings. This wrapper
 adds the pipeline's VAE and text encoder around it so that the store, the streaming runtime and
 `sakura edit` drive Klein exactly as they drive the bundled models (`ImageTemplateEditModel`'s
 image-level calls: `extract_template_kv(image, instruction)`, `template_layers`, `edit(photos,
@@ -30,10 +30,11 @@ from typing import Any, Iterator
 
 import torch
 
-from .klein import REF_SLOT_SCALE, KleinAdapter, KleinReference
+from ..adapter import ReadOnceSource
+from .klein import REF_SLOT_SCALE, KleinAdapter, KleinReference, latent_ids
 from .klein_config import DEFAULT_IMAGE_SIZE, KLEIN_4B, KLEIN_9B, KleinConfig  # noqa: F401  (re-exported)
-from .base import EditOutput, KVMode, check_images, check_steps, resolve_kv_mode
-from .kv import KVSourceDefaults, LayerKV, TemplateKV, TemplateKVSource, fingerprint_tensors
+from ..base import EditOutput, KVMode, check_images, check_prompt, check_steps, resolve_kv_mode
+from ..kv import LayerKV, TemplateKV, TemplateKVSource, fingerprint_tensors
 
 #: diffusers' Flux2 VAE downsamples 8x (2 ** (len(block_out_channels) - 1) in general) and the
 #: pipeline 2x2-patchifies the latents: one token per (vae factor * 2) pixels per side.
@@ -114,11 +115,7 @@ class KleinImageModel:
 
     @staticmethod
     def _check_prompt(instruction: Any) -> str:
-        if instruction is None or (isinstance(instruction, int) and not isinstance(instruction, bool) and instruction == 0):
-            return ""  # the bundled models' "no instruction" (0), e.g. from a device profile run
-        if not isinstance(instruction, str):
-            raise ValueError(f"a Klein template's instruction is its prompt text, got {instruction!r}")
-        return instruction
+        return check_prompt(instruction, "Klein")
 
     def template_fingerprint(self, template: torch.Tensor, instruction: Any = "") -> str:
         """Pixels of the reference image(s), the prompt, the resolution and the VAE."""
@@ -184,7 +181,13 @@ class KleinImageModel:
         if mode is KVMode.INJECTED:
             self.check_template_kv(template_kv)
             prompt = self._check_prompt(template_kv.instruction if instruction is None else instruction)
-            template_kv = _ReadOnce(template_kv, self.cfg.grid)
+            grid = self.cfg.grid  # a source without positions: its layer-0 tokens give the reference count
+
+            def positions(first: LayerKV) -> torch.Tensor:
+                refs = max(1, first.num_tokens // (grid * grid))
+                return torch.cat([latent_ids(grid, grid, t=REF_SLOT_SCALE + REF_SLOT_SCALE * r) for r in range(refs)])
+
+            template_kv = ReadOnceSource(template_kv, positions)
             n_refs = int(template_kv.positions[:, 0].max()) // REF_SLOT_SCALE
         else:
             template = self._check_images(template, "template", self.max_template_images)
@@ -207,6 +210,22 @@ class KleinImageModel:
             images.append(self.adapter.decode(out.latents, (g, g)))
         return EditOutput(image=torch.cat(images), template_kv=captured, timings_s=timings)
 
+    def differentiable_edit(self, photo: torch.Tensor, **kwargs: Any) -> EditOutput:
+        """`edit` (same arguments, the same images) with autograd through the denoising and the VAE
+        decode: the build's sensitivity sketch back-propagates into the template KV (issue 41).
+        The adapter's `edit` / `decode` run undecorated for the call (their ``no_grad`` lifted)."""
+        import types
+
+        ad = self.adapter
+        lifted = {n: types.MethodType(getattr(type(ad), n).__wrapped__, ad) for n in ("edit", "decode")}
+        ad.__dict__.update(lifted)
+        try:
+            with torch.enable_grad():
+                return type(self).edit.__wrapped__(self, photo, **kwargs)
+        finally:
+            for n in lifted:
+                ad.__dict__.pop(n, None)
+
     def describe(self) -> dict[str, object]:
         d = self.adapter.describe()
         cfg = self.cfg
@@ -214,36 +233,3 @@ class KleinImageModel:
                 "template_kv_values": 2 * cfg.tokens_per_image * cfg.hidden * cfg.depth,
                 "template_kv_bytes_fp16": 4 * cfg.tokens_per_image * cfg.hidden * cfg.depth,
                 "config": asdict(cfg)}
-
-
-
-class _ReadOnce(KVSourceDefaults):
-    """A `TemplateKVSource` whose layers are each read from `source` once (a streamed source's
-    `layer(i)` is a one-shot request to the runtime), with RoPE `positions` so the adapter learns
-    the template's token count without reading a layer early. A source without positions (the
-    runtime's live source) has its layer 0 read first, which the forward pass needs first anyway;
-    its tokens give the number of reference images (each a grid x grid square)."""
-
-    def __init__(self, source: TemplateKVSource, grid: int):
-        from .klein import latent_ids
-
-        self._source = source
-        self._layers: dict[int, LayerKV] = {}
-        self.model_fingerprint = source.model_fingerprint
-        self.template_fingerprint = source.template_fingerprint
-        self.layout = source.layout
-        self.instruction = source.instruction
-        positions = source.positions
-        if positions is None:
-            refs = max(1, self.layer(0).num_tokens // (grid * grid))
-            positions = torch.cat([latent_ids(grid, grid, t=REF_SLOT_SCALE + REF_SLOT_SCALE * r) for r in range(refs)])
-        self.positions = positions
-
-    @property
-    def num_layers(self) -> int:
-        return self._source.num_layers
-
-    def layer(self, index: int) -> LayerKV:
-        if index not in self._layers:
-            self._layers[index] = self._source.layer(index)
-        return self._layers[index]

@@ -56,9 +56,11 @@ from diffusers.models.transformers.transformer_flux import FluxTransformer2DMode
 from diffusers.pipelines.flux.pipeline_flux_kontext import calculate_shift, retrieve_timesteps
 from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
 
-from .base import EditOutput, KVMode, check_images, check_source_fits, check_steps, resolve_kv_mode
-from .klein import LazyTemplateLayers, _attend, _attend_probed  # shared with Klein: lazy source reads, masked attention
-from .kv import KVSourceDefaults, LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
+from ..base import EditOutput, KVMode, check_images, check_prompt, check_source_fits, check_steps, resolve_kv_mode
+from .attention import _attend, _attend_probed, joint_qkv  # shared with Klein: masked attention, joint QKV
+from .config import FluxShape
+from ..adapter import LazyTemplateLayers, ReadOnceSource
+from ..kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
 
 DEFAULT_IMAGE_SIZE = 512
 PHOTO_SLOT_T = 1        # stock Kontext's T coordinate for the image it edits
@@ -72,39 +74,10 @@ AttentionProbe = Callable[[int, torch.Tensor], None]
 
 # -- shapes ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class KontextConfig:
-    """The shapes of a Kontext transformer run at one resolution (`ImageModelConfig`).
-
-    pixels_per_token: VAE factor x 2 (the pipeline's 2x2 latent packing); text_tokens: the padded
-    T5 prompt length.
-    """
-
-    double_layers: int
-    single_layers: int
-    heads: int
-    head_dim: int
-    in_channels: int
-    joint_attention_dim: int
-    image_size: int
-    pixels_per_token: int
-    text_tokens: int
-
-    # Alike in shape only to sakura.models.klein_config's derived sizes: each config derives its own
-    @property
-    def depth(self) -> int:
-        return self.double_layers + self.single_layers
-
-    @property
-    def hidden(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.pixels_per_token
-
-    @property
-    def tokens_per_image(self) -> int:
-        return self.grid * self.grid
+class KontextConfig(FluxShape):
+    """The shapes of a Kontext transformer run at one resolution (`ImageModelConfig`; fields and
+    derived sizes in `FluxShape`). pixels_per_token: VAE factor x 2 (the pipeline's 2x2 latent
+    packing); text_tokens: the padded T5 prompt length."""
 
 
 def image_ids(grid: int, t: int) -> torch.Tensor:
@@ -178,32 +151,29 @@ class KontextKVProcessor:
         mask = None if keep is None or bool(keep.all()) else keep.view(1, 1, 1, -1).to(q_t.device)
         return _attend(q_t, k_t, v_t, mask)
 
-    def double(self, attn, x, enc, t, rope, rope_t, slot: KVSlot):
-        """Double-stream attention. x: (B, Nm, D) normed main image stream or None; enc: (B, Nt, D)
-        normed text or None (both None or both given); t: (B, Nr, D) normed template stream or
-        None. rope: (cos, sin) over [text | main]; rope_t over the template.
-        -> (x_out, enc_out, t_out), each None where its input was."""
-        # Copied from diffusers.models.transformers.transformer_flux.FluxAttnProcessor.__call__
-        # (projections, QK-norm, RoPE, the output projections), split into main and template streams.
+    @staticmethod
+    def _template_qkv(attn, t, rope_t, slot: KVSlot):
+        """The template stream's query (None when it is not in the sequence) and the template K/V
+        of this layer with their keep mask: computed here and captured, or read from the source."""
         q_t = k_t = v_t = None
         if t is not None:
             q_t, k_t, v_t = _heads(attn, t, attn.to_q, attn.to_k, attn.to_v, attn.norm_q, attn.norm_k)
             q_t = apply_rotary_emb(q_t, rope_t, sequence_dim=1)
             k_t = apply_rotary_emb(k_t, rope_t, sequence_dim=1)
         k_t, v_t, keep = slot.template_kv(k_t, v_t)
+        return q_t, k_t, v_t, keep
+
+    def double(self, attn, x, enc, t, rope, rope_t, slot: KVSlot):
+        """Double-stream attention. x: (B, Nm, D) normed main image stream or None; enc: (B, Nt, D)
+        normed text or None (both None or both given); t: (B, Nr, D) normed template stream or
+        None. rope: (cos, sin) over [text | main]; rope_t over the template.
+        -> (x_out, enc_out, t_out), each None where its input was."""
+        # Adapted from diffusers.models.transformers.transformer_flux.FluxAttnProcessor.__call__
+        # (projections, QK-norm, RoPE, the output projections), split into main and template streams.
+        q_t, k_t, v_t, keep = self._template_qkv(attn, t, rope_t, slot)
         x_out = enc_out = t_out = None
         if x is not None:
-            # Copied from sakura.models.klein (diffusers' QKV with QK-norm and RoPE), text tokens first here
-            query, key, value, eq, ek, ev = _get_qkv_projections(attn, x, enc)
-            query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
-            key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
-            value = value.unflatten(-1, (-1, attn.head_dim))
-            eq = attn.norm_added_q(eq.unflatten(-1, (-1, attn.head_dim)))
-            ek = attn.norm_added_k(ek.unflatten(-1, (-1, attn.head_dim)))
-            ev = ev.unflatten(-1, (-1, attn.head_dim))
-            query, key, value = torch.cat([eq, query], 1), torch.cat([ek, key], 1), torch.cat([ev, value], 1)
-            query = apply_rotary_emb(query, rope, sequence_dim=1)
-            key = apply_rotary_emb(key, rope, sequence_dim=1)
+            query, key, value = joint_qkv(attn, x, enc, rope, _get_qkv_projections, apply_rotary_emb)  # shared with Klein
             out = self._main_with_template(query, key, value, slot, k_t, v_t, keep)
             out = out.flatten(2, 3).to(query.dtype)
             enc_out, x_out = out.split_with_sizes([enc.shape[1], out.shape[1] - enc.shape[1]], dim=1)
@@ -217,14 +187,9 @@ class KontextKVProcessor:
     def single(self, attn, x, t, rope, rope_t, slot: KVSlot):
         """Single-stream attention (no output projection: the block applies proj_out). x: (B, Nt+Nm, D)
         normed [text | main] or None; t: (B, Nr, D) normed template or None. -> (x_out, t_out)."""
-        # Copied from diffusers.models.transformers.transformer_flux.FluxAttnProcessor.__call__
+        # Adapted from diffusers.models.transformers.transformer_flux.FluxAttnProcessor.__call__
         # (the encoder_hidden_states=None path), split into main and template streams.
-        q_t = k_t = v_t = None
-        if t is not None:
-            q_t, k_t, v_t = _heads(attn, t, attn.to_q, attn.to_k, attn.to_v, attn.norm_q, attn.norm_k)
-            q_t = apply_rotary_emb(q_t, rope_t, sequence_dim=1)
-            k_t = apply_rotary_emb(k_t, rope_t, sequence_dim=1)
-        k_t, v_t, keep = slot.template_kv(k_t, v_t)
+        q_t, k_t, v_t, keep = self._template_qkv(attn, t, rope_t, slot)
         x_out = t_out = None
         if x is not None:
             query, key, value, _, _, _ = _get_qkv_projections(attn, x, None)
@@ -240,15 +205,17 @@ class KontextKVProcessor:
 
 
 # -- the block loop ---------------------------------------------------------------------------------
+def _fp16_clip(h: torch.Tensor) -> torch.Tensor:
+    """diffusers' guard after each Flux block: fp16 activations clipped to its finite range."""
+    return h.clip(-65504, 65504) if h.dtype == torch.float16 else h
+
+
 def _double_tail(h, attn_out, gate_msa, shift_mlp, scale_mlp, gate_mlp, norm2, ff):
-    # Copied from diffusers.models.transformers.transformer_flux.FluxTransformerBlock.forward (after attention)
+    # Adapted from diffusers.models.transformers.transformer_flux.FluxTransformerBlock.forward (after attention)
     h = h + gate_msa.unsqueeze(1) * attn_out
     n = norm2(h)
     n = n * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
-    h = h + gate_mlp.unsqueeze(1) * ff(n)
-    if h.dtype == torch.float16:
-        h = h.clip(-65504, 65504)
-    return h
+    return _fp16_clip(h + gate_mlp.unsqueeze(1) * ff(n))
 
 
 def _double_block(block, proc: KontextKVProcessor, x, enc, t, temb, temb_t, rope, rope_t, slot: KVSlot):
@@ -262,26 +229,19 @@ def _double_block(block, proc: KontextKVProcessor, x, enc, t, temb, temb_t, rope
     a_x, a_e, a_t = proc.double(block.attn, nx, ne, nt, rope, rope_t, slot)
     if x is not None:
         x = _double_tail(x, a_x, gate_msa, shift_mlp, scale_mlp, gate_mlp, block.norm2, block.ff)
-        # diffusers adds the context MLP without the fp16 clip before it (same order kept)
-        enc = enc + c_gate_msa.unsqueeze(1) * a_e
-        ne = block.norm2_context(enc)
-        ne = ne * (1 + c_scale_mlp[:, None]) + c_shift_mlp[:, None]
-        enc = enc + c_gate_mlp.unsqueeze(1) * block.ff_context(ne)
-        if enc.dtype == torch.float16:
-            enc = enc.clip(-65504, 65504)
+        # the context stream's tail is the same sequence of operations with its own norm and MLP
+        enc = _double_tail(enc, a_e, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp, block.norm2_context,
+                           block.ff_context)
     if t is not None:
         t = _double_tail(t, a_t, t_gate_msa, t_shift_mlp, t_scale_mlp, t_gate_mlp, block.norm2, block.ff)
     return x, enc, t
 
 
 def _single_stream(block, h, attn_out, norm_h, gate):
-    # Copied from diffusers.models.transformers.transformer_flux.FluxSingleTransformerBlock.forward
+    # Adapted from diffusers.models.transformers.transformer_flux.FluxSingleTransformerBlock.forward
     mlp = block.act_mlp(block.proj_mlp(norm_h))
     out = torch.cat([attn_out, mlp], dim=2)
-    out = h + gate.unsqueeze(1) * block.proj_out(out)
-    if out.dtype == torch.float16:
-        out = out.clip(-65504, 65504)
-    return out
+    return _fp16_clip(h + gate.unsqueeze(1) * block.proj_out(out))
 
 
 def _single_block(block, proc: KontextKVProcessor, x, enc, t, temb, temb_t, rope, rope_t, slot: KVSlot):
@@ -303,7 +263,7 @@ def _single_block(block, proc: KontextKVProcessor, x, enc, t, temb, temb_t, rope
 
 
 def _temb(tr: FluxTransformer2DModel, timestep: torch.Tensor, guidance: torch.Tensor | None, pooled: torch.Tensor):
-    # Copied from diffusers.models.transformers.transformer_flux.FluxTransformer2DModel.forward (timestep embedding)
+    # Adapted from diffusers.models.transformers.transformer_flux.FluxTransformer2DModel.forward (timestep embedding)
     timestep = timestep.to(pooled.dtype) * 1000
     if guidance is None:
         return tr.time_text_embed(timestep, pooled)
@@ -324,7 +284,7 @@ def kontext_blocks(tr: FluxTransformer2DModel, *, main: torch.Tensor | None, mai
     `slot.inject`, or there is no template). The main stream is modulated at `timestep`, the
     template stream at `ref_timestep`.
     """
-    # Copied from diffusers.models.transformers.transformer_flux.FluxTransformer2DModel.forward
+    # Adapted from diffusers.models.transformers.transformer_flux.FluxTransformer2DModel.forward
     # (embeddings, block loop, output head), with the template stream beside the main one.
     proc = proc or KontextKVProcessor()
     x = enc = t = rope = rope_t = temb = temb_t = None
@@ -424,6 +384,13 @@ class KontextImageModel:
         download or `write_tiny_kontext_folder`; never a hub)."""
         from diffusers import FluxKontextPipeline
 
+        from sakura.util.device import DeviceError, resolve
+
+        device, dtype = options.pop("device", "auto"), options.pop("dtype", "auto")
+        dev, dt = resolve(device, dtype)
+        if (device, dtype) != ("auto", "auto") and (dev.type, dt) != ("cpu", torch.float32):
+            # not yet device-aware (its prompt encoders and sampler run on the CPU): say so, never ignore it
+            raise DeviceError(f"kontext runs on the CPU in float32 only for now; got device={device!r}, dtype={dtype!r}")
         folder, size = parse_kontext_arg(arg)
         if not folder or not Path(folder).is_dir():
             raise FileNotFoundError(f"{folder or '(empty)'}: not a local folder with a FLUX.1 Kontext pipeline")
@@ -454,11 +421,7 @@ class KontextImageModel:
 
     @staticmethod
     def _check_prompt(instruction: Any) -> str:
-        if instruction is None or (isinstance(instruction, int) and not isinstance(instruction, bool) and instruction == 0):
-            return ""  # the bundled models' "no instruction" (0), e.g. from a device profile run
-        if not isinstance(instruction, str):
-            raise ValueError(f"a Kontext template's instruction is its prompt text, got {instruction!r}")
-        return instruction
+        return check_prompt(instruction, "Kontext")
 
     def _check_images(self, img: Any, name: str, max_n: int | None = None) -> torch.Tensor:
         return check_images(img, name, size=self.cfg.image_size, max_n=max_n)
@@ -572,7 +535,7 @@ class KontextImageModel:
         if mode is KVMode.INJECTED:
             self.check_template_kv(template_kv)
             prompt = self._check_prompt(template_kv.instruction if instruction is None else instruction)
-            source = _ReadOnce(template_kv)
+            source = ReadOnceSource(template_kv)
             pos = template_kv.positions
         else:
             template = self._check_images(template, "template", self.max_template_images)
@@ -649,28 +612,3 @@ class KontextImageModel:
                 "template_kv_values": 2 * cfg.tokens_per_image * cfg.hidden * cfg.depth,
                 "template_kv_bytes_fp16": 4 * cfg.tokens_per_image * cfg.hidden * cfg.depth,
                 "guidance": self.guidance, "ref_timestep": self.ref_timestep, "config": asdict(cfg)}
-
-
-class _ReadOnce(KVSourceDefaults):
-    """A `TemplateKVSource` whose layers are each read from `source` once: a streamed source's
-    `layer(i)` is a one-shot request to the runtime, and an edit of several photos reads every
-    layer once per photo."""
-
-    def __init__(self, source: TemplateKVSource):
-        self._source = source
-        self._layers: dict[int, LayerKV] = {}
-        self.model_fingerprint = source.model_fingerprint
-        self.template_fingerprint = source.template_fingerprint
-        self.layout = source.layout
-        self.instruction = source.instruction
-        self.positions = source.positions
-
-    # Alike in shape to klein_image's read-once source; this one does not guess positions
-    @property
-    def num_layers(self) -> int:
-        return self._source.num_layers
-
-    def layer(self, index: int) -> LayerKV:
-        if index not in self._layers:
-            self._layers[index] = self._source.layer(index)
-        return self._layers[index]

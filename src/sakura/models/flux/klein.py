@@ -26,14 +26,12 @@ they are stored in `TemplateKV.positions` and checked on injection.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from diffusers.models.transformers.transformer_flux2 import (
     Flux2Transformer2DModel,
     _blend_double_block_mods,
@@ -45,8 +43,10 @@ from diffusers.models.transformers.transformer_flux2 import (
 from diffusers.pipelines.flux2.pipeline_flux2_klein_kv import compute_empirical_mu, retrieve_timesteps
 from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
 
-from .base import KVMode, check_source_fits, check_steps, resolve_kv_mode
-from .kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
+from ..adapter import LazyTemplateLayers
+from ..base import KVMode, check_source_fits, check_steps, resolve_kv_mode
+from .attention import _attend, _attend_probed, _ref_mask, joint_qkv
+from ..kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
 
 REF_SLOT_SCALE = 10  # diffusers' _prepare_image_ids: reference i gets T coordinate 10 + 10*i
 
@@ -88,57 +88,6 @@ class KleinEditOutput:
     latents: torch.Tensor                       # (1, image_tokens, in_channels) final packed latents
     template_kv: TemplateKV | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
-
-
-class LazyTemplateLayers:
-    """A template's per-layer K/V pulled from a `TemplateKVSource` only when the forward pass
-    reaches that layer (the first `kv(i)` call), then kept for later denoising steps.
-
-    fetch(i) -> (key, value, keep): key/value (Tt, H, D) or (1, Tt, H, D), keep (Tt,) bool or None.
-    batch: the sequence batch size the K/V are expanded to. device / dtype: where and in what
-    precision the model computes; a layer arrives in the wire's dtype (fp16) and is cast on arrival.
-    """
-
-    def __init__(self, fetch, num_layers: int, batch: int = 1, *, device=None, dtype=torch.float32):
-        self._fetch = fetch
-        self._batch = batch
-        self._device, self._dtype = device, dtype
-        self._resident: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None] = [None] * num_layers
-
-    @classmethod
-    def from_source(cls, source: TemplateKVSource, *, tokens: int | None, heads: int, head_dim: int,
-                    batch: int = 1, tokens_from: str = "the model", device=None,
-                    dtype=torch.float32) -> "LazyTemplateLayers":
-        def fetch(i: int):
-            layer = source.layer(i)  # may block until a streamed shard has arrived
-            layer.check(f"template KV layer {i} (token count from {tokens_from})", tokens=tokens, heads=heads,
-                        head_dim=head_dim)
-            return layer.key, layer.value, layer.keep
-        return cls(fetch, source.num_layers, batch, device=device, dtype=dtype)
-
-    @classmethod
-    def from_pairs(cls, pairs, batch: int = 1, *, device=None, dtype=torch.float32) -> "LazyTemplateLayers":
-        """Already-resident (key, value) pairs (1, Tt, H, D), e.g. captured at an extract step."""
-        return cls(lambda i: (pairs[i][0], pairs[i][1], None), len(pairs), batch, device=device, dtype=dtype)
-
-    def _load(self, i: int):
-        if self._resident[i] is None:
-            k, v, keep = self._fetch(i)
-            k = (k if k.ndim == 4 else k[None]).to(self._device, self._dtype)
-            v = (v if v.ndim == 4 else v[None]).to(self._device, self._dtype)
-            keep = None if keep is None else keep.to(k.device)
-            self._resident[i] = (k.expand(self._batch, -1, -1, -1), v.expand(self._batch, -1, -1, -1), keep)
-        return self._resident[i]
-
-    def kv(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v, _ = self._load(i)
-        return k, v
-
-    def keep(self, i: int) -> torch.Tensor | None:
-        return self._load(i)[2]
-
-    def cache(self, num_double: int, num_single: int) -> "_LazyKVCache":
-        return _LazyKVCache(self, num_double, num_single)
 
 
 class _LazyCacheLayer:
@@ -189,33 +138,6 @@ class ForwardSlot:
 
     def keep_for(self, layer: int) -> torch.Tensor | None:
         return self.inject.keep(layer) if self.inject is not None else None
-
-
-def _ref_mask(keep: torch.Tensor | None, n_before: int, n_after: int, device) -> torch.Tensor | None:
-    """Bool key mask (1, 1, 1, S) over [n_before | template | n_after], or None when nothing is dropped."""
-    if keep is None or bool(keep.all()):
-        return None
-    ones = lambda n: torch.ones(n, dtype=torch.bool, device=device)  # noqa: E731
-    return torch.cat([ones(n_before), keep.to(device), ones(n_after)]).view(1, 1, 1, -1)
-
-
-def _attend(q, k, v, mask):
-    """Attention on (B, S, H, D) tensors; the same dispatch diffusers uses when there is no mask."""
-    if mask is None:
-        return dispatch_attention_fn(q, k, v)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
-    return out.transpose(1, 2)
-
-
-def _attend_probed(q, k, v, mask, t0: int, t1: int, report) -> torch.Tensor:
-    """Explicit softmax attention that hands the probabilities on keys [t0, t1) to `report`."""
-    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)       # (B, H, S, D)
-    logits = (qh @ kh.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf"))
-    p = logits.softmax(-1)
-    report(p[..., t0:t1])
-    return (p @ vh).transpose(1, 2)
 
 
 def _kv_attention(query, key, value, num_txt: int, num_ref: int, mode: str | None, cache_layer, slot: ForwardSlot | None):
@@ -288,7 +210,7 @@ def reference_layers(transformer: Flux2Transformer2DModel, hidden: torch.Tensor,
     bit-identical to the ones that forward captures (tested). Needs the Sakura processors installed.
     hidden: (B, num_ref + image tokens, in_channels) = [reference | image]; ids: matching RoPE ids.
     """
-    # Copied from diffusers.models.transformers.transformer_flux2.Flux2Transformer2DModel.forward
+    # Adapted from diffusers.models.transformers.transformer_flux2.Flux2Transformer2DModel.forward
     # (the embedding, modulation and block loop, split at each block); keep in sync with it.
     tr = transformer
     slot = ForwardSlot(num_template_tokens=num_ref)
@@ -326,16 +248,8 @@ class SakuraKleinAttnProcessor:
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
                  kv_cache=None, kv_cache_mode: str | None = None, num_ref_tokens: int = 0,
                  sakura: ForwardSlot | None = None):
-        query, key, value, eq, ek, ev = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-        query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
-        key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
-        value = value.unflatten(-1, (-1, attn.head_dim))
-        eq = attn.norm_added_q(eq.unflatten(-1, (-1, attn.head_dim)))
-        ek = attn.norm_added_k(ek.unflatten(-1, (-1, attn.head_dim)))
-        ev = ev.unflatten(-1, (-1, attn.head_dim))
-        query, key, value = torch.cat([eq, query], 1), torch.cat([ek, key], 1), torch.cat([ev, value], 1)
-        query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
-        key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        query, key, value = joint_qkv(attn, hidden_states, encoder_hidden_states, image_rotary_emb,
+                                      _get_qkv_projections, apply_rotary_emb)
         num_txt = encoder_hidden_states.shape[1]
         out = _kv_attention(query, key, value, num_txt, num_ref_tokens, kv_cache_mode, kv_cache, sakura)
         out = out.flatten(2, 3).to(query.dtype)

@@ -3,7 +3,7 @@ encoders with byte-level tokenizers, a 2x VAE, a 1 + 2 block Flux transformer) w
 `save_pretrained`: what a user's download looks like on disk, small enough for tests and for
 trying `sakura build --model kontext:/folder@16` without a real checkpoint.
 
-    python -m sakura.models.kontext_tiny /tmp/tiny-kontext
+    python -m sakura.models.flux.kontext_tiny /tmp/tiny-kontext
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Shapes of FLUX.2 Klein transformers (no torch, no diffusers): the one table the image-level
-Klein model (`sakura.models.klein_image`) and the phone-profile workloads (`sakura.bench.workloads`)
+Klein model (`sakura.models.flux.klein_image`) and the phone-profile workloads (`sakura.bench.workloads`)
 both read."""
 
 from __future__ import annotations
@@ -7,50 +7,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .config import FluxShape
+
 DEFAULT_IMAGE_SIZE = 512
 
 
 @dataclass(frozen=True)
-class KleinConfig:
+class KleinConfig(FluxShape):
     """The shapes of a Klein transformer run at one resolution (one source of truth: the image
-    model and the phone-profile workloads both read them from here).
+    model and the phone-profile workloads both read them from here; fields and derived sizes in
+    `FluxShape`, with Klein's defaults below).
 
     double_layers / single_layers: diffusers' num_layers / num_single_layers; heads x head_dim =
     the hidden width; pixels_per_token: VAE factor x 2 (patchify); text_tokens: the padded prompt.
     """
 
-    double_layers: int
-    single_layers: int
-    heads: int
-    head_dim: int
     in_channels: int = 128
     joint_attention_dim: int = 7680
     image_size: int = DEFAULT_IMAGE_SIZE
     pixels_per_token: int = 16
     text_tokens: int = 512
-
-    # Alike in shape only to sakura.models.base.PatchGridConfig's properties (grid, tokens_per_image):
-    # kept separate because this module imports no torch (the phone-profile workloads read it) and a
-    # Klein token spans pixels_per_token pixels (VAE factor x 2), a bundled model's one patch_size patch.
-    @property
-    def depth(self) -> int:
-        return self.double_layers + self.single_layers
-
-    @property
-    def hidden(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.pixels_per_token
-
-    @property
-    def tokens_per_image(self) -> int:
-        return self.grid * self.grid
-
-    def tokens_for(self, pixels: int) -> int:
-        """Tokens of a square image `pixels` per side."""
-        return (pixels // self.pixels_per_token) ** 2
 
     @classmethod
     def from_transformer(cls, config: Any, *, image_size: int, pixels_per_token: int,

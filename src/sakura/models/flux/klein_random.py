@@ -10,7 +10,7 @@ embedding stacks three hidden states and the layer count changes nothing downstr
     klein-9b   8 double + 24 single blocks, 32 heads x 128, text width 4096 (Qwen3-8B)
     tiny       2 double + 4 single blocks, 2 heads x 16, a 2-level VAE: the CPU test preset
 
-    python -m sakura.models.klein_random /tmp/klein-4b klein-4b
+    python -m sakura.models.flux.klein_random /tmp/klein-4b klein-4b
 """
 
 from __future__ import annotations

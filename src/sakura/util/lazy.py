@@ -1,0 +1,26 @@
+"""Names a package exports but imports on first use (PEP 562), so that importing the package (or
+one of its light submodules) loads no torch or diffusers: `sakura`, `sakura.models` and
+`sakura.models.flux` each define their public names this way."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+
+def lazy_names(package: str, where: dict[str, str], namespace: dict[str, Any]
+               ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """(``__getattr__``, ``__dir__``) for the module ``package`` whose globals are ``namespace``:
+    ``where`` maps a public name to the module that defines it (absolute, or relative to
+    ``package`` when it starts with "."); the first access imports it and caches it in ``namespace``."""
+    def __getattr__(name: str) -> Any:
+        if name in where:
+            value = getattr(importlib.import_module(where[name], package), name)
+            namespace[name] = value
+            return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(where))
+
+    return __getattr__, __dir__
