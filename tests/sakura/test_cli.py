@@ -136,3 +136,23 @@ def test_an_unreachable_server_is_one_human_line():
     assert res.returncode == 2
     assert res.stderr.strip() == (f"error: cannot list the templates of http://127.0.0.1:{port}: cannot connect to "
                                   f"127.0.0.1:{port} (Connection refused)"), res.stderr
+
+
+def test_a_sticker_drawn_on_white_is_warned_about(tmp_path):
+    """Issue 45: a yellow star on white built without a word, then every edit pasted the white
+    square over the photo. The build now says what the sticker task expects (and still builds)."""
+    from PIL import Image, ImageDraw
+
+    from sakura.cli.precheck import STICKER_KEY_RGB8, sticker_image_warnings
+    from sakura.cloud.tasks.edits import KEY
+
+    assert STICKER_KEY_RGB8 == tuple(round(255 * c) for c in KEY)
+    star = [(32, 4), (40, 26), (62, 26), (44, 40), (50, 62), (32, 48), (14, 62), (20, 40), (2, 26), (24, 26)]
+    for name, ground in (("white", "white"), ("green", STICKER_KEY_RGB8), ("clear", (0, 0, 0, 0))):
+        im = Image.new("RGBA", (64, 64), ground)
+        ImageDraw.Draw(im).polygon(star, fill="yellow")
+        im.save(tmp_path / f"{name}.png")
+    (line,) = sticker_image_warnings([f"star={tmp_path / 'white.png'}"], "sticker")
+    assert "key colour (pure green, #00ff00)" in line and "#ffffff" in line and "paste the whole image" in line
+    assert sticker_image_warnings([f"star={tmp_path / 'green.png'}", f"s2={tmp_path / 'clear.png'}"], "sticker") == []
+    assert sticker_image_warnings([f"star={tmp_path / 'white.png'}"], "look") == []

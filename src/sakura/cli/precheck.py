@@ -99,3 +99,38 @@ def extra(module: str, what: str) -> None:
         require(module, what)
     except MissingExtraError as e:
         raise UsageError(str(e)) from None
+
+
+#: the sticker task's key colour as 8-bit RGB (`sakura.cloud.tasks.edits.KEY`, pure green; a test
+#: checks they agree): where a sticker template is key (or transparent), the photo shows through
+STICKER_KEY_RGB8 = (0, 255, 0)
+
+
+def sticker_image_warnings(templates: list[str] | None, task: str | None) -> list[str]:
+    """What the sticker task expects of a template image, said when an image does not look like it:
+    the sticker drawn on the key colour (pure green) or on transparency. An image with (almost) no
+    key and no transparent pixels, e.g. a star drawn on white, builds, and then every edit pastes
+    the whole image over the photo. Returns warning lines (empty when nothing looks wrong)."""
+    if task != "sticker":
+        return []
+    import numpy as np
+    from PIL import Image
+
+    out = []
+    for t in templates or ():
+        if "=" not in t:
+            continue
+        ident, _, images = t.partition("=")
+        for image in filter(None, images.split(",")):
+            with Image.open(image) as im:
+                im.draft("RGB", (256, 256))
+                im.thumbnail((256, 256), Image.Resampling.NEAREST)  # enough pixels to judge, exact colours
+                px = np.asarray(im.convert("RGBA"))
+            see_through = (px[..., 3] < 255) | (px[..., :3] == STICKER_KEY_RGB8).all(-1)
+            if see_through.mean() < 0.01:
+                corner = "#{:02x}{:02x}{:02x}".format(*px[0, 0, :3])
+                out.append(f"--template {ident.strip()}: a sticker template is the sticker drawn on the key colour "
+                           f"(pure green, #00ff00) or on transparency, and the photo shows where the template is "
+                           f"key; {image} has {100 * see_through.mean():.1f} % key or transparent pixels (its corner "
+                           f"is {corner}), so every edit will paste the whole image over the photo")
+    return out

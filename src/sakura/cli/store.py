@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
-from sakura.wire.store.layout import STORE_MARKER
-from sakura.wire.store.store import Store, StoreError, store_format
+# sakura.wire.store (pydantic, the manifest schema) is imported inside each command: importing it here
+# cost every `sakura` invocation, `--help` and a bad argument included, ~0.2 CPU-s (issue 45)
 
 store_app = typer.Typer(help="Inspect a cache store: storage accounting and integrity.", no_args_is_help=True,
                         rich_markup_mode=None)
@@ -30,6 +30,8 @@ def stats_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Bytes per template: everything it costs (ladder, tables, template ref, manifest) vs one fp16 copy."""
+    from sakura.wire.store.store import Store, StoreError
+
     try:
         s = Store(store).stats()
     except StoreError as e:
@@ -43,14 +45,18 @@ def stats_cmd(
             t["whole_ratio_vs_fp16"] = ts.whole_ratio_vs_fp16
         typer.echo(json.dumps(d, indent=1))
         return
-    w = max([len("model/template")] + [len(t.model_fingerprint) + 1 + len(t.template_id) for t in s.templates])
-    typer.echo(f"{'model/template':{w}s} {'shards':>6s} {'rends':>6s} {'ladder':>11s} {'tables':>10s} "
-               f"{'template':>10s} {'manifest':>10s} {'whole':>11s} {'fp16 copy':>11s} {'whole/fp16':>10s}")
+    from sakura.util.text import fit_to_terminal as fit, terminal_columns
+
+    # on a terminal: the fingerprint's first 12 hex (rows were 166 columns wide), then cut to fit
+    fp = (lambda f: f[:12]) if terminal_columns() is not None else (lambda f: f)
+    w = max([len("model/template")] + [len(fp(t.model_fingerprint)) + 1 + len(t.template_id) for t in s.templates])
+    typer.echo(fit(f"{'model/template':{w}s} {'shards':>6s} {'rends':>6s} {'ladder':>11s} {'tables':>10s} "
+               f"{'template':>10s} {'manifest':>10s} {'whole':>11s} {'fp16 copy':>11s} {'whole/fp16':>10s}"))
     for t in s.templates:
-        typer.echo(f"{t.model_fingerprint + '/' + t.template_id:{w}s} {t.shards:6d} {t.renditions:6d} "
+        typer.echo(fit(f"{fp(t.model_fingerprint) + '/' + t.template_id:{w}s} {t.shards:6d} {t.renditions:6d} "
                    f"{_human(t.ladder_bytes):>11s} {_human(t.table_bytes):>10s} {_human(t.template_ref_bytes):>10s} "
                    f"{_human(t.manifest_bytes):>10s} {_human(t.whole_bytes):>11s} "
-                   f"{_human(t.fp16_bytes):>11s} {t.whole_ratio_vs_fp16:10.3f}")
+                   f"{_human(t.fp16_bytes):>11s} {t.whole_ratio_vs_fp16:10.3f}"))
     typer.echo("whole = ladder + tables + template reference + manifest (everything a template costs), "
                "each object once")
     typer.echo(f"objects on disk: {s.object_count} ({_human(s.object_bytes)}, each stored once); "
@@ -60,6 +66,9 @@ def stats_cmd(
 @store_app.command("verify")
 def verify_cmd(store: Path = typer.Argument(..., help="Store directory.")) -> None:
     """Re-hash every object and check every manifest; exit 1 if anything is wrong."""
+    from sakura.wire.store.layout import STORE_MARKER
+    from sakura.wire.store.store import Store, StoreError
+
     try:
         rep = Store(store).verify()
     except StoreError as e:
@@ -91,6 +100,8 @@ def gc_cmd(
     dry_run: bool = typer.Option(False, help="List what would be deleted."),
 ) -> None:
     """Delete unreferenced objects (e.g. from an interrupted build) older than --min-age-s."""
+    from sakura.wire.store.store import Store, StoreError
+
     try:
         removed = Store(store).gc(min_age_s=min_age_s, dry_run=dry_run)
     except StoreError as e:
@@ -134,6 +145,8 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, tr
 
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from sakura.wire.store.store import StoreError, store_format
+
     try:
         store_format(store)  # a folder that is not a store is refused before anything binds
     except StoreError as e:

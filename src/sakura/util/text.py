@@ -51,3 +51,22 @@ def connection_error_line(error: BaseException) -> str | None:
                          else f"cannot connect ({type(e).__name__})")
         e = e.__cause__ or e.__context__
     return None
+
+
+def fit_to_terminal(text: str, width: int | None = None) -> str:
+    """``text`` with every line longer than the terminal cut to fit, ending in "~" (tables whose
+    last column is a long URL or fingerprint stay one row per line). Only on a terminal: piped
+    output (a script reading it) is left whole. ``width`` overrides the terminal's columns."""
+    width = width if width is not None else terminal_columns()
+    if width is None:
+        return text
+    width = max(20, width)
+    return "\n".join(line if len(line) <= width else line[: width - 1] + "~" for line in text.splitlines())
+
+
+def terminal_columns() -> int | None:
+    """The terminal's width in columns when stdout is a terminal, else None (output is piped)."""
+    import shutil
+    import sys
+
+    return shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else None
