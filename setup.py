@@ -20,7 +20,7 @@ from setuptools.command.build_ext import build_ext
 COMMON = ["native/src/model.c", "native/src/rans.c", "native/src/prog.c", "native/src/cachegen.c",
           "native/src/dispatch.c"]
 # -ffp-contract=off: no fused multiply-adds, so every path rounds as numba's kernels do
-CFLAGS = ["-std=c11", "-O2", "-ffp-contract=off", "-fvisibility=hidden"]
+CFLAGS = ["-std=c11", "-O3", "-ffp-contract=off", "-fvisibility=hidden"]
 
 
 def kernel_paths(machine: str) -> list[tuple[str, list[str]]]:

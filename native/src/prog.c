@@ -227,13 +227,34 @@ out:
     return rc;
 }
 
-static const int8_t QVAL[81][4] = {
-#define Q4(s) {(int8_t)((s) % 3 - 1), (int8_t)((s) / 3 % 3 - 1), (int8_t)((s) / 9 % 3 - 1), (int8_t)((s) / 27 % 3 - 1)}
-#define Q9(s) Q4(s), Q4(s + 1), Q4(s + 2), Q4(s + 3), Q4(s + 4), Q4(s + 5), Q4(s + 6), Q4(s + 7), Q4(s + 8)
-    Q9(0), Q9(9), Q9(18), Q9(27), Q9(36), Q9(45), Q9(54), Q9(63), Q9(72)
-#undef Q9
-#undef Q4
-};
+
+#define QA(v) ((v) < 0 ? -(v) : (v))
+#define QD(s, i) ((s) / (i) % 3 - 1)
+#define M4(s) {QA(QD(s, 1)), QA(QD(s, 3)), QA(QD(s, 9)), QA(QD(s, 27))}
+#define N4(s) {QD(s, 1) < 0, QD(s, 3) < 0, QD(s, 9) < 0, QD(s, 27) < 0}
+#define Z4(s) ((QD(s, 1) == 0) + (QD(s, 3) == 0) + (QD(s, 9) == 0) + (QD(s, 27) == 0))
+#define R9(X, s) X(s), X(s + 1), X(s + 2), X(s + 3), X(s + 4), X(s + 5), X(s + 6), X(s + 7), X(s + 8)
+#define R81(X) R9(X, 0), R9(X, 9), R9(X, 18), R9(X, 27), R9(X, 36), R9(X, 45), R9(X, 54), R9(X, 63), R9(X, 72)
+/* per quad symbol (0..80; 81 = escape, handled apart): its four magnitudes, signs, zeros */
+static const int16_t QMAG16[82][4] = {R81(M4)};
+static const int32_t QMAG32[82][4] = {R81(M4)};
+static const uint8_t QNEG[82][4] = {R81(N4)};
+static const uint8_t QZERO[82] = {R81(Z4)};
+
+#define QMAG_T QMAG16
+#define MAGT int16_t
+#define SUFFIX _16
+#include "prog_mag.h"
+#undef QMAG_T
+#undef MAGT
+#undef SUFFIX
+#define QMAG_T QMAG32
+#define MAGT int32_t
+#define SUFFIX _32
+#include "prog_mag.h"
+#undef QMAG_T
+#undef MAGT
+#undef SUFFIX
 
 #define SETMAG(i, v) do { if (m32) ((int32_t *)mag)[i] = (int32_t)(v); else ((int16_t *)mag)[i] = (int16_t)(v); } while (0)
 #define GETMAG(i) (m32 ? ((int32_t *)mag)[i] : (int32_t)((int16_t *)mag)[i])
@@ -310,68 +331,16 @@ static int rung0_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_ta
         }
         if (ptr != nsym) { rc = SKN_E_COVER; goto out; }
         if ((rc = read_stream(s, rd, &me, lens, 0, nze, &ev, &nev))) goto out;
-        ptr = 0;
-        int64_t ei = 0;
-        for (int b = 0; b < nb; b++) {
-            const int64_t a = s->starts[b], e = s->starts[b + 1];
-            int64_t z = 0;
-            if (!nz[b]) {
-                for (int64_t j = a; j < e; j++) SETMAG(j, 0);
-                memset(neg + a, 0, (size_t)(e - a));
-                zeros[b] = e - a;
-                continue;
-            }
-            const int64_t nq = (e - a + 3) / 4;
-            for (int64_t k = 0; k < nq; k++) {
-                const uint16_t qs = sym[ptr + k];
-                const int64_t pos = a + 4 * k;
-                const int cnt = e - pos < 4 ? (int)(e - pos) : 4;
-                if (qs == QUAD_ESC) {
-                    if (ei + 4 > nev) { rc = SKN_E_COVER; goto out; }
-                    for (int q = 0; q < cnt; q++) {
-                        const int32_t v = (int32_t)ev[ei + q] - m0;
-                        SETMAG(pos + q, v < 0 ? -v : v);
-                        neg[pos + q] = v < 0;
-                        z += v == 0;
-                    }
-                    ei += 4;
-                } else {
-                    const int8_t *qv = QVAL[qs];
-                    for (int q = 0; q < cnt; q++) {
-                        SETMAG(pos + q, qv[q] < 0 ? -qv[q] : qv[q]);
-                        neg[pos + q] = qv[q] < 0;
-                        z += qv[q] == 0;
-                    }
-                }
-            }
-            zeros[b] = z;
-            ptr += nq;
-        }
-        if (ei != nev) { rc = SKN_E_COVER; goto out; }
+        rc = m32 ? expand_quads_32(s, sym, nsym, nz, ev, nev, m0, mag, neg, zeros)
+                 : expand_quads_16(s, sym, nsym, nz, ev, nev, m0, mag, neg, zeros);
+        if (rc) goto out;
+
     } else {
         for (int b = 0; b < nb; b++) lens[b] = s->starts[b + 1] - s->starts[b];
         if ((rc = read_stream(s, rd, &me, lens, 1, nz, &sym, &nsym))) goto out;
-        int64_t ptr = 0;
-        for (int b = 0; b < nb; b++) {
-            const int64_t a = s->starts[b], e = s->starts[b + 1];
-            if (!nz[b]) {
-                for (int64_t j = a; j < e; j++) SETMAG(j, 0);
-                memset(neg + a, 0, (size_t)(e - a));
-                zeros[b] = e - a;
-                continue;
-            }
-            if (ptr + (e - a) > nsym) { rc = SKN_E_COVER; goto out; }
-            int64_t z = 0;
-            for (int64_t j = a; j < e; j++) {
-                const int32_t v = (int32_t)sym[ptr + j - a] - m0;
-                SETMAG(j, v < 0 ? -v : v);
-                neg[j] = v < 0;
-                z += v == 0;
-            }
-            zeros[b] = z;
-            ptr += e - a;
-        }
-        if (ptr != nsym) { rc = SKN_E_COVER; goto out; }
+        rc = m32 ? expand_signed_32(s, sym, nsym, nz, m0, mag, neg, zeros)
+                 : expand_signed_16(s, sym, nsym, nz, m0, mag, neg, zeros);
+        if (rc) goto out;
     }
 out:
     free(lens);
@@ -427,6 +396,8 @@ static int refine_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_t
     int64_t *became = malloc((size_t)nb * sizeof *became);
     uint8_t *nz = malloc((size_t)nb);
     uint16_t *sym = NULL;
+    uint8_t *lowp = NULL, *sgp = NULL;
+    int32_t *pos = NULL;
     int64_t nsym = 0;
     if (!lens || !sptr || !became || !nz) { rc = SKN_E_NOMEM; goto out; }
     for (int b = 0; b < nb; b++) lens[b] = (counts[b] + g - 1) / g;
@@ -445,7 +416,13 @@ static int refine_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_t
         const int64_t ns = (counts[b] + g - 1) / g;
         if (ptr + ns > nsym) { rc = SKN_E_COVER; goto out; }
         int64_t c = 0;
-        for (int64_t k = 0; k < counts[b]; k++) c += ((sym[ptr + k / g] >> (m * (k % g))) & fmask) != 0;
+        const int64_t full = counts[b] / g;
+        for (int64_t t = 0; t < full; t++) {
+            const uint32_t v = sym[ptr + t];
+            if (!v) continue;
+            for (int f = 0; f < g; f++) c += ((v >> (m * f)) & fmask) != 0;
+        }
+        for (int64_t k = full * g; k < counts[b]; k++) c += ((sym[ptr + full] >> (m * (k - full * g))) & fmask) != 0;
         became[b] = c;
         nbec += c;
         ptr += ns;
@@ -457,29 +434,19 @@ static int refine_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_t
         rc = SKN_E_PAYLOAD;
         goto out;
     }
-    /* the merge, in flat order: significant ones take m low bits, the others their new index and,
-     * if it is nonzero, the next sign bit */
-    uint64_t li = 0, si = 0;
-    for (int b = 0; b < nb; b++) {
-        const int64_t a = s->starts[b], e = s->starts[b + 1];
-        const uint16_t *sb = sym + sptr[b];
-        const int flag = nz[b];
-        int64_t k = 0;
-        for (int64_t j = a; j < e; j++) {
-            const int32_t q = GETMAG(j);
-            if (q != 0) {
-                SETMAG(j, ((uint32_t)q << m) | low_bits(low, nlow, li * (uint64_t)m, m));
-                li++;
-            } else {
-                const uint32_t v = flag ? (sb[k / g] >> (m * (k % g))) & fmask : 0;
-                k++;
-                SETMAG(j, v);
-                if (v) { neg[j] = (sg[si >> 3] >> (7 - (si & 7))) & 1; si++; }
-                else neg[j] = 0;
-            }
-        }
-        if (k != counts[b]) { rc = SKN_E_COVER; goto out; }   /* counts disagree with the magnitudes */
-    }
+    /* the padded copies the kernel reads 3-byte windows of, and the band scratch */
+    int64_t maxband = 0;
+    for (int b = 0; b < nb; b++)
+        if (s->starts[b + 1] - s->starts[b] > maxband) maxband = s->starts[b + 1] - s->starts[b];
+    lowp = calloc(nlow + 4, 1);
+    sgp = calloc(nsg + 4, 1);
+    pos = malloc((size_t)(maxband ? maxband : 1) * sizeof *pos);
+    if (!lowp || !sgp || !pos) { rc = SKN_E_NOMEM; goto out; }
+    if (nlow) memcpy(lowp, low, nlow);
+    if (nsg) memcpy(sgp, sg, nsg);
+    rc = m32 ? refine_32(s, mag, neg, counts, nz, sym, sptr, m, g, lowp, sgp, pos)
+             : refine_16(s, mag, neg, counts, nz, sym, sptr, m, g, lowp, sgp, pos);
+    if (rc) goto out;
     for (int b = 0; b < nb; b++) counts[b] -= became[b];
 out:
     free(lens);
@@ -487,6 +454,9 @@ out:
     free(became);
     free(nz);
     free(sym);
+    free(lowp);
+    free(sgp);
+    free(pos);
     skn_model_free(&md);
     return rc;
 }

@@ -3,7 +3,9 @@
  *   skn_vectors [--path NAME] [--expect-path NAME] CASE...
  * prints the vector path that ran, one line per case, and exits 0 only if every case matched
  * (and, with --expect-path, the path that ran is NAME: a scalar fallback cannot pass for NEON). */
+#define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,6 +91,7 @@ static uint8_t *read_file(const char *path, size_t *n)
 int main(int argc, char **argv)
 {
     const char *expect = NULL;
+    int bench = 0;
     int i = 1, failed = 0, cases = 0;
     for (; i < argc && !strncmp(argv[i], "--", 2); i += 2) {
         if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", argv[i]); return 2; }
@@ -98,6 +101,7 @@ int main(int argc, char **argv)
                 return 3;
             }
         } else if (!strcmp(argv[i], "--expect-path")) expect = argv[i + 1];
+        else if (!strcmp(argv[i], "--bench")) bench = atoi(argv[i + 1]);
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
     printf("libsakura_decode %s path: %s (available: %s)\n", skn_version(), skn_path_name(), skn_paths_available());
@@ -111,6 +115,21 @@ int main(int argc, char **argv)
         size_t n_out;
         const int rc = skn_case_run(data, n, &kind, want, &out, &n_out);
         cases++;
+        if (rc == SKN_OK && bench > 0) {   /* --bench N: the best of N decodes, thread CPU time */
+            double best = 1e30;
+            for (int r = 0; r < bench; r++) {
+                struct timespec t0, t1;
+                uint16_t *o2;
+                size_t n2;
+                clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+                skn_case_run(data, n, &kind, want, &o2, &n2);
+                clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+                free(o2);
+                const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+                if (dt < best) best = dt;
+            }
+            printf("bench %s: %.2f ms, %.0f MB/s fp16 per core\n", argv[i], best * 1e3, (double)n_out * 2 / best / 1e6);
+        }
         if (rc != SKN_OK) {
             printf("FAIL %s: %s (%d)\n", argv[i], skn_strerror(rc), rc);
             failed++;

@@ -214,7 +214,7 @@ def match(
     _check_positive("--k", k)
     _check_positive("--candidates", candidates, allow_zero=True)
     _check_positive("--n-jobs", n_jobs, allow_zero=True)
-    from saeot.sae import load_sae_for_layer, parse_layer
+    from saeot.sae import parse_layer
 
     la, lb = parse_layer(layer_a), parse_layer(layer_b)
     if (acts_a is None) != (acts_b is None):
@@ -524,6 +524,9 @@ def bench_width(
     support_dtype: str = typer.Option("float32", help="Storage of the shared token array the supports are "
                                       "gathered from: float32 or float16 (half the memory; costs stay float32)."),
     no_recall: bool = typer.Option(False, "--no-recall", help="Skip the recall check (time and memory only)."),
+    certify: bool = typer.Option(False, "--certify", help="After the candidates, visit every target whose lower "
+                                 "bound is below the best candidate's W2: the exact NN (recall 1 by construction), "
+                                 "at the cost of the extra exact problems it reports."),
     no_exact: bool = typer.Option(False, "--no-exact", help="Stop after the candidate search (memory plan at "
                                   "widths whose exact stage is too long here; implies --no-recall)."),
     seed: int = typer.Option(0),
@@ -550,7 +553,7 @@ def bench_width(
         _fail("--widths must be >= 2")
     r = width_bench(ws, k=k, d=d, candidates=candidates, prefilter=prefilter, recall_sources=recall_sources,
                     device=dev, seed=seed, cover=not uncovered, support_dtype=support_dtype, recall=not no_recall,
-                    exact=not no_exact,
+                    exact=not no_exact, certify=certify,
                     log=typer.echo)
     write_json(r, out)
     typer.echo(f"wrote {out}")

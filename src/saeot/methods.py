@@ -53,6 +53,9 @@ from saeot.distributions import FeatureDistributions, feature_distributions
 from saeot.wasserstein import PairwiseResult, measures, pairwise_w2
 
 METHODS = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "sae-match-folded-encdec", "act-corr", "xact")
+# the default set of compare_methods (demo, report, bench): on shared tokens xact equals act-corr, and
+# the enc+dec reading of SAE-Match is kept for comparison only
+CORE_METHODS = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr")
 # methods whose published matching is one-to-one: compare_methods matches them by Hungarian
 ONE_TO_ONE = ("sae-match-folded", "sae-match-folded-encdec")
 

@@ -11,7 +11,7 @@ import numpy as np
 from saeot.collect import load_activations
 from saeot.geometry import DEFAULT_GEOMETRY
 from saeot.matching import Matching, match
-from saeot.methods import METHODS, ONE_TO_ONE, LayerFeatures, distance_matrix
+from saeot.methods import CORE_METHODS, ONE_TO_ONE, LayerFeatures, distance_matrix
 from saeot.sae import SAE, load_sae
 from saeot.space import reference_embeddings
 
@@ -78,7 +78,7 @@ class MethodResult:
     D: np.ndarray | None = None  # (Fa, Fb) float32 distances (inf = not evaluated)
 
 
-def compare_methods(A: LayerFeatures, B: LayerFeatures, tokens: np.ndarray, *, methods=METHODS,
+def compare_methods(A: LayerFeatures, B: LayerFeatures, tokens: np.ndarray, *, methods=CORE_METHODS,
                     strategy: str = "nn", solver: str = "exact", candidates: int | None = 32,
                     only_alive: bool = True, progress: bool = False, hubness: str = "none", csls_k: int = 10,
                     **solver_kw) -> dict[str, MethodResult]:

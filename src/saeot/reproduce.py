@@ -191,6 +191,8 @@ def reproduce(preset: str, out: Path, *, only: list[str] | None = None, log=prin
 CO_FIRING = ("act-corr",)  # baselines that see which tokens a feature fires on, as OT's default space does
 HIGHER = {"judge": "MiniLM judge: cosine similarity of the two features' held-out top contexts (higher = "
                    "more alike in meaning, by a sentence embedder; an offline proxy for the paper's LLM judge)",
+          "judge_masked": "masked judge: the same with the activating token replaced by [MASK] in every context "
+                          "(does not reward firing on the same word by itself)",
           "jaccard": "held-out Jaccard: overlap of the token ids at the two features' top held-out activations "
                      "(higher = fire on the same words)"}
 

@@ -1032,7 +1032,8 @@ def lower_bound(ma: Measures, mb: Measures) -> np.ndarray:
 
 
 def nearest_w2(ma: Measures, mb: Measures, *, block: int = 8, progress: bool = False, max_sliced: bool = True,
-               n_proj: int = 32, n_quantiles: int = 16) -> tuple[np.ndarray, np.ndarray, int]:
+               n_proj: int = 32, n_quantiles: int = 16, init: tuple[np.ndarray, np.ndarray] | None = None
+               ) -> tuple[np.ndarray, np.ndarray, int]:
     """Exact W2 nearest neighbour of every source feature, pruned by lower bounds.
 
     Targets are visited in increasing lower bound: the larger of :func:`lower_bound` (mean and
@@ -1046,6 +1047,10 @@ def nearest_w2(ma: Measures, mb: Measures, *, block: int = 8, progress: bool = F
         (Fa, k, d), (Fb, k, d).
     block : int
         Targets evaluated per step.
+    init : (nn, dist), optional
+        A known target and its exact W2 per source (e.g. the best candidate of a pre-filtered
+        search): the search starts from it, so only targets whose bound is below it are visited,
+        and the answer is still exact (a certification pass).
 
     Returns
     -------
@@ -1068,8 +1073,8 @@ def nearest_w2(ma: Measures, mb: Measures, *, block: int = 8, progress: bool = F
             rows = np.arange(s, min(Fa, s + 256))
             P[rows] = np.maximum(P[rows], max_sliced_lower_bound(ea, eb, n_proj, rows))
     P[:, ~mb.alive] = np.inf
-    nn = np.full(Fa, -1, dtype=np.int64)
-    dist = np.full(Fa, np.inf)
+    nn = np.full(Fa, -1, dtype=np.int64) if init is None else np.asarray(init[0], dtype=np.int64).copy()
+    dist = np.full(Fa, np.inf) if init is None else np.asarray(init[1], dtype=np.float64).copy()
     evaluated = 0
     for i in tqdm(np.flatnonzero(ma.alive), disable=not progress, desc="exact NN", unit="feature",
                   mininterval=2):

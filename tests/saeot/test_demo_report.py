@@ -92,7 +92,8 @@ def test_cli_chain_collect_train_match_report(demo_out, tmp_path):
                   "--layer-b", "4", "--method", "all", "--strategy", "hungarian", "--space", "pca", "--out", str(out)])
     assert r.exit_code == 0, r.output
     m = json.loads(out.read_text())
-    assert set(m["methods"]) == {"ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr"}
+    assert set(m["methods"]) == {"ot", "decoder-cosine", "sae-match", "sae-match-folded", "sae-match-folded-encdec",
+                                 "act-corr", "xact"}
     tg = m["methods"]["ot"]["tgt"]
     assert len(tg) == len(set(tg)) > 0  # Hungarian: one-to-one
     r = run(app, ["report", "--acts", str(demo_out / "acts"), "--saes", str(demo_out / "saes"), "--model",

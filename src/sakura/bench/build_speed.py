@@ -63,7 +63,8 @@ def _wrap(name, photos_of, frac=1.0):
         return f(self, *a, **k)
     setattr(MiniDiT, name, g)
 _wrap("edit", lambda a, k: (a[0] if a else k["photo"]).shape[0])
-_wrap("differentiable_edit", lambda a, k: (a[0] if a else k["photo"]).shape[0])
+# `edit` is `differentiable_edit` under no_grad: the latter counts only when it keeps a graph
+_wrap("differentiable_edit", lambda a, k: (a[0] if a else k["photo"]).shape[0] if torch.is_grad_enabled() else 0)
 _wrap("edit_replacing", lambda a, k: a[0].photo.shape[0])
 _wrap("edit_many", lambda a, k: (a[0] if a else k["photo"]).shape[0] * len(a[1] if len(a) > 1 else k["template_kvs"]))
 _wrap("first_step_prefix", lambda a, k: (a[0] if a else k["photo"]).shape[0])

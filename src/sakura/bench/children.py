@@ -61,12 +61,13 @@ def run_child(argv: list[str], timeout_s: float, *, code: str | None = None) -> 
             "peak_rss_mib": None if peak is None else peak / 1024}
 
 
-def build_signalled(store: str | os.PathLike, args: list[str], sig: int, *, stop_at: str,
+def build_signalled(store: str | os.PathLike, args: list[str], sig: int, *, stop_at: tuple[str, ...],
                     timeout_s: float = 300.0) -> dict:
-    """`sakura build STORE ARGS` in its own process group; once its progress bar shows ``stop_at``,
+    """`sakura build STORE ARGS` in its own process group; once its progress bar shows one of
+    ``stop_at`` (stage names: the bar redraws twice a second, so a short stage may never show),
     ``sig`` goes to the whole group (as Ctrl-C sends SIGINT to every process of the foreground
     job). Returns ``rc``, ``wall_s``, the output ``lines`` without the bar and ``signalled``
-    (False if the build ended before the text appeared)."""
+    (False if the build ended before any of the texts appeared)."""
 
     p = subprocess.Popen([sys.executable, "-m", "sakura", "build", str(store), *args], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
@@ -74,7 +75,7 @@ def build_signalled(store: str | os.PathLike, args: list[str], sig: int, *, stop
     os.set_blocking(p.stdout.fileno(), False)
     out = b""
     try:
-        while stop_at.encode() not in out and p.poll() is None and time.perf_counter() - t < timeout_s:
+        while not any(x.encode() in out for x in stop_at) and p.poll() is None and time.perf_counter() - t < timeout_s:
             out += p.stdout.read() or b""
             time.sleep(0.05)
         signalled = p.poll() is None

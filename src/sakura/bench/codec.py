@@ -44,6 +44,7 @@ from sakura.models.mini import MiniDiT
 from sakura.wire.store import Store
 
 from sakura.bench.harness import get_logger, markdown_head
+from tqdm import tqdm
 
 log = get_logger(__name__)
 
@@ -134,8 +135,6 @@ def run_template(model, tpl, photos: torch.Tensor, gt: torch.Tensor, calib: torc
                **image_metrics(img, ref, gt)}
         rows.append(row)
         return row
-
-    from tqdm import tqdm
 
     bar = tqdm(total=len(cachegen) + len(sakura) + len(ladders), desc=tpl.name, unit="codec", disable=None)
     for spec in cachegen + sakura:
@@ -346,7 +345,7 @@ def worker_scaling(spec: str, shard: ShardKV, workers=(1, 2, 4), layers: int = 8
 
 def klein_tiny_coverage(specs: list[str]) -> dict[str, Any]:
     """Tiny random FLUX.2 (diffusers) template KV through every codec: shapes, bits, rel errors."""
-    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
+    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel  # the Klein path only
     from sakura.models.flux.klein import KleinAdapter, KleinReference  # diffusers: the [flux] extra, only here
 
 
@@ -500,10 +499,10 @@ def write_table(res: dict[str, Any], path: Path) -> None:
 
 
 def plot(res: dict[str, Any], out_dir: Path) -> None:
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     tasks = list(res["tasks"])
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)

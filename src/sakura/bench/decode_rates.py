@@ -51,7 +51,10 @@ RATES_ENV = "SAKURA_DECODE_RATES"
 HOST, PHONE = "host", "phone"
 TARGETS = (HOST, PHONE)
 PHONE_CPU_NAME = "x86-64-v2"   # = sakura.codec.target.PHONE_CPU (not imported here: it would load the codecs)
-#: codecs whose decoder is the native (numba, GIL-free) one; the pool scaling is theirs
+#: the decoder implementations measured side by side: the C library (`sakura.codec.native`, the
+#: phone path's default) and the numba kernels (its reference and fallback)
+IMPLEMENTATIONS = ("native", "numba")
+#: codecs whose decoder is a native (C or numba, GIL-free) one; the pool scaling is theirs
 NATIVE_CODECS = ("progressive", "layered", "cachegen")
 
 
@@ -121,6 +124,8 @@ class DecodeRate:
     gil_free_fraction: float     # 2-worker speedup - 1, clipped to [0, 1]: the share of a decode that runs in parallel
     reference_fp16_bytes_per_cpu_s: float | None = None  # the plain reference decoder of the same bytes (one run)
     split_speedup: float | None = None   # one shard decoded by SPLIT_THREADS threads (`pool=`) / serial, wall (median)
+    implementation: str = "numba"  # the decoder that ran: "native" (libsakura_decode) or "numba" (older files: numba)
+    native_path: str | None = None   # native: its vector path (scalar / sse4 / avx2 / neon)
 
 
 def gil_verdict(fraction: float) -> str:
@@ -183,6 +188,7 @@ def reference_decoder(codec) -> Callable | None:
 
 
 _WARM: list[float] = []
+_ENCODED: dict[tuple, tuple] = {}   # the last (spec, tokens, heads, head_dim) encoded: (codec, tables, bytes)
 
 
 @functools.lru_cache(maxsize=2)
@@ -192,11 +198,41 @@ def _klein_layer_cached(tokens: int, heads: int, head_dim: int):
 
 def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKENS, workers: Sequence[int] = WORKERS,
             rounds: int = 3, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_HEAD_DIM, reference: bool = True,
-            log: Callable[[str], None] = print) -> list[DecodeRate]:
+            implementation: str | None = None, log: Callable[[str], None] = print) -> list[DecodeRate]:
     """Decode rates for every spec (and every layered rung) x layer size x worker count; with
     `reference`, the reference decoder's rate too (one run, at the smallest layer size: it decodes
-    ~5 MB/s)."""
+    ~5 MB/s). `implementation`: "native" or "numba" (`SAKURA_DECODER` for the measurement; None:
+    as this process has it); no rows for "native" where the library is not built."""
+    from sakura.codec import native as NV
+
+    if implementation is None:
+        return _measure(specs, tokens=tokens, workers=workers, rounds=rounds, heads=heads, head_dim=head_dim,
+                        reference=reference, log=log)
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation {implementation!r}: expected one of {IMPLEMENTATIONS}")
+    old = os.environ.get(NV.ENV_DECODER)
+    os.environ[NV.ENV_DECODER] = implementation
+    try:
+        if implementation == "native" and not NV.available():
+            log(f"  native decoder not available ({NV.decoder()}): no native rows")
+            return []
+        return _measure(specs, tokens=tokens, workers=workers, rounds=rounds, heads=heads, head_dim=head_dim,
+                        reference=reference, log=log)
+    finally:
+        if old is None:
+            os.environ.pop(NV.ENV_DECODER, None)
+        else:
+            os.environ[NV.ENV_DECODER] = old
+
+
+def _measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKENS, workers: Sequence[int] = WORKERS,
+             rounds: int = 3, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_HEAD_DIM, reference: bool = True,
+             log: Callable[[str], None] = print) -> list[DecodeRate]:
     from sakura.codec import ShardId, codec_from_spec, warm_up
+    from sakura.codec import native as NV
+
+    impl = "native" if NV.available() else "numba"
+    npath = NV.path_name() if impl == "native" else None
 
     if not _WARM:
         _WARM.append(warm_up())
@@ -218,9 +254,13 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
             for spec in specs:
                 bar.set_description_str(f"{spec} @ {T} tokens")
                 bar.update()
-                codec = codec_from_spec(spec)
-                tables = codec.fit_tables([shard]) if codec.uses_tables else None
-                data = codec.encode(shard, ident, tables)
+                key = (spec, T, heads, head_dim)
+                if key not in _ENCODED:   # one encode per (spec, size): both implementations decode the same bytes
+                    codec = codec_from_spec(spec)
+                    tables = codec.fit_tables([shard]) if codec.uses_tables else None
+                    _ENCODED.clear()
+                    _ENCODED[key] = (codec, tables, codec.encode(shard, ident, tables))
+                codec, tables, data = _ENCODED[key]
                 ends = codec.level_ends(data) if codec.supports_layers else [len(data)]
                 named = ([(spec, data)] if not codec.supports_layers
                          else [(f"{spec}#{r}", data[:e]) for r, e in enumerate(ends)])
@@ -255,8 +295,8 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
                             fp16_bytes_per_cpu_s=shard.fp16_bytes / max(min(cpu), 1e-9), fp16_bytes_per_s=max(rates),
                             fp16_bytes_per_s_median=statistics.median(rates), speedup_vs_1_worker=speed,
                             gil_free_fraction=gil, reference_fp16_bytes_per_cpu_s=ref_rate,
-                            split_speedup=split))
-                        log(f"  {name:<44} T={T:<5} {rows[-1].bits_per_value:6.3f} b/v  workers={w}  "
+                            split_speedup=split, implementation=impl, native_path=npath))
+                        log(f"  {impl:<6} {name:<38} T={T:<5} {rows[-1].bits_per_value:6.3f} b/v  workers={w}  "
                             f"{rows[-1].fp16_bytes_per_cpu_s / 1e6:8.1f} MB/CPU-s  {max(rates) / 1e6:8.1f} MB/s wall  "
                             f"x{speed:.2f}" + (f"  (reference {ref_rate / 1e6:.1f} MB/CPU-s)" if ref_rate else "")
                             + (f"  one shard on {SPLIT_THREADS} threads x{split:.2f}" if split else ""))
@@ -333,6 +373,43 @@ def scaling(rows: Sequence[DecodeRate]) -> dict:
             "per_rendition": {n: {str(w): statistics.median(v) for w, v in d.items()} for n, d in per.items()}}
 
 
+def default_rows(rows: Sequence[DecodeRate]) -> list[DecodeRate]:
+    """The rows of the decoder the phone path uses: native where measured, else numba."""
+    impl = "native" if any(r.implementation == "native" for r in rows) else "numba"
+    return [r for r in rows if r.implementation == impl]
+
+
+def implementation_table(result: dict) -> str:
+    """Native and numba per-core rates side by side, per target, rendition and size (with the
+    native / numba ratio and the native 2-worker scaling)."""
+    from sakura.bench.results import _table
+
+    tg = result["targets"]
+    names = [t for t in TARGETS if t in tg]
+    head = ["rendition", "tokens"]
+    for t in names:
+        lab = "phone-class" if t == PHONE else t
+        head += [f"{lab} native MB/s", f"{lab} numba MB/s", f"{lab} native / numba", f"{lab} native x2"]
+    keys: list[tuple[str, int]] = []
+    by: dict[tuple[str, str], dict] = {}
+    for t in names:
+        for impl in IMPLEMENTATIONS:
+            rs = [DecodeRate(**r) for r in tg[t]["rows"] if r.get("implementation", "numba") == impl]
+            by[(t, impl)] = _by_size(rs)
+            keys += [k for k in by[(t, impl)] if k not in keys]
+    out = []
+    for k in keys:
+        cells = [f"`{k[0]}`", f"{k[1]:,}"]
+        for t in names:
+            n, b = by[(t, "native")].get(k), by[(t, "numba")].get(k)
+            cn, cb = (_core(n) if n else None), (_core(b) if b else None)
+            cells += [f"{cn / 1e6:.0f}" if cn else "-", f"{cb / 1e6:.0f}" if cb else "-",
+                      f"{cn / cb:.2f}" if cn and cb else "-",
+                      f"{n[2].speedup_vs_1_worker:.2f}" if n and 2 in n else "-"]
+        out.append(cells)
+    return _table(head, out)
+
+
 def _by_size(rows: Sequence[DecodeRate]) -> dict[tuple[str, int], dict[int, DecodeRate]]:
     by: dict[tuple[str, int], dict[int, DecodeRate]] = {}
     for r in rows:
@@ -386,7 +463,7 @@ def side_by_side_table(result: dict) -> str:
 
     tg = result["targets"]
     names = [t for t in TARGETS if t in tg]
-    by = {t: _by_size([DecodeRate(**r) for r in tg[t]["rows"]]) for t in names}
+    by = {t: _by_size(default_rows([DecodeRate(**r) for r in tg[t]["rows"]])) for t in names}
     keys = list(dict.fromkeys(k for t in names for k in by[t]))
     head = ["rendition", "bits/value", "tokens"] + [f"{'phone-class' if t == PHONE else t} MB/s per core"
                                                     for t in names]
@@ -439,14 +516,21 @@ def markdown(result: dict) -> str:
          "other processes than wall time (not insensitive: a loaded machine's shared caches and memory bandwidth "
          "slow it too). **x2** = 2-worker / 1-worker wall rate, median of rounds that alternate the worker counts "
          "(a decode holding the GIL gets ~1x, one releasing it ~2x on 2 free cores).", "",
-         "## Side by side", "", side_by_side_table(result), ""]
+         "## Native and numba", "",
+         "The phone path decodes with **native** = libsakura_decode, the C library in `native/` "
+         "([native.md](native.md); the host target runs its best vector path, `avx2` on this CPU, the "
+         "phone-class target its 128-bit `sse4` path, x86-64-v2), by default; **numba** = the numba kernels, "
+         "its bit-exact reference and fallback (`SAKURA_DECODER=numba`), on the targets described above. "
+         "Both measured in one run, alternating spec by spec.", "", implementation_table(result), "",
+         "## Side by side (the phone path's decoder)", "", side_by_side_table(result), ""]
     if result.get("note"):   # what a run left out or how its file was made, in its own words
         L += [f"**Note**: {result['note']}", ""]
     for t in TARGETS:
         if t not in tg:
             continue
-        rows = [DecodeRate(**r) for r in tg[t]["rows"]]
-        L += [f"## {'Phone-class' if t == PHONE else 'Host'} in full", "", target_label(tg[t]) + ".", "",
+        rows = default_rows([DecodeRate(**r) for r in tg[t]["rows"]])
+        L += [f"## {'Phone-class' if t == PHONE else 'Host'} in full ({rows[0].implementation if rows else '-'})", "",
+              target_label(tg[t]) + ".", "",
               _target_table(rows), "", _summary(rows, tg[t].get("scaling") or scaling(rows)), ""]
     L += ["**Reference** = the plain-Python reference decoder of the same bytes (`engine=\"reference\"`, host, "
           "one run at the smallest size; the native decoders equal it bit for bit on both targets). **Wall** = "
@@ -515,7 +599,8 @@ def _serve() -> None:
     for line in sys.stdin:
         kw = json.loads(line)
         rows = measure(kw["specs"], tokens=kw["tokens"], workers=kw["workers"], rounds=kw["rounds"],
-                       reference=False, log=lambda s: print("  [phone-class]" + s, flush=True))
+                       reference=False, implementation=kw.get("implementation"),
+                       log=lambda s: print("  [phone-class]" + s, flush=True))
         print("ROWS " + json.dumps({"rows": [asdict(r) for r in rows], "info": target_info()}), flush=True)
 
 
@@ -535,7 +620,8 @@ def asset_path() -> Path:
 
 def run(out_dir: str | Path = "out/decode", *, specs: Sequence[str] | None = None, tokens: Sequence[int] = TOKENS,
         workers: Sequence[int] = WORKERS, rounds: int = 3, targets: Sequence[str] = TARGETS, publish: bool = False,
-        docs_dir: str | Path = "docs", log: Callable[[str], None] = print) -> dict:
+        docs_dir: str | Path = "docs", implementations: Sequence[str] = IMPLEMENTATIONS,
+        log: Callable[[str], None] = print) -> dict:
     """Measure every target in `targets` (host in this process, phone-class in a child; the two
     alternate spec by spec) and write decode_rates.json and decode_rates.md to `out_dir`; with
     `publish`, also the package's shipped calibration (`asset_path()`) and docs_dir/decode_rates.md."""
@@ -559,12 +645,15 @@ def run(out_dir: str | Path = "out/decode", *, specs: Sequence[str] | None = Non
     try:
         for T in tokens:
             for spec in specs:
-                if HOST in targets:
-                    rows[HOST] += measure([spec], tokens=[T], workers=workers, rounds=rounds,
-                                          reference=T == min(tokens), log=log)   # (~5 MB/s: smallest size only)
-                if phone is not None:
-                    got, infos[PHONE] = phone.measure(specs=[spec], tokens=[T], workers=list(workers), rounds=rounds)
-                    rows[PHONE] += got
+                for impl in implementations:   # native and numba side by side, spec by spec
+                    if HOST in targets:
+                        rows[HOST] += measure([spec], tokens=[T], workers=workers, rounds=rounds, implementation=impl,
+                                              reference=T == min(tokens) and impl == implementations[0],
+                                              log=log)   # (the reference: ~5 MB/s, smallest size, once)
+                    if phone is not None:
+                        got, infos[PHONE] = phone.measure(specs=[spec], tokens=[T], workers=list(workers),
+                                                          rounds=rounds, implementation=impl)
+                        rows[PHONE] += got
     finally:
         if phone is not None:
             phone.close()
@@ -572,8 +661,9 @@ def run(out_dir: str | Path = "out/decode", *, specs: Sequence[str] | None = Non
         infos[HOST] = target_info()
     result = {"mode": "measured on this machine (synthetic Klein-sized layers)", "date": time.strftime("%Y-%m-%d %H:%M"),
               "machine": m, "rounds": rounds, "tokens": list(tokens), "workers": list(workers),
-              "targets": {t: {**infos[t], "rows": [asdict(r) for r in rows[t]], "scaling": scaling(rows[t])}
-                          for t in targets}}
+              "implementations": list(implementations),
+              "targets": {t: {**infos[t], "rows": [asdict(r) for r in rows[t]],
+                              "scaling": scaling(default_rows(rows[t]))} for t in targets}}
     md = markdown(result)
     write_json(result, out / "decode_rates.json")
     (out / "decode_rates.md").write_text(md)
@@ -615,7 +705,10 @@ def load_target(path: str | Path | None = None, target: str = PHONE) -> dict:
         t, name = d["targets"][target], target
     else:
         t, name = d, d.get("target", HOST)
-    return {"target": name, "rows": t["rows"], "scaling": t.get("scaling"), "split": t.get("split"),
+    rows = t["rows"]
+    impl = "native" if any(r.get("implementation") == "native" for r in rows) else "numba"
+    rows = [r for r in rows if r.get("implementation", "numba") == impl]
+    return {"target": name, "rows": rows, "implementation": impl, "scaling": t.get("scaling"), "split": t.get("split"),
             "machine": d.get("machine", {}),
             "date": d.get("date"), "jit_cpu": t.get("jit_cpu"), "vector_lanes": t.get("vector_lanes"),
             "source": str(src)}
@@ -627,8 +720,14 @@ def describe_rates(path: str | Path | None = None, target: str = PHONE) -> str:
         t = load_target(path, target)
     except (OSError, KeyError, ValueError) as e:
         return f"no {target} decode rates ({e})"
-    kind = ("phone-class decode rates (128-bit proxy: numba code for " + str(t["jit_cpu"]) + ", 128-bit kernels)"
-            if t["target"] == PHONE else f"host decode rates (numba code for {t['jit_cpu'] or 'the host CPU'})")
+    if t.get("implementation") == "native":
+        path = next((r.get("native_path") for r in t["rows"] if r.get("native_path")), "?")
+        kind = (f"{'phone-class' if t['target'] == PHONE else 'host'} decode rates of the native decoder "
+                f"(libsakura_decode, {path} path)")
+    else:
+        kind = ("phone-class decode rates of the numba decoder (128-bit proxy: numba code for " + str(t["jit_cpu"])
+                + ", 128-bit kernels)" if t["target"] == PHONE
+                else f"host decode rates of the numba decoder (numba code for {t['jit_cpu'] or 'the host CPU'})")
     return f"{kind}, measured {t['date']} on {t['machine'].get('cpu', '?')}, from {_short(t['source'])}"
 
 
@@ -920,3 +1019,75 @@ if __name__ == "__main__":   # python -m sakura.bench.decode_rates OLD_SRC [TOKE
     import sys
 
     side_by_side(sys.argv[1], tokens=[int(t) for t in sys.argv[2:]] or TOKENS)
+
+
+def per_core_side_by_side(specs: Sequence[str] = ("progressive", "cachegen:level=3", "cachegen:level=2",
+                                                  "cachegen:level=1"),
+                          tokens: Sequence[int] = TOKENS, reps: int = 3, targets: Sequence[str] = TARGETS,
+                          log: Callable[[str], None] = print) -> list[dict]:
+    """The light form of `run` for a loaded machine: per-core rates only (thread CPU time of one
+    decode, the best of `reps`), native and numba alternating decode by decode on the same bytes,
+    host in this process and phone-class in a child (`target.phone_env`); no wall-time rounds, no
+    split or reference columns. -> rows {rendition, tokens, target, implementation, native_path,
+    fp16_bytes_per_cpu_s}. `python -c "from sakura.bench.decode_rates import per_core_side_by_side as f; f()"`."""
+    import subprocess
+    import sys
+
+    from sakura.codec.target import phone_env
+
+    rows: list[dict] = []
+    if PHONE in targets:
+        code = ("import json, sys; from sakura.bench.decode_rates import _per_core; "
+                f"print('ROWS ' + json.dumps(_per_core({list(specs)!r}, {list(tokens)!r}, {reps}, 'phone')))")
+        child = subprocess.Popen([sys.executable, "-c", code], env=phone_env(), stdout=subprocess.PIPE, text=True)
+    if HOST in targets:
+        rows += _per_core(specs, tokens, reps, HOST, log)
+    if PHONE in targets:
+        out, _ = child.communicate()
+        rows += json.loads(next(ln[5:] for ln in out.splitlines() if ln.startswith("ROWS ")))
+    return rows
+
+
+def _per_core(specs: Sequence[str], tokens: Sequence[int], reps: int, target: str,
+              log: Callable[[str], None] = print) -> list[dict]:
+    from sakura.codec import ShardId, codec_from_spec, warm_up
+    from sakura.codec import native as NV
+    from sakura.codec.progressive import ladder as PG
+
+    warm_up()
+    torch.set_num_threads(1)
+    rows = []
+    for T in tokens:
+        shard = _klein_layer_cached(T, KLEIN_HEADS, KLEIN_HEAD_DIM)
+        ident = ShardId("bench-decode", f"klein-{T}", 5)
+        for spec in specs:
+            codec = codec_from_spec(spec)
+            tables = codec.fit_tables([shard]) if codec.uses_tables else None
+            data = codec.encode(shard, ident, tables)
+            ends = codec.level_ends(data) if codec.supports_layers else [len(data)]
+            for r, e in enumerate(ends):
+                blob = data[:e]
+                name = f"{spec}#{r}" if codec.supports_layers else spec
+
+                def dec(engine: str, blob=blob, codec=codec, tables=tables):
+                    if codec.supports_layers:
+                        return PG.decode_with(codec, blob, ident, tables, engine)
+                    return codec.decode_with(blob, ident, tables, engine)
+
+                impls = [i for i in IMPLEMENTATIONS if i == "numba" or NV.available()]
+                best = {i: math.inf for i in impls}
+                for i in impls:
+                    dec(i)
+                for _ in range(reps):
+                    for i in impls:   # alternating: a change in the machine's load hits both alike
+                        c0 = time.thread_time()
+                        dec(i)
+                        best[i] = min(best[i], time.thread_time() - c0)
+                for i in impls:
+                    rows.append({"rendition": name, "tokens": T, "target": target, "implementation": i,
+                                 "native_path": NV.path_name() if i == "native" else None,
+                                 "bits_per_value": 8 * len(blob) / shard.num_values,
+                                 "fp16_bytes_per_cpu_s": shard.fp16_bytes / best[i]})
+                log(f"  [{target}] {name:<24} T={T:<5} " + "  ".join(f"{i} {shard.fp16_bytes / best[i] / 1e6:7.1f} MB/CPU-s"
+                                                                  for i in impls))
+    return rows

@@ -35,6 +35,7 @@ from sakura.wire.server import serve_in_thread
 from sakura.wire.store.store import Store
 
 from sakura.bench.harness import get_logger, markdown_head
+from tqdm import tqdm
 
 log = get_logger(__name__)
 
@@ -117,8 +118,6 @@ def run_live(out_dir: str | Path, *, template: str = "sticker-00", photo_index: 
 
     manifest = Store(store).get_manifest(model.fingerprint(), template)  # fetched with the gallery, untimed
     rows, images = [], {}
-    from tqdm import tqdm
-
     with serve_in_thread(store) as url, tqdm(total=len(methods), desc="methods", unit="edit", disable=None) as bar:
         for method in methods:
             bar.set_description_str(method)
@@ -199,11 +198,11 @@ def plot_timelines(rows: list[dict], path: Path, *, scale: float = 1000.0, unit:
     "timeline": [ShardRecord as dict], optional "latency_s", "label", "post_s" (the work after the
     first pass, shaded before the end)}; times (s) are multiplied by
     `scale` for the axis (1000: ms; D: phone seconds of a time-dilated run)."""
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
+    from matplotlib.patches import Patch  # plots only: not imported by a run that draws nothing
 
     rows = [r for r in rows if r.get("timeline")]
     if not rows:

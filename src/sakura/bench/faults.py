@@ -39,7 +39,7 @@ from sakura.phone.live import Emulation, profile_model, streamed_edit
 from sakura.wire.server import serve_in_thread
 from sakura.wire.server.app import ConnectionLimits, connection_counts, start_server
 from sakura.wire.store.layout import manifest_relpath
-from sakura.wire.store.manifest import Manifest, manifest_tree
+from sakura.wire.store.manifest import Manifest, ManifestError, manifest_tree
 from sakura.wire.store.store import Store
 from sakura.wire.store.synthetic import make_synthetic_store
 
@@ -189,7 +189,7 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
     fp = model.fingerprint()
     manifest = Store(root).get_manifest(fp, template)
     photo = base / "photo.png"
-    from skimage import io as skio
+    from skimage import io as skio  # slow to import; one photo written
 
     skio.imsave(str(photo), (heldout_photos(model.cfg.image_size)[0].permute(1, 2, 0).numpy() * 255).astype("uint8"),
                 check_contrast=False)
@@ -356,9 +356,6 @@ def run_parser_fuzz(cases: int = 2000, *, seed: int = 0) -> dict:
     how many raised something other than the typed error (escapes, target 0). Mutations: byte
     flips/deletions/insertions/duplications, and (manifests) adversarial JSON values (deep
     nesting, 5,000-digit integers, NaN) placed at a random node."""
-
-    from sakura.wire.store import ManifestError, Store
-
     rnd = random.Random(seed)
     tmp = tempfile.TemporaryDirectory(prefix="sakura-fuzz-")
     root = Path(tmp.name)
@@ -462,9 +459,6 @@ def run_fd_pressure(fd_limit: int = 64, idle_factor: float = 1.5, duration_s: fl
     normal client fetches index.json and an object on a fresh connection every ``request_every_s``.
     Reports normal requests served / failed, their worst latency, the server's CPU seconds and
     peak RSS. Bounded: at most ``idle_factor * fd_limit`` sockets, ``duration_s`` seconds."""
-
-    from sakura.wire.store import Store
-
     tmp = tempfile.TemporaryDirectory(prefix="sakura-fdp-")
     make_synthetic_store(tmp.name, templates=1, layers=2, tokens=64, width=64)
     m = Store(tmp.name).get_manifest("synthetic-model", "tpl-000")

@@ -115,7 +115,7 @@ def start_server(kind: str, store: Path, workdir: Path, *, verify_objects: bool 
         cmd = [sys.executable, "-c", "from sakura.cli.main import app; app()", "serve", str(store),
                "--port", str(port), "--quiet"]
     elif kind == "nginx":
-        from sakura.wire.server.nginx import nginx_config
+        from sakura.wire.server.nginx import nginx_config  # the nginx path only
 
         exe = shutil.which("nginx") or "/usr/sbin/nginx"
         if not os.path.exists(exe):

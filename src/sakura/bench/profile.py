@@ -46,7 +46,7 @@ from sakura.phone.driver import LOSS_BOUND
 from sakura.phone.policies import CACHEGEN_DELTA_LEVELS, CACHEGEN_LEVELS
 from sakura.util import fsutil
 import numpy as np
-from sakura.bench.decode_rates import describe_rates, load_scaling, load_target
+from sakura.bench.decode_rates import describe_rates, load_scaling, load_split, load_target
 from sakura.bench.workloads import PHONES, WORKLOADS, ceilings, get_phone, get_workload, workload_costs
 from sakura.cloud.builder.pipeline import DEFAULT_LADDER, build_store
 from sakura.emulation import list_traces, load_trace
@@ -67,6 +67,9 @@ from sakura.phone.sim import simulate_edit
 from sakura.wire.store.store import Store
 
 from sakura.bench.harness import get_logger, markdown_head
+from tqdm import tqdm
+import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
 
 log = get_logger(__name__)
 
@@ -327,8 +330,6 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     `decode_split`: None = the live pool's measured intra-shard split (`decode_rates.load_split`, as
     `sakura bench dilated`; 1.0 with one worker). `jobs`: processes over the independent runs
     (workload x phone x link); the result is the same as with one."""
-    from tqdm import tqdm
-
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -347,8 +348,6 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
     links = profile_links(families=families, offsets_per_trace=offsets_per_trace,
                           traces_per_family=traces_per_family, rates_mbps=rates_mbps, seed=seed)
     if decode_split is None:
-        from sakura.bench.decode_rates import load_split
-
         decode_split = load_split(target=decode_target) if decode_workers > 1 else 1.0
     log.info(f"decode: {pool.describe()}; one shard over idle workers x{decode_split:.2f} (every streaming method)")
     link_args = dict(families=families, offsets_per_trace=offsets_per_trace, traces_per_family=traces_per_family,
@@ -364,9 +363,6 @@ def run_profile(out_dir: str | Path, *, workloads: Sequence[str] | None = None, 
                 runs.append(_profile_run(c))
                 bar.update()
         else:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
-
             # each worker rebuilds the (deterministic) links once; results come back in cell order
             with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_init_worker,
                                      initargs=(cfg, link_args, None)) as ex:
@@ -481,9 +477,6 @@ def replay_runs(profile_json: str | Path, *, losers_only: bool = True, families:
         _init_worker(cfg, None, links)
         results = [_replay_run(c) for c in cells]
     else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
         with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_init_worker,
                                  initargs=(cfg, link_args, None)) as ex:
             results = list(ex.map(_replay_run, cells, chunksize=4))
@@ -722,10 +715,10 @@ def _db(x: float) -> str:
 def plot_profile(result: dict, out: Path) -> None:
     """Heatmaps (constant rate x phone: sakura vs best baseline, vs cachegen, vs on-device) per
     workload, and latency CDFs per trace family for one workload and phone."""
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     runs = result["runs"]
     wls = sorted({r["workload"] for r in runs}, key=[w["name"] for w in result["workloads"]].index)
@@ -780,10 +773,10 @@ def plot_profile(result: dict, out: Path) -> None:
 def plot_frontiers(result: dict, out: Path) -> None:
     """Latency-quality frontiers: per workload one figure, a row per phone and a panel per trace
     family; each method's sweep configurations at their median latency and median PSNR."""
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     runs = result["runs"]
     wls = [w["name"] for w in result["workloads"] if any(r["workload"] == w["name"] for r in runs)]

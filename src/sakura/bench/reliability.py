@@ -31,7 +31,8 @@ from sakura.bench.harness import get_logger, markdown_table, publish, write_json
 from sakura.util.text import clean
 from sakura.wire.server import serve_in_thread
 from sakura.wire.store.layout import TMP_DIR, manifest_relpath
-from sakura.wire.store.store import RenditionInput, Store, StoreWriter, _locked, _write_index, atomic_write, put_object
+from sakura.wire.store.store import (RenditionInput, Store, StoreWriter, _locked, _write_index, atomic_write, put_object,
+                                     stale_temp_files)
 import sakura
 import torch
 from sakura.bench.load import FP, RssSampler, level, start_server
@@ -40,8 +41,7 @@ from sakura.cloud.tasks import get_template, heldout_photos
 from sakura.cloud.tasks.quality import psnr_per_image
 from sakura.emulation.faults import hostile_in_thread
 from sakura.models import load_model
-from sakura.phone import BandwidthEstimator, RttEstimator
-from sakura.phone.driver import FixedPolicy
+from sakura.phone import BandwidthEstimator, FixedPolicy, RttEstimator
 from sakura.phone.live import Emulation, profile_model, streamed_edit
 from sakura.wire.server.app import VerifiedObjects, _sha256_fd
 from sakura.wire.store.synthetic import make_synthetic_store
@@ -61,6 +61,8 @@ _OWN_STORE = {"gc racing a rebuild", "fd pressure", "large template image", "lib
               "verify on a non-store", "SIGKILL mid-build, then a rebuild", "SIGINT mid-build",
               "raw-stream on the default store", "floor estimate on held-out photos",
               "64 concurrent edits, hash check off/on"}
+#: Stages after which a build is "mid-build" (its templates captured, nothing written yet).
+_MID_BUILD = ("ladder search", "fit tables", "encode", "rendition probes")
 #: `sakura build` arguments of the interrupted builds: two templates in two processes, small settings.
 _QUICK_BUILD = ["--template", "look-00", "--template", "sticker-00", "--calibration", "1", "--steps", "1",
                 "--workers", "2"]
@@ -125,8 +127,6 @@ class Bench:
     def default_store(self) -> Path:
         """sticker-00 and look-00 with `sakura build`'s default ladder, calibration and steps."""
         if self._default is None:
-            from sakura.cloud.builder.pipeline import build_store
-
             self._default = self.base / "default"
             build_store(self._default, templates=["sticker-00", "look-00"], log=lambda s: None)
         return self._default
@@ -371,27 +371,27 @@ def probe_sigkill_rebuild(b: Bench) -> list[dict]:
     first = run_child(["build", str(store), *_QUICK_BUILD[:2], *_QUICK_BUILD[4:], "--quiet"], b.timeout_s)
     if first["rc"] != 0:
         raise RuntimeError(f"the first build failed: {_said(first)}")
-    k = build_signalled(store, _QUICK_BUILD, signal.SIGKILL, stop_at="encode", timeout_s=b.timeout_s)
+    k = build_signalled(store, _QUICK_BUILD, signal.SIGKILL, stop_at=_MID_BUILD, timeout_s=b.timeout_s)
     tdir = store / TMP_DIR
-    left = sorted(p.name for p in tdir.iterdir()) if tdir.is_dir() else []
+    left = stale_temp_files(store) or []
     # what a writer killed inside a write leaves (whether this kill hit one is luck): one more such file
     tdir.mkdir(parents=True, exist_ok=True)
     (tdir / "object.killed-mid-write.tmp").write_bytes(b"partial")
     v1 = run_child(["store", "verify", str(store)], b.timeout_s)
     listed = any("temp file(s) left by an interrupted build" in ln for ln in v1["lines"])
     r = run_child(["build", str(store), *_QUICK_BUILD, "--quiet"], b.timeout_s)
-    after = sorted(p.name for p in tdir.iterdir()) if tdir.is_dir() else []
+    after = stale_temp_files(store)
     v2 = Store(store).verify()
     return [_row("SIGKILL mid-build (a store of look-00 built first), then a rebuild", "43.3",
                  f"killed: {len(left)} temp file(s) left (+1 planted); verify lists them: {'yes' if listed else 'NO'}; "
-                 f"rebuild rc {r['rc']}: {len(after)} left, verify {'OK' if v2.ok else v2.problems[0]}, "
+                 f"rebuild rc {r['rc']}: {len(after or [])} left, verify {'OK' if v2.ok else v2.problems[0]}, "
                  f"{len(Store(store).manifest_keys())} manifests", k["wall_s"] + r["wall_s"], r["peak_rss_mib"],
-                 k["signalled"] and listed and r["rc"] == 0 and not after and v2.ok)]
+                 k["signalled"] and listed and r["rc"] == 0 and after == [] and v2.ok)]
 
 
 def probe_sigint(b: Bench) -> list[dict]:
     store = b.base / "interrupted"
-    k = build_signalled(store, _QUICK_BUILD, signal.SIGINT, stop_at="encode", timeout_s=b.timeout_s)
+    k = build_signalled(store, _QUICK_BUILD, signal.SIGINT, stop_at=_MID_BUILD, timeout_s=b.timeout_s)
     consistent = not (store / "manifests").exists() or Store(store).verify().ok
     return [_row("SIGINT mid-build (to the process group, as Ctrl-C)", "43.3",
                  f"rc {k['rc']}, {len(k['lines'])} line(s): {' / '.join(k['lines'])[:120]}; store "

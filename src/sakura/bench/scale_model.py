@@ -250,10 +250,10 @@ def zipf_top_k_hit(k: int, n: int, s: float) -> float:
 
 
 def plots(res: dict, out_prefix: str) -> list[str]:
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     m = res["model"]
     names = [r["workload"] for r in m["workloads"]]

@@ -502,10 +502,10 @@ def regime_speedups(w: Workload, phone: PhoneLevel, link_mbps: float, *, bits: f
 
 def plot_regimes(path) -> None:
     """Per workload: the bound on the speedup vs on-device over link rate x phone FLOP/s."""
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     rates = np.geomspace(5, 1000, 48)
     flops = np.geomspace(0.5e12, 20e12, 40)
@@ -537,10 +537,10 @@ def plot_regimes(path) -> None:
 
 def plot_ceilings(path) -> None:
     """Bars: ceiling vs on-device and vs on-device-nocache per workload; beside them W* at 2 bits/value."""
-    import matplotlib
+    import matplotlib  # plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
 
     names = [w.name for w in WORKLOADS]
     cs = [ceilings(workload_costs(w, PHONES[-1])) for w in WORKLOADS]

@@ -125,7 +125,7 @@ def edge_config_cmd(
 ) -> None:
     """Print an nginx.conf for a caching edge (proxy_cache + slice + cache lock) in front of ORIGIN.
     Run it with: nginx -p PREFIX -c PREFIX/nginx.conf (docs/scale.md)."""
-    from sakura.wire.server import edge_config
+    from sakura.wire.server import edge_config  # aiohttp: only the commands that serve
 
     try:
         typer.echo(edge_config(origin, port=port, prefix=prefix, host=host, slice_bytes=slice_kib * 1024,
@@ -140,8 +140,8 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, tr
               trace_offset: float = 0.0, rtt_ms: float = 0.0, max_connections: int = 0, fd_reserve: int = 0,
               header_timeout_s: float = 10.0, idle_timeout_s: float = 15.0) -> None:
     """Body of `sakura serve` (kept here so sakura/cli/main.py stays a thin shell)."""
-    from sakura.wire.server import serve_forever
-    from sakura.wire.server.app import ConnectionLimits
+    from sakura.wire.server import serve_forever  # aiohttp: only the commands that serve
+    from sakura.wire.server.app import ConnectionLimits  # aiohttp: only the commands that serve
 
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -154,8 +154,8 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, tr
         raise typer.Exit(2)
     front = None
     if trace is not None or rtt_ms > 0:
-        from sakura.emulation import TraceError
-        from sakura.emulation.serve import pacing_front
+        from sakura.emulation import TraceError  # only with --trace / --rtt-ms
+        from sakura.emulation.serve import pacing_front  # only with --trace / --rtt-ms
 
         try:  # the trace is parsed before anything binds
             front = pacing_front(trace, trace_offset_s=trace_offset, rtt_s=rtt_ms / 1e3, host=host, port=port)

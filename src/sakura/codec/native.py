@@ -23,7 +23,6 @@ import ctypes
 import importlib.machinery
 import os
 import platform
-import zlib
 from pathlib import Path
 from concurrent.futures import Executor
 from typing import Any
@@ -338,7 +337,7 @@ class ProgState:
         p = np.ascontiguousarray(obj.section("p"))
         _check(_lib().skn_prog_upgrade(self._s, l, _ptr(p), p.size, _ptr(own), own.size,
                                        ctypes.byref(self._tab) if self._tab is not None else None), self.codec.name)
-        self.level, self.last_crc = l, obj.whole_crc()
+        self.level, self.last_crc = l, obj.whole_crc()  # (derived from the checksum parse verified)
         return self
 
     def result(self) -> Any:

@@ -21,7 +21,11 @@ def test_bench_writes_scaling_and_reference_rates(tmp_path):
     sc = saved["scaling"]["speedup_by_workers"]
     assert set(sc) == {"1", "2"} and sc["1"] == 1.0 and sc["2"] > 0
     assert "lossless" not in saved["scaling"]["per_rendition"]
-    by = {(r["rendition"], r["workers"]): r for r in res["targets"]["host"]["rows"]}
+    from sakura.codec import native as NV
+
+    rows = res["targets"]["host"]["rows"]   # native and numba side by side, each row naming its decoder
+    assert {r["implementation"] for r in rows} == ({"native", "numba"} if NV.available() else {"numba"})
+    by = {(r["rendition"], r["workers"]): r for r in rows if r["implementation"] == rows[0]["implementation"]}
     assert by[("progressive#0", 1)]["reference_fp16_bytes_per_cpu_s"] > 0
     assert by[("cachegen:level=2", 1)]["reference_fp16_bytes_per_cpu_s"] > 0
     assert by[("lossless", 1)]["reference_fp16_bytes_per_cpu_s"] is None

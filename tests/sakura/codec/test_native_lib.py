@@ -351,3 +351,10 @@ def test_aarch64_build_decodes_every_vector_under_qemu_with_neon(tmp_path):
     scalar = subprocess.run([*qemu, runner, "--path", "scalar", "--expect-path", "neon", str(cases[0])],
                             capture_output=True, text=True, timeout=600)
     assert scalar.returncode != 0 and "expected path neon, ran scalar" in scalar.stdout
+
+
+def test_docs_show_the_header_as_it_is():
+    """docs/native.md carries native/include/sakura_decode.h verbatim (the app developer's API)."""
+    doc = (ROOT / "docs" / "native.md").read_text()
+    assert (NATIVE / "include" / "sakura_decode.h").read_text() in doc, \
+        "docs/native.md's copy of sakura_decode.h is stale: paste the header again"

@@ -12,7 +12,7 @@ Cloud side, for any model with the bundled models' image-level API (``load_model
    few backward passes, `measure_kv_sensitivity`) or, with ``allocation="probes"``, per-layer K/V
    sensitivities and image probes (one edit per measured choice: the build before issue 41);
 3. every codec setting of the ladder: the progressive ladder's lowest rung searched to the
-   template's image target (predicted, then confirmed by at most two measured edits:
+   template's image target (predicted, then confirmed by at most three measured edits:
    `ladder.fit_ladder_by_model`), shared tables fitted once, every layer's shard encoded (a
    layered codec gives one rendition per rung, each a byte prefix of the shard's one object) with
    its distortion: the codec's KV errors plus the manifest contract's ``image_mse`` /

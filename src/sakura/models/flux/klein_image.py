@@ -210,6 +210,22 @@ class KleinImageModel:
             images.append(self.adapter.decode(out.latents, (g, g)))
         return EditOutput(image=torch.cat(images), template_kv=captured, timings_s=timings)
 
+    def differentiable_edit(self, photo: torch.Tensor, **kwargs: Any) -> EditOutput:
+        """`edit` (same arguments, the same images) with autograd through the denoising and the VAE
+        decode: the build's sensitivity sketch back-propagates into the template KV (issue 41).
+        The adapter's `edit` / `decode` run undecorated for the call (their ``no_grad`` lifted)."""
+        import types
+
+        ad = self.adapter
+        lifted = {n: types.MethodType(getattr(type(ad), n).__wrapped__, ad) for n in ("edit", "decode")}
+        ad.__dict__.update(lifted)
+        try:
+            with torch.enable_grad():
+                return type(self).edit.__wrapped__(self, photo, **kwargs)
+        finally:
+            for n in lifted:
+                ad.__dict__.pop(n, None)
+
     def describe(self) -> dict[str, object]:
         d = self.adapter.describe()
         cfg = self.cfg

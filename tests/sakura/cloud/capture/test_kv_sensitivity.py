@@ -109,3 +109,20 @@ def test_joint_predictions_add_up(setup):
 def test_a_model_without_gradients_is_refused():
     with pytest.raises(TypeError, match="allocation='probes'"):
         measure_kv_sensitivity(object(), None, torch.zeros(1, 3, 8, 8))
+
+
+def test_klein_differentiable_edit_equals_edit_and_sketches(tmp_path):
+    """`KleinImageModel.differentiable_edit` (the adapter's no_grad lifted): the same images as
+    `edit`, and the sketch reaches every layer's keys and values."""
+    pytest.importorskip("diffusers")
+    from sakura.models.flux.klein_random import write_random_klein_folder
+
+    write_random_klein_folder(tmp_path / "k", "tiny", dtype=torch.float32)
+    model = load_model(f"klein:{tmp_path / 'k'}@32", device="cpu", dtype="fp32")
+    kv = model.extract_template_kv(torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)), "a sun")
+    kv = kv.to(torch.float16)
+    photos = calibration_photos(32, 1)
+    sens = measure_kv_sensitivity(model, kv, photos, steps=2, probes=2)
+    assert torch.equal(sens.reference_image.float(), model.edit(photos, template_kv=kv, steps=2).image)
+    assert all(float(r.abs().sum()) > 0 for pair in sens.rows for r in pair)
+    assert not hasattr(model.adapter, "__dict__") or "edit" not in model.adapter.__dict__  # restored

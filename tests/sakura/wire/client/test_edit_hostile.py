@@ -148,3 +148,22 @@ def test_raw_stream_on_a_store_without_a_lossless_rung_says_so_in_one_line(store
     said = [ln for ln in r.output.splitlines() if "lossless rendition" in ln]
     assert len(said) == 1 and "this store's ladder lacks" in said[0], r.output
     assert "0 B fetched" in r.output
+
+
+def test_the_reported_floor_is_named_an_estimate_with_its_held_out_error(store, photo, tmp_path):
+    """Issue 43 item 6: the floor is estimated on the build's calibration photos; the record says so
+    and carries the error `sakura bench faults` measured on held-out photos (sakura/assets)."""
+    import json
+
+    from sakura.phone.editor import FLOOR_BASIS, floor_heldout_error
+
+    with serve_in_thread(store) as url:
+        r = edit(photo, url, tmp_path / "o.png", tmp_path / "g", "--json")
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.output[r.output.index("{"):])
+    est = rec["floor_estimate"]
+    assert est["basis"] == FLOOR_BASIS and "calibration photos" in est["basis"]
+    assert est["psnr_db"] == rec["floor_psnr_db"]
+    held = floor_heldout_error()
+    assert held is not None, "sakura/assets/floor_heldout.json is missing: `sakura bench faults --publish`"
+    assert est["heldout_error_db"] == held and held["edits"] > 0 and held["max_shortfall_db"] >= 0
