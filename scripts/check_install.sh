@@ -57,6 +57,7 @@ for _ in range(200):  # bounded: 20 s at most
         time.sleep(0.1)
 EOF
 "$venv/bin/python" -c "from PIL import Image; Image.new('RGB', (96, 80), (200, 120, 40)).save('photo.png')"
+"$venv/bin/sakura" warm >/dev/null   # the decoders' JIT once after an install (the docs say so too)
 "$venv/bin/sakura" edit photo.png --server "$url" --template sticker-00 --gallery gallery --out edited.png | tail -n 3
 test -s edited.png
 echo "== venv size: $(du -sh "$venv" | cut -f1) ($venv)"

@@ -171,6 +171,22 @@ int skn_prog_open(skn_prog **out, const skn_prog_header *h)
     return SKN_OK;
 }
 
+int skn_prog_reset(skn_prog *s, const skn_prog_header *h)
+{
+    if (!s || !h) return SKN_E_ARG;
+    skn_prog *fresh = NULL;
+    int rc = skn_prog_open(&fresh, h);   /* (checks the header; small next to a decode) */
+    if (rc) return rc;
+    int same = fresh->T == s->T && fresh->C == s->C && fresh->grid == s->grid;
+    for (int i = 0; i < 2; i++) same = same && fresh->mag32[i] == s->mag32[i];
+    skn_prog_free(fresh);
+    if (!same) return SKN_E_ARG;
+    s->h = *h;
+    s->level = -1;
+    for (int i = 0; i < 2; i++) { free(s->inv[i]); s->inv[i] = NULL; }
+    return SKN_OK;
+}
+
 int32_t skn_prog_level(const skn_prog *s) { return s ? s->level : -1; }
 
 /* the histogram model of one stream: from the payload (own or no tables) or the shared table */

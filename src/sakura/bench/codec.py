@@ -345,7 +345,7 @@ def worker_scaling(spec: str, shard: ShardKV, workers=(1, 2, 4), layers: int = 8
 
 def klein_tiny_coverage(specs: list[str]) -> dict[str, Any]:
     """Tiny random FLUX.2 (diffusers) template KV through every codec: shapes, bits, rel errors."""
-    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
+    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel  # the Klein path only
     from sakura.models.flux.klein import KleinAdapter, KleinReference  # diffusers: the [flux] extra, only here
 
 

@@ -1019,3 +1019,75 @@ if __name__ == "__main__":   # python -m sakura.bench.decode_rates OLD_SRC [TOKE
     import sys
 
     side_by_side(sys.argv[1], tokens=[int(t) for t in sys.argv[2:]] or TOKENS)
+
+
+def per_core_side_by_side(specs: Sequence[str] = ("progressive", "cachegen:level=3", "cachegen:level=2",
+                                                  "cachegen:level=1"),
+                          tokens: Sequence[int] = TOKENS, reps: int = 3, targets: Sequence[str] = TARGETS,
+                          log: Callable[[str], None] = print) -> list[dict]:
+    """The light form of `run` for a loaded machine: per-core rates only (thread CPU time of one
+    decode, the best of `reps`), native and numba alternating decode by decode on the same bytes,
+    host in this process and phone-class in a child (`target.phone_env`); no wall-time rounds, no
+    split or reference columns. -> rows {rendition, tokens, target, implementation, native_path,
+    fp16_bytes_per_cpu_s}. `python -c "from sakura.bench.decode_rates import per_core_side_by_side as f; f()"`."""
+    import subprocess
+    import sys
+
+    from sakura.codec.target import phone_env
+
+    rows: list[dict] = []
+    if PHONE in targets:
+        code = ("import json, sys; from sakura.bench.decode_rates import _per_core; "
+                f"print('ROWS ' + json.dumps(_per_core({list(specs)!r}, {list(tokens)!r}, {reps}, 'phone')))")
+        child = subprocess.Popen([sys.executable, "-c", code], env=phone_env(), stdout=subprocess.PIPE, text=True)
+    if HOST in targets:
+        rows += _per_core(specs, tokens, reps, HOST, log)
+    if PHONE in targets:
+        out, _ = child.communicate()
+        rows += json.loads(next(ln[5:] for ln in out.splitlines() if ln.startswith("ROWS ")))
+    return rows
+
+
+def _per_core(specs: Sequence[str], tokens: Sequence[int], reps: int, target: str,
+              log: Callable[[str], None] = print) -> list[dict]:
+    from sakura.codec import ShardId, codec_from_spec, warm_up
+    from sakura.codec import native as NV
+    from sakura.codec.progressive import ladder as PG
+
+    warm_up()
+    torch.set_num_threads(1)
+    rows = []
+    for T in tokens:
+        shard = _klein_layer_cached(T, KLEIN_HEADS, KLEIN_HEAD_DIM)
+        ident = ShardId("bench-decode", f"klein-{T}", 5)
+        for spec in specs:
+            codec = codec_from_spec(spec)
+            tables = codec.fit_tables([shard]) if codec.uses_tables else None
+            data = codec.encode(shard, ident, tables)
+            ends = codec.level_ends(data) if codec.supports_layers else [len(data)]
+            for r, e in enumerate(ends):
+                blob = data[:e]
+                name = f"{spec}#{r}" if codec.supports_layers else spec
+
+                def dec(engine: str, blob=blob, codec=codec, tables=tables):
+                    if codec.supports_layers:
+                        return PG.decode_with(codec, blob, ident, tables, engine)
+                    return codec.decode_with(blob, ident, tables, engine)
+
+                impls = [i for i in IMPLEMENTATIONS if i == "numba" or NV.available()]
+                best = {i: math.inf for i in impls}
+                for i in impls:
+                    dec(i)
+                for _ in range(reps):
+                    for i in impls:   # alternating: a change in the machine's load hits both alike
+                        c0 = time.thread_time()
+                        dec(i)
+                        best[i] = min(best[i], time.thread_time() - c0)
+                for i in impls:
+                    rows.append({"rendition": name, "tokens": T, "target": target, "implementation": i,
+                                 "native_path": NV.path_name() if i == "native" else None,
+                                 "bits_per_value": 8 * len(blob) / shard.num_values,
+                                 "fp16_bytes_per_cpu_s": shard.fp16_bytes / best[i]})
+                log(f"  [{target}] {name:<24} T={T:<5} " + "  ".join(f"{i} {shard.fp16_bytes / best[i] / 1e6:7.1f} MB/CPU-s"
+                                                                  for i in impls))
+    return rows

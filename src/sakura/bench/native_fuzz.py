@@ -29,6 +29,7 @@ CORPUS = NATIVE / "fuzz" / "corpus"
 REGRESSIONS = NATIVE / "fuzz" / "regressions"
 MAX_LEN = 1 << 17          # bytes per input (the big-layout seeds are ~40-100 KB)
 SEED_MAX_BYTES = MAX_LEN   # vector cases larger than this are not seeds
+CORPUS_BYTES = 400_000     # the saved corpus keeps the smallest merged inputs up to this many bytes
 
 
 def build(build_dir: Path | None = None, log: Callable[[str], None] = print) -> Path:
@@ -97,8 +98,10 @@ def run(runs: int, out: Path, save: bool = False, seed: int = 1, log: Callable[[
                 f.unlink()
             # the seeds are the vectors (regenerated for every replay): only what fuzzing added is saved
             seed_bytes = {f.read_bytes() for f in (Path(tmp) / "seeds").iterdir()}
-            for f in merged.iterdir():
-                if f.read_bytes() not in seed_bytes:
+            total = 0
+            for f in sorted(merged.iterdir(), key=lambda f: (f.stat().st_size, f.name)):
+                if f.read_bytes() not in seed_bytes and total + f.stat().st_size <= CORPUS_BYTES:
+                    total += f.stat().st_size
                     shutil.copy(f, CORPUS / f.name)
     report = {"executions": int(stats.get("number_of_executed_units", done[-1] if done else 0)),
               "runs_asked": runs, "seconds": round(wall, 1),

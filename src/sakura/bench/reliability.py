@@ -41,8 +41,7 @@ from sakura.cloud.tasks import get_template, heldout_photos
 from sakura.cloud.tasks.quality import psnr_per_image
 from sakura.emulation.faults import hostile_in_thread
 from sakura.models import load_model
-from sakura.phone import BandwidthEstimator, RttEstimator
-from sakura.phone.driver import FixedPolicy
+from sakura.phone import BandwidthEstimator, FixedPolicy, RttEstimator
 from sakura.phone.live import Emulation, profile_model, streamed_edit
 from sakura.wire.server.app import VerifiedObjects, _sha256_fd
 from sakura.wire.store.synthetic import make_synthetic_store

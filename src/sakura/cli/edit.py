@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import os
 import tempfile
 from pathlib import Path
@@ -80,7 +82,9 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
         q = f"{res.streamed.implied_psnr_db:.1f} dB" if res.streamed.quality_known else \
             "unknown (manifest has no image distortions)"
         held = res.floor_estimate["heldout_error_db"]
-        if res.streamed.quality_known and held:
+        if res.streamed.quality_known and not math.isfinite(res.streamed.implied_psnr_db):
+            q += " (every layer exact: lossless or computed on the device)"
+        elif res.streamed.quality_known and held:
             q += (f" (an estimate from the build's calibration photos: on held-out photos "
                   f"{100 * held['below_floor_fraction']:.0f} % of edits landed below it, by up to {held['max_shortfall_db']:.1f} dB)")
         echo(f"image PSNR vs the lossless-KV edit implied by the renditions used: {q}")

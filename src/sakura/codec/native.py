@@ -23,6 +23,7 @@ import ctypes
 import importlib.machinery
 import os
 import platform
+import threading
 from pathlib import Path
 from concurrent.futures import Executor
 from typing import Any
@@ -79,6 +80,7 @@ _SIGS = {
     "skn_prog_start": (ctypes.c_int, [_P, _P, _SZ, _P, _SZ, ctypes.POINTER(_Tables)]),
     "skn_prog_upgrade": (ctypes.c_int, [_P, _I32, _P, _SZ, _P, _SZ, ctypes.POINTER(_Tables)]),
     "skn_prog_level": (_I32, [_P]),
+    "skn_prog_reset": (ctypes.c_int, [_P, ctypes.POINTER(_Header)]),
     "skn_prog_result_f16": (ctypes.c_int, [_P, _P, _P]),
     "skn_prog_free": (None, [_P]),
     "skn_prog_blocks": (_I32, [_P]),
@@ -91,6 +93,7 @@ _SIGS = {
 }
 
 _LIB: list[Any] = []          # [the loaded library or None]
+_THREAD = threading.local()   # .prog: this thread's borrowed decoder (one-shot decodes)
 _WHY: list[str] = []          # why it is not loaded
 
 
@@ -228,20 +231,32 @@ class ProgState:
     `progressive.ProgressiveState`: `start`, `upgrade` with the next rung's object, `result`)."""
 
     def __init__(self, codec: Any, header: dict[str, Any], version: int, shape: tuple[int, int, int],
-                 tables: Any, layer: int, pool: Executor | None = None) -> None:
+                 tables: Any, layer: int, pool: Executor | None = None, borrow: bool = False) -> None:
         self.codec, self.header, self.version, self.shape = codec, header, version, shape
         self.tables, self.layer, self.pool = tables, layer, pool
         self.level = -1
         self._h = self._header()
         self._keep: list[Any] = []
         self._tab = self._tables() if tables is not None else None
+        lib = _lib()
+        # borrow (one-shot decodes, `decode_with`): this thread's decoder of the last shape, reset,
+        # so that its buffers are not fresh pages again (numba's scratch memory did the same)
+        held = getattr(_THREAD, "prog", None) if borrow else None
+        if held is not None and lib.skn_prog_reset(held, ctypes.byref(self._h)) == OK:
+            self._s, self._borrowed = held, True
+            return
         p = _P()
-        _check(_lib().skn_prog_open(ctypes.byref(p), ctypes.byref(self._h)), codec.name)
-        self._s = p
+        _check(lib.skn_prog_open(ctypes.byref(p), ctypes.byref(self._h)), codec.name)
+        self._s, self._borrowed = p, False
+        if borrow:   # the next one-shot decode in this thread reuses it (the old one is freed)
+            if held is not None:
+                lib.skn_prog_free(held)
+            _THREAD.prog = p
+            self._borrowed = True
 
     def __del__(self) -> None:
         s = getattr(self, "_s", None)
-        if s and _LIB and _LIB[0] is not None:
+        if s and not getattr(self, "_borrowed", False) and _LIB and _LIB[0] is not None:
             _LIB[0].skn_prog_free(s)
             self._s = None
 

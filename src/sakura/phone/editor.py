@@ -82,7 +82,8 @@ def refresh_failure(e: BaseException, template: str) -> str:
 
 
 #: What `EditResult.floor_psnr_db` rests on (it is not a guarantee for the photo at hand).
-FLOOR_BASIS = "estimate: each rung's image distortion measured at build time on the build's calibration photos"
+FLOOR_BASIS = ("estimate: each rung's image distortion at build time on the build's calibration photos (predicted by "
+               "its sensitivity model, one rendition a template measured; the manifest's flags say which)")
 
 
 def floor_heldout_error() -> dict[str, Any] | None:

@@ -62,7 +62,11 @@ def test_edit_command_rejects_bad_inputs(store, tmp_path):
         assert res.exit_code == 2 and "not a readable image" in res.output
         res = runner.invoke(app, ["edit", str(tmp_path / "missing.png"), "--server", url, "--template", "sticker-00"])
         assert res.exit_code == 2 and "no such photo" in res.output
-        res = runner.invoke(app, ["edit", str(bad), "--server", url, "--template", "sticker-00", "--policy", "fastest"])
+        good = tmp_path / "photo.png"   # (the photo is checked before the policy: a readable one here)
+        from PIL import Image
+
+        Image.new("RGB", (64, 64), (200, 120, 40)).save(good)
+        res = runner.invoke(app, ["edit", str(good), "--server", url, "--template", "sticker-00", "--policy", "fastest"])
         assert res.exit_code == 2 and "policy must be one of" in res.output
 
 

@@ -1439,7 +1439,7 @@ def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: Cod
             bs.require_version(obj, READ_VERSIONS, codec.name)
             layer = obj.header.get("layer", 0)
             return NV.ProgState(codec, obj.header, obj.version, shape, tables,
-                                layer if isinstance(layer, int) else 0, pool).start(obj, obj.whole_crc())
+                                layer if isinstance(layer, int) else 0, pool, borrow).start(obj, obj.whole_crc())
         engine = "numba"
     st = ProgressiveState(codec=codec, ident=ident, tables=tables, dtype=dtype, shape=shape, header=obj.header,
                           engine=engine, pool=pool, borrow=borrow and engine != "reference")
