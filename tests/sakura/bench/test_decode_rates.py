@@ -39,8 +39,11 @@ def test_run_writes_rows_for_every_rung_and_worker_on_both_targets(tmp_path):
     names = {"lossless", "cachegen:level=1", "layered:budgets=[1.0,2.0]#0", "layered:budgets=[1.0,2.0]#1"}
     for t in ("host", "phone"):
         rows = res["targets"][t]["rows"]
-        assert {r["rendition"] for r in rows} == names and len(rows) == 2 * len(names)
-        by = {(r["rendition"], r["workers"]): r for r in rows}
+        # native (libsakura_decode) and numba side by side, each on every rung x worker count
+        impls = {r["implementation"] for r in rows}
+        assert impls == {"native", "numba"}, impls
+        assert {r["rendition"] for r in rows} == names and len(rows) == 2 * len(names) * len(impls)
+        by = {(r["rendition"], r["workers"]): r for r in rows if r["implementation"] == "numba"}
         # lossless stores fp16 as is (plus a header); the layered rungs grow; every rate is a real measurement
         assert 16.0 <= by[("lossless", 1)]["bits_per_value"] < 17.0
         assert by[("layered:budgets=[1.0,2.0]#0", 1)]["bits_per_value"] < by[("layered:budgets=[1.0,2.0]#1", 1)]["bits_per_value"]
@@ -56,8 +59,9 @@ def test_run_writes_rows_for_every_rung_and_worker_on_both_targets(tmp_path):
     assert "## Side by side" in md and "phone-class MB/s per core" in md and "phone-class / host" in md
     assert "`layered:budgets=[1.0,2.0]#1`" in md and "per core MB/s" in md and "x86-64-v2" in md
     host, phone = (load_rates(tmp_path / "decode_rates.json", target=t) for t in ("host", "phone"))
-    hby = {(r["rendition"], r["workers"]): r for r in res["targets"]["host"]["rows"]}
-    pby = {(r["rendition"], r["workers"]): r for r in ph["rows"]}
+    # the readers take the native library's rows (what the phone path decodes with), never a mix
+    hby = {(r["rendition"], r["workers"]): r for r in res["targets"]["host"]["rows"] if r["implementation"] == "native"}
+    pby = {(r["rendition"], r["workers"]): r for r in ph["rows"] if r["implementation"] == "native"}
     assert rate_for(host, "lossless", 4096, 2) == hby[("lossless", 2)]["fp16_bytes_per_s"]
     assert rate_for(phone, "lossless", 4096, 2) == pby[("lossless", 2)]["fp16_bytes_per_s"]
     with pytest.raises(KeyError):

@@ -9,7 +9,7 @@ from sakura.bench.codec import run
 
 def test_bench_codec_quick(tmp_path):
     res = run(tmp_path, tasks=1, templates_per_task=1, photos=2, steps=2, quick=True, klein=False, storage=False,
-              throughput_tokens=64, log=lambda s: None)
+              throughput_tokens=64)
     assert (tmp_path / "table.md").is_file() and (tmp_path / "rd_psnr.png").is_file()
     t = json.loads((tmp_path / "results.json").read_text())["tasks"]["look"]["templates"][0]
     by = {r["setting"]: r for r in t["rows"]}
