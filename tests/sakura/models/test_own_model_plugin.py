@@ -120,14 +120,15 @@ def test_a_plugin_package_built_from_the_page_installs_and_runs_in_bfloat16(tmp_
     assert r.returncode == 0, r.stderr[-2000:]
     assert list(site.glob("my_sakura_plugin-*.dist-info")), "the plugin's metadata (its entry point) is installed"
 
-    folder = tmp_path / "transformer"
-    subprocess.run([str(venv / "bin" / "python"), "-c", "import sys, my_sakura_plugin as p; "
-                    "p.write_tiny_transformer(sys.argv[1])", str(folder)], check=True, timeout=300,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
-    Image.fromarray((torch.arange(S * S * 3).reshape(S, S, 3) * 7 % 256).to(torch.uint8).numpy()).save(tmp_path / "t.png")
-    Image.new("RGB", (40, 30), (30, 140, 200)).save(tmp_path / "photo.png")
+    # sakura itself from this checkout's src/: an editable install's own .pth is not read from a
+    # folder that deps.pth adds, so the checkout is named for every command the venv runs
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parents[3] / "src")}
+    folder = tmp_path / "transformer"
+    subprocess.run([str(venv / "bin" / "python"), "-c", "import sys, my_sakura_plugin as p; "
+                    "p.write_tiny_transformer(sys.argv[1])", str(folder)], check=True, timeout=300, env=env)
+    Image.fromarray((torch.arange(S * S * 3).reshape(S, S, 3) * 7 % 256).to(torch.uint8).numpy()).save(tmp_path / "t.png")
+    Image.new("RGB", (40, 30), (30, 140, 200)).save(tmp_path / "photo.png")
     sakura = [str(venv / "bin" / "python"), "-m", "sakura"]
     spec = f"pixel-flux:{folder}@{S}"
     on_cpu_bf16 = ["--device", "cpu", "--dtype", "bfloat16"]
