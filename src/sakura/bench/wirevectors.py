@@ -267,6 +267,18 @@ def _objpath(data: bytes) -> str:
     return f"store/objects/{sha[:2]}/{sha}"
 
 
+def _vector_entry(root: Path, e: dict) -> tuple[bytes, ShardId, CodecTables | None, list[tuple[int | None, dict]]]:
+    """One listed object of vectors.json: its bytes, identity, tables and [(prefix end or None,
+    recorded digest)] for the whole object and each rung."""
+    data = (root / e["path"]).read_bytes()
+    ident = ShardId(e["identity"]["model"], e["identity"]["template"], e["identity"]["shard"])
+    tables = None
+    if e["tables"] is not None:
+        tables = CodecTables.from_bytes((root / e["tables"]).read_bytes(), ShardId(ident.model, ident.template, -1))
+    cuts = [(e.get("prefix_bytes"), e["decoded"])] + [(r["prefix_bytes"], r["decoded"]) for r in e.get("rungs", [])]
+    return data, ident, tables, cuts
+
+
 def check(root: Path) -> list[str]:
     """Decode every object listed in `root`/vectors.json with this build; the problems found
     (empty when every object decodes to what is recorded)."""
@@ -276,12 +288,7 @@ def check(root: Path) -> list[str]:
     for e in doc["objects"]:
         if e.get("kind") == "tables":
             continue
-        data = (root / e["path"]).read_bytes()
-        ident = ShardId(e["identity"]["model"], e["identity"]["template"], e["identity"]["shard"])
-        tables = None
-        if e["tables"] is not None:
-            tables = CodecTables.from_bytes((root / e["tables"]).read_bytes(), ShardId(ident.model, ident.template, -1))
-        pieces = [(e.get("prefix_bytes"), e["decoded"])] + [(r["prefix_bytes"], r["decoded"]) for r in e.get("rungs", [])]
+        data, ident, tables, pieces = _vector_entry(root, e)
         for end, want in pieces:
             got = _decode_checked(data if end is None else data[:end], ident, tables)
             if got != want:
@@ -361,15 +368,11 @@ def native_cases(root: Path, out: Path) -> list[Path]:
     for e in doc["objects"]:
         if e.get("kind") == "tables" or e["codec"] not in ("progressive", "cachegen", "lossless"):
             continue
-        if "delta=true" in e.get("spec", "") or bs.parse(
-                (root / e["path"]).read_bytes(), whole=False).header.get("dtype") != "float16":
+        if "delta=true" in e.get("spec", ""):
             continue
-        data = (root / e["path"]).read_bytes()
-        ident = ShardId(e["identity"]["model"], e["identity"]["template"], e["identity"]["shard"])
-        tables = None
-        if e["tables"] is not None:
-            tables = CodecTables.from_bytes((root / e["tables"]).read_bytes(), ShardId(ident.model, ident.template, -1))
-        cuts = [(e.get("prefix_bytes"), e["decoded"])] + [(r["prefix_bytes"], r["decoded"]) for r in e.get("rungs", [])]
+        data, _ident, tables, cuts = _vector_entry(root, e)
+        if bs.parse(data, whole=False).header.get("dtype") != "float16":
+            continue
         for k, (end, want) in enumerate(cuts):
             piece = data if end is None else data[:end]
             if e["codec"] == "progressive":
