@@ -240,6 +240,25 @@ def sae_metadata(model_name: str, layer: int, **extra) -> dict:
             "saeot_layer": int(layer), **extra}
 
 
+def _init_params(X: np.ndarray, d_sae: int, seed: int):
+    """The training start both SAE kinds share: the RMS scale of `X` (n, d) float32, the scaled
+    activations as a tensor, the generator seeded by `seed` (it draws the batches next), unit-norm random decoder rows (d_sae, d) from `seed`, the encoder tied
+    to them (d, d_sae), a zero encoder bias and the data mean as decoder bias (leaf tensors)."""
+    import torch
+
+    d = X.shape[1]
+    scale = float(np.sqrt((X.astype(np.float64) ** 2).sum(1).mean() / d)) or 1.0
+    Xt = torch.from_numpy(X / scale)
+    g = torch.Generator().manual_seed(seed)
+    W_dec = torch.randn(d_sae, d, generator=g)
+    W_dec /= W_dec.norm(dim=1, keepdim=True)
+    W_dec.requires_grad_(True)
+    W_enc = W_dec.detach().T.clone().requires_grad_(True)  # (d, d_sae), tied init
+    b_enc = torch.zeros(d_sae, requires_grad=True)
+    b_dec = Xt.mean(0).clone().requires_grad_(True)
+    return scale, Xt, g, W_enc, b_enc, W_dec, b_dec
+
+
 def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000, batch_size: int = 1024,
                    lr: float = 1e-3, seed: int = 0, progress: bool = True, cfg: dict | None = None,
                    aux_k: int | None = None, aux_coef: float = 1 / 32, dead_after_tokens: int | None = None,
@@ -288,15 +307,7 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
         raise ValueError(f"k={k} > d_sae={d_sae}")
     aux_k = min(d_sae // 2, 4 * k) if aux_k is None else int(aux_k)
     dead_after = min(n // 4, 2 * d_sae) if dead_after_tokens is None else int(dead_after_tokens)
-    scale = float(np.sqrt((X.astype(np.float64) ** 2).sum(1).mean() / d)) or 1.0
-    Xt = torch.from_numpy(X / scale)
-    g = torch.Generator().manual_seed(seed)
-    W_dec = torch.randn(d_sae, d, generator=g)
-    W_dec /= W_dec.norm(dim=1, keepdim=True)
-    W_dec.requires_grad_(True)
-    W_enc = W_dec.detach().T.clone().requires_grad_(True)  # (d, d_sae), tied init
-    b_enc = torch.zeros(d_sae, requires_grad=True)
-    b_dec = Xt.mean(0).clone().requires_grad_(True)
+    scale, Xt, g, W_enc, b_enc, W_dec, b_dec = _init_params(X, d_sae, seed)
     opt = torch.optim.Adam([W_enc, b_enc, W_dec, b_dec], lr=lr)
     since_fired = torch.zeros(d_sae)  # tokens since each feature last fired
     bs = min(batch_size, n)
@@ -442,15 +453,7 @@ def train_jumprelu_sae(X: np.ndarray, d_sae: int, *, target_l0: float = 32, step
 
     X = np.asarray(X, dtype=np.float32)
     n, d = X.shape
-    scale = float(np.sqrt((X.astype(np.float64) ** 2).sum(1).mean() / d)) or 1.0
-    Xt = torch.from_numpy(X / scale)
-    g = torch.Generator().manual_seed(seed)
-    W_dec = torch.randn(d_sae, d, generator=g)
-    W_dec /= W_dec.norm(dim=1, keepdim=True)
-    W_dec.requires_grad_(True)
-    W_enc = W_dec.detach().T.clone().requires_grad_(True)  # (d, d_sae), tied init
-    b_enc = torch.zeros(d_sae, requires_grad=True)
-    b_dec = Xt.mean(0).clone().requires_grad_(True)
+    scale, Xt, g, W_enc, b_enc, W_dec, b_dec = _init_params(X, d_sae, seed)
     log_theta = torch.full((d_sae,), float(np.log(theta_init)), requires_grad=True)
     # the thresholds get a larger step (theta_lr_mult): with lr alone a log-threshold moves <= lr per
     # step, too little for 600-step runs to spread the thresholds over the features' scales
