@@ -3,10 +3,23 @@
 
 from __future__ import annotations
 
+import json as _json
+import os
+import sys
+import time as _time
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+from sakura.cli import precheck
+from sakura.cli.build import build_cmd
+from sakura.cli.edit import edit_command
+from sakura.cli.precheck import UsageError
+from sakura.cli.store import serve_cmd
+from sakura.util.extras import DISTRIBUTION
+from sakura.util.fsutil import os_error_line
+from sakura.util.text import clean, connection_error_line, fit_to_terminal
 
 app = typer.Typer(
     help="sakura: private on-device image editing with streamed, compressed template KV.",
@@ -19,7 +32,6 @@ app = typer.Typer(
 def _print_version(value: bool) -> None:
     if value:
         from sakura import __version__
-        from sakura.util.extras import DISTRIBUTION
 
         typer.echo(f"{DISTRIBUTION} {__version__}")
         raise typer.Exit()
@@ -36,8 +48,6 @@ def _root(
 def _precheck(*checks) -> None:
     """Run `sakura.cli.precheck` checks before any heavy import: the first bad argument is one
     line on stderr and exit status 2, in a fraction of a second."""
-    from sakura.cli.precheck import UsageError
-
     try:
         for check in checks:
             check()
@@ -67,8 +77,6 @@ def info(
                         "or an installed plugin's name (sakura.available_models())."),
 ) -> None:
     """Print the model's config, parameter count, template-KV size and fingerprint."""
-    from sakura.cli import precheck
-
     _precheck(lambda: precheck.model_spec(model))
     from sakura.models import load_model
 
@@ -87,7 +95,6 @@ def demo(
     photo with on-device, CacheGen and sakura, live and time-dilated to a workload where streaming can
     pay (a three-image style template on a ~3.6 TFLOP/s phone), with the simulator beside each."""
     from sakura.bench.demo import run_demo
-    import os
 
     from sakura.emulation.traces import traces_root
 
@@ -188,15 +195,12 @@ def build(
     quiet: bool = typer.Option(False, help="No progress bar (the per-template summary lines stay)."),
 ) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
-    from sakura.cli import precheck
-
     _precheck(lambda: precheck.store_to_write(store), lambda: precheck.model_spec(model),
               lambda: precheck.build_templates(template),
               lambda: precheck.extra("skimage", "sakura build (its public calibration photos)"),
               lambda: precheck.extra("sklearn", "sakura build (its public calibration photos)"))
     for line in precheck.sticker_image_warnings(template, task):  # builds anyway: the user may mean it
         typer.echo(f"warning: {line}", err=True)
-    from sakura.cli.build import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
               workers=workers, force=force, library=library, task=task, prompt=prompt, device=device, dtype=dtype,
@@ -225,8 +229,6 @@ def serve(
     idle_timeout_s: float = typer.Option(15.0, min=0.1, help="Seconds an idle keep-alive connection is kept."),
 ) -> None:
     """Serve a store over HTTP (manifests and shards, Range requests, ETags)."""
-    from sakura.cli.store import serve_cmd
-
     serve_cmd(store, host, port, chunk_kib, quiet, trace=trace, trace_offset=trace_offset, rtt_ms=rtt_ms,
               max_connections=max_connections, fd_reserve=fd_reserve, header_timeout_s=header_timeout_s,
               idle_timeout_s=idle_timeout_s)
@@ -270,10 +272,7 @@ def edit(
     Once the template is known (from the server, or the gallery's copy with the server down) the edit
     completes: what the link cannot deliver in time is computed on the device. With the server down
     and the template not in the gallery it fails with one line."""
-    from sakura.cli import precheck
-
     _precheck(lambda: precheck.photo(photo), lambda: precheck.model_spec(model))
-    from sakura.cli.edit import edit_command
 
     try:  # the codec's JIT is warmed inside the edit, before its clock starts (streamed_edit)
         edit_command(photo=photo, server=server, template=template, out=out, policy=policy, steps=steps, seed=seed,
@@ -284,7 +283,6 @@ def edit(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     except OSError as e:  # e.g. a full disk writing --out: the path and the cause, one line
-        from sakura.util.fsutil import os_error_line
 
         typer.echo(f"error: {os_error_line(e)}", err=True)
         raise typer.Exit(2) from None
@@ -300,8 +298,6 @@ def templates(
 
     fp = None
     if model is not None:
-        from sakura.cli import precheck
-
         _precheck(lambda: precheck.model_spec(model))
     try:
         if model is not None:
@@ -310,12 +306,10 @@ def templates(
             fp = load_model(model).fingerprint()
         items = list_templates(server, fp)
     except Exception as e:  # unreachable server, malformed index, bad model name: one line
-        from sakura.util.text import clean, connection_error_line
 
         why = connection_error_line(e) or clean(' '.join(str(e).split()) or type(e).__name__)
         typer.echo(f"error: cannot list the templates of {clean(server)}: {why}", err=True)
         raise typer.Exit(2) from None
-    from sakura.util.text import fit_to_terminal
 
     typer.echo(fit_to_terminal(format_templates(items)))  # one row per line, cut to the terminal's width
 
@@ -438,9 +432,6 @@ def bench_isolation(
 ) -> None:
     """What template isolation costs on a stock-attention checkpoint: per task, PSNR of the model's own
     (non-isolated) edit and of the cached isolated-KV edit vs ground truth, and cached vs stock."""
-    import json as _json
-    import time as _time
-
     import torch
 
     from sakura.cloud.training.isolation import isolation_json, isolation_markdown, load_run_model, measure_isolation
@@ -870,8 +861,6 @@ reflow_help(app)
 def main(argv: Optional[list[str]] = None) -> None:
     """The `sakura` console entry: the app, with an optional dependency that is not installed
     reported as one line naming the extra to install (rc 2) wherever in a command it was imported."""
-    import sys
-
     try:
         app(argv)
     except ModuleNotFoundError as e:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+from sakura.util.text import fit_to_terminal as fit, terminal_columns
+
 # sakura.wire.store (pydantic, the manifest schema) is imported inside each command: importing it here
 # cost every `sakura` invocation, `--help` and a bad argument included, ~0.2 CPU-s (issue 45)
 
@@ -45,7 +47,6 @@ def stats_cmd(
             t["whole_ratio_vs_fp16"] = ts.whole_ratio_vs_fp16
         typer.echo(json.dumps(d, indent=1))
         return
-    from sakura.util.text import fit_to_terminal as fit, terminal_columns
 
     # on a terminal: the fingerprint's first 12 hex (rows were 166 columns wide), then cut to fit
     fp = (lambda f: f[:12]) if terminal_columns() is not None else (lambda f: f)
