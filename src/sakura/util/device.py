@@ -13,6 +13,8 @@ own device and dtype on arrival, so a store built on a GPU in bf16 serves a phon
 from __future__ import annotations
 
 from typing import Any
+import resource
+import sys
 
 #: accepted ``--dtype`` names -> torch attribute
 DTYPE_NAMES = {"auto": None, "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
@@ -113,9 +115,6 @@ def synchronize(device: Any) -> None:
 def peak_memory(device: Any) -> dict[str, float]:
     """{"host_peak_rss_bytes", "device_peak_bytes"}: this process's peak resident set (ru_maxrss)
     and, on cuda, torch's peak allocated bytes since the last `reset_peak_memory`."""
-    import resource
-    import sys
-
     import torch
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
