@@ -18,11 +18,13 @@ import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+import warnings
 
 from sakura.util.extras import require
 from sakura.util.lazy import lazy_names
 
 from .registry import ModelSpecError, available_models, load_model, register_model, unregister_model
+from sakura.util.device import resolve
 
 if TYPE_CHECKING:
     from .mini import MiniDiT
@@ -51,8 +53,6 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self) if fullname in MOVED_MODULES else None
 
     def create_module(self, spec):
-        import warnings
-
         warnings.warn(f"{spec.name} moved to {MOVED_MODULES[spec.name]}; the old path goes in sakura-kv 0.2",
                       DeprecationWarning, stacklevel=2)
         return importlib.import_module(MOVED_MODULES[spec.name])
@@ -84,8 +84,6 @@ def _load_bundled(name: str, default: Path, weights: str | Path | None, allow_ra
     every KV path exactly; its edits are noise). Then moved to `device` in `dtype`
     (`sakura.util.device.resolve`: auto = cuda, mps, cpu; bf16 / fp16 / fp32), fingerprinted
     first: the shipped fp32 weights name the model on every device and in every precision."""
-    from sakura.util.device import resolve
-
     dev, dt = resolve(device, dtype)  # a bad --device fails before the weights are read
     path = Path(weights) if weights is not None else default
     if path.is_file():

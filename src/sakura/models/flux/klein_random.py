@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .klein_config import KLEIN_4B, KLEIN_9B, KleinConfig
+from .klein_tiny import _byte_tokenizer
 
 
 def _transformer_kwargs(cfg: KleinConfig) -> dict[str, Any]:
@@ -60,8 +61,6 @@ def write_random_klein_folder(folder: str | Path, preset: str = "klein-4b", *, d
     from diffusers import AutoencoderKLFlux2, Flux2KleinKVPipeline, Flux2Transformer2DModel
     from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
     from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from .klein_tiny import _byte_tokenizer
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
