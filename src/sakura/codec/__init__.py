@@ -24,6 +24,8 @@ Codec interface, registry, `LadderState`; `bitstream`, `entropy`, `rans`, `kerne
                                with quantiser="ecsq" the progressive family's ladder
 """
 
+import time
+
 from . import target as _target
 
 _target.configure()   # before anything loads numba: SAKURA_DECODE_TARGET=phone picks the JIT's CPU
@@ -47,8 +49,6 @@ def warm_up() -> float:
     """Compile (or load from numba's disk cache) every kernel of the codec's decoders and of the
     build's table fit; returns seconds spent. Called at process start by `sakura edit` / `demo` /
     `warm` / the benches, so that no edit pays the JIT."""
-    import time
-
     from . import rans
     from .progressive import fastdct, fitkernels
 

@@ -43,6 +43,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
+import hashlib
 
 import numpy as np
 
@@ -144,8 +145,6 @@ class ShardId:
     def digest(self) -> str:
         """128-bit hex digest of (model, template): what version-5 shard objects carry instead of
         the two fingerprints (~130 hex characters, most of a mini shard's compressed header)."""
-        import hashlib
-
         return hashlib.sha256(json.dumps([self.model, self.template]).encode()).hexdigest()[:32]
 
     def to_compact_json(self) -> dict[str, Any]:
