@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+import time
 
 from sakura.util.text import clean
 
@@ -67,8 +68,6 @@ def _offer(server: str, fp: str, tid: str, m) -> OfferedTemplate:
 async def offered_templates(client, server: str, model_fingerprint: str | None, deadline_s: float) -> TemplateListing:
     """Read the index, then the listed manifests (``LIST_CONCURRENCY`` at a time), all within one
     overall ``deadline_s``; an unreadable manifest (stale entry, corrupt, slow) is skipped and named."""
-    import time
-
     t_end = time.monotonic() + deadline_s
     keys = await client.manifest_keys(deadline_s=deadline_s)
     keys = [(fp, tid) for fp, tid in keys if model_fingerprint is None or fp == model_fingerprint]

@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -34,6 +35,8 @@ from .device import DeviceProfile, default_decode_workers, profile_model, shard_
 from .driver import ADVANCE, FAILED, PENDING, REQUESTED, USE, WAIT, EditDriver, Policy, ShardRecord
 from .estimator import BandwidthEstimator, RttEstimator
 from .plan import LOCAL, Route, ShardSpec, psnr_db
+from sakura.phone.limits import LimitError, check_shard_header, fetch_deadline_s, shard_shapes
+from sakura.util.text import clean
 
 
 @dataclass(frozen=True)
@@ -372,8 +375,6 @@ class LiveEdit:
 
     def _mismatch(self, manifest: Any) -> str:
         """Why this manifest cannot serve this edit ("" if it can); sets the shard shapes it declares."""
-        from sakura.phone.limits import LimitError, shard_shapes
-
         if manifest.template_id != self.template_id or manifest.model_fingerprint != self.model_fp:
             return f"manifest is for {manifest.model_fingerprint[:16]}…/{manifest.template_id}"
         if manifest.kv_layout.get("template_fingerprint") != self.template_fp:
@@ -459,7 +460,6 @@ class LiveEdit:
         model before the decoder allocates anything, and the decoder takes the parsed header on."""
         from sakura.codec import ShardId
         from sakura.codec import bitstream as bs
-        from sakura.phone.limits import check_shard_header
 
         try:
             t = time.monotonic()
@@ -537,8 +537,6 @@ class DecodePool:
     cancelled (`rans.run_split`), so a busy pool loses nothing."""
 
     def __init__(self, workers: int) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         self.workers = max(1, int(workers))
         self.executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sakura-decode")
         self._lock = threading.Lock()
@@ -672,7 +670,6 @@ class FetchStage:
 
     async def _run(self, client: Any) -> None:
         from sakura.wire.client import TemplateClient
-        from sakura.phone.limits import fetch_deadline_s
 
         cond, driver, clock = self.cond, self.driver, self.clock
         kick = asyncio.Event()
@@ -811,8 +808,6 @@ async def _swallow(coro) -> None:
 
 def _short(e: BaseException, limit: int = 160) -> str:
     """One line naming an error: its type and the start of its message."""
-    from sakura.util.text import clean
-
     # sanitised: a server's message (or a file's contents) must not reach the terminal raw
     return f"{type(e).__name__}: {clean(' '.join(str(e).split()), limit)}"
 

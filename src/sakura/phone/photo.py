@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
+import warnings
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,8 +32,6 @@ def load_photo(path, size: int, *, max_pixels: int = MAX_PHOTO_PIXELS) -> torch.
 
     Raises ``PhotoError`` (one line) for a missing/unreadable file or one over ``max_pixels``.
     """
-    import warnings
-
     # deferred: `sakura edit` checks the photo file (check_photo_file) before paying for numpy and torch
     import numpy as np
     import torch
@@ -109,8 +108,6 @@ def _to_rgb01(im) -> np.ndarray:
 def check_photo_file(path, *, max_pixels: int = MAX_PHOTO_PIXELS) -> tuple[int, int]:
     """(width, height) from the file's header, or `PhotoError` (one line) for a missing, unreadable
     or oversized photo: what `load_photo` would refuse first, without decoding pixels (milliseconds)."""
-    import warnings
-
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
