@@ -27,6 +27,7 @@ from sakura.cloud.tasks import TASK_NAMES, get_task
 from sakura.cloud.tasks.library import library_templates
 from sakura.cloud.tasks.photos import heldout_photos
 from sakura.cloud.tasks.quality import psnr_per_image
+from .loop import CHECKPOINT, Recipe, load_checkpoint, load_weights
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,6 @@ class IsolationRow:
 
 def load_run_model(path: str | Path) -> tuple[torch.nn.Module, int]:
     """A run folder's latest checkpoint (or a weights file) -> (model in eval mode, steps trained)."""
-    from .loop import CHECKPOINT, Recipe, load_checkpoint, load_weights
-
     path = Path(path)
     if path.is_dir():
         if not (path / CHECKPOINT).is_file():

@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from tqdm import tqdm
 
 from sakura.util.fsutil import atomic_write
 from sakura.models.mini import MiniConfig, MiniDiT
 from sakura.cloud.tasks.library import TASK_NAMES, sample_batch
 from sakura.util.fsutil import write_json
+from sakura.models.mini_io import load_mini_weights, save_mini_weights
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +245,6 @@ def train_step(recipe: Recipe, state: TrainState) -> list[float]:
 
 def save_weights(model: torch.nn.Module, path: Path, extra_meta: dict[str, str]) -> Path:
     from sakura.models.flux2mini import Flux2MiniDiT, save_flux2_mini_weights
-    from sakura.models.mini_io import save_mini_weights
 
     if isinstance(model, Flux2MiniDiT):
         return save_flux2_mini_weights(model, path, extra_meta)
@@ -253,7 +254,6 @@ def save_weights(model: torch.nn.Module, path: Path, extra_meta: dict[str, str])
 def load_weights(path: str | os.PathLike) -> torch.nn.Module:
     """Load a run's (or the bundled) weights of either model, by the format in the file."""
     from sakura.models.flux2mini import load_flux2_mini_weights
-    from sakura.models.mini_io import load_mini_weights
 
     from safetensors import safe_open
 
@@ -270,8 +270,6 @@ def train(recipe: Recipe, run_dir: str | os.PathLike, *, resume: bool = True, st
     stop_after: stop once this many steps are done (checkpointing first), as an interruption
     would; a later call resumes. Ctrl-C also checkpoints the last finished step before exiting.
     """
-    from tqdm import tqdm
-
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json((run_dir / "recipe.json"), asdict(recipe), indent=2, sort_keys=True)
