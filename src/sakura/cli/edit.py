@@ -57,8 +57,8 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     check_photo_file(photo)
     if urlsplit(server).scheme not in ("http", "https") or not urlsplit(server).hostname:
         raise ValueError(f"--server must be http(s)://host[:port], got {server!r}")
-    from sakura.phone.editor import Editor  # torch and the model: after the arguments are checked
-    from sakura.models import load_model  # torch and the model: after the arguments are checked
+    from sakura.phone.editor import Editor  # lazy: torch and the model: after the arguments are checked
+    from sakura.models import load_model  # lazy: torch and the model: after the arguments are checked
 
     model = load_model(model_name, **device_options(device, dtype))  # a bad --device is a one-line ValueError
     editor = Editor(server, model=model, gallery=gallery_dir, policy=policy, prior_mbps=prior_mbps,

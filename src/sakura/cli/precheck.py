@@ -33,7 +33,7 @@ def library_names() -> list[str]:
 def model_spec(spec: str, option: str = "--model") -> None:
     """The spec names a registered model and, for sakura's own adapters, its folder or weights
     file exists and its optional dependencies are installed."""
-    from sakura.models.registry import check_model_spec
+    from sakura.models.registry import check_model_spec  # lazy: importlib.metadata; off --help and argument errors
 
     try:
         check_model_spec(spec)
@@ -111,8 +111,8 @@ def sticker_image_warnings(templates: list[str] | None, task: str | None) -> lis
     the whole image over the photo. Returns warning lines (empty when nothing looks wrong)."""
     if task != "sticker":
         return []
-    import numpy as np
-    from PIL import Image
+    import numpy as np  # lazy: numpy; off --help and argument errors
+    from PIL import Image  # lazy: PIL; off --help and argument errors
 
     out = []
     for t in templates or ():
