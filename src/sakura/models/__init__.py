@@ -92,7 +92,7 @@ def _load_bundled(name: str, default: Path, weights: str | Path | None, allow_ra
         raise FileNotFoundError(f"{name} weights not found at {path}")
     else:
         log.warning("no bundled %s weights at %s; using a seeded random init", name, path)
-        import torch
+        import torch  # lazy: torch; off --help and argument errors
 
         torch.manual_seed(0)
         model = build().eval()
@@ -107,8 +107,8 @@ def load_mini(weights: str | Path | None = None, *, allow_random: bool = True, d
     """The bundled sakura-mini with its shipped weights (or `weights`), in eval mode, on `device`
     in `dtype` (auto: cuda/mps/cpu, bf16/fp16/fp32); a seeded random init (and a warning) when no
     file is there and `allow_random`."""
-    from .mini import MiniConfig, MiniDiT
-    from .mini_io import load_mini_weights
+    from .mini import MiniConfig, MiniDiT  # lazy: torch, numpy; off --help and argument errors
+    from .mini_io import load_mini_weights  # lazy: torch, numpy; off --help and argument errors
 
     return _load_bundled("sakura-mini", MINI_WEIGHTS, weights, allow_random, load_mini_weights,
                          lambda: MiniDiT(MiniConfig()), device, dtype)
@@ -119,7 +119,7 @@ def load_flux2_mini(weights: str | Path | None = None, *, allow_random: bool = T
     mode, on `device` in `dtype`; a seeded random init (and a warning) when no file is there and
     `allow_random`."""
     require("diffusers", "model 'flux2-mini'")  # diffusers' FLUX.2 transformer: the [flux] extra
-    from .flux2mini import Flux2MiniConfig, Flux2MiniDiT, load_flux2_mini_weights
+    from .flux2mini import Flux2MiniConfig, Flux2MiniDiT, load_flux2_mini_weights  # lazy: torch, diffusers ([flux] extra)
 
     return _load_bundled("flux2-mini", FLUX2_MINI_WEIGHTS, weights, allow_random, load_flux2_mini_weights,
                          lambda: Flux2MiniDiT(Flux2MiniConfig()), device, dtype)
@@ -160,7 +160,7 @@ def load_klein_spec(arg: str = "", **options):
     """Model-registry factory of ``klein:/path/to/local/folder[@SIZE]`` (FLUX.2 Klein at SIZE px per
     side, default 512: a `KleinImageModel`, whose ``.adapter`` is the packed-latent `KleinAdapter`)."""
     _check_klein_arg(arg)
-    from .flux.klein_image import KleinImageModel
+    from .flux.klein_image import KleinImageModel  # lazy: torch, diffusers ([flux] extra)
 
     return KleinImageModel.from_pretrained(arg, **options)
 
@@ -169,7 +169,7 @@ def load_kontext_spec(arg: str = "", **options):
     """Model-registry factory of ``kontext:/path/to/local/folder[@SIZE]`` (FLUX.1 Kontext at SIZE px
     per side, default 512: a `KontextImageModel`; options: guidance, ref_timestep, max_sequence_length)."""
     _check_kontext_arg(arg)
-    from .flux.kontext import KontextImageModel
+    from .flux.kontext import KontextImageModel  # lazy: torch, diffusers ([flux] extra); off --help and argument errors
 
     return KontextImageModel.from_pretrained(arg, **options)
 
