@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import torch
+from PIL import Image
 
 from sakura.models import load_model
 from sakura.util.device import device_options
@@ -171,8 +172,6 @@ class EditResult:
     def save(self, path: str | Path, *, compare: bool = True) -> list[Path]:
         """Write the edited image (format by suffix) and, with ``compare``, ``<stem>.compare.png``
         (photo | template | edit) beside it. Returns the paths written."""
-        from PIL import Image
-
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         arr = (self.image[0].detach().float().cpu().permute(1, 2, 0).numpy() * 255).round().astype("uint8")

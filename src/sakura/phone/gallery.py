@@ -16,6 +16,7 @@ import hashlib
 import io
 
 import torch
+from PIL import Image
 
 from sakura.wire.store.layout import check_name, SHA256_RE
 from sakura.phone.limits import MAX_TEMPLATE_REFERENCES, max_template_ref_bytes
@@ -40,8 +41,6 @@ def decode_template_ref(data: bytes, media_type: str, *, image_size: int | None 
         if len(data) > max_template_ref_bytes(image_size):
             raise ValueError(f"template reference is {len(data)} bytes, over the limit for a {image_size}-pixel template")
         if media_type == TEMPLATE_REF_MEDIA_TYPE:
-            from PIL import Image
-
             try:
                 with Image.open(io.BytesIO(data)) as im:  # header only
                     dims = im.size
