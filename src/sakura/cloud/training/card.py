@@ -68,10 +68,10 @@ def conclusions(report, sweep: dict, losses: list[list[float]], eval_steps: int)
 
 def loss_plot(losses: list[list[float]], path: Path, window: int = 50) -> None:
     """Training loss per step (light) and its moving average, overall and per task (log scale)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib ([bench] extra)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib ([bench] extra)
 
     arr = torch.tensor(losses, dtype=torch.float64)                            # (steps, 2 + tasks)
     fig, ax = plt.subplots(figsize=(7, 4))
