@@ -136,7 +136,7 @@ def train(
     threads: int = typer.Option(1, min=1, help="torch threads (1 is fastest on a shared 2-core machine)."),
 ) -> None:
     """Train a bundled model from scratch (reproduces the shipped weights); resumable."""
-    from sakura.cli.train import train_command  # lazy: torch, PIL; off --help and argument errors
+    from sakura.cloud.training.command import train_command  # lazy: torch; off --help and argument errors
 
     train_command(out, overrides=dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, image_size=image_size,
                                       patch_size=patch_size, dim=dim, depth=depth, heads=heads,

@@ -1,4 +1,5 @@
-"""What `sakura train` does, kept out of cli.py so the CLI stays a thin shell."""
+"""What `sakura train` does (train or resume, evaluate, write the model card, install): the
+command's body, beside the training loop it drives; `sakura.cli.main` stays a thin shell."""
 
 from __future__ import annotations
 
