@@ -39,6 +39,8 @@ from .nested import sakura as _sakura  # noqa: F401
 from .nested import layered as _layered  # noqa: F401
 from .baselines import cachegen as _cachegen  # noqa: F401
 from .progressive import ladder as _progressive  # noqa: F401
+from . import rans
+from .progressive import fastdct, fitkernels
 
 __all__ = ["Codec", "CodecTables", "RenditionReport", "ShardKV", "ShardId", "UnknownCodecError",
            "CodecError", "CorruptError", "IdentityError", "TruncatedError", "VersionError",
