@@ -51,9 +51,6 @@ def warm_up() -> float:
     """Compile (or load from numba's disk cache) every kernel of the codec's decoders and of the
     build's table fit; returns seconds spent. Called at process start by `sakura edit` / `demo` /
     `warm` / the benches, so that no edit pays the JIT."""
-    from . import rans  # lazy: import cycle
-    from .progressive import fastdct, fitkernels  # lazy: import cycle
-
     t0 = time.perf_counter()
     rans.warm_up()   # the rANS coder and the shared decode kernels
     fastdct.warm_up()
