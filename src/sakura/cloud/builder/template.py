@@ -106,7 +106,7 @@ def calibrate_by_model(model, kv, calib, codecs, *, steps, seed, probing, probes
 
     with stages.stage("sensitivity"):
         sens = measure_kv_sensitivity(model, kv, calib, steps=steps, seed=seed, probes=probes)
-        model.add(sens.calibration_edits - 1.0)  # the backward passes (the forward was counted as an edit)
+        model.add(sens.backward_edits)  # the backward passes (its forward edits were counted by the model)
     with stages.stage("importance"):
         imp = (template_importance(model, kv, calib, steps=steps, seed=seed) if _needs_attention_importance(codecs)
                else sens.token_importance())
