@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable
+import argparse
+from sakura.bench.wirevectors import DOCS_DIR, native_cases
 
 ROOT = Path(__file__).resolve().parents[3]
 NATIVE = ROOT / "native"
@@ -45,8 +47,6 @@ def build(build_dir: Path | None = None, log: Callable[[str], None] = print) -> 
 
 def seed_corpus(out: Path) -> list[Path]:
     """The wire-format vectors as case files (`wirevectors.native_cases`), those up to MAX_LEN."""
-    from sakura.bench.wirevectors import DOCS_DIR, native_cases
-
     files = native_cases(ROOT / DOCS_DIR, out)
     keep = [f for f in files if f.stat().st_size <= SEED_MAX_BYTES]
     for f in files:
@@ -120,8 +120,6 @@ def run(runs: int, out: Path, save: bool = False, seed: int = 1, log: Callable[[
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m sakura.bench.native_fuzz", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=100_000, help="executions (default 100,000)")
     ap.add_argument("--out", type=Path, default=Path("out/fuzz"), help="folder for fuzz.json, fuzz.log, findings/")
