@@ -30,6 +30,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
+import socket
+from tqdm import tqdm
+from sakura.cloud.builder.pipeline import DEFAULT_LADDER, build_store, default_templates, skipped_floor_rungs
+from sakura.cloud.tasks import get_template
+from sakura.codec import codec_from_spec, get_codec
+from sakura.models import load_model
+from sakura.util.device import resolve_device
+from sakura.wire.store.store import Store, StoreError
 
 EXECUTORS = ("local", "ray")
 
@@ -105,8 +113,6 @@ def manifest_is_current(store: str | os.PathLike[str], model_fingerprint: str, t
                         ladder: Sequence[str]) -> bool:
     """True if ``template_id``'s manifest for this model exists, offers exactly ``ladder`` on
     every shard, and every object it references verifies (size, sha256, rung prefixes)."""
-    from sakura.wire.store.store import Store, StoreError
-
     try:
         st = Store(store)
         if st.verify_manifest(model_fingerprint, template_id):
@@ -121,15 +127,12 @@ def manifest_is_current(store: str | os.PathLike[str], model_fingerprint: str, t
 def _skipped_floor_rungs(m: Any, ladder: Sequence[str]) -> set[str]:
     """The floor rungs this manifest's build left out by rule (`pipeline.skipped_floor_rungs`),
     judged from the budgets its plain ``progressive`` entry was calibrated to (its table's params)."""
-    from sakura.cloud.builder.pipeline import skipped_floor_rungs
-
     if "progressive" not in {s.strip() for s in ladder}:
         return set()
     try:
         params = m.table("progressive").params
     except KeyError:
         return set()  # no plain progressive entry on record: every floor rung must be there
-    from sakura.codec import get_codec
 
     lowest = min(params.get("budgets") or get_codec("progressive").params["budgets"])  # not calibrated: the defaults
     return skipped_floor_rungs(ladder, lowest)
@@ -139,14 +142,11 @@ def _build_one(store: str, template: str, opts: dict[str, Any], model_fingerprin
     """One template, in whatever process runs it (a Ray worker or this one): skipped if its
     manifest is current (verified here, so a rerun of a large library re-hashes in parallel on
     the workers, not serially in the driver), else built and committed."""
-    import socket
-
     t0, c0 = time.perf_counter(), time.process_time()
     worker = f"{socket.gethostname()}:{os.getpid()}"
     if not force and manifest_is_current(store, model_fingerprint, template, opts["ladder"]):
         return TemplateBuild(template, "skipped", str(Path(store) / "manifests" / model_fingerprint / f"{template}.json"),
                              time.perf_counter() - t0, time.process_time() - c0, worker=worker)
-    from sakura.cloud.builder.pipeline import build_store
 
     facts: dict[str, dict] = {}
     paths = build_store(store, templates=[template], log=lambda _s: None, force=True, facts=facts, **opts)
@@ -181,10 +181,6 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
     Returns:
         a ``BuildReport``; templates that failed are listed with the error, the others are committed.
     """
-    from tqdm import tqdm
-
-    from sakura.cloud.builder.pipeline import DEFAULT_LADDER, default_templates
-
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     ladder = list(ladder or DEFAULT_LADDER)
@@ -231,11 +227,6 @@ def _check_inputs(model_name: str, names: Sequence[str], ladder: Sequence[str], 
     """Validate template names and codec specs; returns (the model fingerprint, whether the
     builds run on CUDA: each Ray task then asks for one GPU). The driver loads the model on the
     CPU (its fingerprint is the same on every device)."""
-    from sakura.codec import codec_from_spec
-    from sakura.models import load_model
-    from sakura.cloud.tasks import get_template
-    from sakura.util.device import resolve_device
-
     for spec in ladder:
         codec_from_spec(spec)
     on_gpu = resolve_device(device).type == "cuda"
@@ -257,7 +248,7 @@ def _run_ray(root: str, todo: list[str], opts: dict[str, Any], model_fp: str, fo
     """Submit one task per template, collect as they finish; returns the cluster's CPU count.
     `gpus`: GPUs each task asks Ray for (1 when the model runs on CUDA: one build per GPU)."""
     try:
-        import ray
+        import ray  # lazy: optional dependency, tried
     except ImportError:
         raise RuntimeError("--executor ray needs Ray: pip install '.[cluster]' (or use --executor local)") from None
     started = False

@@ -34,6 +34,11 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 from typing import Any, Callable, Sequence
+import hashlib
+import json
+import time
+import numpy as np
+import torch
 
 from sakura.cloud.builder.ladder import (BASE_RUNG_BUDGETS, FLOOR_RUNG_LADDER, MAX_SINGLE_RUNG_BUDGETS,  # noqa: F401
                                          SEARCH_PRIOR_GAP_DB, fit_ladder_by_probes, search_budget, skipped_floor_rungs,
@@ -41,7 +46,14 @@ from sakura.cloud.builder.ladder import (BASE_RUNG_BUDGETS, FLOOR_RUNG_LADDER, M
 from sakura.cloud.builder.probes import Probing, cpu_count, many_probe  # noqa: F401
 from sakura.cloud.builder.processes import _build_in_processes, _template_processes  # noqa: F401
 from sakura.cloud.builder.progress import MODEL_STAGES, STAGES, Stages  # noqa: F401
-from sakura.cloud.builder.template import ALLOCATIONS, build_template
+from sakura.cloud.builder.template import ALLOCATIONS, build_template, FIGURE_CHECKS
+from sakura.cloud.builder.template_files import TemplateSpec, TemplateSpecError, spec_images, spec_instruction, validate_specs
+from sakura.cloud.capture import calibration_photos
+from sakura.cloud.tasks import TASK_NAMES, get_template
+from sakura.codec import codec_from_spec
+from sakura.models import load_model
+from sakura.util.device import device_options
+from sakura.wire.store.store import Store, StoreError
 
 #: the names tests and benchmarks knew these by before the builder was split (issue 41)
 _Probing, _many_probe, _with_floor_rungs, _Stages = Probing, many_probe, with_floor_rungs, Stages
@@ -70,8 +82,6 @@ QUALITY_FLOOR_SPEC = "cachegen:level=3"
 
 def default_templates() -> list[str]:
     """The first training template of each task in the library (e.g. ``look-00``)."""
-    from sakura.cloud.tasks import TASK_NAMES
-
     return [f"{t}-00" for t in TASK_NAMES]
 
 
@@ -187,8 +197,6 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
 
 
 def _cpu_device():
-    import torch
-
     return torch.device("cpu")
 
 
@@ -196,13 +204,6 @@ def _setup(stages: Stages, *, model_name, templates, ladder, calibration, steps,
            probe_batch, probe_workers, allocation_photos, model, allocation, sketch_probes) -> tuple[dict, list]:
     """Everything `build_template` needs for every template (the `job`), and the resolved
     templates: specs, names and settings checked, the model loaded, before any work."""
-    import torch
-
-    from sakura.cloud.capture import calibration_photos
-    from sakura.codec import codec_from_spec
-    from sakura.models import load_model
-    from sakura.util.device import device_options
-
     torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
     codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
     names = [s.strip() for s in ladder]  # rendition names as the operator wrote them
@@ -225,8 +226,6 @@ def _setup(stages: Stages, *, model_name, templates, ladder, calibration, steps,
     size = int(model.cfg.image_size)
     model_fp = model.fingerprint()
     if not templates and model.template_conditioning != "task":
-        from sakura.cloud.builder.template_files import TemplateSpecError
-
         raise TemplateSpecError([f"{model_name} has no bundled templates: give --library FILE or "
                                  f"--template ID=IMAGE --prompt P"])
     stages.bar.set_description_str("resolving templates", refresh=True)
@@ -248,13 +247,6 @@ def build_key(job: dict, images, instruction) -> str:
     photos, steps, seed, target, allocation, sketch probes, allocation photos). Recorded in the
     manifest's ``kv_layout["build_key"]``; a template whose manifest verifies and carries the same
     key is skipped (`build_store(force=False)`)."""
-    import hashlib
-    import json
-
-    import numpy as np
-
-    from sakura.cloud.builder.template import FIGURE_CHECKS
-
     px = (images.detach().float().clamp(0, 1).numpy() * 255).round().astype(np.uint8)
     settings = {"model": job["model_fp"], "pixels": hashlib.sha256(px.tobytes()).hexdigest(), "shape": list(px.shape),
                 "instruction": str(instruction), "ladder": list(job["names"]), "calibration": int(job["calib"].shape[0]),
@@ -267,10 +259,7 @@ def build_key(job: dict, images, instruction) -> str:
 def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool) -> tuple[list, list]:
     """Split `tpls` into those skipped ([(id, manifest path)]: unchanged image, settings and model,
     manifest verified) and those to build (their images resolved, their `build_key` in `job`)."""
-    import time
-
-    from sakura.cloud.builder.distributed import manifest_is_current
-    from sakura.wire.store.store import Store, StoreError
+    from sakura.cloud.builder.distributed import manifest_is_current  # lazy: import cycle
 
     skipped, todo = [], []
     job["build_keys"] = keys = {}
@@ -300,9 +289,6 @@ def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool) -> t
 def resolve_templates(model: Any, templates: Sequence[Any]) -> list[tuple[str, Any, Any]]:
     """Library names and `TemplateSpec`s -> [(id, images (R, 3, S, S) or a callable returning
     them (a spec's files, decoded when built), instruction)], every problem found first (one line each, `TemplateSpecError`) so a bad entry writes nothing."""
-    from sakura.cloud.builder.template_files import TemplateSpec, TemplateSpecError, spec_images, spec_instruction, validate_specs
-    from sakura.cloud.tasks import TASK_NAMES, get_template
-
     size = int(model.cfg.image_size)
     conditioning = model.template_conditioning
     problems, lib = [], []

@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import math
 import zlib
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+import os
 
 import numpy as np
 import torch
@@ -48,11 +49,12 @@ from .. import ecsq as EQ
 from .. import entropy as E
 from .. import quant as Q
 from .. import kernels as K
-from . import fastdct
+from . import fastdct, fitkernels
 from .. import rans as R
 from ..allocation import allocate_steps, allocate_planes
 from ..base import (Codec, CodecTables, LadderState, LayerKV, ShardKV, ShardId, as_f32_2d, check_params, finite,
                     from_f32_2d, register)
+from .. import native as NV
 
 FORMAT_VERSION = 5      # 3: constriction ANS (no longer read); 4: interleaved rANS streams (`rans`);
                         # 5: 4 plus per-rung reconstruction offsets (header prog[kv]["off"])
@@ -124,8 +126,6 @@ def scales_of(codes: np.ndarray | None) -> np.ndarray | None:
 def _deadzone_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float) -> tuple[float, float]:
     """(relative MSE, band-context entropy bits) of the dead-zone quantiser at `step` (one native
     pass: `fitkernels.deadzone_rd`; `_deadzone_rd_numpy` is its reference)."""
-    from . import fitkernels
-
     return fitkernels.deadzone_rd(c, band, step, energy)
 
 
@@ -383,9 +383,6 @@ PARALLEL_PART_VALUES = 1 << 20
 def _part_pool(shards: Sequence[ShardKV]):
     """A thread pool over a fit's parts when they are large (one worker per core), else an
     in-line executor: small parts (the bundled models') gain nothing from threads."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
     workers = min(len(shards) * len(PARTS), os.cpu_count() or 1)
     if workers <= 1 or max(s.num_values for s in shards) // 2 < PARALLEL_PART_VALUES:
         return _InlineExecutor()
@@ -1433,8 +1430,6 @@ def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: Cod
     """The decode state of a ladder's base object: libsakura_decode's (`native.ProgState`) where it
     covers the object and `engine` is "native", else a `ProgressiveState` (numba or reference)."""
     if engine == "native":
-        from .. import native as NV
-
         if NV.prog_supported(obj.header, dtype, shape):
             bs.require_version(obj, READ_VERSIONS, codec.name)
             layer = obj.header.get("layer", 0)
