@@ -264,6 +264,7 @@ class EditDriver:
         self.bound = LossBound(self)
         self.timeline = LinkTimeline(self)
         self.rescue_judge = RescueJudge(self)
+        self.requests = RequestQueue(self)
 
     # ----------------------------------------------------------------------------- estimates
     def bytes_per_s(self) -> float:
@@ -387,62 +388,12 @@ class EditDriver:
         self.policy.replan(self, now)
 
     def next_requests(self, now: float) -> tuple[list[tuple[int, Route]], float | None]:
-        """Requests to issue now, and when to call again (None: at the next event)."""
-        if not self.started:
-            self.start(now)
-        out: list[tuple[int, Route]] = []
-        rtt = self.rtt_s()
-        for j, route in self.rescues.items():  # at once, whatever the in-flight limit: its catch-up has begun
-            if self.records[j].status == PENDING and self.records[j].source == "":
-                out.append((j, self._issue(j, route, now)))
-        while len(self.inflight()) < self.max_inflight:
-            lf = self.timeline.link_free(now)
-            ahead = 1.5 * rtt + 1e-6  # issue the next one an RTT and a half before the link drains
-            # until a transfer has measured the link, keep two requests out: the estimate may be
-            # stale (another network), and a second request costs nothing if it is right
-            unmeasured = self.bw.samples == 0 and len(self.inflight()) < UNMEASURED_REQUESTS
-            gated = bool(self.inflight()) and lf - now > ahead and not unmeasured
-            # requests given back for a lower shard are sent again at once, behind it: they were
-            # already queued, and waiting for the issue-ahead time would leave the link to the
-            # estimate's errors (a link slower than predicted idles between them)
-            owed = max((i for i in self.requeued if self.records[i].status == PENDING), default=-1)
-            if gated and owed < 0:
-                return out, lf - ahead + 1e-9
-            nxt = self.policy.next_fetch(self, now)
-            if nxt is None:
-                break
-            j, route = nxt
-            if gated and j > owed:
-                return out, lf - ahead + 1e-9
-            if self.records[j].status != PENDING:
-                raise RuntimeError(f"policy {self.policy.name} asked for shard {j} twice")
-            out.append((j, self._issue(j, route, now)))
-        return out, None
+        """Requests to issue now, and when to call again (None: at the next event): `RequestQueue.next`."""
+        return self.requests.next(now)
 
-    def _issue(self, j: int, route: Route, now: float) -> Route:
-        if self.policy.lower_first and any(q.status == REQUESTED for q in self.records[j + 1:]):
-            self.timeline.link_free(now)  # fresh expected starts
-            for q in self.records[j + 1:]:
-                if self.timeline.queued(q, now):
-                    self._requeue(q, now)
-        self.requeued.discard(j)
-        r = self.records[j]
-        start = max(self.timeline.link_free(now), now + self.rtt_s())
-        r.status, r.route, r.t_request = REQUESTED, route.name, now
-        r.exp_start, r.exp_end = start, start + route.nbytes / self.timing_bytes_per_s()
-        r.remaining = route.nbytes
-        self.routes[j] = route
-        return route
-
-    def _requeue(self, r: ShardRecord, now: float) -> None:
-        """Give back a request that has not started (a lower shard goes ahead of it): pending
-        again, its transfer aborted by the executor (`to_cancel`), requested again by the policy."""
-        self.events.append(f"{now * 1000:.0f} ms: shard {r.index} given back, behind a lower one")
-        r.status, r.route = PENDING, ""
-        r.t_request = r.t_first_byte = r.exp_end = r.t_progress = math.nan
-        r.remaining = r.first_chunk_bytes = 0
-        self.routes.pop(r.index, None)
-        self.requeued.add(r.index)
+    def to_cancel(self) -> list[int]:
+        """Requests the executor should abort: `RequestQueue.to_cancel`."""
+        return self.requests.to_cancel()
 
     # ---------------------------------------------------------------------------- link events
     def on_first_byte(self, j: int, t_request: float, t_first_byte: float) -> None:
@@ -489,13 +440,6 @@ class EditDriver:
         r = self.records[j]
         r.status, r.note = FAILED, error
         self.events.append(f"{now * 1000:.0f} ms: shard {j} decode failed: {error}")
-
-    def to_cancel(self) -> list[int]:
-        """Requests the executor should abort: their layer was computed locally, or they were
-        given back for a lower shard (`LOWER_FIRST`; a request sent again later is a new one)."""
-        return [r.index for r in self.records if (r.status == CANCELLED and r.t_request == r.t_request
-                                                   and r.fetch_end != r.fetch_end)
-                or (r.index in self.requeued and r.status == PENDING)]
 
     # ---------------------------------------------------------------------------- the compute
     def at_layer(self, j: int, now: float) -> LayerAction:
@@ -924,3 +868,83 @@ class RescueJudge:
             left = d.image_budget_left()
             routes = [x for x in d.specs[j].routes if left is None or x.image_mse <= left * (1 + 1e-9)]
         return min(routes, key=lambda x: x.nbytes) if routes else None
+
+
+
+class RequestQueue:
+    """What one `EditDriver` asks the link for: the requests to send now and when to ask again
+    (`next`: rescues first, then the policy's choices within the in-flight limit, each an RTT and a
+    half before the link drains), a lower shard put ahead of queued ones (`issue`, `give_back`), and
+    the transfers the executor should abort (`to_cancel`)."""
+
+    def __init__(self, driver: "EditDriver"):
+        self.d = driver
+
+    def next(self, now: float) -> tuple[list[tuple[int, Route]], float | None]:
+        """Requests to issue now, and when to call again (None: at the next event)."""
+        d = self.d
+        if not d.started:
+            d.start(now)
+        out: list[tuple[int, Route]] = []
+        rtt = d.rtt_s()
+        for j, route in d.rescues.items():  # at once, whatever the in-flight limit: its catch-up has begun
+            if d.records[j].status == PENDING and d.records[j].source == "":
+                out.append((j, self.issue(j, route, now)))
+        while len(d.inflight()) < d.max_inflight:
+            lf = d.timeline.link_free(now)
+            ahead = 1.5 * rtt + 1e-6  # issue the next one an RTT and a half before the link drains
+            # until a transfer has measured the link, keep two requests out: the estimate may be
+            # stale (another network), and a second request costs nothing if it is right
+            unmeasured = d.bw.samples == 0 and len(d.inflight()) < UNMEASURED_REQUESTS
+            gated = bool(d.inflight()) and lf - now > ahead and not unmeasured
+            # requests given back for a lower shard are sent again at once, behind it: they were
+            # already queued, and waiting for the issue-ahead time would leave the link to the
+            # estimate's errors (a link slower than predicted idles between them)
+            owed = max((i for i in d.requeued if d.records[i].status == PENDING), default=-1)
+            if gated and owed < 0:
+                return out, lf - ahead + 1e-9
+            nxt = d.policy.next_fetch(d, now)
+            if nxt is None:
+                break
+            j, route = nxt
+            if gated and j > owed:
+                return out, lf - ahead + 1e-9
+            if d.records[j].status != PENDING:
+                raise RuntimeError(f"policy {d.policy.name} asked for shard {j} twice")
+            out.append((j, self.issue(j, route, now)))
+        return out, None
+
+    def issue(self, j: int, route: Route, now: float) -> Route:
+        d = self.d
+        if d.policy.lower_first and any(q.status == REQUESTED for q in d.records[j + 1:]):
+            d.timeline.link_free(now)  # fresh expected starts
+            for q in d.records[j + 1:]:
+                if d.timeline.queued(q, now):
+                    self.give_back(q, now)
+        d.requeued.discard(j)
+        r = d.records[j]
+        start = max(d.timeline.link_free(now), now + d.rtt_s())
+        r.status, r.route, r.t_request = REQUESTED, route.name, now
+        r.exp_start, r.exp_end = start, start + route.nbytes / d.timing_bytes_per_s()
+        r.remaining = route.nbytes
+        d.routes[j] = route
+        return route
+
+    def give_back(self, r: ShardRecord, now: float) -> None:
+        """Give back a request that has not started (a lower shard goes ahead of it): pending
+        again, its transfer aborted by the executor (`to_cancel`), requested again by the policy."""
+        d = self.d
+        d.events.append(f"{now * 1000:.0f} ms: shard {r.index} given back, behind a lower one")
+        r.status, r.route = PENDING, ""
+        r.t_request = r.t_first_byte = r.exp_end = r.t_progress = math.nan
+        r.remaining = r.first_chunk_bytes = 0
+        d.routes.pop(r.index, None)
+        d.requeued.add(r.index)
+
+    def to_cancel(self) -> list[int]:
+        """Requests the executor should abort: their layer was computed locally, or they were
+        given back for a lower shard (`LOWER_FIRST`; a request sent again later is a new one)."""
+        d = self.d
+        return [r.index for r in d.records if (r.status == CANCELLED and r.t_request == r.t_request
+                                                   and r.fetch_end != r.fetch_end)
+                or (r.index in d.requeued and r.status == PENDING)]
