@@ -35,6 +35,7 @@ import functools
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from sakura.cloud.builder import incremental
 from sakura.cloud.builder.ladder import (BASE_RUNG_BUDGETS, FLOOR_RUNG_LADDER, MAX_SINGLE_RUNG_BUDGETS,  # noqa: F401
                                          SEARCH_PRIOR_GAP_DB, fit_ladder_by_probes, search_budget, skipped_floor_rungs,
                                          with_floor_rungs)
@@ -69,10 +70,9 @@ QUALITY_FLOOR_SPEC = "cachegen:level=3"
 
 
 def default_templates() -> list[str]:
-    """The first training template of each task in the library (e.g. ``look-00``)."""
-    from sakura.cloud.tasks import TASK_NAMES
-
-    return [f"{t}-00" for t in TASK_NAMES]
+    """The first training template of each task in the library (e.g. ``look-00``; without
+    importing the task library: `incremental.DEFAULT_TEMPLATE_IDS`, tested equal to it)."""
+    return list(incremental.DEFAULT_TEMPLATE_IDS)
 
 
 def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates: Sequence[Any] | None = None,
@@ -151,6 +151,12 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     """
     if allocation not in ALLOCATIONS:
         raise ValueError(f"allocation must be one of {list(ALLOCATIONS)}, got {allocation!r}")
+    settings = incremental.request_settings(ladder=ladder, calibration=calibration, steps=steps, seed=seed,
+                                            base_psnr_db=base_psnr_db, allocation=allocation,
+                                            sketch_probes=sketch_probes, allocation_photos=allocation_photos)
+    src_keys = incremental.source_keys(model_name, templates, settings) if model is None else {}
+    if not force and model is None and (done := _all_current(store, templates, src_keys, log, facts)):
+        return done
     # the bar first: importing torch and loading the model take seconds on a loaded machine
     stages = Stages(len(templates) if templates else 1, progress)  # the total is set once templates resolve
     stages.bar.set_description_str("starting", refresh=True)
@@ -160,7 +166,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                            probe_batch=probe_batch, probe_workers=probe_workers, allocation_photos=allocation_photos,
                            model=model, allocation=allocation, sketch_probes=sketch_probes)
         job["store"] = store
-        out, todo = _skip_current(store, tpls, job, stages, log, force)
+        out, todo = _skip_current(store, tpls, job, stages, log, force, settings, src_keys)
         processes = _template_processes(template_workers, getattr(job["model"], "device", _cpu_device()),
                                         max(1, len(todo)))
         if processes > 1:
@@ -184,6 +190,19 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     if facts is not None:
         facts.update(stages.facts)
     return out
+
+
+def _all_current(store, templates, src_keys: dict[str, str], log, facts) -> list[Path] | None:
+    """The manifests of all `templates` if every one is current by its source key (checked before
+    torch and the model load: `incremental.skip_before_load`), their facts in `facts`; else None."""
+    ids = [t if isinstance(t, str) else t.id for t in templates] if templates else default_templates()
+    found = incremental.skip_before_load(store, src_keys, ids, log) if len(set(ids)) == len(ids) else None
+    if found is None:
+        return None
+    if facts is not None:
+        facts.update({t: {"status": "skipped", "wall_s": w, "cpu_s": c, "calibration_edits": 0.0, "processes": 1,
+                          "threads": 1} for t, (_p, w, c) in found.items()})
+    return [p for p, _w, _c in found.values()]
 
 
 def _cpu_device():
@@ -242,31 +261,12 @@ def _setup(stages: Stages, *, model_name, templates, ladder, calibration, steps,
     return job, tpls
 
 
-def build_key(job: dict, images, instruction) -> str:
-    """sha256 of what a template's build depends on: the model's fingerprint, the template's 8-bit
-    pixels and instruction, and every setting that changes the manifest (ladder, calibration
-    photos, steps, seed, target, allocation, sketch probes, allocation photos). Recorded in the
-    manifest's ``kv_layout["build_key"]``; a template whose manifest verifies and carries the same
-    key is skipped (`build_store(force=False)`)."""
-    import hashlib
-    import json
-
-    import numpy as np
-
-    from sakura.cloud.builder.template import FIGURE_CHECKS
-
-    px = (images.detach().float().clamp(0, 1).numpy() * 255).round().astype(np.uint8)
-    settings = {"model": job["model_fp"], "pixels": hashlib.sha256(px.tobytes()).hexdigest(), "shape": list(px.shape),
-                "instruction": str(instruction), "ladder": list(job["names"]), "calibration": int(job["calib"].shape[0]),
-                "steps": job["steps"], "seed": job["seed"], "base_psnr_db": job["base_psnr_db"],
-                "allocation": job["allocation"], "sketch_probes": job["sketch_probes"],
-                "allocation_photos": job["probing"].photos, "figure_checks": FIGURE_CHECKS}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-
-
-def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool) -> tuple[list, list]:
+def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool, settings: dict,
+                  src_keys: dict[str, str]) -> tuple[list, list]:
     """Split `tpls` into those skipped ([(id, manifest path)]: unchanged image, settings and model,
-    manifest verified) and those to build (their images resolved, their `build_key` in `job`)."""
+    manifest verified) and those to build (their images resolved; their `build_key` and
+    `source_key` in ``job["build_keys"]``, for the manifest)."""
+    settings = dict(settings, allocation=job["allocation"])  # the allocation that runs
     import time
 
     from sakura.cloud.builder.distributed import manifest_is_current
@@ -277,11 +277,13 @@ def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool) -> t
     for name, images, instruction in tpls:
         t0, c0 = time.perf_counter(), time.process_time()
         # a spec's files are decoded for the key and again when built: never all held at once
-        keys[name] = key = build_key(job, images() if callable(images) else images, instruction)
+        key = incremental.build_key(job["model_fp"], settings, images() if callable(images) else images, instruction)
+        keys[name] = {"build_key": key, **({"source_key": src_keys[name]} if name in src_keys else {})}
         current = False
         if not force and manifest_is_current(store, job["model_fp"], name, job["names"]):
             try:
-                current = Store(store).get_manifest(job["model_fp"], name).kv_layout.get("build_key") == key
+                layout = Store(store).get_manifest(job["model_fp"], name).kv_layout
+                current = layout.get("build_key") == key
             except (StoreError, KeyError, ValueError):
                 current = False
         if current:
