@@ -40,7 +40,8 @@ def klein_like_layer(tokens: int = 4096, heads: int = 24, head_dim: int = 128, l
         basis = torch.nn.functional.avg_pool2d(torch.randn(1, rank, n, n, generator=g), 5, 1, 2)[0] * 4
         mix = torch.randn(rank, C, generator=g) / rank ** 0.5
         field = basis.reshape(rank, n * n).T @ mix                              # (T, C), smooth in tokens
-        noise = torch.distributions.StudentT(4.0).sample((tokens, C)) * 0.2
+        # heavy-tailed: a Gaussian scale mixture (log-normal scales), every draw from `g`
+        noise = torch.randn(tokens, C, generator=g) * torch.exp(0.5 * torch.randn(tokens, C, generator=g)) * 0.2
         scale = torch.exp(torch.randn(C, generator=g) * 0.7)
         scale[torch.randperm(C, generator=g)[:8]] *= 8.0 if kv == 0 else 1.0    # keys' outlier channels
         x = (field + noise) * scale + (torch.randn(C, generator=g) * 0.5 if kv == 0 else 0.0)

@@ -755,21 +755,25 @@ def fit_library_tables(codec: str, params: dict[str, Any], templates: Sequence[S
             lay = Layout.of(T, H * D, _grid(T, params["transform"]))
             for kv in PARTS:
                 p = plans[(s.layer, kv)]
-                c = _fitted_coefficients(s, kv, p.mean, params["transform"], wt, gm)
+                c, sample = _fitted_coefficients(s, kv, p.mean, params["transform"], wt, gm)
                 if c is None:  # a library's mean: this template's coefficients around it
                     sc = scales_of(token_scales(s, kv, wt, gm))
                     c = coefficients(as_f32_2d(s.key if kv == "k" else s.value), p.mean, lay.grid, sc)
-                flat = lay.to_flat(c)
-                need = max(1, int(np.floor(np.abs(flat).max(initial=0.0) / p.step0)))
+                need = max(1, int(np.floor(np.abs(c).max(initial=0.0) / p.step0)))
                 m0s[(s.layer, kv)] = max(m0s.get((s.layer, kv), 1), need)
-                rungs_of.setdefault((s.layer, kv), []).append((flat, lay))
+                if sample is None:
+                    rungs_of.setdefault((s.layer, kv), []).append((lay.to_flat(c), lay, 1.0))
+                else:  # the histograms counted on the step grid's channel sample, scaled to the part
+                    sl = _SampledLayout.of(T, sample[0].shape[1], lay.grid)
+                    sl = _SampledLayout(sl.T, sl.C, sl.grid, sl.perm, sl.starts, part_big=lay.big)
+                    rungs_of.setdefault((s.layer, kv), []).append((sl.to_flat(sample[0]), sl, sample[1]))
     for part, items in rungs_of.items():  # pass 2: histograms with the library's plan and alphabet
         p = plans[part]
         pre = f"L{part[0]}.{part[1]}"
-        for flat, lay in items:
+        for flat, lay, weight in items:
             for rs in rung_symbols(flat, lay, p.step0, p.planes, m0s[part]):
                 for st in rs.streams:
-                    h = _band_hist(st.per_band, st.alphabet).astype(np.float64)
+                    h = _band_hist(st.per_band, st.alphabet).astype(np.float64) * weight
                     key = f"{pre}.{st.table}"
                     counts[key] = counts[key] + h if key in counts and counts[key].shape == h.shape else h
     arrays: dict[str, np.ndarray] = {}
@@ -787,14 +791,27 @@ pack_counts = E.pack_counts
 
 
 def _fitted_coefficients(s: ShardKV, kv: str, mean: np.ndarray, transform: str, weighting: str,
-                         gamma: float) -> np.ndarray | None:
-    """The coefficients the plan's step grid computed for this part around `mean` (the same
-    arrays: `_step_grids`' cache), or None: a transform of a Klein-4B 1024^2 part costs ~1.5 s, and
-    the fit of one template's tables needs it once, not twice."""
+                         gamma: float) -> tuple[np.ndarray | None, tuple[np.ndarray, float] | None]:
+    """The coefficients the plan's step grid computed for this part around `mean` and their
+    channel sample (`_step_grids`' cache: the same arrays), or (None, None): the fit of one
+    template's tables transforms a part once, not twice, and counts a large part's rung symbols
+    on the sample (on a Klein-4B 1024^2 part the symbols of every rung were ~half the fit)."""
     for key, val in s.fit_cache.items():
         if key[:5] == ("rd", kv, transform, weighting, float(gamma)) and val[1][0] is mean:
-            return val[1][1]
-    return None
+            return val[1][1], s.fit_cache.get(("rd-sample",) + key[1:])
+    return None, None
+
+
+@dataclass(frozen=True)
+class _SampledLayout(Layout):
+    """A channel sample's band layout whose symbols are grouped as its whole part's are (`big`
+    from the part): its histograms then fill the part's tables."""
+
+    part_big: bool = False
+
+    @property
+    def big(self) -> bool:
+        return self.part_big
 
 
 def _models_of(table: np.ndarray) -> R.Model:
