@@ -28,7 +28,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
+from sakura import __version__
 from sakura.cloud.builder.template import FIGURE_CHECKS
+from sakura.models import FLUX2_MINI_WEIGHTS, MINI_WEIGHTS
+from sakura.models.registry import _BUNDLED, ModelSpecError, _lookup
 from sakura.wire.store.store import Store, StoreError
 
 #: The ids `pipeline.default_templates()` gives (the first library template of each task), known
@@ -48,8 +53,6 @@ def build_key(model_fp: str, settings: dict[str, Any], images, instruction) -> s
     """sha256 of what a template's build depends on: the model's fingerprint, the template's 8-bit
     pixels (``images`` (R, 3, S, S) in [0, 1]) and instruction, and `request_settings` (with the
     allocation that ran: "probes" for a model without a differentiable edit)."""
-    import numpy as np
-
     px = (images.detach().float().clamp(0, 1).numpy() * 255).round().astype(np.uint8)
     d = {"model": model_fp, "pixels": hashlib.sha256(px.tobytes()).hexdigest(), "shape": list(px.shape),
          "instruction": str(instruction), **settings}
@@ -65,9 +68,6 @@ def model_source(model_name: str) -> dict[str, Any] | None:
     """The identity of a bundled model spec's weights without loading them: the spec and each
     weight file's (path, size, mtime_ns, inode); None for a plugin's model (unknown files) or a
     spec whose files are not there (the load reports that)."""
-    from sakura.models import FLUX2_MINI_WEIGHTS, MINI_WEIGHTS
-    from sakura.models.registry import _BUNDLED, ModelSpecError, _lookup
-
     name, _, arg = model_name.strip().partition(":")
     try:
         if name not in _BUNDLED or _lookup(name).target != _BUNDLED[name]:
@@ -102,8 +102,6 @@ def template_source(template: Any) -> dict[str, Any] | None:
 def source_key(model_src: dict | None, template_src: dict | None, settings: dict[str, Any]) -> str | None:
     """sha256 of (model source, template source, settings, sakura's version); None when either
     source is unknown."""
-    from sakura import __version__
-
     if model_src is None or template_src is None:
         return None
     d = {"model": model_src, "template": template_src, "settings": settings, "sakura": __version__}
