@@ -353,7 +353,9 @@ def _correct_predictions(encoded: list[list], floors: list[dict], facts: dict) -
     return factor
 
 
-def _write(w, cal: Calibration, encoded, floors, model, images, instruction, key: str | None) -> None:
+def _write(w, cal: Calibration, encoded, floors, model, images, instruction, keys: dict | None) -> None:
+    """Shards, then the KV layout, whose ``keys`` ({"build_key", "source_key"}: `incremental`) let
+    the next build skip this template."""
     kv = cal.kv
     for i, s in enumerate(cal.shards):
         w.add_shard(layer=i, tokens=(0, kv.num_tokens), fp16_bytes=s.fp16_bytes,
@@ -362,7 +364,7 @@ def _write(w, cal: Calibration, encoded, floors, model, images, instruction, key
     w.set_kv_layout({"layers": kv.num_layers, "tokens": kv.num_tokens, "heads": kv.heads, "head_dim": kv.head_dim,
                      "dtype": "float16", "template_fingerprint": kv.template_fingerprint,
                      "layout": _jsonable(kv.layout), "instruction": instruction, **_depends_on(model, images, kv),
-                     **({"build_key": key} if key else {})})
+                     **(keys or {})})
 
 
 def _fp16_in_place(kv):
