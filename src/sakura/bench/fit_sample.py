@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 from typing import Any
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -122,8 +123,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     md = f"fit CPU s per layer: full {f['full']:.2f}, sampled {f['sampled']:.2f}\n\n{table}\n"
     print(md)
     if a.out:
-        from pathlib import Path
-
         out = Path(a.out)
         publish(out.parent, out.stem, res, md)
     return res
