@@ -31,15 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 import socket
-from tqdm import tqdm
 
 from sakura.cloud.builder import incremental
-from sakura.cloud.builder.pipeline import BASE_RUNG_PSNR_DB, DEFAULT_LADDER, build_store, default_templates, skipped_floor_rungs
-from sakura.cloud.tasks import get_template
-from sakura.codec import codec_from_spec, get_codec
-from sakura.models import load_model
-from sakura.util.device import resolve_device
-from sakura.wire.store.store import Store, StoreError
 
 EXECUTORS = ("local", "ray")
 
@@ -115,6 +108,8 @@ def manifest_is_current(store: str | os.PathLike[str], model_fingerprint: str, t
                         ladder: Sequence[str]) -> bool:
     """True if ``template_id``'s manifest for this model exists, offers exactly ``ladder`` on
     every shard, and every object it references verifies (size, sha256, rung prefixes)."""
+    from sakura.wire.store.store import Store, StoreError  # lazy: torch, numba; an unchanged store's skip loads none
+
     try:
         st = Store(store)
         if st.verify_manifest(model_fingerprint, template_id):
@@ -129,6 +124,8 @@ def manifest_is_current(store: str | os.PathLike[str], model_fingerprint: str, t
 def _skipped_floor_rungs(m: Any, ladder: Sequence[str]) -> set[str]:
     """The floor rungs this manifest's build left out by rule (`pipeline.skipped_floor_rungs`),
     judged from the budgets its plain ``progressive`` entry was calibrated to (its table's params)."""
+    from sakura.cloud.builder.pipeline import skipped_floor_rungs  # lazy: import cycle within the builder (pipeline <-> template/distributed)
+
     if "progressive" not in {s.strip() for s in ladder}:
         return set()
     try:
@@ -137,6 +134,7 @@ def _skipped_floor_rungs(m: Any, ladder: Sequence[str]) -> set[str]:
         return set()  # no plain progressive entry on record: every floor rung must be there
     budgets = params.get("budgets")
     if not budgets:  # not calibrated: the codec's defaults (only then the codecs, and torch, are imported)
+        from sakura.codec import get_codec  # lazy: torch; a rerun's skip check decides without it
 
         budgets = get_codec("progressive").params["budgets"]
     lowest = min(budgets)
@@ -148,6 +146,8 @@ def _build_one(store: str, template: str, opts: dict[str, Any], model_fingerprin
     it when current (its source key, checked before the model loads, or its build key after;
     objects re-hashed here, so a rerun of a large library re-hashes in parallel on the workers,
     not serially in the driver), else builds and commits it."""
+    from sakura.cloud.builder.pipeline import build_store  # lazy: breaks the cycle pipeline -> distributed
+
     t0, c0 = time.perf_counter(), time.process_time()
     worker = f"{socket.gethostname()}:{os.getpid()}"
     facts: dict[str, dict] = {}
@@ -183,6 +183,10 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
     Returns:
         a ``BuildReport``; templates that failed are listed with the error, the others are committed.
     """
+    from tqdm import tqdm  # lazy: tqdm; off --help and argument errors
+
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER, default_templates  # lazy: import cycle within the builder (pipeline <-> template/distributed)
+
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     ladder = list(ladder or DEFAULT_LADDER)
@@ -231,6 +235,8 @@ def _all_current(root: Path, names: Sequence[str], opts: dict[str, Any], report:
                  log: Callable[[str], None]) -> bool:
     """True (every template in `report` as skipped) when every template finds a verified manifest
     with its source key (`incremental`): a rerun of an unchanged library loads no model anywhere."""
+    from sakura.cloud.builder.pipeline import BASE_RUNG_PSNR_DB  # lazy: breaks the cycle pipeline -> distributed
+
     settings = incremental.request_settings(
         ladder=opts["ladder"], calibration=opts["calibration"], steps=opts["steps"], seed=opts["seed"],
         base_psnr_db=BASE_RUNG_PSNR_DB, allocation=opts["allocation"], sketch_probes=None,
@@ -248,6 +254,11 @@ def _check_inputs(model_name: str, names: Sequence[str], ladder: Sequence[str], 
     """Validate template names and codec specs; returns (the model fingerprint, whether the
     builds run on CUDA: each Ray task then asks for one GPU). The driver loads the model on the
     CPU (its fingerprint is the same on every device)."""
+    from sakura.codec import codec_from_spec  # lazy: torch, numba; an unchanged store's skip loads none
+    from sakura.models import load_model  # lazy: torch, numba; an unchanged store's skip loads none
+    from sakura.cloud.tasks import get_template  # lazy: torch, numba; an unchanged store's skip loads none
+    from sakura.util.device import resolve_device  # lazy: torch, numba; an unchanged store's skip loads none
+
     for spec in ladder:
         codec_from_spec(spec)
     on_gpu = resolve_device(device).type == "cuda"
@@ -269,7 +280,7 @@ def _run_ray(root: str, todo: list[str], opts: dict[str, Any], model_fp: str, fo
     """Submit one task per template, collect as they finish; returns the cluster's CPU count.
     `gpus`: GPUs each task asks Ray for (1 when the model runs on CUDA: one build per GPU)."""
     try:
-        import ray  # lazy: optional dependency, tried
+        import ray  # lazy: ray, the [cluster] extra
     except ImportError:
         raise RuntimeError("--executor ray needs Ray: pip install '.[cluster]' (or use --executor local)") from None
     started = False

@@ -35,7 +35,6 @@ import functools
 from pathlib import Path
 from typing import Any, Callable, Sequence
 import time
-import torch
 
 from sakura.cloud.builder import incremental
 from sakura.cloud.builder.ladder import (BASE_RUNG_BUDGETS, FLOOR_RUNG_LADDER, MAX_SINGLE_RUNG_BUDGETS,  # noqa: F401
@@ -45,13 +44,6 @@ from sakura.cloud.builder.probes import Probing, cpu_count, many_probe  # noqa: 
 from sakura.cloud.builder.processes import _build_in_processes, _template_processes  # noqa: F401
 from sakura.cloud.builder.progress import MODEL_STAGES, STAGES, Stages  # noqa: F401
 from sakura.cloud.builder.template import ALLOCATIONS, build_template
-from sakura.cloud.builder.template_files import TemplateSpec, TemplateSpecError, spec_images, spec_instruction, validate_specs
-from sakura.cloud.capture import calibration_photos
-from sakura.cloud.tasks import TASK_NAMES, get_template
-from sakura.codec import codec_from_spec
-from sakura.models import load_model
-from sakura.util.device import device_options
-from sakura.wire.store.store import Store, StoreError
 
 #: the names tests and benchmarks knew these by before the builder was split (issue 41)
 _Probing, _many_probe, _with_floor_rungs, _Stages = Probing, many_probe, with_floor_rungs, Stages
@@ -214,6 +206,8 @@ def _all_current(store, templates, src_keys: dict[str, str], log, facts) -> list
 
 
 def _cpu_device():
+    import torch  # lazy: torch; an unchanged store's skip and --help load none
+
     return torch.device("cpu")
 
 
@@ -221,6 +215,13 @@ def _setup(stages: Stages, *, model_name, templates, ladder, calibration, steps,
            probe_batch, probe_workers, allocation_photos, model, allocation, sketch_probes) -> tuple[dict, list]:
     """Everything `build_template` needs for every template (the `job`), and the resolved
     templates: specs, names and settings checked, the model loaded, before any work."""
+    import torch  # lazy: torch; an unchanged store's skip and --help load none
+
+    from sakura.cloud.capture import calibration_photos  # lazy: torch, numba; an unchanged store's skip loads none
+    from sakura.codec import codec_from_spec  # lazy: torch, numba; an unchanged store's skip loads none
+    from sakura.models import load_model  # lazy: torch, numba; an unchanged store's skip loads none
+    from sakura.util.device import device_options  # lazy: torch, numba; an unchanged store's skip loads none
+
     torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
     codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
     names = [s.strip() for s in ladder]  # rendition names as the operator wrote them
@@ -243,6 +244,8 @@ def _setup(stages: Stages, *, model_name, templates, ladder, calibration, steps,
     size = int(model.cfg.image_size)
     model_fp = model.fingerprint()
     if not templates and model.template_conditioning != "task":
+        from sakura.cloud.builder.template_files import TemplateSpecError  # lazy: import cycle within the builder (pipeline <-> template/distributed)
+
         raise TemplateSpecError([f"{model_name} has no bundled templates: give --library FILE or "
                                  f"--template ID=IMAGE --prompt P"])
     stages.bar.set_description_str("resolving templates", refresh=True)
@@ -264,8 +267,8 @@ def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool, sett
     manifest verified) and those to build (their images resolved; their `build_key` and
     `source_key` in ``job["build_keys"]``, for the manifest)."""
     settings = dict(settings, allocation=job["allocation"])  # the allocation that runs
-
-    from sakura.cloud.builder.distributed import manifest_is_current  # lazy: import cycle
+    from sakura.cloud.builder.distributed import manifest_is_current  # lazy: import cycle within the builder (pipeline <-> template/distributed)
+    from sakura.wire.store.store import Store, StoreError  # lazy: torch, numba; an unchanged store's skip loads none
 
     skipped, todo = [], []
     job["build_keys"] = keys = {}
@@ -297,6 +300,9 @@ def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool, sett
 def resolve_templates(model: Any, templates: Sequence[Any]) -> list[tuple[str, Any, Any]]:
     """Library names and `TemplateSpec`s -> [(id, images (R, 3, S, S) or a callable returning
     them (a spec's files, decoded when built), instruction)], every problem found first (one line each, `TemplateSpecError`) so a bad entry writes nothing."""
+    from sakura.cloud.builder.template_files import TemplateSpec, TemplateSpecError, spec_images, spec_instruction, validate_specs  # lazy: import cycle within the builder (pipeline <-> template/distributed)
+    from sakura.cloud.tasks import TASK_NAMES, get_template  # lazy: torch, numba; an unchanged store's skip loads none
+
     size = int(model.cfg.image_size)
     conditioning = model.template_conditioning
     problems, lib = [], []

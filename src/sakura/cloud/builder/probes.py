@@ -14,8 +14,6 @@ from typing import Any
 from concurrent.futures import Future
 import os
 import threading
-import torch
-from sakura.models.kv import LayerKV
 
 @dataclass(frozen=True)
 class Probing:
@@ -52,6 +50,8 @@ def many_probe(probe, kv, probing: "Probing"):
     batches of 8 decoded on the caller's thread, the memo's hits left the threads a few probes a
     call and the decoding ran alone (1.5x on two cores). Else `batch` edits per model call,
     ``many.batch`` parts at a time."""
+    from sakura.models.kv import LayerKV  # lazy: torch, numba; an unchanged store's skip loads none
+
     memo: dict[tuple[int, str, bytes], Future] = {}
     lock = threading.Lock()
 
@@ -109,6 +109,8 @@ def _done(fn, *args):
 
 
 def _digest(t) -> bytes:
+    import torch  # lazy: torch; an unchanged store's skip and --help load none
+
     return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).digest()
 
 

@@ -10,7 +10,6 @@ import threading
 
 from sakura.cloud.builder.probes import cpu_count as _cpu_count
 from sakura.cloud.builder.progress import Stages
-from sakura.cloud.builder.template import build_template
 
 def _template_processes(requested: int | None, device: Any, templates: int) -> int:
     """How many template processes `build_store` forks (see its `template_workers`)."""
@@ -66,6 +65,8 @@ def _build_in_processes(processes: int, tpls, job: dict, stages: "Stages", log) 
 
 
 def _forked_template(i: int) -> tuple[int, str, dict, dict, list[str]]:
+    from sakura.cloud.builder.template import build_template  # lazy: import cycle within the builder (pipeline <-> template/distributed)
+
     job = dict(_FORK_JOB)
     name, images, instruction = job.pop("tpls")[i]
     events = job.pop("events")

@@ -6,7 +6,6 @@ import threading
 import time
 from typing import Callable
 import contextlib
-from tqdm import tqdm
 
 #: The build's stages, in order, as the progress bar and `build_store(profile=...)` name them.
 STAGES = ("capture", "importance", "sensitivity", "probe reference", "ladder search", "fit tables", "encode",
@@ -22,6 +21,8 @@ class Stages:
 
     def __init__(self, n_templates: int, progress: bool):
         if progress:
+            from tqdm import tqdm  # lazy: tqdm; off --help and argument errors
+
             self.bar = tqdm(total=n_templates * len(STAGES), unit="stage", mininterval=0.5,
                             bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} stages "
                                        "[{elapsed}<{remaining}]")
@@ -93,8 +94,6 @@ class _NullBar:
 
     def close(self) -> None:
         pass
-
-
 
 
 class CountingModel:

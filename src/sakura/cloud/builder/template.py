@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 import json
-import numpy as np
-import torch
 
 from sakura.cloud.builder.ladder import (fit_ladder_by_model, fit_ladder_by_probes, skipped_floor_rungs,
                                         with_floor_rungs)
@@ -34,11 +32,6 @@ from sakura.cloud.builder.progress import CountingModel, Stages
 from sakura.util.psnr import psnr_db
 from sakura.wire.store.store import RenditionInput, StoreWriter
 from sakura.wire.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, decode_template_ref, encode_template_images, split_template_images
-from sakura.cloud.capture import PredictedDistortion, ShardDistortionProbe, layer_sensitivity, measure_kv_sensitivity, template_importance
-from sakura.cloud.capture.kv_sensitivity import SKETCH_PROBES
-from sakura.codec import ShardId, ShardKV
-from sakura.codec.base import parse_spec
-from sakura.models.kv import LayerKV, TemplateKV
 
 ALLOCATIONS = ("model", "probes")
 #: renditions per template whose predicted image MSE is checked by a measured edit (the model
@@ -69,6 +62,8 @@ class Calibration:
 
     def edit_layers(self, layers) -> Any:
         """The calibration edit (N, 3, S, S) with the template KV's layers replaced by `layers`."""
+        from sakura.models.kv import TemplateKV  # lazy: torch, numba; an unchanged store's skip loads none
+
         kv = self.kv
         return self.model.edit(self.photos, template_kv=TemplateKV(list(layers), kv.model_fingerprint,
                                                                    kv.template_fingerprint, kv.layout),
@@ -77,6 +72,8 @@ class Calibration:
     def measuring_probe(self):
         """A probe of one-layer edits over all calibration photos (made on first use; no
         first-step prefix for the model's few checks)."""
+        from sakura.cloud.capture import ShardDistortionProbe  # lazy: torch, numba; an unchanged store's skip loads none
+
         if self.probe is None:
             self.probe = ShardDistortionProbe(self.model, self.kv, self.photos, steps=self.steps, seed=self.seed,
                                               reference_image=self.reference_image,
@@ -105,6 +102,9 @@ def _needs_attention_importance(codecs) -> bool:
 def calibrate_by_model(model, kv, calib, codecs, *, steps, seed, probing, probes, stages) -> Calibration:
     """The sensitivity model (2 + `probes` edits with two photos), the shards it predicts for, and importance
     (attention mass where a codec needs it, else the model's per-token diagonal)."""
+    from sakura.cloud.capture import PredictedDistortion, measure_kv_sensitivity, template_importance  # lazy: torch, numba; an unchanged store's skip loads none
+    from sakura.codec import ShardKV  # lazy: torch, numba; an unchanged store's skip loads none
+
     with stages.stage("sensitivity"):
         sens = measure_kv_sensitivity(model, kv, calib, steps=steps, seed=seed, probes=probes)
         model.add(sens.backward_edits)  # the backward passes (its forward edits were counted by the model)
@@ -121,6 +121,10 @@ def calibrate_by_model(model, kv, calib, codecs, *, steps, seed, probing, probes
 def calibrate_by_probes(model, kv, calib, *, steps, seed, probing, stages) -> Calibration:
     """Attention-mass importance, layer sensitivities by perturbation edits, and image probes for
     every allocation choice and figure (the build before issue 41)."""
+    from sakura.cloud.capture import ShardDistortionProbe, layer_sensitivity, template_importance  # lazy: torch, numba; an unchanged store's skip loads none
+    from sakura.codec import ShardKV  # lazy: torch, numba; an unchanged store's skip loads none
+    from sakura.models.kv import LayerKV, TemplateKV  # lazy: torch, numba; an unchanged store's skip loads none
+
     with stages.stage("importance"):
         # token importance for codecs that use it (the nested ladder's widths): attention mass
         imp = template_importance(model, kv, calib, steps=steps, seed=seed)  # (layers, tokens)
@@ -157,6 +161,8 @@ def build_template(store, model, model_fp, name, images, instruction, calib, nam
                    sketch_probes: int | None = None, build_keys: dict | None = None) -> Path:
     """One template's manifest (see `build_store`); `stages` times each step, moves the bar and
     keeps the template's facts (calibration edits, the figure checks)."""
+    from sakura.cloud.capture.kv_sensitivity import SKETCH_PROBES  # lazy: torch, numba; an unchanged store's skip loads none
+
     t0, c0 = time.perf_counter(), time.process_time()
     model = CountingModel(model, len(calib))
     with stages.stage("capture"):
@@ -200,6 +206,9 @@ def build_template(store, model, model_fp, name, images, instruction, calib, nam
 def _renditions(w, cal: Calibration, names, codecs, model_fp, base_psnr_db, stages: Stages, log, facts) -> list[list]:
     """Every rendition of every shard: [[(RenditionInput fields, distortion)]] per shard, the
     tables written to `w`; the progressive ladder fitted to the template first."""
+    from sakura.codec import ShardId  # lazy: torch, numba; an unchanged store's skip loads none
+    from sakura.codec.base import parse_spec  # lazy: torch, numba; an unchanged store's skip loads none
+
     kv, shards = cal.kv, cal.shards
     ident = lambda i: ShardId(model_fp, kv.template_fingerprint, i)  # noqa: E731
     encoded: list[list] = [[] for _ in shards]
@@ -295,7 +304,8 @@ class _Figures:
 
 def _quality_floor(cal: Calibration, floor_codec, model_fp) -> list[dict]:
     """Per shard the quality floor's codec (CacheGen level 3) image MSE: predicted, or probed."""
-    from sakura.cloud.builder.pipeline import QUALITY_FLOOR_SPEC  # lazy: import cycle
+    from sakura.cloud.builder.pipeline import QUALITY_FLOOR_SPEC  # lazy: import cycle within the builder (pipeline <-> template/distributed)
+    from sakura.codec import ShardId  # lazy: torch, numba; an unchanged store's skip loads none
 
     shards, probing = cal.shards, cal.probing
     ident = lambda i: ShardId(model_fp, cal.kv.template_fingerprint, i)  # noqa: E731
@@ -370,6 +380,10 @@ def _write(w, cal: Calibration, encoded, floors, model, images, instruction, key
 def _fp16_in_place(kv):
     """`kv` with every layer cast to fp16 on the host, one layer at a time (the compute-dtype copy
     of a layer is released as its fp16 copy is made: a 1024^2 Klein template is never held twice)."""
+    import torch  # lazy: torch; an unchanged store's skip and --help load none
+
+    from sakura.models.kv import LayerKV  # lazy: torch, numba; an unchanged store's skip loads none
+
     for i, l in enumerate(kv.layers):
         kv.layers[i] = LayerKV(l.key.to("cpu", torch.float16), l.value.to("cpu", torch.float16), l.keep)
     return kv
@@ -378,6 +392,9 @@ def _fp16_in_place(kv):
 def _depends_on(model: Any, images, kv) -> dict[str, Any]:
     """What the KV is a function of, for the manifest: the model, each reference image's 8-bit
     pixels, the resolution and the RoPE positions (the prompt's fingerprint is in kv.layout)."""
+    import numpy as np  # lazy: numpy; an unchanged store's skip and --help load none
+    import torch  # lazy: torch; an unchanged store's skip and --help load none
+
     px = [hashlib.sha256((im.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8).tobytes()).hexdigest()
           for im in images]
     d = {"model": str(model.describe().get("model", type(model).__name__)), "image_size": int(images.shape[-1]),

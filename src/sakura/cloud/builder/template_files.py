@@ -30,12 +30,6 @@ from pathlib import Path
 from typing import Any, Sequence
 import stat
 import warnings
-from PIL import Image
-import numpy as np
-import torch
-from sakura.cloud.tasks import get_task
-from sakura.util.fsutil import UnreadableFile, read_capped
-from sakura.util.resize import resize_antialiased
 
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_IMAGE_PIXELS = 64_000_000  # refuse decompression bombs before decoding
@@ -82,6 +76,8 @@ def parse_template_option(value: str, *, task: str | None, prompt: str | None) -
 
 def load_library_file(path: Path) -> list[TemplateSpec]:
     """Parse a templates TOML file; raises `TemplateSpecError` listing every structural problem."""
+    from sakura.util.fsutil import UnreadableFile, read_capped  # lazy: torch, numba; an unchanged store's skip loads none
+
     path = Path(path)
     try:
         # a regular file under the cap, checked before reading (a FIFO blocked, /dev/zero grew to a MemoryError)
@@ -140,6 +136,8 @@ def _open_image(path: Path, *, load: bool = True):
     declare 144 Mpx), and it must be a regular file (a FIFO would block the open). Decoded only
     with ``load``. Pillow's global limit is left alone: other loaders (the photo loader's own cap)
     rely on its default."""
+    from PIL import Image  # lazy: pillow; an unchanged store's skip and --help load none
+
     if not stat.S_ISREG(Path(path).stat().st_mode):
         raise ValueError("not a regular file")
     with warnings.catch_warnings():  # the cap below says it in one line
@@ -219,6 +217,11 @@ def load_template_image(path: Path, size: int, *, background: tuple[float, float
     Pillow (``reduce`` with the crop box) to at most 2x ``size`` before any float conversion, so
     a 7999 x 7999 PNG costs its 8-bit decode, not 64 Mpx of float32 RGBA and a float resize
     (94 s and 3.3 GB before)."""
+    import numpy as np  # lazy: numpy; an unchanged store's skip and --help load none
+    import torch  # lazy: torch; an unchanged store's skip and --help load none
+
+    from sakura.util.resize import resize_antialiased  # lazy: torch, numba; an unchanged store's skip loads none
+
     with _open_image(path, load=False) as im:
         if im.format == "JPEG" and im.mode in ("RGB", "L", "CMYK"):
             im.draft(im.mode, (2 * size, 2 * size))  # DCT-domain downscale, before decoding
@@ -243,6 +246,8 @@ def load_template_image(path: Path, size: int, *, background: tuple[float, float
 
 def spec_images(spec: TemplateSpec, size: int):
     """(R, 3, size, size) pixels of a spec's reference images."""
+    import torch  # lazy: torch; an unchanged store's skip and --help load none
+
     bg = (0.0, 1.0, 0.0) if spec.task == "sticker" else (1.0, 1.0, 1.0)  # the sticker task's green key
     return torch.stack([load_template_image(p, size, background=bg) for p in spec.images])
 
@@ -251,6 +256,8 @@ def spec_instruction(spec: TemplateSpec) -> Any:
     """What the model's `extract_template_kv(image, instruction)` takes: a task's instruction id,
     or the prompt text."""
     if spec.task is not None:
+        from sakura.cloud.tasks import get_task  # lazy: torch, numba; an unchanged store's skip loads none
+
         return get_task(spec.task).instruction
     return spec.prompt
 
