@@ -46,7 +46,7 @@ if "facts" in params:
 if args.get("allocation") and "allocation" in params:
     kw["allocation"] = args["allocation"]
 # every checkout's edits counted the same way, at the model: photos edited / calibration photos (2),
-# a first-step prefix 1/steps, a backward pass 2 (autograd.grad calls); shared memory, so that
+# a first-step prefix 1/steps, a backward pass 2 x its graph's photos / 2 (autograd.grad calls); shared memory, so that
 # forked template processes count too
 from sakura.models.mini import MiniDiT
 import torch
@@ -64,13 +64,20 @@ def _wrap(name, photos_of, frac=1.0):
     setattr(MiniDiT, name, g)
 _wrap("edit", lambda a, k: (a[0] if a else k["photo"]).shape[0])
 # `edit` is `differentiable_edit` under no_grad: the latter counts only when it keeps a graph
-_wrap("differentiable_edit", lambda a, k: (a[0] if a else k["photo"]).shape[0] if torch.is_grad_enabled() else 0)
+# a backward pass costs 2 forwards of the graph it runs through: of the photos of the last graph made
+graph_photos = [2.0]
+def _graph(a, k):
+    if not torch.is_grad_enabled():
+        return 0
+    graph_photos[0] = (a[0] if a else k["photo"]).shape[0]
+    return graph_photos[0]
+_wrap("differentiable_edit", _graph)
 _wrap("edit_replacing", lambda a, k: a[0].photo.shape[0])
 _wrap("edit_many", lambda a, k: (a[0] if a else k["photo"]).shape[0] * len(a[1] if len(a) > 1 else k["template_kvs"]))
 _wrap("first_step_prefix", lambda a, k: (a[0] if a else k["photo"]).shape[0])
 _grad = torch.autograd.grad
 def _counted_grad(*a, **k):
-    _count(2.0)
+    _count(2.0 * graph_photos[0] / 2.0)
     return _grad(*a, **k)
 torch.autograd.grad = _counted_grad
 if args.get("probe_batch") and "probe_batch" in params:

@@ -167,11 +167,11 @@ def build(
     force: bool = typer.Option(False, help="Rebuild templates even if current (unchanged image, settings and "
                                "model, manifest verified), which are otherwise skipped."),
     allocation: str = typer.Option("model", help="model (bits, ladder and figures by the template's sensitivity "
-                                   "model: ~20 calibration edits a template) or probes (every choice and figure "
+                                   "model: 12 calibration edits a template) or probes (every choice and figure "
                                    "measured by image probes: ~200 edits; the build before issue 41)."),
     sketch_probes: Optional[int] = typer.Option(None, min=1, help="Backward passes of --allocation model's "
-                                                "sensitivity sketch (default 8: ~20 calibration edits a template; "
-                                                "more: closer to the probes' quality, 2 edits each)."),
+                                                "sensitivity sketch (default 8: 12 calibration edits a template; "
+                                                "more: closer to the probes' quality, one edit each with 2 photos)."),
     json_out: bool = typer.Option(False, "--json", help="Print the BuildReport as JSON on stdout "
                                   "({\"templates\": [{\"id\": ..., \"calibration_edits\": ..., ...}], ...})."),
     device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),
@@ -255,8 +255,8 @@ def edit(
                                             "~/.cache/sakura/gallery)."),
     decode_workers: int = typer.Option(0, min=0, help="Decode workers (0: one per core)."),
     sketch_probes: Optional[int] = typer.Option(None, min=1, help="Backward passes of --allocation model's "
-                                                "sensitivity sketch (default 8: ~20 calibration edits a template; "
-                                                "more: closer to the probes' quality, 2 edits each)."),
+                                                "sensitivity sketch (default 8: 12 calibration edits a template; "
+                                                "more: closer to the probes' quality, one edit each with 2 photos)."),
     json_out: bool = typer.Option(False, "--json", help="Print the edit's record as JSON (per layer: fetched or "
                                   "computed here, rendition, bytes, timings; the PSNR floor held)."),
     device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps."),

@@ -57,7 +57,7 @@ def build(store: str | os.PathLike[str], templates: Sequence[Any] | None = None,
             "fp16", "bf16". The store holds fp16 KV whatever the compute dtype.
         progress: a progress bar (stderr) naming the template and stage, with an ETA; None (default):
             on when stderr is a terminal, as diffusers' pipelines do. False switches it off.
-        allocation: "model" (default; the template's sensitivity model, ~20 calibration edits) or
+        allocation: "model" (default; the template's sensitivity model, 12 calibration edits) or
             "probes" (image probes, ~200 edits: the build before issue 41), `build_store`'s;
             `sketch_probes` the model's backward passes (default 8).
         probe_workers, probe_batch, allocation_photos: how image probes run (`build_store`).

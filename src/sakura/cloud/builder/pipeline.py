@@ -138,7 +138,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         profile: filled with {template: {stage: wall seconds, "stage cpu": CPU seconds}}.
         model: an already-loaded model to build with (then `model_name`, `device`, `dtype` are unused).
         allocation: "model" (default): bits, ladder and figures by the template's sensitivity model
-            (`sakura.cloud.capture.measure_kv_sensitivity`: ~20 calibration edits a template, every
+            (`sakura.cloud.capture.measure_kv_sensitivity`: 12 calibration edits a template, every
             ``image_mse`` predicted but `template.FIGURE_CHECKS` measured ones; a model without
             ``differentiable_edit`` falls back to "probes"); "probes": every allocation choice and
             figure measured by image probes (~200 edits a template; the build before issue 41).

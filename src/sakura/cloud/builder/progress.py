@@ -103,7 +103,7 @@ class CountingModel:
     """`model` with its calibration edits counted in `edits`: one unit is one edit of the
     `n_photos` calibration photos (a call on fewer photos counts that fraction; a probe resumed at
     its layer (`edit_replacing`) counts whole; a first-step prefix 1/steps; a batched call its
-    edits). Backward passes are added by the caller (2 each: `KVSensitivity.calibration_edits`).
+    edits). Backward passes are added by the caller (2 x their photos / `n_photos` each: `KVSensitivity.backward_edits`).
     Every other attribute is the model's; thread-safe (probes run in threads)."""
 
     _COUNTED = ("edit", "differentiable_edit", "edit_many", "edit_replacing", "first_step_prefix")

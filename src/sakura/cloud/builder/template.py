@@ -4,12 +4,12 @@ quality floor, the manifest (`build_store` calls `build_template` per template).
 Two calibrations (`build_store(allocation=)`):
 
 - ``"model"`` (default): a sensitivity model of the template KV (`measure_kv_sensitivity`: one
-  differentiable edit and a few backward passes) predicts the image MSE of any KV error. The
+  differentiable edit per calibration photo and a few backward passes) predicts the image MSE of any KV error. The
   progressive codec allocates its bits by it, the ladder search predicts each budget's PSNR by it
   and confirms with at most `ladder.ACCEPTANCE_EDITS` measured edits, and every rendition's and
   quality floor's ``image_mse`` is predicted by it (``"image_predicted": 1`` in the rendition's
   distortion map; ``"predicted": true`` on the floor) except `FIGURE_CHECKS` measured ones, whose
-  prediction error the build reports. ~20 calibration edits a template (8 sketch probes).
+  prediction error the build reports. 12 calibration edits a template (8 sketch probes, per photo).
 - ``"probes"``: every figure and allocation choice measured by image probes (one edit each), the
   build before issue 41 (~200 edits a template), kept to compare against.
 """
@@ -99,14 +99,14 @@ def _needs_attention_importance(codecs) -> bool:
 
 
 def calibrate_by_model(model, kv, calib, codecs, *, steps, seed, probing, probes, stages) -> Calibration:
-    """The sensitivity model (1 + 2 `probes` edits), the shards it predicts for, and importance
+    """The sensitivity model (2 + `probes` edits with two photos), the shards it predicts for, and importance
     (attention mass where a codec needs it, else the model's per-token diagonal)."""
     from sakura.cloud.capture import PredictedDistortion, measure_kv_sensitivity, template_importance
     from sakura.codec import ShardKV
 
     with stages.stage("sensitivity"):
         sens = measure_kv_sensitivity(model, kv, calib, steps=steps, seed=seed, probes=probes)
-        model.add(sens.calibration_edits - 1.0)  # the backward passes (the forward was counted as an edit)
+        model.add(sens.backward_edits)  # the backward passes (its forward edits were counted by the model)
     with stages.stage("importance"):
         imp = (template_importance(model, kv, calib, steps=steps, seed=seed) if _needs_attention_importance(codecs)
                else sens.token_importance())

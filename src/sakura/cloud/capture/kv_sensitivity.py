@@ -16,11 +16,17 @@ dead zone zeroes whole bands coherently): measured on sakura-mini it was 11-12 d
 percentile where the sketch with 8 probes was 4 dB (docs/notes/build-41.md).
 
 The sketch's spread is Hutchinson's: a prediction's relative spread is sqrt(2 / P) whatever the
-error. The allocation therefore blends it with its own diagonal (`DIAGONAL_BLEND`), whose spread
+error. A probe over all photos at once also carries the cross term (r_1 . J_1 e)(r_2 . J_2 e)
+between photos, pure noise; a probe per photo drops it, and its backward costs one photo's
+compute: at the same compute, variance (a^2 + b^2) / (a + b)^2 of the joint one's (a, b: each
+photo's share of the MSE), half when they weigh alike. The allocation therefore blends it with its own diagonal (`DIAGONAL_BLEND`), whose spread
 is small but which misses correlations; the manifest's figures use the sketch alone.
 
-Cost: one forward with autograd plus P backward passes over the calibration photos (a backward
-counts as 2 edits: `KVSensitivity.calibration_edits`). Memory: P fp32 copies of the KV.
+Cost: one forward with autograd per calibration photo, P backward passes each through one photo's
+graph (`PER_PHOTO_PROBES`: a backward counts as 2 edits of the photos it runs through, so 2 / N of
+an edit with N photos) and one no-grad edit of all photos for the reference image:
+2 + P edits with two photos (`KVSensitivity.calibration_edits`). Memory: P fp32 copies of the KV,
+one photo's graph at a time.
 The sketch's rows also give the per-part "sensitivity" the proxy allocation uses (image MSE per unit
 relative MSE of white noise in that part) and a per-token importance (the diagonal summed over heads
 and channels).
@@ -36,16 +42,22 @@ import torch
 
 from sakura.models.kv import LayerKV, TemplateKV
 
-#: random image-space probes of the sketch (backward passes). A prediction's relative spread is
-#: sqrt(2 / P): 8 is the measured compromise between the allocation's held-out quality and the
-#: build's cost (4: 11 edits a template, up to -5 dB on a rung; 64: the probe allocation's
-#: quality, 131 edits; docs/notes/build-41.md)
+#: random image-space probes of the sketch (backward passes; per photo, `PER_PHOTO_PROBES`, each
+#: over one calibration photo: 1 edit each with 2 photos). 8 per-photo probes have the spread of
+#: 8-16 joint ones for the cost of 4: with the 2 forward edits, 1 acceptance edit and 1 figure check,
+#: 12 calibration edits a template (joint 4 probes at that cost lost up to 4 dB on a held-out rung,
+#: per photo 8 about 2; docs/notes/build-41.md)
 SKETCH_PROBES = 8
 #: the allocation's part predictions (`coefficient_mse`) are the geometric blend full^(1-b) diag^b
 #: of the sketch and its diagonal: the diagonal's spread is small (a sum over every coefficient)
 #: but it misses the quantiser's correlated errors; b = 1/2 measured best at 8 probes (worst rung
 #: -1.7 dB on held-out photos where the sketch alone lost 4.4 dB; docs/notes/build-41.md)
 DIAGONAL_BLEND = 0.5
+#: each probe on one calibration photo's own graph: a joint probe's cross term between photos
+#: (r_1 . J_1 e)(r_2 . J_2 e) is pure noise, and its backward costs all photos' compute; per photo
+#: the same backward compute gives N times the probes (variance halved at N = 2 when the photos
+#: weigh alike), for one more edit (the reference image: the calibration edits draw their noise per batch)
+PER_PHOTO_PROBES = True
 
 
 @dataclass
@@ -57,6 +69,8 @@ class KVSensitivity:
 
     rows: list[tuple[torch.Tensor, torch.Tensor]]
     calibration_edits: float = 0.0
+    #: the part of `calibration_edits` spent in backward passes (the rest: the model's edit calls)
+    backward_edits: float = 0.0
     #: the all-lossless calibration edit (N, 3, S, S) float64, the sketch's forward pass's image
     reference_image: torch.Tensor | None = None
     _coeff: dict = field(default_factory=dict, repr=False)
@@ -144,7 +158,8 @@ class KVSensitivity:
 
 
 def measure_kv_sensitivity(model: Any, template_kv: TemplateKV, photos: torch.Tensor, *, steps: int = 4,
-                           seed: int = 0, probes: int = SKETCH_PROBES, probe_seed: int = 0) -> KVSensitivity:
+                           seed: int = 0, probes: int = SKETCH_PROBES, probe_seed: int = 0,
+                           per_photo: bool | None = None) -> KVSensitivity:
     """Sketch the calibration edits' Gauss-Newton matrix w.r.t. `template_kv` (see the module).
 
     Args:
@@ -153,11 +168,20 @@ def measure_kv_sensitivity(model: Any, template_kv: TemplateKV, photos: torch.Te
         photos: (N, 3, S, S) public calibration photos in [0, 1].
         steps, seed: the calibration edits' sampler settings.
         probes: random image-space probes P (backward passes).
+        per_photo: each probe on one photo's own graph (`PER_PHOTO_PROBES`; N > 1): photo i gets
+            P/N of the probes, each backward costs 2/N edits, and the reference image is one
+            no-grad edit of all photos (the calibration edits' noise). Else every probe spans all
+            photos (one graph, a backward costs 2).
     Returns the sketch, rows on the host in fp32 (P x the KV's values)."""
     if not hasattr(model, "differentiable_edit"):
         raise TypeError(f"{type(model).__name__} has no differentiable_edit: use allocation='probes'")
     if probes < 1:
         raise ValueError(f"probes must be >= 1, got {probes}")
+    n_photos = int(photos.shape[0])
+    per_photo = PER_PHOTO_PROBES if per_photo is None else per_photo
+    groups = ([photos[i:i + 1] for i in range(n_photos)] if per_photo and n_photos > 1 and probes >= n_photos
+              else [photos])
+    counts = [probes // len(groups) + (1 if i < probes % len(groups) else 0) for i in range(len(groups))]
     dev = getattr(model, "device", torch.device("cpu"))
     leaves = [(l.key.to(dev, torch.float32).clone().requires_grad_(True),
                l.value.to(dev, torch.float32).clone().requires_grad_(True)) for l in template_kv.layers]
@@ -166,19 +190,29 @@ def measure_kv_sensitivity(model: Any, template_kv: TemplateKV, photos: torch.Te
     flat = [t for pair in leaves for t in pair]
     g = torch.Generator().manual_seed(probe_seed)
     sums: list[list[torch.Tensor]] = [[] for _ in flat]
-    with torch.enable_grad():
-        img = model.differentiable_edit(photos, template_kv=kv, steps=steps, seed=seed).image  # (N, 3, S, S) on the host
-        n = img.numel()
-        for p in range(probes):
-            r = torch.randn(img.shape, generator=g)
-            grads = torch.autograd.grad((img * r).sum(), flat, retain_graph=p < probes - 1, allow_unused=True)
-            for j, gr in enumerate(grads):
-                sums[j].append(torch.zeros_like(flat[j]) if gr is None else gr.detach())
-    scale = 1.0 / float(np.sqrt(probes * n))
-    rows = [(torch.stack(sums[2 * i]).float().cpu() * scale, torch.stack(sums[2 * i + 1]).float().cpu() * scale)
-            for i in range(len(leaves))]
-
-    return KVSensitivity(rows, calibration_edits=1.0 + 2.0 * probes, reference_image=img.detach().double())
+    n = None  # pixels of every photo's edit (N x 3 x S x S)
+    edits = backward = 0.0
+    for group, m in zip(groups, counts):
+        with torch.enable_grad():  # one graph at a time: its activations freed before the next photo's
+            img = model.differentiable_edit(group, template_kv=kv, steps=steps, seed=seed).image
+            edits += group.shape[0] / n_photos
+            n = n or img.numel() * n_photos // group.shape[0]
+            for p in range(m):
+                r = torch.randn(img.shape, generator=g)
+                grads = torch.autograd.grad((img * r).sum(), flat, retain_graph=p < m - 1, allow_unused=True)
+                backward += 2.0 * group.shape[0] / n_photos
+                # this photo's rows scaled so that summing (row . e)^2 over every row is the MSE
+                # over all photos' pixels: E (g . e)^2 = ||J_i e||^2, each photo's probes averaged
+                w = 1.0 / float(np.sqrt(m * n))
+                for j, gr in enumerate(grads):
+                    sums[j].append(torch.zeros_like(flat[j]) if gr is None else gr.detach().float().cpu() * w)
+        reference = img.detach().double() if len(groups) == 1 else None
+        del img
+    if reference is None:  # the calibration edits' own noise (drawn per batch): one edit of all photos
+        reference = model.edit(photos, template_kv=template_kv, steps=steps, seed=seed).image.double()
+        edits += 1.0
+    rows = [(torch.stack(sums[2 * i]), torch.stack(sums[2 * i + 1])) for i in range(len(leaves))]
+    return KVSensitivity(rows, calibration_edits=edits + backward, backward_edits=backward, reference_image=reference)
 
 
 class PredictedDistortion:

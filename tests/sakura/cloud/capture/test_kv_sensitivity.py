@@ -14,6 +14,7 @@ from sakura.cloud.tasks import get_template
 from sakura.codec import ShardKV
 from sakura.codec.progressive import ladder as P
 from sakura.models import LayerKV, load_model
+from sakura.models.kv import TemplateKV
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,61 @@ def test_reference_image_is_the_lossless_edit(setup):
     model, kv, calib, sens = setup
     want = model.edit(calib, template_kv=kv, steps=4, seed=0).image.double()
     assert torch.allclose(sens.reference_image, want, atol=1e-6)
-    assert sens.calibration_edits == 1 + 2 * 8 and sens.probes == 8
+    # per photo (the default): both photos' forwards (1 edit), 8 backward passes of one photo
+    # each (1 edit each), the reference edit of both photos (1)
+    assert sens.calibration_edits == 2 + 8 and sens.backward_edits == 8 and sens.probes == 8
+
+
+class _LinearEdit:
+    """A model whose edit is linear in the template KV, photo by photo (image_i = A_i kv, the
+    noise drawn per batch as the real models do): its Gauss-Newton matrix is known exactly."""
+
+    def __init__(self, tokens=6, width=4, pixels=12, photos=2):
+        g = torch.Generator().manual_seed(3)
+        self.A = torch.randn(photos, pixels, 2 * tokens * width, generator=g, dtype=torch.float64)
+        self.A[1] *= 0.7  # the photos weigh differently
+        self.shape = (tokens, 1, width)
+
+    def differentiable_edit(self, photo, *, template_kv, steps, seed):
+        from types import SimpleNamespace
+
+        idx = photo[:, 0, 0, 0].long()  # which photo (its first pixel)
+        x = torch.cat([template_kv.layers[0].key.reshape(-1), template_kv.layers[0].value.reshape(-1)]).double()
+        noise = torch.randn(photo.shape[0], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        return SimpleNamespace(image=torch.stack([self.A[i] @ x + noise[j] for j, i in enumerate(idx)]))
+
+    def edit(self, photo, **kw):
+        with torch.no_grad():
+            return self.differentiable_edit(photo, **kw)
+
+    def exact_mse(self, e):  # (mean over every photo's pixels) ||A e||^2
+        return float(sum((self.A[i] @ e).pow(2).sum() for i in range(self.A.shape[0])) / self.A[:, :, 0].numel())
+
+
+def test_per_photo_probes_are_unbiased_with_less_variance_at_the_same_cost():
+    """The estimator itself, on a linear model whose H is known: per photo and joint sketches are
+    both unbiased for e^T H e; at equal backward compute (per photo 2P one-photo passes, joint P
+    two-photo passes) the per-photo spread is lower (the joint probe's cross-photo term is noise)."""
+    m = _LinearEdit()
+    t, _h, w = m.shape
+    key = torch.zeros(m.shape, dtype=torch.float16)
+    kv = TemplateKV([LayerKV(key, key.clone())], "m", "t", None)
+    photos = torch.arange(2, dtype=torch.float32).reshape(2, 1, 1, 1).expand(2, 3, 2, 2).contiguous()
+    e = torch.randn(2 * t * w, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    ek, ev = e[: t * w].reshape(m.shape), e[t * w:].reshape(m.shape)
+    want = m.exact_mse(e)
+    ests = {True: [], False: []}
+    for seed in range(200):
+        for per_photo, probes in ((True, 4), (False, 2)):  # 4 edits of backward compute either way
+            s = measure_kv_sensitivity(m, kv, photos, probes=probes, probe_seed=seed, per_photo=per_photo)
+            assert s.backward_edits == 4
+            ests[per_photo].append(s.layer_mse(0, ek, ev))
+    for per_photo, xs in ests.items():
+        assert abs(np.mean(xs) - want) < 4 * np.std(xs) / np.sqrt(len(xs)), per_photo  # 4 standard errors
+    assert np.std(ests[True]) < 0.85 * np.std(ests[False])
+    big = measure_kv_sensitivity(m, kv, photos, probes=4000)
+    assert big.layer_mse(0, ek, ev) == pytest.approx(want, rel=0.1)
+    assert torch.equal(big.reference_image, m.edit(photos, template_kv=kv, steps=4, seed=0).image)
 
 
 def test_coefficient_domain_equals_token_domain(setup):
