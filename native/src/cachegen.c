@@ -21,7 +21,8 @@ int skn_cachegen_f16(int32_t tokens, int32_t channels, int32_t bins, const float
     const int64_t piece = (int64_t)tokens * ((1 << 16) / tokens > 1 ? (1 << 16) / tokens : 1);
     int32_t *ctx = malloc((size_t)channels * sizeof *ctx);
     int64_t *len = malloc((size_t)channels * sizeof *len);
-    uint16_t *sym = malloc((size_t)n * sizeof *sym);
+    uint16_t *sym = skn_big_alloc((size_t)n * sizeof *sym);
+    skn_hint_huge(out, (size_t)n * 2);
     float *scale = malloc((size_t)tokens * sizeof *scale);
     if (!ctx || !len || !sym || !scale) { rc = SKN_E_NOMEM; goto out; }
     for (int32_t c = 0; c < channels; c++) { ctx[c] = c; len[c] = tokens; }

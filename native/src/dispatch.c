@@ -1,7 +1,41 @@
 /* Which vector path runs: the best this build holds and this CPU has, or the caller's choice. */
+#if defined(__linux__) && !defined(_DEFAULT_SOURCE)
+#define _DEFAULT_SOURCE 1   /* madvise, posix_memalign under -std=c11 */
+#endif
+#include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "skn_internal.h"
+
+#define SKN_HUGE ((size_t)1 << 21)
+
+void *skn_big_alloc(size_t n)
+{
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (n >= SKN_HUGE) {
+        void *p = NULL;
+        if (posix_memalign(&p, SKN_HUGE, n) != 0) return NULL;
+        madvise(p, (n + SKN_HUGE - 1) & ~(SKN_HUGE - 1), MADV_HUGEPAGE);
+        return p;
+    }
+#endif
+    return malloc(n);
+}
+
+void skn_hint_huge(void *p, size_t n)
+{
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t a = ((uintptr_t)p + SKN_HUGE - 1) & ~(uintptr_t)(SKN_HUGE - 1);
+    const uintptr_t b = ((uintptr_t)p + n) & ~(uintptr_t)(SKN_HUGE - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
 
 extern const skn_kernels skn_kernels_scalar;
 #if defined(__x86_64__) || defined(_M_X64)

@@ -83,53 +83,94 @@ static int F(expand_signed)(const skn_prog *s, const uint16_t *sym, int64_t nsym
     return ptr == nsym ? SKN_OK : SKN_E_COVER;
 }
 
-/* One refinement of one part, touching only what changes: per band, the positions of its
- * significant coefficients (one scan, skipping zero runs 4 at a time), each appending m low
- * bits (little-endian bit stream `low`, in flat order); then the band's new indices (g per symbol
- * of `sym`, flagged bands only; all-zero symbols skipped 4 at a time): the k-th insignificant
- * coefficient sits at k + (significant ones before it), and a nonzero new index takes the next
- * sign bit (`sg`, most significant bit first). Insignificant coefficients that stay zero keep
- * magnitude and sign 0 (an invariant of every rung). pos: scratch of the largest band's size.
- * low / sg have 4 bytes of zero padding past nlow / nsg (the caller checked the counts). */
+/* bit i set where p[i] == 0, i < 64 */
+static SKN_INLINE uint64_t F(zero_mask64)(const MAGT *p)
+{
+    uint64_t z = 0;
+#if defined(__SSE2__)
+    const __m128i zero = _mm_setzero_si128();
+    for (int i = 0; i < 64; i += 16) {
+        __m128i e0, e1;
+        if (sizeof(MAGT) == 2) {
+            e0 = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(p + i)), zero);
+            e1 = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(p + i + 8)), zero);
+        } else {
+            e0 = _mm_packs_epi32(_mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(p + i)), zero),
+                                 _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(p + i + 4)), zero));
+            e1 = _mm_packs_epi32(_mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(p + i + 8)), zero),
+                                 _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(p + i + 12)), zero));
+        }
+        z |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_packs_epi16(e0, e1)) << i;
+    }
+#else
+    for (int i = 0; i < 64; i++) z |= (uint64_t)(p[i] == 0) << i;
+#endif
+    return z;
+}
+
+/* One refinement of one part, touching only what changes: per band, a bit mask of its
+ * insignificant (zero) coefficients, 64 per word (one scan of the band's magnitudes); its
+ * significant ones (the clear bits, lowest first) each append m low bits (little-endian bit
+ * stream `low`, in flat order); then the band's new indices (g per symbol of `sym`, flagged bands
+ * only; all-zero symbols skipped 4 at a time): the k-th insignificant coefficient is the k-th set
+ * bit of the mask (word by word popcounts, then a branch-free select in the word), and a nonzero
+ * new index takes the next sign bit (`sg`, most significant bit first). Insignificant
+ * coefficients that stay zero keep magnitude and sign 0 (an invariant of every rung).
+ * zm: scratch of (largest band + 63) / 64 words. low / sg have 4 bytes of zero padding past
+ * nlow / nsg (the caller checked the counts). */
 static int F(refine)(skn_prog *s, MAGT *mag, uint8_t *neg, const int64_t *counts, const uint8_t *nz,
                      const uint16_t *sym, const int64_t *sptr, int m, int g, const uint8_t *low, const uint8_t *sg,
-                     int32_t *pos)
+                     uint64_t *zm)
 {
     const uint32_t fmask = (1u << m) - 1;
     uint64_t li = 0, si = 0;
     for (int b = 0; b < s->nb; b++) {
-        const int64_t a = s->starts[b], e = s->starts[b + 1];
-        /* significant positions (relative to a) */
-        int64_t ns = 0, j = a;
-        for (; j + 4 <= e; j += 4) {
-            uint64_t w;
-            memcpy(&w, mag + j, sizeof w < 4 * sizeof(MAGT) ? sizeof w : 4 * sizeof(MAGT));
-            if (sizeof(MAGT) == 2 && w == 0) continue;
-            for (int i = 0; i < 4; i++)
-                if (mag[j + i] != 0) pos[ns++] = (int32_t)(j + i - a);
+        const int64_t a = s->starts[b], e = s->starts[b + 1], len = e - a;
+        MAGT *mb = mag + a;
+        /* the zero mask, and the significant ones' low bits (in flat order) */
+        const int64_t nw = (len + 63) / 64;
+        int64_t nzero = 0;
+        for (int64_t w = 0; w < nw; w++) {
+            const int64_t j0 = 64 * w, cnt = len - j0 < 64 ? len - j0 : 64;
+            uint64_t z = 0;
+            if (cnt == 64) {
+                uint64_t any = 0, wd;   /* most words of the high bands are all zero: one test */
+                for (int i = 0; i < 64; i += (int)(8 / sizeof(MAGT))) { memcpy(&wd, mb + j0 + i, 8); any |= wd; }
+                if (!any) {
+                    zm[w] = ~UINT64_C(0);
+                    nzero += 64;
+                    continue;
+                }
+                z = F(zero_mask64)(mb + j0);
+            } else {
+                for (int i = 0; i < cnt; i++) z |= (uint64_t)(mb[j0 + i] == 0) << i;
+            }
+            zm[w] = z;
+            nzero += skn_popcount64(z);
+            uint64_t sig = cnt == 64 ? ~z : ~z & ((UINT64_C(1) << cnt) - 1);
+            while (sig) {
+                const int i = __builtin_ctzll(sig);
+                sig &= sig - 1;
+                const uint64_t bit = li * (uint64_t)m;
+                const size_t by = (size_t)(bit >> 3);
+                const uint32_t wd = (uint32_t)low[by] | ((uint32_t)low[by + 1] << 8) | ((uint32_t)low[by + 2] << 16);
+                MAGT *p = mb + j0 + i;
+                *p = (MAGT)(((uint32_t)*p << m) | ((wd >> (bit & 7)) & fmask));
+                li++;
+            }
         }
-        for (; j < e; j++)
-            if (mag[j] != 0) pos[ns++] = (int32_t)(j - a);
-        if (ns + counts[b] != e - a) return SKN_E_COVER;
-        /* their low bits */
-        for (int64_t i = 0; i < ns; i++) {
-            const uint64_t bit = (li + (uint64_t)i) * (uint64_t)m;
-            const size_t by = (size_t)(bit >> 3);
-            const uint32_t w = (uint32_t)low[by] | ((uint32_t)low[by + 1] << 8) | ((uint32_t)low[by + 2] << 16);
-            MAGT *p = mag + a + pos[i];
-            *p = (MAGT)(((uint32_t)*p << m) | ((w >> (bit & 7)) & fmask));
-        }
-        li += (uint64_t)ns;
+        if (nzero != counts[b]) return SKN_E_COVER;
         if (!nz[b]) continue;
         /* the new indices */
         const int64_t n = counts[b], nsym = (n + g - 1) / g;
         const uint16_t *sb = sym + sptr[b];
-        int64_t c = 0;
+        int64_t w = 0, before = 0;   /* zm[w] holds zeros before..before + popcount(zm[w]) - 1 */
+        int pc = nw ? skn_popcount64(zm[0]) : 0;
         for (int64_t t = 0; t < nsym; t++) {
             if (t + 4 <= nsym) {
-                uint64_t w;
-                memcpy(&w, sb + t, 8);
-                if (w == 0) { t += 3; continue; }
+                uint64_t wv;
+                memcpy(&wv, sb + t, 8);
+                if (wv == 0) { t += 3; continue; }
             }
             const uint32_t v0 = sb[t];
             if (!v0) continue;
@@ -137,8 +178,8 @@ static int F(refine)(skn_prog *s, MAGT *mag, uint8_t *neg, const int64_t *counts
                 const int64_t k = t * g + f;
                 const uint32_t v = (v0 >> (m * f)) & fmask;
                 if (!v || k >= n) continue;
-                while (c < ns && pos[c] <= k + c) c++;
-                const int64_t q = a + k + c;
+                while (k >= before + pc) { before += pc; pc = skn_popcount64(zm[++w]); }   /* k < n = zeros */
+                const int64_t q = a + 64 * w + skn_select64(zm[w], (int)(k - before));
                 mag[q] = (MAGT)v;
                 neg[q] = (sg[si >> 3] >> (7 - (si & 7))) & 1;
                 si++;

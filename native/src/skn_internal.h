@@ -62,6 +62,15 @@ typedef struct skn_kernels {
 } skn_kernels;
 
 const skn_kernels *skn_kernels_get(void);
+
+/* Large buffers (T x C arrays) in 2 MiB-aligned memory that Linux backs with transparent huge pages
+ * (madvise): the inverse DCT reads and writes them a cache line per token row, C values apart, so
+ * with 4 KiB pages nearly every row is a TLB miss, and a fresh buffer takes a page fault per 4 KiB.
+ * Elsewhere plain malloc. Freed with free(). */
+void *skn_big_alloc(size_t n);
+/* The same hint for a caller's output buffer (only the 2 MiB pages wholly inside [p, p + n); a hint,
+ * ignored where it does not apply, e.g. memory already touched or not anonymous). */
+void skn_hint_huge(void *p, size_t n);
 int skn_block_channels(int n);
 int skn_row_stride(int n);
 

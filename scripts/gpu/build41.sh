@@ -8,7 +8,11 @@
 # State when written (no GPU lent to the issue's session): NOT MEASURED. The build uses the
 # sensitivity model (KleinImageModel.differentiable_edit: one forward with autograd + 8 backward
 # passes at 1024^2, whose device memory is unmeasured); `allocation` in the JSON says which ran
-# (docs/scale.md, "Calibration by a sensitivity model").
+# (docs/scale.md, "Calibration by a sensitivity model"). The table fit sweeps a channel sample of
+# each part (~2.4 CPU-s per Klein-4B layer on one core, parts in threads: docs/scale.md, "The table
+# fit at scale"); the figures to read in the JSON: build_s (<= 60 / 120), calibration_edits,
+# fit_tables_s_per_layer, build_over_one_edit, build_peak (device memory of the sketch's backward).
+# If the 4B build alone runs past the budget, rerun with PRESETS=klein-9b for the 9B on its own.
 #
 # On the device machine (repo root), with the wheels scripts/gpu/fetch_wheels.sh downloads here
 # (`carry: [".wheels"]`, timeout_s 330):

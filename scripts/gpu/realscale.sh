@@ -19,12 +19,10 @@ DTYPE=${DTYPE:-bf16}
 PRESETS=${PRESETS:-"klein-4b klein-9b"}
 SIZES=${SIZES:-1024}
 BUDGET_S=${BUDGET_S:-280}
-# The build's ladder here: lossless (the bit-exact streamed edit) and uniform 8-bit. Not the
-# default ladder: its image allocation and budget search probe every (layer, K/V) part with whole
-# calibration edits (hundreds of edits at 25-32 layers), and the progressive fit itself costs ~30
-# CPU-s per Klein-4B 1024^2 layer (docs/scale.md): neither fits this script's minutes. Every stage
-# the default ladder runs is here (capture, importance, sensitivity, probes, floor, write), each
-# with its per-edit seconds, so its cost can be projected from this run.
+# The build's ladder here: lossless (the bit-exact streamed edit) and uniform 8-bit (issue 33's
+# run). scripts/gpu/build41.sh runs this script with the DEFAULT ladder instead (issue 41: the
+# sensitivity model's ~20 calibration edits, and the progressive fit at ~2.4 CPU-s per Klein-4B
+# 1024^2 layer on a channel sample, in part threads: docs/scale.md).
 LADDER=${LADDER:-"lossless;uniform:bits=8"}
 CALIBRATION=${CALIBRATION:-1}
 PY=${PYTHON:-python3}

@@ -20,6 +20,19 @@ import json
 import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
+import statistics
+from PIL import Image
+import numpy as np
+import torch
+from sakura.bench.build_speed import _run_variant
+from sakura.cloud.tasks.photos import heldout_photos
+from sakura.codec import CodecTables, ShardId, get_codec
+from sakura.models import load_model
+from sakura.models.kv import TemplateKV
+from sakura.util.fsutil import atomic_write
+from sakura.util.psnr import psnr_db
+from sakura.wire.store.store import Store
+from sakura.wire.store.template_ref import decode_template_ref, split_template_images
 
 DEFAULT_TEMPLATES = ("look-00", "texture-00", "sticker-00")
 
@@ -27,10 +40,6 @@ DEFAULT_TEMPLATES = ("look-00", "texture-00", "sticker-00")
 def load_photos(folder: Path, size: int):
     """Every image file of `folder` (sorted by name) as (N, 3, size, size) in [0, 1]: the
     largest centred square, resized (antialiased)."""
-    import numpy as np
-    import torch
-    from PIL import Image
-
     files = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
     if not files:
         raise ValueError(f"no .png/.jpg photos in {folder}")
@@ -47,14 +56,6 @@ def load_photos(folder: Path, size: int):
 def rung_edits(model, store: Path, photos, steps: int) -> dict[str, dict[str, dict]]:
     """{template: {rung: {"psnr_db", "bytes"}}} of every manifest in `store`: the photos edited with
     every shard at that rung vs with the lossless KV."""
-    import torch
-
-    from sakura.codec import CodecTables, ShardId, get_codec
-    from sakura.models.kv import TemplateKV
-    from sakura.util.psnr import psnr_db
-    from sakura.wire.store.store import Store
-    from sakura.wire.store.template_ref import decode_template_ref, split_template_images
-
     st = Store(store)
     out: dict[str, dict[str, dict]] = {}
     for fp, tid in st.manifest_keys():
@@ -86,12 +87,6 @@ def run(*, baseline_src: Path, photos_dir: Path | None = None, out: Path | None 
         templates: Sequence[str] = DEFAULT_TEMPLATES, steps: int = 4, log: Callable[[str], None] = print) -> dict:
     """Build with both checkouts, edit the photos from both stores; writes ``build_quality.json``
     (``rows``: one per template and rung) in `out` and returns it."""
-    import statistics
-
-    from sakura.bench.build_speed import _run_variant
-    from sakura.cloud.tasks.photos import heldout_photos
-    from sakura.models import load_model
-
     model = load_model("sakura-mini", device="cpu")
     size = int(model.cfg.image_size)
     photos = load_photos(photos_dir, size) if photos_dir is not None else heldout_photos(size, n_per_source=2)
@@ -130,8 +125,6 @@ def run(*, baseline_src: Path, photos_dir: Path | None = None, out: Path | None 
             f"bytes new {r['bytes_new']} old {r['bytes_old']}")
     log(json.dumps(res["summary"], indent=1))
     if out is not None:
-        from sakura.util.fsutil import atomic_write
-
         Path(out).mkdir(parents=True, exist_ok=True)
         atomic_write(Path(out) / "build_quality.json", (json.dumps(res, indent=1) + "\n").encode())
     return res
@@ -149,9 +142,7 @@ def write_unseen_photos(folder: Path, size: int = 64, seed: int = 7) -> list[Pat
     """Photos of our own for ``--photos``: a random square crop of each `UNSEEN_SKIMAGE` image (none
     is in `sakura.cloud.tasks.photos`' lists) and three synthesized ones (smooth colour fields with
     discs and bars), ``size`` px PNGs in `folder`. -> the paths."""
-    import numpy as np
-    from PIL import Image
-    import skimage
+    import skimage  # lazy: skimage ([build] extra)
 
     rng = np.random.default_rng(seed)
     folder = Path(folder)

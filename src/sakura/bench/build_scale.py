@@ -21,14 +21,16 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 from sakura.util.fsutil import write_json
+from sakura.cloud.builder.distributed import build_templates
+from sakura.cloud.builder.pipeline import DEFAULT_LADDER
+from sakura.cloud.tasks import TASK_NAMES
+from sakura.models import load_model
+import sakura.cloud.builder.pipeline
 
 
 def _warm(seconds: float) -> int:
     """Runs on a worker: import the build path and load the model, then hold the CPU slot a
     moment so that every worker (not one worker n times) gets a warm-up task."""
-    from sakura.models import load_model
-    import sakura.cloud.builder.pipeline  # noqa: F401
-
     load_model("sakura-mini")
     time.sleep(seconds)
     return os.getpid()
@@ -54,9 +56,7 @@ def _cpu_s() -> float:
 
 
 def run_one(workers: int, names: list[str], store: Path, ladder: list[str], calibration: int, steps: int) -> dict:
-    import ray
-
-    from sakura.cloud.builder.distributed import build_templates
+    import ray  # lazy: ray ([cluster] extra)
 
     t0 = time.perf_counter()
     ray.init(address="local", num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -90,9 +90,6 @@ def run(workers: Sequence[int] = (1, 2), rounds: int = 2, templates: int = 12, l
         calibration: int = 2, steps: int = 4, out: Path | None = None, log: Callable[[str], None] = print) -> dict:
     """Build `templates` library templates (tasks interleaved) with each worker count in `workers`,
     `rounds` alternating rounds; write the JSON to `out` if given; returns it."""
-    from sakura.cloud.builder.pipeline import DEFAULT_LADDER
-    from sakura.cloud.tasks import TASK_NAMES
-
     per_task = -(-templates // len(TASK_NAMES))
     names = [f"{t}-{i:02d}" for i in range(per_task) for t in TASK_NAMES][:templates]
     ladder = list(ladder or DEFAULT_LADDER)

@@ -28,6 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
+import hashlib
+from tqdm import tqdm
+from sakura.util.fsutil import atomic_write
 
 _CHILD = r"""
 import json, sys, time, resource, multiprocessing
@@ -99,8 +102,6 @@ print(json.dumps({"wall_s": time.perf_counter() - t0,
 
 
 def _digest(root: Path) -> dict[str, str]:
-    import hashlib
-
     out = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and not p.name.startswith("."):
@@ -139,7 +140,6 @@ def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, r
     res: dict = {"templates": list(templates), "rounds": rounds, "device": device, "cpu_count": os.cpu_count(),
                  "load_avg_1min_start": os.getloadavg()[0], "variants": {v: [] for v in variants}}
     digests: dict[str, dict[str, str]] = {}
-    from tqdm import tqdm
 
     with tempfile.TemporaryDirectory(prefix="build-speed-") as tmp, \
             tqdm(total=rounds * len(variants), desc="builds", unit="build", disable=None) as bar:
@@ -184,8 +184,6 @@ def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, r
     res["load_avg_1min_end"] = os.getloadavg()[0]
     log(json.dumps(res["summary"], indent=1))
     if out is not None:
-        from sakura.util.fsutil import atomic_write
-
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, (json.dumps(res, indent=1) + "\n").encode())
     return res

@@ -44,6 +44,7 @@ from sakura.models.mini import MiniDiT
 from sakura.wire.store import Store
 
 from sakura.bench.harness import get_logger, markdown_head
+import sakura.cloud.builder.pipeline  # noqa: F401  (loaded at start: a long run must not pick up later edits halfway)
 from tqdm import tqdm
 
 log = get_logger(__name__)
@@ -345,8 +346,8 @@ def worker_scaling(spec: str, shard: ShardKV, workers=(1, 2, 4), layers: int = 8
 
 def klein_tiny_coverage(specs: list[str]) -> dict[str, Any]:
     """Tiny random FLUX.2 (diffusers) template KV through every codec: shapes, bits, rel errors."""
-    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel  # the Klein path only
-    from sakura.models.flux.klein import KleinAdapter, KleinReference  # diffusers: the [flux] extra, only here
+    from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel  # lazy: the Klein path only
+    from sakura.models.flux.klein import KleinAdapter, KleinReference  # lazy: diffusers: the [flux] extra, only here
 
 
     torch.manual_seed(0)
@@ -379,8 +380,6 @@ def run(out_dir: Path, *, model_name: str = "sakura-mini", tasks: int = 3, templ
         storage: bool = True, seed: int = 0) -> dict[str, Any]:
     torch.set_num_threads(1)
     out_dir.mkdir(parents=True, exist_ok=True)
-    import sakura.cloud.builder.pipeline  # noqa: F401  (loaded now: a long run must not pick up later edits halfway)
-
     cachegen, sakura, ladders = (QUICK_CACHEGEN, QUICK_SAKURA, QUICK_LADDERS) if quick else (CACHEGEN, SAKURA, LADDERS)
     model, label = load_bench_model(model_name)
     size = int(model.cfg.image_size)
@@ -499,10 +498,10 @@ def write_table(res: dict[str, Any], path: Path) -> None:
 
 
 def plot(res: dict[str, Any], out_dir: Path) -> None:
-    import matplotlib  # plots only: not imported by a run that draws nothing
+    import matplotlib  # lazy: plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
+    import matplotlib.pyplot as plt  # lazy: plots only: not imported by a run that draws nothing
 
     tasks = list(res["tasks"])
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)

@@ -24,20 +24,41 @@ depends mostly on the symbol count. torch runs one thread per worker. Wall rates
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import inspect
 import json
 import math
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Callable, Sequence
 
+import llvmlite.binding as llvm
+import numba
 import torch
+from tqdm import tqdm
+
+import sakura
+from sakura.bench.results import _table
+from sakura.cloud.builder.pipeline import DEFAULT_LADDER
+from sakura.codec import ShardId, ShardKV, available_codecs, codec_from_spec, kernels, native, rans, warm_up
+from sakura.codec import kernels as K
+from sakura.codec import native as NV
+from sakura.codec import target as TG
+from sakura.codec.kernels import _host_has
+from sakura.codec.progressive import _lee
+from sakura.codec.progressive import ladder as PG
+from sakura.codec.target import phone_env
+from sakura.util.fsutil import atomic_write
 
 KLEIN_HEADS, KLEIN_HEAD_DIM = 24, 128           # FLUX.2-klein-4B: 24 heads x 128 = 3,072 values per token
 TOKENS = (1024, 4096)                            # one 512^2 and one 1024^2 reference image
@@ -66,13 +87,10 @@ PROGRESSIVE_SINGLE_RUNGS = ("progressive:budgets=[0.8]", "progressive:budgets=[1
 def default_specs() -> list[str]:
     """Every codec family in `sakura.codec`, with the ladders the store and the benchmarks use now
     (read at call time, so a rerun picks up a changed ladder)."""
-    from sakura.codec import available_codecs, codec_from_spec
-    from sakura.cloud.builder.pipeline import DEFAULT_LADDER
-
     specs = ["lossless", "uniform:bits=8", "uniform:bits=4",
              "cachegen:level=3", "cachegen:level=2", "cachegen:level=1"]
     try:
-        from sakura.bench.e2e import CACHEGEN_LEVELS, SAKURA_LADDER
+        from sakura.bench.e2e import CACHEGEN_LEVELS, SAKURA_LADDER  # lazy: tried (without e2e, the store's ladder)
         specs += list(CACHEGEN_LEVELS) + list(SAKURA_LADDER)
     except ImportError:  # the simulator is being rewritten; the store's ladder is enough
         pass
@@ -96,8 +114,6 @@ def default_specs() -> list[str]:
 
 def klein_layer(tokens: int, *, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_HEAD_DIM, seed: int = 0):
     """A synthetic fp16 layer of Klein shape with real-KV-like structure -> `sakura.codec.ShardKV`."""
-    from sakura.codec import ShardKV
-
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(tokens, heads, head_dim, generator=g) + 1.5 * torch.randn(1, heads, head_dim, generator=g)
     k[:, :, torch.randint(0, head_dim, (max(1, head_dim // 32),), generator=g)] *= 8.0   # outlier key channels
@@ -171,15 +187,11 @@ def _split_speedup(decode: Callable[..., object], pool: ThreadPoolExecutor, roun
 
 def splits_a_shard(codec) -> bool:
     """Whether `codec.decode` takes a `pool` that threads share one shard with."""
-    import inspect
-
     return "pool" in inspect.signature(codec.decode).parameters
 
 
 def reference_decoder(codec) -> Callable | None:
     """The plain reference decoder of `codec`'s bitstream (progressive ladders, CacheGen), or None."""
-    from sakura.codec.progressive import ladder as PG
-
     if codec.name == "cachegen":
         return lambda data, ident, tables: codec.decode_with(data, ident, tables, "reference")
     if codec.name == "progressive" or (codec.supports_layers and codec.params.get("quantiser") == "ecsq"):
@@ -203,8 +215,6 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
     `reference`, the reference decoder's rate too (one run, at the smallest layer size: it decodes
     ~5 MB/s). `implementation`: "native" or "numba" (`SAKURA_DECODER` for the measurement; None:
     as this process has it); no rows for "native" where the library is not built."""
-    from sakura.codec import native as NV
-
     if implementation is None:
         return _measure(specs, tokens=tokens, workers=workers, rounds=rounds, heads=heads, head_dim=head_dim,
                         reference=reference, log=log)
@@ -228,9 +238,6 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
 def _measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKENS, workers: Sequence[int] = WORKERS,
              rounds: int = 3, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_HEAD_DIM, reference: bool = True,
              log: Callable[[str], None] = print) -> list[DecodeRate]:
-    from sakura.codec import ShardId, codec_from_spec, warm_up
-    from sakura.codec import native as NV
-
     impl = "native" if NV.available() else "numba"
     npath = NV.path_name() if impl == "native" else None
 
@@ -244,7 +251,6 @@ def _measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKE
     rows: list[DecodeRate] = []
     pools = {w: ThreadPoolExecutor(max_workers=w) for w in workers}
     split_pool = ThreadPoolExecutor(max_workers=SPLIT_THREADS, thread_name_prefix="split")
-    from tqdm import tqdm
 
     bar = tqdm(total=len(tokens) * len(specs), desc="decode rates", unit="spec", disable=None)
     try:
@@ -319,9 +325,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     try:
-        import llvmlite.binding as llvm
-
-        from sakura.codec.kernels import _host_has
         name += f" ({llvm.get_host_cpu_name()}, {'AVX-512 VBMI2' if _host_has('avx512vbmi2') else 'no AVX-512 VBMI2'})"
     except Exception:
         pass
@@ -339,9 +342,6 @@ def target_info() -> dict:
     """What this process's decoders run as (`sakura.codec.target`): the target, the CPU numba
     generates code for, the vector kernels' lanes (16: AVX-512 VBMI2, 8: 128-bit byte-shuffle
     tables, 0: scalar loops) and torch's CPU kernels."""
-    from sakura.codec import kernels as K
-    from sakura.codec import target as TG
-
     TG.check()
     try:
         cap = torch.backends.cpu.get_cpu_capability()
@@ -382,8 +382,6 @@ def default_rows(rows: Sequence[DecodeRate]) -> list[DecodeRate]:
 def implementation_table(result: dict) -> str:
     """Native and numba per-core rates side by side, per target, rendition and size (with the
     native / numba ratio and the native 2-worker scaling)."""
-    from sakura.bench.results import _table
-
     tg = result["targets"]
     names = [t for t in TARGETS if t in tg]
     head = ["rendition", "tokens"]
@@ -422,8 +420,6 @@ def _core(d: dict[int, DecodeRate]) -> float:
 
 
 def _target_table(rows: Sequence[DecodeRate]) -> str:
-    from sakura.bench.results import _table
-
     ws = sorted({r.workers for r in rows})
     head = (["rendition", "bits/value", "tokens", "per core MB/s", "reference MB/s"]
             + [f"wall, {w} worker{'s' if w > 1 else ''} MB/s" for w in ws] + [f"x{w}" for w in ws if w > 1]
@@ -459,8 +455,6 @@ def _summary(rows: Sequence[DecodeRate], sc: dict) -> str:
 def side_by_side_table(result: dict) -> str:
     """Host and phone-class per-core rates (and 2-worker scaling) of every rendition, one row per
     rendition and size."""
-    from sakura.bench.results import _table
-
     tg = result["targets"]
     names = [t for t in TARGETS if t in tg]
     by = {t: _by_size(default_rows([DecodeRate(**r) for r in tg[t]["rows"]])) for t in names}
@@ -562,11 +556,6 @@ class _PhoneSide:
     over a line protocol (JSON in on stdin, log lines and one `ROWS <json>` line out on stdout)."""
 
     def __init__(self, log: Callable[[str], None]) -> None:
-        import subprocess
-        import sys
-
-        from sakura.codec.target import phone_env
-
         self.log = log
         self.p = subprocess.Popen([sys.executable, "-c", "from sakura.bench.decode_rates import _serve; _serve()"],
                                   env=phone_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -594,8 +583,6 @@ class _PhoneSide:
 
 def _serve() -> None:
     """The phone-class child's loop (`_PhoneSide`)."""
-    import sys
-
     for line in sys.stdin:
         kw = json.loads(line)
         rows = measure(kw["specs"], tokens=kw["tokens"], workers=kw["workers"], rounds=kw["rounds"],
@@ -606,15 +593,11 @@ def _serve() -> None:
 
 def write_json(obj: dict, path: str | Path) -> None:
     """JSON through the atomic writer (a reader never sees half a calibration)."""
-    from sakura.util.fsutil import atomic_write
-
     atomic_write(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def asset_path() -> Path:
     """Where the shipped calibration lives in this (source or installed) package."""
-    import sakura
-
     return Path(sakura.__file__).resolve().parent / "assets" / RATES_ASSET
 
 
@@ -625,8 +608,6 @@ def run(out_dir: str | Path = "out/decode", *, specs: Sequence[str] | None = Non
     """Measure every target in `targets` (host in this process, phone-class in a child; the two
     alternate spec by spec) and write decode_rates.json and decode_rates.md to `out_dir`; with
     `publish`, also the package's shipped calibration (`asset_path()`) and docs_dir/decode_rates.md."""
-    from sakura.codec import target as TG
-
     targets = [t for t in TARGETS if t in targets]
     if not targets or len(targets) != len(set(targets)):
         raise ValueError(f"targets must be some of {TARGETS}")
@@ -684,7 +665,6 @@ def rates_file(path: str | Path | None = None):
         return Path(path)
     if os.environ.get(RATES_ENV):
         return Path(os.environ[RATES_ENV])
-    from importlib.resources import files
 
     return files("sakura.assets").joinpath(RATES_ASSET)
 
@@ -851,9 +831,6 @@ def side_by_side(old_src: str | Path, specs: Sequence[str] = ("progressive", "ca
     main) against this tree's, one process per tree, the two alternating `rounds` times (best per
     rendition), so that a changing background load hits both alike. -> rows with both rates,
     bits/value and the ratio; logs a markdown table with the load average."""
-    import subprocess
-    import sys
-
     new_src = Path(__file__).resolve().parents[2]
     rows = []
     for T in tokens:
@@ -884,8 +861,6 @@ def side_by_side(old_src: str | Path, specs: Sequence[str] = ("progressive", "ca
 def _klein_renditions(specs: Sequence[str], tokens: int):
     """-> (ident, [(name, codec, blob, tables)]): every rung of every spec encoded from one Klein
     layer of `tokens` tokens, each decoded once so that nothing compiles while it is timed."""
-    from sakura.codec import ShardId, codec_from_spec, warm_up
-
     warm_up()
     # Alike to _SIDE_SNIPPET's encode loop, which must stay standalone (see there).
     shard = klein_layer(tokens)
@@ -908,11 +883,6 @@ def _timed_kernels(record: Callable[[str, float], None]):
     """While inside, every numba entry point of `rans`, `kernels` and `_lee`, and every function of
     the native library (`sakura.codec.native`), reports
     record("module.name", thread-CPU seconds) after each call (timed from Python); restored after."""
-    import numba
-
-    from sakura.codec import kernels, rans
-    from sakura.codec.progressive import _lee
-
     def timed(label, f):
         def w(*a, **k):
             c0 = time.thread_time()
@@ -921,8 +891,6 @@ def _timed_kernels(record: Callable[[str, float], None]):
             finally:
                 record(label, time.thread_time() - c0)
         return w
-
-    from sakura.codec import native
 
     saved = []
     for mod in (rans, kernels, _lee):
@@ -986,8 +954,6 @@ def stage_profile(specs: Sequence[str] = ("progressive", "progressive:budgets=[2
     rendition of a Klein layer -> {rendition: {stage: seconds}} of the fastest of `reps` decodes.
     Same wrapping as `gil_held`; CPU time, so robust to other processes.
     `python -c "from sakura.bench.decode_rates import stage_profile; stage_profile()"`."""
-    import collections
-
     ident, blobs = _klein_renditions(specs, tokens)
     acc: dict[str, float] = collections.defaultdict(float)
 
@@ -1030,11 +996,6 @@ def per_core_side_by_side(specs: Sequence[str] = ("progressive", "cachegen:level
     host in this process and phone-class in a child (`target.phone_env`); no wall-time rounds, no
     split or reference columns. -> rows {rendition, tokens, target, implementation, native_path,
     fp16_bytes_per_cpu_s}. `python -c "from sakura.bench.decode_rates import per_core_side_by_side as f; f()"`."""
-    import subprocess
-    import sys
-
-    from sakura.codec.target import phone_env
-
     rows: list[dict] = []
     if PHONE in targets:
         code = ("import json, sys; from sakura.bench.decode_rates import _per_core; "
@@ -1050,10 +1011,6 @@ def per_core_side_by_side(specs: Sequence[str] = ("progressive", "cachegen:level
 
 def _per_core(specs: Sequence[str], tokens: Sequence[int], reps: int, target: str,
               log: Callable[[str], None] = print) -> list[dict]:
-    from sakura.codec import ShardId, codec_from_spec, warm_up
-    from sakura.codec import native as NV
-    from sakura.codec.progressive import ladder as PG
-
     warm_up()
     torch.set_num_threads(1)
     rows = []

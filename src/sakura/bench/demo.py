@@ -214,10 +214,10 @@ def _pictures(out_dir: Path, res: dict, by: dict, im: dict, trace: str, words: s
 
 def _regimes(out_dir: Path, res: dict, template: str, workload: str, phone: str, mbps: float) -> None:
     """regimes.png: the same measured renditions, simulated over constant link rate x phone."""
-    import matplotlib  # plots only: not imported by a run that draws nothing
+    import matplotlib  # lazy: plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
+    import matplotlib.pyplot as plt  # lazy: plots only: not imported by a run that draws nothing
 
 
     ladder = _ladder_from_result(out_dir / "store", template, res)

@@ -483,10 +483,10 @@ def plot_frontier(result: dict, path: Path) -> None:
     """One panel per trace: each method's simulated sweep (latency vs the PSNR its renditions' build-time
     distortion implies), and each live default run on top at the PSNR measured on its image (the
     tables' column), one marker per method in the legend (no labels on the points to overlap)."""
-    import matplotlib  # plots only: not imported by a run that draws nothing
+    import matplotlib  # lazy: plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
+    import matplotlib.pyplot as plt  # lazy: plots only: not imported by a run that draws nothing
 
 
     top = 90.0  # exact (lossless) points have infinite PSNR: drawn at the top, said in the label

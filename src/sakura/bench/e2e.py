@@ -198,11 +198,11 @@ def plot_timelines(rows: list[dict], path: Path, *, scale: float = 1000.0, unit:
     "timeline": [ShardRecord as dict], optional "latency_s", "label", "post_s" (the work after the
     first pass, shaded before the end)}; times (s) are multiplied by
     `scale` for the axis (1000: ms; D: phone seconds of a time-dilated run)."""
-    import matplotlib  # plots only: not imported by a run that draws nothing
+    import matplotlib  # lazy: plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
-    from matplotlib.patches import Patch  # plots only: not imported by a run that draws nothing
+    import matplotlib.pyplot as plt  # lazy: plots only: not imported by a run that draws nothing
+    from matplotlib.patches import Patch  # lazy: plots only: not imported by a run that draws nothing
 
     rows = [r for r in rows if r.get("timeline")]
     if not rows:

@@ -189,7 +189,7 @@ def run_hostile(out_dir: str | Path | None = None, *, template: str = "sticker-0
     fp = model.fingerprint()
     manifest = Store(root).get_manifest(fp, template)
     photo = base / "photo.png"
-    from skimage import io as skio  # slow to import; one photo written
+    from skimage import io as skio  # lazy: slow to import; one photo written
 
     skio.imsave(str(photo), (heldout_photos(model.cfg.image_size)[0].permute(1, 2, 0).numpy() * 255).astype("uint8"),
                 check_contrast=False)

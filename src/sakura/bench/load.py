@@ -39,6 +39,8 @@ from sakura.wire.store.synthetic import make_synthetic_store
 from sakura.util.fsutil import write_json
 
 from sakura.bench.harness import get_logger
+from sakura.emulation import Link, PacingProxy, load_trace
+from sakura.wire.server.nginx import nginx_config
 
 log = get_logger(__name__)
 
@@ -115,8 +117,6 @@ def start_server(kind: str, store: Path, workdir: Path, *, verify_objects: bool 
         cmd = [sys.executable, "-c", "from sakura.cli.main import app; app()", "serve", str(store),
                "--port", str(port), "--quiet"]
     elif kind == "nginx":
-        from sakura.wire.server.nginx import nginx_config  # the nginx path only
-
         exe = shutil.which("nginx") or "/usr/sbin/nginx"
         if not os.path.exists(exe):
             raise SystemExit("nginx is not installed (apt-get install nginx-light)")
@@ -172,7 +172,6 @@ async def level(url: str, templates: list[str], n: int, rounds: int, max_s: floa
     capacity = None
     if trace_spec is not None:
         # every phone behind its own emulated link, each starting at its own seeded trace offset
-        from sakura.emulation import Link, PacingProxy, load_trace
 
         tr = load_trace(trace_spec)
         rng = np.random.default_rng(seed)

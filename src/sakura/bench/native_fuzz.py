@@ -4,7 +4,8 @@ executions, from the saved corpus (native/fuzz/corpus: the wire-format vectors a
 what earlier runs kept), and report the executions run, the findings (crash / leak / UB inputs
 libFuzzer wrote) and the corpus size.
 
-    python -m sakura.bench.native_fuzz --runs 200000 [--out out/fuzz] [--save]
+    sakura bench fuzz --runs 200000 [--out out/fuzz] [--save]
+    (or python -m sakura.bench.native_fuzz, same options)
 
 `--save` merges the inputs that found new coverage into native/fuzz/corpus (libFuzzer's
 -merge=1: only those that add coverage), which CI replays under the sanitizers
@@ -22,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable
+import argparse
+from sakura.bench.wirevectors import DOCS_DIR, native_cases
 
 ROOT = Path(__file__).resolve().parents[3]
 NATIVE = ROOT / "native"
@@ -45,8 +48,6 @@ def build(build_dir: Path | None = None, log: Callable[[str], None] = print) -> 
 
 def seed_corpus(out: Path) -> list[Path]:
     """The wire-format vectors as case files (`wirevectors.native_cases`), those up to MAX_LEN."""
-    from sakura.bench.wirevectors import DOCS_DIR, native_cases
-
     files = native_cases(ROOT / DOCS_DIR, out)
     keep = [f for f in files if f.stat().st_size <= SEED_MAX_BYTES]
     for f in files:
@@ -61,10 +62,13 @@ def replay(binary: Path, dirs: list[Path], timeout: float = 600.0) -> subprocess
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run(runs: int, out: Path, save: bool = False, seed: int = 1, log: Callable[[str], None] = print) -> dict:
+def run(runs: int, out: Path, save: bool = False, seed: int = 1, log: Callable[[str], None] = print,
+        build_dir: Path | None = None) -> dict:
+    """Fuzz `runs` executions from the saved corpus and the vectors -> the report (also out/fuzz.json):
+    executions, findings (file names under out/findings), seed inputs, corpus after, coverage."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    binary = build(log=log)
+    binary = build(build_dir, log=log)
     with tempfile.TemporaryDirectory(prefix="skn-fuzz-") as tmp:
         work = Path(tmp) / "corpus"
         work.mkdir()
@@ -120,8 +124,6 @@ def run(runs: int, out: Path, save: bool = False, seed: int = 1, log: Callable[[
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m sakura.bench.native_fuzz", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=100_000, help="executions (default 100,000)")
     ap.add_argument("--out", type=Path, default=Path("out/fuzz"), help="folder for fuzz.json, fuzz.log, findings/")

@@ -715,10 +715,10 @@ def _db(x: float) -> str:
 def plot_profile(result: dict, out: Path) -> None:
     """Heatmaps (constant rate x phone: sakura vs best baseline, vs cachegen, vs on-device) per
     workload, and latency CDFs per trace family for one workload and phone."""
-    import matplotlib  # plots only: not imported by a run that draws nothing
+    import matplotlib  # lazy: plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
+    import matplotlib.pyplot as plt  # lazy: plots only: not imported by a run that draws nothing
 
     runs = result["runs"]
     wls = sorted({r["workload"] for r in runs}, key=[w["name"] for w in result["workloads"]].index)
@@ -773,10 +773,10 @@ def plot_profile(result: dict, out: Path) -> None:
 def plot_frontiers(result: dict, out: Path) -> None:
     """Latency-quality frontiers: per workload one figure, a row per phone and a panel per trace
     family; each method's sweep configurations at their median latency and median PSNR."""
-    import matplotlib  # plots only: not imported by a run that draws nothing
+    import matplotlib  # lazy: plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
+    import matplotlib.pyplot as plt  # lazy: plots only: not imported by a run that draws nothing
 
     runs = result["runs"]
     wls = [w["name"] for w in result["workloads"] if any(r["workload"] == w["name"] for r in runs)]

@@ -31,6 +31,24 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
+import shutil
+from PIL import Image, ImageDraw
+import torch
+from sakura.cloud.builder.pipeline import DEFAULT_LADDER, build_store
+from sakura.cloud.builder.template_files import load_library_file
+from sakura.cloud.capture import calibration_photos
+from sakura.codec import CodecTables, ShardId
+from sakura.codec.base import decode_any
+from sakura.models import load_model
+from sakura.models.flux.klein_random import PRESETS, weight_bytes, write_random_klein_folder
+from sakura.models.kv import TemplateKV
+from sakura.phone import BandwidthEstimator, FixedPolicy, RttEstimator
+from sakura.phone.live import DeviceProfile, streamed_edit
+from sakura.util.device import peak_memory, reset_peak_memory, resolve, synchronize
+from sakura.util.fsutil import atomic_write
+from sakura.wire.server import serve_in_thread
+from sakura.wire.store.store import Store
+from sakura.wire.store.template_ref import decode_template_ref, split_template_images
 
 log_ = logging.getLogger(__name__)
 
@@ -40,8 +58,6 @@ DEFAULT_BENCH_LADDER = ("lossless",)
 
 
 def _sync(dev) -> None:
-    from sakura.util.device import synchronize
-
     synchronize(dev)
 
 
@@ -61,9 +77,7 @@ def pass_times(model: Any, photo, kv, prompt: str, steps: int, reps: int = 3) ->
     """The transformer passes an injected edit is made of, timed alone (median of `reps`):
     ``extract_pass_s``: step 0, the user's photo in the sequence as a reference, the template
     injected (what an edit runs first); ``cached_pass_s``: a later step, both references cached."""
-    import torch
-
-    from sakura.models.flux.klein import ForwardSlot, LazyTemplateLayers, latent_ids, text_ids
+    from sakura.models.flux.klein import ForwardSlot, LazyTemplateLayers, latent_ids, text_ids  # lazy: diffusers ([flux] extra)
 
     ad = model.adapter
     dev, dt = ad.device, ad.dtype
@@ -101,10 +115,6 @@ def pass_times(model: Any, photo, kv, prompt: str, steps: int, reps: int = 3) ->
 def decode_rates(store_dir: Path, model_fp: str, template_id: str) -> dict[str, dict[str, float]]:
     """Per rendition: decoded fp16 MB per second over every shard (this thread, the stored bytes,
     the codec the object's header names: what the phone's decode pool runs)."""
-    from sakura.codec import CodecTables, ShardId
-    from sakura.codec.base import decode_any
-    from sakura.wire.store.store import Store
-
     st = Store(store_dir)
     m = st.get_manifest(model_fp, template_id)
     tfp = m.kv_layout["template_fingerprint"]
@@ -125,8 +135,6 @@ def decode_rates(store_dir: Path, model_fp: str, template_id: str) -> dict[str, 
 
 
 def _template_png(path: Path, size: int) -> None:
-    from PIL import Image, ImageDraw
-
     im = Image.new("RGB", (size, size), (20, 60, 160))
     d = ImageDraw.Draw(im)
     d.ellipse((size // 4, size // 6, 3 * size // 4, 2 * size // 3), fill=(255, 200, 0))
@@ -139,19 +147,6 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
              checkpoint: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Build, serve and edit one template at `size` px with `model` (a `KleinImageModel`); fills
     and returns `res`, calling `checkpoint()` after the build (so a run cut short keeps it)."""
-    import torch
-
-    from sakura.cloud.builder.pipeline import build_store
-    from sakura.cloud.builder.template_files import load_library_file
-    from sakura.cloud.capture import calibration_photos
-    from sakura.models.kv import TemplateKV
-    from sakura.phone import BandwidthEstimator, FixedPolicy, RttEstimator
-    from sakura.phone.live import DeviceProfile, streamed_edit
-    from sakura.util.device import peak_memory, reset_peak_memory
-    from sakura.wire.server import serve_in_thread
-    from sakura.wire.store.store import Store
-    from sakura.wire.store.template_ref import decode_template_ref, split_template_images
-
     dev = model.device
     d = work / f"s{size}"
     d.mkdir(parents=True, exist_ok=True)
@@ -250,15 +245,7 @@ def run(preset: str = "tiny", sizes: Sequence[int] = (32, 64), *, device: str = 
     """The whole bench for one preset (see the module docstring); returns (and writes to `out`,
     after every size, so a run cut short keeps what it measured) the figures. `deadline_s`: skip
     the remaining sizes once this many seconds have passed (a device budget)."""
-    import shutil
-
-    import torch
-
-    from sakura.cloud.builder.pipeline import DEFAULT_LADDER
-    from sakura.models import load_model
-    from sakura.models.flux.klein_image import KleinImageModel
-    from sakura.models.flux.klein_random import PRESETS, weight_bytes, write_random_klein_folder
-    from sakura.util.device import peak_memory, resolve
+    from sakura.models.flux.klein_image import KleinImageModel  # lazy: diffusers ([flux] extra)
 
     if preset not in PRESETS:
         raise ValueError(f"--preset must be one of {sorted(PRESETS)}, got {preset!r}")
@@ -277,8 +264,6 @@ def run(preset: str = "tiny", sizes: Sequence[int] = (32, 64), *, device: str = 
 
     def save() -> None:
         if out is not None:
-            from sakura.util.fsutil import atomic_write
-
             Path(out).parent.mkdir(parents=True, exist_ok=True)
             atomic_write(out, (json.dumps(res, indent=1) + "\n").encode())
 

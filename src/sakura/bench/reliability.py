@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Callable
+import subprocess
 
 import numpy as np
 from PIL import Image
@@ -253,8 +254,6 @@ def probe_other_model(b: Bench) -> list[dict]:
 
 
 def probe_disk_full(b: Bench) -> list[dict]:
-    import subprocess  # only this probe mounts
-
     mnt = b.base / "tmpfs"
     mnt.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mnt)], capture_output=True).returncode:

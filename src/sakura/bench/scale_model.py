@@ -250,10 +250,10 @@ def zipf_top_k_hit(k: int, n: int, s: float) -> float:
 
 
 def plots(res: dict, out_prefix: str) -> list[str]:
-    import matplotlib  # plots only: not imported by a run that draws nothing
+    import matplotlib  # lazy: plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
+    import matplotlib.pyplot as plt  # lazy: plots only: not imported by a run that draws nothing
 
     m = res["model"]
     names = [r["workload"] for r in m["workloads"]]

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from PIL import Image
+
 from sakura.bench.harness import get_logger, markdown_table, publish, terminal_table
 
 log = get_logger(__name__)
@@ -34,8 +36,6 @@ CASES = (
 
 
 def _scratch() -> Path:
-    from PIL import Image
-
     d = Path(tempfile.mkdtemp(prefix="sakura-startup-"))
     Image.new("RGB", (64, 64), (200, 100, 50)).save(d / "photo.png")
     (d / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)

@@ -145,10 +145,10 @@ def templates_markdown(result: dict) -> str:
 def plot_templates(result: dict, path: Path) -> None:
     """Grouped bars: equal-quality ratio (median, p10 whisker) per workload x phone cell, one bar per
     template, the ceiling as a tick above each bar."""
-    import matplotlib  # plots only: not imported by a run that draws nothing
+    import matplotlib  # lazy: plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
+    import matplotlib.pyplot as plt  # lazy: plots only: not imported by a run that draws nothing
 
     per = result["per_template"]
     cells = _cells(result)

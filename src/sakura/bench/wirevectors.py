@@ -34,6 +34,7 @@ import struct
 import zlib
 from pathlib import Path
 from typing import Any
+import argparse
 
 import numpy as np
 import torch
@@ -388,8 +389,6 @@ def native_cases(root: Path, out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m sakura.bench.wirevectors", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None, help=f"output folder (default {DEFAULT_OUT})")
     ap.add_argument("--docs", action="store_true", help=f"rewrite the published vectors, {DOCS_DIR}")

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-
-from sakura.models.flux.klein_config import KLEIN_4B, KLEIN_9B
-import numpy as np
 from pathlib import Path
 
-from sakura.bench.harness import get_logger
+import numpy as np
+
+from sakura.bench.harness import get_logger, markdown_table
+from sakura.models.flux.klein_config import KLEIN_4B, KLEIN_9B
 
 log = get_logger(__name__)
 
@@ -403,21 +403,19 @@ def report_markdown() -> str:
         "break-even bandwidth W* (linear in F).\n")
 
     add("## Phone compute levels\n")
-    add("| level | effective TFLOP/s | source |")
-    add("|---|---:|---|")
-    for p in PHONES:
-        add(f"| {p.name} | {p.effective_flops / 1e12:.2f} | {p.source} |")
+    add(markdown_table(["level", "effective TFLOP/s", "source"],
+                       [[p.name, f"{p.effective_flops / 1e12:.2f}", p.source] for p in PHONES], "lrl"))
     add(f"\nSD1.x UNet at 512^2: {SD15_UNET_FLOPS / 1e9:.1f} GFLOP per evaluation (338.7 GMACs, BK-SDM's thop "
         "count, github.com/Nota-NetsPresso/BK-SDM/issues/53).\n")
 
     add("## Workloads\n")
-    add("| workload | model | layers | d | P (weights/token/layer) | template tokens | photo tokens | live tokens "
-        "(target + text) | steps x CFG passes | template KV fp16 | note |")
-    add("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for w in WORKLOADS:
-        add(f"| {w.name} | {w.model} | {w.layers} | {w.hidden} | {w.weights_per_token_layer:.3g} | "
-            f"{w.template_tokens:,} | {w.photo_tokens:,} | {w.live_tokens:,} ({w.target_tokens:,} + {w.text_tokens}) | "
-            f"{w.steps} x {w.cfg_passes} | {w.kv_fp16_bytes_per_layer * w.layers / 1e9:.2f} GB | {w.note} |")
+    add(markdown_table(
+        ["workload", "model", "layers", "d", "P (weights/token/layer)", "template tokens", "photo tokens",
+         "live tokens (target + text)", "steps x CFG passes", "template KV fp16", "note"],
+        [[w.name, w.model, w.layers, w.hidden, f"{w.weights_per_token_layer:.3g}", f"{w.template_tokens:,}",
+          f"{w.photo_tokens:,}", f"{w.live_tokens:,} ({w.target_tokens:,} + {w.text_tokens})",
+          f"{w.steps} x {w.cfg_passes}", f"{w.kv_fp16_bytes_per_layer * w.layers / 1e9:.2f} GB", w.note]
+         for w in WORKLOADS], "llrrrrrrrrl"))
     add("\nText encoders: Klein-4B uses Qwen3-4B "
         f"({qwen3_weights(2560, 9728, 36) / 1e9:.2f}e9 non-embedding weights), Klein-9B Qwen3-8B "
         f"({qwen3_weights(4096, 12288, 36) / 1e9:.2f}e9). VAE FLOPs (FLUX.2 VAE): encode "
@@ -432,28 +430,27 @@ def report_markdown() -> str:
     add("Seconds on the phone. `oracle` = template KV free and instant: the floor for every streaming method. "
         "Ceiling = method / oracle: the most any streaming method can gain over it. Print these beside every "
         "measured ratio.\n")
-    add("| workload | phone | fixed (text enc + VAE) | template KV compute | photo KV | oracle | on-device | "
-        "on-device-nocache | ceiling vs on-device | ceiling vs nocache |")
-    add("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []
     for w in WORKLOADS:
         for p in PHONES:
             c = workload_costs(w, p)
             ce = ceilings(c)
-            add(f"| {w.name} | {p.name.split(' (')[0]} | {c.fixed_s:.2f} | {c.template_s:.2f} | "
-                f"{c.layers * c.photo_layer_s:.2f} | {c.oracle_s:.1f} | {c.on_device_s:.1f} | "
-                f"{c.on_device_nocache_s:.1f} | **{ce['vs on-device']:.2f}x** | **{ce['vs on-device-nocache']:.2f}x** |")
+            rows.append([w.name, p.name.split(" (")[0], f"{c.fixed_s:.2f}", f"{c.template_s:.2f}",
+                         f"{c.layers * c.photo_layer_s:.2f}", f"{c.oracle_s:.1f}", f"{c.on_device_s:.1f}",
+                         f"{c.on_device_nocache_s:.1f}", f"**{ce['vs on-device']:.2f}x**",
+                         f"**{ce['vs on-device-nocache']:.2f}x**"])
+    add(markdown_table(["workload", "phone", "fixed (text enc + VAE)", "template KV compute", "photo KV", "oracle",
+                        "on-device", "on-device-nocache", "ceiling vs on-device", "ceiling vs nocache"], rows,
+                       "ll" + "r" * 8))
     add("")
     add("## Break-even bandwidth W* (Mbit/s)\n")
     add("Fetching a layer's template KV at b bits/value beats computing it on the phone above W* = d b F / (P (1 + a)) "
         "(a = the template's attention FLOPs / its matrix FLOPs = 2 N_t d / P). Below W* the best a streaming "
         "method can do is to fetch some layers while computing others; above it, fetching wins per layer. "
         "16 bits = raw fp16 streaming.\n")
-    add("| workload | phone | " + " | ".join(f"b={b:g}" for b in REPORT_BITS) + " |")
-    add("|---|---|" + "---:|" * len(REPORT_BITS))
-    for w in WORKLOADS:
-        for p in PHONES:
-            add(f"| {w.name} | {p.name.split(' (')[0]} | "
-                + " | ".join(f"{break_even_bps(w, p, b) / 1e6:.0f}" for b in REPORT_BITS) + " |")
+    add(markdown_table(["workload", "phone"] + [f"b={b:g}" for b in REPORT_BITS],
+                       [[w.name, p.name.split(" (")[0]] + [f"{break_even_bps(w, p, b) / 1e6:.0f}" for b in REPORT_BITS]
+                        for w in WORKLOADS for p in PHONES], "ll" + "r" * len(REPORT_BITS)))
     add("\n## Where streaming can pay at a given link rate\n")
     add("`streaming_bound_s`: a lower bound on the latency of any method that fetches some layers' KV at "
         f"{REGIME_BITS:g} bits/value over a constant-rate link and computes the others, with fetch, decode "
@@ -465,9 +462,7 @@ def report_markdown() -> str:
         f"{REGIME_DECODE_FP16_BPS / 1e6 * 8 / (16 / REGIME_BITS):.0f} Mbit/s one decode core, not the link, is the "
         "bottleneck (the flat right half of the map): faster decoding (more cores in processes, since the "
         "entropy decoders hold the GIL, or a GPU decoder) moves that edge right.\n")
-    add("| workload | phone | " + " | ".join(f"{r} Mbit/s vs on-device / vs nocache" for r in REGIME_RATES_MBPS)
-        + " | ceilings |")
-    add("|---|---|" + "---:|" * (len(REGIME_RATES_MBPS) + 1))
+    rows = []
     for w in WORKLOADS:
         for p in PHONES:
             cells = []
@@ -475,8 +470,10 @@ def report_markdown() -> str:
                 g = regime_speedups(w, p, r)
                 cells.append(f"{g['vs on-device']:.2f}x / {g['vs on-device-nocache']:.2f}x")
             ce = ceilings(workload_costs(w, p))
-            add(f"| {w.name} | {p.name.split(' (')[0]} | " + " | ".join(cells)
-                + f" | {ce['vs on-device']:.2f}x / {ce['vs on-device-nocache']:.2f}x |")
+            rows.append([w.name, p.name.split(" (")[0], *cells,
+                         f"{ce['vs on-device']:.2f}x / {ce['vs on-device-nocache']:.2f}x"])
+    add(markdown_table(["workload", "phone"] + [f"{r} Mbit/s vs on-device / vs nocache" for r in REGIME_RATES_MBPS]
+                       + ["ceilings"], rows, "ll" + "r" * (len(REGIME_RATES_MBPS) + 1)))
     add("\n![regimes](workloads_regimes.png)\n")
     add("\n![ceilings](workloads_ceilings.png)\n")
     return "\n".join(L) + "\n"
@@ -502,10 +499,10 @@ def regime_speedups(w: Workload, phone: PhoneLevel, link_mbps: float, *, bits: f
 
 def plot_regimes(path) -> None:
     """Per workload: the bound on the speedup vs on-device over link rate x phone FLOP/s."""
-    import matplotlib  # plots only: not imported by a run that draws nothing
+    import matplotlib  # lazy: plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
+    import matplotlib.pyplot as plt  # lazy: plots only: not imported by a run that draws nothing
 
     rates = np.geomspace(5, 1000, 48)
     flops = np.geomspace(0.5e12, 20e12, 40)
@@ -537,10 +534,10 @@ def plot_regimes(path) -> None:
 
 def plot_ceilings(path) -> None:
     """Bars: ceiling vs on-device and vs on-device-nocache per workload; beside them W* at 2 bits/value."""
-    import matplotlib  # plots only: not imported by a run that draws nothing
+    import matplotlib  # lazy: plots only: not imported by a run that draws nothing
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # plots only: not imported by a run that draws nothing
+    import matplotlib.pyplot as plt  # lazy: plots only: not imported by a run that draws nothing
 
     names = [w.name for w in WORKLOADS]
     cs = [ceilings(workload_costs(w, PHONES[-1])) for w in WORKLOADS]

@@ -9,8 +9,11 @@ import signal
 import sys
 from pathlib import Path
 from typing import Iterator
+import json
 
 import typer
+
+from sakura.util.fsutil import os_error_line
 
 
 def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list[str] | None, calibration: int,
@@ -25,11 +28,8 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
     over a Ray cluster (``sakura.cloud.builder.distributed``); both skip templates already current
     unless ``force``; exit 1 if any template failed (the others are committed). ``json_out``: the
     `BuildReport` as JSON on stdout (the per-template lines then go to stderr)."""
-    import json
-    import sys
-
-    from sakura.cloud.builder.api import build
-    from sakura.cloud.builder.pipeline import DEFAULT_LADDER
+    from sakura.cloud.builder.api import build  # lazy: torch, numba; off --help and argument errors
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER  # lazy: torch, numba; off --help and argument errors
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if executor not in ("local", "ray"):
@@ -41,7 +41,7 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
     if allocation not in ("model", "probes"):
         typer.echo(f"error: --allocation must be model or probes, got {allocation!r}", err=True)
         raise typer.Exit(2)
-    from sakura.cloud.builder.template_files import TemplateSpecError, template_args
+    from sakura.cloud.builder.template_files import TemplateSpecError, template_args  # lazy: torch, numba
     try:
         templates = template_args(templates, library=library, task=task, prompt=prompt)
         if executor == "ray" and templates and not all(isinstance(t, str) for t in templates):
@@ -60,7 +60,7 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
                             allocation_photos=allocation_photos, allocation=allocation, probe_batch=probe_batch,
                             sketch_probes=sketch_probes, log=_echo_above_bar if not json_out else _echo_stderr)
         else:
-            from sakura.cloud.builder.distributed import build_templates
+            from sakura.cloud.builder.distributed import build_templates  # lazy: torch, numba
 
             rep = build_templates(store, templates=templates or None, model_name=model,
                                   ladder=ladder or DEFAULT_LADDER, calibration=calibration, steps=steps,
@@ -76,7 +76,6 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     except OSError as e:  # a full disk, a read-only store: one line naming the path and the cause
-        from sakura.util.fsutil import os_error_line
 
         typer.echo(f"error: {os_error_line(e)}", err=True)
         raise typer.Exit(2)
@@ -122,13 +121,13 @@ def _interrupt_in_one_line() -> Iterator[None]:
 
 def _echo_above_bar(line: str) -> None:
     """A summary line printed above the progress bar (tqdm.write), not through it."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: tqdm; off --help and argument errors
 
     tqdm.write(line)
 
 
 def _echo_stderr(line: str) -> None:
     """A summary line on stderr (above the bar): stdout holds only the JSON report."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: tqdm; off --help and argument errors
 
     tqdm.write(line, file=sys.stderr)

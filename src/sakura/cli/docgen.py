@@ -26,6 +26,7 @@ from typing import Any
 import typer
 
 from sakura.bench.results import _table
+from sakura.cli.main import app
 
 #: The packages whose `__all__` is the public API, in the order the page lists them: the facade
 #: first, then each wing's public package (the user's view: models, codec, store/server/client,
@@ -106,8 +107,6 @@ def _anchor(path: list[str]) -> str:
 
 def cli_markdown() -> str:
     """docs/cli.md: every command of `sakura`, its usage, help and options."""
-    from sakura.cli.main import app
-
     root = typer.main.get_command(app)
     head = ["# CLI reference", "",
             "Every `sakura` command with its options, generated from the command line's own definitions "

@@ -10,6 +10,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 from typing import Callable
 
+from sakura.phone.photo import check_photo_file
+from sakura.phone.policies import EDIT_POLICIES
+from sakura.util.device import device_options
+
 #: File types `sakura edit --out` can write (by suffix).
 OUT_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 
@@ -46,10 +50,6 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     """Edit `photo` with `template`, streaming what pays from `server` and computing the rest;
     write the image and its comparison strip, and report (a summary, or the JSON record).
     Raises ValueError / FileNotFoundError with a one-line reason for bad input."""
-    from sakura.phone.photo import check_photo_file  # sakura.phone imports torch: not on `sakura --help`
-
-    from sakura.phone.policies import EDIT_POLICIES  # sakura.phone imports torch: not on `sakura --help`
-
     # every argument checked before the heavy imports (torch, the model, numba): an error answers at once
     if policy not in EDIT_POLICIES:
         raise ValueError(f"policy must be one of {', '.join(EDIT_POLICIES)}, got {policy!r}")
@@ -57,9 +57,8 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     check_photo_file(photo)
     if urlsplit(server).scheme not in ("http", "https") or not urlsplit(server).hostname:
         raise ValueError(f"--server must be http(s)://host[:port], got {server!r}")
-    from sakura.phone.editor import Editor  # torch and the model: after the arguments are checked
-    from sakura.models import load_model  # torch and the model: after the arguments are checked
-    from sakura.util.device import device_options  # torch and the model: after the arguments are checked
+    from sakura.phone.editor import Editor  # lazy: torch and the model: after the arguments are checked
+    from sakura.models import load_model  # lazy: torch and the model: after the arguments are checked
 
     model = load_model(model_name, **device_options(device, dtype))  # a bad --device is a one-line ValueError
     editor = Editor(server, model=model, gallery=gallery_dir, policy=policy, prior_mbps=prior_mbps,

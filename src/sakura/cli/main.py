@@ -3,10 +3,23 @@
 
 from __future__ import annotations
 
+import json as _json
+import os
+import sys
+import time as _time
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+from sakura.cli import precheck
+from sakura.cli.build import build_cmd
+from sakura.cli.edit import edit_command
+from sakura.cli.precheck import UsageError
+from sakura.cli.store import serve_cmd
+from sakura.util.extras import DISTRIBUTION
+from sakura.util.fsutil import os_error_line
+from sakura.util.text import clean, connection_error_line, fit_to_terminal
 
 app = typer.Typer(
     help="sakura: private on-device image editing with streamed, compressed template KV.",
@@ -18,8 +31,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from sakura import __version__
-        from sakura.util.extras import DISTRIBUTION
+        from sakura import __version__  # lazy: the package facade, on --version only
 
         typer.echo(f"{DISTRIBUTION} {__version__}")
         raise typer.Exit()
@@ -36,8 +48,6 @@ def _root(
 def _precheck(*checks) -> None:
     """Run `sakura.cli.precheck` checks before any heavy import: the first bad argument is one
     line on stderr and exit status 2, in a fraction of a second."""
-    from sakura.cli.precheck import UsageError
-
     try:
         for check in checks:
             check()
@@ -49,7 +59,7 @@ def _precheck(*checks) -> None:
 def _warm_codec() -> float:
     """Compile (first run on a machine) or load from numba's disk cache the native codec decoders,
     at process start, so that no edit pays the JIT inside its latency (docs/codec.md, warm-up)."""
-    from sakura.codec import warm_up
+    from sakura.codec import warm_up  # lazy: torch, numba; off --help and argument errors
 
     return warm_up()
 
@@ -67,10 +77,8 @@ def info(
                         "or an installed plugin's name (sakura.available_models())."),
 ) -> None:
     """Print the model's config, parameter count, template-KV size and fingerprint."""
-    from sakura.cli import precheck
-
     _precheck(lambda: precheck.model_spec(model))
-    from sakura.models import load_model
+    from sakura.models import load_model  # lazy: importlib.metadata; off --help and argument errors
 
     m = load_model(model)
     for k, v in m.describe().items():
@@ -86,10 +94,9 @@ def demo(
     """End to end on the bundled defaults: build a store, serve it behind a real 5G trace, and edit a
     photo with on-device, CacheGen and sakura, live and time-dilated to a workload where streaming can
     pay (a three-image style template on a ~3.6 TFLOP/s phone), with the simulator beside each."""
-    from sakura.bench.demo import run_demo
-    import os
+    from sakura.bench.demo import run_demo  # lazy: torch, numba; off --help and argument errors
 
-    from sakura.emulation.traces import traces_root
+    from sakura.emulation.traces import traces_root  # lazy: numpy, asyncio; off --help and argument errors
 
     if traces_root() is None:  # before minutes of building: only a SAKURA_TRACES that is no folder gets here
         typer.echo(f"error: SAKURA_TRACES={os.environ.get('SAKURA_TRACES')!r} is not a folder (unset it to use "
@@ -129,7 +136,7 @@ def train(
     threads: int = typer.Option(1, min=1, help="torch threads (1 is fastest on a shared 2-core machine)."),
 ) -> None:
     """Train a bundled model from scratch (reproduces the shipped weights); resumable."""
-    from sakura.cli.train import train_command
+    from sakura.cloud.training.command import train_command  # lazy: torch; off --help and argument errors
 
     train_command(out, overrides=dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, image_size=image_size,
                                       patch_size=patch_size, dim=dim, depth=depth, heads=heads,
@@ -188,15 +195,12 @@ def build(
     quiet: bool = typer.Option(False, help="No progress bar (the per-template summary lines stay)."),
 ) -> None:
     """Cloud side: capture template KV, score importance, encode the rendition ladder, write the store."""
-    from sakura.cli import precheck
-
     _precheck(lambda: precheck.store_to_write(store), lambda: precheck.model_spec(model),
               lambda: precheck.build_templates(template),
               lambda: precheck.extra("skimage", "sakura build (its public calibration photos)"),
               lambda: precheck.extra("sklearn", "sakura build (its public calibration photos)"))
     for line in precheck.sticker_image_warnings(template, task):  # builds anyway: the user may mean it
         typer.echo(f"warning: {line}", err=True)
-    from sakura.cli.build import build_cmd
 
     build_cmd(store, model, template, ladder, calibration, steps, executor=executor, address=address,
               workers=workers, force=force, library=library, task=task, prompt=prompt, device=device, dtype=dtype,
@@ -225,8 +229,6 @@ def serve(
     idle_timeout_s: float = typer.Option(15.0, min=0.1, help="Seconds an idle keep-alive connection is kept."),
 ) -> None:
     """Serve a store over HTTP (manifests and shards, Range requests, ETags)."""
-    from sakura.cli.store import serve_cmd
-
     serve_cmd(store, host, port, chunk_kib, quiet, trace=trace, trace_offset=trace_offset, rtt_ms=rtt_ms,
               max_connections=max_connections, fd_reserve=fd_reserve, header_timeout_s=header_timeout_s,
               idle_timeout_s=idle_timeout_s)
@@ -270,10 +272,7 @@ def edit(
     Once the template is known (from the server, or the gallery's copy with the server down) the edit
     completes: what the link cannot deliver in time is computed on the device. With the server down
     and the template not in the gallery it fails with one line."""
-    from sakura.cli import precheck
-
     _precheck(lambda: precheck.photo(photo), lambda: precheck.model_spec(model))
-    from sakura.cli.edit import edit_command
 
     try:  # the codec's JIT is warmed inside the edit, before its clock starts (streamed_edit)
         edit_command(photo=photo, server=server, template=template, out=out, policy=policy, steps=steps, seed=seed,
@@ -284,7 +283,6 @@ def edit(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     except OSError as e:  # e.g. a full disk writing --out: the path and the cause, one line
-        from sakura.util.fsutil import os_error_line
 
         typer.echo(f"error: {os_error_line(e)}", err=True)
         raise typer.Exit(2) from None
@@ -296,26 +294,22 @@ def templates(
     model: Optional[str] = typer.Option(None, help="Only the templates of this model (as for `sakura edit --model`)."),
 ) -> None:
     """List the templates a server offers: id, model, rungs, bytes, thumbnail URL."""
-    from sakura.phone.discovery import format_templates, list_templates
+    from sakura.phone.discovery import format_templates, list_templates  # lazy: asyncio; off --help and argument errors
 
     fp = None
     if model is not None:
-        from sakura.cli import precheck
-
         _precheck(lambda: precheck.model_spec(model))
     try:
         if model is not None:
-            from sakura.models import load_model
+            from sakura.models import load_model  # lazy: importlib.metadata; off --help and argument errors
 
             fp = load_model(model).fingerprint()
         items = list_templates(server, fp)
     except Exception as e:  # unreachable server, malformed index, bad model name: one line
-        from sakura.util.text import clean, connection_error_line
 
         why = connection_error_line(e) or clean(' '.join(str(e).split()) or type(e).__name__)
         typer.echo(f"error: cannot list the templates of {clean(server)}: {why}", err=True)
         raise typer.Exit(2) from None
-    from sakura.util.text import fit_to_terminal
 
     typer.echo(fit_to_terminal(format_templates(items)))  # one row per line, cut to the terminal's width
 
@@ -343,7 +337,7 @@ def _regenerate_results(*_args, **_kwargs) -> None:
     stamp = page.stat().st_mtime
     if not any(p.stat().st_mtime > stamp for p in Path("docs").rglob("*.json")):
         return  # this run wrote nothing under docs/ (e.g. --out elsewhere)
-    from sakura.bench.results import write
+    from sakura.bench.results import write  # lazy: numpy, asyncio; off --help and argument errors
 
     changed, problems = write(Path("docs"), page)
     if changed:
@@ -371,7 +365,7 @@ def bench_results(
     check: bool = typer.Option(False, help="Write nothing; exit 1 if the page differs from what the JSON gives."),
 ) -> None:
     """Regenerate docs/results.md from the JSON every benchmark writes: each table with the command that reproduces it."""
-    from sakura.bench.results import render, write
+    from sakura.bench.results import render, write  # lazy: numpy, asyncio; off --help and argument errors
 
     page = out or docs / "results.md"
     if check:
@@ -404,8 +398,8 @@ def bench_codec(
 ) -> None:
     """Codec rate-distortion on held-out templates and photos: bytes (tables included), image PSNR/SSIM
     vs CacheGen (both variants), whole-template storage, decode MB/s and worker scaling."""
-    from sakura.bench.codec import ladder_check as check
-    from sakura.bench.codec import run
+    from sakura.bench.codec import ladder_check as check  # lazy: torch, numba; off --help and argument errors
+    from sakura.bench.codec import run  # lazy: torch, numba; off --help and argument errors
 
     if ladder_check:
         check(out, model_name=model, templates_per_task=templates, photos=photos, steps=steps)
@@ -422,7 +416,7 @@ def bench_quality(
     out: Optional[Path] = typer.Option(None, help="Also write quality.json and grid.png to this folder."),
 ) -> None:
     """A model vs exact ground truth on held-out photos and templates: model, identity, swapped template."""
-    from sakura.bench.quality import run_quality_bench
+    from sakura.bench.quality import run_quality_bench  # lazy: torch, PIL; off --help and argument errors
 
     run_quality_bench(model, steps=steps, photos_per_source=photos_per_source, out=out)
 
@@ -438,12 +432,9 @@ def bench_isolation(
 ) -> None:
     """What template isolation costs on a stock-attention checkpoint: per task, PSNR of the model's own
     (non-isolated) edit and of the cached isolated-KV edit vs ground truth, and cached vs stock."""
-    import json as _json
-    import time as _time
+    import torch  # lazy: torch; off --help and argument errors
 
-    import torch
-
-    from sakura.cloud.training.isolation import isolation_json, isolation_markdown, load_run_model, measure_isolation
+    from sakura.cloud.training.isolation import isolation_json, isolation_markdown, load_run_model, measure_isolation  # lazy: torch, PIL
 
     torch.set_num_threads(threads)
     try:
@@ -484,7 +475,7 @@ def bench_load(
     out: Optional[Path] = typer.Option(None, help="Write the results JSON here (docs/net_load_*.json)."),
 ) -> None:
     """Server load: N concurrent phones fetching different templates from `sakura serve` or nginx on 127.0.0.1: throughput, shard latency p50/p99, server CPU and RSS."""
-    from sakura.bench.load import run as run_load
+    from sakura.bench.load import run as run_load  # lazy: aiohttp, numpy; off --help and argument errors
 
     if server not in ("sakura", "nginx"):
         typer.echo(f"error: --server must be sakura or nginx, got {server!r}", err=True)
@@ -515,7 +506,7 @@ def bench_decode(
 ) -> None:
     """Decode rates (fp16 KV bytes/s per core) of every codec on Klein-sized layers, on this host and on a
     phone-class proxy side by side, 1 and 2 worker threads, and whether each codec releases the GIL."""
-    from sakura.bench.decode_rates import TARGETS, TOKENS, run
+    from sakura.bench.decode_rates import TARGETS, TOKENS, run  # lazy: torch, numpy; off --help and argument errors
 
     bad = [t for t in target or () if t not in TARGETS]
     if bad:
@@ -523,6 +514,26 @@ def bench_decode(
         raise typer.Exit(2)
     run(out, specs=spec or None, tokens=tokens or TOKENS, rounds=rounds, targets=target or TARGETS, publish=publish,
         log=typer.echo)
+
+
+@bench_app.command("fuzz")
+def bench_fuzz(
+    runs: int = typer.Option(100_000, min=1, help="Executions of the fuzz target (libFuzzer -runs)."),
+    out: Path = typer.Option(Path("out/fuzz"), help="Folder for fuzz.json, fuzz.log and findings/."),
+    save: bool = typer.Option(False, help="Merge the inputs that found new coverage into native/fuzz/corpus."),
+    seed: int = typer.Option(1, help="libFuzzer's random seed."),
+) -> None:
+    """Fuzz the native decoder (libsakura_decode) under AddressSanitizer + UndefinedBehaviorSanitizer
+    for a stated number of executions; reports executions, findings and corpus size (needs clang)."""
+    from sakura.bench.native_fuzz import run as run_fuzz   # lazy: ~20 ms of imports (-X importtime) on --help
+
+    try:
+        rep = run_fuzz(runs, out, save=save, seed=seed, log=typer.echo)
+    except RuntimeError as e:   # no clang / make, or the target does not build
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if rep["findings"] or rep["exit_code"] != 0:
+        raise typer.Exit(1)
 
 
 @bench_app.command("workloads")
@@ -533,7 +544,7 @@ def bench_workloads(
     """The named workloads and phone levels with their sources, the ceilings (speedup with free,
     instant KV), the break-even bandwidth W* and the most streaming can gain per link rate (a bound);
     pure arithmetic on cited figures, writes workloads.md and two plots."""
-    from sakura.bench.workloads import write_report
+    from sakura.bench.workloads import write_report  # lazy: numpy, importlib.metadata; off --help and argument errors
 
     write_report(out, plots=plots)
 
@@ -551,7 +562,7 @@ def bench_e2e(
 ) -> None:
     """Live mode: every method (oracle, on-device, on-device-nocache, raw-stream, cachegen, sakura) on
     the same template, photo and trace segment, real execution on this machine."""
-    from sakura.bench.e2e import run_live
+    from sakura.bench.e2e import run_live  # lazy: torch, numba; off --help and argument errors
 
     run_live(out, template=template, photo_index=photo_index, trace=trace, offset_s=offset_s, rtt_ms=rtt_ms,
              steps=steps, model_name=model)
@@ -575,8 +586,8 @@ def bench_faults(
     """Live, loopback: inject each network fault (unreachable, 404/500, resets, corrupt object, stalled
     link) and show the edit completing with the right image, latency beside on-device's; then each
     hostile server (drip, stall after headers, huge sizes, redirect elsewhere, wrong object)."""
-    from sakura.bench.faults import run_faults, run_hostile
-    from sakura.bench.reliability import run_reliability
+    from sakura.bench.faults import run_faults, run_hostile  # lazy: torch, numba; off --help and argument errors
+    from sakura.bench.reliability import run_reliability  # lazy: torch, numba; off --help and argument errors
 
     if faults:
         run_faults(out, steps=steps)
@@ -593,7 +604,7 @@ def bench_link(
 ) -> None:
     """Live: the runtime's fetch stage through the pacer at 10, 100 and 1,000 Mbit/s: link idle time
     between shards and the throughput estimate after three shards vs the true rate."""
-    from sakura.bench.linkcheck import link_markdown, run_link_check
+    from sakura.bench.linkcheck import link_markdown, run_link_check  # lazy: torch, numba
 
     typer.echo(link_markdown(run_link_check(rtt_ms=rtt_ms, out_dir=out)))
 
@@ -608,7 +619,7 @@ def bench_dilated(
 ) -> None:
     """Live, time-dilated: the real runtime at a phone workload's times / D on three real traces, beside
     the simulator on the same inputs (the simulator's validation)."""
-    from sakura.bench.dilated import dilated_markdown, run_dilated
+    from sakura.bench.dilated import dilated_markdown, run_dilated  # lazy: torch, numba; off --help and argument errors
 
     typer.echo(f"codec decoders ready ({_warm_codec():.2f} s)")
     r = run_dilated(workload, phone, D=dilation, out_dir=out, model_name=model)
@@ -641,7 +652,7 @@ def bench_profile(
 ) -> None:
     """Phone profile (EXTRAPOLATED): every method on named workloads x phone levels x every trace family
     and constant links, through the runtime's own driver; ceilings beside every ratio."""
-    from sakura.bench.profile import replay_runs, run_profile
+    from sakura.bench.profile import replay_runs, run_profile  # lazy: torch, PIL; off --help and argument errors
 
     if decode_target not in ("phone", "host"):
         typer.echo(f"error: --decode-target {decode_target!r}: expected phone or host", err=True)
@@ -674,8 +685,8 @@ def bench_templates(
 ) -> None:
     """Phone profile (EXTRAPOLATED) once per template: the equal-quality ratio vs CacheGen-L3 and the
     bytes at the image floor, per template, beside the ceiling."""
-    from sakura.bench.templates import DEFAULT_FAMILIES, DEFAULT_TEMPLATES, run_templates
-    from sakura.cloud.tasks.library import template_library
+    from sakura.bench.templates import DEFAULT_FAMILIES, DEFAULT_TEMPLATES, run_templates  # lazy: torch, PIL
+    from sakura.cloud.tasks.library import template_library  # lazy: torch, PIL; off --help and argument errors
 
     known = {t.name for t in template_library(64)}
     bad = [t for t in (templates or []) if t not in known]
@@ -695,7 +706,7 @@ def bench_both_models(
                                                  "texture-00, sticker-00)."),
 ) -> None:
     """Per-shard renditions on both bundled models: bits/value, the image PSNR with one shard replaced, and the decode rate."""
-    from sakura.bench.both_models import MODELS, TEMPLATES, run
+    from sakura.bench.both_models import MODELS, TEMPLATES, run  # lazy: torch, PIL; off --help and argument errors
 
     run(out, models=model or MODELS, templates=template or TEMPLATES)
 
@@ -708,8 +719,8 @@ def bench_importance(
     steps: int = typer.Option(8, min=1, help="Sampler steps of each edit."),
 ) -> None:
     """Importance on vs off (none, attention mass, gradient sensitivity) on the nested ladder and the plain ECSQ rendition: bytes and image PSNR per rung."""
-    from sakura.bench.importance import run
-    from sakura.cloud.tasks import TASK_NAMES
+    from sakura.bench.importance import run  # lazy: torch, numba; off --help and argument errors
+    from sakura.cloud.tasks import TASK_NAMES  # lazy: torch, PIL; off --help and argument errors
 
     bad = [t for t in task or () if t not in TASK_NAMES]
     if bad:
@@ -727,7 +738,7 @@ def bench_speed(
     out: Optional[Path] = typer.Option(None, help="Also write the figures as JSON here."),
 ) -> None:
     """On-device CPU timings of the bundled models side by side: template compute, edits with KV injected, EXTRACT and NOCACHE, and the runtime's per-layer profile."""
-    from sakura.bench.speed import MODELS, run
+    from sakura.bench.speed import MODELS, run  # lazy: torch, numba; off --help and argument errors
 
     run(models=model or MODELS, template=template, rounds=rounds, steps=steps, out=out)
 
@@ -739,7 +750,7 @@ def bench_klein_e2e(
     steps: int = typer.Option(4, min=1, help="Sampler steps."),
 ) -> None:
     """A tiny random FLUX.2 Klein pipeline end to end: own templates from a TOML file, build, serve, and a streamed edit at every rendition against the on-device edit."""
-    from sakura.bench.klein_e2e import run
+    from sakura.bench.klein_e2e import run  # lazy: torch, numba; off --help and argument errors
 
     run(out, size=size, steps=steps)
 
@@ -756,7 +767,7 @@ def bench_build_speed(
     out: Path = typer.Option(Path("out/build_speed.json"), help="JSON file for the figures."),
 ) -> None:
     """`sakura build` of the bundled templates, stage by stage, against a baseline checkout, alternating in one run: wall and CPU seconds, calibration edits, peak memory, same bytes?"""
-    from sakura.bench.build_speed import run
+    from sakura.bench.build_speed import run  # lazy: torch; off --help and argument errors
 
     run(template or ("look-00", "texture-00", "sticker-00"), rounds=rounds, baseline_src=baseline_src,
         probe_batch=probe_batch, device=device, out=out, log=typer.echo, probes_variant=probes_variant)
@@ -773,7 +784,7 @@ def bench_build_quality(
     out: Path = typer.Option(Path("out/build_quality"), help="Folder for build_quality.json."),
 ) -> None:
     """This checkout's build vs another's on photos the build never saw: per template and rung, PSNR against the lossless-KV edit and bytes, new vs old."""
-    from sakura.bench.build_quality import DEFAULT_TEMPLATES, run
+    from sakura.bench.build_quality import DEFAULT_TEMPLATES, run  # lazy: torch; off --help and argument errors
 
     try:
         run(baseline_src=baseline_src, photos_dir=photos, out=out, templates=template or DEFAULT_TEMPLATES,
@@ -798,7 +809,7 @@ def bench_realscale(
     out: Path = typer.Option(Path("out/realscale.json"), help="JSON file for the figures (rewritten after every size)."),
 ) -> None:
     """FLUX.2 Klein at real shapes (random weights) as a user runs it: write the folder, load klein:/folder@SIZE, build one template, serve it, stream-edit it; per-stage build seconds, peak memory, bytes, decode rates, bit-exactness, edit vs passes."""
-    from sakura.bench.realscale import run
+    from sakura.bench.realscale import run  # lazy: torch; off --help and argument errors
 
     sizes = size or ((32, 64) if preset == "tiny" else (512, 1024))
     try:
@@ -820,7 +831,7 @@ def bench_build_scale(
     out: Optional[Path] = typer.Option(None, help="Write the results JSON here (docs/scale_build.json)."),
 ) -> None:
     """`sakura build --executor ray` with 1 vs 2 (or more) Ray workers: build time, CPU obtained, and the same bytes in every store."""
-    from sakura.bench.build_scale import run
+    from sakura.bench.build_scale import run  # lazy: torch; off --help and argument errors
 
     res = run(workers=workers or (1, 2), rounds=rounds, templates=templates, ladder=ladder, calibration=calibration,
               steps=steps, out=out, log=typer.echo)
@@ -836,7 +847,7 @@ def bench_startup(
     out: Optional[Path] = typer.Option(None, help="Also write startup.json and startup.md here."),
 ) -> None:
     """How fast a bad argument is answered (bad template, unknown model, missing folder, file as store, bad photo): each command's own CPU and wall seconds, beside a baseline checkout."""
-    from sakura.bench.startup import run
+    from sakura.bench.startup import run  # lazy: PIL; off --help and argument errors
 
     run(out, baseline_src=baseline_src, rounds=rounds)
 
@@ -856,7 +867,7 @@ def bench_scale_model(
                                           "(no measuring)."),
 ) -> None:
     """Capacity model of a template library behind caching edges: encode cost, edge CPU per GB (stock nginx), a crowd through one edge, then the arithmetic and two plots."""
-    from sakura.bench.scale_model import run
+    from sakura.bench.scale_model import run  # lazy: torch, numba; off --help and argument errors
 
     run(out=out, plots_prefix=plots, build_json=build_json, edge_seconds=edge_seconds, edge_clients=edge_clients,
         edge_objects=edge_objects, crowd_phones=crowd_phones, encode_tokens=encode_tokens, replot=replot)
@@ -870,12 +881,10 @@ reflow_help(app)
 def main(argv: Optional[list[str]] = None) -> None:
     """The `sakura` console entry: the app, with an optional dependency that is not installed
     reported as one line naming the extra to install (rc 2) wherever in a command it was imported."""
-    import sys
-
     try:
         app(argv)
     except ModuleNotFoundError as e:
-        from sakura.util.extras import missing_extra_line
+        from sakura.util.extras import missing_extra_line  # lazy: optional dependency, tried
 
         words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")][:2]
         command = words[:2] if words[:1] in (["bench"], ["store"]) else words[:1]  # e.g. "sakura bench codec"

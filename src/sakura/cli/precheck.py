@@ -11,6 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sakura.phone.photo import PhotoError, check_photo_file
+from sakura.util.extras import MissingExtraError, require
+
 #: the library's template names: "<task>-NN" (8 training templates per task) and "<task>-hN" (4 held
 #: out), tasks in `sakura.cloud.tasks.TASKS`. Kept here so the name check needs no torch;
 #: tests/sakura/test_cli.py checks it against `template_library` itself.
@@ -30,8 +33,7 @@ def library_names() -> list[str]:
 def model_spec(spec: str, option: str = "--model") -> None:
     """The spec names a registered model and, for sakura's own adapters, its folder or weights
     file exists and its optional dependencies are installed."""
-    from sakura.models.registry import check_model_spec
-    from sakura.util.extras import MissingExtraError
+    from sakura.models.registry import check_model_spec  # lazy: importlib.metadata; off --help and argument errors
 
     try:
         check_model_spec(spec)
@@ -66,8 +68,6 @@ def store_to_read(store: Path) -> None:
 
 def photo(path: Path, what: str = "photo") -> None:
     """A photo (or template image) file that Pillow can open, from its header only."""
-    from sakura.phone.photo import PhotoError, check_photo_file
-
     try:
         check_photo_file(path)
     except PhotoError as e:
@@ -93,8 +93,6 @@ def build_templates(templates: list[str] | None) -> None:
 
 def extra(module: str, what: str) -> None:
     """An optional dependency the command needs (`sakura.util.extras`): one line naming the extra."""
-    from sakura.util.extras import MissingExtraError, require
-
     try:
         require(module, what)
     except MissingExtraError as e:
@@ -113,8 +111,8 @@ def sticker_image_warnings(templates: list[str] | None, task: str | None) -> lis
     the whole image over the photo. Returns warning lines (empty when nothing looks wrong)."""
     if task != "sticker":
         return []
-    import numpy as np
-    from PIL import Image
+    import numpy as np  # lazy: numpy; off --help and argument errors
+    from PIL import Image  # lazy: PIL; off --help and argument errors
 
     out = []
     for t in templates or ():

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+from sakura.util.text import fit_to_terminal as fit, terminal_columns
+
 # sakura.wire.store (pydantic, the manifest schema) is imported inside each command: importing it here
 # cost every `sakura` invocation, `--help` and a bad argument included, ~0.2 CPU-s (issue 45)
 
@@ -30,7 +32,7 @@ def stats_cmd(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Bytes per template: everything it costs (ladder, tables, template ref, manifest) vs one fp16 copy."""
-    from sakura.wire.store.store import Store, StoreError
+    from sakura.wire.store.store import Store, StoreError  # lazy: pydantic; off --help and argument errors
 
     try:
         s = Store(store).stats()
@@ -45,7 +47,6 @@ def stats_cmd(
             t["whole_ratio_vs_fp16"] = ts.whole_ratio_vs_fp16
         typer.echo(json.dumps(d, indent=1))
         return
-    from sakura.util.text import fit_to_terminal as fit, terminal_columns
 
     # on a terminal: the fingerprint's first 12 hex (rows were 166 columns wide), then cut to fit
     fp = (lambda f: f[:12]) if terminal_columns() is not None else (lambda f: f)
@@ -66,8 +67,8 @@ def stats_cmd(
 @store_app.command("verify")
 def verify_cmd(store: Path = typer.Argument(..., help="Store directory.")) -> None:
     """Re-hash every object and check every manifest; exit 1 if anything is wrong."""
-    from sakura.wire.store.layout import STORE_MARKER
-    from sakura.wire.store.store import Store, StoreError
+    from sakura.wire.store.layout import STORE_MARKER  # lazy: pydantic; off --help and argument errors
+    from sakura.wire.store.store import Store, StoreError  # lazy: pydantic; off --help and argument errors
 
     try:
         rep = Store(store).verify()
@@ -100,7 +101,7 @@ def gc_cmd(
     dry_run: bool = typer.Option(False, help="List what would be deleted."),
 ) -> None:
     """Delete unreferenced objects (e.g. from an interrupted build) older than --min-age-s."""
-    from sakura.wire.store.store import Store, StoreError
+    from sakura.wire.store.store import Store, StoreError  # lazy: pydantic; off --help and argument errors
 
     try:
         removed = Store(store).gc(min_age_s=min_age_s, dry_run=dry_run)
@@ -125,7 +126,7 @@ def edge_config_cmd(
 ) -> None:
     """Print an nginx.conf for a caching edge (proxy_cache + slice + cache lock) in front of ORIGIN.
     Run it with: nginx -p PREFIX -c PREFIX/nginx.conf (docs/scale.md)."""
-    from sakura.wire.server import edge_config  # aiohttp: only the commands that serve
+    from sakura.wire.server import edge_config  # lazy: aiohttp: only the commands that serve
 
     try:
         typer.echo(edge_config(origin, port=port, prefix=prefix, host=host, slice_bytes=slice_kib * 1024,
@@ -140,12 +141,12 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, tr
               trace_offset: float = 0.0, rtt_ms: float = 0.0, max_connections: int = 0, fd_reserve: int = 0,
               header_timeout_s: float = 10.0, idle_timeout_s: float = 15.0) -> None:
     """Body of `sakura serve` (kept here so sakura/cli/main.py stays a thin shell)."""
-    from sakura.wire.server import serve_forever  # aiohttp: only the commands that serve
-    from sakura.wire.server.app import ConnectionLimits  # aiohttp: only the commands that serve
+    from sakura.wire.server import serve_forever  # lazy: aiohttp: only the commands that serve
+    from sakura.wire.server.app import ConnectionLimits  # lazy: aiohttp: only the commands that serve
 
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from sakura.wire.store.store import StoreError, store_format
+    from sakura.wire.store.store import StoreError, store_format  # lazy: pydantic; off --help and argument errors
 
     try:
         store_format(store)  # a folder that is not a store is refused before anything binds
@@ -154,8 +155,8 @@ def serve_cmd(store: Path, host: str, port: int, chunk_kib: int, quiet: bool, tr
         raise typer.Exit(2)
     front = None
     if trace is not None or rtt_ms > 0:
-        from sakura.emulation import TraceError  # only with --trace / --rtt-ms
-        from sakura.emulation.serve import pacing_front  # only with --trace / --rtt-ms
+        from sakura.emulation import TraceError  # lazy: only with --trace / --rtt-ms
+        from sakura.emulation.serve import pacing_front  # lazy: only with --trace / --rtt-ms
 
         try:  # the trace is parsed before anything binds
             front = pacing_front(trace, trace_offset_s=trace_offset, rtt_s=rtt_ms / 1e3, host=host, port=port)

@@ -24,6 +24,8 @@ Codec interface, registry, `LadderState`; `bitstream`, `entropy`, `rans`, `kerne
                                with quantiser="ecsq" the progressive family's ladder
 """
 
+import time
+
 from . import target as _target
 
 _target.configure()   # before anything loads numba: SAKURA_DECODE_TARGET=phone picks the JIT's CPU
@@ -37,6 +39,8 @@ from .nested import sakura as _sakura  # noqa: F401
 from .nested import layered as _layered  # noqa: F401
 from .baselines import cachegen as _cachegen  # noqa: F401
 from .progressive import ladder as _progressive  # noqa: F401
+from . import rans
+from .progressive import fastdct, fitkernels
 
 __all__ = ["Codec", "CodecTables", "RenditionReport", "ShardKV", "ShardId", "UnknownCodecError",
            "CodecError", "CorruptError", "IdentityError", "TruncatedError", "VersionError",
@@ -47,11 +51,6 @@ def warm_up() -> float:
     """Compile (or load from numba's disk cache) every kernel of the codec's decoders and of the
     build's table fit; returns seconds spent. Called at process start by `sakura edit` / `demo` /
     `warm` / the benches, so that no edit pays the JIT."""
-    import time
-
-    from . import rans
-    from .progressive import fastdct, fitkernels
-
     t0 = time.perf_counter()
     rans.warm_up()   # the rANS coder and the shared decode kernels
     fastdct.warm_up()

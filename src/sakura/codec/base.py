@@ -34,6 +34,7 @@ from . import bitstream as bs
 from .bitstream import CodecError, ShardId
 
 from sakura.models.kv import LayerKV  # what every decoder returns: the one layer-K/V type (keep always a tensor)
+from .metrics import attention_rel_error, rel_error, weighted_rel_error
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -344,8 +345,6 @@ class Codec(ABC):
             decoded: `decode(data, ident, tables)` when the caller has it already (the build
                 decodes each rendition once, for this and for its image probe).
         """
-        from .metrics import attention_rel_error, rel_error, weighted_rel_error
-
         dec = decoded if decoded is not None else self.decode(data, ident, tables)
         keep = dec.keep
         attn = None

@@ -43,8 +43,10 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
+import hashlib
 
 import numpy as np
+import zstandard
 
 MAGIC = b"SKKV"
 FORMAT_VERSION = 5  # highest version this build reads; writers use the lowest version that can say what they wrote
@@ -75,8 +77,6 @@ _ZDICT: list = []
 
 
 def _header_dict():
-    import zstandard
-
     if not _ZDICT:
         _ZDICT.append(zstandard.ZstdCompressionDict(HEADER_DICT_1, dict_type=zstandard.DICT_TYPE_RAWCONTENT))
     return _ZDICT[0]
@@ -144,8 +144,6 @@ class ShardId:
     def digest(self) -> str:
         """128-bit hex digest of (model, template): what version-5 shard objects carry instead of
         the two fingerprints (~130 hex characters, most of a mini shard's compressed header)."""
-        import hashlib
-
         return hashlib.sha256(json.dumps([self.model, self.template]).encode()).hexdigest()[:32]
 
     def to_compact_json(self) -> dict[str, Any]:
@@ -204,8 +202,6 @@ class Writer:
         dt = arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype
         raw = arr.astype(dt, copy=False).tobytes()
         if zstd_level is not None:
-            import zstandard
-
             raw = zstandard.ZstdCompressor(level=zstd_level).compress(raw)
         entry = {"name": name, "dtype": dt.str, "shape": [int(s) for s in arr.shape], "nbytes": len(raw)}
         if zstd_level is not None:
@@ -223,7 +219,6 @@ class Writer:
         header["sections"] = self.sections
         hbytes = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
         flags = 0
-        import zstandard
 
         packed = zstandard.ZstdCompressor(level=19).compress(hbytes)
         if len(packed) < len(hbytes):
@@ -254,8 +249,6 @@ def _read_section(payload: memoryview, s: dict[str, Any], off: int) -> np.ndarra
     raw = bytes(payload[off:off + n])
     want = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     if s.get("zstd"):
-        import zstandard
-
         try:
             raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=max(want, 1))
         except zstandard.ZstdError as e:
@@ -308,8 +301,6 @@ def parse(data: bytes | memoryview, at: int = 0, *, whole: bool = True) -> Objec
         raise CorruptError(f"checksum mismatch (crc32 {got:08x}, header says {crc:08x}): object is corrupt")
     hraw = bytes(mv[at + FIXED_SIZE:at + FIXED_SIZE + hlen])
     if mv[at + 7] & (FLAG_HEADER_ZSTD | FLAG_HEADER_DICT):
-        import zstandard
-
         dec = zstandard.ZstdDecompressor(dict_data=_header_dict()) if mv[at + 7] & FLAG_HEADER_DICT \
             else zstandard.ZstdDecompressor()
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import constriction
 
 from .bitstream import CorruptError
 
@@ -20,8 +21,6 @@ def _transpose(a: np.ndarray) -> np.ndarray:
 
 
 def _constriction():
-    import constriction  # `import constriction.stream` alone fails; the package exposes .stream
-
     return constriction
 
 

@@ -17,6 +17,7 @@ import platform
 import threading
 
 import numpy as np
+import llvmlite.binding as llvm
 
 from . import target as _target
 
@@ -250,7 +251,6 @@ def ungroup_bands(sym, nz, counts, m, g, out):
 
 def _host_has(feature: str) -> bool:
     try:
-        import llvmlite.binding as llvm
         return bool(llvm.get_host_cpu_features().get(feature, False))
     except Exception:   # (an llvmlite without the query: take the portable path)
         return False

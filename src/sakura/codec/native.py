@@ -31,7 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import bitstream as bs
+from . import bitstream as bs, target
+from .base import LayerKV
+from .rans import run_split
 
 ENV_DECODER = "SAKURA_DECODER"        # "native" (default) or "numba"
 ENV_LIB = "SAKURA_NATIVE_LIB"         # path of a libsakura_decode shared library to load instead
@@ -136,8 +138,6 @@ def _load() -> Any:
 
 def _default_path(lib: Any) -> str | None:
     """The phone-class target (`SAKURA_DECODE_TARGET=phone`) runs the 128-bit path."""
-    from . import target
-
     if target.current() != "phone":
         return None
     return "neon" if platform.machine().lower() in ("aarch64", "arm64") else "sse4"
@@ -356,14 +356,11 @@ class ProgState:
         return self
 
     def result(self) -> Any:
-        from .base import LayerKV
-
         k, v = self.result_f16()
         return LayerKV(k, v, torch.ones(self.shape[0], dtype=torch.bool))
 
     def result_f16(self) -> tuple[torch.Tensor, torch.Tensor]:
         T, H, D = self.shape
-        from .rans import run_split
 
         lib = _lib()
         k = np.empty((T, H * D), np.uint16)

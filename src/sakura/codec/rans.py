@@ -30,10 +30,12 @@ from concurrent.futures import Executor
 from typing import Any, Callable
 from dataclasses import dataclass
 from pathlib import Path
+import time
 
 import numpy as np
 
 from .bitstream import CodecError, CorruptError
+from . import kernels
 
 RANS_L = 1 << 16          # lower bound of the state; words are 16 bits
 PIECE = 1 << 16           # symbols per independent piece (a Klein rung-0 part: ~12 pieces)
@@ -446,8 +448,6 @@ def decode_reference(words: np.ndarray, counts: np.ndarray, seg_ctx: np.ndarray,
 def warm_up() -> float:
     """Compile (or load from the disk cache) the rANS coder's and the shared decode kernels
     (`kernels`); returns seconds spent. `sakura.codec.warm_up` adds the progressive family's."""
-    import time
-
     t0 = time.perf_counter()
     m = Model.from_counts(np.array([[5, 1, 1], [1, 1, 5]]))
     sym = np.array([0, 1, 2, 2, 0], np.int32)
@@ -459,7 +459,6 @@ def warm_up() -> float:
     sc, sl = np.array([0], np.int32), np.array([3], np.int64)
     w, c = encode(sym, sc, sl, wide)
     decode(w, c, sc, sl, wide)
-    from . import kernels
 
     kernels.warm_up()
     return time.perf_counter() - t0

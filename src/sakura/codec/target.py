@@ -25,6 +25,10 @@ from __future__ import annotations
 import os
 import sys
 
+from numba.core import config
+from numba.core.registry import cpu_target
+import llvmlite.binding as llvm
+
 ENV = "SAKURA_DECODE_TARGET"
 TARGETS = ("host", "phone")
 PHONE_CPU = "x86-64-v2"
@@ -73,9 +77,6 @@ def configure() -> str:
 
 def jit_cpu() -> str:
     """The CPU numba generates code for in this process (its name and explicit features)."""
-    from numba.core import config
-    import llvmlite.binding as llvm
-
     name = config.CPU_NAME or llvm.get_host_cpu_name()
     return name if config.CPU_FEATURES in (None, "") else f"{name} [{config.CPU_FEATURES}]"
 
@@ -85,7 +86,6 @@ def check() -> None:
     (numba imported and compiling before `sakura.codec`): its rates would be the host's."""
     if current() != "phone":
         return
-    from numba.core.registry import cpu_target
 
     cg = cpu_target.target_context.codegen()
     if cg._get_host_cpu_name() != PHONE_CPU or cg._tm_features != PHONE_FEATURES:

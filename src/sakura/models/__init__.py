@@ -18,11 +18,13 @@ import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+import warnings
 
 from sakura.util.extras import require
 from sakura.util.lazy import lazy_names
 
 from .registry import ModelSpecError, available_models, load_model, register_model, unregister_model
+from sakura.util.device import resolve
 
 if TYPE_CHECKING:
     from .mini import MiniDiT
@@ -51,8 +53,6 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self) if fullname in MOVED_MODULES else None
 
     def create_module(self, spec):
-        import warnings
-
         warnings.warn(f"{spec.name} moved to {MOVED_MODULES[spec.name]}; the old path goes in sakura-kv 0.2",
                       DeprecationWarning, stacklevel=2)
         return importlib.import_module(MOVED_MODULES[spec.name])
@@ -84,8 +84,6 @@ def _load_bundled(name: str, default: Path, weights: str | Path | None, allow_ra
     every KV path exactly; its edits are noise). Then moved to `device` in `dtype`
     (`sakura.util.device.resolve`: auto = cuda, mps, cpu; bf16 / fp16 / fp32), fingerprinted
     first: the shipped fp32 weights name the model on every device and in every precision."""
-    from sakura.util.device import resolve
-
     dev, dt = resolve(device, dtype)  # a bad --device fails before the weights are read
     path = Path(weights) if weights is not None else default
     if path.is_file():
@@ -94,7 +92,7 @@ def _load_bundled(name: str, default: Path, weights: str | Path | None, allow_ra
         raise FileNotFoundError(f"{name} weights not found at {path}")
     else:
         log.warning("no bundled %s weights at %s; using a seeded random init", name, path)
-        import torch
+        import torch  # lazy: torch; off --help and argument errors
 
         torch.manual_seed(0)
         model = build().eval()
@@ -109,8 +107,8 @@ def load_mini(weights: str | Path | None = None, *, allow_random: bool = True, d
     """The bundled sakura-mini with its shipped weights (or `weights`), in eval mode, on `device`
     in `dtype` (auto: cuda/mps/cpu, bf16/fp16/fp32); a seeded random init (and a warning) when no
     file is there and `allow_random`."""
-    from .mini import MiniConfig, MiniDiT
-    from .mini_io import load_mini_weights
+    from .mini import MiniConfig, MiniDiT  # lazy: torch, numpy; off --help and argument errors
+    from .mini_io import load_mini_weights  # lazy: torch, numpy; off --help and argument errors
 
     return _load_bundled("sakura-mini", MINI_WEIGHTS, weights, allow_random, load_mini_weights,
                          lambda: MiniDiT(MiniConfig()), device, dtype)
@@ -121,7 +119,7 @@ def load_flux2_mini(weights: str | Path | None = None, *, allow_random: bool = T
     mode, on `device` in `dtype`; a seeded random init (and a warning) when no file is there and
     `allow_random`."""
     require("diffusers", "model 'flux2-mini'")  # diffusers' FLUX.2 transformer: the [flux] extra
-    from .flux2mini import Flux2MiniConfig, Flux2MiniDiT, load_flux2_mini_weights
+    from .flux2mini import Flux2MiniConfig, Flux2MiniDiT, load_flux2_mini_weights  # lazy: torch, diffusers ([flux] extra)
 
     return _load_bundled("flux2-mini", FLUX2_MINI_WEIGHTS, weights, allow_random, load_flux2_mini_weights,
                          lambda: Flux2MiniDiT(Flux2MiniConfig()), device, dtype)
@@ -162,7 +160,7 @@ def load_klein_spec(arg: str = "", **options):
     """Model-registry factory of ``klein:/path/to/local/folder[@SIZE]`` (FLUX.2 Klein at SIZE px per
     side, default 512: a `KleinImageModel`, whose ``.adapter`` is the packed-latent `KleinAdapter`)."""
     _check_klein_arg(arg)
-    from .flux.klein_image import KleinImageModel
+    from .flux.klein_image import KleinImageModel  # lazy: torch, diffusers ([flux] extra)
 
     return KleinImageModel.from_pretrained(arg, **options)
 
@@ -171,7 +169,7 @@ def load_kontext_spec(arg: str = "", **options):
     """Model-registry factory of ``kontext:/path/to/local/folder[@SIZE]`` (FLUX.1 Kontext at SIZE px
     per side, default 512: a `KontextImageModel`; options: guidance, ref_timestep, max_sequence_length)."""
     _check_kontext_arg(arg)
-    from .flux.kontext import KontextImageModel
+    from .flux.kontext import KontextImageModel  # lazy: torch, diffusers ([flux] extra); off --help and argument errors
 
     return KontextImageModel.from_pretrained(arg, **options)
 

@@ -27,6 +27,8 @@ from types import MappingProxyType
 from typing import Any, Mapping, Protocol, runtime_checkable
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save
 
 from sakura.util.fsutil import atomic_write
 
@@ -245,8 +247,6 @@ class TemplateKV:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically (temp file + rename) as safetensors; returns the path."""
-        from safetensors.torch import save
-
         self.validate()
         tensors = self._tensors()
         meta = {
@@ -269,8 +269,6 @@ class TemplateKV:
         newer format version, fails its content checksum, or (when given) belongs to another
         model or template.
         """
-        from safetensors import safe_open
-
         path = Path(path)
         if not path.is_file():
             raise TemplateKVError(f"{path}: no such template KV file")

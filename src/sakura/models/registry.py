@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable
 
+from sakura.util.extras import missing_extra_line
+
 ENTRY_POINT_GROUP = "sakura.models"
 
 #: ``factory(arg, **options) -> model``: ``arg`` is what follows ``NAME:`` in the spec ("" if nothing).
@@ -54,7 +56,6 @@ class ModelEntry:
             for part in attr.split("."):
                 obj = getattr(obj, part)
         except Exception as e:  # a plugin's own bug: say whose and why, in one line
-            from sakura.util.extras import missing_extra_line
 
             extra = missing_extra_line(e, f"model {self.name!r} ({self.target})")
             if extra is not None:  # an optional dependency of sakura's that the plugin imports

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import torch.nn as nn
+from safetensors import safe_open
+from safetensors.torch import save
 
 from sakura.util.fsutil import atomic_write
 
@@ -20,8 +22,6 @@ M = TypeVar("M", bound=nn.Module)
 def save_weights(model: nn.Module, path: str | os.PathLike, fmt: str, extra_meta: dict[str, str] | None = None) -> Path:
     """Atomic write (temp + rename) of `model.state_dict()` with `{"format": fmt, "config":
     asdict(model.cfg)}` and `extra_meta` in the metadata."""
-    from safetensors.torch import save
-
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     blob = save(state, metadata={"format": fmt, "config": json.dumps(asdict(model.cfg)), **(extra_meta or {})})
     return atomic_write(path, blob)
@@ -31,8 +31,6 @@ def load_weights(path: str | os.PathLike, fmt: str, build: Callable[[dict[str, A
     """`build(config dict)` from the file's metadata, its weights loaded strictly (names and
     shapes; values in fp32), in eval mode. Raises ValueError for a corrupt, truncated or
     other-format file."""
-    from safetensors import safe_open
-
     path = Path(path)
     try:
         with safe_open(str(path), framework="pt") as f:

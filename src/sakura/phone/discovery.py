@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+import time
 
 from sakura.util.text import clean
 
@@ -67,8 +68,6 @@ def _offer(server: str, fp: str, tid: str, m) -> OfferedTemplate:
 async def offered_templates(client, server: str, model_fingerprint: str | None, deadline_s: float) -> TemplateListing:
     """Read the index, then the listed manifests (``LIST_CONCURRENCY`` at a time), all within one
     overall ``deadline_s``; an unreadable manifest (stale entry, corrupt, slow) is skipped and named."""
-    import time
-
     t_end = time.monotonic() + deadline_s
     keys = await client.manifest_keys(deadline_s=deadline_s)
     keys = [(fp, tid) for fp, tid in keys if model_fingerprint is None or fp == model_fingerprint]
@@ -108,7 +107,7 @@ async def offered_templates(client, server: str, model_fingerprint: str | None, 
 async def list_templates_async(server: str, model_fingerprint: str | None = None, *, deadline_s: float = LIST_DEADLINE_S,
                                timeout_s: float = 5.0) -> TemplateListing:
     """`list_templates` on the running loop."""
-    from sakura.wire.client import TemplateClient
+    from sakura.wire.client import TemplateClient  # lazy: aiohttp, pydantic; off --help and argument errors
 
     async with TemplateClient(server, connect_timeout=min(timeout_s, deadline_s), read_timeout=timeout_s,
                               max_retries=1, max_connections=LIST_CONCURRENCY) as c:
@@ -130,7 +129,7 @@ async def offered_manifest(client, model_fingerprint: str, template_id: str | No
     it, raises `TemplateNotOffered` listing what the server offers for this model (a listing under
     the same deadline). Other failures (unreachable, slow, corrupt) propagate for the caller's
     fallback."""
-    from sakura.wire.client import NotFound
+    from sakura.wire.client import NotFound  # lazy: aiohttp, pydantic; off --help and argument errors
 
     server = client.base_url
     if template_id is not None:

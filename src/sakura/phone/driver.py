@@ -102,7 +102,7 @@ SUSPECT_CATCH_UP = 1
 #: a layer about to be computed with a catch-up whose shard was never requested is requested then
 #: (the *rescue*) when the plan with it finishes sooner, at the plain prediction, than the plan with
 #: the catch-up; the catch-up then runs one template layer at a time (ADVANCE) and the shard is used
-#: if it comes first (`EditDriver._rescue_pays`; policies opt in with `Policy.rescue`)
+#: if it comes first (`RescueJudge.pays`; policies opt in with `Policy.rescue`)
 RESCUE = True
 #: ... by at least this share of the time left
 RESCUE_GAIN = 0.01
@@ -238,11 +238,6 @@ class EditDriver:
             raise ValueError("decode_workers and max_inflight must be >= 1")
         self.specs = list(specs)
         self.L = len(self.specs)
-        # local_s summed over specs[:k]: fallback_finish's catch-ups read it in O(1) (the profile
-        # calls fallback_finish at every decision while it waits, O(L^2) each)
-        self._local_before = [0.0]
-        for sp in self.specs:
-            self._local_before.append(self._local_before[-1] + sp.local_s)
         self.policy = policy
         self.bw = bandwidth
         self.rtt = rtt
@@ -263,8 +258,13 @@ class EditDriver:
         # The loss bound (see `slack_s`): set when the forward pass reaches its first layer.
         self.t_bound: float | None = None
         self.waited_s = 0.0          # total time the forward pass waited on the link
-        self.rescues: dict[int, Route] = {}  # layers whose catch-up asked for their shard (`_rescue_pays`)
+        self.rescues: dict[int, Route] = {}  # layers whose catch-up asked for their shard (`RescueJudge.pays`)
         self.requeued: set[int] = set()  # queued requests given back for a lower one (`LOWER_FIRST`), not yet re-sent
+        # the arithmetic beside the decisions, each a small object over the records above
+        self.bound = LossBound(self)
+        self.timeline = LinkTimeline(self)
+        self.rescue_judge = RescueJudge(self)
+        self.requests = RequestQueue(self)
 
     # ----------------------------------------------------------------------------- estimates
     def bytes_per_s(self) -> float:
@@ -274,91 +274,24 @@ class EditDriver:
             return self.bw.predict_bps() or 1e5
         return self.bw.robust_bps() or 1e5
 
-    def worst_remaining_s(self, j: int) -> float:
-        """What finishing the first step from layer j costs if every layer from j on is computed
-        on the device: each layer's forward compute, and every template layer the local
-        generator has not produced yet (it catches up over fetched layers)."""
-        return (sum(s.compute_s for s in self.specs[j:])
-                + sum(s.local_s for s in self.specs[self.generator_at:]))
-
-    def fallback_finish(self, j: int, now: float, *, local_first: bool = False) -> tuple[float, float, bool]:
-        """The first step's end if no more bytes arrive, from the forward pass at layer j at `now`:
-        the best over m (the last layer computed on the device, or none) of: layers <= m use a
-        shard already decoded by then, else are computed locally (catching the generator up);
-        layers > m use the shards on the phone (fetched or decoded) when their decode ends, so m
-        must cover every layer whose bytes are not here. More bytes, or earlier decodes, can only
-        make it sooner. Returns (finish, its wait on decodes, whether it uses layer j's shard).
-        local_first: layer j is computed locally whatever its shard."""
-        here = {i: (r.decode_end if r.decode_end == r.decode_end else now) for i, r in enumerate(self.records)
-                if i >= j and r.status in (FETCHED, READY) and not (local_first and i == j)}
-        must = max([i for i in range(j, self.L) if i not in here] + [j - 1])
-        best = (math.inf, 0.0, False)
-        for m in range(must, self.L):
-            t, g, waited, uses = now, self.generator_at, 0.0, False
-            for i in range(j, self.L):
-                if i > m or (i in here and here[i] <= t):
-                    waited += max(0.0, here[i] - t)
-                    t = max(t, here[i]) + self.specs[i].compute_s
-                    uses = uses or i == j
-                else:
-                    t += (self._local_before[i + 1] - self._local_before[g]) + self.specs[i].compute_s
-                    g = i + 1
-            if t < best[0]:
-                best = (t, waited, uses)
-        return best
-
     def slack_s(self, j: int, now: float) -> float:
         """How much longer than the fallback the forward pass may still take from layer j without
-        breaking the loss bound (inf when the policy sets none): t_bound - `fallback_finish`.
+        breaking the loss bound (inf when the policy sets none): `LossBound.slack_s`."""
+        return self.bound.slack_s(j, now)
 
-        The bound: the first step ends by t_bound = t0 + W0 + e x (W0 + other_s), W0 = the on-device
-        first step (`worst_remaining_s(0)`), t0 = when the forward pass reached layer 0, e = the
-        policy's `loss_bound`, other_s = the rest of the edit (every method pays it alike), so the
-        edit ends within e x on-device's whole latency of on-device's. Invariant:
-        the fallback from where the pass stands (use what is on the phone, compute the rest)
-        ends by t_bound. It holds at layer 0 (the fallback is at most on-device); bytes that arrive
-        only make the fallback sooner; a wait on a shard that is not on the phone ends by a
-        deadline at most the slack; a wait on one being decoded is the fallback's own; LOCAL and
-        ADVANCE are taken only where the fallback from after them still ends in time (ADVANCE, one
-        template layer of the generator, is the first step of a fallback that computes layer j,
-        so it spends no slack). So the edit is never more than e slower than on-device
-        (docs/runtime.md)."""
-        if self.t_bound is None:
-            return math.inf
-        return self.t_bound - self.fallback_finish(j, now)[0]
+    def inflight_bound_bps(self, now: float) -> float | None:
+        """An upper bound on the link's rate from the transfers under way: `LinkTimeline.inflight_bound_bps`."""
+        return self.timeline.inflight_bound_bps(now)
 
     def plan_bytes_per_s(self, now: float) -> float:
         """The rate the planner plans with at `now`: `bytes_per_s`, capped by what the transfers
         in flight prove (`inflight_bound_bps`) when the policy asks for it."""
         rate = self.bytes_per_s()
         if self.policy.bound_by_inflight:
-            cap = self.inflight_bound_bps(now)
+            cap = self.timeline.inflight_bound_bps(now)
             if cap is not None:
                 rate = min(rate, cap)
         return rate
-
-    def inflight_bound_bps(self, now: float) -> float | None:
-        """An upper bound on the link's rate (bytes/s) from the transfers under way, or None.
-
-        From the first byte of the oldest transfer still in flight (t_a) to now the link was never
-        idle (that transfer had bytes to send) and carried only bytes of the transfers in flight
-        (at most what each has received: all of it unless progress says less) and of those that
-        ended since t_a. So rate <= those bytes / (now - t_a). No sample says this: the estimator
-        learns from completed transfers, and a link that collapses mid-transfer completes none, so
-        the plan kept requesting at the rate of before (phone profile: a 131 Mbit/s prior on a
-        25 Mbit/s link, every shard late). Sound on a first-in-first-out link (the planner's and the
-        simulator's model). Live, transfers share the link: one given up (aborted) during the window
-        carried bytes that are not counted, so after a cancellation the bound can read low (more
-        cautious plans; the loss bound does not depend on the rate, so it still holds)."""
-        started = [r for r in self.inflight() if r.t_first_byte == r.t_first_byte and r.t_first_byte < now]
-        if not started:
-            return None
-        t_a = min(r.t_first_byte for r in started)
-        if now - t_a < max(self.rtt_s(), 1e-3):
-            return None
-        carried = sum(self._received_bytes(r) for r in started)
-        carried += sum(r.nbytes for r in self.records if r.fetch_end == r.fetch_end and r.fetch_end > t_a)
-        return max(carried, 1) / (now - t_a)
 
     def timing_bytes_per_s(self) -> float:
         """The rate used to time requests issued ahead: the undiscounted prediction. Erring fast
@@ -371,68 +304,15 @@ class EditDriver:
     def inflight(self) -> list[ShardRecord]:
         return [r for r in self.records if r.status == REQUESTED]
 
-    def link_free(self, now: float) -> float:
-        """When the link will have carried everything requested (seconds). The requests in flight
-        are replayed first in, first out with the current estimate, or with the rate the transfers
-        under way are measuring (all of them together: they share the link) if that is faster, so
-        a stale estimate does not hold the next request back; a request that has not started yet
-        starts one RTT after it went out at the earliest. Refreshes every `exp_end`."""
-        rate, rtt = self.timing_bytes_per_s(), self.rtt_s()
-        infl = sorted(self.inflight(), key=lambda r: r.t_request)
-        recv = [r for r in infl if r.t_progress == r.t_progress and r.t_progress <= now]
-        if recv:
-            got = sum(self.routes[r.index].nbytes - r.remaining for r in recv)
-            el = max(r.t_progress for r in recv) - min(r.t_first_byte for r in recv)
-            if el > 2e-3 and got > 0:
-                rate = max(rate, got / el)
-        t = -math.inf
-        for r in infl:
-            nbytes = self.routes[r.index].nbytes
-            if r in recv:
-                r.exp_start = r.t_first_byte
-                end = max(t, r.t_progress) + r.remaining / rate
-            elif r.t_first_byte == r.t_first_byte and r.t_first_byte <= now:  # started (no progress reports)
-                r.exp_start = r.t_first_byte
-                end = max(t, r.t_first_byte) + nbytes / rate
-            else:
-                r.exp_start = max(t, r.t_request + rtt)
-                end = r.exp_start + nbytes / rate
-            r.exp_end = max(now, end)
-            t = r.exp_end
-        return max(now, t)
-
-    def expected_ready(self, j: int, now: float) -> float:
-        r = self.records[j]
-        route = self.routes.get(j)
-        dec = route.decode_s if route else 0.0
-        if r.status == READY:
-            return r.decode_end
-        if r.status == FETCHED:
-            return max(now, r.decode_end)  # the decode end expected when it was queued
-        if r.status == REQUESTED:
-            return max(now, r.exp_end) + dec
-        return math.inf
-
-    def queued(self, r: ShardRecord, now: float) -> bool:
-        """A request waiting behind the transfers under way, that a request sent now could go
-        ahead of: no byte of it has reached the phone by `now` (live: no chunk yet; the simulator
-        knows when its transfer starts) and it is not expected to start within a round trip (a
-        request sent now could not start sooner: giving it back would only idle the link).
-        Fresh after `link_free`, which sets `exp_start`."""
-        if r.status != REQUESTED or r.t_first_byte <= now:
-            return False
-        start = r.t_first_byte if r.t_first_byte == r.t_first_byte else r.exp_start
-        return not start <= now + self.rtt_s()
-
     def state(self, now: float) -> PipelineState:
         """The pipeline as the planner sees it now. With `Policy.lower_first`, requests that have
         not started are `queued` (the plan orders them by layer with its new requests) and
         `link_free` is when the transfers under way end."""
         nxt = self.next_layer()
-        link_free = self.link_free(now)  # also refreshes the in-flight transfers' expected ends
-        queued = ({r.index: (self.routes[r.index], r.t_request) for r in self.inflight() if self.queued(r, now)}
+        link_free = self.timeline.link_free(now)  # also refreshes the in-flight transfers' expected ends
+        queued = ({r.index: (self.routes[r.index], r.t_request) for r in self.inflight() if self.timeline.queued(r, now)}
                   if self.policy.lower_first else {})
-        ready = {r.index: self.expected_ready(r.index, now) for r in self.records
+        ready = {r.index: self.timeline.expected_ready(r.index, now) for r in self.records
                  if r.status in (FETCHED, READY) and r.index >= nxt}
         # shards in flight queue for the decode workers behind the fetched ones, in arrival order
         workers = sorted(max(now, t) for t in self.decode_free)
@@ -466,12 +346,12 @@ class EditDriver:
             nxt = self.next_layer()
             if nxt < self.L:
                 at = max(now, self.compute_free)
-                finish, decode_wait, _ = self.fallback_finish(nxt, at)
+                finish, decode_wait, _ = self.bound.fallback_finish(nxt, at)
                 stall_budget = max(0.0, self.t_bound - finish) + decode_wait
             else:
                 stall_budget = 0.0
         elif self.policy.loss_bound is not None:
-            w0 = self.worst_remaining_s(self.next_layer())
+            w0 = self.bound.worst_remaining_s(self.next_layer())
             stall_budget = self.policy.loss_bound * (w0 + self.other_s)
         if stall_budget is not None:
             stall_budget = None if PLAN_STALL_SHARE is None else stall_budget * PLAN_STALL_SHARE
@@ -508,62 +388,12 @@ class EditDriver:
         self.policy.replan(self, now)
 
     def next_requests(self, now: float) -> tuple[list[tuple[int, Route]], float | None]:
-        """Requests to issue now, and when to call again (None: at the next event)."""
-        if not self.started:
-            self.start(now)
-        out: list[tuple[int, Route]] = []
-        rtt = self.rtt_s()
-        for j, route in self.rescues.items():  # at once, whatever the in-flight limit: its catch-up has begun
-            if self.records[j].status == PENDING and self.records[j].source == "":
-                out.append((j, self._issue(j, route, now)))
-        while len(self.inflight()) < self.max_inflight:
-            lf = self.link_free(now)
-            ahead = 1.5 * rtt + 1e-6  # issue the next one an RTT and a half before the link drains
-            # until a transfer has measured the link, keep two requests out: the estimate may be
-            # stale (another network), and a second request costs nothing if it is right
-            unmeasured = self.bw.samples == 0 and len(self.inflight()) < UNMEASURED_REQUESTS
-            gated = bool(self.inflight()) and lf - now > ahead and not unmeasured
-            # requests given back for a lower shard are sent again at once, behind it: they were
-            # already queued, and waiting for the issue-ahead time would leave the link to the
-            # estimate's errors (a link slower than predicted idles between them)
-            owed = max((i for i in self.requeued if self.records[i].status == PENDING), default=-1)
-            if gated and owed < 0:
-                return out, lf - ahead + 1e-9
-            nxt = self.policy.next_fetch(self, now)
-            if nxt is None:
-                break
-            j, route = nxt
-            if gated and j > owed:
-                return out, lf - ahead + 1e-9
-            if self.records[j].status != PENDING:
-                raise RuntimeError(f"policy {self.policy.name} asked for shard {j} twice")
-            out.append((j, self._issue(j, route, now)))
-        return out, None
+        """Requests to issue now, and when to call again (None: at the next event): `RequestQueue.next`."""
+        return self.requests.next(now)
 
-    def _issue(self, j: int, route: Route, now: float) -> Route:
-        if self.policy.lower_first and any(q.status == REQUESTED for q in self.records[j + 1:]):
-            self.link_free(now)  # fresh expected starts
-            for q in self.records[j + 1:]:
-                if self.queued(q, now):
-                    self._requeue(q, now)
-        self.requeued.discard(j)
-        r = self.records[j]
-        start = max(self.link_free(now), now + self.rtt_s())
-        r.status, r.route, r.t_request = REQUESTED, route.name, now
-        r.exp_start, r.exp_end = start, start + route.nbytes / self.timing_bytes_per_s()
-        r.remaining = route.nbytes
-        self.routes[j] = route
-        return route
-
-    def _requeue(self, r: ShardRecord, now: float) -> None:
-        """Give back a request that has not started (a lower shard goes ahead of it): pending
-        again, its transfer aborted by the executor (`to_cancel`), requested again by the policy."""
-        self.events.append(f"{now * 1000:.0f} ms: shard {r.index} given back, behind a lower one")
-        r.status, r.route = PENDING, ""
-        r.t_request = r.t_first_byte = r.exp_end = r.t_progress = math.nan
-        r.remaining = r.first_chunk_bytes = 0
-        self.routes.pop(r.index, None)
-        self.requeued.add(r.index)
+    def to_cancel(self) -> list[int]:
+        """Requests the executor should abort: `RequestQueue.to_cancel`."""
+        return self.requests.to_cancel()
 
     # ---------------------------------------------------------------------------- link events
     def on_first_byte(self, j: int, t_request: float, t_first_byte: float) -> None:
@@ -611,13 +441,6 @@ class EditDriver:
         r.status, r.note = FAILED, error
         self.events.append(f"{now * 1000:.0f} ms: shard {j} decode failed: {error}")
 
-    def to_cancel(self) -> list[int]:
-        """Requests the executor should abort: their layer was computed locally, or they were
-        given back for a lower shard (`LOWER_FIRST`; a request sent again later is a new one)."""
-        return [r.index for r in self.records if (r.status == CANCELLED and r.t_request == r.t_request
-                                                   and r.fetch_end != r.fetch_end)
-                or (r.index in self.requeued and r.status == PENDING)]
-
     # ---------------------------------------------------------------------------- the compute
     def at_layer(self, j: int, now: float) -> LayerAction:
         """The forward pass reached layer j at `now`."""
@@ -626,7 +449,7 @@ class EditDriver:
         self.compute_at = j
         bound = self.policy.loss_bound
         if self.t_bound is None and bound is not None and self.policy.adaptive:
-            w0 = self.worst_remaining_s(j)
+            w0 = self.bound.worst_remaining_s(j)
             self.t_bound = now + w0 + bound * (w0 + self.other_s)
         return self._decide(j, now)
 
@@ -646,24 +469,24 @@ class EditDriver:
         # keeps the loss bound
         if self.policy.prefers_local(self, j) and (
                 not certain or ((j - self.generator_at + 1) * self.specs[j].local_s < r.decode_end - now
-                                and self._local_keeps_bound(j, now))):
+                                and self.bound.keeps_local(j, now))):
             return self._go_local(j, now, "" if r.status == PENDING else ShardStatus(r.status).value)
-        self.link_free(now)  # refresh the in-flight transfers' expected ends
-        e = self.expected_ready(j, now)
+        self.timeline.link_free(now)  # refresh the in-flight transfers' expected ends
+        e = self.timeline.expected_ready(j, now)
         local_cost = (j - self.generator_at + 1) * self.specs[j].local_s
         if r.status == PENDING:
             # not requested yet (in-flight limit): when it would arrive if requested now
             route = self.policy_route(j)
-            e = (max(self.link_free(now), now + self.rtt_s()) + route.nbytes / self.plan_bytes_per_s(now) + route.decode_s
+            e = (max(self.timeline.link_free(now), now + self.rtt_s()) + route.nbytes / self.plan_bytes_per_s(now) + route.decode_s
                  if route else math.inf)
-        slack = self.slack_s(j, now)
+        slack = self.bound.slack_s(j, now)
         # waiting on a shard being decoded costs no slack when the fallback itself waits for it
-        certain = certain and (self.t_bound is None or self.fallback_finish(j, now)[2])
+        certain = certain and (self.t_bound is None or self.bound.fallback_finish(j, now)[2])
         # A suspect link sends a layer local at once only when that is cheap (no catch-up): after
         # streamed layers, computing costs the whole catch-up, and the loss bound already caps
         # what waiting on a dead link can cost.
         suspect = self.link_suspect and (j - self.generator_at + 1 <= SUSPECT_CATCH_UP) and not certain
-        if self.policy.adaptive and ((suspect or e - now >= local_cost) and self._local_keeps_bound(j, now)
+        if self.policy.adaptive and ((suspect or e - now >= local_cost) and self.bound.keeps_local(j, now)
                                      or (slack <= 0 and not certain)):
             return self._go_local(j, now, ("late" if r.status != PENDING else "") if slack > 0 or certain
                                   else "loss bound")
@@ -674,7 +497,7 @@ class EditDriver:
         # waiting idle. It spends no slack (the fallback would compute it), and a late shard then
         # costs a shorter catch-up.
         if r.status == REQUESTED and self.generator_at < j and e - now >= self.specs[self.generator_at].local_s \
-                and self._advance_keeps_bound(j, now):
+                and self.bound.keeps_advance(j, now):
             return self._advance(j, now, "hedge")
         # Expected sooner than computing it: wait for about what the estimate says (twice it, or
         # it plus two RTTs), never longer than computing it would take. After a deadline passes
@@ -690,90 +513,12 @@ class EditDriver:
         decoding) and the generator is behind, catch up one template layer at a time (ADVANCE)
         and use the shard if it is ready by then: never later than LOCAL, and within the bound."""
         if self.records[j].status in (REQUESTED, FETCHED) and self.generator_at < j \
-                and self._advance_keeps_bound(j, now):
+                and self.bound.keeps_advance(j, now):
             return self._advance(j, now, why)
-        if self.records[j].status == PENDING and self.generator_at < j and self._advance_keeps_bound(j, now) \
-                and (j in self.rescues or self._rescue_pays(j, now)):
+        if self.records[j].status == PENDING and self.generator_at < j and self.bound.keeps_advance(j, now) \
+                and (j in self.rescues or self.rescue_judge.pays(j, now)):
             return self._advance(j, now, "rescue" + (", " + why if why else ""))
         return self._local(j, now, why)
-
-    def _rescue_pays(self, j: int, now: float) -> bool:
-        """Layer j is to be computed with a catch-up (the generator is behind it) and its shard was
-        never requested (a re-plan dropped it, or the in-flight limit held it back). The *rescue*:
-        request it now and run the catch-up one template layer at a time (ADVANCE: the work LOCAL
-        would do, in the same order, so no slack is spent), using the shard if it comes first.
-        The generator computes every template layer up to the last layer computed on the device, so
-        sparing layer j's catch-up pays only if the layers above it stream too, and the rescue's
-        bytes delay the shards requested after it. So the planner judges it: the plan from the
-        rescue (shard j behind the transfers in flight, the generator where it is, every layer from
-        j streamed, played with the hedge) must finish sooner than the plan from LOCAL (layer j
-        computed with its catch-up, any split above), both at the plain prediction (an optimistic
-        bet: what it risks is link time, not compute or slack). Records the rescue (issued by the
-        next `next_requests`); False if it does not pay."""
-        if not (RESCUE and self.policy.rescue and self.policy.adaptive) or self.records[j].source != "" \
-                or self.link_suspect:  # a deadline passed with no bytes since: no bet on the link
-            return False
-        route = self._rescue_route(j)
-        if route is None:
-            return False
-        base = self.state(now)
-        if base.compute_at != j:
-            return False
-        # at the plain prediction: at the planner's own (robust) rate the rescue never pays, since that
-        # rate is what dropped the layer (measured on the profile's losers: no rescue taken)
-        g, rtt, rate = self.generator_at, self.rtt_s(), self.timing_bytes_per_s()
-        budget = self.image_budget_left() if self.policy.image_floor else None
-        done_local = base.now + (self._local_before[j + 1] - self._local_before[g]) + self.specs[j].compute_s
-        st_local = PipelineState(now=now, link_free=base.link_free, decode_free=base.decode_free, compute_at=j + 1,
-                                 compute_free=done_local, generator_at=j + 1,
-                                 ready={i: t for i, t in base.ready.items() if i > j})
-        end = max(base.link_free, now + rtt) + route.nbytes / rate
-        workers = sorted(base.decode_free)
-        workers[0] = max(end, workers[0]) + route.decode_s
-        st_rescue = PipelineState(now=now, link_free=end, decode_free=tuple(sorted(workers)), compute_at=j,
-                                  compute_free=base.compute_free, generator_at=g,
-                                  ready={**base.ready, j: workers[0]})
-        kw = dict(hedged=True)
-        fin_local = plan_split(self.specs, st_local, ConstantLink(rate), rtt, mse_budget=budget, **kw).finish_s \
-            if j + 1 < self.L else done_local
-        try:
-            fin_rescue = plan_split(self.specs, st_rescue, ConstantLink(rate), rtt, allow_local=False,
-                                    mse_budget=None if budget is None else max(0.0, budget - route.image_mse),
-                                    **kw).finish_s
-        except ValueError:  # a layer above has no rendition within its floor: it must be computed
-            return False
-        if not fin_rescue < fin_local - RESCUE_GAIN * max(fin_local - now, 0.0):
-            return False
-        self.rescues[j] = route
-        self.events.append(f"{now * 1000:.0f} ms: layer {j} needs a {j - g + 1}-layer catch-up; requesting its "
-                           f"shard meanwhile (the rescue: planned finish {fin_rescue * 1000:.0f} ms, "
-                           f"{fin_local * 1000:.0f} ms with the catch-up)")
-        return True
-
-    def _rescue_route(self, j: int) -> Route | None:
-        """The route a rescue fetches for layer j: the policy's own if it has one, else the fewest
-        bytes within the floor (what is left of the image floor, as the probe)."""
-        route = self.policy.planned_route(j)
-        if route is not None and not route.is_local:
-            return route
-        if not self.policy.image_floor:
-            routes = list(self.specs[j].admissible())
-        else:
-            left = self.image_budget_left()
-            routes = [x for x in self.specs[j].routes if left is None or x.image_mse <= left * (1 + 1e-9)]
-        return min(routes, key=lambda x: x.nbytes) if routes else None
-
-    def _advance_keeps_bound(self, j: int, now: float) -> bool:
-        """Does the fallback from after one more template layer of the generator still end by t_bound?"""
-        if self.t_bound is None:
-            return True
-        g = self.generator_at
-        self.generator_at = g + 1
-        try:
-            fin = self.fallback_finish(j, now + self.specs[g].local_s)[0]
-        finally:
-            self.generator_at = g
-        return fin <= self.t_bound + 1e-9
 
     def _advance(self, j: int, now: float, why: str) -> LayerAction:
         r = self.records[j]
@@ -791,15 +536,7 @@ class EditDriver:
         a sample too (an upper bound on the rate: `BandwidthEstimator.observe_bound`), else a link
         that collapsed mid-transfer would leave the estimate where it was."""
         if r.t_first_byte == r.t_first_byte and r.t_first_byte < now:
-            self.bw.observe_bound(self._received_bytes(r), now - r.t_first_byte)
-
-    def _received_bytes(self, r: ShardRecord) -> int:
-        """Bytes of shard r's transfer received so far: all of it unless progress says less."""
-        nbytes = self.routes[r.index].nbytes
-        return nbytes - r.remaining if r.t_progress == r.t_progress else nbytes
-
-    def _local_keeps_bound(self, j: int, now: float) -> bool:
-        return self.t_bound is None or self.fallback_finish(j, now, local_first=True)[0] <= self.t_bound + 1e-9
+            self.bw.observe_bound(self.timeline.received_bytes(r), now - r.t_first_byte)
 
     def policy_route(self, j: int) -> Route | None:
         return self.routes.get(j) or self.policy.planned_route(j)
@@ -812,7 +549,7 @@ class EditDriver:
         if r.status == READY:
             return self._use(j, now)
         if r.status == FETCHED and self.t_bound is not None:
-            fin, _, uses = self.fallback_finish(j, now)
+            fin, _, uses = self.bound.fallback_finish(j, now)
             if uses and fin <= self.t_bound:
                 return LayerAction(WAIT, deadline=max(now, r.decode_end) + (self.t_bound - fin) + 1e-9)
         self.link_suspect = True
@@ -870,3 +607,344 @@ class EditDriver:
 
     def image_psnr_db(self) -> float:
         return psnr_db(self.image_mse())
+
+
+
+class LossBound:
+    """The loss bound's arithmetic for one `EditDriver` (see `slack_s`): what the first step costs
+    from a layer if the device computes the rest (`worst_remaining_s`), when it ends if no more
+    bytes arrive (`fallback_finish`), and whether computing a layer (LOCAL) or one more template
+    layer of the generator (ADVANCE) keeps the bound. Reads the driver's records; changes nothing."""
+
+    def __init__(self, driver: "EditDriver"):
+        self.d = driver
+        # local_s summed over specs[:k]: fallback_finish's catch-ups read it in O(1) (the profile
+        # calls fallback_finish at every decision while it waits, O(L^2) each)
+        self.local_before = [0.0]
+        for sp in driver.specs:
+            self.local_before.append(self.local_before[-1] + sp.local_s)
+
+    def worst_remaining_s(self, j: int) -> float:
+        """What finishing the first step from layer j costs if every layer from j on is computed
+        on the device: each layer's forward compute, and every template layer the local
+        generator has not produced yet (it catches up over fetched layers)."""
+        d = self.d
+        return (sum(s.compute_s for s in d.specs[j:])
+                + sum(s.local_s for s in d.specs[d.generator_at:]))
+
+    def fallback_finish(self, j: int, now: float, *, local_first: bool = False) -> tuple[float, float, bool]:
+        """The first step's end if no more bytes arrive, from the forward pass at layer j at `now`:
+        the best over m (the last layer computed on the device, or none) of: layers <= m use a
+        shard already decoded by then, else are computed locally (catching the generator up);
+        layers > m use the shards on the phone (fetched or decoded) when their decode ends, so m
+        must cover every layer whose bytes are not here. More bytes, or earlier decodes, can only
+        make it sooner. Returns (finish, its wait on decodes, whether it uses layer j's shard).
+        local_first: layer j is computed locally whatever its shard."""
+        d = self.d
+        here = {i: (r.decode_end if r.decode_end == r.decode_end else now) for i, r in enumerate(d.records)
+                if i >= j and r.status in (FETCHED, READY) and not (local_first and i == j)}
+        must = max([i for i in range(j, d.L) if i not in here] + [j - 1])
+        best = (math.inf, 0.0, False)
+        for m in range(must, d.L):
+            t, g, waited, uses = now, d.generator_at, 0.0, False
+            for i in range(j, d.L):
+                if i > m or (i in here and here[i] <= t):
+                    waited += max(0.0, here[i] - t)
+                    t = max(t, here[i]) + d.specs[i].compute_s
+                    uses = uses or i == j
+                else:
+                    t += (self.local_before[i + 1] - self.local_before[g]) + d.specs[i].compute_s
+                    g = i + 1
+            if t < best[0]:
+                best = (t, waited, uses)
+        return best
+
+    def slack_s(self, j: int, now: float) -> float:
+        """How much longer than the fallback the forward pass may still take from layer j without
+        breaking the loss bound (inf when the policy sets none): t_bound - `fallback_finish`.
+
+        The bound: the first step ends by t_bound = t0 + W0 + e x (W0 + other_s), W0 = the on-device
+        first step (`worst_remaining_s(0)`), t0 = when the forward pass reached layer 0, e = the
+        policy's `loss_bound`, other_s = the rest of the edit (every method pays it alike), so the
+        edit ends within e x on-device's whole latency of on-device's. Invariant:
+        the fallback from where the pass stands (use what is on the phone, compute the rest)
+        ends by t_bound. It holds at layer 0 (the fallback is at most on-device); bytes that arrive
+        only make the fallback sooner; a wait on a shard that is not on the phone ends by a
+        deadline at most the slack; a wait on one being decoded is the fallback's own; LOCAL and
+        ADVANCE are taken only where the fallback from after them still ends in time (ADVANCE, one
+        template layer of the generator, is the first step of a fallback that computes layer j,
+        so it spends no slack). So the edit is never more than e slower than on-device
+        (docs/runtime.md)."""
+        d = self.d
+        if d.t_bound is None:
+            return math.inf
+        return d.t_bound - self.fallback_finish(j, now)[0]
+
+    def keeps_local(self, j: int, now: float) -> bool:
+        d = self.d
+        return d.t_bound is None or self.fallback_finish(j, now, local_first=True)[0] <= d.t_bound + 1e-9
+
+    def keeps_advance(self, j: int, now: float) -> bool:
+        """Does the fallback from after one more template layer of the generator still end by t_bound?"""
+        d = self.d
+        if d.t_bound is None:
+            return True
+        g = d.generator_at
+        d.generator_at = g + 1
+        try:
+            fin = self.fallback_finish(j, now + d.specs[g].local_s)[0]
+        finally:
+            d.generator_at = g
+        return fin <= d.t_bound + 1e-9
+
+
+class LinkTimeline:
+    """When the link will have carried what is requested, and when each shard is expected to be
+    ready, for one `EditDriver`: the transfers in flight replayed first in, first out with the
+    current estimates (`link_free`, which refreshes each record's ``exp_start``/``exp_end``), and
+    the most the link can be carrying given what they have received (`inflight_bound_bps`)."""
+
+    def __init__(self, driver: "EditDriver"):
+        self.d = driver
+
+    def inflight_bound_bps(self, now: float) -> float | None:
+        """An upper bound on the link's rate (bytes/s) from the transfers under way, or None.
+
+        From the first byte of the oldest transfer still in flight (t_a) to now the link was never
+        idle (that transfer had bytes to send) and carried only bytes of the transfers in flight
+        (at most what each has received: all of it unless progress says less) and of those that
+        ended since t_a. So rate <= those bytes / (now - t_a). No sample says this: the estimator
+        learns from completed transfers, and a link that collapses mid-transfer completes none, so
+        the plan kept requesting at the rate of before (phone profile: a 131 Mbit/s prior on a
+        25 Mbit/s link, every shard late). Sound on a first-in-first-out link (the planner's and the
+        simulator's model). Live, transfers share the link: one given up (aborted) during the window
+        carried bytes that are not counted, so after a cancellation the bound can read low (more
+        cautious plans; the loss bound does not depend on the rate, so it still holds)."""
+        d = self.d
+        started = [r for r in d.inflight() if r.t_first_byte == r.t_first_byte and r.t_first_byte < now]
+        if not started:
+            return None
+        t_a = min(r.t_first_byte for r in started)
+        if now - t_a < max(d.rtt_s(), 1e-3):
+            return None
+        carried = sum(self.received_bytes(r) for r in started)
+        carried += sum(r.nbytes for r in d.records if r.fetch_end == r.fetch_end and r.fetch_end > t_a)
+        return max(carried, 1) / (now - t_a)
+
+    def link_free(self, now: float) -> float:
+        """When the link will have carried everything requested (seconds). The requests in flight
+        are replayed first in, first out with the current estimate, or with the rate the transfers
+        under way are measuring (all of them together: they share the link) if that is faster, so
+        a stale estimate does not hold the next request back; a request that has not started yet
+        starts one RTT after it went out at the earliest. Refreshes every `exp_end`."""
+        d = self.d
+        rate, rtt = d.timing_bytes_per_s(), d.rtt_s()
+        infl = sorted(d.inflight(), key=lambda r: r.t_request)
+        recv = [r for r in infl if r.t_progress == r.t_progress and r.t_progress <= now]
+        if recv:
+            got = sum(d.routes[r.index].nbytes - r.remaining for r in recv)
+            el = max(r.t_progress for r in recv) - min(r.t_first_byte for r in recv)
+            if el > 2e-3 and got > 0:
+                rate = max(rate, got / el)
+        t = -math.inf
+        for r in infl:
+            nbytes = d.routes[r.index].nbytes
+            if r in recv:
+                r.exp_start = r.t_first_byte
+                end = max(t, r.t_progress) + r.remaining / rate
+            elif r.t_first_byte == r.t_first_byte and r.t_first_byte <= now:  # started (no progress reports)
+                r.exp_start = r.t_first_byte
+                end = max(t, r.t_first_byte) + nbytes / rate
+            else:
+                r.exp_start = max(t, r.t_request + rtt)
+                end = r.exp_start + nbytes / rate
+            r.exp_end = max(now, end)
+            t = r.exp_end
+        return max(now, t)
+
+    def expected_ready(self, j: int, now: float) -> float:
+        d = self.d
+        r = d.records[j]
+        route = d.routes.get(j)
+        dec = route.decode_s if route else 0.0
+        if r.status == READY:
+            return r.decode_end
+        if r.status == FETCHED:
+            return max(now, r.decode_end)  # the decode end expected when it was queued
+        if r.status == REQUESTED:
+            return max(now, r.exp_end) + dec
+        return math.inf
+
+    def queued(self, r: ShardRecord, now: float) -> bool:
+        """A request waiting behind the transfers under way, that a request sent now could go
+        ahead of: no byte of it has reached the phone by `now` (live: no chunk yet; the simulator
+        knows when its transfer starts) and it is not expected to start within a round trip (a
+        request sent now could not start sooner: giving it back would only idle the link).
+        Fresh after `link_free`, which sets `exp_start`."""
+        d = self.d
+        if r.status != REQUESTED or r.t_first_byte <= now:
+            return False
+        start = r.t_first_byte if r.t_first_byte == r.t_first_byte else r.exp_start
+        return not start <= now + d.rtt_s()
+
+    def received_bytes(self, r: ShardRecord) -> int:
+        """Bytes of shard r's transfer received so far: all of it unless progress says less."""
+        d = self.d
+        nbytes = d.routes[r.index].nbytes
+        return nbytes - r.remaining if r.t_progress == r.t_progress else nbytes
+
+
+class RescueJudge:
+    """Whether a layer about to be computed with a catch-up should have its never-requested shard
+    fetched meanwhile (`pays`, the *rescue*), and which rendition (`route`)."""
+
+    def __init__(self, driver: "EditDriver"):
+        self.d = driver
+
+    def pays(self, j: int, now: float) -> bool:
+        """Layer j is to be computed with a catch-up (the generator is behind it) and its shard was
+        never requested (a re-plan dropped it, or the in-flight limit held it back). The *rescue*:
+        request it now and run the catch-up one template layer at a time (ADVANCE: the work LOCAL
+        would do, in the same order, so no slack is spent), using the shard if it comes first.
+        The generator computes every template layer up to the last layer computed on the device, so
+        sparing layer j's catch-up pays only if the layers above it stream too, and the rescue's
+        bytes delay the shards requested after it. So the planner judges it: the plan from the
+        rescue (shard j behind the transfers in flight, the generator where it is, every layer from
+        j streamed, played with the hedge) must finish sooner than the plan from LOCAL (layer j
+        computed with its catch-up, any split above), both at the plain prediction (an optimistic
+        bet: what it risks is link time, not compute or slack). Records the rescue (issued by the
+        next `next_requests`); False if it does not pay."""
+        d = self.d
+        if not (RESCUE and d.policy.rescue and d.policy.adaptive) or d.records[j].source != "" \
+                or d.link_suspect:  # a deadline passed with no bytes since: no bet on the link
+            return False
+        route = self.route(j)
+        if route is None:
+            return False
+        base = d.state(now)
+        if base.compute_at != j:
+            return False
+        # at the plain prediction: at the planner's own (robust) rate the rescue never pays, since that
+        # rate is what dropped the layer (measured on the profile's losers: no rescue taken)
+        g, rtt, rate = d.generator_at, d.rtt_s(), d.timing_bytes_per_s()
+        budget = d.image_budget_left() if d.policy.image_floor else None
+        done_local = base.now + (d.bound.local_before[j + 1] - d.bound.local_before[g]) + d.specs[j].compute_s
+        st_local = PipelineState(now=now, link_free=base.link_free, decode_free=base.decode_free, compute_at=j + 1,
+                                 compute_free=done_local, generator_at=j + 1,
+                                 ready={i: t for i, t in base.ready.items() if i > j})
+        end = max(base.link_free, now + rtt) + route.nbytes / rate
+        workers = sorted(base.decode_free)
+        workers[0] = max(end, workers[0]) + route.decode_s
+        st_rescue = PipelineState(now=now, link_free=end, decode_free=tuple(sorted(workers)), compute_at=j,
+                                  compute_free=base.compute_free, generator_at=g,
+                                  ready={**base.ready, j: workers[0]})
+        kw = dict(hedged=True)
+        fin_local = plan_split(d.specs, st_local, ConstantLink(rate), rtt, mse_budget=budget, **kw).finish_s \
+            if j + 1 < d.L else done_local
+        try:
+            fin_rescue = plan_split(d.specs, st_rescue, ConstantLink(rate), rtt, allow_local=False,
+                                    mse_budget=None if budget is None else max(0.0, budget - route.image_mse),
+                                    **kw).finish_s
+        except ValueError:  # a layer above has no rendition within its floor: it must be computed
+            return False
+        if not fin_rescue < fin_local - RESCUE_GAIN * max(fin_local - now, 0.0):
+            return False
+        d.rescues[j] = route
+        d.events.append(f"{now * 1000:.0f} ms: layer {j} needs a {j - g + 1}-layer catch-up; requesting its "
+                           f"shard meanwhile (the rescue: planned finish {fin_rescue * 1000:.0f} ms, "
+                           f"{fin_local * 1000:.0f} ms with the catch-up)")
+        return True
+
+    def route(self, j: int) -> Route | None:
+        """The route a rescue fetches for layer j: the policy's own if it has one, else the fewest
+        bytes within the floor (what is left of the image floor, as the probe)."""
+        d = self.d
+        route = d.policy.planned_route(j)
+        if route is not None and not route.is_local:
+            return route
+        if not d.policy.image_floor:
+            routes = list(d.specs[j].admissible())
+        else:
+            left = d.image_budget_left()
+            routes = [x for x in d.specs[j].routes if left is None or x.image_mse <= left * (1 + 1e-9)]
+        return min(routes, key=lambda x: x.nbytes) if routes else None
+
+
+
+class RequestQueue:
+    """What one `EditDriver` asks the link for: the requests to send now and when to ask again
+    (`next`: rescues first, then the policy's choices within the in-flight limit, each an RTT and a
+    half before the link drains), a lower shard put ahead of queued ones (`issue`, `give_back`), and
+    the transfers the executor should abort (`to_cancel`)."""
+
+    def __init__(self, driver: "EditDriver"):
+        self.d = driver
+
+    def next(self, now: float) -> tuple[list[tuple[int, Route]], float | None]:
+        """Requests to issue now, and when to call again (None: at the next event)."""
+        d = self.d
+        if not d.started:
+            d.start(now)
+        out: list[tuple[int, Route]] = []
+        rtt = d.rtt_s()
+        for j, route in d.rescues.items():  # at once, whatever the in-flight limit: its catch-up has begun
+            if d.records[j].status == PENDING and d.records[j].source == "":
+                out.append((j, self.issue(j, route, now)))
+        while len(d.inflight()) < d.max_inflight:
+            lf = d.timeline.link_free(now)
+            ahead = 1.5 * rtt + 1e-6  # issue the next one an RTT and a half before the link drains
+            # until a transfer has measured the link, keep two requests out: the estimate may be
+            # stale (another network), and a second request costs nothing if it is right
+            unmeasured = d.bw.samples == 0 and len(d.inflight()) < UNMEASURED_REQUESTS
+            gated = bool(d.inflight()) and lf - now > ahead and not unmeasured
+            # requests given back for a lower shard are sent again at once, behind it: they were
+            # already queued, and waiting for the issue-ahead time would leave the link to the
+            # estimate's errors (a link slower than predicted idles between them)
+            owed = max((i for i in d.requeued if d.records[i].status == PENDING), default=-1)
+            if gated and owed < 0:
+                return out, lf - ahead + 1e-9
+            nxt = d.policy.next_fetch(d, now)
+            if nxt is None:
+                break
+            j, route = nxt
+            if gated and j > owed:
+                return out, lf - ahead + 1e-9
+            if d.records[j].status != PENDING:
+                raise RuntimeError(f"policy {d.policy.name} asked for shard {j} twice")
+            out.append((j, self.issue(j, route, now)))
+        return out, None
+
+    def issue(self, j: int, route: Route, now: float) -> Route:
+        d = self.d
+        if d.policy.lower_first and any(q.status == REQUESTED for q in d.records[j + 1:]):
+            d.timeline.link_free(now)  # fresh expected starts
+            for q in d.records[j + 1:]:
+                if d.timeline.queued(q, now):
+                    self.give_back(q, now)
+        d.requeued.discard(j)
+        r = d.records[j]
+        start = max(d.timeline.link_free(now), now + d.rtt_s())
+        r.status, r.route, r.t_request = REQUESTED, route.name, now
+        r.exp_start, r.exp_end = start, start + route.nbytes / d.timing_bytes_per_s()
+        r.remaining = route.nbytes
+        d.routes[j] = route
+        return route
+
+    def give_back(self, r: ShardRecord, now: float) -> None:
+        """Give back a request that has not started (a lower shard goes ahead of it): pending
+        again, its transfer aborted by the executor (`to_cancel`), requested again by the policy."""
+        d = self.d
+        d.events.append(f"{now * 1000:.0f} ms: shard {r.index} given back, behind a lower one")
+        r.status, r.route = PENDING, ""
+        r.t_request = r.t_first_byte = r.exp_end = r.t_progress = math.nan
+        r.remaining = r.first_chunk_bytes = 0
+        d.routes.pop(r.index, None)
+        d.requeued.add(r.index)
+
+    def to_cancel(self) -> list[int]:
+        """Requests the executor should abort: their layer was computed locally, or they were
+        given back for a lower shard (`LOWER_FIRST`; a request sent again later is a new one)."""
+        d = self.d
+        return [r.index for r in d.records if (r.status == CANCELLED and r.t_request == r.t_request
+                                                   and r.fetch_end != r.fetch_end)
+                or (r.index in d.requeued and r.status == PENDING)]

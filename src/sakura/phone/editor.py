@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import torch
+from PIL import Image
 
 from sakura.models import load_model
 from sakura.util.device import device_options
@@ -40,7 +41,7 @@ from sakura.wire.store.manifest import ManifestError
 from sakura.wire.store.template_ref import split_template_images
 
 from .estimator import BandwidthEstimator, RttEstimator
-from .discovery import TemplateNotOffered, offered_manifest
+from .discovery import TemplateNotOffered, offered_manifest, LIST_DEADLINE_S, offered_templates
 from .gallery import Gallery, decode_template_ref
 from .limits import MANIFEST_DEADLINE_BYTES, LimitError, check_template_ref, step_deadline_s
 from . import live
@@ -48,6 +49,7 @@ from .live import DEFAULT_MAX_INFLIGHT, NO_MANIFEST, StreamedEdit, _short, strea
 from .photo import load_photo
 from .plan import LOCAL
 from .policies import EDIT_POLICIES, make_policy
+from sakura.util.figures import save_grid
 
 log = logging.getLogger("sakura.phone")
 
@@ -170,10 +172,6 @@ class EditResult:
     def save(self, path: str | Path, *, compare: bool = True) -> list[Path]:
         """Write the edited image (format by suffix) and, with ``compare``, ``<stem>.compare.png``
         (photo | template | edit) beside it. Returns the paths written."""
-        from PIL import Image
-
-        from sakura.util.figures import save_grid
-
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         arr = (self.image[0].detach().float().cpu().permute(1, 2, 0).numpy() * 255).round().astype("uint8")
@@ -258,8 +256,6 @@ class Editor:
 
     def templates(self, *, timeout_s: float = 5.0) -> list:
         """What the server offers for this model (`OfferedTemplate`s); raises on an unreachable server."""
-        from .discovery import LIST_DEADLINE_S, offered_templates
-
         fp = self.model.fingerprint()
         return self.link.run(lambda c: offered_templates(
             c.sharing(connect_timeout=timeout_s, read_timeout=timeout_s, max_retries=1), self.server, fp, LIST_DEADLINE_S))

@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+import hashlib
+import io
 
 import torch
+from PIL import Image
 
-from sakura.wire.store.layout import check_name
+from sakura.wire.store.layout import check_name, SHA256_RE
+from sakura.phone.limits import MAX_TEMPLATE_REFERENCES, max_template_ref_bytes
+from sakura.util.fsutil import atomic_write, read_capped
+from sakura.wire.store.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError
+from sakura.wire.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, decode_template_ref as decode
 
 
 def default_gallery_dir() -> Path:
@@ -30,19 +37,10 @@ def decode_template_ref(data: bytes, media_type: str, *, image_size: int | None 
 
     With ``image_size``, the bytes are capped (``limits.max_template_ref_bytes``) and a PNG's
     header must say (R*S) x S before it is decoded (a 419 KB PNG can declare 144 Mpx)."""
-    from sakura.wire.store.template_ref import TEMPLATE_REF_MEDIA_TYPE
-    from sakura.wire.store.template_ref import decode_template_ref as decode
-
     if image_size is not None:
-        from sakura.phone.limits import MAX_TEMPLATE_REFERENCES, max_template_ref_bytes
-
         if len(data) > max_template_ref_bytes(image_size):
             raise ValueError(f"template reference is {len(data)} bytes, over the limit for a {image_size}-pixel template")
         if media_type == TEMPLATE_REF_MEDIA_TYPE:
-            import io
-
-            from PIL import Image
-
             try:
                 with Image.open(io.BytesIO(data)) as im:  # header only
                     dims = im.size
@@ -59,8 +57,6 @@ def decode_template_ref(data: bytes, media_type: str, *, image_size: int | None 
     except Exception as e:  # a truncated or corrupt image file
         raise ValueError(f"template reference does not decode ({type(e).__name__}: {str(e)[:120]})") from None
     if image_size is not None:
-        from sakura.phone.limits import MAX_TEMPLATE_REFERENCES
-
         ok = (isinstance(img, torch.Tensor) and img.ndim == 3 and img.shape[0] == 3 and img.shape[1] == image_size
               and img.shape[2] % image_size == 0 and 1 <= img.shape[2] // image_size <= MAX_TEMPLATE_REFERENCES)
         if not ok or not bool(torch.isfinite(img).all()):
@@ -83,8 +79,6 @@ ACCEPT_NEW_FLAG = "--accept-new-template"
 
 
 def _ref_sha(manifest_bytes: bytes) -> str:
-    from sakura.wire.store.manifest import Manifest
-
     return Manifest.from_bytes(manifest_bytes).template_ref.object.sha256
 
 
@@ -110,9 +104,6 @@ class Gallery:
 
     def pinned(self, model_fp: str, template_id: str) -> str | None:
         """The reference sha256 pinned for this template id, or None (never seen)."""
-        from sakura.util.fsutil import read_capped
-        from sakura.wire.store.layout import SHA256_RE
-
         try:
             v = read_capped(self._file(model_fp, template_id, ".pin"), 1024, "gallery pin").decode("ascii").strip()
         except (OSError, ValueError):
@@ -131,14 +122,8 @@ class Gallery:
 
     def put(self, model_fp: str, template_id: str, manifest_bytes: bytes | None = None,
             ref: bytes | None = None, ref_media_type: str = "") -> None:
-        import hashlib
-
-        from sakura.util.fsutil import atomic_write
-
         base = self._base(model_fp, template_id)
         if manifest_bytes is not None:
-            from sakura.wire.store.manifest import Manifest
-
             m = Manifest.from_bytes(manifest_bytes)
             self.check(model_fp, template_id, m)
             if ref is not None and hashlib.sha256(ref).hexdigest() != m.template_ref.object.sha256:
@@ -154,9 +139,6 @@ class Gallery:
 
     def manifest(self, model_fp: str, template_id: str):
         """The cached `Manifest`, or None (missing or no longer valid)."""
-        from sakura.util.fsutil import read_capped
-        from sakura.wire.store.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError
-
         p = self._file(model_fp, template_id, ".manifest.json")
         try:
             if not p.is_file():
@@ -169,11 +151,6 @@ class Gallery:
         """The cached template image (3, S, R*S) in [0, 1], or None (missing, unreadable, or not
         ``image_size`` square when given). Raises `GalleryError` when the cached manifest (or the
         pin) names another reference than the cached one: editing with it would use the wrong image."""
-        import hashlib
-
-        from sakura.phone.limits import max_template_ref_bytes
-        from sakura.util.fsutil import read_capped
-
         ref = self._file(model_fp, template_id, ".ref")
         tp = self._file(model_fp, template_id, ".ref.type")
         cap = max_template_ref_bytes(image_size) if image_size is not None else 1 << 30

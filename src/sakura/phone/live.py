@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -34,6 +35,10 @@ from .device import DeviceProfile, default_decode_workers, profile_model, shard_
 from .driver import ADVANCE, FAILED, PENDING, REQUESTED, USE, WAIT, EditDriver, Policy, ShardRecord
 from .estimator import BandwidthEstimator, RttEstimator
 from .plan import LOCAL, Route, ShardSpec, psnr_db
+from sakura.phone.limits import LimitError, check_shard_header, fetch_deadline_s, shard_shapes
+from sakura.util.text import clean
+from sakura.codec import CodecTables, ShardId, bitstream as bs, decode_any, warm_up
+from sakura.wire.client import ClientThread, TemplateClient
 
 
 @dataclass(frozen=True)
@@ -308,8 +313,6 @@ class LiveEdit:
 
     # ------------------------------------------------------------------------------ the edit
     def run(self) -> StreamedEdit:
-        from sakura.codec import warm_up
-
         warm_up()  # 1. the native decoders' JIT (compile, or load from numba's disk cache), before the clock
         try:
             self._know_template()                                        # 2.
@@ -335,8 +338,6 @@ class LiveEdit:
 
     def _know_template(self) -> None:
         """The fingerprints and the tables the phone holds: what a gallery knows before a photo comes in."""
-        from sakura.codec import CodecTables, ShardId
-
         self.model_fp = self.model.fingerprint()
         self.template_fp = self.model.template_fingerprint(self.template_image, self.instruction)
         self.held_tables: dict[str, Any] = {}
@@ -350,8 +351,6 @@ class LiveEdit:
     def _session(self) -> Any:
         """The edit's HTTP session: the caller's `link`, or one opened for this edit."""
         if self.link is None:
-            from sakura.wire.client import ClientThread
-
             self._own_link = self.link = ClientThread(self.base_url, name="sakura-edit", max_connections=self.max_inflight)
         return self.link
 
@@ -372,8 +371,6 @@ class LiveEdit:
 
     def _mismatch(self, manifest: Any) -> str:
         """Why this manifest cannot serve this edit ("" if it can); sets the shard shapes it declares."""
-        from sakura.phone.limits import LimitError, shard_shapes
-
         if manifest.template_id != self.template_id or manifest.model_fingerprint != self.model_fp:
             return f"manifest is for {manifest.model_fingerprint[:16]}…/{manifest.template_id}"
         if manifest.kv_layout.get("template_fingerprint") != self.template_fp:
@@ -411,8 +408,6 @@ class LiveEdit:
     def _stream(self, manifest: Any, driver: EditDriver, manifest_s: float) -> StreamedEdit:
         """Fetch (`FetchStage`, on the session's loop), decode (`DecodePool`) and compute (the model
         pulling `LiveKVSource.layer(i)`), pipelined; the driver decides every step."""
-        from sakura.codec import CodecTables, ShardId
-
         try:
             link = self._session()
         except Exception as e:  # a URL no session can be opened for: the device computes
@@ -457,10 +452,6 @@ class LiveEdit:
         """Decode shard j (a pool worker) and hand its KV to the forward pass. The object's header is
         parsed and checksummed once: its declared shape is checked against the manifest and the
         model before the decoder allocates anything, and the decoder takes the parsed header on."""
-        from sakura.codec import ShardId
-        from sakura.codec import bitstream as bs
-        from sakura.phone.limits import check_shard_header
-
         try:
             t = time.monotonic()
             tables = self.stage.tables.get(rendition.tables[0]) if rendition.tables else None
@@ -537,8 +528,6 @@ class DecodePool:
     cancelled (`rans.run_split`), so a busy pool loses nothing."""
 
     def __init__(self, workers: int) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         self.workers = max(1, int(workers))
         self.executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sakura-decode")
         self._lock = threading.Lock()
@@ -577,8 +566,6 @@ class DecodePool:
         """`decode_any` of one shard, split over the idle workers where the codec can (`share`);
         appends to `shared` whether it was offered the idle workers. `parsed`: the object's
         header as the caller parsed and checked it (`bitstream.parse`), not parsed again."""
-        from sakura.codec import decode_any
-
         pool = self.share()
         if shared is not None:
             shared.append(pool is not None)
@@ -639,8 +626,6 @@ class FetchStage:
 
     def start(self) -> None:
         if self.link is None:
-            from sakura.wire.client import ClientThread
-
             self._own_link = self.link = ClientThread(self.base_url, name="sakura-fetch", max_connections=self.max_inflight)
         self._done = self.link.submit(self._serve(self.link.client))
 
@@ -671,9 +656,6 @@ class FetchStage:
                 self.cond.notify_all()
 
     async def _run(self, client: Any) -> None:
-        from sakura.wire.client import TemplateClient
-        from sakura.phone.limits import fetch_deadline_s
-
         cond, driver, clock = self.cond, self.driver, self.clock
         kick = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -811,8 +793,6 @@ async def _swallow(coro) -> None:
 
 def _short(e: BaseException, limit: int = 160) -> str:
     """One line naming an error: its type and the start of its message."""
-    from sakura.util.text import clean
-
     # sanitised: a server's message (or a file's contents) must not reach the terminal raw
     return f"{type(e).__name__}: {clean(' '.join(str(e).split()), limit)}"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
+import warnings
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,12 +32,10 @@ def load_photo(path, size: int, *, max_pixels: int = MAX_PHOTO_PIXELS) -> torch.
 
     Raises ``PhotoError`` (one line) for a missing/unreadable file or one over ``max_pixels``.
     """
-    import warnings
-
     # deferred: `sakura edit` checks the photo file (check_photo_file) before paying for numpy and torch
-    import numpy as np
-    import torch
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    import numpy as np  # lazy: numpy; off --help and argument errors
+    import torch  # lazy: torch; off --help and argument errors
+    from PIL import Image, ImageOps, UnidentifiedImageError  # lazy: PIL; off --help and argument errors
 
     path = Path(path)
     if not path.is_file():
@@ -69,7 +68,7 @@ def load_photo(path, size: int, *, max_pixels: int = MAX_PHOTO_PIXELS) -> torch.
         except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise PhotoError(f"{path}: image data is corrupt or truncated ({first[:120]})") from None
-    from sakura.util.resize import resize_antialiased
+    from sakura.util.resize import resize_antialiased  # lazy: numpy; off --help and argument errors
 
     hh, ww = arr.shape[:2]
     s = min(hh, ww)
@@ -83,8 +82,8 @@ def load_photo(path, size: int, *, max_pixels: int = MAX_PHOTO_PIXELS) -> torch.
 
 def _to_rgb01(im) -> np.ndarray:
     """(H, W, 3) float32 in [0, 1] from a loaded Pillow image of any mode (see `load_photo`)."""
-    import numpy as np
-    from PIL import Image
+    import numpy as np  # lazy: numpy; off --help and argument errors
+    from PIL import Image  # lazy: PIL; off --help and argument errors
 
     mode = im.mode
     if mode.startswith("I;16") or mode == "I":
@@ -109,9 +108,7 @@ def _to_rgb01(im) -> np.ndarray:
 def check_photo_file(path, *, max_pixels: int = MAX_PHOTO_PIXELS) -> tuple[int, int]:
     """(width, height) from the file's header, or `PhotoError` (one line) for a missing, unreadable
     or oversized photo: what `load_photo` would refuse first, without decoding pixels (milliseconds)."""
-    import warnings
-
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # lazy: PIL; off --help and argument errors
 
     path = Path(path)
     if not path.is_file():

@@ -83,143 +83,166 @@ def simulate_edit(specs: Sequence[ShardSpec], policy: Policy, *, link: LinkModel
     d = EditDriver(specs, policy, bandwidth=bandwidth, rtt=rtt or RttEstimator(prior_s=rtt_s),
                    decode_workers=decode_workers, max_inflight=max_inflight, compute_start_s=compute_start_s,
                    other_s=compute_start_s + post_s)
-    L = len(specs)
-    heap: list = []
-    seq = itertools.count()
-    push = lambda t, kind, data=None: heapq.heappush(heap, (t, kind, next(seq), data))  # noqa: E731
-    link_free = 0.0
-    busy = 0.0
-    workers = [0.0] * decode_workers
-    requests: list[tuple[int, str]] = []
-    decisions: list[tuple[int, str]] = []
-    waiting: tuple[int, float] | None = None  # (layer, deadline) the compute is blocked on
-    finish = None
-    # wake-up times already queued: every event asks the driver again and it mostly answers the same
-    # wake-up, so a second one at the same time would only repeat the same (idempotent) call
-    wakes: set[float] = set()
-    # transfers on the link, in issue (FIFO) order: j -> [nbytes, t_request, start, end, generation]
-    onlink: dict[int, list] = {}
-    gen = itertools.count()
+    return _Simulation(d, specs, link, rtt_s, decode_workers, decode_split).run(compute_start_s)
 
-    def abort(now: float, also: Sequence[int] = ()) -> None:
+
+class _Simulation:
+    """One `simulate_edit`: the event queue, the link's transfers (first in, first out) and the
+    decode workers around one `EditDriver`. `run` pops events in time order and hands each to the
+    driver; `issue` puts the driver's requests on the link, `abort` takes cancelled ones off it,
+    `decode` places a fetched shard on a worker, `act` carries out the driver's decision at a layer."""
+
+    def __init__(self, d: EditDriver, specs: Sequence[ShardSpec], link: LinkModel, rtt_s: float,
+                 decode_workers: int, decode_split: float):
+        self.d, self.specs, self.link, self.rtt_s = d, specs, link, rtt_s
+        self.decode_workers, self.decode_split = decode_workers, decode_split
+        self.heap: list = []
+        self.seq = itertools.count()
+        self.link_free = 0.0
+        self.busy = 0.0
+        self.workers = [0.0] * decode_workers
+        self.requests: list[tuple[int, str]] = []
+        self.decisions: list[tuple[int, str]] = []
+        self.waiting: tuple[int, float] | None = None  # (layer, deadline) the compute is blocked on
+        self.finish: float | None = None
+        # wake-up times already queued: every event asks the driver again and it mostly answers the same
+        # wake-up, so a second one at the same time would only repeat the same (idempotent) call
+        self.wakes: set[float] = set()
+        # transfers on the link, in issue (FIFO) order: j -> [nbytes, t_request, start, end, generation]
+        self.onlink: dict[int, list] = {}
+        self.gen = itertools.count()
+
+    def push(self, t: float, kind: int, data=None) -> None:
+        heapq.heappush(self.heap, (t, kind, next(self.seq), data))
+
+    def run(self, compute_start_s: float) -> SimulatedEdit:
+        d = self.d
+        d.start(0.0)
+        self.issue(0.0)
+        self.push(compute_start_s, _COMPUTE, 0)
+        while self.heap and self.finish is None:
+            now, kind, _, data = heapq.heappop(self.heap)
+            if kind == _FETCHED:
+                self.fetched(data, now)
+            elif kind == _DECODED:
+                d.on_decoded(data, now)
+                if self.waiting is not None and self.waiting[0] == data and d.records[data].status == READY:
+                    self.act(data, d.on_ready_while_waiting(data, now), now)
+            elif kind == _DEADLINE:
+                if self.waiting is not None and self.waiting[0] == data and now >= self.waiting[1]:
+                    self.act(data, d.on_wait_expired(data, now), now)
+            elif kind == _COMPUTE:
+                self.act(data, d.at_layer(data, now), now)
+            elif kind == _ADVANCED:
+                self.act(data, d.on_advanced(data, now), now)
+            elif kind == _WAKE:
+                self.wakes.discard(now)
+            self.issue(now)
+            if self.waiting is not None and self.finish is None:
+                changed = d.recheck(self.waiting[0], now)  # e.g. CacheGen chose to compute the chunk meanwhile
+                if changed is not None:
+                    self.act(self.waiting[0], changed, now)
+                    self.abort(now)
+        if self.finish is None:
+            raise RuntimeError("simulation ended before the forward pass finished (a shard never arrived)")
+        return SimulatedEdit(first_step_s=self.finish, records=d.records, events=d.events, decisions=self.decisions,
+                             requests=self.requests, link_busy_s=self.busy, image_mse=d.image_mse())
+
+    def issue(self, now: float) -> None:
+        self.abort(now)
+        reqs, wake = self.d.next_requests(now)
+        self.abort(now, also=[j for j, _ in reqs])  # given back for a lower shard (and perhaps sent again now)
+        for j, route in reqs:
+            start = max(self.link_free, now + self.rtt_s)
+            end = self.link.deliver(start, route.nbytes)
+            self.busy += end - start
+            self.link_free = end
+            self.requests.append((j, route.name))
+            self.d.on_first_byte(j, now, start)
+            g = next(self.gen)
+            self.onlink[j] = [route.nbytes, now, start, end, g]
+            self.push(end, _FETCHED, (j, route.nbytes, start, g))
+        if wake is not None and max(wake, now) not in self.wakes:
+            self.wakes.add(max(wake, now))
+            self.push(max(wake, now), _WAKE)
+
+    def abort(self, now: float, also: Sequence[int] = ()) -> None:
         """Take the cancelled transfers (and `also`: layers requested again) off the link (see the
         module doc) and move the ones queued behind them up."""
-        nonlocal link_free, busy
+        d, onlink = self.d, self.onlink
         gone = [j for j in also if j in onlink]
         gone += [j for j in (d.to_cancel() if ABORT_CANCELLED else sorted(d.requeued)) if j in onlink and j not in gone]
         if not gone:
             return
         for j in gone:
             nbytes, t_req, start, end, _ = onlink.pop(j)
-            busy -= max(0.0, end - now) if start < now else end - start  # cut now, or never started
+            self.busy -= max(0.0, end - now) if start < now else end - start  # cut now, or never started
         # replay the rest first in, first out: one still transmitting keeps its end; the ones not
         # started start when the link is free again (not before now: until now the link was the
         # cancelled transfer's)
-        link_free = now
+        self.link_free = now
         for j, x in onlink.items():  # dict order = issue order = FIFO order
             nbytes, t_req, start, end, _ = x
             if start < now:
-                link_free = end
+                self.link_free = end
                 continue
-            new_start = max(link_free, t_req + rtt_s, now)
+            new_start = max(self.link_free, t_req + self.rtt_s, now)
             if new_start != start:
-                new_end = link.deliver(new_start, nbytes)
-                busy += (new_end - new_start) - (end - start)
-                x[2], x[3], x[4] = new_start, new_end, next(gen)
+                new_end = self.link.deliver(new_start, nbytes)
+                self.busy += (new_end - new_start) - (end - start)
+                x[2], x[3], x[4] = new_start, new_end, next(self.gen)
                 d.records[j].t_first_byte = new_start
-                push(new_end, _FETCHED, (j, nbytes, new_start, x[4]))
-            link_free = x[3]
+                self.push(new_end, _FETCHED, (j, nbytes, new_start, x[4]))
+            self.link_free = x[3]
 
-    def issue(now: float) -> None:
-        nonlocal link_free, busy
-        abort(now)
-        reqs, wake = d.next_requests(now)
-        abort(now, also=[j for j, _ in reqs])  # given back for a lower shard (and perhaps sent again now)
-        for j, route in reqs:
-            start = max(link_free, now + rtt_s)
-            end = link.deliver(start, route.nbytes)
-            busy += end - start
-            link_free = end
-            requests.append((j, route.name))
-            d.on_first_byte(j, now, start)
-            g = next(gen)
-            onlink[j] = [route.nbytes, now, start, end, g]
-            push(end, _FETCHED, (j, route.nbytes, start, g))
-        if wake is not None and max(wake, now) not in wakes:
-            wakes.add(max(wake, now))
-            push(max(wake, now), _WAKE)
+    def fetched(self, data: tuple, now: float) -> None:
+        """A transfer's last byte arrived: the driver learns the rate, and the shard goes to a decoder."""
+        j, nbytes, start, g = data
+        if j not in self.onlink or self.onlink[j][4] != g:
+            return  # aborted, or moved up (its new end is queued)
+        del self.onlink[j]
+        if self.d.records[j].status == REQUESTED:
+            t0 = self.link.deliver(start, 1) if SAMPLE_FROM_FIRST_BYTE else start
+            self.d.on_fetched(j, nbytes, now, sample_bytes=nbytes, sample_s=now - min(max(t0, start), now))
+            self.push(self.decode(j, now), _DECODED, j)
 
-    def act(j: int, a: LayerAction, now: float) -> None:
-        nonlocal waiting, finish
+    def decode(self, j: int, now: float) -> float:
+        """Place shard j's decode on the first free worker; returns when it ends."""
+        workers = self.workers
+        w = min(range(self.decode_workers), key=lambda i: workers[i])
+        start = max(now, workers[w])
+        idle = [i for i in range(self.decode_workers) if i != w and workers[i] <= start]
+        dec = self.d.routes[j].decode_s
+        if idle and self.decode_split > 1.0:
+            # split over the idle workers until the next shard arrives (a live helper then
+            # leaves after its current range), the rest on this worker alone
+            t_next = max(start, min((x[3] for x in self.onlink.values()), default=float("inf")))
+            end = start + dec / self.decode_split
+            if end > t_next:
+                end = t_next + dec - (t_next - start) * self.decode_split
+            for i in idle:
+                workers[i] = min(end, t_next)
+        else:
+            end = start + dec
+        workers[w] = end
+        return end
+
+    def act(self, j: int, a: LayerAction, now: float) -> None:
         if a.kind == WAIT:
-            waiting = (j, a.deadline)
+            self.waiting = (j, a.deadline)
             if a.deadline < float("inf"):
-                push(a.deadline, _DEADLINE, j)
+                self.push(a.deadline, _DEADLINE, j)
             return
-        waiting = None
+        self.waiting = None
+        spec = self.specs[j]
         if a.kind == ADVANCE:  # the generator computes one template layer; the shard may come meanwhile
-            push(now + specs[d.generator_at - 1].local_s, _ADVANCED, j)
+            self.push(now + self.specs[self.d.generator_at - 1].local_s, _ADVANCED, j)
             return
-        decisions.append((j, d.records[j].source))
-        spec = specs[j]
+        self.decisions.append((j, self.d.records[j].source))
         t = now + (a.catch_up * spec.local_s if a.kind != USE else 0.0) + spec.compute_s
         if a.kind != USE:  # the driver recorded the local time (exact here)
-            d.records[j].delivered = now + a.catch_up * spec.local_s
-        if j + 1 < L:
-            push(t, _COMPUTE, j + 1)
+            self.d.records[j].delivered = now + a.catch_up * spec.local_s
+        if j + 1 < len(self.specs):
+            self.push(t, _COMPUTE, j + 1)
         else:
-            finish = t
-
-    d.start(0.0)
-    issue(0.0)
-    push(compute_start_s, _COMPUTE, 0)
-    while heap and finish is None:
-        now, kind, _, data = heapq.heappop(heap)
-        if kind == _FETCHED:
-            j, nbytes, start, g = data
-            if j not in onlink or onlink[j][4] != g:
-                continue  # aborted, or moved up (its new end is queued)
-            del onlink[j]
-            if d.records[j].status == REQUESTED:
-                t0 = link.deliver(start, 1) if SAMPLE_FROM_FIRST_BYTE else start
-                d.on_fetched(j, nbytes, now, sample_bytes=nbytes, sample_s=now - min(max(t0, start), now))
-                w = min(range(decode_workers), key=lambda i: workers[i])
-                start = max(now, workers[w])
-                idle = [i for i in range(decode_workers) if i != w and workers[i] <= start]
-                dec = d.routes[j].decode_s
-                if idle and decode_split > 1.0:
-                    # split over the idle workers until the next shard arrives (a live helper then
-                    # leaves after its current range), the rest on this worker alone
-                    t_next = max(start, min((x[3] for x in onlink.values()), default=float("inf")))
-                    end = start + dec / decode_split
-                    if end > t_next:
-                        end = t_next + dec - (t_next - start) * decode_split
-                    for i in idle:
-                        workers[i] = min(end, t_next)
-                else:
-                    end = start + dec
-                workers[w] = end
-                push(end, _DECODED, j)
-        elif kind == _DECODED:
-            d.on_decoded(data, now)
-            if waiting is not None and waiting[0] == data and d.records[data].status == READY:
-                act(data, d.on_ready_while_waiting(data, now), now)
-        elif kind == _DEADLINE:
-            if waiting is not None and waiting[0] == data and now >= waiting[1]:
-                act(data, d.on_wait_expired(data, now), now)
-        elif kind == _COMPUTE:
-            act(data, d.at_layer(data, now), now)
-        elif kind == _ADVANCED:
-            act(data, d.on_advanced(data, now), now)
-        elif kind == _WAKE:
-            wakes.discard(now)
-        issue(now)
-        if waiting is not None and finish is None:
-            changed = d.recheck(waiting[0], now)  # e.g. CacheGen chose to compute the chunk meanwhile
-            if changed is not None:
-                act(waiting[0], changed, now)
-                abort(now)
-    if finish is None:
-        raise RuntimeError("simulation ended before the forward pass finished (a shard never arrived)")
-    return SimulatedEdit(first_step_s=finish, records=d.records, events=d.events, decisions=decisions,
-                         requests=requests, link_busy_s=busy, image_mse=d.image_mse())
+            self.finish = t

@@ -13,6 +13,8 @@ own device and dtype on arrival, so a store built on a GPU in bf16 serves a phon
 from __future__ import annotations
 
 from typing import Any
+import resource
+import sys
 
 #: accepted ``--dtype`` names -> torch attribute
 DTYPE_NAMES = {"auto": None, "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
@@ -26,7 +28,7 @@ class DeviceError(ValueError):
 def resolve_device(device: Any = "auto"):
     """``"auto"`` / None: cuda when available, else mps, else cpu; ``"cuda"``, ``"cuda:1"``,
     ``"mps"``, ``"cpu"`` or a ``torch.device``: checked to exist here (DeviceError otherwise)."""
-    import torch
+    import torch  # lazy: torch; off --help and argument errors
 
     if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
         if torch.cuda.is_available():
@@ -56,7 +58,7 @@ def resolve_device(device: Any = "auto"):
 def resolve_dtype(dtype: Any = "auto", device: Any = None):
     """``"auto"`` / None: float32 on cpu, bfloat16 on cuda (float16 if the GPU lacks bf16), float16
     on mps; else one of float32/fp32, float16/fp16/half, bfloat16/bf16 or a ``torch.dtype``."""
-    import torch
+    import torch  # lazy: torch; off --help and argument errors
 
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
@@ -92,7 +94,7 @@ def device_options(device: Any = "auto", dtype: Any = "auto") -> dict[str, Any]:
 
 def model_device(module: Any):
     """Device of `module`'s first parameter (or buffer); cpu for a module without either."""
-    import torch
+    import torch  # lazy: torch; off --help and argument errors
 
     for t in list(module.parameters())[:1] + list(module.buffers())[:1]:
         return t.device
@@ -101,7 +103,7 @@ def model_device(module: Any):
 
 def synchronize(device: Any) -> None:
     """Wait for queued work on `device` (cuda/mps) so a wall-clock timer measures it; no-op on cpu."""
-    import torch
+    import torch  # lazy: torch; off --help and argument errors
 
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     if dev.type == "cuda":
@@ -113,10 +115,7 @@ def synchronize(device: Any) -> None:
 def peak_memory(device: Any) -> dict[str, float]:
     """{"host_peak_rss_bytes", "device_peak_bytes"}: this process's peak resident set (ru_maxrss)
     and, on cuda, torch's peak allocated bytes since the last `reset_peak_memory`."""
-    import resource
-    import sys
-
-    import torch
+    import torch  # lazy: torch; off --help and argument errors
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out = {"host_peak_rss_bytes": float(rss if sys.platform == "darwin" else rss * 1024)}
@@ -126,7 +125,7 @@ def peak_memory(device: Any) -> dict[str, float]:
 
 
 def reset_peak_memory(device: Any) -> None:
-    import torch
+    import torch  # lazy: torch; off --help and argument errors
 
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     if dev.type == "cuda":

@@ -6,13 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from PIL import Image, ImageDraw
 
 
 def save_grid(path: Path, images: list[torch.Tensor], titles: list[str], *, cell: int = 256) -> None:
     """One row of images (each (1, 3, H, W) in [0, 1]) with a title above each, as a PNG: each
     image scaled to ``cell`` pixels per side with nearest-neighbour (pixels stay visible)."""
-    from PIL import Image, ImageDraw
-
     pad, head = 8, 18
     sheet = Image.new("RGB", (len(images) * (cell + pad) + pad, cell + head + pad), "white")
     draw = ImageDraw.Draw(sheet)
@@ -27,10 +26,10 @@ def save_grid(path: Path, images: list[torch.Tensor], titles: list[str], *, cell
 def save_panels(path: Path, rows: list[list[tuple[torch.Tensor, str]]], title: str = "") -> None:
     """Images in rows (each (1, 3, H, W) in [0, 1]) with a title above each: `rows` is a list of rows
     of (image, title); shorter rows leave their last cells empty. A PNG."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib ([bench] extra)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib ([bench] extra)
 
     ncols = max(len(r) for r in rows)
     fig, axes = plt.subplots(len(rows), ncols, figsize=(2.3 * ncols, 2.75 * len(rows) + (0.3 if title else 0)),

@@ -15,6 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
+import json
+import stat
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -69,8 +71,6 @@ def atomic_write(path: str | os.PathLike, content: bytes | bytearray | memoryvie
 def write_json(path: str | os.PathLike, obj: object, **dumps_kw) -> Path:
     """``json.dumps(obj, **dumps_kw)`` written atomically (`atomic_write`), with a final newline.
     Every JSON result file goes through here: a run killed mid-write leaves the previous file."""
-    import json
-
     text = json.dumps(obj, **dumps_kw)
     return atomic_write(path, (text if text.endswith("\n") else text + "\n").encode())
 
@@ -121,8 +121,6 @@ def read_capped(path: str | os.PathLike, max_bytes: int, what: str = "file") -> 
     """The bytes of the regular file ``path``, refused (`UnreadableFile`) before any read if it is
     not a regular file or is over ``max_bytes`` (checked with ``fstat`` on the opened file, so a
     2 GiB sparse file costs nothing). Opened with O_NONBLOCK: a FIFO does not block the open."""
-    import stat
-
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)

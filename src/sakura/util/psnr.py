@@ -25,7 +25,7 @@ def psnr_db(mse: float) -> float:
 
 def psnr_db_tensor(mse: torch.Tensor) -> torch.Tensor:
     """`psnr_db` elementwise: (...) MSEs -> (...) dB, inf where the MSE is 0."""
-    import torch
+    import torch  # lazy: torch; off --help and argument errors
 
     mse = mse.float()
     return torch.where(mse > 0, -10.0 * torch.log10(mse.clamp_min(torch.finfo(torch.float32).tiny)),

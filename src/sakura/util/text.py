@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import unicodedata
+import shutil
+import sys
 
 #: Longest server/file string shown (characters, after escaping); the rest is cut with "...".
 DEFAULT_MAX_CHARS = 200
@@ -66,7 +68,4 @@ def fit_to_terminal(text: str, width: int | None = None) -> str:
 
 def terminal_columns() -> int | None:
     """The terminal's width in columns when stdout is a terminal, else None (output is piped)."""
-    import shutil
-    import sys
-
     return shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else None

@@ -12,6 +12,8 @@ import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
+import resource
+import sys
 
 from sakura.cloud.builder.distributed import BuildReport, TemplateBuild, build_templates
 from sakura.cloud.builder.pipeline import ALLOCATION_PHOTOS, DEFAULT_LADDER, build_store
@@ -71,9 +73,6 @@ def build(store: str | os.PathLike[str], templates: Sequence[Any] | None = None,
     calibration edits; the processes and threads used). Raises `TemplateSpecError` (a ValueError;
     ``.problems`` one line each) before any work when a template or the library is invalid.
     """
-    import resource
-    import sys
-
     if executor not in ("local", "ray"):
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
     specs = [_as_spec(t) for t in templates or ()]

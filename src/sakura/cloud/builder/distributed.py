@@ -4,11 +4,11 @@ Unit of work: one template (``build_store(store, templates=[name], ...)`` in a R
 task writes its content-addressed objects and then commits that template's manifest, atomically,
 last; nothing is sent back but the manifest path. So:
 
-- a rerun skips every template whose manifest is current (same model fingerprint, the requested
-  ladder, every referenced object present with the right size, sha256 and rung prefix digests:
-  ``Store.verify_manifest``, checked by the task itself, so re-hashing a large library is spread
-  over the workers too); ``force=True`` rebuilds anyway (needed after changing calibration
-  settings, which the manifest does not record);
+- a rerun skips every template whose manifest is current (its `incremental` keys: the same
+  model, template image and settings; every referenced object present with the right size,
+  sha256 and rung prefix digests: ``Store.verify_manifest``, checked by the task itself, so
+  re-hashing a large library is spread over the workers too); when every template is current
+  the driver decides so itself, before any model loads; ``force=True`` rebuilds anyway;
 - a killed worker loses no committed work: templates it finished are committed on disk; the one
   it was building has at most orphan objects, and Ray reruns the task (``max_retries``), which
   finds its earlier objects intact and does not rewrite them;
@@ -30,6 +30,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
+import socket
+from tqdm import tqdm
+
+from sakura.cloud.builder import incremental
+from sakura.cloud.builder.pipeline import BASE_RUNG_PSNR_DB, DEFAULT_LADDER, build_store, default_templates, skipped_floor_rungs
+from sakura.cloud.tasks import get_template
+from sakura.codec import codec_from_spec, get_codec
+from sakura.models import load_model
+from sakura.util.device import resolve_device
+from sakura.wire.store.store import Store, StoreError
 
 EXECUTORS = ("local", "ray")
 
@@ -105,8 +115,6 @@ def manifest_is_current(store: str | os.PathLike[str], model_fingerprint: str, t
                         ladder: Sequence[str]) -> bool:
     """True if ``template_id``'s manifest for this model exists, offers exactly ``ladder`` on
     every shard, and every object it references verifies (size, sha256, rung prefixes)."""
-    from sakura.wire.store.store import Store, StoreError
-
     try:
         st = Store(store)
         if st.verify_manifest(model_fingerprint, template_id):
@@ -121,38 +129,32 @@ def manifest_is_current(store: str | os.PathLike[str], model_fingerprint: str, t
 def _skipped_floor_rungs(m: Any, ladder: Sequence[str]) -> set[str]:
     """The floor rungs this manifest's build left out by rule (`pipeline.skipped_floor_rungs`),
     judged from the budgets its plain ``progressive`` entry was calibrated to (its table's params)."""
-    from sakura.cloud.builder.pipeline import skipped_floor_rungs
-
     if "progressive" not in {s.strip() for s in ladder}:
         return set()
     try:
         params = m.table("progressive").params
     except KeyError:
         return set()  # no plain progressive entry on record: every floor rung must be there
-    from sakura.codec import get_codec
+    budgets = params.get("budgets")
+    if not budgets:  # not calibrated: the codec's defaults (only then the codecs, and torch, are imported)
 
-    lowest = min(params.get("budgets") or get_codec("progressive").params["budgets"])  # not calibrated: the defaults
+        budgets = get_codec("progressive").params["budgets"]
+    lowest = min(budgets)
     return skipped_floor_rungs(ladder, lowest)
 
 
 def _build_one(store: str, template: str, opts: dict[str, Any], model_fingerprint: str, force: bool) -> TemplateBuild:
-    """One template, in whatever process runs it (a Ray worker or this one): skipped if its
-    manifest is current (verified here, so a rerun of a large library re-hashes in parallel on
-    the workers, not serially in the driver), else built and committed."""
-    import socket
-
+    """One template, in whatever process runs it (a Ray worker or this one): `build_store` skips
+    it when current (its source key, checked before the model loads, or its build key after;
+    objects re-hashed here, so a rerun of a large library re-hashes in parallel on the workers,
+    not serially in the driver), else builds and commits it."""
     t0, c0 = time.perf_counter(), time.process_time()
     worker = f"{socket.gethostname()}:{os.getpid()}"
-    if not force and manifest_is_current(store, model_fingerprint, template, opts["ladder"]):
-        return TemplateBuild(template, "skipped", str(Path(store) / "manifests" / model_fingerprint / f"{template}.json"),
-                             time.perf_counter() - t0, time.process_time() - c0, worker=worker)
-    from sakura.cloud.builder.pipeline import build_store
-
     facts: dict[str, dict] = {}
-    paths = build_store(store, templates=[template], log=lambda _s: None, force=True, facts=facts, **opts)
+    paths = build_store(store, templates=[template], log=lambda _s: None, force=force, facts=facts, **opts)
     f = facts.get(template, {})
-    return TemplateBuild(template, "built", str(paths[0]), time.perf_counter() - t0, time.process_time() - c0,
-                         worker=worker, calibration_edits=f.get("calibration_edits", 0.0),
+    return TemplateBuild(template, f.get("status", "built"), str(paths[0]), time.perf_counter() - t0,
+                         time.process_time() - c0, worker=worker, calibration_edits=f.get("calibration_edits", 0.0),
                          allocation=f.get("allocation"), figure_checks=f.get("figure_checks", []),
                          ladder_trials=f.get("ladder_trials", []))
 
@@ -181,10 +183,6 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
     Returns:
         a ``BuildReport``; templates that failed are listed with the error, the others are committed.
     """
-    from tqdm import tqdm
-
-    from sakura.cloud.builder.pipeline import DEFAULT_LADDER, default_templates
-
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     ladder = list(ladder or DEFAULT_LADDER)
@@ -198,8 +196,11 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
     if executor == "ray":
         opts["probe_workers"] = 1  # one CPU per Ray task: its probes run one at a time
     t_start = time.perf_counter()
-    model_fp, on_gpu = _check_inputs(model_name, names, ladder, device)  # bad names/specs fail here, not in every task
     report = BuildReport(executor=executor, workers=1)
+    if not force and _all_current(root, names, opts, report, log):  # decided before any model loads
+        report.seconds = time.perf_counter() - t_start
+        return report
+    model_fp, on_gpu = _check_inputs(model_name, names, ladder, device)  # bad names/specs fail here, not in every task
     bar = tqdm(total=len(names), unit="template", disable=not progress, desc=f"build ({executor})")
     try:
         if executor == "local":
@@ -226,16 +227,27 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
     return report
 
 
+def _all_current(root: Path, names: Sequence[str], opts: dict[str, Any], report: BuildReport,
+                 log: Callable[[str], None]) -> bool:
+    """True (every template in `report` as skipped) when every template finds a verified manifest
+    with its source key (`incremental`): a rerun of an unchanged library loads no model anywhere."""
+    settings = incremental.request_settings(
+        ladder=opts["ladder"], calibration=opts["calibration"], steps=opts["steps"], seed=opts["seed"],
+        base_psnr_db=BASE_RUNG_PSNR_DB, allocation=opts["allocation"], sketch_probes=None,
+        allocation_photos=opts["allocation_photos"])
+    found = incremental.skip_before_load(root, incremental.source_keys(opts["model_name"], names, settings), names, log)
+    if found is None:
+        return False
+    report.builds += [TemplateBuild(n, "skipped", str(p), w, c) for n, (p, w, c) in found.items()]
+    log(f"0 built, {len(found)} skipped, 0 failed (every template current; no model loaded)")
+    return True
+
+
 def _check_inputs(model_name: str, names: Sequence[str], ladder: Sequence[str], device: str = "auto"
                   ) -> tuple[str, bool]:
     """Validate template names and codec specs; returns (the model fingerprint, whether the
     builds run on CUDA: each Ray task then asks for one GPU). The driver loads the model on the
     CPU (its fingerprint is the same on every device)."""
-    from sakura.codec import codec_from_spec
-    from sakura.models import load_model
-    from sakura.cloud.tasks import get_template
-    from sakura.util.device import resolve_device
-
     for spec in ladder:
         codec_from_spec(spec)
     on_gpu = resolve_device(device).type == "cuda"
@@ -257,7 +269,7 @@ def _run_ray(root: str, todo: list[str], opts: dict[str, Any], model_fp: str, fo
     """Submit one task per template, collect as they finish; returns the cluster's CPU count.
     `gpus`: GPUs each task asks Ray for (1 when the model runs on CUDA: one build per GPU)."""
     try:
-        import ray
+        import ray  # lazy: optional dependency, tried
     except ImportError:
         raise RuntimeError("--executor ray needs Ray: pip install '.[cluster]' (or use --executor local)") from None
     started = False

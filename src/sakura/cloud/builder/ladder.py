@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import numpy as np
+
 from sakura.util.psnr import psnr_db
+from sakura.codec import ShardId, get_codec
+from sakura.codec.base import parse_spec
+from sakura.codec.progressive.ladder import model_image_mse, proxy_image_mse
+from sakura.models.kv import LayerKV
 
 #: Floor rungs: single-rung progressive renditions at about CacheGen level 3's quality, below the
 #: calibrated ladder's 38 dB. The runtime holds sakura to the *image* floor (CacheGen-L3 on every
@@ -45,8 +51,6 @@ def skipped_floor_rungs(ladder: Sequence[str], calibrated_lowest_budget: float |
     budget is at or above the lowest budget of the ladder's plain ``progressive`` entry (as
     calibrated for the template: `calibrated_lowest_budget`; None: no such entry, every floor rung
     is made)."""
-    from sakura.codec.base import parse_spec
-
     if calibrated_lowest_budget is None:
         return set()
     return {s.strip() for s in ladder if s.strip() in FLOOR_RUNG_LADDER
@@ -61,10 +65,6 @@ def fit_ladder_by_probes(codec, shards, edit, base_psnr_db: float, log, ref=None
     the budget, so a pass above a miss brackets it: 3-4 trials where trying them cheapest first took
     up to 10). `ref`: the all-lossless calibration edit when the caller has it (the distortion
     probe's reference)."""
-
-    from sakura.codec import ShardId, get_codec
-    from sakura.codec.progressive.ladder import proxy_image_mse
-    from sakura.models.kv import LayerKV
 
     top = float(codec.params["budgets"][-1])
     rungs = len(codec.params["budgets"])
@@ -128,8 +128,6 @@ def search_budget(candidates: Sequence[float], psnr_at: Callable[[float], float]
     cheapest measured pass, else the cheapest untried candidate above every miss that the prior
     (plus the measured difference) expects to pass, else the dearest untried one, with that
     expected PSNR."""
-    import numpy as np
-
     cands = [float(c) for c in candidates]
     if not cands:
         raise ValueError("search_budget: no candidate budgets")
@@ -208,9 +206,6 @@ def with_floor_rungs(codec, params: dict, ladder: Sequence[str], log):
     objects stored the same shard three times, ~2.2x the bytes of the ladder alone, and three
     tables (docs/storage.md); as rungs they cost the refinement's overhead only, and an upgrade
     fetches only the missing bytes. The floor entries are then not made (`skipped_floor_rungs`)."""
-    from sakura.codec import get_codec
-    from sakura.codec.base import parse_spec
-
     budgets = [float(b) for b in codec.params["budgets"]]
     floor = sorted({float(b) for s in ladder if s.strip() in FLOOR_RUNG_LADDER
                     for b in parse_spec(s.strip())[1]["budgets"] if float(b) < budgets[0]})
@@ -241,9 +236,6 @@ def fit_ladder_by_model(codec, shards, edit, base_psnr_db: float, log, ref, max_
     at each budget: no edit) and at most `max_edits` measured one-rung edits (`edit(layers) ->
     images`, against `ref`) confirming it: -> (codec with budgets, manifest params, [(budget,
     predicted dB, measured dB)])."""
-    from sakura.codec import ShardId, get_codec
-    from sakura.codec.progressive.ladder import model_image_mse
-
     max_edits = ACCEPTANCE_EDITS if max_edits is None else max_edits
     top = float(codec.params["budgets"][-1])
     rungs = len(codec.params["budgets"])
@@ -280,7 +272,5 @@ def fit_ladder_by_model(codec, shards, edit, base_psnr_db: float, log, ref, max_
 
 def _geometric(base: float, top: float, rungs: int) -> list[float]:
     """The ladder's budgets from its lowest rung `base` to `top` (`rungs` of them when base <= top / 2)."""
-    import numpy as np
-
     n = rungs if base <= top / 2 else (2 if base < top else 1)
     return [float(f"{x:.3g}") for x in np.geomspace(base, top, n)] if n > 1 else [base]

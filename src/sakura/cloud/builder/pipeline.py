@@ -34,7 +34,10 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 from typing import Any, Callable, Sequence
+import time
+import torch
 
+from sakura.cloud.builder import incremental
 from sakura.cloud.builder.ladder import (BASE_RUNG_BUDGETS, FLOOR_RUNG_LADDER, MAX_SINGLE_RUNG_BUDGETS,  # noqa: F401
                                          SEARCH_PRIOR_GAP_DB, fit_ladder_by_probes, search_budget, skipped_floor_rungs,
                                          with_floor_rungs)
@@ -42,6 +45,13 @@ from sakura.cloud.builder.probes import Probing, cpu_count, many_probe  # noqa: 
 from sakura.cloud.builder.processes import _build_in_processes, _template_processes  # noqa: F401
 from sakura.cloud.builder.progress import MODEL_STAGES, STAGES, Stages  # noqa: F401
 from sakura.cloud.builder.template import ALLOCATIONS, build_template
+from sakura.cloud.builder.template_files import TemplateSpec, TemplateSpecError, spec_images, spec_instruction, validate_specs
+from sakura.cloud.capture import calibration_photos
+from sakura.cloud.tasks import TASK_NAMES, get_template
+from sakura.codec import codec_from_spec
+from sakura.models import load_model
+from sakura.util.device import device_options
+from sakura.wire.store.store import Store, StoreError
 
 #: the names tests and benchmarks knew these by before the builder was split (issue 41)
 _Probing, _many_probe, _with_floor_rungs, _Stages = Probing, many_probe, with_floor_rungs, Stages
@@ -70,9 +80,7 @@ QUALITY_FLOOR_SPEC = "cachegen:level=3"
 
 def default_templates() -> list[str]:
     """The first training template of each task in the library (e.g. ``look-00``)."""
-    from sakura.cloud.tasks import TASK_NAMES
-
-    return [f"{t}-00" for t in TASK_NAMES]
+    return list(incremental.DEFAULT_TEMPLATE_IDS)  # without importing the task library (torch): tested equal
 
 
 def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates: Sequence[Any] | None = None,
@@ -151,6 +159,12 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     """
     if allocation not in ALLOCATIONS:
         raise ValueError(f"allocation must be one of {list(ALLOCATIONS)}, got {allocation!r}")
+    settings = incremental.request_settings(ladder=ladder, calibration=calibration, steps=steps, seed=seed,
+                                            base_psnr_db=base_psnr_db, allocation=allocation,
+                                            sketch_probes=sketch_probes, allocation_photos=allocation_photos)
+    src_keys = incremental.source_keys(model_name, templates, settings) if model is None else {}
+    if not force and model is None and (done := _all_current(store, templates, src_keys, log, facts)):
+        return done
     # the bar first: importing torch and loading the model take seconds on a loaded machine
     stages = Stages(len(templates) if templates else 1, progress)  # the total is set once templates resolve
     stages.bar.set_description_str("starting", refresh=True)
@@ -160,7 +174,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
                            probe_batch=probe_batch, probe_workers=probe_workers, allocation_photos=allocation_photos,
                            model=model, allocation=allocation, sketch_probes=sketch_probes)
         job["store"] = store
-        out, todo = _skip_current(store, tpls, job, stages, log, force)
+        out, todo = _skip_current(store, tpls, job, stages, log, force, settings, src_keys)
         processes = _template_processes(template_workers, getattr(job["model"], "device", _cpu_device()),
                                         max(1, len(todo)))
         if processes > 1:
@@ -186,9 +200,20 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
     return out
 
 
-def _cpu_device():
-    import torch
+def _all_current(store, templates, src_keys: dict[str, str], log, facts) -> list[Path] | None:
+    """The manifests of all `templates` if every one is current by its source key (checked before
+    torch and the model load: `incremental.skip_before_load`), their facts in `facts`; else None."""
+    ids = [t if isinstance(t, str) else t.id for t in templates] if templates else default_templates()
+    found = incremental.skip_before_load(store, src_keys, ids, log) if len(set(ids)) == len(ids) else None
+    if found is None:
+        return None
+    if facts is not None:
+        facts.update({t: {"status": "skipped", "wall_s": w, "cpu_s": c, "calibration_edits": 0.0, "processes": 1,
+                          "threads": 1} for t, (_p, w, c) in found.items()})
+    return [p for p, _w, _c in found.values()]
 
+
+def _cpu_device():
     return torch.device("cpu")
 
 
@@ -196,13 +221,6 @@ def _setup(stages: Stages, *, model_name, templates, ladder, calibration, steps,
            probe_batch, probe_workers, allocation_photos, model, allocation, sketch_probes) -> tuple[dict, list]:
     """Everything `build_template` needs for every template (the `job`), and the resolved
     templates: specs, names and settings checked, the model loaded, before any work."""
-    import torch
-
-    from sakura.cloud.capture import calibration_photos
-    from sakura.codec import codec_from_spec
-    from sakura.models import load_model
-    from sakura.util.device import device_options
-
     torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
     codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
     names = [s.strip() for s in ladder]  # rendition names as the operator wrote them
@@ -225,8 +243,6 @@ def _setup(stages: Stages, *, model_name, templates, ladder, calibration, steps,
     size = int(model.cfg.image_size)
     model_fp = model.fingerprint()
     if not templates and model.template_conditioning != "task":
-        from sakura.cloud.builder.template_files import TemplateSpecError
-
         raise TemplateSpecError([f"{model_name} has no bundled templates: give --library FILE or "
                                  f"--template ID=IMAGE --prompt P"])
     stages.bar.set_description_str("resolving templates", refresh=True)
@@ -242,46 +258,27 @@ def _setup(stages: Stages, *, model_name, templates, ladder, calibration, steps,
     return job, tpls
 
 
-def build_key(job: dict, images, instruction) -> str:
-    """sha256 of what a template's build depends on: the model's fingerprint, the template's 8-bit
-    pixels and instruction, and every setting that changes the manifest (ladder, calibration
-    photos, steps, seed, target, allocation, sketch probes, allocation photos). Recorded in the
-    manifest's ``kv_layout["build_key"]``; a template whose manifest verifies and carries the same
-    key is skipped (`build_store(force=False)`)."""
-    import hashlib
-    import json
-
-    import numpy as np
-
-    from sakura.cloud.builder.template import FIGURE_CHECKS
-
-    px = (images.detach().float().clamp(0, 1).numpy() * 255).round().astype(np.uint8)
-    settings = {"model": job["model_fp"], "pixels": hashlib.sha256(px.tobytes()).hexdigest(), "shape": list(px.shape),
-                "instruction": str(instruction), "ladder": list(job["names"]), "calibration": int(job["calib"].shape[0]),
-                "steps": job["steps"], "seed": job["seed"], "base_psnr_db": job["base_psnr_db"],
-                "allocation": job["allocation"], "sketch_probes": job["sketch_probes"],
-                "allocation_photos": job["probing"].photos, "figure_checks": FIGURE_CHECKS}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-
-
-def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool) -> tuple[list, list]:
+def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool, settings: dict,
+                  src_keys: dict[str, str]) -> tuple[list, list]:
     """Split `tpls` into those skipped ([(id, manifest path)]: unchanged image, settings and model,
-    manifest verified) and those to build (their images resolved, their `build_key` in `job`)."""
-    import time
+    manifest verified) and those to build (their images resolved; their `build_key` and
+    `source_key` in ``job["build_keys"]``, for the manifest)."""
+    settings = dict(settings, allocation=job["allocation"])  # the allocation that runs
 
-    from sakura.cloud.builder.distributed import manifest_is_current
-    from sakura.wire.store.store import Store, StoreError
+    from sakura.cloud.builder.distributed import manifest_is_current  # lazy: import cycle
 
     skipped, todo = [], []
     job["build_keys"] = keys = {}
     for name, images, instruction in tpls:
         t0, c0 = time.perf_counter(), time.process_time()
         # a spec's files are decoded for the key and again when built: never all held at once
-        keys[name] = key = build_key(job, images() if callable(images) else images, instruction)
+        key = incremental.build_key(job["model_fp"], settings, images() if callable(images) else images, instruction)
+        keys[name] = {"build_key": key, **({"source_key": src_keys[name]} if name in src_keys else {})}
         current = False
         if not force and manifest_is_current(store, job["model_fp"], name, job["names"]):
             try:
-                current = Store(store).get_manifest(job["model_fp"], name).kv_layout.get("build_key") == key
+                layout = Store(store).get_manifest(job["model_fp"], name).kv_layout
+                current = layout.get("build_key") == key
             except (StoreError, KeyError, ValueError):
                 current = False
         if current:
@@ -300,9 +297,6 @@ def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool) -> t
 def resolve_templates(model: Any, templates: Sequence[Any]) -> list[tuple[str, Any, Any]]:
     """Library names and `TemplateSpec`s -> [(id, images (R, 3, S, S) or a callable returning
     them (a spec's files, decoded when built), instruction)], every problem found first (one line each, `TemplateSpecError`) so a bad entry writes nothing."""
-    from sakura.cloud.builder.template_files import TemplateSpec, TemplateSpecError, spec_images, spec_instruction, validate_specs
-    from sakura.cloud.tasks import TASK_NAMES, get_template
-
     size = int(model.cfg.image_size)
     conditioning = model.template_conditioning
     problems, lib = [], []

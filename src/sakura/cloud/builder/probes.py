@@ -11,6 +11,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from typing import Any
+from concurrent.futures import Future
+import os
+import threading
+import torch
+from sakura.models.kv import LayerKV
 
 @dataclass(frozen=True)
 class Probing:
@@ -29,8 +34,6 @@ class Probing:
 
 
 def cpu_count() -> int:
-    import os
-
     try:
         return len(os.sched_getaffinity(0))  # the cores this process may use (a container's, a taskset's)
     except (AttributeError, OSError):
@@ -49,11 +52,6 @@ def many_probe(probe, kv, probing: "Probing"):
     batches of 8 decoded on the caller's thread, the memo's hits left the threads a few probes a
     call and the decoding ran alone (1.5x on two cores). Else `batch` edits per model call,
     ``many.batch`` parts at a time."""
-    import threading
-    from concurrent.futures import Future
-
-    from sakura.models.kv import LayerKV
-
     memo: dict[tuple[int, str, bytes], Future] = {}
     lock = threading.Lock()
 
@@ -102,8 +100,6 @@ def many_probe(probe, kv, probing: "Probing"):
 
 def _done(fn, *args):
     """`fn(*args)` run here, as a finished Future (its exception kept for .result())."""
-    from concurrent.futures import Future
-
     fut: Future = Future()
     try:
         fut.set_result(fn(*args))
@@ -113,8 +109,6 @@ def _done(fn, *args):
 
 
 def _digest(t) -> bytes:
-    import torch
-
     return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).digest()
 
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+import multiprocessing as mp
+import sys
+import threading
 
 from sakura.cloud.builder.probes import cpu_count as _cpu_count
 from sakura.cloud.builder.progress import Stages
+from sakura.cloud.builder.template import build_template
 
 def _template_processes(requested: int | None, device: Any, templates: int) -> int:
     """How many template processes `build_store` forks (see its `template_workers`)."""
-    import multiprocessing as mp
-    import sys
-
     can_fork = sys.platform == "linux" and "fork" in mp.get_all_start_methods() and device.type == "cpu"
     if requested is None:
         return min(_cpu_count(), templates) if can_fork else 1
@@ -34,9 +35,6 @@ def _build_in_processes(processes: int, tpls, job: dict, stages: "Stages", log) 
     model and `job`; only an index goes over and (path, stage seconds, log lines) come back). Each
     process reports its stages through a queue to the parent's bar; a template's log lines print
     when it is done."""
-    import multiprocessing as mp
-    import threading
-
     ctx = mp.get_context("fork")
     events = ctx.Queue()
     _FORK_JOB.update(job, tpls=tpls, events=events)
@@ -68,8 +66,6 @@ def _build_in_processes(processes: int, tpls, job: dict, stages: "Stages", log) 
 
 
 def _forked_template(i: int) -> tuple[int, str, dict, dict, list[str]]:
-    from sakura.cloud.builder.template import build_template
-
     job = dict(_FORK_JOB)
     name, images, instruction = job.pop("tpls")[i]
     events = job.pop("events")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 from typing import Callable
+import contextlib
+from tqdm import tqdm
 
 #: The build's stages, in order, as the progress bar and `build_store(profile=...)` name them.
 STAGES = ("capture", "importance", "sensitivity", "probe reference", "ladder search", "fit tables", "encode",
@@ -20,8 +22,6 @@ class Stages:
 
     def __init__(self, n_templates: int, progress: bool):
         if progress:
-            from tqdm import tqdm
-
             self.bar = tqdm(total=n_templates * len(STAGES), unit="stage", mininterval=0.5,
                             bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} stages "
                                        "[{elapsed}<{remaining}]")
@@ -50,8 +50,6 @@ class Stages:
             self.notify(template, "skipped", len(STAGES))
 
     def stage(self, name: str):
-        import contextlib
-
         @contextlib.contextmanager
         def run():
             self.bar.set_description_str(f"{self.template}: {name}" if self.template else name, refresh=True)

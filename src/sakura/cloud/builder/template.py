@@ -23,6 +23,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+import json
+import numpy as np
+import torch
 
 from sakura.cloud.builder.ladder import (fit_ladder_by_model, fit_ladder_by_probes, skipped_floor_rungs,
                                         with_floor_rungs)
@@ -31,6 +34,11 @@ from sakura.cloud.builder.progress import CountingModel, Stages
 from sakura.util.psnr import psnr_db
 from sakura.wire.store.store import RenditionInput, StoreWriter
 from sakura.wire.store.template_ref import TEMPLATE_REF_MEDIA_TYPE, decode_template_ref, encode_template_images, split_template_images
+from sakura.cloud.capture import PredictedDistortion, ShardDistortionProbe, layer_sensitivity, measure_kv_sensitivity, template_importance
+from sakura.cloud.capture.kv_sensitivity import SKETCH_PROBES
+from sakura.codec import ShardId, ShardKV
+from sakura.codec.base import parse_spec
+from sakura.models.kv import LayerKV, TemplateKV
 
 ALLOCATIONS = ("model", "probes")
 #: renditions per template whose predicted image MSE is checked by a measured edit (the model
@@ -61,8 +69,6 @@ class Calibration:
 
     def edit_layers(self, layers) -> Any:
         """The calibration edit (N, 3, S, S) with the template KV's layers replaced by `layers`."""
-        from sakura.models.kv import TemplateKV
-
         kv = self.kv
         return self.model.edit(self.photos, template_kv=TemplateKV(list(layers), kv.model_fingerprint,
                                                                    kv.template_fingerprint, kv.layout),
@@ -71,8 +77,6 @@ class Calibration:
     def measuring_probe(self):
         """A probe of one-layer edits over all calibration photos (made on first use; no
         first-step prefix for the model's few checks)."""
-        from sakura.cloud.capture import ShardDistortionProbe
-
         if self.probe is None:
             self.probe = ShardDistortionProbe(self.model, self.kv, self.photos, steps=self.steps, seed=self.seed,
                                               reference_image=self.reference_image,
@@ -101,9 +105,6 @@ def _needs_attention_importance(codecs) -> bool:
 def calibrate_by_model(model, kv, calib, codecs, *, steps, seed, probing, probes, stages) -> Calibration:
     """The sensitivity model (2 + `probes` edits with two photos), the shards it predicts for, and importance
     (attention mass where a codec needs it, else the model's per-token diagonal)."""
-    from sakura.cloud.capture import PredictedDistortion, measure_kv_sensitivity, template_importance
-    from sakura.codec import ShardKV
-
     with stages.stage("sensitivity"):
         sens = measure_kv_sensitivity(model, kv, calib, steps=steps, seed=seed, probes=probes)
         model.add(sens.backward_edits)  # the backward passes (its forward edits were counted by the model)
@@ -120,10 +121,6 @@ def calibrate_by_model(model, kv, calib, codecs, *, steps, seed, probing, probes
 def calibrate_by_probes(model, kv, calib, *, steps, seed, probing, stages) -> Calibration:
     """Attention-mass importance, layer sensitivities by perturbation edits, and image probes for
     every allocation choice and figure (the build before issue 41)."""
-    from sakura.cloud.capture import ShardDistortionProbe, layer_sensitivity, template_importance
-    from sakura.codec import ShardKV
-    from sakura.models.kv import LayerKV, TemplateKV
-
     with stages.stage("importance"):
         # token importance for codecs that use it (the nested ladder's widths): attention mass
         imp = template_importance(model, kv, calib, steps=steps, seed=seed)  # (layers, tokens)
@@ -160,8 +157,6 @@ def build_template(store, model, model_fp, name, images, instruction, calib, nam
                    sketch_probes: int | None = None, build_keys: dict | None = None) -> Path:
     """One template's manifest (see `build_store`); `stages` times each step, moves the bar and
     keeps the template's facts (calibration edits, the figure checks)."""
-    from sakura.cloud.capture.kv_sensitivity import SKETCH_PROBES
-
     t0, c0 = time.perf_counter(), time.process_time()
     model = CountingModel(model, len(calib))
     with stages.stage("capture"):
@@ -205,9 +200,6 @@ def build_template(store, model, model_fp, name, images, instruction, calib, nam
 def _renditions(w, cal: Calibration, names, codecs, model_fp, base_psnr_db, stages: Stages, log, facts) -> list[list]:
     """Every rendition of every shard: [[(RenditionInput fields, distortion)]] per shard, the
     tables written to `w`; the progressive ladder fitted to the template first."""
-    from sakura.codec import ShardId
-    from sakura.codec.base import parse_spec
-
     kv, shards = cal.kv, cal.shards
     ident = lambda i: ShardId(model_fp, kv.template_fingerprint, i)  # noqa: E731
     encoded: list[list] = [[] for _ in shards]
@@ -303,8 +295,7 @@ class _Figures:
 
 def _quality_floor(cal: Calibration, floor_codec, model_fp) -> list[dict]:
     """Per shard the quality floor's codec (CacheGen level 3) image MSE: predicted, or probed."""
-    from sakura.cloud.builder.pipeline import QUALITY_FLOOR_SPEC
-    from sakura.codec import ShardId
+    from sakura.cloud.builder.pipeline import QUALITY_FLOOR_SPEC  # lazy: import cycle
 
     shards, probing = cal.shards, cal.probing
     ident = lambda i: ShardId(model_fp, cal.kv.template_fingerprint, i)  # noqa: E731
@@ -362,7 +353,9 @@ def _correct_predictions(encoded: list[list], floors: list[dict], facts: dict) -
     return factor
 
 
-def _write(w, cal: Calibration, encoded, floors, model, images, instruction, key: str | None) -> None:
+def _write(w, cal: Calibration, encoded, floors, model, images, instruction, keys: dict | None) -> None:
+    """Shards, then the KV layout, whose ``keys`` ({"build_key", "source_key"}: `incremental`) let
+    the next build skip this template."""
     kv = cal.kv
     for i, s in enumerate(cal.shards):
         w.add_shard(layer=i, tokens=(0, kv.num_tokens), fp16_bytes=s.fp16_bytes,
@@ -371,16 +364,12 @@ def _write(w, cal: Calibration, encoded, floors, model, images, instruction, key
     w.set_kv_layout({"layers": kv.num_layers, "tokens": kv.num_tokens, "heads": kv.heads, "head_dim": kv.head_dim,
                      "dtype": "float16", "template_fingerprint": kv.template_fingerprint,
                      "layout": _jsonable(kv.layout), "instruction": instruction, **_depends_on(model, images, kv),
-                     **({"build_key": key} if key else {})})
+                     **(keys or {})})
 
 
 def _fp16_in_place(kv):
     """`kv` with every layer cast to fp16 on the host, one layer at a time (the compute-dtype copy
     of a layer is released as its fp16 copy is made: a 1024^2 Klein template is never held twice)."""
-    import torch
-
-    from sakura.models.kv import LayerKV
-
     for i, l in enumerate(kv.layers):
         kv.layers[i] = LayerKV(l.key.to("cpu", torch.float16), l.value.to("cpu", torch.float16), l.keep)
     return kv
@@ -389,9 +378,6 @@ def _fp16_in_place(kv):
 def _depends_on(model: Any, images, kv) -> dict[str, Any]:
     """What the KV is a function of, for the manifest: the model, each reference image's 8-bit
     pixels, the resolution and the RoPE positions (the prompt's fingerprint is in kv.layout)."""
-    import numpy as np
-    import torch
-
     px = [hashlib.sha256((im.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8).tobytes()).hexdigest()
           for im in images]
     d = {"model": str(model.describe().get("model", type(model).__name__)), "image_size": int(images.shape[-1]),
@@ -407,8 +393,6 @@ def _depends_on(model: Any, images, kv) -> dict[str, Any]:
 def _rounded(dist: dict[str, float]) -> dict[str, float]:
     """Six significant digits (17 made up a tenth of the manifest); image_psnr_db recomputed from
     the rounded image_mse so the manifest's consistency check holds exactly."""
-    import math
-
     out = {k: (v if math.isinf(v) else float(f"{v:.6g}")) for k, v in dist.items()}
     if "image_mse" in out:
         mse = out["image_mse"]
@@ -417,6 +401,4 @@ def _rounded(dist: dict[str, float]) -> dict[str, float]:
 
 
 def _jsonable(d: Any) -> Any:
-    import json
-
     return json.loads(json.dumps(d, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))

@@ -28,6 +28,14 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+import stat
+import warnings
+from PIL import Image
+import numpy as np
+import torch
+from sakura.cloud.tasks import get_task
+from sakura.util.fsutil import UnreadableFile, read_capped
+from sakura.util.resize import resize_antialiased
 
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_IMAGE_PIXELS = 64_000_000  # refuse decompression bombs before decoding
@@ -74,8 +82,6 @@ def parse_template_option(value: str, *, task: str | None, prompt: str | None) -
 
 def load_library_file(path: Path) -> list[TemplateSpec]:
     """Parse a templates TOML file; raises `TemplateSpecError` listing every structural problem."""
-    from sakura.util.fsutil import UnreadableFile, read_capped
-
     path = Path(path)
     try:
         # a regular file under the cap, checked before reading (a FIFO blocked, /dev/zero grew to a MemoryError)
@@ -134,11 +140,6 @@ def _open_image(path: Path, *, load: bool = True):
     declare 144 Mpx), and it must be a regular file (a FIFO would block the open). Decoded only
     with ``load``. Pillow's global limit is left alone: other loaders (the photo loader's own cap)
     rely on its default."""
-    import stat
-    import warnings
-
-    from PIL import Image
-
     if not stat.S_ISREG(Path(path).stat().st_mode):
         raise ValueError("not a regular file")
     with warnings.catch_warnings():  # the cap below says it in one line
@@ -218,11 +219,6 @@ def load_template_image(path: Path, size: int, *, background: tuple[float, float
     Pillow (``reduce`` with the crop box) to at most 2x ``size`` before any float conversion, so
     a 7999 x 7999 PNG costs its 8-bit decode, not 64 Mpx of float32 RGBA and a float resize
     (94 s and 3.3 GB before)."""
-    import numpy as np
-    import torch
-
-    from sakura.util.resize import resize_antialiased
-
     with _open_image(path, load=False) as im:
         if im.format == "JPEG" and im.mode in ("RGB", "L", "CMYK"):
             im.draft(im.mode, (2 * size, 2 * size))  # DCT-domain downscale, before decoding
@@ -247,8 +243,6 @@ def load_template_image(path: Path, size: int, *, background: tuple[float, float
 
 def spec_images(spec: TemplateSpec, size: int):
     """(R, 3, size, size) pixels of a spec's reference images."""
-    import torch
-
     bg = (0.0, 1.0, 0.0) if spec.task == "sticker" else (1.0, 1.0, 1.0)  # the sticker task's green key
     return torch.stack([load_template_image(p, size, background=bg) for p in spec.images])
 
@@ -257,8 +251,6 @@ def spec_instruction(spec: TemplateSpec) -> Any:
     """What the model's `extract_template_kv(image, instruction)` takes: a task's instruction id,
     or the prompt text."""
     if spec.task is not None:
-        from sakura.cloud.tasks import get_task
-
         return get_task(spec.task).instruction
     return spec.prompt
 

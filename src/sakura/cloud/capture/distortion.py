@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -105,8 +106,6 @@ class ShardDistortionProbe:
         """A thread pool of `workers` threads kept for this probe's life, for `image_mse_many` and
         callers that submit probes themselves (the build: a pool per call cost more than it
         saved); its threads exit with the probe (`close`)."""
-        from concurrent.futures import ThreadPoolExecutor
-
         pool = getattr(self, "_threads", None)
         if pool is None or getattr(self, "_thread_count", 0) < workers:
             if pool is not None:

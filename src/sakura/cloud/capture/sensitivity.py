@@ -11,8 +11,12 @@ and image MSE from several perturbed parts adds up, so `sakura`/`layered` use th
 from __future__ import annotations
 
 from typing import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from sakura.models.base import DifferentiableEditModel
+from sakura.models.kv import LayerKV, TemplateKV
 
 
 def layer_sensitivity(layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -49,8 +53,6 @@ def layer_sensitivity(layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
         return float((edited(*item).double() - ref).pow(2).mean()) / eps ** 2
 
     if workers > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sensitivity") as pool:
             sens = list(pool.map(mse, perturbed))
     else:
@@ -77,9 +79,6 @@ def token_sensitivity(model, template_kv, photos: torch.Tensor, *, steps: int = 
     Returns:
         (layers, 2, tokens) float32 >= 0; [:, 0] keys, [:, 1] values.
     """
-    from sakura.models.base import DifferentiableEditModel
-    from sakura.models.kv import LayerKV, TemplateKV
-
     if not isinstance(model, DifferentiableEditModel):
         raise TypeError(f"token sensitivity needs a model with differentiable_edit (a DifferentiableEditModel), "
                         f"got {type(model).__name__}")

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
+import importlib.util
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
+
+from sakura.util.extras import require
 
 # name -> how to load it (skimage.data function name, or "sklearn:<file>")
 TRAIN_PHOTOS = ("astronaut", "camera", "coffee", "coins", "hubble_deep_field", "immunohistochemistry",
@@ -31,13 +36,6 @@ def _sklearn_sample_image(file: str) -> np.ndarray:
     """scikit-learn's bundled sample image `file` as (H, W, 3) uint8, read from the installed
     package's data folder: `sklearn.datasets.load_sample_image` gives the same array but imports
     all of scikit-learn first (~1 s of every build)."""
-    import importlib.util
-    from pathlib import Path
-
-    from PIL import Image
-
-    from sakura.util.extras import require
-
     require("sklearn", "the builder's public photos (scikit-learn's sample images)")
     spec = importlib.util.find_spec("sklearn")
     path = Path(spec.origin).parent / "datasets" / "images" / file
@@ -56,10 +54,8 @@ def load_source(name: str) -> torch.Tensor:
     if name.startswith("sklearn:"):
         arr = _sklearn_sample_image(name.split(":", 1)[1])
     else:
-        from sakura.util.extras import require
-
         require("skimage", "the builder's public photos (scikit-image's data images)")
-        import skimage.data
+        import skimage.data  # lazy: skimage ([build] extra)
 
         if name not in skimage.data.__all__:
             raise ValueError(f"unknown skimage.data image {name!r}")

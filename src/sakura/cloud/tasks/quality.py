@@ -43,7 +43,7 @@ def psnr_per_image(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None =
 
 def ssim_per_image(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """SSIM (skimage, Gaussian window, data range 1, over RGB). a, b: (B, 3, H, W) -> (B,)."""
-    from skimage.metrics import structural_similarity
+    from skimage.metrics import structural_similarity  # lazy: skimage ([build] extra)
 
     out = [structural_similarity(x.permute(1, 2, 0).numpy().astype(np.float64),
                                  y.permute(1, 2, 0).numpy().astype(np.float64),
@@ -154,10 +154,10 @@ def evaluate_quality(model: MiniDiT, *, steps: int = 8, seed: int = 0, photos_pe
 def quality_grid(model: MiniDiT, path, *, steps: int = 8, seed: int = 0, per_task: int = 2) -> None:
     """Save a PNG grid: one row per example, columns photo | template | ground truth | model |
     swapped template's output. Held-out photos and held-out templates only."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib ([bench] extra)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib ([bench] extra)
 
     size = model.cfg.image_size
     photos = heldout_photos(size, 4)

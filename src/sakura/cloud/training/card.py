@@ -16,6 +16,7 @@ from sakura.cloud.tasks.photos import HELDOUT_TEXTURES, TRAIN_TEXTURES
 from sakura.cloud.tasks.quality import evaluate_quality, quality_grid
 
 from .loop import CHECKPOINT, Recipe, load_weights
+from .card_flux2 import flux2_card
 
 #: Where each model's card and figures go, relative to the docs folder.
 CARD_PATHS = {"sakura-mini": ("model-card.md", "model"), "flux2-mini": ("model-card-flux2.md", "model-flux2")}
@@ -67,10 +68,10 @@ def conclusions(report, sweep: dict, losses: list[list[float]], eval_steps: int)
 
 def loss_plot(losses: list[list[float]], path: Path, window: int = 50) -> None:
     """Training loss per step (light) and its moving average, overall and per task (log scale)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib ([bench] extra)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib ([bench] extra)
 
     arr = torch.tensor(losses, dtype=torch.float64)                            # (steps, 2 + tasks)
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -135,8 +136,6 @@ def write_model_card(run_dir: str | Path, docs_dir: str | Path = "docs", *, eval
     cfg = model.cfg
     said = conclusions(report, sweep, losses, eval_steps)
     if recipe.model == "flux2-mini":
-        from .card_flux2 import flux2_card
-
         card = flux2_card(model=model, desc=desc, recipe=recipe, report=report, sweep_rows=sweep_rows, said=said,
                           steps_done=steps_done, elapsed=elapsed, final_loss=final_loss, eval_steps=eval_steps,
                           command=command, note=note, fig=fig_dir.name)

@@ -22,11 +22,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from sakura.cloud.tasks import TASK_NAMES, get_task
 from sakura.cloud.tasks.library import library_templates
 from sakura.cloud.tasks.photos import heldout_photos
 from sakura.cloud.tasks.quality import psnr_per_image
+from .loop import CHECKPOINT, Recipe, load_checkpoint, load_weights
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,6 @@ class IsolationRow:
 
 def load_run_model(path: str | Path) -> tuple[torch.nn.Module, int]:
     """A run folder's latest checkpoint (or a weights file) -> (model in eval mode, steps trained)."""
-    from .loop import CHECKPOINT, Recipe, load_checkpoint, load_weights
-
     path = Path(path)
     if path.is_dir():
         if not (path / CHECKPOINT).is_file():
@@ -63,7 +63,6 @@ def load_run_model(path: str | Path) -> tuple[torch.nn.Module, int]:
         model = state.model.eval()
         model.invalidate_fingerprint()
         return model, state.step
-    from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
         steps = int((f.metadata() or {}).get("steps", "0"))
@@ -74,7 +73,7 @@ def load_run_model(path: str | Path) -> tuple[torch.nn.Module, int]:
 def measure_isolation(model, *, steps: int = 8, seed: int = 0, photos_per_source: int = 4,
                       tasks: tuple[str, ...] = TASK_NAMES) -> list[IsolationRow]:
     """Stock vs cached (isolated) edits of a `photo_reference` flux2-mini, per task."""
-    from sakura.models.flux2mini import Flux2MiniConfig
+    from sakura.models.flux2mini import Flux2MiniConfig  # lazy: diffusers ([flux] extra)
 
     if not (isinstance(model.cfg, Flux2MiniConfig) and model.cfg.photo_reference):
         raise ValueError("the isolation cost is measured on a flux2-mini trained with --stock-references "

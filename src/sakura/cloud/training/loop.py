@@ -23,11 +23,14 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from tqdm import tqdm
+from safetensors import safe_open
 
 from sakura.util.fsutil import atomic_write
 from sakura.models.mini import MiniConfig, MiniDiT
 from sakura.cloud.tasks.library import TASK_NAMES, sample_batch
 from sakura.util.fsutil import write_json
+from sakura.models.mini_io import load_mini_weights, save_mini_weights
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +93,7 @@ class Recipe:
 
     def model_config(self):
         if self.model == "flux2-mini":
-            from sakura.models.flux2mini import Flux2MiniConfig
+            from sakura.models.flux2mini import Flux2MiniConfig  # lazy: diffusers ([flux] extra)
 
             if not 0 <= self.double_layers <= self.depth:
                 raise ValueError(f"double_layers {self.double_layers} must be in [0, depth={self.depth}]")
@@ -104,7 +107,7 @@ class Recipe:
 
     def build_model(self) -> torch.nn.Module:
         if self.model == "flux2-mini":
-            from sakura.models.flux2mini import Flux2MiniDiT
+            from sakura.models.flux2mini import Flux2MiniDiT  # lazy: diffusers ([flux] extra)
 
             return Flux2MiniDiT(self.model_config())
         return MiniDiT(self.model_config())
@@ -242,8 +245,7 @@ def train_step(recipe: Recipe, state: TrainState) -> list[float]:
 
 
 def save_weights(model: torch.nn.Module, path: Path, extra_meta: dict[str, str]) -> Path:
-    from sakura.models.flux2mini import Flux2MiniDiT, save_flux2_mini_weights
-    from sakura.models.mini_io import save_mini_weights
+    from sakura.models.flux2mini import Flux2MiniDiT, save_flux2_mini_weights  # lazy: diffusers ([flux] extra)
 
     if isinstance(model, Flux2MiniDiT):
         return save_flux2_mini_weights(model, path, extra_meta)
@@ -252,10 +254,7 @@ def save_weights(model: torch.nn.Module, path: Path, extra_meta: dict[str, str])
 
 def load_weights(path: str | os.PathLike) -> torch.nn.Module:
     """Load a run's (or the bundled) weights of either model, by the format in the file."""
-    from sakura.models.flux2mini import load_flux2_mini_weights
-    from sakura.models.mini_io import load_mini_weights
-
-    from safetensors import safe_open
+    from sakura.models.flux2mini import load_flux2_mini_weights  # lazy: diffusers ([flux] extra)
 
     with safe_open(str(path), framework="pt") as f:
         fmt = (f.metadata() or {}).get("format")
@@ -270,8 +269,6 @@ def train(recipe: Recipe, run_dir: str | os.PathLike, *, resume: bool = True, st
     stop_after: stop once this many steps are done (checkpointing first), as an interruption
     would; a later call resumes. Ctrl-C also checkpoints the last finished step before exiting.
     """
-    from tqdm import tqdm
-
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json((run_dir / "recipe.json"), asdict(recipe), indent=2, sort_keys=True)

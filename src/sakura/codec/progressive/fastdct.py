@@ -222,7 +222,7 @@ def fits(n: int, C: int) -> bool:
 
 def kernel(n: int):
     """The native fused kernel `idct2_<n>` (see `_KERNEL`)."""
-    from . import _lee
+    from . import _lee  # lazy: the generated module this file writes (it must import without it)
 
     return getattr(_lee, f"idct2_{n}")
 
@@ -239,7 +239,7 @@ def inverse_2d(c: np.ndarray, n: int) -> np.ndarray:
 def inverse_rows(rows: list[np.ndarray]) -> list[np.ndarray]:
     """The reference decoder's 1-D inverse DCT over n float32 arrays (one per frequency), the same
     generated code as the native kernels: the result's x_i = sum_u D[u, i] rows[u]."""
-    from . import _lee
+    from . import _lee  # lazy: the generated module this file writes (it must import without it)
 
     fn = getattr(_lee, f"idct{len(rows)}").py_func
     return list(fn(*rows))

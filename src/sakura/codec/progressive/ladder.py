@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import math
 import zlib
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+import os
 
 import numpy as np
 import torch
@@ -48,11 +49,12 @@ from .. import ecsq as EQ
 from .. import entropy as E
 from .. import quant as Q
 from .. import kernels as K
-from . import fastdct
+from . import fastdct, fitkernels
 from .. import rans as R
 from ..allocation import allocate_steps, allocate_planes
 from ..base import (Codec, CodecTables, LadderState, LayerKV, ShardKV, ShardId, as_f32_2d, check_params, finite,
                     from_f32_2d, register)
+from .. import native as NV
 
 FORMAT_VERSION = 5      # 3: constriction ANS (no longer read); 4: interleaved rANS streams (`rans`);
                         # 5: 4 plus per-rung reconstruction offsets (header prog[kv]["off"])
@@ -124,8 +126,6 @@ def scales_of(codes: np.ndarray | None) -> np.ndarray | None:
 def _deadzone_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float) -> tuple[float, float]:
     """(relative MSE, band-context entropy bits) of the dead-zone quantiser at `step` (one native
     pass: `fitkernels.deadzone_rd`; `_deadzone_rd_numpy` is its reference)."""
-    from . import fitkernels
-
     return fitkernels.deadzone_rd(c, band, step, energy)
 
 
@@ -146,6 +146,45 @@ IMAGE_WINDOW = 3
 IMAGE_WIDEN = 3
 #: refinement planes measured beyond the proxy's top rung (and added per widening)
 IMAGE_PLANES_AHEAD = 1
+
+
+#: a part of more values than this has its rate-distortion points (the step grid's and the planes'
+#: sweeps: ~45 passes) measured on a stratified sample of its channels of about this many values:
+#: a Klein-4B 1024^2 part (12.6 M values) on ~1/12 of its channels. Smaller parts (every bundled
+#: model's) are swept whole: their stores are bit for bit as before. Tolerance, measured on
+#: real-shape layers (`sakura bench fit-sample`, docs/scale.md): bytes and KV PSNR per rung.
+FIT_SAMPLE_VALUES = 1 << 20
+
+
+def sample_channels(c: np.ndarray, heads: int, max_values: int = FIT_SAMPLE_VALUES
+                    ) -> tuple[np.ndarray, float] | None:
+    """A stratified sample of the channels (columns) of a part's coefficients `c` (T, C), the same
+    number from every head (C = heads x head_dim), drawn with a fixed seed: (c[:, cols] contiguous,
+    C / len(cols)), or None when `c` has at most `max_values` values (swept whole). Columns, not
+    rows: every DCT band keeps all its rows, so each band's histogram is sampled at the same rate
+    and the weight is one number."""
+    T, C = c.shape
+    if T * C <= max_values or heads < 1 or C % heads:
+        return None
+    D = C // heads
+    per_head = max(1, math.ceil(D * max_values / (T * C)))
+    if per_head >= D:
+        return None
+    rng = np.random.default_rng(0)
+    cols = np.sort(np.concatenate([h * D + rng.choice(D, per_head, replace=False) for h in range(heads)]))
+    return np.ascontiguousarray(c[:, cols]), C / cols.size
+
+
+def _part_rd(c: np.ndarray, band: np.ndarray, step: float, energy: float,
+             sample: tuple[np.ndarray, float] | None) -> tuple[float, float]:
+    """(relative MSE, bits) of the dead-zone quantiser at `step` on a part (`_deadzone_rd`), from
+    its channel `sample` when it has one: the sample's squared error and bits scaled by C / its
+    channels (the part's `energy` is exact)."""
+    if sample is None:
+        return _deadzone_rd(c, band, step, energy)
+    cs, w = sample
+    rel, bits = _deadzone_rd(cs, band, step, energy / w)
+    return rel, bits * w
 
 
 def _decoded_part(c: np.ndarray, step: float, n: int, mean: np.ndarray, scale: np.ndarray | None,
@@ -383,9 +422,6 @@ PARALLEL_PART_VALUES = 1 << 20
 def _part_pool(shards: Sequence[ShardKV]):
     """A thread pool over a fit's parts when they are large (one worker per core), else an
     in-line executor: small parts (the bundled models') gain nothing from threads."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
     workers = min(len(shards) * len(PARTS), os.cpu_count() or 1)
     if workers <= 1 or max(s.num_values for s in shards) // 2 < PARALLEL_PART_VALUES:
         return _InlineExecutor()
@@ -411,6 +447,8 @@ def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: s
     `use_image`: rung 0's steps by the shards' measured image distortion (`_image_steps`; every
     shard must have a `distortion` probe), the proxy (sensitivity x relative MSE) otherwise."""
     fine, sens, means, total_values, sdt = _step_grids(shards, transform, use_sensitivity, weighting, gamma)
+    sampled = {(s.layer, kv): s.fit_cache[("rd-sample", kv, transform, weighting, float(gamma), str(sdt))]
+               for s in shards for kv in PARTS}
     coarse_pts: dict = {}
     step0 = allocate_steps(fine, sens, budgets[0] * total_values)
     if use_image:
@@ -424,7 +462,7 @@ def plan_parts(shards: Sequence[ShardKV], budgets: Sequence[float], transform: s
             key = ("dz", part[1], transform, weighting, float(gamma), str(sdt), st)
             cache = shard_of[part].fit_cache
             if key not in cache:
-                cache[key] = _deadzone_rd(mean[1], mean[2], st, mean[3])
+                cache[key] = _part_rd(mean[1], mean[2], st, mean[3], sampled[part])
             out.append((k,) + cache[key])
         return out
 
@@ -487,7 +525,9 @@ def _step_grids(shards: Sequence[ShardKV], transform: str, use_sensitivity: bool
     def rd_grid(s: ShardKV, kv: str):  # one part's transform and step grid (the same for every budget)
         key = ("rd", kv, transform, weighting, float(gamma), str(sdt))
         if key not in s.fit_cache:
-            s.fit_cache[key] = _rd_grid(s, kv)
+            pts, mean, sample = _rd_grid(s, kv)
+            s.fit_cache[key] = pts, mean
+            s.fit_cache[("rd-sample",) + key[1:]] = sample  # the planes' sweep (`plan_parts`) reuses it
         return s.fit_cache[key]
 
     def _rd_grid(s: ShardKV, kv: str):  # parts are independent
@@ -503,10 +543,11 @@ def _step_grids(shards: Sequence[ShardKV], transform: str, use_sensitivity: bool
         sigma = math.sqrt(float((c ** 2).mean())) or 1.0
         floor = max(float(np.abs(c).max(initial=0.0)) / EQ.MAX_SYM, 1e-30)
         pts = []
+        sample = sample_channels(c, s.shape[1])
         for jj in EQ.STEP_GRID:
             step = float(np.float32(max(sigma * 2.0 ** (-jj / 2.0), floor)))
-            pts.append((step,) + _deadzone_rd(c, band, step, energy))
-        return pts, (mu, c, band, energy, sc)
+            pts.append((step,) + _part_rd(c, band, step, energy, sample))
+        return pts, (mu, c, band, energy, sc), sample
 
     jobs = [(s, j, kv) for s in shards for j, kv in enumerate(PARTS)]
     with _part_pool(shards) as pool:  # same arithmetic per part, in threads on large parts (exact)
@@ -711,18 +752,25 @@ def fit_library_tables(codec: str, params: dict[str, Any], templates: Sequence[S
             lay = Layout.of(T, H * D, _grid(T, params["transform"]))
             for kv in PARTS:
                 p = plans[(s.layer, kv)]
-                sc = scales_of(token_scales(s, kv, wt, gm))
-                flat = lay.to_flat(coefficients(as_f32_2d(s.key if kv == "k" else s.value), p.mean, lay.grid, sc))
-                need = max(1, int(np.floor(np.abs(flat).max(initial=0.0) / p.step0)))
+                c, sample = _fitted_coefficients(s, kv, p.mean, params["transform"], wt, gm)
+                if c is None:  # a library's mean: this template's coefficients around it
+                    sc = scales_of(token_scales(s, kv, wt, gm))
+                    c = coefficients(as_f32_2d(s.key if kv == "k" else s.value), p.mean, lay.grid, sc)
+                need = max(1, int(np.floor(np.abs(c).max(initial=0.0) / p.step0)))
                 m0s[(s.layer, kv)] = max(m0s.get((s.layer, kv), 1), need)
-                rungs_of.setdefault((s.layer, kv), []).append((flat, lay))
+                if sample is None:
+                    rungs_of.setdefault((s.layer, kv), []).append((lay.to_flat(c), lay, 1.0))
+                else:  # the histograms counted on the step grid's channel sample, scaled to the part
+                    sl = _SampledLayout.of(T, sample[0].shape[1], lay.grid)
+                    sl = _SampledLayout(sl.T, sl.C, sl.grid, sl.perm, sl.starts, part_big=lay.big)
+                    rungs_of.setdefault((s.layer, kv), []).append((sl.to_flat(sample[0]), sl, sample[1]))
     for part, items in rungs_of.items():  # pass 2: histograms with the library's plan and alphabet
         p = plans[part]
         pre = f"L{part[0]}.{part[1]}"
-        for flat, lay in items:
+        for flat, lay, weight in items:
             for rs in rung_symbols(flat, lay, p.step0, p.planes, m0s[part]):
                 for st in rs.streams:
-                    h = _band_hist(st.per_band, st.alphabet).astype(np.float64)
+                    h = _band_hist(st.per_band, st.alphabet).astype(np.float64) * weight
                     key = f"{pre}.{st.table}"
                     counts[key] = counts[key] + h if key in counts and counts[key].shape == h.shape else h
     arrays: dict[str, np.ndarray] = {}
@@ -737,6 +785,30 @@ def fit_library_tables(codec: str, params: dict[str, Any], templates: Sequence[S
 
 
 pack_counts = E.pack_counts
+
+
+def _fitted_coefficients(s: ShardKV, kv: str, mean: np.ndarray, transform: str, weighting: str,
+                         gamma: float) -> tuple[np.ndarray | None, tuple[np.ndarray, float] | None]:
+    """The coefficients the plan's step grid computed for this part around `mean` and their
+    channel sample (`_step_grids`' cache: the same arrays), or (None, None): the fit of one
+    template's tables transforms a part once, not twice, and counts a large part's rung symbols
+    on the sample (on a Klein-4B 1024^2 part the symbols of every rung were ~half the fit)."""
+    for key, val in s.fit_cache.items():
+        if key[:5] == ("rd", kv, transform, weighting, float(gamma)) and val[1][0] is mean:
+            return val[1][1], s.fit_cache.get(("rd-sample",) + key[1:])
+    return None, None
+
+
+@dataclass(frozen=True)
+class _SampledLayout(Layout):
+    """A channel sample's band layout whose symbols are grouped as its whole part's are (`big`
+    from the part): its histograms then fill the part's tables."""
+
+    part_big: bool = False
+
+    @property
+    def big(self) -> bool:
+        return self.part_big
 
 
 def _models_of(table: np.ndarray) -> R.Model:
@@ -1433,8 +1505,6 @@ def start_state(codec, obj: bs.Object, piece: bytes, ident: ShardId, tables: Cod
     """The decode state of a ladder's base object: libsakura_decode's (`native.ProgState`) where it
     covers the object and `engine` is "native", else a `ProgressiveState` (numba or reference)."""
     if engine == "native":
-        from .. import native as NV
-
         if NV.prog_supported(obj.header, dtype, shape):
             bs.require_version(obj, READ_VERSIONS, codec.name)
             layer = obj.header.get("layer", 0)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -42,11 +43,13 @@ from diffusers.models.transformers.transformer_flux2 import (
 )
 from diffusers.pipelines.flux2.pipeline_flux2_klein_kv import compute_empirical_mu, retrieve_timesteps
 from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
+from diffusers import Flux2KleinKVPipeline
 
 from ..adapter import LazyTemplateLayers
 from ..base import KVMode, check_source_fits, check_steps, resolve_kv_mode
 from .attention import _attend, _attend_probed, _ref_mask, joint_qkv
 from ..kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
+from sakura.util.device import resolve
 
 REF_SLOT_SCALE = 10  # diffusers' _prepare_image_ids: reference i gets T coordinate 10 + 10*i
 
@@ -315,13 +318,8 @@ class KleinAdapter:
         embedding; default diffusers' (9, 18, 27) for an encoder with at least 27 layers, else
         three evenly spaced ones ending at the last (so tiny test pipelines load too).
         """
-        from pathlib import Path
-
-        from diffusers import Flux2KleinKVPipeline
-
         if not Path(folder).is_dir():
             raise FileNotFoundError(f"{folder}: not a local folder with a FLUX.2 Klein pipeline")
-        from sakura.util.device import resolve
 
         dev, dt = resolve(device, dtype)
         # loaded straight in the compute dtype (a 9B model is never held in fp32 on the host); the

@@ -27,6 +27,7 @@ import hashlib
 import re
 from dataclasses import asdict
 from typing import Any, Iterator
+import types
 
 import torch
 
@@ -214,8 +215,6 @@ class KleinImageModel:
         """`edit` (same arguments, the same images) with autograd through the denoising and the VAE
         decode: the build's sensitivity sketch back-propagates into the template KV (issue 41).
         The adapter's `edit` / `decode` run undecorated for the call (their ``no_grad`` lifted)."""
-        import types
-
         ad = self.adapter
         lifted = {n: types.MethodType(getattr(type(ad), n).__wrapped__, ad) for n in ("edit", "decode")}
         ad.__dict__.update(lifted)

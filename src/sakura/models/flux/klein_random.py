@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .klein_config import KLEIN_4B, KLEIN_9B, KleinConfig
+from .klein_tiny import _byte_tokenizer
 
 
 def _transformer_kwargs(cfg: KleinConfig) -> dict[str, Any]:
@@ -57,11 +58,9 @@ def write_random_klein_folder(folder: str | Path, preset: str = "klein-4b", *, d
 
     Every weight gets seeded noise on top of its default init (as the tiny test fixture does), so
     no block starts as the identity and every layer's template KV reaches the image."""
-    from diffusers import AutoencoderKLFlux2, Flux2KleinKVPipeline, Flux2Transformer2DModel
-    from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from .klein_tiny import _byte_tokenizer
+    from diffusers import AutoencoderKLFlux2, Flux2KleinKVPipeline, Flux2Transformer2DModel  # lazy: diffusers ([flux] extra)
+    from diffusers.schedulers import FlowMatchEulerDiscreteScheduler  # lazy: diffusers ([flux] extra)
+    from transformers import Qwen3Config, Qwen3ForCausalLM  # lazy: transformers ([flux] extra)
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")

@@ -14,8 +14,8 @@ import torch
 
 def _byte_tokenizer():
     """A byte-level Qwen tokenizer with the chat markers and no merges: every byte is a token."""
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import Qwen2TokenizerFast
+    from tokenizers.pre_tokenizers import ByteLevel  # lazy: tokenizers
+    from transformers import Qwen2TokenizerFast  # lazy: transformers ([flux] extra)
 
     vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
     for s in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
@@ -28,9 +28,9 @@ def _byte_tokenizer():
 
 
 def write_tiny_klein_folder(folder):
-    from diffusers import AutoencoderKLFlux2, Flux2KleinKVPipeline, Flux2Transformer2DModel
-    from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from diffusers import AutoencoderKLFlux2, Flux2KleinKVPipeline, Flux2Transformer2DModel  # lazy: diffusers ([flux] extra)
+    from diffusers.schedulers import FlowMatchEulerDiscreteScheduler  # lazy: diffusers ([flux] extra)
+    from transformers import Qwen3Config, Qwen3ForCausalLM  # lazy: transformers ([flux] extra)
 
     torch.manual_seed(0)
     tok, n_vocab = _byte_tokenizer()

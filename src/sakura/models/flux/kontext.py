@@ -55,12 +55,14 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxTransformer2DModel, _get_qkv_projections
 from diffusers.pipelines.flux.pipeline_flux_kontext import calculate_shift, retrieve_timesteps
 from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
+from diffusers import FluxKontextPipeline
 
 from ..base import EditOutput, KVMode, check_images, check_prompt, check_source_fits, check_steps, resolve_kv_mode
 from .attention import _attend, _attend_probed, joint_qkv  # shared with Klein: masked attention, joint QKV
 from .config import FluxShape
 from ..adapter import LazyTemplateLayers, ReadOnceSource
 from ..kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
+from sakura.util.device import DeviceError, resolve
 
 DEFAULT_IMAGE_SIZE = 512
 PHOTO_SLOT_T = 1        # stock Kontext's T coordinate for the image it edits
@@ -382,10 +384,6 @@ class KontextImageModel:
     def from_pretrained(cls, arg: str, **options) -> "KontextImageModel":
         """`arg` = "/folder" or "/folder@S": a local `FluxKontextPipeline` folder (the user's own
         download or `write_tiny_kontext_folder`; never a hub)."""
-        from diffusers import FluxKontextPipeline
-
-        from sakura.util.device import DeviceError, resolve
-
         device, dtype = options.pop("device", "auto"), options.pop("dtype", "auto")
         dev, dt = resolve(device, dtype)
         if (device, dtype) != ("auto", "auto") and (dev.type, dt) != ("cpu", torch.float32):

@@ -15,10 +15,10 @@ import torch
 
 def write_tiny_kontext_folder(folder):
     """Write the tiny pipeline to `folder` (created); returns it. Deterministic (seed 0)."""
-    from diffusers import AutoencoderKL, FluxKontextPipeline, FluxTransformer2DModel
-    from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizerFast, T5Config, T5EncoderModel, T5TokenizerFast
+    from diffusers import AutoencoderKL, FluxKontextPipeline, FluxTransformer2DModel  # lazy: diffusers ([flux] extra)
+    from diffusers.schedulers import FlowMatchEulerDiscreteScheduler  # lazy: diffusers ([flux] extra)
+    from tokenizers.pre_tokenizers import ByteLevel  # lazy: tokenizers
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizerFast, T5Config, T5EncoderModel, T5TokenizerFast  # lazy: transformers ([flux] extra)
 
     torch.manual_seed(0)
     # CLIP: byte-level BPE with no merges (every byte a token); T5: a unigram over printable ASCII

@@ -20,12 +20,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlsplit
+import contextlib
+import threading
+import weakref
 
 import aiohttp
+from yarl import URL
 
 from sakura.wire.store.api import StoreIntegrityError, StoreNotFound
 from sakura.wire.store.layout import INDEX_PATH, check_name, manifest_relpath
 from sakura.wire.store.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError, ObjectRef, Rendition, parse_json
+from sakura.util.aiothread import running_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +258,6 @@ class TemplateClient:
         trip. Returns how many opened; a failure only means the next request connects itself.
         (Warming with a real request, e.g. the index, put its whole answer on the link ahead of
         the first shard: the index grows with the store.)"""
-        from yarl import URL
-
         s = self._ensure_session()
         loop = asyncio.get_running_loop()
 
@@ -479,12 +482,6 @@ class ClientThread:
     """
 
     def __init__(self, base_url: str, *, name: str = "sakura-client", **client_options: Any) -> None:
-        import contextlib
-        import threading
-        import weakref
-
-        from sakura.util.aiothread import running_in_thread
-
         self.client = client = TemplateClient(base_url, **client_options)   # checks the URL before a thread starts
 
         async def start() -> asyncio.AbstractEventLoop:   # (closes over the client, not self: see below)
@@ -529,8 +526,6 @@ class ClientThread:
 def _close_from_outside(stack: Any, loop_thread: list[int]) -> None:
     """End a `ClientThread` (close its session, stop its loop, join its thread): from its own loop
     thread (a collection that ran there) it cannot join itself, so another thread does it."""
-    import threading
-
     if loop_thread and threading.get_ident() == loop_thread[0]:
         threading.Thread(target=stack.close, name="sakura-client-close", daemon=True).start()
     else:

@@ -123,7 +123,7 @@ MAX_CONNECTIONS_CEILING = 16384
 
 def _nofile_soft() -> int:
     try:
-        import resource  # Unix only
+        import resource  # lazy: Unix only
 
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         return 65536 if soft == resource.RLIM_INFINITY else int(soft)

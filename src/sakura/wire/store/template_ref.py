@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import io
 
+from PIL import Image
+import numpy as np
+import torch
+
 TEMPLATE_REF_MEDIA_TYPE = "image/png"
 
 
@@ -17,9 +21,6 @@ def encode_template_ref(image) -> bytes:
 
     Pixels are rounded to 8 bits; the library's templates already are 8-bit, so this is exact for
     them (``decode_template_ref(encode_template_ref(x)) == x``)."""
-    import numpy as np  # on first use: the store commands and the server stay light
-    from PIL import Image  # on first use: the store commands and the server stay light
-
     if image.ndim != 3 or image.shape[0] != 3:
         raise ValueError(f"template image must be (3, S, S), got {tuple(image.shape)}")
     px = (image.detach().float().clamp(0, 1).permute(1, 2, 0).numpy() * 255.0).round().astype(np.uint8)
@@ -30,8 +31,6 @@ def encode_template_ref(image) -> bytes:
 
 def encode_template_images(images) -> bytes:
     """(R, 3, S, S) reference image(s) -> one PNG: the R images side by side (S x R*S)."""
-    import torch  # on first use: the store commands and the server stay light
-
     return encode_template_ref(torch.cat(list(images), dim=2))
 
 
@@ -46,12 +45,8 @@ def split_template_images(image):
 def decode_template_ref(data: bytes, media_type: str = TEMPLATE_REF_MEDIA_TYPE):
     """Template reference bytes -> (3, S, R*S) float32 image in [0, 1]: R reference images side by
     side. Raises ValueError for another media type or anything but an RGB PNG."""
-    import numpy as np  # on first use: the store commands and the server stay light
-    import torch  # on first use: the store commands and the server stay light
-
     if media_type != TEMPLATE_REF_MEDIA_TYPE:
         raise ValueError(f"unknown template reference media type {media_type!r}")
-    from PIL import Image  # on first use: the store commands and the server stay light
 
     with Image.open(io.BytesIO(data)) as im:
         if im.format != "PNG" or im.mode != "RGB":

@@ -71,7 +71,8 @@ def test_unchanged_template_is_skipped_and_force_rebuilds(built):
     rep = build(root, ["look-00"], log=lines.append, **KW)
     (b,) = rep.builds
     assert b.status == "skipped" and b.calibration_edits == 0 and b.seconds < 1.0
-    assert any("skipped, unchanged" in line and "--force" in line for line in lines)
+    # decided by the source key, before the model loads
+    assert any("skipped (current" in line and "model not loaded" in line and "--force" in line for line in lines)
     assert _snapshot(root) == before
     # a changed setting is not current: rebuilt
     rep = build(root, ["look-00"], **{**KW, "steps": 1})
@@ -80,6 +81,51 @@ def test_unchanged_template_is_skipped_and_force_rebuilds(built):
     assert rep.builds[0].status == "skipped"
     rep = build(root, ["look-00"], force=True, **{**KW, "steps": 1})
     assert rep.builds[0].status == "built" and rep.builds[0].calibration_edits > 0
+
+
+def test_other_weight_files_load_the_model_and_the_build_key_decides(built, tmp_path):
+    """The same weights under another path: not the recorded source, so the model loads; its
+    fingerprint (the weights, hashed) is the same, so the build key finds the template current."""
+    import shutil
+
+    from sakura.models import MINI_WEIGHTS
+
+    root, _rep, _lines = built
+    build(root, ["look-00"], **KW)  # current again with KW's settings (the test before changed them)
+    copy = tmp_path / "mini.safetensors"
+    shutil.copyfile(MINI_WEIGHTS, copy)
+    lines: list[str] = []
+    before = _snapshot(root)
+    rep = build(root, ["look-00"], model=f"sakura-mini:{copy}", log=lines.append, **KW)
+    assert rep.builds[0].status == "skipped"
+    assert any("skipped, unchanged" in line for line in lines) and not any("model not loaded" in x for x in lines)
+    assert _snapshot(root) == before
+
+
+def test_skip_of_an_unchanged_store_imports_no_torch(built):
+    """`sakura build` on an unchanged store: the whole command without torch or the model."""
+    import subprocess
+    import sys
+
+    root, _rep, _lines = built
+    build(root, ["look-00"], **KW)
+    code = ("import sys; from sakura.cli.main import app\n"
+            f"sys.argv = ['sakura', 'build', {str(root)!r}, '--template', 'look-00', '--ladder', {LADDER[0]!r},"
+            f" '--ladder', {LADDER[1]!r}, '--calibration', '1', '--steps', '2', '--workers', '1', '--quiet']\n"
+            "try:\n    app()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "False", r.stdout
+    assert "look-00: skipped (current" in r.stdout + r.stderr
+
+
+def test_default_template_ids_are_the_librarys():
+    from sakura.cloud.builder.incremental import DEFAULT_TEMPLATE_IDS
+    from sakura.cloud.tasks import TASK_NAMES
+
+    assert list(DEFAULT_TEMPLATE_IDS) == [f"{t}-00" for t in TASK_NAMES]
 
 
 def test_cli_json(built):

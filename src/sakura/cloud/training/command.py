@@ -1,4 +1,5 @@
-"""What `sakura train` does, kept out of cli.py so the CLI stays a thin shell."""
+"""What `sakura train` does (train or resume, evaluate, write the model card, install): the
+command's body, beside the training loop it drives; `sakura.cli.main` stays a thin shell."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from sakura.cloud.training.loop import Recipe, train
+from sakura.cloud.training.card import card_paths, write_model_card
+from sakura.models import ASSETS
 
 
 def train_command(out: Path, *, overrides: dict, resume: bool = True, install: bool = False,
@@ -18,10 +23,6 @@ def train_command(out: Path, *, overrides: dict, resume: bool = True, install: b
     overrides: Recipe fields to change (None values ignored). With `install`, the finished weights
     are copied to the bundled asset path and the card is written to `docs` as well.
     """
-    import torch
-
-    from sakura.models import ASSETS
-
     torch.set_num_threads(threads)
     recipe = replace(Recipe(), **{k: v for k, v in overrides.items() if v is not None})
     out = Path(out)
@@ -33,8 +34,6 @@ def train_command(out: Path, *, overrides: dict, resume: bool = True, install: b
         return
     weights = out / recipe.weights_name
     log(f"trained {state.step} steps in {state.elapsed_s / 3600:.2f} h; weights: {weights}")
-
-    from sakura.cloud.training.card import card_paths, write_model_card
 
     cmd = "sakura train" + "".join(f" --{k.replace('_', '-')} {v}" for k, v in overrides.items() if v is not None)
     card = write_model_card(out, out, eval_steps=eval_steps, command=cmd, photos_per_source=eval_photos)
