@@ -390,6 +390,22 @@ def _paired_comparisons(scores: dict, configs, strategies, splits, seed: int) ->
     return paired
 
 
+def _match_diagnostics(matchings: dict, sample: np.ndarray, first_ot: str, mats: dict, strategies) -> dict:
+    """Each judged source's match per method (-1 = none), how often a method matches feature i to
+    feature i (two SAEs trained from one random initialisation share decoder directions by index,
+    issue 44), and each method's NN agreement with the first OT variant's."""
+    return {
+        "targets": {f"{name}/{s}": [int(mt.as_dict().get(int(i), -1)) for i in sample]
+                    for (name, s), mt in matchings.items()},
+        "identity_match": {f"{name}/{s}": float(np.mean(mt.src == mt.tgt)) if len(mt.src) else float("nan")
+                           for (name, s), mt in matchings.items() if name != "random"},
+        "agree_with_first_ot_nn": {
+            name: float(np.mean([matchings[(first_ot, "nn")].as_dict().get(i) == j
+                                 for i, j in matchings[(name, "nn")].as_dict().items()]))
+            for name in mats} if "nn" in strategies else {},
+    }
+
+
 def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, settings=("shared", "disjoint"),
                   configs=None, baselines=("decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "xact"),
                   strategies=STRATEGIES,
@@ -531,16 +547,7 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
         res["summary"] = {name: {s: {sp: {m: bootstrap_ci(v) for m, v in by_sp.items()} for sp, by_sp in by_s.items()}
                                  for s, by_s in by_name.items()} for name, by_name in res["scores"].items()}
         res["paired"] = _paired_comparisons(res["scores"], configs, strategies, splits, seed)
-        # diagnostic: how often a method matches feature i to feature i (by index); two SAEs trained
-        # from the same random initialisation share decoder directions by index (issue 44)
-        res["targets"] = {f"{name}/{s}": [int(mt.as_dict().get(int(i), -1)) for i in sample]
-                          for (name, s), mt in matchings.items()}  # each judged source's match (-1 = none)
-        res["identity_match"] = {f"{name}/{s}": float(np.mean(mt.src == mt.tgt)) if len(mt.src) else float("nan")
-                                 for (name, s), mt in matchings.items() if name != "random"}
-        res["agree_with_first_ot_nn"] = {
-            name: float(np.mean([matchings[(configs[0].name, "nn")].as_dict().get(i) == j
-                                 for i, j in matchings[(name, "nn")].as_dict().items()]))
-            for name in mats} if "nn" in strategies else {}
+        res.update(_match_diagnostics(matchings, sample, configs[0].name, mats, strategies))
         res["seconds"] = time.perf_counter() - t0
         out["settings"][setting] = res
         sp0 = splits[-1]
