@@ -21,7 +21,18 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from saeot.bench import write_json
+from saeot.collect import (
+    chunk_token_set, collect_activations, excluding_chunks, load_activations, load_array, load_manifest,
+)
+from saeot.corpus import chunk_corpus, chunk_documents, user_documents
+from saeot.errors import ActivationFileError, TextInputError
+from saeot.evaluate import OTConfig, choose_config, chunk_split, evaluate_pair, markdown_summary
 from saeot.geometry import DEFAULT_GEOMETRY
+from saeot.methods import ONE_TO_ONE
+from saeot.models import load_model
+from saeot.pipeline import compare_methods, features_from_arrays, layer_pair
+from saeot.sae import load_sae_for_layer, sae_metadata, sae_report, save_sae, train_jumprelu_sae, train_topk_sae
 
 Log = Callable[[str], None]
 
@@ -50,11 +61,6 @@ def collect_cache(out: Path, *, model: str = "gemma3-270m", n_tokens: int = 1638
         when ``text`` is given: the tokens at the end of each document that do not fill a whole
         ``ctx_len`` chunk are not collected, and this says how many (also in ``log``).
     """
-    from saeot.collect import collect_activations, excluding_chunks, load_manifest
-    from saeot.corpus import chunk_corpus, chunk_documents, user_documents
-    from saeot.errors import TextInputError
-    from saeot.models import load_model
-
     docs = user_documents(text, text_field) if text is not None else None  # bad text fails before the model loads
     lm = load_model(model, device=device)
     stats: dict = {}
@@ -97,12 +103,6 @@ def train_saes(acts: Path, out: Path, *, layers: Sequence[int] | None = None, d_
     dict
         {layer (str): report} of the layers finished in this call.
     """
-    from saeot.bench import write_json
-    from saeot.collect import chunk_token_set, load_activations, load_manifest
-    from saeot.errors import ActivationFileError
-    from saeot.evaluate import chunk_split
-    from saeot.sae import sae_metadata, sae_report, save_sae, train_topk_sae
-
     if architecture not in ("topk", "jumprelu"):
         raise ValueError(f"architecture {architecture!r} is not one of topk, jumprelu")
     acts, out = Path(acts), Path(out)
@@ -137,8 +137,6 @@ def train_saes(acts: Path, out: Path, *, layers: Sequence[int] | None = None, d_
         if architecture == "topk":
             sae = train_topk_sae(X_fit, d_sae, k, aux_k=None if aux_k < 0 else aux_k, **kw)
         else:
-            from saeot.sae import train_jumprelu_sae
-
             sae = train_jumprelu_sae(X_fit, d_sae, target_l0=k, **kw)
         if sae is None:
             log(f"layer {l}: checkpointed at {ck} (run again to continue)")
@@ -181,22 +179,14 @@ def match_layers(out: Path | None, *, layer_a: int, layer_b: int, acts: Path | N
     ``acts_a`` / ``acts_b`` (the same tokens row by row); SAEs from the folder ``saes`` or the
     single folders ``sae_a`` / ``sae_b``; each SAE's own hook must name the layer it is used for.
     """
-    from saeot.methods import ONE_TO_ONE
-    from saeot.pipeline import compare_methods, features_from_arrays, layer_pair
-    from saeot.sae import load_sae_for_layer
-
     SA = load_sae_for_layer(sae_a if sae_a is not None else saes, layer_a)
     SB = load_sae_for_layer(sae_b if sae_b is not None else saes, layer_b)
     if acts_a is not None:
-        from saeot.collect import load_array
-
         Ha = load_array(acts_a, d=SA.d_in, what="--acts-a")
         Hb = load_array(acts_b, d=SB.d_in, rows=len(Ha), what="--acts-b")
         tokens = None if tokens_file is None else load_array(tokens_file, rows=len(Ha), integer=True, what="--tokens")
         A, B = features_from_arrays(Ha, Hb, SA, SB, space=space, k=k, geometry=geometry)
     else:
-        from saeot.collect import load_activations
-
         A, B = layer_pair(acts, SA, SB, layer_a, layer_b, space=space, k=k, geometry=geometry)
         tokens = load_activations(acts, "tokens")
     res = compare_methods(A, B, tokens, methods=tuple(methods), strategy=strategy, solver=solver,
@@ -210,8 +200,6 @@ def match_layers(out: Path | None, *, layer_a: int, layer_b: int, acts: Path | N
                            "src": r.matching.src.tolist(), "tgt": r.matching.tgt.tolist(),
                            "dist": r.matching.dist.tolist()} for n, r in res.items()}}
     if out is not None:
-        from saeot.bench import write_json
-
         write_json(doc, out)
     for n, r in res.items():
         jac = "n/a (no --tokens)" if r.proxy != r.proxy else f"{r.proxy:.3f}"
@@ -238,11 +226,6 @@ def evaluate_pairs(acts: Path, saes: Path, pairs: Sequence[tuple[int, int]], *, 
     dict
         ``{"pairs": {"a->b": ...}, "selection": ...}``.
     """
-    from saeot.bench import write_json
-    from saeot.evaluate import OTConfig, choose_config, evaluate_pair, markdown_summary
-    from saeot.models import load_model
-    from saeot.sae import load_sae_for_layer
-
     configs = list(configs) if configs else [OTConfig()]
     lm = load_model(model)
     res: dict = {}

@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import resource
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from saeot.matching import match
-from saeot.methods import METHODS, distance_matrix
+from saeot.collect import load_activations
+from saeot.evaluate import bootstrap_ci
+from saeot.fsutil import atomic_write
+from saeot.geometry import DEFAULT_GEOMETRY, GEOMETRIES, Geometry
+from saeot.matching import Matching, csls, in_degree_stats, match
+from saeot.methods import METHODS, LayerFeatures, distance_matrix
+from saeot.pipeline import compare_methods, layer_pair, top_token_overlap
+from saeot.sae import load_sae_for_layer
 from saeot.synthetic import planted_pair
+from saeot.wasserstein import (
+    Measures, _exact_parallel, candidate_pairs, default_jobs, measures, nearest_w2, pairwise_w2, prefilter_matrix,
+    sliced_proxy, w2_pairs,
+)
 
 
 def planted_recovery(ks=(2, 4, 8, 16, 32), seeds=(0, 1, 2), n_features: int = 64, n_tokens: int = 8000,
@@ -30,7 +45,7 @@ def planted_recovery(ks=(2, 4, 8, 16, 32), seeds=(0, 1, 2), n_features: int = 64
     if sweep not in ("k", "n_tokens"):
         raise ValueError(f"sweep must be 'k' or 'n_tokens', got {sweep!r}")
     xs = list(ks) if sweep == "k" else list(values or (250, 500, 1000, 2000, 4000, 8000))
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # lazy: tqdm.auto (0.3 s) keeps --help fast
 
     # xact and the enc+dec SAE-Match reading are for real SAEs (xact needs the target SAE at the source tokens)
     names = ["ot-exact", "ot-sinkhorn", "ot-sliced"] + [m for m in METHODS if m not in ("ot", "xact", "sae-match-folded-encdec")]
@@ -56,10 +71,10 @@ def planted_recovery(ks=(2, 4, 8, 16, 32), seeds=(0, 1, 2), n_features: int = 64
 
 
 def plot_recovery(r: dict, path: Path) -> Path:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib loads only when a figure is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib loads only when a figure is drawn
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for n, v in r["methods"].items():
@@ -79,8 +94,6 @@ def plot_recovery(r: dict, path: Path) -> Path:
 
 
 def write_json(obj, path: Path) -> Path:
-    from saeot.fsutil import atomic_write
-
     return atomic_write(path, json.dumps(obj, indent=1, default=float).encode("utf-8"))
 
 
@@ -90,8 +103,6 @@ def timing_all_pairs(A, B, candidates: int = 32, progress: bool = True, sinkhorn
     sliced: all pairs, measured.  exact: pre-filtered to ``candidates`` per feature, measured.
     Sinkhorn: the same candidate pairs, timed on ``sinkhorn_sample`` of them and extrapolated.
     """
-    from saeot.wasserstein import measures, w2_pairs
-
     out = {}
     for solver, cand in (("sliced", None), ("exact", candidates)):
         t0 = time.perf_counter()
@@ -120,12 +131,6 @@ def real_layers_bench(acts_dir: Path, saes_dir: Path, pairs=((0, 18), (9, 18)), 
     feature; exact on *all* pairs: extrapolated from ``exact_sample`` random pairs; exact pruned
     NN: measured on ``nn_sources`` sources, evaluated-pair fraction reported).
     """
-    from saeot.collect import load_activations
-    from saeot.matching import Matching
-    from saeot.pipeline import compare_methods, layer_pair, top_token_overlap
-    from saeot.sae import load_sae_for_layer
-    from saeot.wasserstein import measures, nearest_w2, w2_pairs
-
     tokens = load_activations(acts_dir, "tokens")
     rng = np.random.default_rng(seed)
     out = {}
@@ -144,7 +149,6 @@ def real_layers_bench(acts_dir: Path, saes_dir: Path, pairs=((0, 18), (9, 18)), 
         w2_pairs(ma, mb, pr, "exact", progress=progress)
         per_pair = (time.perf_counter() - t0) / exact_sample
         srcs = rng.choice(alive_a, min(nn_sources, len(alive_a)), replace=False)
-        from saeot.wasserstein import Measures
 
         t0 = time.perf_counter()
         _, _, evaluated = nearest_w2(Measures(ma.X[srcs], ma.w[srcs]), mb)
@@ -167,10 +171,6 @@ def real_layers_bench(acts_dir: Path, saes_dir: Path, pairs=((0, 18), (9, 18)), 
 
 def _legacy_wasserstein(rev: str):
     """The wasserstein module as of git revision ``rev`` (for side-by-side timing), or None."""
-    import importlib.util
-    import subprocess
-    import tempfile
-
     try:
         src = subprocess.run(["git", "show", f"{rev}:src/saeot/wasserstein.py"], capture_output=True, text=True,
                              check=True, cwd=Path(__file__).resolve().parents[2]).stdout
@@ -180,7 +180,6 @@ def _legacy_wasserstein(rev: str):
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("legacy_wasserstein", path)
     mod = importlib.util.module_from_spec(spec)
-    import sys
 
     sys.modules["legacy_wasserstein"] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
@@ -189,8 +188,6 @@ def _legacy_wasserstein(rev: str):
 
 def _cpu() -> float:
     """CPU seconds of this process and its finished children (robust to a shared, loaded machine)."""
-    import resource
-
     return time.process_time() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime \
         + resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
 
@@ -210,14 +207,7 @@ def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int =
     ``prefilters`` and candidate count; then exact W2 on each pre-filter's smallest candidate count
     with recall >= 0.95 (or its largest), timed.
     """
-    from saeot.geometry import DEFAULT_GEOMETRY
-    from saeot.wasserstein import prefilter_matrix
-
     geometry = geometry or DEFAULT_GEOMETRY
-    from saeot.pipeline import layer_pair
-    from saeot.sae import load_sae_for_layer
-    from saeot.wasserstein import (_exact_parallel, candidate_pairs, default_jobs, measures, nearest_w2,
-                                   pairwise_w2, sliced_proxy)
 
     rng = np.random.default_rng(seed)
     sa, sb = load_sae_for_layer(saes_dir, layer_a), load_sae_for_layer(saes_dir, layer_b)
@@ -333,9 +323,7 @@ def disjoint_recovery(seeds=range(6), n_features: int = 64, n_tokens: int = 4000
     """Planted-match recovery when the two layers see *disjoint* tokens (and, for contrast, the
     same tokens).  Truth is known; per method and matching strategy: accuracy with a bootstrap CI
     over (seed, feature).  Activation correlation needs shared tokens: chance on disjoint ones."""
-    from tqdm.auto import tqdm
-
-    from saeot.evaluate import bootstrap_ci
+    from tqdm.auto import tqdm  # lazy: tqdm.auto (0.3 s) keeps --help fast
 
     names = ["ot-exact", "ot-sinkhorn-debiased", "ot-sliced", "decoder-cosine", "sae-match", "act-corr"]
     out = {"params": {"n_features": n_features, "n_tokens": n_tokens, "k": k, "margin": margin, "drift": drift,
@@ -371,12 +359,7 @@ def planted_geometry(seeds=range(2), geometries=None, n_features: int = 64, n_to
     dimensions, log-normal per-token norms), shared and disjoint tokens, for every geometry
     option x OT solver x hubness correction, with decoder cosine as the geometry-free reference.
     NN and Hungarian accuracy with bootstrap CIs over (seed, feature), and the NN in-degree hubs."""
-    from tqdm.auto import tqdm
-
-    from saeot.evaluate import bootstrap_ci
-    from saeot.geometry import GEOMETRIES, Geometry
-    from saeot.matching import csls, in_degree_stats
-    from saeot.methods import LayerFeatures
+    from tqdm.auto import tqdm  # lazy: tqdm.auto (0.3 s) keeps --help fast
 
     geometries = list(geometries or GEOMETRIES)
     out = {"params": {"n_features": n_features, "n_tokens": n_tokens, "k": k, "margin": margin, "drift": drift,
@@ -428,9 +411,7 @@ def margin_sweep(margins=(0.1, 0.2, 0.35, 0.5, 1.0, 2.0), seeds=range(3), n_feat
     ``sae-match-folded`` is reported with its published one-to-one matching (its "nn" entry is
     nearest neighbour on the same folded distances, for comparison); act-corr on disjoint tokens
     is undefined and left out."""
-    from tqdm.auto import tqdm
-
-    from saeot.evaluate import bootstrap_ci
+    from tqdm.auto import tqdm  # lazy: tqdm.auto (0.3 s) keeps --help fast
 
     out = {"params": {"margins": list(margins), "n_features": n_features, "n_tokens": n_tokens, "k": k,
                       "drift": drift, "seeds": list(seeds), "chance": 1.0 / n_features}, "settings": {}}

@@ -1,14 +1,38 @@
-"""The `saeot` command line. Heavy imports happen inside each command so `saeot --help` is fast."""
+"""The `saeot` command line.  The commands call saeot's modules (imported here, numpy-level); torch, scipy,
+transformers and POT load inside the functions that use them, so `saeot --help` stays fast."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
+from itertools import product
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from saeot.geometry import DEFAULT_GEOMETRY
+from saeot.api import collect_cache, evaluate_pairs, match_layers, train_saes
+from saeot.bench import (
+    disjoint_recovery, margin_sweep as sweep_margins, planted_geometry, planted_recovery, plot_recovery,
+    real_layers_bench, speed_bench, write_json,
+)
+from saeot.collect import load_activations
+from saeot.compress import markdown_table, plot_faithfulness, run_compression
+from saeot.corpus import EXTRA_SOURCES, SOURCES
+from saeot.demo import run_demo
+from saeot.errors import InputError
+from saeot.evaluate import OTConfig, choose_config, hub_table, markdown_summary, merge_results, verdict_tables
+from saeot.fsutil import atomic_write
+from saeot.geometry import DEFAULT_GEOMETRY, GEOMETRIES
+from saeot.methods import METHODS
+from saeot.models import load_model, resolve_device
+from saeot.pipeline import compare_methods, layer_pair
+from saeot.report import pair_rows, write_report
+from saeot.reproduce import PRESETS, Interrupted, reproduce as run, steps_of, tables
+from saeot.sae import load_sae_for_layer, parse_layer
+from saeot.wasserstein import PREFILTERS
+from saeot.width import width_bench
 
 app = typer.Typer(
     help="saeot: semantic optimal transport between SAE features (cross-layer matching, circuit compression).",
@@ -24,8 +48,6 @@ _EXTRA_MODULES = {"ot": "pot", "scipy": "scipy", "gguf": "gguf", "accelerate": "
 @app.callback()
 def _needs_extra() -> None:
     """Every command needs the [saeot] extra: say so in one line instead of an ImportError deep inside."""
-    import importlib.util
-
     missing = [dist for mod, dist in _EXTRA_MODULES.items() if importlib.util.find_spec(mod) is None]
     if missing:
         _fail(f"saeot needs its extra ({', '.join(missing)} not installed): pip install '.[saeot]' "
@@ -108,8 +130,6 @@ def collect(
 ) -> None:
     """Collect residual-stream activations (layer 0 = embeddings, layer n = resid_post of block n-1)
     over the bundled corpus or your own --text into a resumable safetensors cache."""
-    from saeot.corpus import EXTRA_SOURCES, SOURCES
-
     src = tuple(x.strip() for x in sources.split(",") if x.strip())
     bad = [x for x in src if x not in SOURCES + EXTRA_SOURCES]
     if not src or bad or len(set(src)) != len(src):
@@ -121,7 +141,6 @@ def collect(
         _check_folder("--exclude", exclude, "an activation cache from `saeot collect`")
     if text is not None:
         _check_folder("--text", text, "a text file, a folder of text files or a .jsonl file")
-    from saeot.api import collect_cache
 
     collect_cache(out, model=model, n_tokens=n_tokens, ctx_len=ctx_len, layers=_layers(layers), batch_size=batch_size,
                   sources=src, text=text, text_field=text_field, exclude=exclude, device=device, log=typer.echo)
@@ -166,7 +185,6 @@ def train_sae(
     extra_acts = list(extra_acts or [])
     for x in extra_acts:
         _check_folder("--extra-acts", x, "run `saeot collect --exclude ACTS`")
-    from saeot.api import train_saes
 
     train_saes(acts, out, layers=_layers(layers), d_sae=d_sae, k=k, steps=steps, batch_size=batch_size, lr=lr,
                aux_k=aux_k, seed=seed, same_seed_all_layers=same_seed, architecture=architecture,
@@ -203,8 +221,6 @@ def match(
 ) -> None:
     """Match features of layer A to layer B with one or all methods; write pairs, scores, timings.
     Each SAE's own hook (cfg.json hook_name) must be the layer it is used for."""
-    from saeot.geometry import GEOMETRIES
-
     _check_choice("--geometry", geometry, GEOMETRIES)
     _check_choice("--hubness", hubness, ("none", "csls"))
     _check_choice("--method", method, METHOD_CHOICES)
@@ -214,7 +230,6 @@ def match(
     _check_positive("--k", k)
     _check_positive("--candidates", candidates, allow_zero=True)
     _check_positive("--n-jobs", n_jobs, allow_zero=True)
-    from saeot.sae import parse_layer
 
     la, lb = parse_layer(layer_a), parse_layer(layer_b)
     if (acts_a is None) != (acts_b is None):
@@ -223,8 +238,6 @@ def match(
         _check_folder("--acts", acts, "run `saeot collect`, or pass --acts-a/--acts-b")
     if sae_a is None or sae_b is None:
         _check_folder("--saes", saes, "run `saeot train-sae`, or pass --sae-a/--sae-b")
-    from saeot.api import match_layers
-    from saeot.methods import METHODS
 
     match_layers(out, layer_a=la, layer_b=lb, acts=acts, saes=saes, sae_a=sae_a, sae_b=sae_b, acts_a=acts_a,
                  acts_b=acts_b, tokens_file=tokens_file, methods=METHODS if method == "all" else (method,),
@@ -258,18 +271,13 @@ def bench(
     """Planted-match recovery for every method (synthetic) and, with --acts/--saes, every method on
     real layer pairs: top-token proxy, agreement, wall time for all pairs (JSON + plots)."""
     _check_positive("--seeds", seeds)
-    from saeot.bench import disjoint_recovery, planted_recovery, plot_recovery, real_layers_bench, write_json
 
     if geometry_bench:
-        from saeot.bench import planted_geometry
-
         r = planted_geometry(seeds=range(seeds))
         write_json(r, out / "planted_geometry.json")
         _echo_planted(r, 36, lambda x: f"Hungarian {x['hungarian']['mean']:.2f}  "
                                         f"max in-degree {x['max_in_degree']:.1f}")
     if margin_sweep:
-        from saeot.bench import margin_sweep as sweep_margins
-
         r = sweep_margins(seeds=range(seeds))
         write_json(r, out / "margin_sweep.json")
         for st, per in r["settings"].items():
@@ -334,8 +342,6 @@ def evaluate(
     statistics, per-source scores and paired OT - baseline intervals with verdicts.  Every
     combination of --geometry x --solver x --k x --hubness is one OT variant; the best on the
     validation split is reported beside the first (the default)."""
-    from itertools import product
-
     prs = _check_pairs("--pairs", pairs)
     for opt, v in (("--n-eval", n_eval),):
         _check_positive(opt, v)
@@ -344,7 +350,6 @@ def evaluate(
     _check_int_list("--k", k, allow_all=False)
     if "0" in _csv(k) and _csv(solver) != ["sliced"]:
         _fail("--k 0 (all firing tokens) needs --solver sliced")
-    from saeot.geometry import GEOMETRIES
 
     for g in _csv(geometry):
         _check_choice("--geometry", g, GEOMETRIES)
@@ -358,7 +363,6 @@ def evaluate(
         _check_choice("--strategies", x, STRATEGY_CHOICES)
     _check_choice("--prefilter", prefilter, ("sliced", "pca-sliced", "centroid"))
     _check_choice("--select-metric", select_metric, ("judge", "jaccard", "rel_effect", "hit10"))
-    from saeot.evaluate import OTConfig
 
     _check_positive("--n-chunks", n_chunks)
     if configs:
@@ -375,8 +379,6 @@ def evaluate(
     configs = cfgs
     _check_folder("--acts", acts, "run `saeot collect`")
     _check_folder("--saes", saes, "run `saeot train-sae`")
-    from saeot.api import evaluate_pairs
-    from saeot.evaluate import markdown_summary
 
     doc = evaluate_pairs(acts, saes, prs, model=model, out=out, n_eval=n_eval, n_intervene=n_intervene,
                          configs=configs, settings=_csv(settings), strategies=_csv(strategies), n_chunks=n_chunks,
@@ -401,7 +403,6 @@ def summarize(
     _check_choice("--select-metric", select_metric, ("judge", "jaccard", "rel_effect", "hit10"))
     for p in evals:
         _check_folder("evals", p, "run `saeot evaluate`")
-    from saeot.evaluate import choose_config, hub_table, merge_results, verdict_tables
 
     res = merge_results([json.loads(p.read_text()) for p in evals])
     shared = {p: ev for p, ev in res.items() if "shared" in ev["settings"]}
@@ -426,7 +427,6 @@ def summarize(
         md += ["", "Hub statistics (NN matching over all fit-alive sources, shared tokens):", "", hub_table(shared, keep)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(md) + "\n")
-    from saeot.bench import write_json
 
     write_json({"default": default, "selection": choice}, out.with_suffix(".json"))
     typer.echo("\n".join(md))
@@ -454,14 +454,10 @@ def bench_speed(
         _check_positive(opt, v)
     _check_folder("--acts", acts, "run `saeot collect`")
     _check_folder("--saes", saes, "run `saeot train-sae`")
-    from saeot.bench import speed_bench, write_json
-
-    from saeot.geometry import GEOMETRIES
 
     _check_choice("--geometry", geometry, GEOMETRIES)
     for x in _csv(spaces):
         _check_choice("--spaces", x, ("reference", "pca"))
-    from saeot.wasserstein import PREFILTERS
 
     for x in _csv(prefilters):
         _check_choice("--prefilters", x, PREFILTERS)
@@ -484,8 +480,6 @@ def reproduce(
 ) -> None:
     """Regenerate every saeot table from scratch or from cached steps: one JSON per step under OUT,
     then OUT/results.md generated from those JSON files alone (saeot.reproduce)."""
-    from saeot.reproduce import PRESETS, reproduce as run, steps_of, tables
-
     _check_choice("--preset", preset, tuple(PRESETS))
     out = out or Path("runs/reproduce") / preset
     only = _csv(steps) or None
@@ -493,14 +487,11 @@ def reproduce(
         bad = [x for x in only if x not in steps_of(PRESETS[preset])]
         if bad:
             _fail(f"--steps {bad}: the {preset} preset has {', '.join(steps_of(PRESETS[preset]))}")
-    from saeot.fsutil import atomic_write
 
     if tables_only:
         md = out / "results.md"
         atomic_write(md, tables(out, preset).encode("utf-8"))
     else:
-        from saeot.reproduce import Interrupted
-
         try:
             md = run(preset, out, only=only, log=typer.echo)
         except Interrupted as e:
@@ -527,6 +518,9 @@ def bench_width(
     certify: bool = typer.Option(False, "--certify", help="After the candidates, visit every target whose lower "
                                  "bound is below the best candidate's W2: the exact NN (recall 1 by construction), "
                                  "at the cost of the extra exact problems it reports."),
+    no_upper_probe: bool = typer.Option(False, "--no-upper-probe", help="Candidates from the lower-bound embedding "
+                                        "only (before issue 44's second probe by the independent-coupling upper "
+                                        "bound; recall 0.889 instead of 0.98+ on the uncovered case)."),
     no_exact: bool = typer.Option(False, "--no-exact", help="Stop after the candidate search (memory plan at "
                                   "widths whose exact stage is too long here; implies --no-recall)."),
     seed: int = typer.Option(0),
@@ -540,9 +534,6 @@ def bench_width(
         _check_positive(opt, v)
     _check_choice("--prefilter", prefilter, ("sliced", "pca-sliced"))
     _check_choice("--support-dtype", support_dtype, ("float32", "float16"))
-    from saeot.bench import write_json
-    from saeot.models import resolve_device
-    from saeot.width import width_bench
 
     try:
         dev = resolve_device(device)
@@ -553,8 +544,7 @@ def bench_width(
         _fail("--widths must be >= 2")
     r = width_bench(ws, k=k, d=d, candidates=candidates, prefilter=prefilter, recall_sources=recall_sources,
                     device=dev, seed=seed, cover=not uncovered, support_dtype=support_dtype, recall=not no_recall,
-                    exact=not no_exact, certify=certify,
-                    log=typer.echo)
+                    exact=not no_exact, certify=certify, upper_probe=not no_upper_probe, log=typer.echo)
     write_json(r, out)
     typer.echo(f"wrote {out}")
 
@@ -578,8 +568,6 @@ def compress(
     out: Path = typer.Option(Path("runs/compress")),
 ) -> None:
     """Circuit compression: attribution graph -> supernodes -> faithfulness, with paired tests."""
-    from saeot.geometry import GEOMETRIES
-
     _check_choice("--geometry", geometry, GEOMETRIES)
     _check_int_list("--layers", layers, allow_all=False)
     _check_positive("--n-nodes", n_nodes)
@@ -596,13 +584,6 @@ def compress(
     _check_folder("--acts", acts, "run `saeot collect`")
     if not sae:
         _check_folder("--saes", saes, "run `saeot train-sae`, or pass --sae LAYER=PATH")
-    from saeot.bench import write_json
-    from saeot.collect import load_activations
-    from saeot.compress import plot_faithfulness, run_compression
-    from saeot.models import load_model
-    from saeot.sae import load_sae_for_layer
-
-    from saeot.sae import parse_layer
 
     by_path = {}
     for x in sae or []:
@@ -619,7 +600,6 @@ def compress(
                           seeds=tuple(range(seeds)), task=task, geometry=geometry)
     write_json(res, out / "compression.json")
     plot_faithfulness(res, out / "faithfulness.png")
-    from saeot.compress import markdown_table
 
     md = markdown_table(res)
     (out / "compression.md").write_text(md + "\n")
@@ -647,7 +627,6 @@ def demo(
     _check_positive("--candidates", candidates, allow_zero=True)
     _check_choice("--solver", solver, SOLVER_CHOICES)
     _check_choice("--task", task, TASK_CHOICES)
-    from saeot.demo import run_demo
 
     run_demo(out, model=model, n_tokens=n_tokens, d_sae=d_sae, steps=steps, n_nodes=n_nodes, k=k, solver=solver,
              candidates=candidates or None, task=task, log=lambda m: typer.echo(m))
@@ -678,11 +657,6 @@ def report(
     _check_folder("--saes", saes, "run `saeot train-sae`")
     if compression is not None:
         _check_folder("--compression", compression, "run `saeot compress`")
-    from saeot.collect import load_activations
-    from saeot.models import load_model
-    from saeot.pipeline import compare_methods, layer_pair
-    from saeot.report import pair_rows, write_report
-    from saeot.sae import load_sae_for_layer
 
     tok = load_model(model).tokenizer
     tokens, chunk = load_activations(acts, "tokens"), load_activations(acts, "chunk")
@@ -708,10 +682,6 @@ def report(
 def _one_line_errors(fn):
     """Bad external input (saeot.errors.InputError: SAE / activation / text files, layers; a missing
     file) ends a command with one line and exit status 2, never a traceback."""
-    import functools
-
-    from saeot.errors import InputError
-
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from saeot.corpus import chunks_fingerprint
+from saeot.errors import ActivationFileError
 from saeot.fsutil import atomic_write
 
 
@@ -58,9 +59,9 @@ def collect_activations(lm, chunks: list[list[int]], out_dir: Path, layers: list
     Path
         ``out_dir``.
     """
-    import torch
-    from safetensors.torch import save as safetensors_bytes
-    from tqdm.auto import tqdm
+    import torch  # lazy: torch (seconds) keeps --help fast
+    from safetensors.torch import save as safetensors_bytes  # lazy: safetensors backends, on read
+    from tqdm.auto import tqdm  # lazy: tqdm.auto (0.3 s) keeps --help fast
 
     layers = list(range(lm.n_layers)) if layers is None else sorted(set(int(l) for l in layers))
     bad = [l for l in layers if not 0 <= l < lm.n_layers]
@@ -154,8 +155,6 @@ def excluding_chunks(chunks: list[list[int]], cache_dir: Path) -> list[list[int]
 
 
 def load_manifest(cache_dir: Path) -> dict:
-    from saeot.errors import ActivationFileError
-
     p = Path(cache_dir) / "manifest.json"
     if not p.exists():
         raise FileNotFoundError(f"no activation cache at {cache_dir} (run `saeot collect`)")
@@ -180,9 +179,7 @@ def load_activations(cache_dir: Path, key: str | int) -> np.ndarray:
     -------
     (n_tokens, d) float32 for a layer, (n_tokens,) int64 otherwise.
     """
-    from safetensors import safe_open
-
-    from saeot.errors import ActivationFileError
+    from safetensors import safe_open  # lazy: safetensors backends, on read
 
     man = load_manifest(cache_dir)
     name = f"layer_{key}" if isinstance(key, int) or str(key).isdigit() else str(key)
@@ -238,8 +235,6 @@ def load_array(path: Path, *, d: int | None = None, rows: int | None = None, wha
     -------
     (rows, d) float32, or (rows,) int64 with ``integer``.
     """
-    from saeot.errors import ActivationFileError
-
     path = Path(path)
     if not path.is_file():
         raise ActivationFileError(f"{path}: no such file ({what})")
@@ -255,7 +250,7 @@ def load_array(path: Path, *, d: int | None = None, rows: int | None = None, wha
                 raise ActivationFileError(f"{path}: holds {names}; expected one array or one named {want!r}")
             x = z[key]
         elif path.suffix == ".safetensors":
-            from safetensors import safe_open
+            from safetensors import safe_open  # lazy: safetensors backends, on read
 
             with safe_open(str(path), framework="np") as f:
                 names = list(f.keys())

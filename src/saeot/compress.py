@@ -25,10 +25,15 @@ is the logit difference ``logit(answer) - mean(logit(other digits))`` at the las
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from saeot.distributions import feature_distributions
 from saeot.geometry import DEFAULT_GEOMETRY
+from saeot.space import reference_embeddings
+from saeot.stats import paired_bootstrap
+from saeot.wasserstein import measures, pairwise_w2
 
 FEWSHOT = ((3, 5), (2, 4), (7, 1), (0, 6))
 
@@ -79,7 +84,7 @@ class Task:
     def position_mask(self):
         """(B, T, 1) float: 1 at prompt positions, 0 at the BOS (an attention sink with huge norm,
         whose features are left out of the circuit and untouched by the reduction)."""
-        import torch
+        import torch  # lazy: torch (seconds) keeps --help fast
 
         m = torch.ones(self.ids.shape + (1,))
         m[:, :self.start] = 0.0
@@ -87,7 +92,7 @@ class Task:
 
 
 def make_task(tokenizer, task: str = "addition") -> Task:
-    import torch
+    import torch  # lazy: torch (seconds) keeps --help fast
 
     prompts, answers = task_prompts(task)
     enc = [tokenizer(p)["input_ids"] for p in prompts]
@@ -123,7 +128,7 @@ def _replace_out(out, h):
 def _last_logits(lm, task: Task):
     """(B, V) logits at the last position; asks the model for the last position only (the LM head
     over a 262k vocabulary at every position would dominate the cost)."""
-    import torch
+    import torch  # lazy: torch (seconds) keeps --help fast
 
     mask = torch.ones_like(task.ids)
     try:
@@ -135,7 +140,7 @@ def _last_logits(lm, task: Task):
 
 def logit_metric(logits, task: Task):
     """(B, V) last-position logits -> (B,) logit(answer) - mean logit(other digits)."""
-    import torch
+    import torch  # lazy: torch (seconds) keeps --help fast
 
     ans = torch.as_tensor(task.answer_ids)
     dig = logits[:, torch.as_tensor(task.digit_ids)]  # (B, 10)
@@ -155,8 +160,8 @@ class Circuit:
 
 def attribution_graph(lm, saes: dict, task: Task, n_nodes: int = 24, progress: bool = True) -> Circuit:
     """Build the attribution graph (see module docstring) over ``saes`` = {layer: SAE}."""
-    import torch
-    from tqdm.auto import tqdm
+    import torch  # lazy: torch (seconds) keeps --help fast
+    from tqdm.auto import tqdm  # lazy: tqdm.auto (0.3 s) keeps --help fast
 
     layers = sorted(saes)
     store: dict[int, torch.Tensor] = {}
@@ -210,8 +215,8 @@ def attribution_graph(lm, saes: dict, task: Task, n_nodes: int = 24, progress: b
 def cluster(D: np.ndarray, n_clusters: int) -> np.ndarray:
     """Average-linkage agglomerative clustering of a (n, n) distance matrix into ``n_clusters``
     groups; returns (n,) labels 0..n_clusters-1.  Non-finite distances count as the max finite x 2."""
-    from scipy.cluster.hierarchy import fcluster, linkage
-    from scipy.spatial.distance import squareform
+    from scipy.cluster.hierarchy import fcluster, linkage  # lazy: scipy (0.3-3 s) keeps --help fast
+    from scipy.spatial.distance import squareform  # lazy: scipy (0.3-3 s) keeps --help fast
 
     n = D.shape[0]
     if not 1 <= n_clusters <= n:
@@ -247,7 +252,7 @@ def faithfulness(lm, saes: dict, task: Task, circuit: Circuit, labels: dict[int,
 
     ``labels`` = {layer: (n_nodes,) supernode id}; None = the unmodified model.
     """
-    import torch
+    import torch  # lazy: torch (seconds) keeps --help fast
 
     hooks = []
     if labels is not None:
@@ -296,10 +301,6 @@ def within_layer_distances(sae, H_corpus: np.ndarray, H_task: np.ndarray, nodes:
     tokens (groups features that fire together; merging is exact when members fire in fixed
     proportion).  ``geometry`` (:mod:`saeot.geometry`) transforms the layer's hidden states for ``ot``.
     """
-    from saeot.distributions import feature_distributions
-    from saeot.space import reference_embeddings
-    from saeot.wasserstein import measures, pairwise_w2
-
     if method == "decoder-cosine":
         Wd = sae.W_dec[nodes].astype(np.float64)
         Wd = Wd / np.linalg.norm(Wd, axis=1, keepdims=True)
@@ -326,9 +327,7 @@ def paired_tests(a: dict, b: dict) -> dict:
     Wilcoxon signed-rank on per-prompt logit difference, exact McNemar (binomial) on correctness.
     Returns mean differences (a - b) and two-sided p-values (1.0 where the two are identical), and
     paired bootstrap intervals with verdicts (:func:`saeot.stats.paired_bootstrap`, over prompts)."""
-    from saeot.stats import paired_bootstrap
-
-    from scipy.stats import binomtest, wilcoxon
+    from scipy.stats import binomtest, wilcoxon  # lazy: scipy (0.3-3 s) keeps --help fast
 
     la, lb = np.asarray(a["per_prompt_logit_diff"]), np.asarray(b["per_prompt_logit_diff"])
     ca, cb = np.asarray(a["per_prompt_correct"]), np.asarray(b["per_prompt_correct"])
@@ -387,7 +386,7 @@ def run_compression(lm, saes: dict, corpus_hidden: dict, n_nodes: int = 24, coun
            "layers": circuit.layers, "n_prompts": int(the_task.ids.shape[0]), "solver": solver, "k": k,
            "geometry": geometry,
            "seeds": list(seeds), "methods": {}, "graphs": {}}
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # lazy: tqdm.auto (0.3 s) keeps --help fast
 
     for name in groupings:
         res = []
@@ -429,11 +428,10 @@ def supernode_graph(circuit: Circuit, labels: dict[int, np.ndarray]) -> dict:
 
 
 def plot_faithfulness(res: dict, path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib loads only when a figure is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from pathlib import Path
+    import matplotlib.pyplot as plt  # lazy: matplotlib loads only when a figure is drawn
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     for name, r in res["methods"].items():

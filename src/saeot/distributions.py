@@ -88,7 +88,7 @@ def feature_distributions(acts, k: int = 32) -> FeatureDistributions:
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     try:
-        import scipy.sparse as sp
+        import scipy.sparse as sp  # lazy: scipy (0.3-3 s) keeps --help fast
     except ImportError:  # pragma: no cover
         sp = None
     if sp is not None and sp.issparse(acts):

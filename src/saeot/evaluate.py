@@ -30,9 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
-from saeot.geometry import DEFAULT_GEOMETRY
-from saeot.matching import Matching, match
+from saeot.collect import load_activations
+from saeot.distributions import feature_distributions
+from saeot.geometry import DEFAULT_GEOMETRY, GEOMETRIES, Geometry
+from saeot.matching import HUBNESS, Matching, csls, in_degree_stats, match
 from saeot.methods import LayerFeatures, distance_matrix
+from saeot.models import _minilm_dir
+from saeot.stats import fmt_paired, paired_bootstrap
+from saeot.wasserstein import PREFILTERS, SOLVERS
 
 EVAL_METHODS = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "xact")
 STRATEGIES = ("nn", "hungarian", "mutual")
@@ -54,8 +59,6 @@ def bootstrap_ci(values, n_boot: int = 2000, seed: int = 0, level: float = 0.95)
 def hub_stats(m: Matching, n_targets: int) -> dict:
     """How concentrated a matching is on few targets (a hub = a target many sources map to):
     distinct targets, max and 99th-percentile in-degree, share of sources on the top 1% targets."""
-    from saeot.matching import in_degree_stats
-
     if len(m.tgt) == 0:
         return {"sources": 0, "distinct_targets": 0, "max_in_degree": 0, "p99_in_degree": 0.0,
                 "share_on_top1pct_targets": float("nan")}
@@ -115,10 +118,6 @@ class OTConfig:
 
     def check(self) -> str | None:
         """None if valid, else a one-line reason."""
-        from saeot.geometry import GEOMETRIES
-        from saeot.matching import HUBNESS
-        from saeot.wasserstein import PREFILTERS, SOLVERS
-
         if self.geometry not in GEOMETRIES:
             return f"geometry {self.geometry!r} is not one of {', '.join(GEOMETRIES)}"
         if self.solver not in SOLVERS:
@@ -158,8 +157,6 @@ def fitted_features(sae_a, sae_b, Ha, Hb, masks, setting: str, k: int = 32, geom
 
     Embedded by ``geometry`` (:mod:`saeot.geometry`).  ``acts`` = precomputed (acts_a, acts_b)
     for these tokens (SAE encoding is the slow part)."""
-    from saeot.geometry import Geometry
-
     ma_tok, mb_tok = (masks["fit"], masks["fit"]) if setting == "shared" else (masks["fit_a"], masks["fit_b"])
     acts_a, acts_b = acts if acts is not None else (sae_a.encode(Ha[ma_tok]), sae_b.encode(Hb[mb_tok]))
     if setting == "shared":
@@ -207,9 +204,7 @@ class ContextJudge:
     def __init__(self, tokens, chunk, decode, held_mask, n_ctx: int = 4, before: int = 12, after: int = 2,
                  model=None, mask_token: bool = False):
         if model is None:
-            from sentence_transformers import SentenceTransformer
-
-            from saeot.models import _minilm_dir
+            from sentence_transformers import SentenceTransformer  # lazy: sentence-transformers + torch, judge only
 
             model = SentenceTransformer(str(_minilm_dir()), device="cpu")
         self.model = model
@@ -235,8 +230,6 @@ class ContextJudge:
         """{feature: (384,) unit mean embedding of its top held-out contexts} (None if it never fires)."""
         todo = [int(f) for f in features if (layer, int(f)) not in self.cache]
         if todo:
-            from saeot.distributions import feature_distributions
-
             d = feature_distributions(held_acts[:, todo], self.n_ctx)
             texts, owner = [], []
             for r, f in enumerate(todo):
@@ -261,8 +254,6 @@ class ContextJudge:
 
 
 def held_out_jaccard(held_a, held_b, tokens_held, src, tgt, top: int = 10) -> np.ndarray:
-    from saeot.distributions import feature_distributions
-
     da = feature_distributions(held_a[:, np.asarray(src)], top)
     db = feature_distributions(held_b[:, np.asarray(tgt)], top)
     out = np.full(len(src), np.nan)
@@ -287,8 +278,8 @@ def intervention_effects(lm, sae_a, sae_b, la: int, lb: int, sources, chunk_ids_
     """(len(sources), d_sae_b) summed |change| of every layer-b feature's activation when source
     feature i is ablated at layer a on its chunks ``chunk_ids_of[i]``.  Clean layer-b states come
     from the activation cache (same forward pass, BOS prepended as the collector does)."""
-    import torch
-    from tqdm.auto import tqdm
+    import torch  # lazy: torch (seconds) keeps --help fast
+    from tqdm.auto import tqdm  # lazy: tqdm.auto (0.3 s) keeps --help fast
 
     bos = getattr(lm.tokenizer, "bos_token_id", None)
     out = np.zeros((len(sources), sae_b.d_sae), dtype=np.float32)
@@ -349,6 +340,72 @@ def _chunks_of(held_acts, rows_chunk, features, n_chunks: int) -> dict[int, list
     return out
 
 
+def _score_matchings(matchings: dict, sample: np.ndarray, la: int, lb: int, ha, hb, toks: np.ndarray, judge,
+                     masked_judge, inter: dict | None, rng, ok_b: np.ndarray) -> dict:
+    """Per-source scores of every matching on one judged split: {(method, strategy): {metric: list}}.
+
+    ``ha``, ``hb``: the split's SAE activations (tokens, features); ``toks``: its token ids;
+    ``judge`` / ``masked_judge``: :class:`ContextJudge` or None (no model: Jaccard only);
+    ``inter``: the split's intervention effects or None.  NaN = the source has no match."""
+    out = {}
+    for (name, s), mt in matchings.items():
+        d = mt.as_dict()
+        tgt = np.array([d.get(int(i), -1) for i in sample], dtype=np.int64)
+        has = tgt >= 0
+        sc = {}
+        jac = np.full(len(sample), np.nan)
+        jac[has] = held_out_jaccard(ha, hb, toks, sample[has], tgt[has])
+        sc["jaccard"] = jac
+        for key, jdg in (("judge", judge), ("judge_masked", masked_judge)):
+            if jdg is not None:
+                jd = np.full(len(sample), np.nan)
+                if has.any():
+                    jd[has] = jdg.similarity(la, ha, lb, hb, sample[has], tgt[has])
+                sc[key] = jd
+        if inter is not None:
+            isrc, eff = inter["sources"], inter["effects"]
+            top10 = np.argsort(-eff, 1)[:, :10]
+            rel, hit = np.full(len(isrc), np.nan), np.full(len(isrc), np.nan)
+            for r, i in enumerate(isrc):
+                j = d.get(int(i), -1) if name != "random" else int(rng.choice(np.flatnonzero(ok_b)))
+                if j >= 0:
+                    rel[r] = eff[r, j] / max(eff[r].max(), 1e-12)
+                    hit[r] = float(j in top10[r])
+            sc["rel_effect"], sc["hit10"] = rel, hit
+        out[(name, s)] = {m: v.tolist() for m, v in sc.items()}
+    return out
+
+
+def _paired_comparisons(scores: dict, configs, strategies, splits, seed: int) -> dict:
+    """Every OT variant against every baseline on the same sources: ``[ot][baseline][strategy][split]
+    [metric]`` = :func:`saeot.stats.paired_bootstrap` of OT - baseline."""
+    paired: dict = {}
+    for c in configs:
+        for b in [m for m in scores if not m.startswith("ot[") and m != "random"]:
+            for s in strategies:
+                for sp in splits:
+                    x, y = scores[c.name][s][sp], scores[b][s][sp]
+                    paired.setdefault(c.name, {}).setdefault(b, {}).setdefault(s, {})[sp] = {
+                        m: paired_bootstrap(x[m], y[m], seed=seed) for m in x if m in y}
+    return paired
+
+
+def _match_diagnostics(matchings: dict, sample: np.ndarray, first_ot: str, mats: dict, strategies) -> dict:
+    """Each judged source's match per method (-1 = none), how often a method matches feature i to
+    feature i (two SAEs trained from one random initialisation share decoder directions by index,
+    issue 44), and each method's NN agreement with the first OT variant's."""
+    return {
+        "targets": {f"{name}/{s}": [int(mt.as_dict().get(int(i), -1)) for i in sample]
+                    for (name, s), mt in matchings.items()},
+        "identity_match": {f"{name}/{s}": float(np.mean(mt.src == mt.tgt)) if len(mt.src) else float("nan")
+                           for (name, s), mt in matchings.items() if name != "random"},
+        "agree_with_first_ot_nn": {
+            name: float(np.mean([matchings[(first_ot, "nn")].as_dict().get(i) == j
+                                 for i, j in matchings[(name, "nn")].as_dict().items()]))
+            for name in mats} if "nn" in strategies else {},
+    }
+
+
 def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, settings=("shared", "disjoint"),
                   configs=None, baselines=("decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "xact"),
                   strategies=STRATEGIES,
@@ -377,10 +434,6 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
         statistics, fit seconds.  ``lm`` (a loaded model) is needed for the judge's text and the
         interventions; without it only the Jaccard scores are computed.
     """
-    from saeot.collect import load_activations
-    from saeot.matching import csls
-    from saeot.stats import paired_bootstrap
-
     if configs is None:
         configs = [OTConfig(k=k or 32, candidates=32 if candidates is None else candidates)]
     for c in configs:
@@ -476,7 +529,6 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
                                                np.zeros(len(sample)))
         for sp in splits:
             ha, hb = held[sp]
-            toks = tokens[masks[sp]]
             if lm is not None and n_intervene > 0 and sp not in inter:
                 isrc = sample[:: max(1, len(sample) // n_intervene)][:n_intervene]
                 ch_of = _chunks_of(ha, chunk[masks[sp]], isrc, n_chunks)
@@ -486,54 +538,16 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
                 eff = intervention_effects(lm, sae_a, sae_b, la, lb, isrc, ch_of, {c: tokens[chunk == c] for c in need},
                                            {c: Hb[chunk == c] for c in need}, progress=progress)
                 inter[sp] = {"sources": isrc, "effects": eff, "seconds": time.perf_counter() - t1}
-            for (name, s), mt in matchings.items():
-                d = mt.as_dict()
-                tgt = np.array([d.get(int(i), -1) for i in sample], dtype=np.int64)
-                has = tgt >= 0
-                sc = {}
-                jac = np.full(len(sample), np.nan)
-                jac[has] = held_out_jaccard(ha, hb, toks, sample[has], tgt[has])
-                sc["jaccard"] = jac
-                for key, jdg in (("judge", judges), ("judge_masked", masked_judges)):
-                    if sp in jdg:
-                        jd = np.full(len(sample), np.nan)
-                        if has.any():
-                            jd[has] = jdg[sp].similarity(la, ha, lb, hb, sample[has], tgt[has])
-                        sc[key] = jd
-                if sp in inter:
-                    isrc, eff = inter[sp]["sources"], inter[sp]["effects"]
-                    top10 = np.argsort(-eff, 1)[:, :10]
-                    rel, hit = np.full(len(isrc), np.nan), np.full(len(isrc), np.nan)
-                    for r, i in enumerate(isrc):
-                        j = d.get(int(i), -1) if name != "random" else int(rng.choice(np.flatnonzero(ok_b)))
-                        if j >= 0:
-                            rel[r] = eff[r, j] / max(eff[r].max(), 1e-12)
-                            hit[r] = float(j in top10[r])
-                    sc["rel_effect"], sc["hit10"] = rel, hit
-                res["scores"].setdefault(name, {}).setdefault(s, {})[sp] = {m: v.tolist() for m, v in sc.items()}
+            for (name, s), sc in _score_matchings(matchings, sample, la, lb, ha, hb, tokens[masks[sp]], judges.get(sp),
+                                                  masked_judges.get(sp), inter.get(sp), rng, ok_b).items():
+                res["scores"].setdefault(name, {}).setdefault(s, {})[sp] = sc
         res["intervened"] = {sp: v["sources"].tolist() for sp, v in inter.items()}
         res["intervention_seconds"] = {sp: v["seconds"] for sp, v in inter.items()}
         # summaries and paired comparisons (every OT variant against every baseline, same sources)
         res["summary"] = {name: {s: {sp: {m: bootstrap_ci(v) for m, v in by_sp.items()} for sp, by_sp in by_s.items()}
                                  for s, by_s in by_name.items()} for name, by_name in res["scores"].items()}
-        res["paired"] = {}
-        for c in configs:
-            for b in [m for m in res["scores"] if not m.startswith("ot[") and m != "random"]:
-                for s in strategies:
-                    for sp in splits:
-                        x, y = res["scores"][c.name][s][sp], res["scores"][b][s][sp]
-                        res["paired"].setdefault(c.name, {}).setdefault(b, {}).setdefault(s, {})[sp] = {
-                            m: paired_bootstrap(x[m], y[m], seed=seed) for m in x if m in y}
-        # diagnostic: how often a method matches feature i to feature i (by index); two SAEs trained
-        # from the same random initialisation share decoder directions by index (issue 44)
-        res["targets"] = {f"{name}/{s}": [int(mt.as_dict().get(int(i), -1)) for i in sample]
-                          for (name, s), mt in matchings.items()}  # each judged source's match (-1 = none)
-        res["identity_match"] = {f"{name}/{s}": float(np.mean(mt.src == mt.tgt)) if len(mt.src) else float("nan")
-                                 for (name, s), mt in matchings.items() if name != "random"}
-        res["agree_with_first_ot_nn"] = {
-            name: float(np.mean([matchings[(configs[0].name, "nn")].as_dict().get(i) == j
-                                 for i, j in matchings[(name, "nn")].as_dict().items()]))
-            for name in mats} if "nn" in strategies else {}
+        res["paired"] = _paired_comparisons(res["scores"], configs, strategies, splits, seed)
+        res.update(_match_diagnostics(matchings, sample, configs[0].name, mats, strategies))
         res["seconds"] = time.perf_counter() - t0
         out["settings"][setting] = res
         sp0 = splits[-1]
@@ -582,8 +596,6 @@ def markdown_summary(res: dict, split: str = "test", configs: list[str] | None =
     """Markdown tables of an ``evaluate`` result ({pair: evaluate_pair(...)}): per pair and
     setting, every method x strategy on ``split`` with 95% CIs and hub statistics, then the paired
     OT - baseline intervals with verdicts."""
-    from saeot.stats import fmt_paired
-
     lines = []
     for pair, ev in res.items():
         for setting, st in ev["settings"].items():
@@ -639,8 +651,6 @@ def verdict_tables(res: dict, default: str, chosen: str | None, *, split: str = 
                    extra: tuple = ()) -> str:
     """Per layer pair (adjacent first, then distant) and metric: the paired OT - baseline interval
     and verdict on ``split``, for the default configuration and the one chosen on validation."""
-    from saeot.stats import fmt_paired
-
     def order(p):
         a, b = (int(x) for x in p.split("->"))
         return ((a, b) not in ADJACENT, b - a, a)

@@ -68,7 +68,7 @@ def match(D: np.ndarray, strategy: Strategy = "nn", threshold: float | None = No
         tgt = np.argmin(D, axis=1)
         src = np.arange(D.shape[0])
     elif strategy == "hungarian":
-        from scipy.optimize import linear_sum_assignment
+        from scipy.optimize import linear_sum_assignment  # lazy: scipy (0.3-3 s) keeps --help fast
 
         finite = np.isfinite(D)
         big = (np.abs(D[finite]).max() + 1.0) * max(D.shape) if finite.any() else 1.0

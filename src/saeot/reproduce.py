@@ -32,6 +32,14 @@ import numpy as np
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from saeot import bench
+from saeot.api import collect_cache, evaluate_pairs, train_saes
+from saeot.bench import write_json
+from saeot.fsutil import atomic_write
+from saeot.models import resolve_device
+from saeot.stats import family_verdicts
+from saeot.width import width_bench
+
 SIX_PAIRS = ((9, 10), (9, 18), (0, 18), (0, 9), (3, 12), (6, 15))
 
 
@@ -93,8 +101,6 @@ def steps_of(p: Preset) -> list[str]:
 
 def run_step(step: str, p: Preset, out: Path, log=print) -> dict:
     """Run one step and return what goes into ``OUT/<step>.json``."""
-    from saeot import bench
-
     r = p.real
     seeds = range(p.seeds)
     t0 = time.perf_counter()
@@ -105,25 +111,16 @@ def run_step(step: str, p: Preset, out: Path, log=print) -> dict:
     elif step == "planted_disjoint":
         res = bench.disjoint_recovery(seeds=seeds, progress=False)
     elif step == "width":
-        from saeot.models import resolve_device
-        from saeot.width import width_bench
-
         res = width_bench(p.widths, device=resolve_device("auto"), log=log)
     elif step == "collect":
-        from saeot.api import collect_cache
-
         res = collect_cache(out / "acts", model=r.model, n_tokens=r.n_tokens, layers=r.layers, device="auto",
                             text=None if r.text is None else Path(r.text), log=log)
     elif step.startswith("train"):
-        from saeot.api import train_saes
-
         x, arch, seed = next(t for t in sae_sets(r) if f"train{t[0]}" == step)
         train_saes(out / "acts", out / f"saes{x}", layers=r.layers, d_sae=r.d_sae, k=r.k, steps=r.steps,
                    batch_size=r.batch_size, seed=seed, architecture=arch, log=log)
         res = json.loads((out / f"saes{x}" / "report.json").read_text())
     elif step.startswith("eval_"):
-        from saeot.api import evaluate_pairs
-
         a, b, *rest = step[5:].split("_", 2)
         x = f"_{rest[0]}" if rest else ""
         res = evaluate_pairs(out / "acts", out / f"saes{x}", [(int(a), int(b))], model=r.model, n_eval=r.n_eval,
@@ -153,8 +150,6 @@ class Interrupted(KeyboardInterrupt):
 
 def reproduce(preset: str, out: Path, *, only: list[str] | None = None, log=print) -> Path:
     """Run the preset's missing steps (all, or ``only``), then write ``OUT/results.md``."""
-    from saeot.bench import write_json
-
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
     p = PRESETS[preset]
@@ -179,7 +174,6 @@ def reproduce(preset: str, out: Path, *, only: list[str] | None = None, log=prin
         write_json(res, path)
         log(f"[{preset}] {s}: {res['_seconds']:.0f} s -> {path}")
     md = tables(out, preset)
-    from saeot.fsutil import atomic_write
 
     atomic_write(out / "results.md", md.encode("utf-8"))
     return out / "results.md"
@@ -239,8 +233,6 @@ def verdicts(evals_by_set: dict, setting: str, sets, split: str = "test") -> dic
     """{baseline: {"wins", "ties", "losses", "cells": {(pair, metric): result}}}: one Holm family per
     baseline and setting (every pair x {judge, masked judge, Jaccard}), SAE seeds pooled per cell
     (:func:`saeot.stats.family_verdicts`)."""
-    from saeot.stats import family_verdicts
-
     out = {}
     for bl in BASELINES:
         cells = paired_cells(evals_by_set, setting, bl, sets, split)

@@ -37,10 +37,14 @@ import json
 import os
 import re
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from saeot.errors import InputError, LayerMismatchError, SAEFormatError
+from saeot.fsutil import atomic_folder, atomic_write
 
 ARCHITECTURES = ("topk", "standard", "jumprelu")
 NORMALISATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
@@ -140,7 +144,7 @@ class SAE:
 
     def _normalise_in(self, x):
         """torch (b, d_in) -> (normalised x, undo) as SAELens' run-time normalisation."""
-        import torch
+        import torch  # lazy: torch (seconds) keeps --help fast
 
         mode = self.normalize_activations
         if mode == "constant_norm_rescale":
@@ -159,7 +163,7 @@ class SAE:
     def pre_activations(self, x, features=None):
         """torch (b, d_in) float32 -> (b, d_sae) encoder pre-activations (before the nonlinearity);
         only the columns ``features`` (an index array) if given."""
-        import torch
+        import torch  # lazy: torch (seconds) keeps --help fast
 
         cols = slice(None) if features is None else np.atleast_1d(features)
         x, _ = self._normalise_in(x)
@@ -176,15 +180,15 @@ class SAE:
         """torch (..., d_in) -> (..., d_sae) dense activations (differentiable in x)."""
         shape = x.shape
         pre = self.pre_activations(x.reshape(-1, shape[-1]))
-        import torch
+        import torch  # lazy: torch (seconds) keeps --help fast
 
         th = None if self.threshold is None else torch.from_numpy(self.threshold.astype(np.float32))
         return _activate(pre, self.architecture, self.k, th).reshape(*shape[:-1], self.d_sae)
 
     def encode(self, x, batch_size: int = 4096):
         """(n, d_in) -> (n, d_sae) scipy.sparse.csr_matrix of activations (float32)."""
-        import scipy.sparse as sp
-        import torch
+        import scipy.sparse as sp  # lazy: scipy (0.3-3 s) keeps --help fast
+        import torch  # lazy: torch (seconds) keeps --help fast
 
         x = np.asarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != self.d_in:
@@ -202,7 +206,7 @@ class SAE:
         ``x`` (the inputs) is needed only for the per-token normalisations (``constant_norm_rescale``,
         ``layer_norm``), whose inverse depends on each input's norm.
         """
-        import torch
+        import torch  # lazy: torch (seconds) keeps --help fast
 
         a = acts
         if self.architecture == "topk" and self.rescale_acts_by_decoder_norm:
@@ -220,7 +224,7 @@ class SAE:
 
 
 def _activate(pre, architecture: str, k: int | None, threshold=None):
-    import torch
+    import torch  # lazy: torch (seconds) keeps --help fast
 
     if architecture == "topk":
         v, i = torch.topk(pre, k, dim=-1)
@@ -244,7 +248,7 @@ def _init_params(X: np.ndarray, d_sae: int, seed: int):
     """The training start both SAE kinds share: the RMS scale of `X` (n, d) float32, the scaled
     activations as a tensor, the generator seeded by `seed` (it draws the batches next), unit-norm random decoder rows (d_sae, d) from `seed`, the encoder tied
     to them (d, d_sae), a zero encoder bias and the data mean as decoder bias (leaf tensors)."""
-    import torch
+    import torch  # lazy: torch (seconds) keeps --help fast
 
     d = X.shape[1]
     scale = float(np.sqrt((X.astype(np.float64) ** 2).sum(1).mean() / d)) or 1.0
@@ -298,8 +302,8 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
     SAE
         ``architecture="topk"``, ``apply_b_dec_to_input=True``.
     """
-    import torch
-    from tqdm.auto import tqdm
+    import torch  # lazy: torch (seconds) keeps --help fast
+    from tqdm.auto import tqdm  # lazy: tqdm.auto (0.3 s) keeps --help fast
 
     X = np.asarray(X, dtype=np.float32)
     n, d = X.shape
@@ -329,8 +333,6 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
             log.extend(st.get("log", []))
 
     def save_checkpoint(step_done: int) -> None:
-        from saeot.fsutil import atomic_write
-
         state = {"meta": ck_meta, "params": [t.detach().clone() for t in (W_enc, b_enc, W_dec, b_dec)],
                  "opt": opt.state_dict(), "rng": g.get_state(), "since_fired": since_fired, "step": step_done,
                  "log": list(log or [])}
@@ -393,7 +395,7 @@ def _jumprelu_functions(bandwidth: float):
     """JumpReLU and its L0 step with straight-through gradients for the threshold (Rajamanoharan
     et al., 2024, "Jumping Ahead", eqs. 11-12): the Heaviside step's derivative in theta is
     replaced by a rectangle kernel of width ``bandwidth`` around the threshold."""
-    import torch
+    import torch  # lazy: torch (seconds) keeps --help fast
 
     def kernel(u):
         return ((u > -0.5) & (u < 0.5)).to(u.dtype)
@@ -448,8 +450,8 @@ def train_jumprelu_sae(X: np.ndarray, d_sae: int, *, target_l0: float = 32, step
     SAE
         ``architecture="jumprelu"`` with ``threshold`` (d_sae,) > 0.
     """
-    import torch
-    from tqdm.auto import tqdm
+    import torch  # lazy: torch (seconds) keeps --help fast
+    from tqdm.auto import tqdm  # lazy: tqdm.auto (0.3 s) keeps --help fast
 
     X = np.asarray(X, dtype=np.float32)
     n, d = X.shape
@@ -477,8 +479,6 @@ def train_jumprelu_sae(X: np.ndarray, d_sae: int, *, target_l0: float = 32, step
         log_lam, start = st["log_lam"], st["step"]
 
     def save_checkpoint(step_done: int) -> None:
-        from saeot.fsutil import atomic_write
-
         state = {"meta": ck_meta, "params": [t.detach().clone() for t in (W_enc, b_enc, W_dec, b_dec, log_theta)],
                  "opt": opt.state_dict(), "rng": g.get_state(), "log_lam": log_lam, "step": step_done}
         atomic_write(checkpoint, lambda f: torch.save(state, f))
@@ -531,9 +531,7 @@ def save_sae(sae: SAE, folder: Path) -> Path:
     ``SAE.load_from_disk`` of SAELens reads the result (same cfg keys as its ``save_model``;
     the weights file holds exactly the parameters its architecture class declares).
     """
-    from safetensors.numpy import save_file
-
-    from saeot.fsutil import atomic_folder
+    from safetensors.numpy import save_file  # lazy: safetensors backends, on read
 
     folder = Path(folder)
     with atomic_folder(folder) as tmp:
@@ -582,8 +580,6 @@ _SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "I32": 4
 def _tensor_headers(path: Path) -> dict[str, tuple[str, tuple]]:
     """name -> (dtype kind, shape) of every tensor in a safetensors or .npz file, read from the
     headers only (nothing is allocated); a header that does not fit the file is refused."""
-    from saeot.errors import SAEFormatError
-
     size = path.stat().st_size
     out: dict[str, tuple[str, tuple]] = {}
     if path.suffix == ".safetensors":
@@ -613,7 +609,6 @@ def _tensor_headers(path: Path) -> dict[str, tuple[str, tuple]]:
                                      f"(offsets {a}..{b}, {data} data bytes): truncated or corrupt")
             out[name] = ("bf16" if dt == "BF16" else "f" if dt in _FLOAT_DTYPES else "other", shape)
         return out
-    import zipfile
 
     try:
         with zipfile.ZipFile(path) as z:
@@ -638,8 +633,6 @@ def _npy_header(f) -> tuple[tuple, np.dtype]:
 
 
 def _positive_int(folder, key, v, what="a positive integer"):
-    from saeot.errors import SAEFormatError
-
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
         raise SAEFormatError(f"{folder}: cfg.json {key}={v!r} must be {what}")
     return int(v)
@@ -650,8 +643,6 @@ MAX_CFG_BYTES = 1 << 20
 
 
 def _read_cfg(folder: Path) -> dict:
-    from saeot.errors import SAEFormatError
-
     cfg_path = folder / "cfg.json"
     if not cfg_path.exists():
         return {}
@@ -697,8 +688,6 @@ def load_sae(folder: Path, *, norm_scaling_factor: float | None = None, layer: i
     ``hook_name`` names another layer, :class:`saeot.errors.LayerMismatchError` (an SAE without a
     hook name only warns).
     """
-    from saeot.errors import LayerMismatchError, SAEFormatError
-
     folder = Path(folder)
     if not folder.is_dir():
         raise SAEFormatError(f"{folder}: not an SAE folder (expected cfg.json + sae_weights.safetensors, "
@@ -800,11 +789,11 @@ def load_sae(folder: Path, *, norm_scaling_factor: float | None = None, layer: i
             if any(kind == "bf16" for kind, _ in heads.values()):
                 # numpy has no bfloat16: read through torch and widen to float32 (exact: bf16 is a
                 # truncated float32), as SAELens does when it loads a bf16 release in float32
-                from safetensors.torch import load_file as load_torch
+                from safetensors.torch import load_file as load_torch  # lazy: safetensors backends, on read
 
                 w = {n: (t.float() if t.is_floating_point() else t).numpy() for n, t in load_torch(str(wpath)).items()}
             else:
-                from safetensors.numpy import load_file
+                from safetensors.numpy import load_file  # lazy: safetensors backends, on read
 
                 w = load_file(str(wpath))
         except Exception as e:  # noqa: BLE001 - any parse failure of an external file is one line
@@ -858,8 +847,6 @@ def parse_layer(spec: str | int) -> int:
     >>> parse_layer("resid_post.8"), parse_layer("blocks.8.hook_resid_post"), parse_layer("9")
     (9, 9, 9)
     """
-    from saeot.errors import InputError
-
     s = str(spec).strip()
     if s.isdigit():
         return int(s)
@@ -879,8 +866,6 @@ def find_sae(saes: Path, layer: int) -> Path:
     """The SAE folder for residual ``layer`` inside ``saes``: ``blocks.<n>.hook_resid_post/``
     (named by hook, n = layer - 1) or saeot's ``layer_<layer>/``; the SAE's own hook_name is then
     checked against ``layer`` by :func:`load_sae`."""
-    from saeot.errors import SAEFormatError
-
     saes = Path(saes)
     for name in (layer_hook_name(layer), f"layer_{layer}"):
         if (saes / name).is_dir():

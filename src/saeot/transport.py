@@ -22,11 +22,11 @@ seen on real problems) returns NaN; :func:`transport_costs` callers re-solve tho
 
 from __future__ import annotations
 
-import numba as nb
+import threading
+
 import numpy as np
 
 
-@nb.njit(nogil=True, cache=True)
 def _find(parent, x):
     while parent[x] != x:
         parent[x] = parent[parent[x]]
@@ -34,7 +34,6 @@ def _find(parent, x):
     return x
 
 
-@nb.njit(nogil=True, cache=True)
 def _link(adj_n, adj_e, deg, r, c, k):
     """Add tree edge ``k`` between nodes ``r`` and ``c`` to both adjacency lists."""
     adj_n[r, deg[r]] = c
@@ -45,30 +44,15 @@ def _link(adj_n, adj_e, deg, r, c, k):
     deg[c] += 1
 
 
-@nb.njit(nogil=True, cache=True)
-def transport_cost(a, b, C, max_iter=10_000, start=0, block=4):
-    """Optimal transport cost min <P, C> over couplings P of ``a`` (n,) and ``b`` (m,).
-
-    ``a``, ``b``: strictly positive float64 weights of equal total mass; ``C``: (n, m) float64.
-    Returns (cost, pivots); cost is NaN if optimality was not reached within ``max_iter`` pivots.
-    """
+def _least_cost_start(a, b, C, ei, ej, x):
+    """Step 1 of :func:`transport_cost`: the least-cost rule (the cheapest cell whose row and
+    column both have mass left ships what it can), with each row's cheapest open column cached.
+    Every allocation exhausts a row or a column, so the allocated cells form a forest.  Fills
+    ``ei``, ``ej``, ``x`` from 0 and returns how many cells it allocated."""
     n, m = a.shape[0], b.shape[0]
-    N = n + m
-    ne = N - 1
-    ei = np.empty(ne, np.int64)
-    ej = np.empty(ne, np.int64)
-    x = np.zeros(ne)
+    ne = n + m - 1
     s = a.copy()
     d = b.copy()
-    cmax = 0.0
-    for i in range(n):
-        for j in range(m):
-            if abs(C[i, j]) > cmax:
-                cmax = abs(C[i, j])
-    tol = 1e-12 * max(cmax, 1e-300)
-    # 1. start: the least-cost rule (the cheapest cell whose row and column both have mass left
-    # ships what it can), with each row's cheapest open column cached; every allocation
-    # exhausts a row or a column, so the allocated cells form a forest
     e = 0
     rmin = np.empty(n)
     rarg = np.empty(n, np.int64)
@@ -111,7 +95,13 @@ def transport_cost(a, b, C, max_iter=10_000, start=0, block=4):
                     rarg[i] = bj
                     if bj < 0:
                         s[i] = 0.0  # no open column: a rounding-level residual, dropped
-    # ... joined into a spanning tree by zero-flow cells (each joins another tree to row 0's)
+    return e
+
+
+def _join_forest(n, m, ei, ej, x, e):
+    """Step 1, continued: join the forest's trees into one spanning tree (a basis of n + m - 1
+    cells) with zero-flow cells, each joining another tree to row 0's; returns the cell count."""
+    N = n + m
     uf = np.arange(N)
     for k in range(e):
         ra, rb = _find(uf, ei[k]), _find(uf, n + ej[k])
@@ -138,6 +128,29 @@ def transport_cost(a, b, C, max_iter=10_000, start=0, block=4):
         e += 1
         uf[r] = root0
         root0 = _find(uf, 0)
+    return e
+
+
+def _transport_cost(a, b, C, max_iter=10_000, start=0, block=4):
+    """Optimal transport cost min <P, C> over couplings P of ``a`` (n,) and ``b`` (m,).
+
+    ``a``, ``b``: strictly positive float64 weights of equal total mass; ``C``: (n, m) float64.
+    Returns (cost, pivots); cost is NaN if optimality was not reached within ``max_iter`` pivots.
+    """
+    n, m = a.shape[0], b.shape[0]
+    N = n + m
+    ne = N - 1
+    ei = np.empty(ne, np.int64)
+    ej = np.empty(ne, np.int64)
+    x = np.zeros(ne)
+    cmax = 0.0
+    for i in range(n):
+        for j in range(m):
+            if abs(C[i, j]) > cmax:
+                cmax = abs(C[i, j])
+    tol = 1e-12 * max(cmax, 1e-300)
+    # 1. start: a least-cost forest, joined into a spanning tree by zero-flow cells
+    _join_forest(n, m, ei, ej, x, _least_cost_start(a, b, C, ei, ej, x))
     # adjacency lists of the tree (row nodes 0..n-1, column nodes n..n+m-1)
     cap = max(n, m) + 1
     adj_n = np.empty((N, cap), np.int64)
@@ -263,8 +276,7 @@ def transport_cost(a, b, C, max_iter=10_000, start=0, block=4):
     return np.nan, max_iter
 
 
-@nb.njit(nogil=True, cache=True)
-def transport_costs(M, A, B, max_iter=10_000, start=0, block=4):
+def _transport_costs(M, A, B, max_iter=10_000, start=0, block=4):
     """Optimal transport costs of a batch: ``M`` (P, k, k') float32 or float64 costs (widened to
     float64 here), ``A`` (P, k), ``B`` (P, k')
     non-negative weights (zeros = padding, dropped; each row renormalised to mass 1 in float64).
@@ -302,12 +314,11 @@ def transport_costs(M, A, B, max_iter=10_000, start=0, block=4):
                 C[r, c] = M[p, ia[r], ib[c]]
         for c in range(nb_):
             b[c] = B[p, ib[c]] / sb
-        out[p], piv[p] = transport_cost(a, b, C, max_iter, start, block)
+        out[p], piv[p] = _transport_cost(a, b, C, max_iter, start, block)
     return out, piv
 
 
-@nb.njit(nogil=True, cache=True)
-def quantile_cells(Pz, index, w, n_quantiles, out):
+def _quantile_cells(Pz, index, w, n_quantiles, out):
     """Cell averages of 1-D weighted quantile functions (the sliced embedding's kernel).
 
     ``Pz`` (n, L) float32: projections of n points on L directions; ``index`` (F, k) int64: each
@@ -359,3 +370,46 @@ def quantile_cells(Pz, index, w, n_quantiles, out):
                 if q > 0:
                     out[f, l, q - 1] = (I - prev) * Q
                 prev = I
+
+
+# The kernels above are plain Python until first use: numba (about 0.6 s to import) compiles them then,
+# so `saeot --help` and the numpy-only paths never load it.  Callees are compiled with their callers
+# (numba resolves a kernel's globals when it compiles it, and by then every name here is a dispatcher).
+_KERNELS = ("_find", "_link", "_least_cost_start", "_join_forest", "_transport_cost", "_transport_costs",
+            "_quantile_cells")
+_compile_lock = threading.Lock()
+_compiled = False
+
+
+def _jit() -> None:
+    global _compiled
+    with _compile_lock:
+        if not _compiled:
+            import numba as nb  # lazy: numba (~0.6 s) loads on the first solve, not at `saeot --help`
+
+            for name in _KERNELS:
+                globals()[name] = nb.njit(nogil=True, cache=True)(globals()[name])
+            _compiled = True
+
+
+def transport_cost(a, b, C, max_iter=10_000, start=0, block=4):
+    """Optimal transport cost min <P, C> over couplings P of ``a`` (n,) and ``b`` (m,) (compiled).
+
+    ``a``, ``b``: strictly positive float64 weights of equal total mass; ``C``: (n, m) float64.
+    Returns (cost, pivots); cost is NaN if optimality was not reached within ``max_iter`` pivots.
+    """
+    _compiled or _jit()
+    return _transport_cost(a, b, C, max_iter, start, block)
+
+
+def transport_costs(M, A, B, max_iter=10_000, start=0, block=4):
+    """Many problems in one compiled call (GIL released): see :func:`_transport_costs`."""
+    _compiled or _jit()
+    return _transport_costs(M, A, B, max_iter, start, block)
+
+
+def quantile_cells(Pz, index, w, n_quantiles, out):
+    """Cell-averaged quantiles per feature and direction, written into ``out`` (compiled): see
+    :func:`_quantile_cells`."""
+    _compiled or _jit()
+    return _quantile_cells(Pz, index, w, n_quantiles, out)

@@ -31,13 +31,17 @@ sources) get the expensive solver.  Unevaluated pairs are ``inf``.
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 from saeot.distributions import FeatureDistributions
+from saeot.transport import quantile_cells, transport_costs
 
 Solver = Literal["exact", "sinkhorn", "sinkhorn-debiased", "sliced"]
 SOLVERS = ("exact", "sinkhorn", "sinkhorn-debiased", "sliced")
@@ -180,7 +184,6 @@ def _sqdist(x: np.ndarray, y: np.ndarray, block: int = 512) -> np.ndarray:
     yy = (y * y).sum(1)[None, :]
     if len(x) * len(y) * x.shape[1] < 1 << 26:
         return np.maximum((x * x).sum(1)[:, None] + yy - 2.0 * x @ y.T, 0.0)
-    from concurrent.futures import ThreadPoolExecutor
 
     out = np.empty((len(x), len(y)), dtype=np.result_type(x, y))
 
@@ -222,7 +225,7 @@ def _shared_index(ma: "Measures", mb: "Measures"):
 def _emd_cost(a: np.ndarray, b: np.ndarray, M: np.ndarray) -> float:
     """Network-simplex OT cost through POT's C solver directly (no input checks, no plan copy-out);
     ``a``, ``b`` strictly positive float64 summing to 1, ``M`` (len(a), len(b)) C-contiguous float64."""
-    from ot.lp.emd_wrap import emd_c
+    from ot.lp.emd_wrap import emd_c  # lazy: POT (seconds; imports torch) keeps --help fast
 
     _, cost, _, _, code = emd_c(a, b, M, 200_000, 1, None, None)
     if code != 1:  # 1 = OPTIMAL in POT's result codes
@@ -272,9 +275,7 @@ def _exact_block(ma: Measures, mb: Measures, pairs: np.ndarray, batch: int = 204
     problem it leaves unsolved goes to POT), ``pot`` calls POT's network simplex per pair (the
     reference the numba solver is tested against).
     """
-    from ot.lp.emd_wrap import emd_c
-
-    from saeot.transport import transport_costs
+    from ot.lp.emd_wrap import emd_c  # lazy: POT (seconds; imports torch) keeps --help fast
 
     if backend not in ("numba", "pot"):
         raise ValueError(f"unknown exact backend {backend!r}; expected 'numba' or 'pot'")
@@ -331,8 +332,6 @@ def _exact_block(ma: Measures, mb: Measures, pairs: np.ndarray, batch: int = 204
 
 def default_jobs() -> int:
     """Worker threads for exact W2: one per core this process may use."""
-    import os
-
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - non-Linux
@@ -343,8 +342,6 @@ def _exact_parallel(ma: Measures, mb: Measures, pairs: np.ndarray, n_jobs: int |
                     min_pairs_per_job: int = 20_000, backend: str = "numba") -> np.ndarray:
     """Exact W2 for ``pairs`` with one thread per core: the solver and the cost products release
     the GIL, and threads share the measures without the copies or start-up of processes."""
-    from concurrent.futures import ThreadPoolExecutor
-
     n_jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
     n_jobs = min(n_jobs, max(1, len(pairs) // max(1, min_pairs_per_job)))
     if n_jobs == 1:
@@ -416,10 +413,6 @@ def sliced_embedding(m: Measures, n_proj: int = 64, n_quantiles: int = 32, seed:
             idx = np.arange((e - s) * k, dtype=np.int64).reshape(e - s, k)
         quantile_cells(pz, idx, w_all[s:e], Q, out[s:e])
 
-    from concurrent.futures import ThreadPoolExecutor
-
-    from saeot.transport import quantile_cells
-
     with ThreadPoolExecutor(default_jobs()) as pool:
         list(pool.map(run, range(0, F, block)))
     return out.reshape(F, L * Q) / np.float32(np.sqrt(L * Q))
@@ -443,7 +436,7 @@ def sliced_embedding_all_firing(acts, Z: np.ndarray, directions: np.ndarray, n_q
     -------
     (F, L * Q) float32 (zero rows for features that never fire)
     """
-    import scipy.sparse as sp
+    import scipy.sparse as sp  # lazy: scipy (0.3-3 s) keeps --help fast
 
     A = sp.csc_matrix(acts)
     Pz = np.asarray(Z, dtype=np.float32) @ directions.astype(np.float32)  # (n, L)
@@ -529,7 +522,7 @@ def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "ex
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     out = np.full(len(pairs), np.nan)
     alive = ma.alive[pairs[:, 0]] & mb.alive[pairs[:, 1]]
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # lazy: tqdm.auto (0.3 s) keeps --help fast
 
     if solver == "exact":
         it = np.flatnonzero(alive)
@@ -591,8 +584,6 @@ def w2_pairs(ma: Measures, mb: Measures, pairs: np.ndarray, solver: Solver = "ex
         if eps_all is not None:
             info["eps"] = eps_all
     if bad:
-        import warnings
-
         warnings.warn(f"{solver}: {bad} problem(s) did not reach marginal error {tol:g} in {max_iter} iterations "
                       f"(worst {worst:.2e}); their values are those of the last iterate", UserWarning, stacklevel=2)
     return out
@@ -638,9 +629,7 @@ def sinkhorn_batch(M: np.ndarray, a: np.ndarray, b: np.ndarray, reg: float = 0.0
     -------
     SinkhornResult
     """
-    import warnings
-
-    import torch
+    import torch  # lazy: torch (seconds) keeps --help fast
 
     M = torch.from_numpy(np.ascontiguousarray(M, dtype=np.float64))
     e_target = (M.mean(dim=(1, 2)) * reg if eps is None else torch.from_numpy(np.asarray(eps, np.float64)))
@@ -710,7 +699,7 @@ def sinkhorn_symmetric(M: np.ndarray, a: np.ndarray, eps: np.ndarray, max_iter: 
     -------
     SinkhornResult (``cost`` = <P, M>, ``dual`` = 2 <a, F>)
     """
-    import torch
+    import torch  # lazy: torch (seconds) keeps --help fast
 
     M = torch.from_numpy(np.ascontiguousarray(M, dtype=np.float64))
     e_target = torch.from_numpy(np.asarray(eps, np.float64)).clamp_min(1e-12)[:, None, None]
@@ -776,8 +765,6 @@ PREFILTERS = ("centroid", "sliced", "pca-sliced", "pca-bound", "bound-mid")
 def candidate_pairs(P: np.ndarray, candidates: int) -> np.ndarray:
     """(n, 2) pairs: each row's ``candidates`` smallest entries of the proxy ``P`` (Fa, Fb) and each
     column's ``candidates`` smallest; non-finite entries are never candidates."""
-    from concurrent.futures import ThreadPoolExecutor
-
     Fa, Fb = P.shape
     c, cr = min(candidates, Fb), min(candidates, Fa)
     mask = np.zeros((Fa, Fb), dtype=bool)
@@ -1061,7 +1048,7 @@ def nearest_w2(ma: Measures, mb: Measures, *, block: int = 8, progress: bool = F
     evaluated : int
         Number of exact W2 problems solved.
     """
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # lazy: tqdm.auto (0.3 s) keeps --help fast
 
     Fa = ma.X.shape[0]
     P = lower_bound(ma, mb)  # (Fa, Fb)

@@ -74,13 +74,15 @@ def test_sae_match_is_decoder_cosine_with_one_threshold_and_differs_with_per_fea
 
 
 def test_jumprelu_training_reaches_its_l0_with_per_feature_thresholds():
+    # small shapes (32 features, d = 12, 200 steps: about 1 s of training; it was 64 x 16 x 500 steps, 296 s
+    # wall on the loaded machine): the controller still has to bring L0 to its target and spread the thresholds
     rng = np.random.default_rng(0)
-    basis = rng.standard_normal((64, 16)).astype(np.float32)
-    codes = (rng.random((4000, 64)) < 0.08) * rng.exponential(1.0, (4000, 64))
-    X = (codes @ basis + 0.05 * rng.standard_normal((4000, 16))).astype(np.float32)
-    sae = train_jumprelu_sae(X, 64, target_l0=6, steps=500, batch_size=256, lr=3e-3, seed=0, progress=False)
+    basis = rng.standard_normal((32, 12)).astype(np.float32)
+    codes = (rng.random((1500, 32)) < 0.15) * rng.exponential(1.0, (1500, 32))
+    X = (codes @ basis + 0.05 * rng.standard_normal((1500, 12))).astype(np.float32)
+    sae = train_jumprelu_sae(X, 32, target_l0=5, steps=200, batch_size=128, lr=3e-3, seed=0, progress=False)
     l0 = sae.encode(X).getnnz(axis=1).mean()
-    assert sae.architecture == "jumprelu" and 2 < l0 < 14
+    assert sae.architecture == "jumprelu" and 2 < l0 < 9
     assert sae.threshold.std() > 0.05 * sae.threshold.mean() > 0
 
 

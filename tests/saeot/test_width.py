@@ -95,8 +95,35 @@ def test_certified_search_is_the_exact_nearest_neighbour_on_the_hard_case():
 
     ma, mb = synthetic_layers(192, k=6, d=24, seed=4, cover=False)
     _, true_d, _ = nearest_w2(ma, mb)
-    plain = all_pairs_nn(ma, mb, candidates=2, prefilter="sliced")
-    cert = all_pairs_nn(ma, mb, candidates=2, prefilter="sliced", certify=True)
+    plain = all_pairs_nn(ma, mb, candidates=2, prefilter="sliced", upper_probe=False)
+    cert = all_pairs_nn(ma, mb, candidates=2, prefilter="sliced", certify=True, upper_probe=False)
     assert np.isclose(plain["dist"], true_d).mean() < 1.0  # the pre-filter alone misses some
     np.testing.assert_allclose(cert["dist"], true_d, rtol=1e-9)
     assert cert["pairs"] > plain["pairs"] and "certify" in cert["seconds"]
+    # the second probe (targets nearest by the independent-coupling upper bound) finds neighbours
+    # the lower-bound embedding misses, at a fraction of the certification's exact problems
+    probe = all_pairs_nn(ma, mb, candidates=2, prefilter="sliced", upper_probe=True)
+    assert np.isclose(probe["dist"], true_d).mean() > np.isclose(plain["dist"], true_d).mean()
+    assert (probe["dist"] >= true_d * (1 - 1e-9)).all() and probe["pairs"] < cert["pairs"]
+
+
+def test_candidate_search_with_offsets_ranks_by_the_upper_bound():
+    """offset_a / offset_b add per-row constants to the squared distances: with centroids and squared
+    spreads that is the independent coupling's cost, an upper bound on W2^2 (checked against exact W2)."""
+    from saeot.wasserstein import spread, w2_pairs
+    from saeot.width import upper_bound_embedding
+
+    rng = np.random.default_rng(2)
+    ea, eb = rng.standard_normal((40, 3)).astype(np.float32), rng.standard_normal((30, 3)).astype(np.float32)
+    oa, ob = rng.uniform(0, 2, 40).astype(np.float32), rng.uniform(0, 2, 30).astype(np.float32)
+    got = {tuple(p) for p in candidate_search(ea, eb, 3, block=7, offset_a=oa, offset_b=ob).tolist()}
+    D = ((ea[:, None, :] - eb[None]) ** 2).sum(-1) + oa[:, None] + ob[None, :]
+    rows = {(i, j) for i in range(40) for j in np.argsort(D[i], kind="stable")[:3]}
+    cols = {(i, j) for j in range(30) for i in np.argsort(D[:, j], kind="stable")[:3]}
+    assert got == rows | cols
+    ma, mb = synthetic_layers(24, k=5, d=6, seed=1, cover=False)
+    (ca, sa), (cb, sb) = upper_bound_embedding(ma), upper_bound_embedding(mb)
+    pairs = np.array([(i, j) for i in range(24) for j in range(24)])
+    ub2 = ((ca[pairs[:, 0]] - cb[pairs[:, 1]]) ** 2).sum(1) + sa[pairs[:, 0]] + sb[pairs[:, 1]]
+    w2 = w2_pairs(ma, mb, pairs, "exact")
+    assert (w2 ** 2 <= ub2 * (1 + 1e-4) + 1e-6).all() and np.allclose(sa, spread(ma) ** 2, rtol=1e-5)
