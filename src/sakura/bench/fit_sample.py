@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sakura.util.psnr import psnr_db  # the one MSE -> dB conversion (KV PSNR: MSE over the peak squared)
 from sakura.bench.harness import markdown_table, publish
 from sakura.codec import ShardId, ShardKV, codec_from_spec
 from sakura.codec.progressive import ladder as PG
@@ -50,13 +51,6 @@ def klein_like_layer(tokens: int = 4096, heads: int = 24, head_dim: int = 128, l
     return ShardKV(out[0], out[1], layer=layer, num_layers=num_layers, sensitivity=(1.0 + layer, 0.5 + layer))
 
 
-def _psnr(x: torch.Tensor, y: torch.Tensor) -> float:
-    x, y = x.double(), y.double()
-    mse = float(((x - y) ** 2).mean())
-    peak = float(x.abs().max()) ** 2
-    return 10 * np.log10(peak / max(mse, 1e-30))
-
-
 def _measure(shards: list[ShardKV], sample_values: int) -> dict[str, Any]:
     """Fit (timed) with `FIT_SAMPLE_VALUES` = `sample_values`, then encode / decode every rung."""
     old = PG.FIT_SAMPLE_VALUES
@@ -84,7 +78,7 @@ def _measure(shards: list[ShardKV], sample_values: int) -> dict[str, Any]:
             rungs[r]["sq"] += float(((x.double() - y.double()) ** 2).sum())
             rungs[r]["peak"] = max(rungs[r]["peak"], float(x.double().abs().max()))
             rungs[r]["n"] += x.numel()
-    out = [{"bytes": int(r["bytes"]), "psnr_db": 10 * np.log10(r["peak"] ** 2 / max(r["sq"] / r["n"], 1e-30))}
+    out = [{"bytes": int(r["bytes"]), "psnr_db": psnr_db(max(r["sq"] / r["n"], 1e-30) / r["peak"] ** 2)}
            for r in rungs]
     return {"fit_cpu_s_per_layer": fit_cpu / len(shards), "fit_wall_s_per_layer": fit_wall / len(shards),
             "rungs": out, "plans": {k: v.tolist() for k, v in tables.arrays.items() if k.endswith(".plan")}}

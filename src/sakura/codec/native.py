@@ -33,7 +33,7 @@ import torch
 
 from . import bitstream as bs, target
 from .base import LayerKV
-from .rans import run_split
+from . import rans as R  # R.run_split at call time: the decode pool (and its tests) may swap it
 
 ENV_DECODER = "SAKURA_DECODER"        # "native" (default) or "numba"
 ENV_LIB = "SAKURA_NATIVE_LIB"         # path of a libsakura_decode shared library to load instead
@@ -367,7 +367,7 @@ class ProgState:
         v = np.empty((T, H * D), np.uint16)
         blocks = int(lib.skn_prog_blocks(self._s))
         for part, out in ((0, k), (1, v)):   # channel blocks split over `pool` (the GIL is released)
-            errs = run_split(self.pool, lambda lo, hi, part=part, out=out: lib.skn_prog_result_part_f16(
+            errs = R.run_split(self.pool, lambda lo, hi, part=part, out=out: lib.skn_prog_result_part_f16(
                 self._s, part, lo, hi, out.ctypes.data), blocks)
             _check(next((e for e in errs if e), OK), self.codec.name)
         rc = lib.skn_prog_check_f16(self._s, k.ctypes.data, v.ctypes.data)
