@@ -31,23 +31,11 @@ static int WORKER(const skn_stream *st, const int32_t *seg_ctx, const int64_t *s
             const int64_t stop = b < seg_end ? b : seg_end;
             const uint32_t *f = m->freq + (size_t)c * m->A, *cm = m->cum + (size_t)c * (m->A + 1);
             int64_t j = i;
-            /* head: single checked steps until lane 0 */
-            while (j < stop && ((j - a) & (lanes - 1)) != 0) {
-                const int l = (int)((j - a) & (lanes - 1));
-                uint32_t xx = x[l];
-                const uint32_t slot = xx & mask, s = (uint32_t)tab[slot];
-                xx = f[s] * (xx >> bits) + slot - cm[s];
-                if (xx < SKN_RANS_L) {
-                    if (p >= pend) { rc = SKN_E_RANS_WORDS; goto done; }
-                    xx = (xx << 16) | skn_rd16(w + 2 * p);
-                    p++;
-                }
-                x[l] = xx;
-                out[j++] = (uint16_t)s;
-            }
-            if (lanes == LANES_BIG) {
-                /* a step reads at most one word: with >= 8 words left a block needs no checks */
-                while (j + 8 <= stop && pend - p >= 8) {
+            /* One loop: a checked single step, except where lane 0 starts an 8-lane block with >= 8
+               words left (a step reads at most one word, so such a block needs no checks). Once the
+               blocks stop (words or piece running out) they cannot resume: both only shrink. */
+            while (j < stop) {
+                if (lanes == LANES_BIG && ((j - a) & (lanes - 1)) == 0 && j + 8 <= stop && pend - p >= 8) {
                     for (int l = 0; l < 8; l++) {
                         uint32_t xx = x[l];
                         const uint32_t slot = xx & mask, s = (uint32_t)tab[slot];
@@ -60,10 +48,8 @@ static int WORKER(const skn_stream *st, const int32_t *seg_ctx, const int64_t *s
                         out[j + l] = (uint16_t)s;
                     }
                     j += 8;
+                    continue;
                 }
-            }
-            /* tail */
-            while (j < stop) {
                 const int l = (int)((j - a) & (lanes - 1));
                 uint32_t xx = x[l];
                 const uint32_t slot = xx & mask, s = (uint32_t)tab[slot];

@@ -263,6 +263,15 @@ def _init_params(X: np.ndarray, d_sae: int, seed: int):
     return scale, Xt, g, W_enc, b_enc, W_dec, b_dec
 
 
+def _stopped_early(end: int, steps: int, checkpoint) -> bool:
+    """A trainer that ran to `end` < `steps` (``stop_after``) has only its checkpoint to show."""
+    if end < steps:
+        if checkpoint is None:
+            raise ValueError("stop_after needs a checkpoint to resume from")
+        return True
+    return False
+
+
 def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000, batch_size: int = 1024,
                    lr: float = 1e-3, seed: int = 0, progress: bool = True, cfg: dict | None = None,
                    aux_k: int | None = None, aux_coef: float = 1 / 32, dead_after_tokens: int | None = None,
@@ -375,9 +384,7 @@ def train_topk_sae(X: np.ndarray, d_sae: int, k: int = 32, *, steps: int = 2000,
             log.append({"step": step, "mse": float(mse), "aux": float(aux), "dead_frac": n_dead / d_sae})
         if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step == end - 1):
             save_checkpoint(step + 1)
-    if end < steps:
-        if checkpoint is None:
-            raise ValueError("stop_after needs a checkpoint to resume from")
+    if _stopped_early(end, steps, checkpoint):
         return None
     # fold the input scale back: pre = (x/s - b_dec) W_enc + b_enc = (x - s b_dec)(W_enc/s) + b_enc
     we = W_enc.detach().numpy() / scale
@@ -505,9 +512,7 @@ def train_jumprelu_sae(X: np.ndarray, d_sae: int, *, target_l0: float = 32, step
             pg["lr"] = lr * pg.get("base_mult", 1.0) * min(1.0, (steps - step) / max(1, 0.2 * steps))
         if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step == end - 1):
             save_checkpoint(step + 1)
-    if end < steps:
-        if checkpoint is None:
-            raise ValueError("stop_after needs a checkpoint to resume from")
+    if _stopped_early(end, steps, checkpoint):
         return None
     info = {"d_in": d, "d_sae": d_sae, "architecture": "jumprelu", "train_steps": steps, "train_tokens_seen": steps * bs,
             "normalization_scale": scale, "target_l0": target_l0, "sparsity_coefficient_final": float(log_lam.exp())}
