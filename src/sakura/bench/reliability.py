@@ -395,7 +395,8 @@ def probe_sigint(b: Bench) -> list[dict]:
     return [_row("SIGINT mid-build (to the process group, as Ctrl-C)", "43.3",
                  f"rc {k['rc']}, {len(k['lines'])} line(s): {' / '.join(k['lines'])[:120]}; store "
                  f"{'consistent' if consistent else 'INCONSISTENT'}", k["wall_s"], None,
-                 k["signalled"] and k["rc"] == 130 and k["lines"] == [INTERRUPTED] and consistent)]
+                 k["signalled"] and k["rc"] == 130 and k["lines"][-1:] == [INTERRUPTED] and consistent
+                 and not any("Traceback" in ln or "Process " in ln for ln in k["lines"]))]
 
 
 def probe_raw_stream(b: Bench) -> list[dict]:

@@ -196,7 +196,7 @@ def build_template(store, model, model_fp, name, images, instruction, calib, nam
     ladder_b = sum({hashlib.sha256(f["data"]).digest(): len(f["data"]) for rs in encoded for f, _d, _r in rs}.values())
     fp16 = sum(s.fp16_bytes for s in cal.shards)
     log(f"{name}: {kv.num_layers} shards x {len(encoded[0])} renditions, ladder {ladder_b / 1e3:.1f} kB + template PNG "
-        f"{len(ref_png) / 1e3:.1f} kB vs fp16 {fp16 / 1e3:.1f} kB, {model.edits:g} calibration edits"
+        f"{len(ref_png) / 1e3:.1f} kB vs fp16 {fp16 / 1e3:.1f} kB, {model.edits:.3g} calibration edits"
         + (f", predicted image MSEs x{facts['prediction_correction']:.2f} by its measured edits"
            if facts.get("prediction_correction", 1.0) > 1.005 else "")
         + f" ({time.perf_counter() - t0:.1f} s)")
