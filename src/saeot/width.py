@@ -10,7 +10,8 @@ running top-``candidates`` of sources for every target.  Exact W2 (network simpl
 those pairs only, on the CPU cores (:func:`saeot.wasserstein.w2_pairs`).  The nearest neighbour
 of a source is its best evaluated candidate; the recall is checked against the exact nearest
 neighbour of a random sample of sources (:func:`saeot.wasserstein.nearest_w2`, lower-bound
-pruning, equal to brute force).
+pruning, equal to brute force; its relaxed-marginal bound makes 512 sources at 16,384 features a
+matter of minutes).
 
 :func:`synthetic_layers` builds two layers of F features over a shared token pool with the
 shapes of a real run (k-point supports in a d-dimensional reference space, concept clusters,
@@ -293,10 +294,14 @@ def width_bench(widths=(4096, 16384), *, k: int = 32, d: int = 640, candidates: 
             tr = time.perf_counter()
             true_nn, true_d, evaluated = nearest_w2(ma.subset(rows), mb)
             res["seconds"]["recall_check"] = time.perf_counter() - tr
+            res["memory"]["peak_rss_bytes_after_recall"] = peak_rss_bytes()
             found = np.isclose(r["dist"][rows], true_d, rtol=1e-6, atol=1e-9)
             res.update({"recall": float(found.mean()), "recall_sources": int(len(rows)),
-                        "recall_check_pairs": int(evaluated)})
-            msg = f"; recall of the exact NN {res['recall']:.3f} on {len(rows)} sources"
+                        "recall_check_pairs": int(evaluated),
+                        "recall_check": "nearest_w2: exact W2 in increasing lower bound (mean and spread, max-sliced, "
+                                        "relaxed marginals) until the bound passes the best found (= brute force)"})
+            msg = (f"; recall of the exact NN {res['recall']:.3f} on {len(rows)} sources (ground truth "
+                   f"{res['seconds']['recall_check']:.0f} s, {evaluated} exact problems)")
         out["widths"][str(F)] = res
         log(f"width {F} (d {d}, supports {support_dtype}): {r['pairs']} exact W2 pairs, all-pairs NN "
             f"{r['seconds']['total']:.1f} s (embed {r['seconds']['embed']:.1f}, candidates "

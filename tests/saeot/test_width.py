@@ -127,3 +127,34 @@ def test_candidate_search_with_offsets_ranks_by_the_upper_bound():
     ub2 = ((ca[pairs[:, 0]] - cb[pairs[:, 1]]) ** 2).sum(1) + sa[pairs[:, 0]] + sb[pairs[:, 1]]
     w2 = w2_pairs(ma, mb, pairs, "exact")
     assert (w2 ** 2 <= ub2 * (1 + 1e-4) + 1e-6).all() and np.allclose(sa, spread(ma) ** 2, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_relaxed_bound_is_below_exact_w2_and_its_pruned_search_equals_brute_force(dtype):
+    """The recall's ground truth at 16,384 features (issue 44): the relaxed-marginal bound is a lower
+    bound on every pair's exact W2 (dead and padded supports included), and the search it prunes
+    returns brute force's nearest neighbours while solving a fraction of the problems."""
+    from saeot.distributions import FeatureDistributions
+    from saeot.wasserstein import measures, nearest_w2, relaxed_lower_bound, w2_pairs
+
+    ma, mb = synthetic_layers(160, k=8, d=32, seed=5, cover=False, dtype=dtype)
+    w = mb.w.copy()
+    w[3] = 0.0  # a dead target
+    idx = mb.index.copy()
+    idx[7, 5:] = -1  # a target with 5 of 8 support points (padded)
+    w[7, 5:] = 0.0
+    mb = measures(FeatureDistributions(idx, w, w.copy()), mb.Z, dtype=dtype)
+    assert mb.Z is ma.Z
+    pairs = np.stack([np.repeat(np.arange(160), 160), np.tile(np.arange(160), 160)], 1)
+    alive = mb.alive[pairs[:, 1]]
+    exact = np.full(len(pairs), np.inf)
+    exact[alive] = w2_pairs(ma, mb, pairs[alive], "exact", n_jobs=1)
+    lb = relaxed_lower_bound(ma, mb, block=7, token_block=100, n_jobs=2)
+    assert (lb.ravel()[alive] <= exact[alive]).all()
+    assert np.median(lb.ravel()[alive] / exact[alive]) > 0.9  # tight: that is what lets it prune
+    W = exact.reshape(160, 160)
+    nn, dist, evaluated = nearest_w2(ma, mb, relaxed=True)
+    np.testing.assert_allclose(dist, W.min(1), rtol=1e-6)
+    assert (W[np.arange(160), nn] <= W.min(1) * (1 + 1e-6)).all() and nn[0] != 3
+    _, _, evaluated_unrelaxed = nearest_w2(ma, mb, relaxed=False)
+    assert evaluated < evaluated_unrelaxed / 2
