@@ -699,17 +699,42 @@ def load_sae(folder: Path, *, norm_scaling_factor: float | None = None, layer: i
                              "or params.npz)")
     raw = _read_cfg(folder)
     cfg = _flatten_cfg(raw)
-    wpath = folder / "sae_weights.safetensors"
-    if not wpath.exists():
-        wpath = folder / "params.npz"
-    if not wpath.exists():
-        raise SAEFormatError(f"{folder}: no sae_weights.safetensors or params.npz")
+    wpath = _weights_path(folder)
     heads = _tensor_headers(wpath)
-    # 1. names, dtypes and shapes, from the headers
+    d_in, d_sae = _check_headers(folder, wpath, heads, cfg, MAX_SAE_BYTES if max_bytes is None else int(max_bytes))
+    if not raw and wpath.suffix == ".npz":
+        cfg.update(_gemmascope_cfg(folder, d_in, d_sae))
+    arch, k, norm, scale, hook = _check_config(folder, wpath, heads, cfg, d_sae, norm_scaling_factor)
+    if layer is not None:
+        _check_layer(folder, hook, layer)
+    w = _read_tensors(wpath, heads)
+    _check_tensors(folder, wpath, w)
+    th = w.get("threshold")
+    if th is None and "log_threshold" in w:  # SAELens JumpReLU training checkpoints
+        th = np.exp(w["log_threshold"])
+    return SAE(w["W_enc"].astype(np.float32), w["b_enc"].astype(np.float32), w["W_dec"].astype(np.float32),
+               w["b_dec"].astype(np.float32), arch, k,
+               None if th is None else np.asarray(th, dtype=np.float32), cfg,
+               apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)), normalize_activations=norm,
+               norm_scaling_factor=None if scale is None else float(scale),
+               rescale_acts_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)))
+
+
+def _weights_path(folder: Path) -> Path:
+    """The SAE's tensor file: SAELens' ``sae_weights.safetensors``, else GemmaScope's ``params.npz``."""
+    for name in ("sae_weights.safetensors", "params.npz"):
+        if (folder / name).exists():
+            return folder / name
+    raise SAEFormatError(f"{folder}: no sae_weights.safetensors or params.npz")
+
+
+def _check_headers(folder: Path, wpath: Path, heads: dict, cfg: dict, limit: int) -> tuple[int, int]:
+    """(d_in, d_sae) after checking tensor names, dtypes, shapes and total size from the headers
+    alone (nothing allocated yet); cfg ``d_in`` / ``d_sae`` must equal the weights'."""
     for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
         if name not in heads:
             raise SAEFormatError(f"{wpath}: missing tensor {name} (has {sorted(heads)})")
-    for name, (kind, shape) in heads.items():
+    for name, (kind, _) in heads.items():
         if kind not in ("f", "bf16") and name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "log_threshold"):
             raise SAEFormatError(f"{wpath}: tensor {name} is not floating point")
     we = heads["W_enc"][1]
@@ -729,17 +754,26 @@ def load_sae(folder: Path, *, norm_scaling_factor: float | None = None, layer: i
         if name in heads and heads[name][1] != shp:
             raise SAEFormatError(f"{wpath}: {name} shape {list(heads[name][1])} != {list(shp)}")
     n_bytes = 4 * sum(int(np.prod(s, dtype=np.int64)) for _, s in heads.values())
-    limit = MAX_SAE_BYTES if max_bytes is None else int(max_bytes)
     if n_bytes > limit:
         raise SAEFormatError(f"{wpath}: tensors need {n_bytes / 2**30:.1f} GiB as float32, over the "
                              f"{limit / 2**30:.1f} GiB limit (SAEOT_MAX_SAE_BYTES); refused before loading")
-    if not raw and wpath.suffix == ".npz":  # GemmaScope's original release: what SAELens' gemma-scope loader assumes
-        cfg.update({"architecture": "jumprelu", "apply_b_dec_to_input": False, "normalize_activations": "none"})
-        m = re.search(r"layer_(\d+)", str(folder.resolve()))
-        if m:
-            cfg["hook_name"] = f"blocks.{int(m.group(1))}.hook_resid_post"
-        cfg["d_in"], cfg["d_sae"] = d_in, d_sae
-    # 2. the config
+    return d_in, d_sae
+
+
+def _gemmascope_cfg(folder: Path, d_in: int, d_sae: int) -> dict:
+    """The config of GemmaScope's original release (a bare ``params.npz``): what SAELens'
+    gemma-scope loader assumes, with the hook layer from a ``layer_L`` folder on the path."""
+    cfg = {"architecture": "jumprelu", "apply_b_dec_to_input": False, "normalize_activations": "none",
+           "d_in": d_in, "d_sae": d_sae}
+    m = re.search(r"layer_(\d+)", str(folder.resolve()))
+    if m:
+        cfg["hook_name"] = f"blocks.{int(m.group(1))}.hook_resid_post"
+    return cfg
+
+
+def _check_config(folder: Path, wpath: Path, heads: dict, cfg: dict, d_sae: int, norm_scaling_factor):
+    """(architecture, TopK k or None, normalisation, input scale or None, hook name or None), each
+    checked against what saeot can encode with."""
     arch = cfg.get("architecture", "standard")
     if arch not in ARCHITECTURES:
         raise SAEFormatError(f"{folder}: unsupported SAE architecture {arch!r}; expected one of {ARCHITECTURES}")
@@ -776,39 +810,47 @@ def load_sae(folder: Path, *, norm_scaling_factor: float | None = None, layer: i
             hook_layer(hook)
         except ValueError as e:
             raise SAEFormatError(f"{folder}: {e}") from None
-    if norm == "expected_average_only_in" and scale is None:
+    if norm == "expected_average_only_in" and scale is None:  # stacklevel 3: the caller of load_sae
         warnings.warn(f"{folder}: normalize_activations='expected_average_only_in' without a norm_scaling_factor; "
-                      "encoding raw activations (as SAELens load_from_disk does)", UserWarning, stacklevel=2)
-    # 3. the layer it is used for
-    if layer is not None:
-        if hook is None:
-            warnings.warn(f"{folder}: no hook_name in cfg.json; cannot check that it is an SAE of layer {layer}",
-                          UserWarning, stacklevel=2)
-        elif hook_layer(hook) != layer:
-            raise LayerMismatchError(
-                f"{folder}: SAE hook {hook} is residual layer {hook_layer(hook)} ({describe_layer(hook_layer(hook))}), "
-                f"but it is used for layer {layer} ({describe_layer(layer)})")
-    # 4. the weights (sizes known to fit), then NaN / inf
-    if wpath.suffix == ".safetensors":
-        try:
-            if any(kind == "bf16" for kind, _ in heads.values()):
-                # numpy has no bfloat16: read through torch and widen to float32 (exact: bf16 is a
-                # truncated float32), as SAELens does when it loads a bf16 release in float32
-                from safetensors.torch import load_file as load_torch  # lazy: safetensors backends, on read
+                      "encoding raw activations (as SAELens load_from_disk does)", UserWarning, stacklevel=3)
+    return arch, k, norm, scale, hook
 
-                w = {n: (t.float() if t.is_floating_point() else t).numpy() for n, t in load_torch(str(wpath)).items()}
-            else:
-                from safetensors.numpy import load_file  # lazy: safetensors backends, on read
 
-                w = load_file(str(wpath))
-        except Exception as e:  # noqa: BLE001 - any parse failure of an external file is one line
-            raise SAEFormatError(f"{wpath}: unreadable ({type(e).__name__}: {e})") from None
-    else:
+def _check_layer(folder: Path, hook: str | None, layer: int) -> None:
+    """The SAE's own hook must name the residual layer it is about to be used for."""
+    if hook is None:
+        warnings.warn(f"{folder}: no hook_name in cfg.json; cannot check that it is an SAE of layer {layer}",
+                      UserWarning, stacklevel=3)
+    elif hook_layer(hook) != layer:
+        raise LayerMismatchError(
+            f"{folder}: SAE hook {hook} is residual layer {hook_layer(hook)} ({describe_layer(hook_layer(hook))}), "
+            f"but it is used for layer {layer} ({describe_layer(layer)})")
+
+
+def _read_tensors(wpath: Path, heads: dict) -> dict[str, np.ndarray]:
+    """Every tensor of the file as numpy (sizes already known to fit); bf16 widened to float32."""
+    if wpath.suffix != ".safetensors":
         try:
             with np.load(wpath, allow_pickle=False) as z:
-                w = {n: z[n] for n in z.files}
+                return {n: z[n] for n in z.files}
         except (ValueError, OSError) as e:
             raise SAEFormatError(f"{wpath}: unreadable ({e})") from None
+    try:
+        if any(kind == "bf16" for kind, _ in heads.values()):
+            # numpy has no bfloat16: read through torch and widen to float32 (exact: bf16 is a
+            # truncated float32), as SAELens does when it loads a bf16 release in float32
+            from safetensors.torch import load_file as load_torch  # lazy: safetensors backends, on read
+
+            return {n: (t.float() if t.is_floating_point() else t).numpy() for n, t in load_torch(str(wpath)).items()}
+        from safetensors.numpy import load_file  # lazy: safetensors backends, on read
+
+        return load_file(str(wpath))
+    except Exception as e:  # noqa: BLE001 - any parse failure of an external file is one line
+        raise SAEFormatError(f"{wpath}: unreadable ({type(e).__name__}: {e})") from None
+
+
+def _check_tensors(folder: Path, wpath: Path, w: dict[str, np.ndarray]) -> None:
+    """No NaN / inf, a decoder that is not all zeros (dead rows only warn), no finetuning scale."""
     for name in ("W_enc", "b_enc", "W_dec", "b_dec", "threshold", "log_threshold", "scaling_factor"):
         if name in w:
             bad = int(np.size(w[name]) - np.isfinite(w[name]).sum())
@@ -821,18 +863,9 @@ def load_sae(folder: Path, *, norm_scaling_factor: float | None = None, layer: i
     zero_rows = int((~np.any(w["W_dec"], axis=1)).sum())
     if zero_rows:
         warnings.warn(f"{wpath}: {zero_rows} of {w['W_dec'].shape[0]} decoder rows are all zeros (dead features)",
-                      UserWarning, stacklevel=2)
+                      UserWarning, stacklevel=3)
     if "scaling_factor" in w and not np.allclose(w["scaling_factor"], 1.0):
         raise SAEFormatError(f"{folder}: finetuning scaling_factor != 1 is not supported")
-    th = w.get("threshold")
-    if th is None and "log_threshold" in w:  # SAELens JumpReLU training checkpoints
-        th = np.exp(w["log_threshold"])
-    return SAE(w["W_enc"].astype(np.float32), w["b_enc"].astype(np.float32), w["W_dec"].astype(np.float32),
-               w["b_dec"].astype(np.float32), arch, k,
-               None if th is None else np.asarray(th, dtype=np.float32), cfg,
-               apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)), normalize_activations=norm,
-               norm_scaling_factor=None if scale is None else float(scale),
-               rescale_acts_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)))
 
 
 def describe_layer(layer: int) -> str:
