@@ -12,18 +12,21 @@ name               distance between feature i of layer A and feature j of layer 
                    feature's decoder norm into its encoder (unit decoder rows, encoder column
                    times the norm), then squared Euclidean distance of the concatenated
                    [encoder column, decoder row]
-``sae-match-folded`` SAE-Match as published (Balagansky et al., ICLR 2025, sec. 3): every
-                   feature's activation threshold theta folded into its parameters (encoder
-                   column and encoder bias / theta, decoder row * theta: an exact
+``sae-match-folded`` SAE-Match's defining cost (Balagansky et al., ICLR 2025, arXiv 2410.07656 v3):
+                   every feature's activation threshold theta folded into its parameters (their
+                   eq. 4: encoder column and encoder bias / theta, decoder row * theta: an exact
                    reparametrisation whose threshold is 1), then the permutation minimising the
-                   mean squared error between the *folded decoder* rows, theta_i W_dec[i]
-                   (the paper's matching objective is on decoder weights; the encoder enters
-                   only through the fold's invariance); matched one-to-one (Hungarian,
+                   squared error between the *folded decoder* rows, theta_i W_dec[i] (their eq. 3,
+                   a linear assignment problem); matched one-to-one (Hungarian,
                    :data:`ONE_TO_ONE`) whatever the strategy asked for.
 ``sae-match-folded-encdec`` the same fold, MSE of the concatenated folded [encoder column,
-                   encoder bias, decoder row] (saeot's reading before issue 44; kept for
-                   comparison).  JumpReLU: theta = its
-                   threshold.  TopK has no per-feature threshold: the decision is "among the k
+                   encoder bias, decoder row]: the cost of the paper's experiments (their sec. 4:
+                   "MSE from both decoder and encoder layers"; sec. 6: "all weights of the SAE
+                   (encoder, decoder, and biases)"; b_dec does not depend on the feature order).
+                   Eq. 3 says "the same logic applies to the encoder weights, provided they are
+                   transposed" and does not say how the terms are weighted; this is their mean
+                   over all 2 d + 1 entries (kept beside the decoder-only reading).
+                   JumpReLU: theta = its threshold.  TopK has no per-feature threshold: the decision is "among the k
                    largest", a data-dependent threshold shared by all features of a token, so the
                    fold uses one theta per layer, the mean over tokens of the smallest active
                    activation (BatchTopK's global threshold, as dictionary_learning tracks it);
@@ -187,7 +190,7 @@ def folded_parameters(L: LayerFeatures) -> np.ndarray:
 
 
 def _folded_decoder_mse(A: LayerFeatures, B: LayerFeatures) -> np.ndarray:
-    """(Fa, Fb) mean squared error between folded decoder rows theta_i W_dec[i] (SAE-Match's cost)."""
+    """(Fa, Fb) mean squared error between folded decoder rows theta_i W_dec[i] (SAE-Match's eq. 3 on eq. 4)."""
     fa, fb = (folded_parameters(L)[:, -L.W_dec.shape[1]:] for L in (A, B))
     D = (fa * fa).sum(1)[:, None] + (fb * fb).sum(1)[None, :] - 2 * fa @ fb.T
     return np.maximum(D, 0.0) / fa.shape[1]
