@@ -1019,7 +1019,7 @@ def lower_bound(ma: Measures, mb: Measures) -> np.ndarray:
 
 
 def relaxed_lower_bound(ma: Measures, mb: Measures, *, block: int = 16, token_block: int = 16384,
-                        n_jobs: int | None = None) -> np.ndarray:
+                        target_block: int | None = None, n_jobs: int | None = None) -> np.ndarray:
     r"""(Fa, Fb) lower bound on W2 by relaxing one marginal at a time (the "relaxed WMD" bound).
 
     Dropping the target marginal of :math:`W_2^2 = \min_\pi \sum_{ij} \pi_{ij} C_{ij}` lets every
@@ -1029,9 +1029,10 @@ def relaxed_lower_bound(ma: Measures, mb: Measures, *, block: int = 16, token_bl
     feature with no counterpart that mean and spread (:func:`lower_bound`) cannot.
 
     Needs both layers to index one token array (``ma.Z is mb.Z``, as :func:`measures` builds
-    them): a block of ``block`` sources has its distinct tokens' squared distances to every token
-    computed once, (u, n_tokens) float32, in ``token_block`` rows of Z at a time on ``n_jobs``
-    threads; every target's (k, k') cost matrix is then a gather.  Costs are float32 like the
+    them): a block of ``block`` sources (fewer if the block would pass 256 MB) has its distinct
+    tokens' squared distances to every token computed once, (u, n_tokens) float32, in
+    ``token_block`` rows of Z at a time on ``n_jobs`` threads; every target's (k, k') cost matrix
+    is then a gather (``target_block`` targets at a time; default: 64 MB of them).  Costs are float32 like the
     exact solver's (the same token is exactly 0, as there); the bound is lowered by
     ``2e-4 * max |z|^2`` so that float32 rounding (~1e-6 relative here) never lifts it above the
     solver's value.
@@ -1053,7 +1054,10 @@ def relaxed_lower_bound(ma: Measures, mb: Measures, *, block: int = 16, token_bl
     Wa = ma.w / np.maximum(ma.w.sum(1, keepdims=True), 1e-300)  # (Fa, k)
     Wb = mb.w / np.maximum(mb.w.sum(1, keepdims=True), 1e-300)  # (Fb, k')
     Fa, k = xa.shape
-    out = np.zeros((Fa, len(xb)))
+    Fb = len(xb)
+    block = max(1, min(block, (1 << 26) // max(1, k * n_tok)))  # the (u, n_tokens) float32 block stays <= 256 MB
+    t_step = target_block or max(1, (1 << 24) // max(1, k * xb.shape[1]))  # (k, t, k') float32 <= 64 MB
+    out = np.zeros((Fa, Fb))
     jobs = default_jobs() if n_jobs is None else max(1, int(n_jobs))
     with ThreadPoolExecutor(jobs) as pool:
         for s in range(0, Fa, block):
@@ -1070,10 +1074,12 @@ def relaxed_lower_bound(ma: Measures, mb: Measures, *, block: int = 16, token_bl
             D[np.arange(len(toks)), toks] = 0.0  # the same token: exactly 0, as in the solver
             inv = inv.reshape(-1, k)
             for r in range(len(inv)):
-                C = D[inv[r]][:, xb]  # (k, Fb, k') every target's cost matrix
-                row = np.einsum("kf,k->f", C.min(axis=2), Wa[s + r])  # each source point to its nearest
-                col = np.einsum("fk,fk->f", C.min(axis=0), Wb)  # each target point to its nearest
-                out[s + r] = np.sqrt(np.maximum(np.maximum(row, col) - tol, 0.0))
+                Dr = D[inv[r]]  # (k, n_tokens): this source's points to every token
+                for t in range(0, Fb, t_step):
+                    C = Dr[:, xb[t:t + t_step]]  # (k, t, k') these targets' cost matrices
+                    row = np.einsum("kf,k->f", C.min(axis=2), Wa[s + r])  # each source point to its nearest
+                    col = np.einsum("fk,fk->f", C.min(axis=0), Wb[t:t + t_step])  # each target point to its nearest
+                    out[s + r, t:t + t_step] = np.sqrt(np.maximum(np.maximum(row, col) - tol, 0.0))
     out[~ma.alive] = 0.0
     out[:, ~mb.alive] = 0.0
     return out

@@ -149,7 +149,8 @@ def test_relaxed_bound_is_below_exact_w2_and_its_pruned_search_equals_brute_forc
     alive = mb.alive[pairs[:, 1]]
     exact = np.full(len(pairs), np.inf)
     exact[alive] = w2_pairs(ma, mb, pairs[alive], "exact", n_jobs=1)
-    lb = relaxed_lower_bound(ma, mb, block=7, token_block=100, n_jobs=2)
+    lb = relaxed_lower_bound(ma, mb, block=7, token_block=100, target_block=33, n_jobs=2)
+    np.testing.assert_allclose(lb, relaxed_lower_bound(ma, mb), rtol=1e-6)  # blocking changes nothing
     assert (lb.ravel()[alive] <= exact[alive]).all()
     assert np.median(lb.ravel()[alive] / exact[alive]) > 0.9  # tight: that is what lets it prune
     W = exact.reshape(160, 160)
