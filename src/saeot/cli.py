@@ -521,6 +521,9 @@ def bench_width(
     no_upper_probe: bool = typer.Option(False, "--no-upper-probe", help="Candidates from the lower-bound embedding "
                                         "only (before issue 44's second probe by the independent-coupling upper "
                                         "bound; recall 0.889 instead of 0.98+ on the uncovered case)."),
+    no_prune: bool = typer.Option(False, "--no-prune", help="Solve exact W2 on every candidate pair (before: the "
+                                  "default solves only pairs whose lower bound is below the source's best so far; "
+                                  "the same nearest neighbours, fewer problems)."),
     no_exact: bool = typer.Option(False, "--no-exact", help="Stop after the candidate search (memory plan at "
                                   "widths whose exact stage is too long here; implies --no-recall)."),
     seed: int = typer.Option(0),
@@ -544,7 +547,8 @@ def bench_width(
         _fail("--widths must be >= 2")
     r = width_bench(ws, k=k, d=d, candidates=candidates, prefilter=prefilter, recall_sources=recall_sources,
                     device=dev, seed=seed, cover=not uncovered, support_dtype=support_dtype, recall=not no_recall,
-                    exact=not no_exact, certify=certify, upper_probe=not no_upper_probe, log=typer.echo)
+                    exact=not no_exact, certify=certify, upper_probe=not no_upper_probe, prune=not no_prune,
+                    log=typer.echo)
     write_json(r, out)
     typer.echo(f"wrote {out}")
 

@@ -198,26 +198,109 @@ def nearest_from_pairs(pairs: np.ndarray, vals: np.ndarray, n_sources: int) -> t
     return nn, dist
 
 
+def pair_bounds(ea: np.ndarray, eb: np.ndarray, ca: np.ndarray, sa: np.ndarray, cb: np.ndarray, sb: np.ndarray,
+                pairs: np.ndarray, block: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    r"""(P,) lower bound on W2 and (P,) upper bound on :math:`W_2^2` of each (source, target) pair,
+    from what the candidate search already holds: embeddings ``ea``, ``eb``, centroids ``ca``, ``cb``
+    (F, d) and squared spreads ``sa``, ``sb`` (F,) (:func:`upper_bound_embedding`).
+
+    Lower: the larger of the sliced-embedding distance :math:`\|E_a - E_b\|` (at most
+    :math:`SW_2 \le W_2`, :func:`saeot.wasserstein.sliced_embedding`) and the mean-and-spread bound
+    :math:`\sqrt{\|c_a - c_b\|^2 + (s_a - s_b)^2}` (:func:`saeot.wasserstein.lower_bound`), lowered
+    by 1e-4 relative (float32 inputs).  Upper: the independent coupling
+    :math:`\|c_a - c_b\|^2 + s_a^2 + s_b^2`.  ``block`` pairs at a time (a few tens of MB)."""
+    lb, ub2 = np.empty(len(pairs)), np.empty(len(pairs))
+    for s in range(0, len(pairs), block):
+        i, j = pairs[s:s + block, 0], pairs[s:s + block, 1]
+        de = ea[i] - eb[j]
+        dc = ca[i] - cb[j]
+        e2 = np.einsum("pe,pe->p", de, de, dtype=np.float64)
+        c2 = np.einsum("pd,pd->p", dc, dc, dtype=np.float64)
+        va, vb = np.maximum(sa[i], 0.0).astype(np.float64), np.maximum(sb[j], 0.0).astype(np.float64)
+        lb[s:s + block] = np.sqrt(np.maximum(e2, c2 + (np.sqrt(va) - np.sqrt(vb)) ** 2))
+        ub2[s:s + block] = c2 + va + vb
+    return lb * (1 - 1e-4), ub2
+
+
+def nearest_among(ma: Measures, mb: Measures, pairs: np.ndarray, lb: np.ndarray, first: np.ndarray | None = None,
+                  *, step: int = 4, n_jobs: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each source's nearest target among its candidate ``pairs`` (P, 2), solving exact W2 only where
+    it can win: the pair with the smallest ``first`` score per source (e.g. the upper bound: often
+    the answer), then rounds of ``step`` pairs per source in increasing lower bound ``lb`` (P,),
+    skipping every pair whose bound is not below the source's best so far.  A skipped pair's W2
+    is at least its bound, so the answer is the minimum over all pairs (ties aside): the same as
+    solving every pair, at a fraction of the problems when a feature has a clear counterpart.
+
+    Returns
+    -------
+    nn : (Fa,) int64 (-1: no pair);  dist : (Fa,) float64 (inf);  evaluated : int exact problems
+    """
+    Fa = ma.X.shape[0]
+    nn, dist = np.full(Fa, -1, dtype=np.int64), np.full(Fa, np.inf)
+    if len(pairs) == 0:
+        return nn, dist, 0
+    order = np.lexsort((lb, pairs[:, 0]))  # by source, then bound
+    p, b = pairs[order], lb[order]
+    done = np.zeros(len(p), dtype=bool)
+    starts = np.flatnonzero(np.r_[True, p[1:, 0] != p[:-1, 0]])
+    ends = np.r_[starts[1:], len(p)]
+    src = p[starts, 0]
+    evaluated = 0
+
+    def solve(idx):
+        nonlocal evaluated
+        vals = w2_pairs(ma, mb, p[idx], "exact", n_jobs=n_jobs)
+        evaluated += len(idx)
+        done[idx] = True
+        got_nn, got_d = nearest_from_pairs(p[idx], vals, Fa)
+        better = got_d < dist
+        nn[better], dist[better] = got_nn[better], got_d[better]
+
+    if first is not None:  # each source's most promising pair first: it sets the bar the bounds must pass
+        f = first[order]
+        seg = np.repeat(np.arange(len(starts)), ends - starts)
+        pick = np.lexsort((f, seg))[starts]  # the smallest score within each source's segment
+        solve(pick)
+    cursor = starts.copy()
+    while True:
+        live = cursor < ends
+        live[live] = b[cursor[live]] < dist[src[live]]  # bounds are sorted: past the bar, nothing can win
+        if not live.any():
+            break
+        idx = (cursor[live, None] + np.arange(step)[None, :]).ravel()
+        owner = np.repeat(np.flatnonzero(live), step)
+        ok = idx < ends[owner]
+        idx, owner = idx[ok], owner[ok]
+        keep = (b[idx] < dist[src[owner]]) & ~done[idx]
+        cursor[live] += step
+        if keep.any():
+            solve(idx[keep])
+    return nn, dist, evaluated
+
+
 def all_pairs_nn(ma: Measures, mb: Measures, *, candidates: int = 16, prefilter: str = "pca-sliced",
                  n_proj: int = 64, n_quantiles: int = 16, device: str = "cpu", n_jobs: int | None = None,
-                 block: int = 2048, exact: bool = True, certify: bool = False, upper_probe: bool = True) -> dict:
+                 block: int = 2048, exact: bool = True, certify: bool = False, upper_probe: bool = True,
+                 prune: bool = True) -> dict:
     """Exact W2 nearest neighbour of every source among its candidates, timed by stage.
 
     Candidates: every source's (and target's) ``candidates`` nearest by the ``prefilter`` embedding
     (a lower bound), and with ``upper_probe`` also by the independent-coupling upper bound
-    (:func:`upper_bound_embedding`); exact W2 on the union.
+    (:func:`upper_bound_embedding`); exact W2 on the union, or with ``prune`` only on the pairs
+    that can still win (:func:`nearest_among` with :func:`pair_bounds`: the same answer).
 
     Returns
     -------
-    dict with ``nn`` (Fa,) int64, ``dist`` (Fa,) float64, ``pairs`` (number evaluated) and
-    ``seconds`` {embed, candidates, exact, total}.
+    dict with ``nn`` (Fa,) int64, ``dist`` (Fa,) float64, ``pairs`` (exact problems solved),
+    ``candidate_pairs`` and ``seconds`` {embed, candidates, exact, total}.
     """
     t0 = time.perf_counter()
     ea, eb = _embed(ma, mb, prefilter, n_proj, n_quantiles)
     t1 = time.perf_counter()
     pairs = candidate_search(ea, eb, candidates, device=device, block=block, alive_a=ma.alive, alive_b=mb.alive)
-    if upper_probe:
+    if upper_probe or prune:
         (ca, sa), (cb, sb) = upper_bound_embedding(ma), upper_bound_embedding(mb)
+    if upper_probe:
         more = candidate_search(ca, cb, candidates, device=device, block=block, alive_a=ma.alive, alive_b=mb.alive,
                                 offset_a=sa, offset_b=sb)
         pairs = np.unique(np.concatenate([pairs, more]), axis=0)
@@ -227,20 +310,25 @@ def all_pairs_nn(ma: Measures, mb: Measures, *, candidates: int = 16, prefilter:
         torch.cuda.synchronize()
     t2 = time.perf_counter()
     if not exact:  # memory / candidate-search runs at widths whose exact stage is only extrapolated
-        return {"nn": None, "dist": None, "pairs": int(len(pairs)),
+        return {"nn": None, "dist": None, "pairs": int(len(pairs)), "candidate_pairs": int(len(pairs)),
                 "seconds": {"embed": t1 - t0, "candidates": t2 - t1, "exact": float("nan"), "total": t2 - t0}}
-    vals = w2_pairs(ma, mb, pairs, "exact", n_jobs=n_jobs)
+    if prune:
+        lb, ub2 = pair_bounds(ea, eb, ca, sa, cb, sb, pairs)
+        nn, dist, n_pairs = nearest_among(ma, mb, pairs, lb, ub2, n_jobs=n_jobs)
+    else:
+        vals = w2_pairs(ma, mb, pairs, "exact", n_jobs=n_jobs)
+        nn, dist = nearest_from_pairs(pairs, vals, ma.X.shape[0])
+        n_pairs = int(len(pairs))
     t3 = time.perf_counter()
-    nn, dist = nearest_from_pairs(pairs, vals, ma.X.shape[0])
     secs = {"embed": t1 - t0, "candidates": t2 - t1, "exact": t3 - t2, "total": t3 - t0}
-    n_pairs = int(len(pairs))
+    n_cand = int(len(pairs))
     if certify:  # visit every target whose lower bound is below the best candidate: the exact NN
 
         nn, dist, extra = nearest_w2(ma, mb, init=(nn, dist))
         secs["certify"] = time.perf_counter() - t3
         secs["total"] = time.perf_counter() - t0
         n_pairs += int(extra)
-    return {"nn": nn, "dist": dist, "pairs": n_pairs, "seconds": secs}
+    return {"nn": nn, "dist": dist, "pairs": int(n_pairs), "candidate_pairs": n_cand, "seconds": secs}
 
 
 def peak_rss_bytes() -> int:
@@ -261,7 +349,7 @@ def width_bench(widths=(4096, 16384), *, k: int = 32, d: int = 640, candidates: 
                 prefilter: str = "pca-sliced", recall_sources: int = 64, device: str = "cpu", seed: int = 0,
                 n_jobs: int | None = None, cover: bool = True, support_dtype: str = "float32",
                 recall: bool = True, exact: bool = True, certify: bool = False, upper_probe: bool = True,
-                log=print) -> dict:
+                prune: bool = True, log=print) -> dict:
     """Wall time and nearest-neighbour recall of all-pairs exact W2 at each width, in one run.
 
     Per width: build :func:`synthetic_layers`, run :func:`all_pairs_nn`, then the exact nearest
@@ -271,7 +359,7 @@ def width_bench(widths=(4096, 16384), *, k: int = 32, d: int = 640, candidates: 
     out = {"params": {"k": k, "d": d, "candidates": candidates, "prefilter": prefilter,
                       "recall_sources": recall_sources, "device": device, "seed": seed,
                       "cpu_threads": n_jobs or default_jobs(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                      "support_dtype": support_dtype, "certify": certify, "upper_probe": upper_probe,
+                      "support_dtype": support_dtype, "certify": certify, "upper_probe": upper_probe, "prune": prune,
                       "peak_rss_before_bytes": peak_rss_bytes(),
                       "data": "synthetic_layers (saeot.width): concept clusters, 2 features per concept"
                               + ("" if cover else ", concepts at random (uncovered: hard case)")},
@@ -281,8 +369,9 @@ def width_bench(widths=(4096, 16384), *, k: int = 32, d: int = 640, candidates: 
         ma, mb = synthetic_layers(F, k=k, d=d, seed=seed, cover=cover, dtype=np.dtype(support_dtype))
         build = time.perf_counter() - tb
         r = all_pairs_nn(ma, mb, candidates=candidates, prefilter=prefilter, device=device, n_jobs=n_jobs,
-                         exact=exact, certify=certify, upper_probe=upper_probe)
+                         exact=exact, certify=certify, upper_probe=upper_probe, prune=prune)
         res = {"n_features": F, "pairs_evaluated": r["pairs"], "pairs_per_source": r["pairs"] / F,
+               "candidate_pairs": r["candidate_pairs"],
                "seconds": {**r["seconds"], "build_data": build},
                "memory": {**memory_plan(F, d, k=k, n_tokens=len(ma.Z), support_bytes=ma.Z.itemsize),
                           "token_array_shared_by_both_layers": ma.Z is mb.Z,
@@ -303,7 +392,8 @@ def width_bench(widths=(4096, 16384), *, k: int = 32, d: int = 640, candidates: 
             msg = (f"; recall of the exact NN {res['recall']:.3f} on {len(rows)} sources (ground truth "
                    f"{res['seconds']['recall_check']:.0f} s, {evaluated} exact problems)")
         out["widths"][str(F)] = res
-        log(f"width {F} (d {d}, supports {support_dtype}): {r['pairs']} exact W2 pairs, all-pairs NN "
+        log(f"width {F} (d {d}, supports {support_dtype}): {r['candidate_pairs']} candidate pairs, {r['pairs']} "
+            f"exact W2 problems solved, all-pairs NN "
             f"{r['seconds']['total']:.1f} s (embed {r['seconds']['embed']:.1f}, candidates "
             f"{r['seconds']['candidates']:.1f} on {device}, exact {r['seconds']['exact']:.1f}); peak RSS "
             f"{res['memory']['peak_rss_bytes_after_nn'] / 2**30:.2f} GiB" + msg)

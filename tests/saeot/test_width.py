@@ -159,3 +159,25 @@ def test_relaxed_bound_is_below_exact_w2_and_its_pruned_search_equals_brute_forc
     assert (W[np.arange(160), nn] <= W.min(1) * (1 + 1e-6)).all() and nn[0] != 3
     _, _, evaluated_unrelaxed = nearest_w2(ma, mb, relaxed=False)
     assert evaluated < evaluated_unrelaxed / 2
+
+
+@pytest.mark.parametrize("cover", [True, False])
+def test_pruned_candidate_evaluation_equals_solving_every_candidate(cover):
+    """all_pairs_nn(prune=True) solves exact W2 only where a pair's lower bound is below the source's
+    best so far: the same nearest-neighbour distances as solving every candidate, fewer problems."""
+    from saeot.wasserstein import w2_pairs
+    from saeot.width import pair_bounds, upper_bound_embedding, _embed
+
+    ma, mb = synthetic_layers(200, k=8, d=24, seed=6, cover=cover)
+    full = all_pairs_nn(ma, mb, candidates=12, prefilter="pca-sliced", prune=False, n_jobs=1)
+    pruned = all_pairs_nn(ma, mb, candidates=12, prefilter="pca-sliced", prune=True, n_jobs=1)
+    np.testing.assert_allclose(pruned["dist"], full["dist"], rtol=1e-6)
+    assert pruned["candidate_pairs"] == full["pairs"] and pruned["pairs"] < 0.75 * full["pairs"]
+    # the bounds it prunes by hold on every pair
+    rng = np.random.default_rng(0)
+    pairs = np.stack([rng.integers(0, 200, 3000), rng.integers(0, 200, 3000)], 1)
+    ea, eb = _embed(ma, mb, "pca-sliced", 64, 16)
+    (ca, sa), (cb, sb) = upper_bound_embedding(ma), upper_bound_embedding(mb)
+    lb, ub2 = pair_bounds(ea, eb, ca, sa, cb, sb, pairs, block=97)
+    w = w2_pairs(ma, mb, pairs, "exact", n_jobs=1)
+    assert (lb <= w).all() and (w ** 2 <= ub2 * (1 + 1e-5)).all()
