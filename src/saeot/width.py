@@ -177,11 +177,14 @@ def upper_bound_embedding(m: Measures) -> tuple[np.ndarray, np.ndarray]:
     F, k = m.index.shape
     w = m.w / np.maximum(m.w.sum(1, keepdims=True), 1e-300)
     W = sp.csr_matrix((w.ravel(), m.index.ravel(), np.arange(0, F * k + 1, k)), shape=(F, len(m.Z))).tocsc()
+    W32 = W.astype(np.float32)  # float32 products: a float64 (F, d) temporary was 1.2 GB at 65,536 features
     c = np.zeros((F, m.Z.shape[1]), dtype=np.float32)
     zz = np.empty(len(m.Z))
     for s in range(0, len(m.Z), 8192):
         z = np.asarray(m.Z[s:s + 8192], dtype=np.float32)
-        c += W[:, s:s + 8192] @ z
+        Ws = W32[:, s:s + 8192].tocsr()
+        for f in range(0, F, 8192):  # feature blocks: the product's temporary stays 8,192 x d
+            c[f:f + 8192] += Ws[f:f + 8192] @ z
         zz[s:s + 8192] = np.einsum("nd,nd->n", z, z, dtype=np.float64)
     s2 = W @ zz - np.einsum("fd,fd->f", c, c, dtype=np.float64)  # E|x|^2 - |E x|^2
     return c, np.maximum(s2, 0.0).astype(np.float32)
