@@ -31,6 +31,8 @@ from typing import Any, Sequence
 import stat
 import warnings
 
+from sakura.cloud import tasks  # a lazy facade: its names load torch on first use, the skip path none
+
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_IMAGE_PIXELS = 64_000_000  # refuse decompression bombs before decoding
 MAX_LIBRARY_BYTES = 64 * 1024 * 1024  # a library file of 10,000 entries is ~1.5 MB
@@ -256,9 +258,7 @@ def spec_instruction(spec: TemplateSpec) -> Any:
     """What the model's `extract_template_kv(image, instruction)` takes: a task's instruction id,
     or the prompt text."""
     if spec.task is not None:
-        from sakura.cloud.tasks import get_task  # lazy: torch, numba; an unchanged store's skip loads none
-
-        return get_task(spec.task).instruction
+        return tasks.get_task(spec.task).instruction
     return spec.prompt
 
 
