@@ -37,8 +37,12 @@ from sakura.cloud.builder import incremental
 from sakura.cloud.builder.defaults import BASE_RUNG_PSNR_DB, DEFAULT_LADDER, default_templates
 from sakura.cloud.builder.incremental import expected_rendition_bases, manifest_is_current  # noqa: F401 (their old home)
 from sakura.cloud.builder.pipeline import build_store
+from sakura.util.report import report_logger
 
 EXECUTORS = ("local", "ray")
+
+#: the build's lines (one per template: built, skipped, failed), plain on stdout
+REPORT = report_logger(__name__, root="sakura.cloud.builder")
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
                     model_name: str = "sakura-mini", ladder: Sequence[str] | None = None, calibration: int = 2,
                     steps: int = 4, seed: int = 0, executor: str = "ray", address: str | None = None,
                     workers: int | None = None, force: bool = False, max_retries: int = 3, progress: bool = True,
-                    log: Callable[[str], None] = print, device: str = "auto", dtype: str = "auto",
+                    log: Callable[[str], None] | None = None, device: str = "auto", dtype: str = "auto",
                     probe_batch: int | None = None, allocation_photos: int | None = None,
                     allocation: str = "model") -> BuildReport:
     """Build one manifest per template on ``executor``, skipping templates already current.
@@ -140,11 +144,15 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
         allocation: `build_store`'s ("model" or "probes").
         max_retries: Ray retries of a task whose worker died (a task that raises is not retried).
         progress: a tqdm bar over templates (stderr).
+        log: where the per-template lines go; default the ``sakura.cloud.builder`` logger (plain lines on
+            stdout: `sakura.util.report`). A sink is for a caller that routes them itself: the CLI
+            above its progress bar, a template process back over its pipe.
     Returns:
         a ``BuildReport``; templates that failed are listed with the error, the others are committed.
     """
     from tqdm import tqdm  # lazy: tqdm; off --help and argument errors
 
+    log = log or REPORT.info
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     ladder = list(ladder or DEFAULT_LADDER)

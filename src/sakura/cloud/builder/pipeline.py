@@ -50,14 +50,18 @@ from sakura.cloud.builder.template import ALLOCATIONS, build_template
 from sakura.cloud.builder.template_files import (TemplateSpec, TemplateSpecError, spec_images, spec_instruction,
                                                  validate_specs)
 from sakura.wire.store.store import Store, StoreError
+from sakura.util.report import report_logger
 
 #: the names tests and benchmarks knew these by before the builder was split (issue 41)
 _Probing, _many_probe, _with_floor_rungs, _Stages = Probing, many_probe, with_floor_rungs, Stages
 _fit_ladder_to_template = fit_ladder_by_probes
+#: the build's lines (one per template: built, skipped, failed), plain on stdout
+REPORT = report_logger(__name__, root="sakura.cloud.builder")
+
 
 def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates: Sequence[Any] | None = None,
                 ladder: Sequence[str] = DEFAULT_LADDER, calibration: int = 2, steps: int = 4, seed: int = 0,
-                base_psnr_db: float | None = BASE_RUNG_PSNR_DB, log: Callable[[str], None] = print,
+                base_psnr_db: float | None = BASE_RUNG_PSNR_DB, log: Callable[[str], None] | None = None,
                 device: Any = "auto", dtype: Any = "auto", probe_batch: int | None = None,
                 probe_workers: int | None = None, allocation_photos: int | None = ALLOCATION_PHOTOS,
                 template_workers: int | None = None, progress: bool = False,
@@ -115,6 +119,9 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             threads: a template's serial stretches (allocation between probe rounds, encoding,
             the acceptance edits) overlap another's probes.
         progress: a tqdm bar (stderr) naming the template and stage, with an ETA.
+        log: where the per-template lines go; default the ``sakura.cloud.builder`` logger (plain lines on
+            stdout: `sakura.util.report`). A sink is for a caller that routes them itself: the CLI
+            above its progress bar, a template process back over its pipe.
         profile: filled with {template: {stage: wall seconds, "stage cpu": CPU seconds}}.
         model: an already-loaded model to build with (then `model_name`, `device`, `dtype` are unused).
         allocation: "model" (default): bits, ladder and figures by the template's sensitivity model
@@ -129,6 +136,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         force: rebuild templates that are current (a verified manifest built from the same
             image, settings and model: `build_key`), which are otherwise skipped.
     """
+    log = log or REPORT.info
     if allocation not in ALLOCATIONS:
         raise ValueError(f"allocation must be one of {list(ALLOCATIONS)}, got {allocation!r}")
     settings = incremental.request_settings(ladder=ladder, calibration=calibration, steps=steps, seed=seed,
