@@ -37,6 +37,7 @@ from sakura.cloud.builder import incremental
 from sakura.cloud.builder.defaults import BASE_RUNG_PSNR_DB, DEFAULT_LADDER, default_templates
 from sakura.cloud.builder.incremental import expected_rendition_bases, manifest_is_current  # noqa: F401 (their old home)
 from sakura.cloud.builder.pipeline import build_store
+from sakura.util.device import resolve_device
 from sakura.util.report import report_logger
 
 EXECUTORS = ("local", "ray")
@@ -220,7 +221,6 @@ def _check_inputs(model_name: str, names: Sequence[str], ladder: Sequence[str], 
     CPU (its fingerprint is the same on every device)."""
     from sakura.codec import codec_from_spec  # lazy: torch, numba; an unchanged store's skip loads none
     from sakura.models import load_model  # lazy: torch, numba; an unchanged store's skip loads none
-    from sakura.util.device import resolve_device  # lazy: torch, numba; an unchanged store's skip loads none
 
     for spec in ladder:
         codec_from_spec(spec)

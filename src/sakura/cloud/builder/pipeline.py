@@ -50,6 +50,7 @@ from sakura.cloud.builder.template import ALLOCATIONS, build_template
 from sakura.cloud.builder.template_files import (TemplateSpec, TemplateSpecError, spec_images, spec_instruction,
                                                  validate_specs)
 from sakura.wire.store.store import Store, StoreError
+from sakura.util.device import device_options
 from sakura.util.report import report_logger
 
 #: the names tests and benchmarks knew these by before the builder was split (issue 41)
@@ -207,7 +208,6 @@ def _setup(stages: Stages, *, model_name, templates, ladder, calibration, steps,
 
     from sakura.codec import codec_from_spec  # lazy: torch, numba; an unchanged store's skip loads none
     from sakura.models import load_model  # lazy: torch, numba; an unchanged store's skip loads none
-    from sakura.util.device import device_options  # lazy: torch, numba; an unchanged store's skip loads none
 
     torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
     codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
