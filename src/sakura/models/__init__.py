@@ -16,7 +16,7 @@ import importlib.abc
 import importlib.util
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 import warnings
 
 from sakura.util.lazy import lazy_names

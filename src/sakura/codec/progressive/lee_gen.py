@@ -5,15 +5,13 @@ fused 2-D kernels' source around it.
 Its own module, apart from `fastdct` (which imports the generated `_lee` at module top), so that
 it runs whatever state `_lee.py` is in: ``python -m sakura.codec.progressive.lee_gen`` rewrites it
 (a test checks it is up to date); should `_lee.py` not import at all, ``python
-src/sakura/codec/progressive/lee_gen.py`` runs it without the package. Importing this loads numpy only.
+src/sakura/codec/progressive/lee_gen.py`` runs it without the package. Importing this loads only the standard library.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-
-import numpy as np
 
 SIZES = (2, 4, 8, 16, 32, 64)
 # The reconstruction reads one channel block (128-256 bytes) of every token row, rows C x 4 bytes
