@@ -19,6 +19,7 @@ import traceback
 
 from sakura.cloud.builder.probes import cpu_count as _cpu_count
 from sakura.cloud.builder.progress import Stages
+from sakura.cloud.builder.template import build_template
 
 #: how long a template process that was told to stop may take to exit before it is terminated (s)
 _EXIT_GRACE_S = 10.0
@@ -124,8 +125,6 @@ def _build_in_processes(processes: int, tpls, job: dict, stages: "Stages", log) 
 def _template_process(conn) -> None:
     """A forked template process: builds the templates the parent names until it sends None (or
     goes away: EOF)."""
-    from sakura.cloud.builder.template import build_template  # lazy: import cycle within the builder (pipeline <-> template/distributed)
-
     job = dict(_FORK_JOB)
     tpls = job.pop("tpls")
     sending = threading.Lock()  # stage events and the result may come from different threads
