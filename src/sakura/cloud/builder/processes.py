@@ -83,7 +83,7 @@ def _build_in_processes(processes: int, tpls, job: dict, stages: "Stages", log) 
             for conn in _wait_any(list(busy)):
                 try:
                     msg = conn.recv()
-                except EOFError:
+                except (EOFError, ConnectionResetError):  # a socket pair: a peer that died unread resets
                     proc = busy.pop(conn)
                     proc.join(_EXIT_GRACE_S)
                     raise TemplateProcessError(f"a template process ended without a result (exit code "
@@ -100,7 +100,10 @@ def _build_in_processes(processes: int, tpls, job: dict, stages: "Stages", log) 
                     stages.seconds.update(seconds)
                     stages.facts.update(facts)
                     nxt = next(todo, None)
-                    conn.send(nxt)
+                    try:
+                        conn.send(nxt)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # it died after its result: the next recv reads EOF and says so
                     if nxt is None:
                         busy.pop(conn)
                 else:  # "error"
@@ -152,5 +155,5 @@ def _template_process(conn) -> None:
                     send(("error", None, tb))
                 return
             send(("done", i, str(path), stages.seconds, stages.facts, lines))
-    except (EOFError, BrokenPipeError):
+    except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the parent is gone or stopped the build
