@@ -19,8 +19,12 @@ The sketch's spread is Hutchinson's: a prediction's relative spread is sqrt(2 / 
 error. A probe over all photos at once also carries the cross term (r_1 . J_1 e)(r_2 . J_2 e)
 between photos, pure noise; a probe per photo drops it, and its backward costs one photo's
 compute: at the same compute, variance (a^2 + b^2) / (a + b)^2 of the joint one's (a, b: each
-photo's share of the MSE), half when they weigh alike. The allocation therefore blends it with its own diagonal (`DIAGONAL_BLEND`), whose spread
-is small but which misses correlations; the manifest's figures use the sketch alone.
+photo's share of the MSE), half when they weigh alike. The allocation predicts each part by heads
+(`HEAD_BLOCKS`: sum_k sum_h (g_k[h] . e[h])^2, the cross-head terms, zero in expectation for
+independent errors, left out: less noise, ~24 heads to average over at Klein size) and blends that
+with its own diagonal (`DIAGONAL_BLEND`), whose spread is small but which misses correlations; the
+manifest's figures use the full sketch. What the few probes' noise still costs: the allocation
+selects on it (it starves the parts whose prediction came out low), docs/notes/build-41.md section 6.
 
 Cost: one forward with autograd per calibration photo, P backward passes each through one photo's
 graph (`PER_PHOTO_PROBES`: a backward counts as 2 edits of the photos it runs through, so 2 / N of
@@ -53,8 +57,8 @@ SKETCH_PROBES = 8
 #: over every coefficient) but it misses the quantiser's correlated errors (on look-00 its error
 #: spread is 5.5 dB). With the full sketch b = 1/2 measured best; by heads the sketch's own spread
 #: is smaller and b = 1/4 gave the lowest per-part error and tail (2.0 dB sd, 5th percentile -3.6
-#: dB vs 2.3 / -4.5 for the full sketch at 1/2; held-out over 5 probe draws median -0.05 / worst
-#: -2.07 dB vs -0.32 / -2.35; docs/notes/build-41.md section 6)
+#: dB vs 2.3 / -4.5 for the full sketch at 1/2; held-out over 8 probe draws median -0.04 / worst
+#: -2.00 dB vs -0.18 / -2.24; docs/notes/build-41.md section 6)
 DIAGONAL_BLEND = 0.25
 #: the allocation's part predictions keep only the sketch of each attention head's block of H
 #: (K or V of one head, every token and channel), dropping the cross-head terms: heads attend
