@@ -395,8 +395,9 @@ def width_bench(widths=(4096, 16384), *, k: int = 32, d: int = 640, candidates: 
             msg = (f"; recall of the exact NN {res['recall']:.3f} on {len(rows)} sources (ground truth "
                    f"{res['seconds']['recall_check']:.0f} s, {evaluated} exact problems)")
         out["widths"][str(F)] = res
-        log(f"width {F} (d {d}, supports {support_dtype}): {r['candidate_pairs']} candidate pairs, {r['pairs']} "
-            f"exact W2 problems solved, all-pairs NN "
+        solved = f"{r['pairs']} exact W2 problems solved" if exact else "exact stage not run"
+        log(f"width {F} (d {d}, supports {support_dtype}): {r['candidate_pairs']} candidate pairs, {solved}, "
+            f"all-pairs NN "
             f"{r['seconds']['total']:.1f} s (embed {r['seconds']['embed']:.1f}, candidates "
             f"{r['seconds']['candidates']:.1f} on {device}, exact {r['seconds']['exact']:.1f}); peak RSS "
             f"{res['memory']['peak_rss_bytes_after_nn'] / 2**30:.2f} GiB" + msg)
