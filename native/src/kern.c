@@ -19,6 +19,7 @@
 #define VW 4
 #define PATH_NAME "sse4"
 #define SFX(x) x##_sse4
+#include <immintrin.h>
 #elif defined(SKN_PATH_NEON)
 #define VW 4
 #define PATH_NAME "neon"
@@ -44,6 +45,9 @@ static SKN_INLINE void vstore(float *p, VF v) { memcpy(p, &v, sizeof v); }
 #endif
 
 #define SKN_HAVE_VF 1
+#if VW > 1
+#define SKN_WANT_EXPAND 1
+#endif
 #include "gen_tables.h"
 
 /* float32 -> fp16 bits, round to nearest even (F. Giesen's float_to_half_fast3_rtne: equal to a
@@ -251,4 +255,64 @@ static void SFX(cachegen_f16)(const uint16_t *sym, const float *scale, int32_t m
     }
 }
 
-const skn_kernels SFX(skn_kernels) = {PATH_NAME, SFX(idct2_f16), SFX(cachegen_f16), SFX(to_f16)};
+#if VW > 1
+/* prog_mag.h's merge, 8 coefficients per step: the zero lanes of 8 magnitudes make an 8-bit mask;
+ * its complement's table row expands the next popcount lowv values into the significant lanes,
+ * its own row the next newv values into the others (one byte shuffle each: SSSE3 pshufb, NEON
+ * tbl); insignificant lanes hold 0, so the result is (q << m) | low | new; the lanes whose new
+ * index is nonzero take the next sign bytes the same way. */
+static int64_t SFX(merge16)(int16_t *mag, uint8_t *neg, int64_t len, int m, const int16_t *lowv, int64_t *li,
+                            int64_t lcap, const int16_t *newv, int64_t *ki, int64_t kcap, const uint8_t *sv,
+                            int64_t *si, int64_t scap)
+{
+    int64_t j = 0, l = *li, k = *ki, s = *si;
+#if defined(SKN_PATH_NEON)
+    static const uint8_t bitw[8] = {1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x8_t bw = vld1_u8(bitw);
+    const int16x8_t sh = vdupq_n_s16((int16_t)m);
+    for (; j + 8 <= len && l + 8 <= lcap && k + 8 <= kcap && s + 8 <= scap; j += 8) {
+        const int16x8_t q = vld1q_s16(mag + j);
+        const unsigned zm = vaddv_u8(vand_u8(vmovn_u16(vceqzq_s16(q)), bw));
+        const unsigned sm = zm ^ 0xffu;
+        const int16x8_t lo = vreinterpretq_s16_u8(vqtbl1q_u8(vld1q_u8((const uint8_t *)(lowv + l)), vld1q_u8(SKN_EXPAND16[sm])));
+        const int16x8_t nv = vreinterpretq_s16_u8(vqtbl1q_u8(vld1q_u8((const uint8_t *)(newv + k)), vld1q_u8(SKN_EXPAND16[zm])));
+        vst1q_s16(mag + j, vorrq_s16(vorrq_s16(vshlq_s16(q, sh), lo), nv));
+        const unsigned bm = vaddv_u8(vand_u8(vmovn_u16(vtstq_s16(nv, nv)), bw));
+        const uint8x8_t sg = vqtbl1_u8(vcombine_u8(vld1_u8(sv + s), vdup_n_u8(0)), vld1_u8(SKN_EXPAND8[bm]));
+        vst1_u8(neg + j, vorr_u8(vld1_u8(neg + j), sg));   /* (no branch on bm: it is data) */
+        l += __builtin_popcount(sm);
+        k += __builtin_popcount(zm);
+        s += __builtin_popcount(bm);
+    }
+#else
+    const __m128i zero = _mm_setzero_si128(), cnt = _mm_cvtsi32_si128(m);
+    for (; j + 8 <= len && l + 8 <= lcap && k + 8 <= kcap && s + 8 <= scap; j += 8) {
+        const __m128i q = _mm_loadu_si128((const __m128i *)(mag + j));
+        const unsigned zm = (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm_cmpeq_epi16(q, zero), zero));
+        const unsigned sm = zm ^ 0xffu;
+        const __m128i lo = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(lowv + l)),
+                                            _mm_load_si128((const __m128i *)SKN_EXPAND16[sm]));
+        const __m128i nv = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(newv + k)),
+                                            _mm_load_si128((const __m128i *)SKN_EXPAND16[zm]));
+        _mm_storeu_si128((__m128i *)(mag + j), _mm_or_si128(_mm_or_si128(_mm_sll_epi16(q, cnt), lo), nv));
+        const unsigned bm = (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm_cmpgt_epi16(nv, zero), zero));
+        const __m128i sg = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)(sv + s)),
+                                            _mm_load_si128((const __m128i *)SKN_EXPAND8[bm]));
+        _mm_storel_epi64((__m128i *)(neg + j), _mm_or_si128(_mm_loadl_epi64((const __m128i *)(neg + j)), sg));
+        /* (no branch on bm: it is data) */
+        l += __builtin_popcount(sm);
+        k += __builtin_popcount(zm);
+        s += __builtin_popcount(bm);
+    }
+#endif
+    *li = l;
+    *ki = k;
+    *si = s;
+    return j;
+}
+#define MERGE16 SFX(merge16)
+#else
+#define MERGE16 NULL
+#endif
+
+const skn_kernels SFX(skn_kernels) = {PATH_NAME, SFX(idct2_f16), SFX(cachegen_f16), SFX(to_f16), MERGE16};

@@ -59,6 +59,14 @@ typedef struct skn_kernels {
                          uint16_t *out);
     /* n float32 -> fp16 bits (round to nearest even) */
     void (*to_f16)(const float *x, size_t n, uint16_t *out);
+    /* The refinement merge (prog_mag.h's `refine`, int16 magnitudes), 8 coefficients per step from
+     * the band's start while each scratch array has a whole vector left (cursor + 8 <= its
+     * capacity; sv: + 8): mag[j] = (mag[j] << m) | lowv[li++] where mag[j] != 0, else newv[ki++],
+     * and neg[j] |= sv[si++] where that new index is nonzero. Advances the cursors and returns the
+     * coefficients done (a multiple of 8, <= len); NULL on the scalar path. */
+    int64_t (*merge16)(int16_t *mag, uint8_t *neg, int64_t len, int m, const int16_t *lowv, int64_t *li,
+                       int64_t lcap, const int16_t *newv, int64_t *ki, int64_t kcap, const uint8_t *sv, int64_t *si,
+                       int64_t scap);
 } skn_kernels;
 
 const skn_kernels *skn_kernels_get(void);

@@ -47,6 +47,31 @@ def _idct(n: int, name: str = "idct", vt: str = "VF") -> str:
     return "\n".join(lines)
 
 
+def _expand_tables() -> list[str]:
+    """The refinement merge's shuffle controls (pshufb / tbl rows) per 8-lane mask: lane i takes
+    element rank(i) (the set bits of the mask below i) of a vector of consecutive values where bit
+    i is set, else 0 (control byte 0x80): 16-bit elements (EXPAND16) and bytes (EXPAND8)."""
+    r16, r8 = [], []
+    for mask in range(256):
+        c16, c8, k = [], [], 0
+        for i in range(8):
+            if mask >> i & 1:
+                c16 += [2 * k, 2 * k + 1]
+                c8.append(k)
+                k += 1
+            else:
+                c16 += [0x80, 0x80]
+                c8.append(0x80)
+        c8 += [0x80] * 8
+        r16.append("{" + ",".join(str(x) for x in c16) + "}")
+        r8.append("{" + ",".join(str(x) for x in c8) + "}")
+    return ["#ifdef SKN_WANT_EXPAND",
+            "/* per 8-lane mask: shuffle controls that expand consecutive values into the mask's set lanes */",
+            "static const uint8_t SKN_EXPAND16[256][16] __attribute__((aligned(16))) = {" + ", ".join(r16) + "};",
+            "static const uint8_t SKN_EXPAND8[256][16] __attribute__((aligned(16))) = {" + ", ".join(r8) + "};",
+            "#endif"]
+
+
 def source() -> str:
     w = (np.exp2(np.arange(256, dtype=np.float64) / 8.0) - 1.0) * COUNT_SCALE
     s = np.exp2((np.arange(256, dtype=np.float64) - 128.0) / SCALE_STEPS_PER_OCTAVE)
@@ -56,6 +81,7 @@ def source() -> str:
            "/* 2^((code - 128) / 16): token scales (float64, as the reference computes them) */",
            "static const double SKN_TOKEN_SCALE[256] = {" + ", ".join(float(x).hex() for x in s) + "};",
            f"#define SKN_IDCT_SIZES_MASK {sum(1 << n.bit_length() - 1 for n in fastdct.SIZES)}"]
+    out += _expand_tables()
     out += ["#ifdef SKN_HAVE_VF"] + [_idct(n) for n in fastdct.SIZES]
     out += ["/* the same on single floats (the channel tail of a block) */"]
     out += [_idct(n, "idcts", "float") for n in fastdct.SIZES] + ["#endif"]
