@@ -408,17 +408,6 @@ int skn_prog_start(skn_prog *s, const uint8_t *payload, size_t n, const int32_t 
     return SKN_OK;
 }
 
-/* m bits at bit position `bit` of a little-endian bit stream of `len` bytes (caller checked the
- * last value ends inside it) */
-static SKN_INLINE uint32_t low_bits(const uint8_t *b, size_t len, uint64_t bit, int m)
-{
-    const size_t by = (size_t)(bit >> 3);
-    uint32_t w = b[by];
-    if (by + 1 < len) w |= (uint32_t)b[by + 1] << 8;
-    if (by + 2 < len) w |= (uint32_t)b[by + 2] << 16;
-    return (w >> (bit & 7)) & ((1u << m) - 1);
-}
-
 static int refine_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_tables *t, int l, int m)
 {
     const int nb = s->nb, m32 = s->mag32[i];

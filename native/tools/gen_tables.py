@@ -30,12 +30,40 @@ def _f32(v: float) -> str:
     return float(np.float32(v)).hex() + "f"
 
 
+def _lee_lazy(p: "fastdct._Prog", v: list[str], scale) -> list[str]:
+    """fastdct._lee's operations (the same expressions and constants, so the same float32 results)
+    emitted in an order that keeps few values live: the even half's recursion first, the odd half's
+    input sums only after it, and each input's orthonormal weight applied at its first use. GCC
+    mostly keeps the source order on x86 (no pre-allocation scheduling), and with 16 vector
+    registers (SSE, NEON has 32) fastdct's order (every weighted input and every odd sum live at
+    once) spilled most of a 32- or 64-point column."""
+    n = len(v)
+    if n == 1:
+        return [scale(v[0])]
+    h = n // 2
+    a = _lee_lazy(p, [v[0]] + [v[2 * i] for i in range(1, h)], scale)
+    beta = [scale(v[1])] + [p.emit(f"{scale(v[2 * i - 1])} + {scale(v[2 * i + 1])}") for i in range(1, h)]
+    b = _lee_lazy(p, beta, lambda x: x)
+    out: list[str] = [""] * n
+    for i in range(h):
+        y = p.emit(f"{b[i]} * {p.const(1.0 / (2.0 * math.cos((i + 0.5) * math.pi / n)))}")
+        out[i] = p.emit(f"{a[i]} + {y}")
+        out[n - 1 - i] = p.emit(f"{a[i]} - {y}")
+    return out
+
+
 def _idct(n: int, name: str = "idct", vt: str = "VF") -> str:
     p = fastdct._Prog(n)
     args = [f"c[{i}]" for i in range(n)]
     w0, w = p.const(math.sqrt(1.0 / n)), p.const(math.sqrt(2.0 / n))
-    scaled = [p.emit(f"{a} * {w0 if i == 0 else w}") for i, a in enumerate(args)]
-    outs = fastdct._lee(p, scaled)
+    done: dict[str, str] = {}
+
+    def scale(x: str) -> str:   # the weighted input x * w (x's first use emits it; once per input)
+        if x not in done:
+            done[x] = p.emit(f"{x} * {w0 if x == args[0] else w}")
+        return done[x]
+
+    outs = _lee_lazy(p, args, scale)
     lines = [f"/* orthonormal inverse DCT of n = {n} values in place: x_i = sum_u D[u, i] c[u] */",
              f"static SKN_INLINE void {name}_{n}({vt} *c)", "{"]
     for ln in p.lines:
