@@ -183,10 +183,10 @@ static SKN_INLINE void finish_row(const float *src, const float *mu, const float
  * block's channels (band-sorted rows scattered to their token-grid rows) into the block buffer fl
  * (grid row u at u * rs, column v at v * cbw), pass 1 (over u) in place, pass 2 (over v) in place
  * on each grid row, then / scale + mean and fp16 into the output rows (numba's `idct2_<n>`).
- * The output rows are C values apart and a block writes cb of each: every row's store misses the
- * caches, and at 4,096 tokens the stores waiting for their lines filled the store buffer (~40 % of
- * the kernel's samples sat on the fp16 store); each grid row's finish now prefetches, for writing,
- * the next grid row's n output rows (both ends: cb values may straddle two lines). */
+ * The output rows are C values apart and a block writes cb of each: at 4,096 tokens ~40 % of the
+ * kernel's samples sit on the fp16 store (store misses; with 4 KiB pages a TLB miss per row, which
+ * is why the caller's output gets the huge-page hint). Prefetching the next grid row's output rows
+ * for writing was measured: no gain. */
 #define IDCT_KERNEL(N, MAGT)                                                                          \
 static void SFX(idct2_##N##_##MAGT)(const MAGT *mag, const uint8_t *neg, const int32_t *perm, float step, \
                                     float off, int32_t c0, int32_t cbw, const float *inv, const float *mu, \
@@ -241,11 +241,6 @@ static void SFX(idct2_##N##_##MAGT)(const MAGT *mag, const uint8_t *neg, const i
         }                                                                                             \
         for (int j = 0; j < n; j++) {                                                                 \
             const int t = i * n + j;                                                                  \
-            if (i + 1 < n) {   /* the next grid row's output rows, for writing (see above) */         \
-                uint16_t *nx = out + (size_t)(t + n) * C + (size_t)c0;                                \
-                __builtin_prefetch(nx, 1);                                                            \
-                __builtin_prefetch(nx + cb - 1, 1);                                                   \
-            }                                                                                         \
             finish_row(row + (size_t)j * cb, mu + c0, inv ? inv + t : NULL, cb,                       \
                        out + (size_t)t * C + (size_t)c0);                                             \
         }                                                                                             \
