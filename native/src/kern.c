@@ -283,7 +283,7 @@ static int SFX(idct2_f16)(int n, int mag32, const void *mag, const uint8_t *neg,
 enum { CG_TILE_T = 256, CG_TILE_C = 64 };
 
 static void SFX(cachegen_f16)(const uint16_t *sym, const float *scale, int32_t mx, int32_t T, int32_t C,
-                              uint16_t *out)
+                              int32_t stride, uint16_t *out)
 {
     uint16_t tile[CG_TILE_C][CG_TILE_T];
     float row[CG_TILE_T];
@@ -297,7 +297,7 @@ static void SFX(cachegen_f16)(const uint16_t *sym, const float *scale, int32_t m
                 SFX(to_f16)(row, (size_t)nt, tile[cc]);
             }
             for (int tt = 0; tt < nt; tt++) {
-                uint16_t *o = out + (size_t)(t0 + tt) * C + c0;
+                uint16_t *o = out + (size_t)(t0 + tt) * stride + c0;
                 for (int cc = 0; cc < nc; cc++) o[cc] = tile[cc][tt];
             }
         }

@@ -251,7 +251,7 @@ static int read_stream(skn_prog *s, chunks *rd, const skn_model *m, const int64_
     if ((wn & 1) || (cn & 3)) { rc = SKN_E_PAYLOAD; goto out; }
     *sym = malloc((size_t)(n ? n : 1) * sizeof **sym);
     if (!*sym) { rc = SKN_E_NOMEM; goto out; }
-    skn_stream st = {w, wn / 2, c, cn / 4};
+    skn_stream st = {w, wn / 2, c, cn / 4, 0};
     rc = skn_rans_run(&st, ctx, len, ns, m, SKN_PIECE, *sym, n);
     *nsym = n;
 out:

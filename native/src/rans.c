@@ -97,7 +97,7 @@ int skn_rans_decode(const uint8_t *words, size_t n_words, const uint8_t *counts,
     if (rc) return rc;
     uint16_t *tmp = malloc((size_t)(n ? n : 1) * sizeof *tmp);
     if (!tmp) { skn_model_free(&m); return SKN_E_NOMEM; }
-    skn_stream st = {words, n_words, counts, n_pieces};
+    skn_stream st = {words, n_words, counts, n_pieces, 0};
     rc = skn_rans_run(&st, seg_ctx, seg_len, n_seg, &m, piece, tmp, n);
     if (rc == SKN_OK)
         for (int64_t i = 0; i < n; i++) out[i] = tmp[i];

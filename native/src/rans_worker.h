@@ -6,7 +6,7 @@ static int WORKER(const skn_stream *st, const int32_t *seg_ctx, const int64_t *s
 {
     const int64_t pieces = (n + piece - 1) / piece;
     (void)n_seg;   /* (validated by skn_rans_run: the segments add up to n) */
-    const int lanes = n >= BIG_STREAM ? LANES_BIG : 1;
+    const int lanes = (st->whole ? st->whole : n) >= BIG_STREAM ? LANES_BIG : 1;
     const uint32_t bits = m->bits, mask = (1u << bits) - 1;
     const uint8_t *w = st->words;
     int rc = SKN_OK;
