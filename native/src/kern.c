@@ -188,7 +188,7 @@ static SKN_INLINE void finish_row(const float *src, const float *mu, const float
  * is why the caller's output gets the huge-page hint). Prefetching the next grid row's output rows
  * for writing was measured: no gain. */
 #define IDCT_KERNEL(N, MAGT)                                                                          \
-static void SFX(idct2_##N##_##MAGT)(const MAGT *mag, const uint8_t *neg, const int32_t *perm, float step, \
+static SKN_INLINE void SFX(idct2_##N##_##MAGT)(const MAGT *mag, const uint8_t *neg, const int32_t *perm, float step, \
                                     float off, int32_t c0, int32_t cbw, const float *inv, const float *mu, \
                                     int32_t C, uint16_t *out, float *fl)                             \
 {                                                                                                     \
@@ -247,7 +247,25 @@ static void SFX(idct2_##N##_##MAGT)(const MAGT *mag, const uint8_t *neg, const i
     }                                                                                                 \
 }
 
-#define IDCT_BOTH(N) IDCT_KERNEL(N, int16_t) IDCT_KERNEL(N, int32_t)
+/* Each kernel twice: for a whole block (cbw = the block width, a compile-time constant, so every
+ * stride and trip count is one: immediate addressing for pass 1's n column loads, no loop remainder
+ * code; numba's kernels are compiled so too) and for the C % width tail block. */
+#define IDCT_SPECIAL(N, MAGT)                                                                         \
+static void SFX(idct2_##N##_##MAGT##_full)(const MAGT *mag, const uint8_t *neg, const int32_t *perm, float step, \
+                                           float off, int32_t c0, const float *inv, const float *mu, int32_t C, \
+                                           uint16_t *out, float *fl)                                 \
+{                                                                                                     \
+    SFX(idct2_##N##_##MAGT)(mag, neg, perm, step, off, c0, BLOCK_CH(N), inv, mu, C, out, fl);         \
+}                                                                                                     \
+static void SFX(idct2_##N##_##MAGT##_tail)(const MAGT *mag, const uint8_t *neg, const int32_t *perm, float step, \
+                                           float off, int32_t c0, int32_t cbw, const float *inv, const float *mu, \
+                                           int32_t C, uint16_t *out, float *fl)                      \
+{                                                                                                     \
+    SFX(idct2_##N##_##MAGT)(mag, neg, perm, step, off, c0, cbw, inv, mu, C, out, fl);                 \
+}
+/* skn_block_channels(N) as a constant expression */
+#define BLOCK_CH(N) ((1 << 16) / ((N) * (N)) > 64 ? 64 : (1 << 16) / ((N) * (N)) < 32 ? 32 : (1 << 16) / ((N) * (N)))
+#define IDCT_BOTH(N) IDCT_KERNEL(N, int16_t) IDCT_KERNEL(N, int32_t) IDCT_SPECIAL(N, int16_t) IDCT_SPECIAL(N, int32_t)
 IDCT_BOTH(2)
 IDCT_BOTH(4)
 IDCT_BOTH(8)
@@ -267,8 +285,13 @@ static int SFX(idct2_f16)(int n, int mag32, const void *mag, const uint8_t *neg,
         if (cbw <= 0) return SKN_E_ARG;
 #define CASE(N)                                                                                             \
         case N:                                                                                             \
-            if (mag32) SFX(idct2_##N##_int32_t)(mag, neg, perm, step, off, c0, cbw, inv, mu, C, out, scratch); \
-            else SFX(idct2_##N##_int16_t)(mag, neg, perm, step, off, c0, cbw, inv, mu, C, out, scratch);       \
+            if (cbw == BLOCK_CH(N) && mag32)                                                                \
+                SFX(idct2_##N##_int32_t_full)(mag, neg, perm, step, off, c0, inv, mu, C, out, scratch);     \
+            else if (cbw == BLOCK_CH(N))                                                                    \
+                SFX(idct2_##N##_int16_t_full)(mag, neg, perm, step, off, c0, inv, mu, C, out, scratch);     \
+            else if (mag32)                                                                                 \
+                SFX(idct2_##N##_int32_t_tail)(mag, neg, perm, step, off, c0, cbw, inv, mu, C, out, scratch); \
+            else SFX(idct2_##N##_int16_t_tail)(mag, neg, perm, step, off, c0, cbw, inv, mu, C, out, scratch); \
             break;
         switch (n) {
             CASE(2) CASE(4) CASE(8) CASE(16) CASE(32) CASE(64)
