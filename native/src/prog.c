@@ -423,7 +423,7 @@ static int refine_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_t
     int64_t *became = malloc((size_t)nb * sizeof *became);
     uint8_t *nz = malloc((size_t)nb);
     uint16_t *sym = NULL;
-    uint8_t *lowp = NULL, *sgp = NULL;
+    uint8_t *lowp = NULL, *sgp = NULL, *nzf = NULL;
     int64_t nsym = 0;
     if (!lens || !sptr || !became || !nz) { rc = SKN_E_NOMEM; goto out; }
     for (int b = 0; b < nb; b++) lens[b] = (counts[b] + g - 1) / g;
@@ -431,8 +431,16 @@ static int refine_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_t
     const uint8_t *low, *sg;
     size_t nlow, nsg;
     if ((rc = chunk_next(rd, &low, &nlow)) || (rc = chunk_next(rd, &sg, &nsg))) goto out;
-    /* per band: its symbols' offset and how many coefficients become significant */
+    /* per band: its symbols' offset and how many coefficients become significant (nzf: the nonzero
+       fields of each symbol value, a table lookup instead of a branch per symbol and field) */
     const uint32_t fmask = (1u << m) - 1;
+    nzf = malloc(A);
+    if (!nzf) { rc = SKN_E_NOMEM; goto out; }
+    for (uint32_t v = 0; v < A; v++) {
+        int k = 0;
+        for (int f = 0; f < g; f++) k += ((v >> (m * f)) & fmask) != 0;
+        nzf[v] = (uint8_t)k;
+    }
     int64_t ptr = 0, nins = 0, nbec = 0;
     for (int b = 0; b < nb; b++) {
         sptr[b] = ptr;
@@ -443,11 +451,7 @@ static int refine_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_t
         if (ptr + ns > nsym) { rc = SKN_E_COVER; goto out; }
         int64_t c = 0;
         const int64_t full = counts[b] / g;
-        for (int64_t t = 0; t < full; t++) {
-            const uint32_t v = sym[ptr + t];
-            if (!v) continue;
-            for (int f = 0; f < g; f++) c += ((v >> (m * f)) & fmask) != 0;
-        }
+        for (int64_t t = 0; t < full; t++) c += nzf[sym[ptr + t]];   /* (symbols are < A) */
         for (int64_t k = full * g; k < counts[b]; k++) c += ((sym[ptr + full] >> (m * (k - full * g))) & fmask) != 0;
         became[b] = c;
         nbec += c;
@@ -486,6 +490,7 @@ out:
     free(sym);
     free(lowp);
     free(sgp);
+    free(nzf);
     skn_model_free(&md);
     return rc;
 }
