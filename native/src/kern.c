@@ -181,36 +181,55 @@ static SKN_INLINE void finish_row(const float *src, const float *mu, const float
 
 /* One channel block (channels [c0, c0 + cbw)) of one part: the dead-zone reconstruction of the
  * block's channels (band-sorted rows scattered to their token-grid rows) into the block buffer fl
- * (grid row u at u * rs, column v at v * cbw), pass 1 (over u) in place, pass 2 (over v) in place
+ * (grid row u at u * rs, column v at v * cb), pass 1 (over u) in place, pass 2 (over v) in place
  * on each grid row, then / scale + mean and fp16 into the output rows (numba's `idct2_<n>`).
  * The output rows are C values apart and a block writes cb of each: at 4,096 tokens ~40 % of the
  * kernel's samples sit on the fp16 store (store misses; with 4 KiB pages a TLB miss per row, which
  * is why the caller's output gets the huge-page hint). Prefetching the next grid row's output rows
  * for writing was measured: no gain. */
+/* the dead-zone reconstruction of k values: sign (q + off) step, 0 where q is 0 */
+#define DEADZONE(MAGT)                                                                                \
+static SKN_INLINE void deadzone_##MAGT(const MAGT *mr, const uint8_t *nr, float step, float off, float *dst, int k) \
+{                                                                                                     \
+    for (int c = 0; c < k; c++) {                                                                     \
+        const MAGT q = mr[c];                                                                         \
+        float v = ((float)q + off) * step;                                                            \
+        v = nr[c] ? -v : v;                                                                           \
+        dst[c] = q != 0 ? v : 0.0f;                                                                   \
+    }                                                                                                 \
+}
+DEADZONE(int16_t)
+DEADZONE(int32_t)
+
+/* skn_block_channels(N) as a constant expression: the block buffer's strides and the passes' trip
+ * counts are compile-time constants (immediate addressing for pass 1's n column loads, no remainder
+ * loops; numba's kernels are compiled so too); a tail block (C % width channels) is transformed
+ * as a whole block whose missing channels are zeros (the passes work column by column: the extra
+ * columns change nothing in the others) and only its own channels are written. */
+#define BLOCK_CH(N) ((1 << 16) / ((N) * (N)) > 64 ? 64 : (1 << 16) / ((N) * (N)) < 32 ? 32 : (1 << 16) / ((N) * (N)))
 #define IDCT_KERNEL(N, MAGT)                                                                          \
-static SKN_INLINE void SFX(idct2_##N##_##MAGT)(const MAGT *mag, const uint8_t *neg, const int32_t *perm, float step, \
+static void SFX(idct2_##N##_##MAGT)(const MAGT *mag, const uint8_t *neg, const int32_t *perm, float step, \
                                     float off, int32_t c0, int32_t cbw, const float *inv, const float *mu, \
                                     int32_t C, uint16_t *out, float *fl)                             \
 {                                                                                                     \
     enum { n = N, T = N * N };                                                                        \
-    const int cb = cbw, rs = n * cbw + 16, lg = __builtin_ctz(n);                                     \
+    enum { cb = BLOCK_CH(N), rs = N * BLOCK_CH(N) + 16, lg = __builtin_ctz(N) };                      \
     for (int r = 0; r < T; r++) {                                                                     \
         if (r + 8 < T) {   /* rows are C values apart: prefetch 8 rows ahead (the prefetchers miss) */ \
             const size_t ahead = (size_t)(r + 8) * C + (size_t)c0;                                    \
-            for (int pq = 0; pq < cb; pq += 64 / (int)sizeof(MAGT)) __builtin_prefetch(mag + ahead + pq); \
+            for (int pq = 0; pq < cbw; pq += 64 / (int)sizeof(MAGT)) __builtin_prefetch(mag + ahead + pq); \
             __builtin_prefetch(neg + ahead);                                                          \
-            __builtin_prefetch(neg + ahead + cb - 1);                                                 \
+            __builtin_prefetch(neg + ahead + cbw - 1);                                                \
         }                                                                                             \
         const uint32_t gi = (uint32_t)perm[r];                                                        \
         float *dst = fl + (size_t)(gi >> lg) * rs + (size_t)(gi & (n - 1)) * cb;                      \
         const size_t src = (size_t)r * C + (size_t)c0;                                                \
         const MAGT *mr = mag + src;                                                                   \
         const uint8_t *nr = neg + src;                                                                \
-        for (int c = 0; c < cb; c++) {                                                                \
-            const MAGT q = mr[c];                                                                     \
-            float v = ((float)q + off) * step;                                                        \
-            v = nr[c] ? -v : v;                                                                       \
-            dst[c] = q != 0 ? v : 0.0f;                                                               \
+        if (cbw == cb) deadzone_##MAGT(mr, nr, step, off, dst, cb); /* (constant count: unrolled) */  \
+        else {                                                                                        \
+            deadzone_##MAGT(mr, nr, step, off, dst, cbw);                                             \
+            for (int c = cbw; c < cb; c++) dst[c] = 0.0f; /* (a tail block: zero channels, no output) */ \
         }                                                                                             \
     }                                                                                                 \
     VF col[N];                                                                                        \
@@ -241,31 +260,13 @@ static SKN_INLINE void SFX(idct2_##N##_##MAGT)(const MAGT *mag, const uint8_t *n
         }                                                                                             \
         for (int j = 0; j < n; j++) {                                                                 \
             const int t = i * n + j;                                                                  \
-            finish_row(row + (size_t)j * cb, mu + c0, inv ? inv + t : NULL, cb,                       \
+            finish_row(row + (size_t)j * cb, mu + c0, inv ? inv + t : NULL, cbw == cb ? cb : cbw,     \
                        out + (size_t)t * C + (size_t)c0);                                             \
         }                                                                                             \
     }                                                                                                 \
 }
 
-/* Each kernel twice: for a whole block (cbw = the block width, a compile-time constant, so every
- * stride and trip count is one: immediate addressing for pass 1's n column loads, no loop remainder
- * code; numba's kernels are compiled so too) and for the C % width tail block. */
-#define IDCT_SPECIAL(N, MAGT)                                                                         \
-static void SFX(idct2_##N##_##MAGT##_full)(const MAGT *mag, const uint8_t *neg, const int32_t *perm, float step, \
-                                           float off, int32_t c0, const float *inv, const float *mu, int32_t C, \
-                                           uint16_t *out, float *fl)                                 \
-{                                                                                                     \
-    SFX(idct2_##N##_##MAGT)(mag, neg, perm, step, off, c0, BLOCK_CH(N), inv, mu, C, out, fl);         \
-}                                                                                                     \
-static void SFX(idct2_##N##_##MAGT##_tail)(const MAGT *mag, const uint8_t *neg, const int32_t *perm, float step, \
-                                           float off, int32_t c0, int32_t cbw, const float *inv, const float *mu, \
-                                           int32_t C, uint16_t *out, float *fl)                      \
-{                                                                                                     \
-    SFX(idct2_##N##_##MAGT)(mag, neg, perm, step, off, c0, cbw, inv, mu, C, out, fl);                 \
-}
-/* skn_block_channels(N) as a constant expression */
-#define BLOCK_CH(N) ((1 << 16) / ((N) * (N)) > 64 ? 64 : (1 << 16) / ((N) * (N)) < 32 ? 32 : (1 << 16) / ((N) * (N)))
-#define IDCT_BOTH(N) IDCT_KERNEL(N, int16_t) IDCT_KERNEL(N, int32_t) IDCT_SPECIAL(N, int16_t) IDCT_SPECIAL(N, int32_t)
+#define IDCT_BOTH(N) IDCT_KERNEL(N, int16_t) IDCT_KERNEL(N, int32_t)
 IDCT_BOTH(2)
 IDCT_BOTH(4)
 IDCT_BOTH(8)
@@ -285,13 +286,8 @@ static int SFX(idct2_f16)(int n, int mag32, const void *mag, const uint8_t *neg,
         if (cbw <= 0) return SKN_E_ARG;
 #define CASE(N)                                                                                             \
         case N:                                                                                             \
-            if (cbw == BLOCK_CH(N) && mag32)                                                                \
-                SFX(idct2_##N##_int32_t_full)(mag, neg, perm, step, off, c0, inv, mu, C, out, scratch);     \
-            else if (cbw == BLOCK_CH(N))                                                                    \
-                SFX(idct2_##N##_int16_t_full)(mag, neg, perm, step, off, c0, inv, mu, C, out, scratch);     \
-            else if (mag32)                                                                                 \
-                SFX(idct2_##N##_int32_t_tail)(mag, neg, perm, step, off, c0, cbw, inv, mu, C, out, scratch); \
-            else SFX(idct2_##N##_int16_t_tail)(mag, neg, perm, step, off, c0, cbw, inv, mu, C, out, scratch); \
+            if (mag32) SFX(idct2_##N##_int32_t)(mag, neg, perm, step, off, c0, cbw, inv, mu, C, out, scratch); \
+            else SFX(idct2_##N##_int16_t)(mag, neg, perm, step, off, c0, cbw, inv, mu, C, out, scratch);       \
             break;
         switch (n) {
             CASE(2) CASE(4) CASE(8) CASE(16) CASE(32) CASE(64)
