@@ -315,7 +315,33 @@ static void SFX(cachegen_f16)(const uint16_t *sym, const float *scale, int32_t m
                 for (int tt = 0; tt < nt; tt++) row[tt] = (float)((int32_t)sc[tt] - mx) * scale[t0 + tt];
                 SFX(to_f16)(row, (size_t)nt, tile[cc]);
             }
-            for (int tt = 0; tt < nt; tt++) {
+            int tt = 0;
+#if defined(SKN_PATH_SSE4) || defined(SKN_PATH_AVX2)
+            /* the tile's transpose 8 x 8 values at a time (three rounds of 16/32/64-bit unpacks)
+               where the channels come in eights; the scalar loop below does the rest */
+            if (nc % 8 == 0)
+                for (; tt + 8 <= nt; tt += 8)
+                    for (int cc = 0; cc < nc; cc += 8) {
+                        __m128i r[8], a[8], b[8];
+                        for (int k = 0; k < 8; k++) r[k] = _mm_loadu_si128((const __m128i *)(tile[cc + k] + tt));
+                        for (int k = 0; k < 4; k++) {
+                            a[2 * k] = _mm_unpacklo_epi16(r[2 * k], r[2 * k + 1]);
+                            a[2 * k + 1] = _mm_unpackhi_epi16(r[2 * k], r[2 * k + 1]);
+                        }
+                        for (int k = 0; k < 2; k++) {
+                            b[4 * k] = _mm_unpacklo_epi32(a[4 * k], a[4 * k + 2]);
+                            b[4 * k + 1] = _mm_unpackhi_epi32(a[4 * k], a[4 * k + 2]);
+                            b[4 * k + 2] = _mm_unpacklo_epi32(a[4 * k + 1], a[4 * k + 3]);
+                            b[4 * k + 3] = _mm_unpackhi_epi32(a[4 * k + 1], a[4 * k + 3]);
+                        }
+                        for (int k = 0; k < 4; k++) {
+                            uint16_t *o0 = out + (size_t)(t0 + tt + 2 * k) * stride + c0 + cc;
+                            _mm_storeu_si128((__m128i *)o0, _mm_unpacklo_epi64(b[k], b[k + 4]));
+                            _mm_storeu_si128((__m128i *)(o0 + stride), _mm_unpackhi_epi64(b[k], b[k + 4]));
+                        }
+                    }
+#endif
+            for (; tt < nt; tt++) {
                 uint16_t *o = out + (size_t)(t0 + tt) * stride + c0;
                 for (int cc = 0; cc < nc; cc++) o[cc] = tile[cc][tt];
             }
