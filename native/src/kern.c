@@ -340,6 +340,28 @@ static void SFX(cachegen_f16)(const uint16_t *sym, const float *scale, int32_t m
                             _mm_storeu_si128((__m128i *)(o0 + stride), _mm_unpackhi_epi64(b[k], b[k + 4]));
                         }
                     }
+#elif defined(SKN_PATH_NEON)
+            /* the same with NEON: 16-bit then 32-bit transposes of pairs, then the 64-bit halves */
+            if (nc % 8 == 0)
+                for (; tt + 8 <= nt; tt += 8)
+                    for (int cc = 0; cc < nc; cc += 8) {
+                        uint16x8x2_t t[4];
+                        for (int k = 0; k < 4; k++)
+                            t[k] = vtrnq_u16(vld1q_u16(tile[cc + 2 * k] + tt), vld1q_u16(tile[cc + 2 * k + 1] + tt));
+                        uint32x4x2_t u[4];   /* u[0]: rows 0-3, columns (0, 4) / (2, 6); u[1]: (1, 5) / (3, 7);
+                                                u[2], u[3]: the same for rows 4-7 */
+                        for (int h = 0; h < 2; h++) {
+                            u[2 * h] = vtrnq_u32(vreinterpretq_u32_u16(t[2 * h].val[0]), vreinterpretq_u32_u16(t[2 * h + 1].val[0]));
+                            u[2 * h + 1] = vtrnq_u32(vreinterpretq_u32_u16(t[2 * h].val[1]), vreinterpretq_u32_u16(t[2 * h + 1].val[1]));
+                        }
+                        for (int col = 0; col < 8; col++) {
+                            /* column col: pair (col & 1) of u, half (col >> 1 & 1) of the trn, 64-bit half col >> 2 */
+                            const uint32x4_t lo = u[col & 1].val[(col >> 1) & 1], hi = u[2 + (col & 1)].val[(col >> 1) & 1];
+                            const uint32x4_t v = (col >> 2) ? vcombine_u32(vget_high_u32(lo), vget_high_u32(hi))
+                                                            : vcombine_u32(vget_low_u32(lo), vget_low_u32(hi));
+                            vst1q_u16(out + (size_t)(t0 + tt + col) * stride + c0 + cc, vreinterpretq_u16_u32(v));
+                        }
+                    }
 #endif
             for (; tt < nt; tt++) {
                 uint16_t *o = out + (size_t)(t0 + tt) * stride + c0;
