@@ -15,6 +15,7 @@ and no cycle at all between its modules, counting imports inside functions and t
 checker follows (`if TYPE_CHECKING:`). The codec's `__init__` is its facade (registers every family)."""
 
 import ast
+import functools
 import gc
 from pathlib import Path
 
@@ -33,13 +34,27 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.lru_cache(maxsize=None)
+def _parse_file(path: Path) -> ast.Module:
+    return _parse(path.read_text())
+
+
+def _parse(text: str) -> ast.Module:
+    """`ast.parse` with the collector off: an earlier test's abandoned coroutines finalised by a
+    collection that fired inside ast.parse tripped CPython 3.11's "AST constructor recursion depth
+    mismatch" (SystemError, seen after tests/sakura/phone/test_live.py in one process). A
+    `gc.collect()` before every parse did the same but cost ~0.3 s each on a full test process's
+    heap: minutes over the ~300 files the checks below parse."""
+    gc.disable()
+    try:
+        return ast.parse(text)
+    finally:
+        gc.enable()
+
+
 def _imports(path: Path, *, top_level_only: bool = False, module: str | None = None, text: str | None = None):
     """Absolute module names `path` imports (relative imports resolved)."""
-    # Garbage first: an earlier test's abandoned coroutines finalised by a collection that fires
-    # inside ast.parse tripped CPython 3.11's "AST constructor recursion depth mismatch"
-    # (SystemError, seen after tests/sakura/phone/test_live.py in one process).
-    gc.collect()
-    tree = ast.parse(path.read_text() if text is None else text)
+    tree = _parse_file(path) if text is None else _parse(text)
     module = module or _module(path)
     pkg = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     nodes = tree.body if top_level_only else ast.walk(tree)
@@ -154,8 +169,7 @@ def _codec_edges(path: Path, *, module: str | None = None, text: str | None = No
     """The codec modules `path` imports: every import (inside functions and `if TYPE_CHECKING:` too),
     each resolved to the module it loads (`from .. import bitstream` -> `sakura.codec.bitstream`,
     not the package)."""
-    gc.collect()  # see _imports
-    tree = ast.parse(path.read_text() if text is None else text)
+    tree = _parse_file(path) if text is None else _parse(text)
     module = module or _module(path)
     pkg = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     out = set()

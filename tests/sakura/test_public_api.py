@@ -164,10 +164,9 @@ def test_a_plugin_package_adds_a_model_that_build_and_edit_use(plugin_site, tmp_
     assert r.returncode != 0
 
 
-def test_a_wheel_installed_away_from_the_source_tree_edits(tmp_path):
-    """`pip wheel .`, installed (no deps) into a fresh venv that borrows this venv's dependencies,
-    run from a folder outside the repository: the bundled weights and package data come from the
-    wheel, and a build + serve + edit works."""
+def _install_wheel_in_a_fresh_venv(tmp_path) -> tuple[Path, Path]:
+    """`pip wheel .`, installed (no deps) into a fresh venv that borrows this venv's dependencies
+    -> (the venv's python, its site-packages)."""
     wheels = tmp_path / "wheels"
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
                         "-w", str(wheels), str(REPO)], capture_output=True, text=True, timeout=600)
@@ -181,9 +180,50 @@ def test_a_wheel_installed_away_from_the_source_tree_edits(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
                         str(wheel)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+    return venv / "bin" / "python", site
+
+
+def _run_elsewhere(python: Path, site: Path, tmp_path, script: str, *args: str) -> subprocess.CompletedProcess:
     work = tmp_path / "elsewhere"
-    work.mkdir()
-    script = textwrap.dedent('''
+    work.mkdir(exist_ok=True)
+    env = {k: v for k, v in _env().items() if k != "PYTHONPATH"}
+    return subprocess.run([str(python), "-c", textwrap.dedent(script), str(site), *args], capture_output=True, text=True,
+                          cwd=work, env=env, timeout=900)
+
+
+def test_a_wheel_installed_away_from_the_source_tree_carries_its_data_and_edits_locally(tmp_path):
+    """The wheel, run from a folder outside the repository: sakura, its bundled weights and its
+    native decoder come from the wheel; it serves a store (built here by the source tree) and
+    edits against it, decoding what it streams. (A build from the wheel is the slow test below:
+    a fresh install compiles the builder's numba kernels cold, a minute of CPU.)"""
+    r = _sakura(["build", str(tmp_path / "store"), "--template", "sticker-00", "--calibration", "1"], SRC)
+    assert r.returncode == 0, r.stderr[-2000:]
+    python, site = _install_wheel_in_a_fresh_venv(tmp_path)
+    r = _run_elsewhere(python, site, tmp_path, '''
+        import sys, sakura
+        from pathlib import Path
+        from PIL import Image
+        from sakura.codec import native
+        here = Path(sys.argv[1])
+        assert Path(sakura.__file__).is_relative_to(here), sakura.__file__
+        assert native.available() and native.library_file().is_relative_to(here), native.library_file()
+        Image.new("RGB", (64, 64), (200, 120, 30)).save("p.png")
+        with sakura.serve(sys.argv[2]) as url:
+            r = sakura.edit("p.png", server=url, template="sticker-00", gallery="g", prior_mbps=1000)
+        r.save("e.png")
+        print("ok", len(r.layers()), sum(layer["how"] == "fetched" for layer in r.to_dict()["layers"]))
+    ''', str(tmp_path / "store"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    ok, layers, fetched = r.stdout.split()[-3:]
+    assert ok == "ok" and layers == "6" and int(fetched) > 0, r.stdout
+    assert (tmp_path / "elsewhere" / "e.png").is_file()
+
+
+@pytest.mark.slow
+def test_a_wheel_installed_away_from_the_source_tree_builds_serves_and_edits(tmp_path):
+    """As above, and a build + serve + edit works from the wheel (numba compiles cold: slow)."""
+    python, site = _install_wheel_in_a_fresh_venv(tmp_path)
+    r = _run_elsewhere(python, site, tmp_path, '''
         import sys, sakura
         from pathlib import Path
         from PIL import Image
@@ -196,11 +236,8 @@ def test_a_wheel_installed_away_from_the_source_tree_edits(tmp_path):
         r.save("e.png")
         print("ok", len(r.layers()))
     ''')
-    env = {k: v for k, v in _env().items() if k != "PYTHONPATH"}
-    r = subprocess.run([str(venv / "bin" / "python"), "-c", script, str(site)], capture_output=True, text=True,
-                       cwd=work, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().endswith("ok 6") and (work / "e.png").is_file()
+    assert r.stdout.strip().endswith("ok 6") and (tmp_path / "elsewhere" / "e.png").is_file()
 
 
 def test_build_takes_device_and_dtype_and_refuses_bad_ones(tmp_path):

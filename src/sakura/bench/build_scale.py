@@ -19,13 +19,16 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
+from sakura.bench.harness import get_logger
 from sakura.util.fsutil import write_json
 from sakura.cloud.builder.distributed import build_templates
 from sakura.cloud.builder.pipeline import DEFAULT_LADDER
 from sakura.cloud.tasks import TASK_NAMES
 from sakura.models import load_model
 import sakura.cloud.builder.pipeline
+
+log = get_logger(__name__)
 
 
 def _warm(seconds: float) -> int:
@@ -87,7 +90,7 @@ def run_one(workers: int, names: list[str], store: Path, ladder: list[str], cali
 
 
 def run(workers: Sequence[int] = (1, 2), rounds: int = 2, templates: int = 12, ladder: Sequence[str] | None = None,
-        calibration: int = 2, steps: int = 4, out: Path | None = None, log: Callable[[str], None] = print) -> dict:
+        calibration: int = 2, steps: int = 4, out: Path | None = None) -> dict:
     """Build `templates` library templates (tasks interleaved) with each worker count in `workers`,
     `rounds` alternating rounds; write the JSON to `out` if given; returns it."""
     per_task = -(-templates // len(TASK_NAMES))
@@ -103,12 +106,12 @@ def run(workers: Sequence[int] = (1, 2), rounds: int = 2, templates: int = 12, l
             res["round"] = r
             digests[store.name] = _tree_digest(store)
             runs.append(res)
-            log(f"round {r} workers {w}: {res['build_s']:.1f} s for {len(names)} templates "
-                  f"({res['templates_per_s']:.2f}/s; task mean {res['task_s_mean']:.2f} s, "
-                  f"{res['task_cpu_s_per_template']:.2f} CPU-s; tasks got {res['cores_obtained_by_tasks']:.2f} cores; machine busy "
-                  f"{res['machine_busy_cores_during_build']:.2f} of {os.cpu_count()} cores; load "
-                  f"{res['loadavg_1min_before']:.1f}->{res['loadavg_1min_after']:.1f}; ray init "
-                  f"{res['ray_init_s']:.1f} s, warm-up {res['warmup_s']:.1f} s)")
+            log.info("%s", f"round {r} workers {w}: {res['build_s']:.1f} s for {len(names)} templates "
+                           f"({res['templates_per_s']:.2f}/s; task mean {res['task_s_mean']:.2f} s, "
+                           f"{res['task_cpu_s_per_template']:.2f} CPU-s; tasks got {res['cores_obtained_by_tasks']:.2f} cores; machine busy "
+                           f"{res['machine_busy_cores_during_build']:.2f} of {os.cpu_count()} cores; load "
+                           f"{res['loadavg_1min_before']:.1f}->{res['loadavg_1min_after']:.1f}; ray init "
+                           f"{res['ray_init_s']:.1f} s, warm-up {res['warmup_s']:.1f} s)")
     ref = next(iter(digests.values()))
     same = all(d == ref for d in digests.values())
     med = {w: statistics.median(x["build_s"] for x in runs if x["workers"] == w) for w in counts}
@@ -117,9 +120,9 @@ def run(workers: Sequence[int] = (1, 2), rounds: int = 2, templates: int = 12, l
            "cpu_count": os.cpu_count(), "runs": runs, "median_build_s": med, "speedup_vs_first": speedup,
            "same_bytes_in_every_store": same, "files_per_store": len(ref),
            "bytes_per_store": sum((work / f"w{counts[0]}-r0" / k).stat().st_size for k in ref)}
-    log(f"median build s: {med}; speedup vs {counts[0]} worker(s): "
-          + ", ".join(f"{w}: {s:.2f}x" for w, s in speedup.items())
-          + f"; same bytes in all {len(digests)} stores: {same}")
+    log.info("%s", f"median build s: {med}; speedup vs {counts[0]} worker(s): "
+                   + ", ".join(f"{w}: {s:.2f}x" for w, s in speedup.items())
+                   + f"; same bytes in all {len(digests)} stores: {same}")
     shutil.rmtree(work, ignore_errors=True)
     if out is not None:
         write_json(Path(out), result, indent=1)

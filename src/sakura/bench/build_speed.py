@@ -27,9 +27,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 import hashlib
 from tqdm import tqdm
+from sakura.bench.harness import get_logger
 from sakura.util.fsutil import atomic_write
 
 _CHILD = r"""
@@ -100,6 +101,8 @@ print(json.dumps({"wall_s": time.perf_counter() - t0,
                   "calibration_edits_reported": {t: f.get("calibration_edits") for t, f in facts.items()}}))
 """
 
+log = get_logger(__name__)
+
 
 def _digest(root: Path) -> dict[str, str]:
     out = {}
@@ -124,7 +127,7 @@ def _run_variant(src: Path, store: Path, templates: Sequence[str], probe_batch: 
 
 def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, rounds: int = 1,
         baseline_src: Path | None = None, probe_batch: int = 1, device: str = "cpu", out: Path | None = None,
-        log: Callable[[str], None] = print, probes_variant: bool = False) -> dict:
+        probes_variant: bool = False) -> dict:
     """Build `templates` with every variant, `rounds` alternating rounds; returns (and writes to
     `out`) per variant the runs' figures and whether its stores equal the first variant's."""
     here = Path(__file__).resolve().parents[2]  # this checkout's src
@@ -157,9 +160,9 @@ def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, r
                 d = _digest(store)
                 digests.setdefault(v, d)
                 fig["store_same_as_round0"] = d == digests[v]
-                log(f"round {r} {v}: {fig['wall_s']:.1f} s wall, {fig['cpu_s']:.1f} CPU-s, "
-                    f"{fig['calibration_edits_counted'] / len(templates):.1f} calibration edits a template, peak RSS "
-                    f"{fig['peak_rss_bytes'] / 2**20:.0f} MiB (load {fig['load_avg_1min']:.1f})")
+                log.info("%s", f"round {r} {v}: {fig['wall_s']:.1f} s wall, {fig['cpu_s']:.1f} CPU-s, "
+                             f"{fig['calibration_edits_counted'] / len(templates):.1f} calibration edits a template, peak RSS "
+                             f"{fig['peak_rss_bytes'] / 2**20:.0f} MiB (load {fig['load_avg_1min']:.1f})")
     first = next(iter(variants))
     res["summary"] = {}
     for v, runs in res["variants"].items():
@@ -182,7 +185,7 @@ def run(templates: Sequence[str] = ("look-00", "texture-00", "sticker-00"), *, r
         s["cpu_speedup_vs_" + first] = base / s["median_cpu_s"] if s["median_cpu_s"] else float("nan")
         s["wall_speedup_vs_" + first] = base_wall / s["median_wall_s"] if s["median_wall_s"] else float("nan")
     res["load_avg_1min_end"] = os.getloadavg()[0]
-    log(json.dumps(res["summary"], indent=1))
+    log.info("%s", json.dumps(res["summary"], indent=1))
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, (json.dumps(res, indent=1) + "\n").encode())

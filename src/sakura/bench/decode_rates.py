@@ -48,6 +48,7 @@ import torch
 from tqdm import tqdm
 
 import sakura
+from sakura.bench.e2e import CACHEGEN_LEVELS, SAKURA_LADDER
 from sakura.bench.results import _table
 from sakura.cloud.builder.pipeline import DEFAULT_LADDER
 from sakura.codec import ShardId, ShardKV, available_codecs, codec_from_spec, kernels, native, rans, warm_up
@@ -89,11 +90,7 @@ def default_specs() -> list[str]:
     (read at call time, so a rerun picks up a changed ladder)."""
     specs = ["lossless", "uniform:bits=8", "uniform:bits=4",
              "cachegen:level=3", "cachegen:level=2", "cachegen:level=1"]
-    try:
-        from sakura.bench.e2e import CACHEGEN_LEVELS, SAKURA_LADDER  # lazy: tried (without e2e, the store's ladder)
-        specs += list(CACHEGEN_LEVELS) + list(SAKURA_LADDER)
-    except ImportError:  # the simulator is being rewritten; the store's ladder is enough
-        pass
+    specs += list(CACHEGEN_LEVELS) + list(SAKURA_LADDER)
     specs += list(DEFAULT_LADDER)
     # single-rung progressive renditions across the bits/value a store's calibrated ladder reaches
     # (the profile's template lands at ~1.3-2.3): benches look rates up by the nearest bits/value

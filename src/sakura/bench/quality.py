@@ -7,7 +7,6 @@ load a model, run the evaluation, print the table, write quality.json and grid.p
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -16,7 +15,7 @@ from sakura.models import ImageTemplateEditModel
 from sakura.cloud.tasks.quality import QualityReport, evaluate_quality, quality_grid
 from sakura.models import load_model
 
-from sakura.bench.harness import get_logger
+from sakura.bench.harness import get_logger, write_json
 
 log = get_logger(__name__)
 
@@ -35,8 +34,8 @@ def run_quality_bench(model_name: str = "sakura-mini", *, steps: int = 8, photos
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "quality.json").write_text(json.dumps({**report.to_dict(), "model": model.describe(),
-                                                      "passes_6db": report.passes(6.0)}, indent=2) + "\n")
+        write_json(out / "quality.json", {**report.to_dict(), "model": model.describe(),
+                                          "passes_6db": report.passes(6.0)}, indent=2)
         quality_grid(model, out / "grid.png", steps=steps)
         log.info(f"wrote {out / 'quality.json'} and {out / 'grid.png'}")
     return report

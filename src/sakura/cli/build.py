@@ -28,8 +28,8 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
     over a Ray cluster (``sakura.cloud.builder.distributed``); both skip templates already current
     unless ``force``; exit 1 if any template failed (the others are committed). ``json_out``: the
     `BuildReport` as JSON on stdout (the per-template lines then go to stderr)."""
-    from sakura.cloud.builder.api import build  # lazy: torch, numba; off --help and argument errors
-    from sakura.cloud.builder.pipeline import DEFAULT_LADDER  # lazy: torch, numba; off --help and argument errors
+    from sakura.cloud.builder.api import build  # lazy: the builder (numpy, pydantic); off --help and argument errors
+    from sakura.cloud.builder.pipeline import DEFAULT_LADDER  # lazy: the builder (numpy, pydantic); off --help and argument errors
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if executor not in ("local", "ray"):
@@ -41,7 +41,7 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
     if allocation not in ("model", "probes"):
         typer.echo(f"error: --allocation must be model or probes, got {allocation!r}", err=True)
         raise typer.Exit(2)
-    from sakura.cloud.builder.template_files import TemplateSpecError, template_args  # lazy: torch, numba
+    from sakura.cloud.builder.template_files import TemplateSpecError, template_args  # lazy: the builder (numpy, pydantic)
     try:
         templates = template_args(templates, library=library, task=task, prompt=prompt)
         if executor == "ray" and templates and not all(isinstance(t, str) for t in templates):
@@ -60,7 +60,7 @@ def build_cmd(store: Path, model: str, templates: list[str] | None, ladder: list
                             allocation_photos=allocation_photos, allocation=allocation, probe_batch=probe_batch,
                             sketch_probes=sketch_probes, log=_echo_above_bar if not json_out else _echo_stderr)
         else:
-            from sakura.cloud.builder.distributed import build_templates  # lazy: torch, numba
+            from sakura.cloud.builder.distributed import build_templates  # lazy: the builder (numpy, pydantic)
 
             rep = build_templates(store, templates=templates or None, model_name=model,
                                   ladder=ladder or DEFAULT_LADDER, calibration=calibration, steps=steps,

@@ -8,7 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
-from typing import Callable
+
+import typer
 
 from sakura.phone.photo import check_photo_file
 from sakura.phone.policies import EDIT_POLICIES
@@ -45,7 +46,7 @@ def check_out_path(out: Path) -> None:
 def edit_command(*, photo: Path, server: str, template: str | None, out: Path, policy: str, steps: int, seed: int,
                  prior_mbps: float, model_name: str = "sakura-mini", gallery_dir: Path | None = None,
                  decode_workers: int | None = None, as_json: bool = False,
-                 echo: Callable[[str], None] = print, device: str = "auto", dtype: str = "auto",
+                 device: str = "auto", dtype: str = "auto",
                  accept_new_template: bool = False) -> None:
     """Edit `photo` with `template`, streaming what pays from `server` and computing the rest;
     write the image and its comparison strip, and report (a summary, or the JSON record).
@@ -68,15 +69,15 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
     res = editor.edit(photo, template, steps=steps, seed=seed)
     written = res.save(out)
     if as_json:
-        echo(res.to_json())
+        typer.echo(res.to_json())
         return
     for m in res.messages:
-        echo(m)
+        typer.echo(m)
     rec = res.to_dict()
-    echo(f"edited in {1000 * res.latency_s:.0f} ms ({res.streamed.path}): {rec['bytes_fetched']} B fetched, "
+    typer.echo(f"edited in {1000 * res.latency_s:.0f} ms ({res.streamed.path}): {rec['bytes_fetched']} B fetched, "
          f"{rec['layers_computed_here']} of {rec['layers_total']} layers computed on the device, "
          f"stall {1000 * rec['stall_s']:.0f} ms")
-    echo("layers: " + ", ".join(f"{r.index}:{r.source}" for r in res.streamed.records))
+    typer.echo("layers: " + ", ".join(f"{r.index}:{r.source}" for r in res.streamed.records))
     if res.streamed.path == "streamed":
         q = f"{res.streamed.implied_psnr_db:.1f} dB" if res.streamed.quality_known else \
             "unknown (manifest has no image distortions)"
@@ -86,10 +87,10 @@ def edit_command(*, photo: Path, server: str, template: str | None, out: Path, p
         elif res.streamed.quality_known and held:
             q += (f" (an estimate from the build's calibration photos: on held-out photos "
                   f"{100 * held['below_floor_fraction']:.0f} % of edits landed below it, by up to {held['max_shortfall_db']:.1f} dB)")
-        echo(f"image PSNR vs the lossless-KV edit implied by the renditions used: {q}")
+        typer.echo(f"image PSNR vs the lossless-KV edit implied by the renditions used: {q}")
     for e in res.streamed.events:
-        echo("event: " + e)
-    echo("wrote " + " and ".join(str(p) for p in written))
+        typer.echo("event: " + e)
+    typer.echo("wrote " + " and ".join(str(p) for p in written))
 
 
 def _missing_template(editor) -> None:

@@ -144,7 +144,7 @@ def train(
                                       stock_references=stock_references, isolate_template=isolate_template,
                                       init_from=init_from),
                   resume=resume, install=install, docs=docs, eval_steps=eval_steps, eval_photos=eval_photos,
-                  threads=threads, log=typer.echo)
+                  threads=threads)
 
 
 @app.command()
@@ -277,7 +277,7 @@ def edit(
     try:  # the codec's JIT is warmed inside the edit, before its clock starts (streamed_edit)
         edit_command(photo=photo, server=server, template=template, out=out, policy=policy, steps=steps, seed=seed,
                      prior_mbps=prior_mbps, model_name=model, gallery_dir=gallery, decode_workers=decode_workers or None,
-                     as_json=json_out, echo=typer.echo, device=device, dtype=dtype,
+                     as_json=json_out, device=device, dtype=dtype,
                      accept_new_template=accept_new_template)
     except (ValueError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
@@ -770,7 +770,7 @@ def bench_build_speed(
     from sakura.bench.build_speed import run  # lazy: torch; off --help and argument errors
 
     run(template or ("look-00", "texture-00", "sticker-00"), rounds=rounds, baseline_src=baseline_src,
-        probe_batch=probe_batch, device=device, out=out, log=typer.echo, probes_variant=probes_variant)
+        probe_batch=probe_batch, device=device, out=out, probes_variant=probes_variant)
 
 
 @bench_app.command("build-quality")
@@ -834,7 +834,7 @@ def bench_build_scale(
     from sakura.bench.build_scale import run  # lazy: torch; off --help and argument errors
 
     res = run(workers=workers or (1, 2), rounds=rounds, templates=templates, ladder=ladder, calibration=calibration,
-              steps=steps, out=out, log=typer.echo)
+              steps=steps, out=out)
     if not res["same_bytes_in_every_store"]:
         raise typer.Exit(1)
 

@@ -39,12 +39,13 @@ from .nested import sakura as _sakura  # noqa: F401
 from .nested import layered as _layered  # noqa: F401
 from .baselines import cachegen as _cachegen  # noqa: F401
 from .progressive import ladder as _progressive  # noqa: F401
-from . import rans
+from . import native, rans
 from .progressive import fastdct, fitkernels
 
 __all__ = ["Codec", "CodecTables", "RenditionReport", "ShardKV", "ShardId", "UnknownCodecError",
            "CodecError", "CorruptError", "IdentityError", "TruncatedError", "VersionError",
-           "available_codecs", "codec_from_spec", "decode_any", "get_codec", "register", "warm_up"]
+           "available_codecs", "codec_from_spec", "decode_any", "get_codec", "register", "warm_up",
+           "warm_up_decoders"]
 
 
 def warm_up() -> float:
@@ -55,4 +56,17 @@ def warm_up() -> float:
     rans.warm_up()   # the rANS coder and the shared decode kernels
     fastdct.warm_up()
     fitkernels.warm_up()  # the build's table fit (cloud side): cheap to compile with the rest
+    return time.perf_counter() - t0
+
+
+def warm_up_decoders() -> float:
+    """What a phone's edit compiles before its clock starts; returns seconds spent. Nothing where
+    the native decoder is loaded: it decodes every rendition of the ladder and CacheGen, and a rare
+    numba fallback (f32/bf16 output, a non-power-of-two block) compiles on first use. Otherwise
+    the numba decoders (rANS, the shared kernels, the IDCT), not the build's table fit. (Warming
+    everything cost a freshly installed phone ~50 CPU-s before its first edit, native or not.)"""
+    t0 = time.perf_counter()
+    if not native.available():
+        rans.warm_up()
+        fastdct.warm_up()
     return time.perf_counter() - t0

@@ -14,22 +14,17 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
-import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 import warnings
 
-from sakura.util.extras import require
 from sakura.util.lazy import lazy_names
 
 from .registry import ModelSpecError, available_models, load_model, register_model, unregister_model
-from sakura.util.device import resolve
 
 if TYPE_CHECKING:
     from .mini import MiniDiT
-
-log = logging.getLogger(__name__)
 
 #: public name -> the submodule it lives in, imported on first use: `import sakura.models.registry`
 #: (the CLI's spec checks) and `sakura.models.load_model` of an unknown name do not load torch
@@ -37,6 +32,11 @@ _LAZY = {
     "EditOutput": ".base", "ImageTemplateEditModel": ".base", "KVMode": ".base", "TemplateEditModel": ".base",
     "KVSourceDefaults": ".kv", "LayerKV": ".kv", "TemplateKV": ".kv", "TemplateKVError": ".kv", "TemplateKVSource": ".kv",
     "MiniConfig": ".mini", "MiniDiT": ".mini",
+    # the bundled models' loaders live beside their models (each loads torch, flux2-mini diffusers);
+    # the registry's targets (`sakura.models:load_*_spec`, also the installed entry points) resolve here
+    "load_mini": ".loading", "load_mini_spec": ".loading",
+    "load_flux2_mini": ".flux2mini", "load_flux2_mini_spec": ".flux2mini",
+    "load_klein_spec": ".flux.klein_image", "load_kontext_spec": ".flux.kontext",
 }
 
 
@@ -77,116 +77,3 @@ __all__ = ["EditOutput", "ImageTemplateEditModel", "KVMode", "KVSourceDefaults",
            "load_model", "register_model", "unregister_model"]
 
 
-def _load_bundled(name: str, default: Path, weights: str | Path | None, allow_random: bool, read, build,
-                  device="auto", dtype="auto"):
-    """`read(path)` of `weights` (default: the shipped file); with no file there and
-    `allow_random`, `build()` under seed 0 with a warning (the untrained model still exercises
-    every KV path exactly; its edits are noise). Then moved to `device` in `dtype`
-    (`sakura.util.device.resolve`: auto = cuda, mps, cpu; bf16 / fp16 / fp32), fingerprinted
-    first: the shipped fp32 weights name the model on every device and in every precision."""
-    dev, dt = resolve(device, dtype)  # a bad --device fails before the weights are read
-    path = Path(weights) if weights is not None else default
-    if path.is_file():
-        model = read(path)
-    elif weights is not None or not allow_random:
-        raise FileNotFoundError(f"{name} weights not found at {path}")
-    else:
-        log.warning("no bundled %s weights at %s; using a seeded random init", name, path)
-        import torch  # lazy: torch; off --help and argument errors
-
-        torch.manual_seed(0)
-        model = build().eval()
-    if (dev.type, dt) != ("cpu", next(model.parameters()).dtype):
-        model.fingerprint()  # cached: computed on the weights as shipped, before the cast
-        model.to(dev, dt)
-    return model
-
-
-def load_mini(weights: str | Path | None = None, *, allow_random: bool = True, device="auto",
-              dtype="auto") -> MiniDiT:
-    """The bundled sakura-mini with its shipped weights (or `weights`), in eval mode, on `device`
-    in `dtype` (auto: cuda/mps/cpu, bf16/fp16/fp32); a seeded random init (and a warning) when no
-    file is there and `allow_random`."""
-    from .mini import MiniConfig, MiniDiT  # lazy: torch, numpy; off --help and argument errors
-    from .mini_io import load_mini_weights  # lazy: torch, numpy; off --help and argument errors
-
-    return _load_bundled("sakura-mini", MINI_WEIGHTS, weights, allow_random, load_mini_weights,
-                         lambda: MiniDiT(MiniConfig()), device, dtype)
-
-
-def load_flux2_mini(weights: str | Path | None = None, *, allow_random: bool = True, device="auto", dtype="auto"):
-    """The bundled flux2-mini (a `Flux2MiniDiT`) with its shipped weights (or `weights`), in eval
-    mode, on `device` in `dtype`; a seeded random init (and a warning) when no file is there and
-    `allow_random`."""
-    require("diffusers", "model 'flux2-mini'")  # diffusers' FLUX.2 transformer: the [flux] extra
-    from .flux2mini import Flux2MiniConfig, Flux2MiniDiT, load_flux2_mini_weights  # lazy: torch, diffusers ([flux] extra)
-
-    return _load_bundled("flux2-mini", FLUX2_MINI_WEIGHTS, weights, allow_random, load_flux2_mini_weights,
-                         lambda: Flux2MiniDiT(Flux2MiniConfig()), device, dtype)
-
-
-def load_mini_spec(arg: str = "", **options) -> MiniDiT:
-    """Model-registry factory of ``sakura-mini[:/path/weights.safetensors]``."""
-    return load_mini(arg or None, **options)
-
-
-def load_flux2_mini_spec(arg: str = "", **options):
-    """Model-registry factory of ``flux2-mini[:/path/weights.safetensors]``."""
-    return load_flux2_mini(arg or None, **options)
-
-
-def _local_folder(family: str, what: str, arg: str) -> None:
-    """The checks of ``FAMILY:/folder[@SIZE]`` that need nothing but the file system, made before
-    torch or diffusers load (a typo answers in a fraction of a second, not after the imports)."""
-    if not arg:
-        raise ModelSpecError(f"{family} needs a local folder: {family}:/path/to/{what}[@SIZE]")
-    head, _, size = arg.rpartition("@")
-    folder = head if size.isdigit() else arg  # as the adapters parse it: "@" + digits ends the spec
-    if not folder or not Path(folder).is_dir():
-        raise FileNotFoundError(f"{folder or '(empty)'}: not a local folder with a {what} pipeline")
-
-
-def _check_klein_arg(arg: str) -> None:
-    _local_folder("klein", "FLUX.2 Klein", arg)
-    require("diffusers", "model 'klein'")
-
-
-def _check_kontext_arg(arg: str) -> None:
-    _local_folder("kontext", "FLUX.1 Kontext", arg)
-    require("diffusers", "model 'kontext'")
-
-
-def load_klein_spec(arg: str = "", **options):
-    """Model-registry factory of ``klein:/path/to/local/folder[@SIZE]`` (FLUX.2 Klein at SIZE px per
-    side, default 512: a `KleinImageModel`, whose ``.adapter`` is the packed-latent `KleinAdapter`)."""
-    _check_klein_arg(arg)
-    from .flux.klein_image import KleinImageModel  # lazy: torch, diffusers ([flux] extra)
-
-    return KleinImageModel.from_pretrained(arg, **options)
-
-
-def load_kontext_spec(arg: str = "", **options):
-    """Model-registry factory of ``kontext:/path/to/local/folder[@SIZE]`` (FLUX.1 Kontext at SIZE px
-    per side, default 512: a `KontextImageModel`; options: guidance, ref_timestep, max_sequence_length)."""
-    _check_kontext_arg(arg)
-    from .flux.kontext import KontextImageModel  # lazy: torch, diffusers ([flux] extra); off --help and argument errors
-
-    return KontextImageModel.from_pretrained(arg, **options)
-
-
-def _check_flux2_mini_arg(arg: str) -> None:
-    if arg and not Path(arg).is_file():
-        raise FileNotFoundError(f"flux2-mini weights not found at {arg}")
-    require("diffusers", "model 'flux2-mini'")
-
-
-def _check_mini_arg(arg: str) -> None:
-    if arg and not Path(arg).is_file():
-        raise FileNotFoundError(f"sakura-mini weights not found at {arg}")
-
-
-# what `sakura.models.registry.check_model_spec` runs before anything heavy loads
-load_mini_spec.check_arg = _check_mini_arg
-load_flux2_mini_spec.check_arg = _check_flux2_mini_arg
-load_klein_spec.check_arg = _check_klein_arg
-load_kontext_spec.check_arg = _check_kontext_arg

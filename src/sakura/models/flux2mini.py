@@ -47,6 +47,8 @@ import torch
 import torch.nn as nn
 from diffusers.models.transformers.transformer_flux2 import Flux2Transformer2DModel
 
+from sakura.models import FLUX2_MINI_WEIGHTS
+
 from .base import BundledImageModel, EditOutput, KVMode, PatchGridConfig, check_steps, patchify, resolve_kv_mode
 from .adapter import LazyTemplateLayers
 from .flux.klein import (
@@ -59,6 +61,8 @@ from .flux.klein import (
     text_ids,
 )
 from .kv import TemplateKVSource
+from .loading import load_bundled
+from .spec_checks import check_flux2_mini_arg
 from .weights import load_weights, save_weights
 
 PHOTO_T = REF_SLOT_SCALE + REF_SLOT_SCALE * 1   # RoPE T coordinate of the photo tokens (20)
@@ -351,3 +355,18 @@ def save_flux2_mini_weights(model: Flux2MiniDiT, path: str | os.PathLike,
 def load_flux2_mini_weights(path: str | os.PathLike) -> Flux2MiniDiT:
     """Build the model from the config in the file and load its weights strictly (in fp32)."""
     return load_weights(path, "flux2-mini", lambda cfg: Flux2MiniDiT(Flux2MiniConfig(**cfg)))
+
+
+def load_flux2_mini(weights: str | os.PathLike | None = None, *, allow_random: bool = True, device="auto",
+                    dtype="auto") -> Flux2MiniDiT:
+    """The bundled flux2-mini (a `Flux2MiniDiT`) with its shipped weights (or `weights`), in eval
+    mode, on `device` in `dtype`; a seeded random init (and a warning) when no file is there and
+    `allow_random`."""
+    return load_bundled("flux2-mini", FLUX2_MINI_WEIGHTS, weights, allow_random, load_flux2_mini_weights,
+                        lambda: Flux2MiniDiT(Flux2MiniConfig()), device, dtype)
+
+
+def load_flux2_mini_spec(arg: str = "", **options) -> Flux2MiniDiT:
+    """Model-registry factory of ``flux2-mini[:/path/weights.safetensors]``."""
+    check_flux2_mini_arg(arg)
+    return load_flux2_mini(arg or None, **options)

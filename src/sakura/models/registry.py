@@ -26,16 +26,13 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable
 
+from sakura.models.spec_checks import BUNDLED_CHECKS, ModelSpecError
 from sakura.util.extras import missing_extra_line
 
 ENTRY_POINT_GROUP = "sakura.models"
 
 #: ``factory(arg, **options) -> model``: ``arg`` is what follows ``NAME:`` in the spec ("" if nothing).
 ModelFactory = Callable[..., Any]
-
-
-class ModelSpecError(ValueError):
-    """A model spec names no registered model, or its adapter cannot be loaded (one line)."""
 
 
 @dataclass(frozen=True)
@@ -156,10 +153,12 @@ def check_model_spec(spec: str) -> None:
         raise ModelSpecError(f"model spec must be NAME or NAME:ARG, got {spec!r}")
     name, _, arg = spec.strip().partition(":")
     entry = _lookup(name)
-    if entry.factory is not None or entry.target in _BUNDLED.values():  # in-process or sakura's own: cheap
-        check = getattr(entry.load(), "check_arg", None)
-        if callable(check):
-            check(arg)
+    if entry.factory is not None:  # in-process: cheap
+        check = getattr(entry.factory, "check_arg", None)
+    else:  # sakura's own: its check without importing the loader (torch, diffusers)
+        check = BUNDLED_CHECKS.get(name) if entry.target == _BUNDLED.get(name) else None
+    if callable(check):
+        check(arg)
 
 
 def load_model(spec: str = "sakura-mini", **options: Any) -> Any:

@@ -37,7 +37,7 @@ from .estimator import BandwidthEstimator, RttEstimator
 from .plan import LOCAL, Route, ShardSpec, psnr_db
 from sakura.phone.limits import LimitError, check_shard_header, fetch_deadline_s, shard_shapes
 from sakura.util.text import clean
-from sakura.codec import CodecTables, ShardId, bitstream as bs, decode_any, warm_up
+from sakura.codec import CodecTables, ShardId, bitstream as bs, decode_any, warm_up_decoders
 from sakura.wire.client import ClientThread, TemplateClient
 
 
@@ -313,7 +313,7 @@ class LiveEdit:
 
     # ------------------------------------------------------------------------------ the edit
     def run(self) -> StreamedEdit:
-        warm_up()  # 1. the native decoders' JIT (compile, or load from numba's disk cache), before the clock
+        warm_up_decoders()  # 1. the numba decoders' JIT where no native one loads, before the clock
         try:
             self._know_template()                                        # 2.
             self.t0 = time.monotonic()                                   # 3.

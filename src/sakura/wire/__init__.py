@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from sakura.wire import server  # a lazy facade: the aiohttp server loads on first use (0.12 s off every build)
 from sakura.wire.store import Store, store_format
 
 __all__ = ["Store", "open_store", "serve", "serve_forever"]
@@ -18,8 +19,6 @@ def __getattr__(name: str):
     # the HTTP server on first use: writing a store (`sakura build`) never serves, and importing
     # the server cost every build 0.12 s
     if name in ("serve_forever", "serve_in_thread"):
-        from sakura.wire import server  # lazy: the server on first use (0.12 s off every build)
-
         return getattr(server, name)
     raise AttributeError(f"module 'sakura.wire' has no attribute {name!r}")
 
@@ -40,7 +39,5 @@ def serve(store: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int =
     serves the same folder (docs/serving.md)."""
     p = Path(store)
     store_format(p)  # NotAStore before a thread starts
-    from sakura.wire.server import serve_in_thread  # lazy: aiohttp: only the commands that serve
-
-    with serve_in_thread(p, host=host, port=port, **options) as url:
+    with server.serve_in_thread(p, host=host, port=port, **options) as url:
         yield url

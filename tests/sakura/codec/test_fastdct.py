@@ -19,7 +19,7 @@ ID = ShardId("m", "t", 1)
 
 
 def test_generated_module_is_up_to_date():
-    assert fastdct.GENERATED.read_text() == fastdct.source(), "run `python -m sakura.codec.progressive.fastdct`"
+    assert fastdct.GENERATED.read_text() == fastdct.source(), "run `python -m sakura.codec.progressive.lee_gen`"
 
 
 @pytest.mark.parametrize("n", fastdct.SIZES)

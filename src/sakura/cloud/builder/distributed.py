@@ -32,9 +32,18 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 import socket
 
+from sakura.cloud import tasks  # a lazy facade: its names load torch on first use, the skip path none
 from sakura.cloud.builder import incremental
+from sakura.cloud.builder.defaults import BASE_RUNG_PSNR_DB, DEFAULT_LADDER, default_templates
+from sakura.cloud.builder.incremental import expected_rendition_bases, manifest_is_current  # noqa: F401 (their old home)
+from sakura.cloud.builder.pipeline import build_store
+from sakura.util.device import resolve_device
+from sakura.util.report import report_logger
 
 EXECUTORS = ("local", "ray")
+
+#: the build's lines (one per template: built, skipped, failed), plain on stdout
+REPORT = report_logger(__name__, root="sakura.cloud.builder")
 
 
 @dataclass(frozen=True)
@@ -99,55 +108,11 @@ class BuildReport:
                 "calibration_edits": round(sum(b.calibration_edits for b in self.builds), 3)}
 
 
-def expected_rendition_bases(ladder: Sequence[str]) -> set[str]:
-    """Rendition names a ladder produces, without a layered codec's ``#rung`` suffix."""
-    return {s.strip() for s in ladder}
-
-
-def manifest_is_current(store: str | os.PathLike[str], model_fingerprint: str, template_id: str,
-                        ladder: Sequence[str]) -> bool:
-    """True if ``template_id``'s manifest for this model exists, offers exactly ``ladder`` on
-    every shard, and every object it references verifies (size, sha256, rung prefixes)."""
-    from sakura.wire.store.store import Store, StoreError  # lazy: torch, numba; an unchanged store's skip loads none
-
-    try:
-        st = Store(store)
-        if st.verify_manifest(model_fingerprint, template_id):
-            return False
-        m = st.get_manifest(model_fingerprint, template_id)
-    except (StoreError, KeyError, ValueError):
-        return False
-    want = expected_rendition_bases(ladder) - _skipped_floor_rungs(m, ladder)
-    return bool(m.shards) and all({r.name.split("#", 1)[0] for r in s.renditions} == want for s in m.shards)
-
-
-def _skipped_floor_rungs(m: Any, ladder: Sequence[str]) -> set[str]:
-    """The floor rungs this manifest's build left out by rule (`pipeline.skipped_floor_rungs`),
-    judged from the budgets its plain ``progressive`` entry was calibrated to (its table's params)."""
-    from sakura.cloud.builder.pipeline import skipped_floor_rungs  # lazy: import cycle within the builder (pipeline <-> template/distributed)
-
-    if "progressive" not in {s.strip() for s in ladder}:
-        return set()
-    try:
-        params = m.table("progressive").params
-    except KeyError:
-        return set()  # no plain progressive entry on record: every floor rung must be there
-    budgets = params.get("budgets")
-    if not budgets:  # not calibrated: the codec's defaults (only then the codecs, and torch, are imported)
-        from sakura.codec import get_codec  # lazy: torch; a rerun's skip check decides without it
-
-        budgets = get_codec("progressive").params["budgets"]
-    lowest = min(budgets)
-    return skipped_floor_rungs(ladder, lowest)
-
-
 def _build_one(store: str, template: str, opts: dict[str, Any], model_fingerprint: str, force: bool) -> TemplateBuild:
     """One template, in whatever process runs it (a Ray worker or this one): `build_store` skips
     it when current (its source key, checked before the model loads, or its build key after;
     objects re-hashed here, so a rerun of a large library re-hashes in parallel on the workers,
     not serially in the driver), else builds and commits it."""
-    from sakura.cloud.builder.pipeline import build_store  # lazy: breaks the cycle pipeline -> distributed
-
     t0, c0 = time.perf_counter(), time.process_time()
     worker = f"{socket.gethostname()}:{os.getpid()}"
     facts: dict[str, dict] = {}
@@ -163,7 +128,7 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
                     model_name: str = "sakura-mini", ladder: Sequence[str] | None = None, calibration: int = 2,
                     steps: int = 4, seed: int = 0, executor: str = "ray", address: str | None = None,
                     workers: int | None = None, force: bool = False, max_retries: int = 3, progress: bool = True,
-                    log: Callable[[str], None] = print, device: str = "auto", dtype: str = "auto",
+                    log: Callable[[str], None] | None = None, device: str = "auto", dtype: str = "auto",
                     probe_batch: int | None = None, allocation_photos: int | None = None,
                     allocation: str = "model") -> BuildReport:
     """Build one manifest per template on ``executor``, skipping templates already current.
@@ -180,13 +145,15 @@ def build_templates(store: str | os.PathLike[str], *, templates: Sequence[str] |
         allocation: `build_store`'s ("model" or "probes").
         max_retries: Ray retries of a task whose worker died (a task that raises is not retried).
         progress: a tqdm bar over templates (stderr).
+        log: where the per-template lines go; default the ``sakura.cloud.builder`` logger (plain lines on
+            stdout: `sakura.util.report`). A sink is for a caller that routes them itself: the CLI
+            above its progress bar, a template process back over its pipe.
     Returns:
         a ``BuildReport``; templates that failed are listed with the error, the others are committed.
     """
     from tqdm import tqdm  # lazy: tqdm; off --help and argument errors
 
-    from sakura.cloud.builder.pipeline import DEFAULT_LADDER, default_templates  # lazy: import cycle within the builder (pipeline <-> template/distributed)
-
+    log = log or REPORT.info
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     ladder = list(ladder or DEFAULT_LADDER)
@@ -235,8 +202,6 @@ def _all_current(root: Path, names: Sequence[str], opts: dict[str, Any], report:
                  log: Callable[[str], None]) -> bool:
     """True (every template in `report` as skipped) when every template finds a verified manifest
     with its source key (`incremental`): a rerun of an unchanged library loads no model anywhere."""
-    from sakura.cloud.builder.pipeline import BASE_RUNG_PSNR_DB  # lazy: breaks the cycle pipeline -> distributed
-
     settings = incremental.request_settings(
         ladder=opts["ladder"], calibration=opts["calibration"], steps=opts["steps"], seed=opts["seed"],
         base_psnr_db=BASE_RUNG_PSNR_DB, allocation=opts["allocation"], sketch_probes=None,
@@ -256,15 +221,13 @@ def _check_inputs(model_name: str, names: Sequence[str], ladder: Sequence[str], 
     CPU (its fingerprint is the same on every device)."""
     from sakura.codec import codec_from_spec  # lazy: torch, numba; an unchanged store's skip loads none
     from sakura.models import load_model  # lazy: torch, numba; an unchanged store's skip loads none
-    from sakura.cloud.tasks import get_template  # lazy: torch, numba; an unchanged store's skip loads none
-    from sakura.util.device import resolve_device  # lazy: torch, numba; an unchanged store's skip loads none
 
     for spec in ladder:
         codec_from_spec(spec)
     on_gpu = resolve_device(device).type == "cuda"
     model = load_model(model_name, device="cpu", dtype="float32")
     for n in names:  # every model load_model gives is an ImageTemplateEditModel: it has cfg.image_size
-        get_template(n, model.cfg.image_size)
+        tasks.get_template(n, model.cfg.image_size)
     return model.fingerprint(), on_gpu
 
 

@@ -31,14 +31,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from sakura import __version__
+from sakura.cloud.builder.defaults import DEFAULT_TEMPLATE_IDS
+from sakura.cloud.builder.ladder import skipped_floor_rungs
 from sakura.cloud.builder.template import FIGURE_CHECKS
 from sakura.models import FLUX2_MINI_WEIGHTS, MINI_WEIGHTS
 from sakura.models.registry import _BUNDLED, ModelSpecError, _lookup
 from sakura.wire.store.store import Store, StoreError
 
-#: The ids `pipeline.default_templates()` gives (the first library template of each task), known
-#: without importing the task library (torch): checked equal by the tests.
-DEFAULT_TEMPLATE_IDS = ("look-00", "texture-00", "sticker-00")
 
 
 def request_settings(*, ladder: Sequence[str], calibration: int, steps: int, seed: int, base_psnr_db: float | None,
@@ -151,3 +150,41 @@ def skip_before_load(store: str | os.PathLike[str], keys: dict[str, str], ids: S
         log(f"{tid}: skipped (current: template, settings and model files as built; {wall:.2f} s to check, "
             f"model not loaded; --force rebuilds)")
     return found
+
+
+def expected_rendition_bases(ladder: Sequence[str]) -> set[str]:
+    """Rendition names a ladder produces, without a layered codec's ``#rung`` suffix."""
+    return {s.strip() for s in ladder}
+
+
+def manifest_is_current(store: str | os.PathLike[str], model_fingerprint: str, template_id: str,
+                        ladder: Sequence[str]) -> bool:
+    """True if ``template_id``'s manifest for this model exists, offers exactly ``ladder`` on
+    every shard, and every object it references verifies (size, sha256, rung prefixes)."""
+    try:
+        st = Store(store)
+        if st.verify_manifest(model_fingerprint, template_id):
+            return False
+        m = st.get_manifest(model_fingerprint, template_id)
+    except (StoreError, KeyError, ValueError):
+        return False
+    want = expected_rendition_bases(ladder) - _skipped_floor_rungs(m, ladder)
+    return bool(m.shards) and all({r.name.split("#", 1)[0] for r in s.renditions} == want for s in m.shards)
+
+
+def _skipped_floor_rungs(m: Any, ladder: Sequence[str]) -> set[str]:
+    """The floor rungs this manifest's build left out by rule (`ladder.skipped_floor_rungs`),
+    judged from the budgets its plain ``progressive`` entry was calibrated to (its table's params)."""
+    if "progressive" not in {s.strip() for s in ladder}:
+        return set()
+    try:
+        params = m.table("progressive").params
+    except KeyError:
+        return set()  # no plain progressive entry on record: every floor rung must be there
+    budgets = params.get("budgets")
+    if not budgets:  # not calibrated: the codec's defaults (only then the codecs, and torch, are imported)
+        from sakura.codec import get_codec  # lazy: torch; a rerun's skip check decides without it
+
+        budgets = get_codec("progressive").params["budgets"]
+    lowest = min(budgets)
+    return skipped_floor_rungs(ladder, lowest)

@@ -36,7 +36,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 import time
 
+from sakura.cloud import capture, tasks  # lazy facades: their names load torch on first use, the skip path none
 from sakura.cloud.builder import incremental
+from sakura.cloud.builder.defaults import (ALLOCATION_PHOTOS, BASE_RUNG_PSNR_DB, DEFAULT_LADDER,  # noqa: F401
+                                           QUALITY_FLOOR_SPEC, default_templates)
 from sakura.cloud.builder.ladder import (BASE_RUNG_BUDGETS, FLOOR_RUNG_LADDER, MAX_SINGLE_RUNG_BUDGETS,  # noqa: F401
                                          SEARCH_PRIOR_GAP_DB, fit_ladder_by_probes, search_budget, skipped_floor_rungs,
                                          with_floor_rungs)
@@ -44,40 +47,22 @@ from sakura.cloud.builder.probes import Probing, cpu_count, many_probe  # noqa: 
 from sakura.cloud.builder.processes import _build_in_processes, _template_processes  # noqa: F401
 from sakura.cloud.builder.progress import MODEL_STAGES, STAGES, Stages  # noqa: F401
 from sakura.cloud.builder.template import ALLOCATIONS, build_template
+from sakura.cloud.builder.template_files import (TemplateSpec, TemplateSpecError, spec_images, spec_instruction,
+                                                 validate_specs)
+from sakura.wire.store.store import Store, StoreError
+from sakura.util.device import device_options
+from sakura.util.report import report_logger
 
 #: the names tests and benchmarks knew these by before the builder was split (issue 41)
 _Probing, _many_probe, _with_floor_rungs, _Stages = Probing, many_probe, with_floor_rungs, Stages
 _fit_ladder_to_template = fit_ladder_by_probes
-
-#: Default ladder: the progressive transform coder (``progressive`` = ECSQ + token-grid DCT coded by
-#: successive refinement, top rung 1.0 bit per value, the lowest fitted per template to
-#: ``BASE_RUNG_PSNR_DB``; docs/codec.md), its rungs stored as one object per shard (rung l = a byte
-#: prefix: one Range per rung, upgrades fetch only the missing bytes), and the floor rungs where the
-#: calibrated ladder stays above them. The profile, the dilated bench and the demo build this same
-#: ladder. The exact fallback is computing the KV on the phone from the template reference, so the
-#: store keeps no lossless copy. Add "lossless" / "uniform:bits=8" with --ladder when raw streaming
-#: is wanted; ``--ladder progressive`` alone leaves the floor rungs out.
-DEFAULT_LADDER = ("progressive",) + FLOOR_RUNG_LADDER
-#: The lowest rung of the default ladder must reach this image PSNR vs the lossless-KV edit on the
-#: calibration photos. On the 12 held-out templates (docs/codec.md) >= 36-37 dB vs lossless kept the
-#: edit within 0.5 dB of the lossless edit's PSNR against ground truth; 38 leaves a margin.
-BASE_RUNG_PSNR_DB = 38.0
-#: Calibration photos the rate allocation's image probes edit (`build_store(allocation_photos=)`):
-#: None, all of them. 1 costs ~0.7x the CPU but measured -2.2 dB on look-00's top rung on held-out
-#: photos (docs/scale.md).
-ALLOCATION_PHOTOS: int | None = None
-#: The reference codec of every shard's ``quality_floor`` (measured even when not in the ladder).
-QUALITY_FLOOR_SPEC = "cachegen:level=3"
-
-
-def default_templates() -> list[str]:
-    """The first training template of each task in the library (e.g. ``look-00``)."""
-    return list(incremental.DEFAULT_TEMPLATE_IDS)  # without importing the task library (torch): tested equal
+#: the build's lines (one per template: built, skipped, failed), plain on stdout
+REPORT = report_logger(__name__, root="sakura.cloud.builder")
 
 
 def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates: Sequence[Any] | None = None,
                 ladder: Sequence[str] = DEFAULT_LADDER, calibration: int = 2, steps: int = 4, seed: int = 0,
-                base_psnr_db: float | None = BASE_RUNG_PSNR_DB, log: Callable[[str], None] = print,
+                base_psnr_db: float | None = BASE_RUNG_PSNR_DB, log: Callable[[str], None] | None = None,
                 device: Any = "auto", dtype: Any = "auto", probe_batch: int | None = None,
                 probe_workers: int | None = None, allocation_photos: int | None = ALLOCATION_PHOTOS,
                 template_workers: int | None = None, progress: bool = False,
@@ -135,6 +120,9 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
             threads: a template's serial stretches (allocation between probe rounds, encoding,
             the acceptance edits) overlap another's probes.
         progress: a tqdm bar (stderr) naming the template and stage, with an ETA.
+        log: where the per-template lines go; default the ``sakura.cloud.builder`` logger (plain lines on
+            stdout: `sakura.util.report`). A sink is for a caller that routes them itself: the CLI
+            above its progress bar, a template process back over its pipe.
         profile: filled with {template: {stage: wall seconds, "stage cpu": CPU seconds}}.
         model: an already-loaded model to build with (then `model_name`, `device`, `dtype` are unused).
         allocation: "model" (default): bits, ladder and figures by the template's sensitivity model
@@ -149,6 +137,7 @@ def build_store(store: str | Path, *, model_name: str = "sakura-mini", templates
         force: rebuild templates that are current (a verified manifest built from the same
             image, settings and model: `build_key`), which are otherwise skipped.
     """
+    log = log or REPORT.info
     if allocation not in ALLOCATIONS:
         raise ValueError(f"allocation must be one of {list(ALLOCATIONS)}, got {allocation!r}")
     settings = incremental.request_settings(ladder=ladder, calibration=calibration, steps=steps, seed=seed,
@@ -217,10 +206,8 @@ def _setup(stages: Stages, *, model_name, templates, ladder, calibration, steps,
     templates: specs, names and settings checked, the model loaded, before any work."""
     import torch  # lazy: torch; an unchanged store's skip and --help load none
 
-    from sakura.cloud.capture import calibration_photos  # lazy: torch, numba; an unchanged store's skip loads none
     from sakura.codec import codec_from_spec  # lazy: torch, numba; an unchanged store's skip loads none
     from sakura.models import load_model  # lazy: torch, numba; an unchanged store's skip loads none
-    from sakura.util.device import device_options  # lazy: torch, numba; an unchanged store's skip loads none
 
     torch.set_num_threads(1)  # shared small machines: one thread is faster than two contending
     codecs = [codec_from_spec(s) for s in ladder]  # bad specs fail before the model runs
@@ -244,14 +231,12 @@ def _setup(stages: Stages, *, model_name, templates, ladder, calibration, steps,
     size = int(model.cfg.image_size)
     model_fp = model.fingerprint()
     if not templates and model.template_conditioning != "task":
-        from sakura.cloud.builder.template_files import TemplateSpecError  # lazy: import cycle within the builder (pipeline <-> template/distributed)
-
         raise TemplateSpecError([f"{model_name} has no bundled templates: give --library FILE or "
                                  f"--template ID=IMAGE --prompt P"])
     stages.bar.set_description_str("resolving templates", refresh=True)
     tpls = resolve_templates(model, list(templates) if templates else default_templates())  # fails before any work
     stages.bar.total = len(tpls) * len(STAGES)
-    calib = calibration_photos(size, calibration)  # public training photos, never the held-out test ones
+    calib = capture.calibration_photos(size, calibration)  # public training photos, never the held-out test ones
     # a model without autograd through its edit cannot be sketched: its build measures by probes
     allocation = allocation if hasattr(model, "differentiable_edit") else "probes"
     job = dict(model=model, model_fp=model_fp, calib=calib, names=names, codecs=codecs,
@@ -267,8 +252,6 @@ def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool, sett
     manifest verified) and those to build (their images resolved; their `build_key` and
     `source_key` in ``job["build_keys"]``, for the manifest)."""
     settings = dict(settings, allocation=job["allocation"])  # the allocation that runs
-    from sakura.cloud.builder.distributed import manifest_is_current  # lazy: import cycle within the builder (pipeline <-> template/distributed)
-    from sakura.wire.store.store import Store, StoreError  # lazy: torch, numba; an unchanged store's skip loads none
 
     skipped, todo = [], []
     job["build_keys"] = keys = {}
@@ -278,7 +261,7 @@ def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool, sett
         key = incremental.build_key(job["model_fp"], settings, images() if callable(images) else images, instruction)
         keys[name] = {"build_key": key, **({"source_key": src_keys[name]} if name in src_keys else {})}
         current = False
-        if not force and manifest_is_current(store, job["model_fp"], name, job["names"]):
+        if not force and incremental.manifest_is_current(store, job["model_fp"], name, job["names"]):
             try:
                 layout = Store(store).get_manifest(job["model_fp"], name).kv_layout
                 current = layout.get("build_key") == key
@@ -300,8 +283,6 @@ def _skip_current(store, tpls, job: dict, stages: Stages, log, force: bool, sett
 def resolve_templates(model: Any, templates: Sequence[Any]) -> list[tuple[str, Any, Any]]:
     """Library names and `TemplateSpec`s -> [(id, images (R, 3, S, S) or a callable returning
     them (a spec's files, decoded when built), instruction)], every problem found first (one line each, `TemplateSpecError`) so a bad entry writes nothing."""
-    from sakura.cloud.builder.template_files import TemplateSpec, TemplateSpecError, spec_images, spec_instruction, validate_specs  # lazy: import cycle within the builder (pipeline <-> template/distributed)
-    from sakura.cloud.tasks import TASK_NAMES, get_template  # lazy: torch, numba; an unchanged store's skip loads none
 
     size = int(model.cfg.image_size)
     conditioning = model.template_conditioning
@@ -314,13 +295,13 @@ def resolve_templates(model: Any, templates: Sequence[Any]) -> list[tuple[str, A
                             f"need images and a prompt (--template ID=IMAGE --prompt P, or --library FILE)")
             continue
         try:
-            lib.append(get_template(t, size))
+            lib.append(tasks.get_template(t, size))
         except ValueError as e:
             problems.append(f"--template {t}: {e} (or give ID=IMAGE for your own image)")
     specs = [t for t in templates if isinstance(t, TemplateSpec)]
     try:
         validate_specs(specs, conditioning=conditioning, max_images=model.max_template_images,
-                       tasks=TASK_NAMES, existing_ids=[t.name for t in lib])
+                       tasks=tasks.TASK_NAMES, existing_ids=[t.name for t in lib])
     except TemplateSpecError as e:
         problems += e.problems
     names = [t.name for t in lib]

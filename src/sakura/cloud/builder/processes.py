@@ -19,6 +19,7 @@ import traceback
 
 from sakura.cloud.builder.probes import cpu_count as _cpu_count
 from sakura.cloud.builder.progress import Stages
+from sakura.cloud.builder.template import build_template
 
 #: how long a template process that was told to stop may take to exit before it is terminated (s)
 _EXIT_GRACE_S = 10.0
@@ -82,7 +83,7 @@ def _build_in_processes(processes: int, tpls, job: dict, stages: "Stages", log) 
             for conn in _wait_any(list(busy)):
                 try:
                     msg = conn.recv()
-                except EOFError:
+                except (EOFError, ConnectionResetError):  # a socket pair: a peer that died unread resets
                     proc = busy.pop(conn)
                     proc.join(_EXIT_GRACE_S)
                     raise TemplateProcessError(f"a template process ended without a result (exit code "
@@ -99,7 +100,10 @@ def _build_in_processes(processes: int, tpls, job: dict, stages: "Stages", log) 
                     stages.seconds.update(seconds)
                     stages.facts.update(facts)
                     nxt = next(todo, None)
-                    conn.send(nxt)
+                    try:
+                        conn.send(nxt)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # it died after its result: the next recv reads EOF and says so
                     if nxt is None:
                         busy.pop(conn)
                 else:  # "error"
@@ -124,8 +128,6 @@ def _build_in_processes(processes: int, tpls, job: dict, stages: "Stages", log) 
 def _template_process(conn) -> None:
     """A forked template process: builds the templates the parent names until it sends None (or
     goes away: EOF)."""
-    from sakura.cloud.builder.template import build_template  # lazy: import cycle within the builder (pipeline <-> template/distributed)
-
     job = dict(_FORK_JOB)
     tpls = job.pop("tpls")
     sending = threading.Lock()  # stage events and the result may come from different threads
@@ -153,5 +155,5 @@ def _template_process(conn) -> None:
                     send(("error", None, tb))
                 return
             send(("done", i, str(path), stages.seconds, stages.facts, lines))
-    except (EOFError, BrokenPipeError):
+    except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the parent is gone or stopped the build

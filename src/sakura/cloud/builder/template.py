@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 import json
 
+from sakura.cloud import capture  # its names load torch on first use (a lazy facade): the skip path loads none
+from sakura.cloud.builder.defaults import QUALITY_FLOOR_SPEC
 from sakura.cloud.builder.ladder import (fit_ladder_by_model, fit_ladder_by_probes, skipped_floor_rungs,
                                         with_floor_rungs)
 from sakura.cloud.builder.probes import Probing, many_probe, part_probe
@@ -72,10 +74,8 @@ class Calibration:
     def measuring_probe(self):
         """A probe of one-layer edits over all calibration photos (made on first use; no
         first-step prefix for the model's few checks)."""
-        from sakura.cloud.capture import ShardDistortionProbe  # lazy: torch, numba; an unchanged store's skip loads none
-
         if self.probe is None:
-            self.probe = ShardDistortionProbe(self.model, self.kv, self.photos, steps=self.steps, seed=self.seed,
+            self.probe = capture.ShardDistortionProbe(self.model, self.kv, self.photos, steps=self.steps, seed=self.seed,
                                               reference_image=self.reference_image,
                                               use_prefix=self.sensitivity is None)
         return self.probe
@@ -102,32 +102,30 @@ def _needs_attention_importance(codecs) -> bool:
 def calibrate_by_model(model, kv, calib, codecs, *, steps, seed, probing, probes, stages) -> Calibration:
     """The sensitivity model (2 + `probes` edits with two photos), the shards it predicts for, and importance
     (attention mass where a codec needs it, else the model's per-token diagonal)."""
-    from sakura.cloud.capture import PredictedDistortion, measure_kv_sensitivity, template_importance  # lazy: torch, numba; an unchanged store's skip loads none
     from sakura.codec import ShardKV  # lazy: torch, numba; an unchanged store's skip loads none
 
     with stages.stage("sensitivity"):
-        sens = measure_kv_sensitivity(model, kv, calib, steps=steps, seed=seed, probes=probes)
+        sens = capture.measure_kv_sensitivity(model, kv, calib, steps=steps, seed=seed, probes=probes)
         model.add(sens.backward_edits)  # the backward passes (its forward edits were counted by the model)
     with stages.stage("importance"):
-        imp = (template_importance(model, kv, calib, steps=steps, seed=seed) if _needs_attention_importance(codecs)
+        imp = (capture.template_importance(model, kv, calib, steps=steps, seed=seed) if _needs_attention_importance(codecs)
                else sens.token_importance())
     L = kv.num_layers
     shards = [ShardKV(l.key, l.value, importance=imp[i], layer=i, num_layers=L,
                       sensitivity=sens.relative_sensitivity(i, l.key, l.value),
-                      distortion=PredictedDistortion(sens, i, l.key, l.value)) for i, l in enumerate(kv.layers)]
+                      distortion=capture.PredictedDistortion(sens, i, l.key, l.value)) for i, l in enumerate(kv.layers)]
     return Calibration(model, kv, calib, steps, seed, shards, sens.reference_image, probing, sensitivity=sens)
 
 
 def calibrate_by_probes(model, kv, calib, *, steps, seed, probing, stages) -> Calibration:
     """Attention-mass importance, layer sensitivities by perturbation edits, and image probes for
     every allocation choice and figure (the build before issue 41)."""
-    from sakura.cloud.capture import ShardDistortionProbe, layer_sensitivity, template_importance  # lazy: torch, numba; an unchanged store's skip loads none
     from sakura.codec import ShardKV  # lazy: torch, numba; an unchanged store's skip loads none
     from sakura.models.kv import LayerKV, TemplateKV  # lazy: torch, numba; an unchanged store's skip loads none
 
     with stages.stage("importance"):
         # token importance for codecs that use it (the nested ladder's widths): attention mass
-        imp = template_importance(model, kv, calib, steps=steps, seed=seed)  # (layers, tokens)
+        imp = capture.template_importance(model, kv, calib, steps=steps, seed=seed)  # (layers, tokens)
 
     def calib_edit(layers, photos):
         return model.edit(photos, template_kv=TemplateKV([LayerKV(k, v) for k, v in layers], kv.model_fingerprint,
@@ -138,13 +136,13 @@ def calibrate_by_probes(model, kv, calib, *, steps, seed, probing, stages) -> Ca
         alloc_calib = calib[:probing.photos] if probing.photos else calib
         # the allocation's probe first: its reference edit is the sensitivities' and its first-step
         # prefix serves their one-layer edits (the same images, faster)
-        alloc_probe = ShardDistortionProbe(model, kv, alloc_calib, steps=steps, seed=seed)
-        sens = layer_sensitivity([(l.key, l.value) for l in kv.layers],
+        alloc_probe = capture.ShardDistortionProbe(model, kv, alloc_calib, steps=steps, seed=seed)
+        sens = capture.layer_sensitivity([(l.key, l.value) for l in kv.layers],
                                  lambda layers: calib_edit(layers, alloc_calib), seed=seed,
                                  workers=probing.workers, reference=alloc_probe.reference_image,
                                  edit_one=lambda i, kv_: alloc_probe.edit_replacing(i, LayerKV(*kv_)))
     with stages.stage("probe reference"):
-        probe = alloc_probe if len(alloc_calib) == len(calib) else ShardDistortionProbe(model, kv, calib, steps=steps,
+        probe = alloc_probe if len(alloc_calib) == len(calib) else capture.ShardDistortionProbe(model, kv, calib, steps=steps,
                                                                                         seed=seed)
         many = many_probe(alloc_probe, kv, probing)
     L = kv.num_layers
@@ -161,8 +159,6 @@ def build_template(store, model, model_fp, name, images, instruction, calib, nam
                    sketch_probes: int | None = None, build_keys: dict | None = None) -> Path:
     """One template's manifest (see `build_store`); `stages` times each step, moves the bar and
     keeps the template's facts (calibration edits, the figure checks)."""
-    from sakura.cloud.capture.kv_sensitivity import SKETCH_PROBES  # lazy: torch, numba; an unchanged store's skip loads none
-
     t0, c0 = time.perf_counter(), time.process_time()
     model = CountingModel(model, len(calib))
     with stages.stage("capture"):
@@ -172,7 +168,7 @@ def build_template(store, model, model_fp, name, images, instruction, calib, nam
         kv = _fp16_in_place(model.extract_template_kv(images, instruction))
     if allocation == "model":
         cal = calibrate_by_model(model, kv, calib, codecs, steps=steps, seed=seed, probing=probing,
-                                 probes=sketch_probes or SKETCH_PROBES, stages=stages)
+                                 probes=sketch_probes or capture.SKETCH_PROBES, stages=stages)
     else:
         cal = calibrate_by_probes(model, kv, calib, steps=steps, seed=seed, probing=probing, stages=stages)
     facts = stages.facts.setdefault(name, {})
@@ -304,7 +300,6 @@ class _Figures:
 
 def _quality_floor(cal: Calibration, floor_codec, model_fp) -> list[dict]:
     """Per shard the quality floor's codec (CacheGen level 3) image MSE: predicted, or probed."""
-    from sakura.cloud.builder.pipeline import QUALITY_FLOOR_SPEC  # lazy: import cycle within the builder (pipeline <-> template/distributed)
     from sakura.codec import ShardId  # lazy: torch, numba; an unchanged store's skip loads none
 
     shards, probing = cal.shards, cal.probing

@@ -31,6 +31,12 @@ from typing import Any, Sequence
 import stat
 import warnings
 
+import numpy as np
+
+from sakura.cloud import tasks  # a lazy facade: its names load torch on first use, the skip path none
+from sakura.util.fsutil import UnreadableFile, read_capped
+from sakura.util.resize import resize_antialiased
+
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_IMAGE_PIXELS = 64_000_000  # refuse decompression bombs before decoding
 MAX_LIBRARY_BYTES = 64 * 1024 * 1024  # a library file of 10,000 entries is ~1.5 MB
@@ -76,8 +82,6 @@ def parse_template_option(value: str, *, task: str | None, prompt: str | None) -
 
 def load_library_file(path: Path) -> list[TemplateSpec]:
     """Parse a templates TOML file; raises `TemplateSpecError` listing every structural problem."""
-    from sakura.util.fsutil import UnreadableFile, read_capped  # lazy: torch, numba; an unchanged store's skip loads none
-
     path = Path(path)
     try:
         # a regular file under the cap, checked before reading (a FIFO blocked, /dev/zero grew to a MemoryError)
@@ -217,10 +221,7 @@ def load_template_image(path: Path, size: int, *, background: tuple[float, float
     Pillow (``reduce`` with the crop box) to at most 2x ``size`` before any float conversion, so
     a 7999 x 7999 PNG costs its 8-bit decode, not 64 Mpx of float32 RGBA and a float resize
     (94 s and 3.3 GB before)."""
-    import numpy as np  # lazy: numpy; an unchanged store's skip and --help load none
     import torch  # lazy: torch; an unchanged store's skip and --help load none
-
-    from sakura.util.resize import resize_antialiased  # lazy: torch, numba; an unchanged store's skip loads none
 
     with _open_image(path, load=False) as im:
         if im.format == "JPEG" and im.mode in ("RGB", "L", "CMYK"):
@@ -256,9 +257,7 @@ def spec_instruction(spec: TemplateSpec) -> Any:
     """What the model's `extract_template_kv(image, instruction)` takes: a task's instruction id,
     or the prompt text."""
     if spec.task is not None:
-        from sakura.cloud.tasks import get_task  # lazy: torch, numba; an unchanged store's skip loads none
-
-        return get_task(spec.task).instruction
+        return tasks.get_task(spec.task).instruction
     return spec.prompt
 
 

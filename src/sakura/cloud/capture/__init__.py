@@ -13,11 +13,16 @@
 Calibration photos are public images chosen by the operator, never a user's photo.
 """
 
-from .attention import template_importance
-from .calibration import CALIBRATION_SOURCES, calibration_photos
-from .distortion import ShardDistortionProbe, psnr_db
-from .kv_sensitivity import KVSensitivity, PredictedDistortion, measure_kv_sensitivity
-from .sensitivity import layer_sensitivity, token_sensitivity
+from sakura.util.lazy import lazy_names
 
-__all__ = ["CALIBRATION_SOURCES", "KVSensitivity", "PredictedDistortion", "ShardDistortionProbe", "calibration_photos", "layer_sensitivity", "psnr_db",
-           "measure_kv_sensitivity", "template_importance", "token_sensitivity"]
+#: public name -> the submodule it lives in, imported on first use (each loads torch): the builder
+#: imports this package at module top, and the skip of an unchanged store must load no torch
+_LAZY = {"template_importance": ".attention", "CALIBRATION_SOURCES": ".calibration", "calibration_photos": ".calibration",
+         "ShardDistortionProbe": ".distortion", "psnr_db": ".distortion", "KVSensitivity": ".kv_sensitivity",
+         "PredictedDistortion": ".kv_sensitivity", "measure_kv_sensitivity": ".kv_sensitivity",
+         "SKETCH_PROBES": ".kv_sensitivity", "layer_sensitivity": ".sensitivity", "token_sensitivity": ".sensitivity"}
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
+
+__all__ = ["CALIBRATION_SOURCES", "KVSensitivity", "PredictedDistortion", "SKETCH_PROBES", "ShardDistortionProbe",
+           "calibration_photos", "layer_sensitivity", "psnr_db", "measure_kv_sensitivity", "template_importance",
+           "token_sensitivity"]

@@ -19,8 +19,12 @@ The sketch's spread is Hutchinson's: a prediction's relative spread is sqrt(2 / 
 error. A probe over all photos at once also carries the cross term (r_1 . J_1 e)(r_2 . J_2 e)
 between photos, pure noise; a probe per photo drops it, and its backward costs one photo's
 compute: at the same compute, variance (a^2 + b^2) / (a + b)^2 of the joint one's (a, b: each
-photo's share of the MSE), half when they weigh alike. The allocation therefore blends it with its own diagonal (`DIAGONAL_BLEND`), whose spread
-is small but which misses correlations; the manifest's figures use the sketch alone.
+photo's share of the MSE), half when they weigh alike. The allocation predicts each part by heads
+(`HEAD_BLOCKS`: sum_k sum_h (g_k[h] . e[h])^2, the cross-head terms, zero in expectation for
+independent errors, left out: less noise, ~24 heads to average over at Klein size) and blends that
+with its own diagonal (`DIAGONAL_BLEND`), whose spread is small but which misses correlations; the
+manifest's figures use the full sketch. What the few probes' noise still costs: the allocation
+selects on it (it starves the parts whose prediction came out low), docs/notes/build-41.md section 6.
 
 Cost: one forward with autograd per calibration photo, P backward passes each through one photo's
 graph (`PER_PHOTO_PROBES`: a backward counts as 2 edits of the photos it runs through, so 2 / N of
@@ -49,10 +53,20 @@ from sakura.models.kv import LayerKV, TemplateKV
 #: per photo 8 about 2; docs/notes/build-41.md)
 SKETCH_PROBES = 8
 #: the allocation's part predictions (`coefficient_mse`) are the geometric blend full^(1-b) diag^b
-#: of the sketch and its diagonal: the diagonal's spread is small (a sum over every coefficient)
-#: but it misses the quantiser's correlated errors; b = 1/2 measured best at 8 probes (worst rung
-#: -1.7 dB on held-out photos where the sketch alone lost 4.4 dB; docs/notes/build-41.md)
-DIAGONAL_BLEND = 0.5
+#: of the sketch (by heads, `HEAD_BLOCKS`) and its diagonal: the diagonal's spread is small (a sum
+#: over every coefficient) but it misses the quantiser's correlated errors (on look-00 its error
+#: spread is 5.5 dB). With the full sketch b = 1/2 measured best; by heads the sketch's own spread
+#: is smaller and b = 1/4 gave the lowest per-part error and tail (2.0 dB sd, 5th percentile -3.6
+#: dB vs 2.3 / -4.5 for the full sketch at 1/2; held-out over 8 probe draws median -0.04 / worst
+#: -2.00 dB vs -0.18 / -2.24; docs/notes/build-41.md section 6)
+DIAGONAL_BLEND = 0.25
+#: the allocation's part predictions keep only the sketch of each attention head's block of H
+#: (K or V of one head, every token and channel), dropping the cross-head terms: heads attend
+#: independently and their quantisation errors are independent, so those terms are zero in
+#: expectation, but each adds the sketch's noise. Measured on sakura-mini's one-part edits (4 heads):
+#: bias -0.3 dB like the full sketch with 64 probes, spread at 8 probes ~2.1 dB where the full
+#: sketch's is ~2.7 (docs/notes/build-41.md); a Klein layer has 24 heads to average over
+HEAD_BLOCKS = True
 #: each probe on one calibration photo's own graph: a joint probe's cross term between photos
 #: (r_1 . J_1 e)(r_2 . J_2 e) is pure noise, and its backward costs all photos' compute; per photo
 #: the same backward compute gives N times the probes (variance halved at N = 2 when the photos
@@ -125,16 +139,26 @@ class KVSensitivity:
 
     def coefficient_mse(self, layer: int, kv: str, transform, coefficient_error: np.ndarray) -> float:
         """`part_mse` of the error whose coefficients (``transform``'s domain) are `coefficient_error`
-        (T, C), blended (`DIAGONAL_BLEND`) with the sketch's diagonal in that domain."""
+        (T, C), by heads (`HEAD_BLOCKS`: the sketch of each head's block, summed), blended
+        (`DIAGONAL_BLEND`) with the sketch's diagonal in that domain."""
         rows = self.coefficient_rows(layer, kv, transform)
         e = np.asarray(coefficient_error, np.float64).reshape(-1)
-        full = float(np.sum((rows @ e) ** 2))
+        full = self._head_block_mse(layer, kv, rows, e) if HEAD_BLOCKS else float(np.sum((rows @ e) ** 2))
         if DIAGONAL_BLEND <= 0:
             return full
         diag = float(self._coefficient_diagonal(layer, kv, transform) @ (e * e))
         if full <= 0 or diag <= 0:
             return full
         return float(np.exp((1 - DIAGONAL_BLEND) * np.log(full) + DIAGONAL_BLEND * np.log(diag)))
+
+    def _head_block_mse(self, layer: int, kv: str, rows: np.ndarray, e: np.ndarray) -> float:
+        """sum over heads h and probes k of (row_k[h] . e[h])^2: the sketch of the block-diagonal
+        part of H by heads. (P, T*C) rows and (T*C,) error in the (token, head, channel) order."""
+        _p, _t, heads, dim = self._part(layer, kv).shape
+        if heads <= 1:
+            return float(np.sum((rows @ e) ** 2))
+        proj = np.einsum("pthd,thd->ph", rows.reshape(rows.shape[0], -1, heads, dim), e.reshape(-1, heads, dim))
+        return float(np.sum(proj ** 2))
 
     def _coefficient_diagonal(self, layer: int, kv: str, transform) -> np.ndarray:
         key = ("diag", layer, kv, getattr(transform, "cache_key", id(transform)))

@@ -19,6 +19,7 @@ import torch
 
 from sakura.models.mini import MiniDiT
 from sakura.util.psnr import psnr_db_tensor
+from sakura.util.report import markdown_table
 
 from .edits import TASKS, get_task
 from .library import TASK_NAMES, library_templates
@@ -92,18 +93,17 @@ class QualityReport:
 
     def markdown(self) -> str:
         """The quality table (PSNR dB / SSIM; region PSNR for local tasks)."""
-        lines = ["| task | model PSNR | identity PSNR | swapped-template PSNR | model SSIM | identity SSIM "
-                 "| swapped SSIM | model - identity |",
-                 "|---|---|---|---|---|---|---|---|"]
+        rows = []
         for t in self.tasks:
-            lines.append(f"| {t.task} | {t.psnr['model']:.2f} | {t.psnr['identity']:.2f} | {t.psnr['swapped']:.2f} "
-                         f"| {t.ssim['model']:.3f} | {t.ssim['identity']:.3f} | {t.ssim['swapped']:.3f} "
-                         f"| {t.gain_db:+.2f} dB |")
+            rows.append([t.task, f"{t.psnr['model']:.2f}", f"{t.psnr['identity']:.2f}", f"{t.psnr['swapped']:.2f}",
+                         f"{t.ssim['model']:.3f}", f"{t.ssim['identity']:.3f}", f"{t.ssim['swapped']:.3f}",
+                         f"{t.gain_db:+.2f} dB"])
             if t.psnr_region is not None:
                 r = t.psnr_region
-                lines.append(f"| {t.task} (in region) | {r['model']:.2f} | {r['identity']:.2f} | {r['swapped']:.2f} "
-                             f"| | | | {t.gain_region_db:+.2f} dB |")
-        return "\n".join(lines)
+                rows.append([f"{t.task} (in region)", f"{r['model']:.2f}", f"{r['identity']:.2f}", f"{r['swapped']:.2f}",
+                             "", "", "", f"{t.gain_region_db:+.2f} dB"])
+        return markdown_table(["task", "model PSNR", "identity PSNR", "swapped-template PSNR", "model SSIM",
+                               "identity SSIM", "swapped SSIM", "model - identity"], rows, align="l" * 8)
 
 
 @torch.no_grad()

@@ -15,6 +15,9 @@ from sakura.cloud.tasks.library import HELD_OUT_PER_TASK, PER_TASK
 from sakura.cloud.tasks.photos import HELDOUT_TEXTURES, TRAIN_TEXTURES
 from sakura.cloud.tasks.quality import evaluate_quality, quality_grid
 
+from sakura.util.fsutil import write_json, write_text
+from sakura.util.report import markdown_table
+
 from .loop import CHECKPOINT, Recipe, load_weights
 from .card_flux2 import flux2_card
 
@@ -121,27 +124,43 @@ def write_model_card(run_dir: str | Path, docs_dir: str | Path = "docs", *, eval
     loss_plot(losses, fig_dir / "loss.png")
     report = evaluate_quality(model, steps=eval_steps, photos_per_source=photos_per_source)
     quality_grid(model, fig_dir / "grid.png", steps=eval_steps)
-    (fig_dir / "quality.json").write_text(json.dumps(
-        {**report.to_dict(), "passes_6db": report.passes(6.0), "recipe": asdict(recipe),
-         "steps_done": steps_done, "train_seconds": elapsed}, indent=2) + "\n")
+    write_json(fig_dir / "quality.json", {**report.to_dict(), "passes_6db": report.passes(6.0), "recipe": asdict(recipe),
+                                          "steps_done": steps_done, "train_seconds": elapsed}, indent=2)
 
     sweep = {s: evaluate_quality(model, steps=s, with_ssim=False, photos_per_source=photos_per_source)
              for s in (1, 2, 4, 8, 16)}
-    sweep_rows = "\n".join(
-        f"| {s} | " + " | ".join(f"{t.psnr['model']:.2f}" for t in r.tasks)
-        + "".join(f" | {t.psnr_region['model']:.2f}" for t in r.tasks if t.psnr_region is not None) + " |"
-        for s, r in sweep.items())
+    sweep_table = markdown_table(
+        ["steps", *(t.task for t in report.tasks), "sticker (in region)"],
+        [[s, *(f"{t.psnr['model']:.2f}" for t in r.tasks),
+          *(f"{t.psnr_region['model']:.2f}" for t in r.tasks if t.psnr_region is not None)] for s, r in sweep.items()],
+        align="l" * (len(report.tasks) + 2))
     tail = [r[1] for r in losses[-100:]]
     final_loss = sum(tail) / len(tail) if tail else math.nan
     cfg = model.cfg
     said = conclusions(report, sweep, losses, eval_steps)
     if recipe.model == "flux2-mini":
-        card = flux2_card(model=model, desc=desc, recipe=recipe, report=report, sweep_rows=sweep_rows, said=said,
+        card = flux2_card(model=model, desc=desc, recipe=recipe, report=report, sweep_table=sweep_table, said=said,
                           steps_done=steps_done, elapsed=elapsed, final_loss=final_loss, eval_steps=eval_steps,
                           command=command, note=note, fig=fig_dir.name)
-        card_path.write_text(card)
+        write_text(card_path, card)
         return card_path
     verdict = said["verdict"]
+    arch_table = markdown_table(["", ""], [
+        ["image", f"{cfg.image_size}x{cfg.image_size} RGB, patch {cfg.patch_size} -> {cfg.tokens_per_image} tokens per image, "
+                  f"{3 * cfg.tokens_per_image} in the sequence"],
+        ["width / depth / heads", f"{cfg.dim} / {cfg.depth} / {cfg.heads} (head dim {cfg.head_dim})"],
+        ["parameters", f"{desc['parameters']:,}"],
+        ["template KV", f"{desc['template_kv_values']:,} values = {desc['template_kv_bytes_fp16'] / 1024:.0f} KiB in fp16 per template"],
+        ["objective", f'rectified flow, x_t = (1-t) x0 + t eps, t ~ U(0,1); the head predicts x0 (`prediction="{cfg.prediction}"`'
+                      f"{', as a residual over the photo' if cfg.photo_skip else ''}), the sampler uses v = (x_t - x0)/max(t, {cfg.t_min}); "
+                      f"training loss = MSE on x0; Euler sampler, {eval_steps} steps in the benchmark"]], align="ll")
+    tasks_table = markdown_table(["task", "instruction", "template", "ground truth"], [
+        ["look", 1, "a colour-graded reference photo",
+         "per-channel RGB mean/std of the photo matched to the reference's, clipped to [0,1]"],
+        ["texture", 2, f"a tileable pattern: procedural ({', '.join(TRAIN_PATTERNS)}) or a tinted crop of {', '.join(TRAIN_TEXTURES)}",
+         "0.5 photo + 0.5 pattern"],
+        ["sticker", 3, "stickers/frames (shapes filled with colours, gradients, stripes or photo crops, optional outline) on a "
+                       "pure-green key", "template pixels where not key, photo elsewhere (copies template detail)"]], align="llll")
     card = f"""# sakura-mini model card
 
 The bundled editing model (`src/sakura/assets/sakura-mini.safetensors`), trained by this project
@@ -156,13 +175,7 @@ are modulated at the fixed timestep {cfg.template_timestep} and attend only to t
 (so their per-layer K/V depend only on the template: the reusable *template KV*); photo and target
 tokens attend to everything. The template carries its task's instruction embedding.
 
-| | |
-|---|---|
-| image | {cfg.image_size}x{cfg.image_size} RGB, patch {cfg.patch_size} -> {cfg.tokens_per_image} tokens per image, {3 * cfg.tokens_per_image} in the sequence |
-| width / depth / heads | {cfg.dim} / {cfg.depth} / {cfg.heads} (head dim {cfg.head_dim}) |
-| parameters | {desc['parameters']:,} |
-| template KV | {desc['template_kv_values']:,} values = {desc['template_kv_bytes_fp16'] / 1024:.0f} KiB in fp16 per template |
-| objective | rectified flow, x_t = (1-t) x0 + t eps, t ~ U(0,1); the head predicts x0 (`prediction="{cfg.prediction}"`{', as a residual over the photo' if cfg.photo_skip else ''}), the sampler uses v = (x_t - x0)/max(t, {cfg.t_min}); training loss = MSE on x0; Euler sampler, {eval_steps} steps in the benchmark |
+{arch_table}
 
 Why this size: `docs/model/tradeoff.md` (measured CPU throughput per configuration).
 
@@ -174,11 +187,7 @@ Augmentation: random square crops (30-100% of the shorter side) resized to {cfg.
 (antialiased), horizontal flips, +-15% brightness/contrast.
 
 ## Tasks (each defined entirely by its template; exact classical ground truth)
-| task | instruction | template | ground truth |
-|---|---|---|---|
-| look | 1 | a colour-graded reference photo | per-channel RGB mean/std of the photo matched to the reference's, clipped to [0,1] |
-| texture | 2 | a tileable pattern: procedural ({', '.join(TRAIN_PATTERNS)}) or a tinted crop of {', '.join(TRAIN_TEXTURES)} | 0.5 photo + 0.5 pattern |
-| sticker | 3 | stickers/frames (shapes filled with colours, gradients, stripes or photo crops, optional outline) on a pure-green key | template pixels where not key, photo elsewhere (copies template detail) |
+{tasks_table}
 
 Template library: {PER_TASK} named templates per task, the last {HELD_OUT_PER_TASK} held out (never
 trained on). Held-out templates come from held-out sources where the family has one: look
@@ -221,9 +230,7 @@ Reproduce: `sakura bench quality`.
 
 Sampler steps (Euler) vs model PSNR (dB) on the same data; {said['steps']}:
 
-| steps | {' | '.join(t.task for t in report.tasks)} | sticker (in region) |
-|---|{'---|' * len(report.tasks)}---|
-{sweep_rows}
+{sweep_table}
 
 ## Reproduce
 `sakura train --out runs/train` (resumable: run it again after an interruption; Ctrl-C
@@ -238,5 +245,5 @@ A tiny model trained for {elapsed / 3600:.2f} h on CPU: its edits are blurrier t
 sharp edges (8x8 patches, rank-{cfg.dim} output head); {said['weakest']}; {said['loss']}.
 It knows only these three tasks and template families.
 """
-    card_path.write_text(card)
+    write_text(card_path, card)
     return card_path

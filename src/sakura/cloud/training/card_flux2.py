@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sakura.cloud.tasks import HELDOUT_PHOTOS, TRAIN_PHOTOS
 from sakura.cloud.tasks.library import HELD_OUT_PER_TASK, PER_TASK
+from sakura.util.report import markdown_table
 
 
 def _mini_comparison(report, docs_dir: Path = Path("docs")) -> str:
@@ -16,25 +17,34 @@ def _mini_comparison(report, docs_dir: Path = Path("docs")) -> str:
     if not path.is_file():
         return "(sakura-mini's `docs/model/quality.json` is not present, so no side-by-side table.)"
     mini = {t["task"]: t for t in json.loads(path.read_text())["tasks"]}
-    rows = ["| task | flux2-mini PSNR | sakura-mini PSNR | identity PSNR | flux2-mini - identity | sakura-mini - identity |",
-            "|---|---|---|---|---|---|"]
+    rows = []
     for t in report.tasks:
         m = mini.get(t.task)
         if m is None:
             continue
-        rows.append(f"| {t.task} | {t.psnr['model']:.2f} | {m['psnr']['model']:.2f} | {t.psnr['identity']:.2f} "
-                    f"| {t.gain_db:+.2f} dB | {m['gain_db']:+.2f} dB |")
+        rows.append([t.task, f"{t.psnr['model']:.2f}", f"{m['psnr']['model']:.2f}", f"{t.psnr['identity']:.2f}",
+                     f"{t.gain_db:+.2f} dB", f"{m['gain_db']:+.2f} dB"])
         if t.psnr_region is not None and m.get("psnr_region"):
-            rows.append(f"| {t.task} (in region) | {t.psnr_region['model']:.2f} | {m['psnr_region']['model']:.2f} "
-                        f"| {t.psnr_region['identity']:.2f} | {t.gain_region_db:+.2f} dB | {m['gain_region_db']:+.2f} dB |")
-    return "\n".join(rows)
+            rows.append([f"{t.task} (in region)", f"{t.psnr_region['model']:.2f}", f"{m['psnr_region']['model']:.2f}",
+                         f"{t.psnr_region['identity']:.2f}", f"{t.gain_region_db:+.2f} dB", f"{m['gain_region_db']:+.2f} dB"])
+    return markdown_table(["task", "flux2-mini PSNR", "sakura-mini PSNR", "identity PSNR", "flux2-mini - identity",
+                           "sakura-mini - identity"], rows, align="llllll")
 
 
-def flux2_card(*, model, desc, recipe, report, sweep_rows, said, steps_done, elapsed, final_loss, eval_steps,
+def flux2_card(*, model, desc, recipe, report, sweep_table, said, steps_done, elapsed, final_loss, eval_steps,
                command, note, fig) -> str:
     cfg = model.cfg
     tr = model.transformer
     n_tr = sum(p.numel() for p in tr.parameters())
+    arch_table = markdown_table(["", ""], [
+        ['transformer', f'`Flux2Transformer2DModel`: {cfg.double_layers} double-stream + {cfg.single_layers} single-stream blocks, {cfg.heads} heads x {cfg.head_dim}, SwiGLU MLP ratio {cfg.mlp_ratio}, 4-axis RoPE (T, H, W, L) with {cfg.head_dim // 4} dims per axis, theta {cfg.rope_theta}, shared adaLN modulation, no guidance embedding'],
+        ['"latents"', f'packed pixel patches: {cfg.image_size}x{cfg.image_size} RGB, patch {cfg.patch_size} -> {cfg.tokens_per_image} tokens of {cfg.patch_dim} values per image (no VAE)'],
+        ['"text"', f"{cfg.text_tokens} learned prompt tokens (width {cfg.text_dim}) per instruction id, through the transformer's own `context_embedder`"],
+        ['sequence', f'[text {cfg.text_tokens} | template {cfg.tokens_per_image} (reference slot 0, RoPE T=10) | photo {cfg.tokens_per_image} (T=20) | noisy target {cfg.tokens_per_image} (T=0)]'],
+        ['template tokens', f"diffusers' KV reference: modulated at the fixed timestep {cfg.template_timestep}, attend only to reference tokens; their per-layer K/V (after QK-norm and RoPE) are the template KV"],
+        ['parameters', f"{desc['parameters']:,} ({n_tr:,} in the transformer)"],
+        ['template KV', f"{cfg.depth} layers (double-stream first) x {cfg.tokens_per_image} tokens x {cfg.heads} x {cfg.head_dim}: {desc['template_kv_values']:,} values = {desc['template_kv_bytes_fp16'] / 1024:.0f} KiB in fp16 per template (same size as sakura-mini's)"],
+        ['objective', f'as sakura-mini: rectified flow, the output is the edit as a residual over the photo, v = (x_t - x0)/max(t, {cfg.t_min}); loss = MSE on x0; Euler sampler, {eval_steps} steps in the benchmark']], align="ll")
     return f"""# flux2-mini model card
 
 The second bundled editing model (`src/sakura/assets/flux2-mini.safetensors`): the FLUX.2
@@ -48,16 +58,7 @@ KV. Written by `{command}`{(' - ' + note) if note else ''}.
 `sakura.models.flux2mini.Flux2MiniDiT` = diffusers' `Flux2Transformer2DModel` + learned
 instruction prompts + sakura-mini's image-level API (`load_model("flux2-mini")`).
 
-| | |
-|---|---|
-| transformer | `Flux2Transformer2DModel`: {cfg.double_layers} double-stream + {cfg.single_layers} single-stream blocks, {cfg.heads} heads x {cfg.head_dim}, SwiGLU MLP ratio {cfg.mlp_ratio}, 4-axis RoPE (T, H, W, L) with {cfg.head_dim // 4} dims per axis, theta {cfg.rope_theta}, shared adaLN modulation, no guidance embedding |
-| "latents" | packed pixel patches: {cfg.image_size}x{cfg.image_size} RGB, patch {cfg.patch_size} -> {cfg.tokens_per_image} tokens of {cfg.patch_dim} values per image (no VAE) |
-| "text" | {cfg.text_tokens} learned prompt tokens (width {cfg.text_dim}) per instruction id, through the transformer's own `context_embedder` |
-| sequence | [text {cfg.text_tokens} \\| template {cfg.tokens_per_image} (reference slot 0, RoPE T=10) \\| photo {cfg.tokens_per_image} (T=20) \\| noisy target {cfg.tokens_per_image} (T=0)] |
-| template tokens | diffusers' KV reference: modulated at the fixed timestep {cfg.template_timestep}, attend only to reference tokens; their per-layer K/V (after QK-norm and RoPE) are the template KV |
-| parameters | {desc['parameters']:,} ({n_tr:,} in the transformer) |
-| template KV | {cfg.depth} layers (double-stream first) x {cfg.tokens_per_image} tokens x {cfg.heads} x {cfg.head_dim}: {desc['template_kv_values']:,} values = {desc['template_kv_bytes_fp16'] / 1024:.0f} KiB in fp16 per template (same size as sakura-mini's) |
-| objective | as sakura-mini: rectified flow, the output is the edit as a residual over the photo, v = (x_t - x0)/max(t, {cfg.t_min}); loss = MSE on x0; Euler sampler, {eval_steps} steps in the benchmark |
+{arch_table}
 
 Decisions, and why:
 - **Pixel space with packed patches, no VAE.** No pretrained FLUX.2 VAE can be downloaded here,
@@ -126,9 +127,7 @@ Beside sakura-mini (its committed `docs/model/quality.json`; same photos, templa
 
 Sampler steps (Euler) vs model PSNR (dB); {said['steps']}:
 
-| steps | {' | '.join(t.task for t in report.tasks)} | sticker (in region) |
-|---|{'---|' * len(report.tasks)}---|
-{sweep_rows}
+{sweep_table}
 
 ## Reproduce
 `sakura train --model flux2-mini --out runs/flux2 --batch-size {recipe.batch_size} --steps {recipe.steps} --lr {recipe.lr}`

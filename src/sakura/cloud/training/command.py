@@ -6,18 +6,20 @@ from __future__ import annotations
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from sakura.cloud.training.loop import Recipe, train
 from sakura.cloud.training.card import card_paths, write_model_card
 from sakura.models import ASSETS
+from sakura.util.report import report_logger
+
+#: the command's lines (and the training loop's, `sakura.cloud.training.loop`) on stdout, plain
+log = report_logger(__name__, root="sakura.cloud.training")
 
 
 def train_command(out: Path, *, overrides: dict, resume: bool = True, install: bool = False,
-                  docs: Path = Path("docs"), eval_steps: int = 8, eval_photos: int = 4, threads: int = 1,
-                  log: Callable[[str], None] = print) -> None:
+                  docs: Path = Path("docs"), eval_steps: int = 8, eval_photos: int = 4, threads: int = 1) -> None:
     """Train (or resume) in `out`, then evaluate and write out/model-card.md (+ out/model/*.png).
 
     overrides: Recipe fields to change (None values ignored). With `install`, the finished weights
@@ -26,18 +28,18 @@ def train_command(out: Path, *, overrides: dict, resume: bool = True, install: b
     torch.set_num_threads(threads)
     recipe = replace(Recipe(), **{k: v for k, v in overrides.items() if v is not None})
     out = Path(out)
-    log(f"recipe: {recipe}")
-    log(f"model: {recipe.model_config()}")
+    log.info("%s", f"recipe: {recipe}")
+    log.info("%s", f"model: {recipe.model_config()}")
     state = train(recipe, out, resume=resume)
     if state.step < recipe.steps:
-        log(f"stopped at step {state.step} of {recipe.steps}; run the same command to resume")
+        log.info("%s", f"stopped at step {state.step} of {recipe.steps}; run the same command to resume")
         return
     weights = out / recipe.weights_name
-    log(f"trained {state.step} steps in {state.elapsed_s / 3600:.2f} h; weights: {weights}")
+    log.info("%s", f"trained {state.step} steps in {state.elapsed_s / 3600:.2f} h; weights: {weights}")
 
     cmd = "sakura train" + "".join(f" --{k.replace('_', '-')} {v}" for k, v in overrides.items() if v is not None)
     card = write_model_card(out, out, eval_steps=eval_steps, command=cmd, photos_per_source=eval_photos)
-    log(f"model card: {card}")
+    log.info("%s", f"model card: {card}")
     if install:
         asset = ASSETS / recipe.weights_name
         asset.parent.mkdir(parents=True, exist_ok=True)
@@ -49,5 +51,5 @@ def train_command(out: Path, *, overrides: dict, resume: bool = True, install: b
         for f in src_figs.iterdir():
             shutil.copyfile(f, dst_figs / f.name)
         shutil.copyfile(src_card, dst_card)
-        log(f"installed weights at {asset}; model card: {dst_card}")
-    log((card_paths(recipe.model, out)[1] / "quality.json").read_text())
+        log.info("%s", f"installed weights at {asset}; model card: {dst_card}")
+    log.info("%s", (card_paths(recipe.model, out)[1] / "quality.json").read_text())

@@ -28,6 +28,7 @@ from sakura.cloud.tasks import TASK_NAMES, get_task
 from sakura.cloud.tasks.library import library_templates
 from sakura.cloud.tasks.photos import heldout_photos
 from sakura.cloud.tasks.quality import psnr_per_image
+from sakura.util.report import markdown_table
 from .loop import CHECKPOINT, Recipe, load_checkpoint, load_weights
 
 
@@ -113,15 +114,16 @@ def measure_isolation(model, *, steps: int = 8, seed: int = 0, photos_per_source
 def isolation_markdown(rows: list[IsolationRow], steps_trained: int, steps_total: int | None) -> str:
     total = f" of {steps_total}" if steps_total else ""
     lines = [f"flux2-mini trained with stock multi-reference attention, checkpoint at step {steps_trained}{total}; "
-             "PSNR in dB, mean over held-out photos x held-out templates (capped at 100 dB per image)", "",
-             "| task | stock vs GT | cached (isolated) vs GT | isolation cost vs GT | cached vs stock | identity vs GT |",
-             "|---|---|---|---|---|---|"]
+             "PSNR in dB, mean over held-out photos x held-out templates (capped at 100 dB per image)", ""]
+    cells = []
     for r in rows:
-        lines.append(f"| {r.task} | {r.stock_vs_gt:.2f} | {r.cached_vs_gt:.2f} | {r.cost_db:+.2f} dB "
-                     f"| {r.cached_vs_stock:.2f} | {r.identity_vs_gt:.2f} |")
+        cells.append([r.task, f"{r.stock_vs_gt:.2f}", f"{r.cached_vs_gt:.2f}", f"{r.cost_db:+.2f} dB",
+                      f"{r.cached_vs_stock:.2f}", f"{r.identity_vs_gt:.2f}"])
         if r.stock_vs_gt_region is not None:
-            lines.append(f"| {r.task} (in region) | {r.stock_vs_gt_region:.2f} | {r.cached_vs_gt_region:.2f} "
-                         f"| {r.stock_vs_gt_region - r.cached_vs_gt_region:+.2f} dB | | |")
+            cells.append([f"{r.task} (in region)", f"{r.stock_vs_gt_region:.2f}", f"{r.cached_vs_gt_region:.2f}",
+                          f"{r.stock_vs_gt_region - r.cached_vs_gt_region:+.2f} dB", "", ""])
+    lines.append(markdown_table(["task", "stock vs GT", "cached (isolated) vs GT", "isolation cost vs GT",
+                                 "cached vs stock", "identity vs GT"], cells, align="l" * 6))
     return "\n".join(lines)
 
 

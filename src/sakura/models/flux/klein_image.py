@@ -34,6 +34,7 @@ import torch
 from ..adapter import ReadOnceSource
 from .klein import REF_SLOT_SCALE, KleinAdapter, KleinReference, latent_ids
 from .klein_config import DEFAULT_IMAGE_SIZE, KLEIN_4B, KLEIN_9B, KleinConfig  # noqa: F401  (re-exported)
+from ..spec_checks import check_klein_arg
 from ..base import EditOutput, KVMode, check_images, check_prompt, check_steps, resolve_kv_mode
 from ..kv import LayerKV, TemplateKV, TemplateKVSource, fingerprint_tensors
 
@@ -232,3 +233,10 @@ class KleinImageModel:
                 "template_kv_values": 2 * cfg.tokens_per_image * cfg.hidden * cfg.depth,
                 "template_kv_bytes_fp16": 4 * cfg.tokens_per_image * cfg.hidden * cfg.depth,
                 "config": asdict(cfg)}
+
+
+def load_klein_spec(arg: str = "", **options) -> KleinImageModel:
+    """Model-registry factory of ``klein:/path/to/local/folder[@SIZE]`` (FLUX.2 Klein at SIZE px per
+    side, default 512: a `KleinImageModel`, whose ``.adapter`` is the packed-latent `KleinAdapter`)."""
+    check_klein_arg(arg)
+    return KleinImageModel.from_pretrained(arg, **options)

@@ -61,6 +61,7 @@ from ..base import EditOutput, KVMode, check_images, check_prompt, check_source_
 from .attention import _attend, _attend_probed, joint_qkv  # shared with Klein: masked attention, joint QKV
 from .config import FluxShape
 from ..adapter import LazyTemplateLayers, ReadOnceSource
+from ..spec_checks import check_kontext_arg
 from ..kv import LayerKV, TemplateKV, TemplateKVError, TemplateKVSource, fingerprint_model, fingerprint_tensors
 from sakura.util.device import DeviceError, resolve
 
@@ -610,3 +611,10 @@ class KontextImageModel:
                 "template_kv_values": 2 * cfg.tokens_per_image * cfg.hidden * cfg.depth,
                 "template_kv_bytes_fp16": 4 * cfg.tokens_per_image * cfg.hidden * cfg.depth,
                 "guidance": self.guidance, "ref_timestep": self.ref_timestep, "config": asdict(cfg)}
+
+
+def load_kontext_spec(arg: str = "", **options) -> KontextImageModel:
+    """Model-registry factory of ``kontext:/path/to/local/folder[@SIZE]`` (FLUX.1 Kontext at SIZE px
+    per side, default 512: a `KontextImageModel`; options: guidance, ref_timestep, max_sequence_length)."""
+    check_kontext_arg(arg)
+    return KontextImageModel.from_pretrained(arg, **options)
