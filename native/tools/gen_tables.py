@@ -1,5 +1,5 @@
 """Generate native/src/gen_tables.h: the inverse DCT per size (the very operations of
-`sakura.codec.progressive.fastdct`'s generated `_lee.py`, op for op, so the C decoder equals numba bit for
+`sakura.codec.progressive.lee_gen`'s generated `_lee.py`, op for op, so the C decoder equals numba bit for
 bit) and the two 256-entry tables the decoder would otherwise compute with exp2 (numpy's values,
 so no libm difference can creep in).
 
@@ -19,7 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from sakura.codec.progressive import fastdct  # noqa: E402
+from sakura.codec.progressive import lee_gen  # noqa: E402
 from sakura.codec.ecsq import COUNT_SCALE  # noqa: E402
 from sakura.codec.progressive.ladder import SCALE_STEPS_PER_OCTAVE  # noqa: E402
 
@@ -30,12 +30,12 @@ def _f32(v: float) -> str:
     return float(np.float32(v)).hex() + "f"
 
 
-def _lee_lazy(p: "fastdct._Prog", v: list[str], scale) -> list[str]:
-    """fastdct._lee's operations (the same expressions and constants, so the same float32 results)
+def _lee_lazy(p: "lee_gen._Prog", v: list[str], scale) -> list[str]:
+    """lee_gen._lee's operations (the same expressions and constants, so the same float32 results)
     emitted in an order that keeps few values live: the even half's recursion first, the odd half's
     input sums only after it, and each input's orthonormal weight applied at its first use. GCC
     mostly keeps the source order on x86 (no pre-allocation scheduling), and with 16 vector
-    registers (SSE, NEON has 32) fastdct's order (every weighted input and every odd sum live at
+    registers (SSE, NEON has 32) lee_gen's order (every weighted input and every odd sum live at
     once) spilled most of a 32- or 64-point column."""
     n = len(v)
     if n == 1:
@@ -53,7 +53,7 @@ def _lee_lazy(p: "fastdct._Prog", v: list[str], scale) -> list[str]:
 
 
 def _idct(n: int, name: str = "idct", vt: str = "VF") -> str:
-    p = fastdct._Prog(n)
+    p = lee_gen._Prog(n)
     args = [f"c[{i}]" for i in range(n)]
     w0, w = p.const(math.sqrt(1.0 / n)), p.const(math.sqrt(2.0 / n))
     done: dict[str, str] = {}
@@ -108,11 +108,11 @@ def source() -> str:
            "static const double SKN_LOGCOUNT_WEIGHT[256] = {" + ", ".join(float(x).hex() for x in w) + "};",
            "/* 2^((code - 128) / 16): token scales (float64, as the reference computes them) */",
            "static const double SKN_TOKEN_SCALE[256] = {" + ", ".join(float(x).hex() for x in s) + "};",
-           f"#define SKN_IDCT_SIZES_MASK {sum(1 << n.bit_length() - 1 for n in fastdct.SIZES)}"]
+           f"#define SKN_IDCT_SIZES_MASK {sum(1 << n.bit_length() - 1 for n in lee_gen.SIZES)}"]
     out += _expand_tables()
-    out += ["#ifdef SKN_HAVE_VF"] + [_idct(n) for n in fastdct.SIZES]
+    out += ["#ifdef SKN_HAVE_VF"] + [_idct(n) for n in lee_gen.SIZES]
     out += ["/* the same on single floats (the channel tail of a block) */"]
-    out += [_idct(n, "idcts", "float") for n in fastdct.SIZES] + ["#endif"]
+    out += [_idct(n, "idcts", "float") for n in lee_gen.SIZES] + ["#endif"]
     return "\n".join(out) + "\n"
 
 
