@@ -7,9 +7,6 @@
 
 #include "skn_internal.h"
 #include "gen_tables.h"
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #define MAX_PLANES 12
 #define QUAD_ESC 81
@@ -30,7 +27,22 @@ struct skn_prog {
     float *inv[2];       /* (T,) token scales as float32, or NULL */
     double min_scale[2];
     double mean_absmax[2];
+    /* the refinement's scratch (unpacked low bits, a band's new indices, sign bytes), kept from
+       rung to rung and shard to shard (fresh pages cost a fault per 4 KiB) */
+    int16_t *lowv, *newv;
+    uint8_t *sv;
+    size_t lowv_cap, newv_cap, sv_cap;
 };
+
+/* *buf holds at least n elements of `size` bytes (grown, contents not kept) */
+static int scratch(void **buf, size_t *cap, size_t n, size_t size)
+{
+    if (*cap >= n) return SKN_OK;
+    free(*buf);
+    *buf = skn_big_alloc(n * size);
+    *cap = *buf ? n : 0;
+    return *buf ? SKN_OK : SKN_E_NOMEM;
+}
 
 /* ---- payload chunks (u32 count <= 64, u32 lengths, the chunks) ---- */
 typedef struct {
@@ -93,6 +105,9 @@ void skn_prog_free(skn_prog *s)
     if (!s) return;
     free(s->perm);
     free(s->starts);
+    free(s->lowv);
+    free(s->newv);
+    free(s->sv);
     for (int i = 0; i < 2; i++) {
         free(s->mag[i]);
         free(s->neg[i]);
@@ -236,7 +251,7 @@ static int read_stream(skn_prog *s, chunks *rd, const skn_model *m, const int64_
     if ((wn & 1) || (cn & 3)) { rc = SKN_E_PAYLOAD; goto out; }
     *sym = malloc((size_t)(n ? n : 1) * sizeof **sym);
     if (!*sym) { rc = SKN_E_NOMEM; goto out; }
-    skn_stream st = {w, wn / 2, c, cn / 4};
+    skn_stream st = {w, wn / 2, c, cn / 4, 0};
     rc = skn_rans_run(&st, ctx, len, ns, m, SKN_PIECE, *sym, n);
     *nsym = n;
 out:
@@ -260,79 +275,24 @@ static const int32_t QMAG32[82][4] = {R81(M4)};
 static const uint8_t QNEG[82][4] = {R81(N4)};
 static const uint8_t QZERO[82] = {R81(Z4)};
 
-/* bits set in x (portable: the baseline x86-64 build has no POPCNT instruction) */
-static SKN_INLINE int skn_popcount64(uint64_t x)
-{
-    x = x - ((x >> 1) & UINT64_C(0x5555555555555555));
-    x = (x & UINT64_C(0x3333333333333333)) + ((x >> 2) & UINT64_C(0x3333333333333333));
-    return (int)((((x + (x >> 4)) & UINT64_C(0x0f0f0f0f0f0f0f0f)) * UINT64_C(0x0101010101010101)) >> 56);
-}
-
-/* for each byte value and r < its popcount: the position of its r-th set bit (lowest first) */
-static const uint8_t SELECT8[256][8] = {
-    {0,0,0,0,0,0,0,0}, {0,0,0,0,0,0,0,0}, {1,0,0,0,0,0,0,0}, {0,1,0,0,0,0,0,0}, {2,0,0,0,0,0,0,0}, {0,2,0,0,0,0,0,0}, {1,2,0,0,0,0,0,0}, {0,1,2,0,0,0,0,0},
-    {3,0,0,0,0,0,0,0}, {0,3,0,0,0,0,0,0}, {1,3,0,0,0,0,0,0}, {0,1,3,0,0,0,0,0}, {2,3,0,0,0,0,0,0}, {0,2,3,0,0,0,0,0}, {1,2,3,0,0,0,0,0}, {0,1,2,3,0,0,0,0},
-    {4,0,0,0,0,0,0,0}, {0,4,0,0,0,0,0,0}, {1,4,0,0,0,0,0,0}, {0,1,4,0,0,0,0,0}, {2,4,0,0,0,0,0,0}, {0,2,4,0,0,0,0,0}, {1,2,4,0,0,0,0,0}, {0,1,2,4,0,0,0,0},
-    {3,4,0,0,0,0,0,0}, {0,3,4,0,0,0,0,0}, {1,3,4,0,0,0,0,0}, {0,1,3,4,0,0,0,0}, {2,3,4,0,0,0,0,0}, {0,2,3,4,0,0,0,0}, {1,2,3,4,0,0,0,0}, {0,1,2,3,4,0,0,0},
-    {5,0,0,0,0,0,0,0}, {0,5,0,0,0,0,0,0}, {1,5,0,0,0,0,0,0}, {0,1,5,0,0,0,0,0}, {2,5,0,0,0,0,0,0}, {0,2,5,0,0,0,0,0}, {1,2,5,0,0,0,0,0}, {0,1,2,5,0,0,0,0},
-    {3,5,0,0,0,0,0,0}, {0,3,5,0,0,0,0,0}, {1,3,5,0,0,0,0,0}, {0,1,3,5,0,0,0,0}, {2,3,5,0,0,0,0,0}, {0,2,3,5,0,0,0,0}, {1,2,3,5,0,0,0,0}, {0,1,2,3,5,0,0,0},
-    {4,5,0,0,0,0,0,0}, {0,4,5,0,0,0,0,0}, {1,4,5,0,0,0,0,0}, {0,1,4,5,0,0,0,0}, {2,4,5,0,0,0,0,0}, {0,2,4,5,0,0,0,0}, {1,2,4,5,0,0,0,0}, {0,1,2,4,5,0,0,0},
-    {3,4,5,0,0,0,0,0}, {0,3,4,5,0,0,0,0}, {1,3,4,5,0,0,0,0}, {0,1,3,4,5,0,0,0}, {2,3,4,5,0,0,0,0}, {0,2,3,4,5,0,0,0}, {1,2,3,4,5,0,0,0}, {0,1,2,3,4,5,0,0},
-    {6,0,0,0,0,0,0,0}, {0,6,0,0,0,0,0,0}, {1,6,0,0,0,0,0,0}, {0,1,6,0,0,0,0,0}, {2,6,0,0,0,0,0,0}, {0,2,6,0,0,0,0,0}, {1,2,6,0,0,0,0,0}, {0,1,2,6,0,0,0,0},
-    {3,6,0,0,0,0,0,0}, {0,3,6,0,0,0,0,0}, {1,3,6,0,0,0,0,0}, {0,1,3,6,0,0,0,0}, {2,3,6,0,0,0,0,0}, {0,2,3,6,0,0,0,0}, {1,2,3,6,0,0,0,0}, {0,1,2,3,6,0,0,0},
-    {4,6,0,0,0,0,0,0}, {0,4,6,0,0,0,0,0}, {1,4,6,0,0,0,0,0}, {0,1,4,6,0,0,0,0}, {2,4,6,0,0,0,0,0}, {0,2,4,6,0,0,0,0}, {1,2,4,6,0,0,0,0}, {0,1,2,4,6,0,0,0},
-    {3,4,6,0,0,0,0,0}, {0,3,4,6,0,0,0,0}, {1,3,4,6,0,0,0,0}, {0,1,3,4,6,0,0,0}, {2,3,4,6,0,0,0,0}, {0,2,3,4,6,0,0,0}, {1,2,3,4,6,0,0,0}, {0,1,2,3,4,6,0,0},
-    {5,6,0,0,0,0,0,0}, {0,5,6,0,0,0,0,0}, {1,5,6,0,0,0,0,0}, {0,1,5,6,0,0,0,0}, {2,5,6,0,0,0,0,0}, {0,2,5,6,0,0,0,0}, {1,2,5,6,0,0,0,0}, {0,1,2,5,6,0,0,0},
-    {3,5,6,0,0,0,0,0}, {0,3,5,6,0,0,0,0}, {1,3,5,6,0,0,0,0}, {0,1,3,5,6,0,0,0}, {2,3,5,6,0,0,0,0}, {0,2,3,5,6,0,0,0}, {1,2,3,5,6,0,0,0}, {0,1,2,3,5,6,0,0},
-    {4,5,6,0,0,0,0,0}, {0,4,5,6,0,0,0,0}, {1,4,5,6,0,0,0,0}, {0,1,4,5,6,0,0,0}, {2,4,5,6,0,0,0,0}, {0,2,4,5,6,0,0,0}, {1,2,4,5,6,0,0,0}, {0,1,2,4,5,6,0,0},
-    {3,4,5,6,0,0,0,0}, {0,3,4,5,6,0,0,0}, {1,3,4,5,6,0,0,0}, {0,1,3,4,5,6,0,0}, {2,3,4,5,6,0,0,0}, {0,2,3,4,5,6,0,0}, {1,2,3,4,5,6,0,0}, {0,1,2,3,4,5,6,0},
-    {7,0,0,0,0,0,0,0}, {0,7,0,0,0,0,0,0}, {1,7,0,0,0,0,0,0}, {0,1,7,0,0,0,0,0}, {2,7,0,0,0,0,0,0}, {0,2,7,0,0,0,0,0}, {1,2,7,0,0,0,0,0}, {0,1,2,7,0,0,0,0},
-    {3,7,0,0,0,0,0,0}, {0,3,7,0,0,0,0,0}, {1,3,7,0,0,0,0,0}, {0,1,3,7,0,0,0,0}, {2,3,7,0,0,0,0,0}, {0,2,3,7,0,0,0,0}, {1,2,3,7,0,0,0,0}, {0,1,2,3,7,0,0,0},
-    {4,7,0,0,0,0,0,0}, {0,4,7,0,0,0,0,0}, {1,4,7,0,0,0,0,0}, {0,1,4,7,0,0,0,0}, {2,4,7,0,0,0,0,0}, {0,2,4,7,0,0,0,0}, {1,2,4,7,0,0,0,0}, {0,1,2,4,7,0,0,0},
-    {3,4,7,0,0,0,0,0}, {0,3,4,7,0,0,0,0}, {1,3,4,7,0,0,0,0}, {0,1,3,4,7,0,0,0}, {2,3,4,7,0,0,0,0}, {0,2,3,4,7,0,0,0}, {1,2,3,4,7,0,0,0}, {0,1,2,3,4,7,0,0},
-    {5,7,0,0,0,0,0,0}, {0,5,7,0,0,0,0,0}, {1,5,7,0,0,0,0,0}, {0,1,5,7,0,0,0,0}, {2,5,7,0,0,0,0,0}, {0,2,5,7,0,0,0,0}, {1,2,5,7,0,0,0,0}, {0,1,2,5,7,0,0,0},
-    {3,5,7,0,0,0,0,0}, {0,3,5,7,0,0,0,0}, {1,3,5,7,0,0,0,0}, {0,1,3,5,7,0,0,0}, {2,3,5,7,0,0,0,0}, {0,2,3,5,7,0,0,0}, {1,2,3,5,7,0,0,0}, {0,1,2,3,5,7,0,0},
-    {4,5,7,0,0,0,0,0}, {0,4,5,7,0,0,0,0}, {1,4,5,7,0,0,0,0}, {0,1,4,5,7,0,0,0}, {2,4,5,7,0,0,0,0}, {0,2,4,5,7,0,0,0}, {1,2,4,5,7,0,0,0}, {0,1,2,4,5,7,0,0},
-    {3,4,5,7,0,0,0,0}, {0,3,4,5,7,0,0,0}, {1,3,4,5,7,0,0,0}, {0,1,3,4,5,7,0,0}, {2,3,4,5,7,0,0,0}, {0,2,3,4,5,7,0,0}, {1,2,3,4,5,7,0,0}, {0,1,2,3,4,5,7,0},
-    {6,7,0,0,0,0,0,0}, {0,6,7,0,0,0,0,0}, {1,6,7,0,0,0,0,0}, {0,1,6,7,0,0,0,0}, {2,6,7,0,0,0,0,0}, {0,2,6,7,0,0,0,0}, {1,2,6,7,0,0,0,0}, {0,1,2,6,7,0,0,0},
-    {3,6,7,0,0,0,0,0}, {0,3,6,7,0,0,0,0}, {1,3,6,7,0,0,0,0}, {0,1,3,6,7,0,0,0}, {2,3,6,7,0,0,0,0}, {0,2,3,6,7,0,0,0}, {1,2,3,6,7,0,0,0}, {0,1,2,3,6,7,0,0},
-    {4,6,7,0,0,0,0,0}, {0,4,6,7,0,0,0,0}, {1,4,6,7,0,0,0,0}, {0,1,4,6,7,0,0,0}, {2,4,6,7,0,0,0,0}, {0,2,4,6,7,0,0,0}, {1,2,4,6,7,0,0,0}, {0,1,2,4,6,7,0,0},
-    {3,4,6,7,0,0,0,0}, {0,3,4,6,7,0,0,0}, {1,3,4,6,7,0,0,0}, {0,1,3,4,6,7,0,0}, {2,3,4,6,7,0,0,0}, {0,2,3,4,6,7,0,0}, {1,2,3,4,6,7,0,0}, {0,1,2,3,4,6,7,0},
-    {5,6,7,0,0,0,0,0}, {0,5,6,7,0,0,0,0}, {1,5,6,7,0,0,0,0}, {0,1,5,6,7,0,0,0}, {2,5,6,7,0,0,0,0}, {0,2,5,6,7,0,0,0}, {1,2,5,6,7,0,0,0}, {0,1,2,5,6,7,0,0},
-    {3,5,6,7,0,0,0,0}, {0,3,5,6,7,0,0,0}, {1,3,5,6,7,0,0,0}, {0,1,3,5,6,7,0,0}, {2,3,5,6,7,0,0,0}, {0,2,3,5,6,7,0,0}, {1,2,3,5,6,7,0,0}, {0,1,2,3,5,6,7,0},
-    {4,5,6,7,0,0,0,0}, {0,4,5,6,7,0,0,0}, {1,4,5,6,7,0,0,0}, {0,1,4,5,6,7,0,0}, {2,4,5,6,7,0,0,0}, {0,2,4,5,6,7,0,0}, {1,2,4,5,6,7,0,0}, {0,1,2,4,5,6,7,0},
-    {3,4,5,6,7,0,0,0}, {0,3,4,5,6,7,0,0}, {1,3,4,5,6,7,0,0}, {0,1,3,4,5,6,7,0}, {2,3,4,5,6,7,0,0}, {0,2,3,4,5,6,7,0}, {1,2,3,4,5,6,7,0}, {0,1,2,3,4,5,6,7},
-};
-
-/* the position of the r-th set bit of x (r < popcount(x)), without branches: per-byte prefix
- * popcounts in one multiply, the byte holding it by a borrow-free compare of all 8 at once (S.
- * Vigna, "Broadword implementation of rank/select queries"), then a table in the byte. */
-static SKN_INLINE int skn_select64(uint64_t x, int r)
-{
-    uint64_t s = x - ((x >> 1) & UINT64_C(0x5555555555555555));
-    s = (s & UINT64_C(0x3333333333333333)) + ((s >> 2) & UINT64_C(0x3333333333333333));
-    s = ((s + (s >> 4)) & UINT64_C(0x0f0f0f0f0f0f0f0f)) * UINT64_C(0x0101010101010101);   /* byte i: bits in 0..i */
-    const uint64_t gt = ((s | UINT64_C(0x8080808080808080)) - (uint64_t)(r + 1) * UINT64_C(0x0101010101010101))
-                        & UINT64_C(0x8080808080808080);   /* byte i's top bit: prefix_i > r */
-    const int byte = __builtin_ctzll(gt) >> 3;
-    const int below = byte ? (int)((s << 8) >> (8 * byte) & 0xff) : 0;
-    return 8 * byte + SELECT8[(x >> (8 * byte)) & 0xff][r - below];
-}
-
 #define QMAG_T QMAG16
 #define MAGT int16_t
 #define SUFFIX _16
+#define SKN_MAG16 1
 #include "prog_mag.h"
 #undef QMAG_T
 #undef MAGT
 #undef SUFFIX
+#undef SKN_MAG16
 #define QMAG_T QMAG32
 #define MAGT int32_t
 #define SUFFIX _32
+#define SKN_MAG16 0
 #include "prog_mag.h"
 #undef QMAG_T
 #undef MAGT
 #undef SUFFIX
+#undef SKN_MAG16
 
 #define SETMAG(i, v) do { if (m32) ((int32_t *)mag)[i] = (int32_t)(v); else ((int16_t *)mag)[i] = (int16_t)(v); } while (0)
 #define GETMAG(i) (m32 ? ((int32_t *)mag)[i] : (int32_t)((int16_t *)mag)[i])
@@ -448,17 +408,6 @@ int skn_prog_start(skn_prog *s, const uint8_t *payload, size_t n, const int32_t 
     return SKN_OK;
 }
 
-/* m bits at bit position `bit` of a little-endian bit stream of `len` bytes (caller checked the
- * last value ends inside it) */
-static SKN_INLINE uint32_t low_bits(const uint8_t *b, size_t len, uint64_t bit, int m)
-{
-    const size_t by = (size_t)(bit >> 3);
-    uint32_t w = b[by];
-    if (by + 1 < len) w |= (uint32_t)b[by + 1] << 8;
-    if (by + 2 < len) w |= (uint32_t)b[by + 2] << 16;
-    return (w >> (bit & 7)) & ((1u << m) - 1);
-}
-
 static int refine_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_tables *t, int l, int m)
 {
     const int nb = s->nb, m32 = s->mag32[i];
@@ -474,8 +423,7 @@ static int refine_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_t
     int64_t *became = malloc((size_t)nb * sizeof *became);
     uint8_t *nz = malloc((size_t)nb);
     uint16_t *sym = NULL;
-    uint8_t *lowp = NULL, *sgp = NULL;
-    uint64_t *zm = NULL;
+    uint8_t *lowp = NULL, *sgp = NULL, *nzf = NULL;
     int64_t nsym = 0;
     if (!lens || !sptr || !became || !nz) { rc = SKN_E_NOMEM; goto out; }
     for (int b = 0; b < nb; b++) lens[b] = (counts[b] + g - 1) / g;
@@ -483,8 +431,16 @@ static int refine_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_t
     const uint8_t *low, *sg;
     size_t nlow, nsg;
     if ((rc = chunk_next(rd, &low, &nlow)) || (rc = chunk_next(rd, &sg, &nsg))) goto out;
-    /* per band: its symbols' offset and how many coefficients become significant */
+    /* per band: its symbols' offset and how many coefficients become significant (nzf: the nonzero
+       fields of each symbol value, a table lookup instead of a branch per symbol and field) */
     const uint32_t fmask = (1u << m) - 1;
+    nzf = malloc(A);
+    if (!nzf) { rc = SKN_E_NOMEM; goto out; }
+    for (uint32_t v = 0; v < A; v++) {
+        int k = 0;
+        for (int f = 0; f < g; f++) k += ((v >> (m * f)) & fmask) != 0;
+        nzf[v] = (uint8_t)k;
+    }
     int64_t ptr = 0, nins = 0, nbec = 0;
     for (int b = 0; b < nb; b++) {
         sptr[b] = ptr;
@@ -495,11 +451,7 @@ static int refine_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_t
         if (ptr + ns > nsym) { rc = SKN_E_COVER; goto out; }
         int64_t c = 0;
         const int64_t full = counts[b] / g;
-        for (int64_t t = 0; t < full; t++) {
-            const uint32_t v = sym[ptr + t];
-            if (!v) continue;
-            for (int f = 0; f < g; f++) c += ((v >> (m * f)) & fmask) != 0;
-        }
+        for (int64_t t = 0; t < full; t++) c += nzf[sym[ptr + t]];   /* (symbols are < A) */
         for (int64_t k = full * g; k < counts[b]; k++) c += ((sym[ptr + full] >> (m * (k - full * g))) & fmask) != 0;
         became[b] = c;
         nbec += c;
@@ -512,18 +464,22 @@ static int refine_part(skn_prog *s, chunks *rd, int i, int own, const skn_prog_t
         rc = SKN_E_PAYLOAD;
         goto out;
     }
-    /* the padded copies the kernel reads 3-byte windows of, and the band scratch */
+    /* the padded copies the kernel reads 3-byte windows of, and the scratch */
     int64_t maxband = 0;
     for (int b = 0; b < nb; b++)
         if (s->starts[b + 1] - s->starts[b] > maxband) maxband = s->starts[b + 1] - s->starts[b];
     lowp = calloc(nlow + 4, 1);
     sgp = calloc(nsg + 4, 1);
-    zm = malloc((size_t)((maxband + 63) / 64 + 1) * sizeof *zm);
-    if (!lowp || !sgp || !zm) { rc = SKN_E_NOMEM; goto out; }
+    if (!lowp || !sgp || scratch((void **)&s->lowv, &s->lowv_cap, (size_t)nsig + 16, sizeof *s->lowv) ||
+        scratch((void **)&s->newv, &s->newv_cap, (size_t)maxband + 16, sizeof *s->newv) ||
+        scratch((void **)&s->sv, &s->sv_cap, (size_t)nbec + 16, 1)) {
+        rc = SKN_E_NOMEM;
+        goto out;
+    }
     if (nlow) memcpy(lowp, low, nlow);
     if (nsg) memcpy(sgp, sg, nsg);
-    rc = m32 ? refine_32(s, mag, neg, counts, nz, sym, sptr, m, g, lowp, sgp, zm)
-             : refine_16(s, mag, neg, counts, nz, sym, sptr, m, g, lowp, sgp, zm);
+    rc = m32 ? refine_32(s, mag, neg, counts, nz, sym, sptr, m, g, lowp, sgp, nsig, nbec, s->lowv, s->newv, s->sv)
+             : refine_16(s, mag, neg, counts, nz, sym, sptr, m, g, lowp, sgp, nsig, nbec, s->lowv, s->newv, s->sv);
     if (rc) goto out;
     for (int b = 0; b < nb; b++) counts[b] -= became[b];
 out:
@@ -534,7 +490,7 @@ out:
     free(sym);
     free(lowp);
     free(sgp);
-    free(zm);
+    free(nzf);
     skn_model_free(&md);
     return rc;
 }

@@ -83,110 +83,88 @@ static int F(expand_signed)(const skn_prog *s, const uint16_t *sym, int64_t nsym
     return ptr == nsym ? SKN_OK : SKN_E_COVER;
 }
 
-/* bit i set where p[i] == 0, i < 64 */
-static SKN_INLINE uint64_t F(zero_mask64)(const MAGT *p)
-{
-    uint64_t z = 0;
-#if defined(__SSE2__)
-    const __m128i zero = _mm_setzero_si128();
-    for (int i = 0; i < 64; i += 16) {
-        __m128i e0, e1;
-        if (sizeof(MAGT) == 2) {
-            e0 = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(p + i)), zero);
-            e1 = _mm_cmpeq_epi16(_mm_loadu_si128((const __m128i *)(p + i + 8)), zero);
-        } else {
-            e0 = _mm_packs_epi32(_mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(p + i)), zero),
-                                 _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(p + i + 4)), zero));
-            e1 = _mm_packs_epi32(_mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(p + i + 8)), zero),
-                                 _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(p + i + 12)), zero));
-        }
-        z |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_packs_epi16(e0, e1)) << i;
-    }
-#else
-    for (int i = 0; i < 64; i++) z |= (uint64_t)(p[i] == 0) << i;
-#endif
-    return z;
-}
-
-/* One refinement of one part, touching only what changes: per band, a bit mask of its
- * insignificant (zero) coefficients, 64 per word (one scan of the band's magnitudes); its
- * significant ones (the clear bits, lowest first) each append m low bits (little-endian bit
- * stream `low`, in flat order); then the band's new indices (g per symbol of `sym`, flagged bands
- * only; all-zero symbols skipped 4 at a time): the k-th insignificant coefficient is the k-th set
- * bit of the mask (word by word popcounts, then a branch-free select in the word), and a nonzero
- * new index takes the next sign bit (`sg`, most significant bit first). Insignificant
- * coefficients that stay zero keep magnitude and sign 0 (an invariant of every rung).
- * zm: scratch of (largest band + 63) / 64 words. low / sg have 4 bytes of zero padding past
- * nlow / nsg (the caller checked the counts). */
+/* One refinement of one part, in three steps (numba's `kernels.refine`, the same bits):
+ *  1. the m low bits of every significant coefficient (little-endian bit stream `low`, flat order)
+ *     unpacked into lowv, and the sign bits of the coefficients that become significant (`sg`, most
+ *     significant bit first) into bytes sv: each value independent, no bit walk in the merge;
+ *  2. per band, its new indices (g per symbol of `sym`, flagged bands only; 0 elsewhere) ungrouped
+ *     into newv (the band's stay in cache);
+ *  3. the merge, one pass over the band: a significant coefficient q becomes (q << m) | the next
+ *     low value, an insignificant one the next new index (and, if that is nonzero, the next sign).
+ *     8 coefficients per step on the vector paths (`merge16`: the lane masks expand consecutive
+ *     lowv / newv / sv values into place by one table shuffle each), branch-free per coefficient
+ *     elsewhere: which way a coefficient goes is data, and a branch on it mispredicts ~1 in 3.
+ * Insignificant coefficients keep magnitude and sign 0 (an invariant of every rung), so a merged
+ * value is (q << m) | low | new and a sign is old | new. lowv: nsig + 16 entries, newv: largest
+ * band + 16, sv: nbec + 16 (the vector loads read up to 16 past the cursors). low / sg have 4 bytes
+ * of zero padding past the bits the caller checked are there. */
 static int F(refine)(skn_prog *s, MAGT *mag, uint8_t *neg, const int64_t *counts, const uint8_t *nz,
                      const uint16_t *sym, const int64_t *sptr, int m, int g, const uint8_t *low, const uint8_t *sg,
-                     uint64_t *zm)
+                     int64_t nsig, int64_t nbec, int16_t *lowv, int16_t *newv, uint8_t *sv)
 {
     const uint32_t fmask = (1u << m) - 1;
-    uint64_t li = 0, si = 0;
-    for (int b = 0; b < s->nb; b++) {
-        const int64_t a = s->starts[b], e = s->starts[b + 1], len = e - a;
-        MAGT *mb = mag + a;
-        /* the zero mask, and the significant ones' low bits (in flat order) */
-        const int64_t nw = (len + 63) / 64;
-        int64_t nzero = 0;
-        for (int64_t w = 0; w < nw; w++) {
-            const int64_t j0 = 64 * w, cnt = len - j0 < 64 ? len - j0 : 64;
-            uint64_t z = 0;
-            if (cnt == 64) {
-                uint64_t any = 0, wd;   /* most words of the high bands are all zero: one test */
-                for (int i = 0; i < 64; i += (int)(8 / sizeof(MAGT))) { memcpy(&wd, mb + j0 + i, 8); any |= wd; }
-                if (!any) {
-                    zm[w] = ~UINT64_C(0);
-                    nzero += 64;
-                    continue;
-                }
-                z = F(zero_mask64)(mb + j0);
-            } else {
-                for (int i = 0; i < cnt; i++) z |= (uint64_t)(mb[j0 + i] == 0) << i;
-            }
-            zm[w] = z;
-            nzero += skn_popcount64(z);
-            uint64_t sig = cnt == 64 ? ~z : ~z & ((UINT64_C(1) << cnt) - 1);
-            while (sig) {
-                const int i = __builtin_ctzll(sig);
-                sig &= sig - 1;
-                const uint64_t bit = li * (uint64_t)m;
-                const size_t by = (size_t)(bit >> 3);
-                const uint32_t wd = (uint32_t)low[by] | ((uint32_t)low[by + 1] << 8) | ((uint32_t)low[by + 2] << 16);
-                MAGT *p = mb + j0 + i;
-                *p = (MAGT)(((uint32_t)*p << m) | ((wd >> (bit & 7)) & fmask));
-                li++;
-            }
-        }
-        if (nzero != counts[b]) return SKN_E_COVER;
-        if (!nz[b]) continue;
-        /* the new indices */
-        const int64_t n = counts[b], nsym = (n + g - 1) / g;
-        const uint16_t *sb = sym + sptr[b];
-        int64_t w = 0, before = 0;   /* zm[w] holds zeros before..before + popcount(zm[w]) - 1 */
-        int pc = nw ? skn_popcount64(zm[0]) : 0;
-        for (int64_t t = 0; t < nsym; t++) {
-            if (t + 4 <= nsym) {
-                uint64_t wv;
-                memcpy(&wv, sb + t, 8);
-                if (wv == 0) { t += 3; continue; }
-            }
-            const uint32_t v0 = sb[t];
-            if (!v0) continue;
-            for (int f = 0; f < g; f++) {
-                const int64_t k = t * g + f;
-                const uint32_t v = (v0 >> (m * f)) & fmask;
-                if (!v || k >= n) continue;
-                while (k >= before + pc) { before += pc; pc = skn_popcount64(zm[++w]); }   /* k < n = zeros */
-                const int64_t q = a + 64 * w + skn_select64(zm[w], (int)(k - before));
-                mag[q] = (MAGT)v;
-                neg[q] = (sg[si >> 3] >> (7 - (si & 7))) & 1;
-                si++;
-            }
-        }
+    for (int64_t i = 0; i < nsig; i++) {
+        const uint64_t bit = (uint64_t)i * (uint64_t)m;
+        const size_t by = (size_t)(bit >> 3);
+        const uint32_t wd = (uint32_t)low[by] | ((uint32_t)low[by + 1] << 8) | ((uint32_t)low[by + 2] << 16);
+        lowv[i] = (int16_t)((wd >> (bit & 7)) & fmask);
     }
-    return SKN_OK;
+    memset(lowv + nsig, 0, 16 * sizeof *lowv);
+    for (int64_t i = 0; i < nbec; i++) sv[i] = (sg[i >> 3] >> (7 - (i & 7))) & 1;
+    memset(sv + nbec, 0, 16);
+#if SKN_MAG16
+    const skn_kernels *kern = skn_kernels_get();
+#endif
+    int64_t li = 0, si = 0;
+    for (int b = 0; b < s->nb; b++) {
+        const int64_t a = s->starts[b], len = s->starts[b + 1] - a, n = counts[b];
+        if (n < 0 || n > len) return SKN_E_COVER;
+        if (!nz[b] && n == len) continue;   /* nothing significant, nothing coded: all stay zero */
+        if (nz[b]) {
+            const uint16_t *sb = sym + sptr[b];
+            int64_t k = 0;
+            if (g == 4)
+                for (; k + 4 <= n; k += 4) {
+                    const uint32_t v = sb[k >> 2];
+                    newv[k] = (int16_t)(v & fmask);
+                    newv[k + 1] = (int16_t)((v >> m) & fmask);
+                    newv[k + 2] = (int16_t)((v >> (2 * m)) & fmask);
+                    newv[k + 3] = (int16_t)((v >> (3 * m)) & fmask);
+                }
+            else if (g == 2)
+                for (; k + 2 <= n; k += 2) {
+                    const uint32_t v = sb[k >> 1];
+                    newv[k] = (int16_t)(v & fmask);
+                    newv[k + 1] = (int16_t)((v >> m) & fmask);
+                }
+            for (; k < n; k++) newv[k] = (int16_t)((sb[k / g] >> (m * (k % g))) & fmask);
+        } else {
+            memset(newv, 0, (size_t)n * sizeof *newv);
+        }
+        memset(newv + n, 0, 16 * sizeof *newv);
+        MAGT *mb = mag + a;
+        uint8_t *gb = neg + a;
+        int64_t ki = 0, j = 0;
+#if SKN_MAG16
+        if (kern->merge16) j = kern->merge16(mb, gb, len, m, lowv, &li, nsig + 16, newv, &ki, n + 16, sv, &si, nbec + 16);
+#endif
+        for (; j < len; j++) {
+            /* branch-free: both ways computed, one kept (reads clamped to the buffers; a count
+               that does not add up is caught below) */
+            const int32_t q = mb[j];
+            const int sig = q != 0;
+            const int32_t r = lowv[li < nsig ? li : nsig];
+            const int32_t v = newv[ki < n ? ki : n];
+            const int bec = !sig && v != 0;
+            mb[j] = (MAGT)(sig ? (q << m) | r : v);
+            gb[j] = (uint8_t)(gb[j] | (bec ? sv[si < nbec ? si : nbec] : 0));
+            li += sig;
+            ki += !sig;
+            si += bec;
+        }
+        if (ki != n) return SKN_E_COVER;
+    }
+    return (li == nsig && si == nbec) ? SKN_OK : SKN_E_COVER;
 }
 
 #undef F

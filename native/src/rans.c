@@ -15,17 +15,24 @@ typedef struct {
     int64_t p, pend;
 } cursor;
 
-static void build_slots8(const skn_model *m, uint32_t c, uint8_t *tab)
+/* row c's slot -> symbol table, and its (freq, cum) pairs side by side (fc[s] = freq | cum << 32:
+   one load per step where two arrays took two) */
+static void build_slots8(const skn_model *m, uint32_t c, uint8_t *tab, uint64_t *fc)
 {
     const uint32_t *f = m->freq + (size_t)c * m->A, *cm = m->cum + (size_t)c * (m->A + 1);
-    for (uint32_t s = 0; s < m->A; s++) memset(tab + cm[s], (int)s, f[s]);
+    for (uint32_t s = 0; s < m->A; s++) {
+        memset(tab + cm[s], (int)s, f[s]);
+        fc[s] = f[s] | (uint64_t)cm[s] << 32;
+    }
 }
 
-static void build_slots16(const skn_model *m, uint32_t c, uint16_t *tab)
+static void build_slots16(const skn_model *m, uint32_t c, uint16_t *tab, uint64_t *fc)
 {
     const uint32_t *f = m->freq + (size_t)c * m->A, *cm = m->cum + (size_t)c * (m->A + 1);
-    for (uint32_t s = 0; s < m->A; s++)
+    for (uint32_t s = 0; s < m->A; s++) {
         for (uint32_t k = 0; k < f[s]; k++) tab[cm[s] + k] = (uint16_t)s;
+        fc[s] = f[s] | (uint64_t)cm[s] << 32;
+    }
 }
 
 /* the piece decoder, once per slot-table type (no type test per symbol) */
@@ -67,17 +74,18 @@ int skn_rans_run(const skn_stream *st, const int32_t *seg_ctx, const int64_t *se
     }
     if (wsum != st->n_words) return SKN_E_RANS_LAYOUT;
     int rc;
+    uint64_t *fc = malloc((size_t)m->A * sizeof *fc);
+    if (!fc) return SKN_E_NOMEM;
     if (m->A <= 256) {   /* a byte slot table (alphabets up to 256): half the fill, L1-resident */
         uint8_t *tab = malloc((size_t)1 << m->bits);
-        if (!tab) return SKN_E_NOMEM;
-        rc = decode_pieces_8(st, seg_ctx, seg_len, n_seg, m, piece, out, n, tab);
+        rc = tab ? decode_pieces_8(st, seg_ctx, seg_len, n_seg, m, piece, out, n, tab, fc) : SKN_E_NOMEM;
         free(tab);
     } else {
         uint16_t *tab = malloc(((size_t)1 << m->bits) * sizeof *tab);
-        if (!tab) return SKN_E_NOMEM;
-        rc = decode_pieces_16(st, seg_ctx, seg_len, n_seg, m, piece, out, n, tab);
+        rc = tab ? decode_pieces_16(st, seg_ctx, seg_len, n_seg, m, piece, out, n, tab, fc) : SKN_E_NOMEM;
         free(tab);
     }
+    free(fc);
     return rc;
 }
 
@@ -97,7 +105,7 @@ int skn_rans_decode(const uint8_t *words, size_t n_words, const uint8_t *counts,
     if (rc) return rc;
     uint16_t *tmp = malloc((size_t)(n ? n : 1) * sizeof *tmp);
     if (!tmp) { skn_model_free(&m); return SKN_E_NOMEM; }
-    skn_stream st = {words, n_words, counts, n_pieces};
+    skn_stream st = {words, n_words, counts, n_pieces, 0};
     rc = skn_rans_run(&st, seg_ctx, seg_len, n_seg, &m, piece, tmp, n);
     if (rc == SKN_OK)
         for (int64_t i = 0; i < n; i++) out[i] = tmp[i];

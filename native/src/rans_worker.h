@@ -2,11 +2,11 @@
    type with WORKER (the function name), TABT (the slot table's element type) and BUILD (its
    filler) defined, so no type test runs per symbol. */
 static int WORKER(const skn_stream *st, const int32_t *seg_ctx, const int64_t *seg_len, size_t n_seg,
-                  const skn_model *m, int64_t piece, uint16_t *out, int64_t n, TABT *tab)
+                  const skn_model *m, int64_t piece, uint16_t *out, int64_t n, TABT *tab, uint64_t *fc)
 {
     const int64_t pieces = (n + piece - 1) / piece;
     (void)n_seg;   /* (validated by skn_rans_run: the segments add up to n) */
-    const int lanes = n >= BIG_STREAM ? LANES_BIG : 1;
+    const int lanes = (st->whole ? st->whole : n) >= BIG_STREAM ? LANES_BIG : 1;
     const uint32_t bits = m->bits, mask = (1u << bits) - 1;
     const uint8_t *w = st->words;
     int rc = SKN_OK;
@@ -27,9 +27,8 @@ static int WORKER(const skn_stream *st, const int32_t *seg_ctx, const int64_t *s
         while (i < b) {
             while (seg_end <= i) { seg++; seg_end += seg_len[seg]; }
             const uint32_t c = (uint32_t)seg_ctx[seg];
-            if ((int64_t)c != cur) { BUILD(m, c, tab); cur = c; }
+            if ((int64_t)c != cur) { BUILD(m, c, tab, fc); cur = c; }
             const int64_t stop = b < seg_end ? b : seg_end;
-            const uint32_t *f = m->freq + (size_t)c * m->A, *cm = m->cum + (size_t)c * (m->A + 1);
             int64_t j = i;
             /* One loop: a checked single step, except where lane 0 starts an 8-lane block with >= 8
                words left (a step reads at most one word, so such a block needs no checks). Once the
@@ -39,7 +38,7 @@ static int WORKER(const skn_stream *st, const int32_t *seg_ctx, const int64_t *s
                     for (int l = 0; l < 8; l++) {
                         uint32_t xx = x[l];
                         const uint32_t slot = xx & mask, s = (uint32_t)tab[slot];
-                        xx = f[s] * (xx >> bits) + slot - cm[s];
+                        xx = (uint32_t)fc[s] * (xx >> bits) + slot - (uint32_t)(fc[s] >> 32);
                         const uint32_t need = xx < SKN_RANS_L;
                         const uint32_t wd = skn_rd16(w + 2 * p);
                         xx = need ? (xx << 16) | wd : xx;
@@ -53,7 +52,7 @@ static int WORKER(const skn_stream *st, const int32_t *seg_ctx, const int64_t *s
                 const int l = (int)((j - a) & (lanes - 1));
                 uint32_t xx = x[l];
                 const uint32_t slot = xx & mask, s = (uint32_t)tab[slot];
-                xx = f[s] * (xx >> bits) + slot - cm[s];
+                xx = (uint32_t)fc[s] * (xx >> bits) + slot - (uint32_t)(fc[s] >> 32);
                 if (xx < SKN_RANS_L) {
                     if (p >= pend) { rc = SKN_E_RANS_WORDS; goto done; }
                     xx = (xx << 16) | skn_rd16(w + 2 * p);

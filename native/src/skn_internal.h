@@ -42,6 +42,8 @@ void skn_model_free(skn_model *m);
 typedef struct skn_stream {
     const uint8_t *words; size_t n_words;
     const uint8_t *counts; size_t n_pieces;
+    int64_t whole;   /* symbols of the whole stream when this is a run of its pieces (0: n), which
+                        sets the lane count (a property of the stream, not of the run) */
 } skn_stream;
 
 int skn_rans_run(const skn_stream *st, const int32_t *seg_ctx, const int64_t *seg_len, size_t n_seg,
@@ -54,11 +56,20 @@ typedef struct skn_kernels {
     int (*idct2_f16)(int n, int mag32, const void *mag, const uint8_t *neg, const int32_t *perm, float step,
                      float off, int32_t lo, int32_t hi, const float *inv, const float *mu, int32_t C,
                      uint16_t *out, float *scratch);
-    /* CacheGen: (C, T) channel-major symbols -> (T, C) fp16 of (s - mx) * scale[t] */
-    void (*cachegen_f16)(const uint16_t *sym, const float *scale, int32_t mx, int32_t T, int32_t C,
-                         uint16_t *out);
+    /* CacheGen: (nc, T) channel-major symbols -> (T, nc) fp16 of (s - mx) * scale[t], output rows
+       `stride` values apart */
+    void (*cachegen_f16)(const uint16_t *sym, const float *scale, int32_t mx, int32_t T, int32_t nc,
+                         int32_t stride, uint16_t *out);
     /* n float32 -> fp16 bits (round to nearest even) */
     void (*to_f16)(const float *x, size_t n, uint16_t *out);
+    /* The refinement merge (prog_mag.h's `refine`, int16 magnitudes), 8 coefficients per step from
+     * the band's start while each scratch array has a whole vector left (cursor + 8 <= its
+     * capacity; sv: + 8): mag[j] = (mag[j] << m) | lowv[li++] where mag[j] != 0, else newv[ki++],
+     * and neg[j] |= sv[si++] where that new index is nonzero. Advances the cursors and returns the
+     * coefficients done (a multiple of 8, <= len); NULL on the scalar path. */
+    int64_t (*merge16)(int16_t *mag, uint8_t *neg, int64_t len, int m, const int16_t *lowv, int64_t *li,
+                       int64_t lcap, const int16_t *newv, int64_t *ki, int64_t kcap, const uint8_t *sv, int64_t *si,
+                       int64_t scap);
 } skn_kernels;
 
 const skn_kernels *skn_kernels_get(void);

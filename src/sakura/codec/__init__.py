@@ -50,8 +50,8 @@ __all__ = ["Codec", "CodecTables", "RenditionReport", "ShardKV", "ShardId", "Unk
 
 def warm_up() -> float:
     """Compile (or load from numba's disk cache) every kernel of the codec's decoders and of the
-    build's table fit; returns seconds spent. Called at process start by `sakura edit` / `demo` /
-    `warm` / the benches, so that no edit pays the JIT."""
+    build's table fit; returns seconds spent. Called by `sakura warm` (./dev set-up) and the
+    benches, so that no measurement pays the JIT; a phone's edit calls `warm_up_decoders`."""
     t0 = time.perf_counter()
     rans.warm_up()   # the rANS coder and the shared decode kernels
     fastdct.warm_up()

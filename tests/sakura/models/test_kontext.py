@@ -161,3 +161,19 @@ def test_without_a_template_the_sampler_is_stock_flux_kontext_pipeline(model):
                            num_inference_steps=3, guidance_scale=model.guidance, max_sequence_length=32,
                            generator=torch.Generator().manual_seed(5), output_type="pt").images
     assert stock.shape == (1, 3, S, S) and torch.equal(model.decode(mine), stock)
+
+
+def test_differentiable_edit_gives_the_same_image_with_a_gradient_into_the_template_kv(model):
+    """The build's sensitivity sketch needs the edit's gradient in the template KV (its model-based
+    allocation; without it a Kontext build falls back to the probes' ~90 calibration edits)."""
+    kv = model.extract_template_kv(px(1, 1), PROMPT)
+    key = kv.layers[1].key.clone().requires_grad_(True)
+    leafy = TemplateKV([LayerKV(key, l.value) if i == 1 else l for i, l in enumerate(kv.layers)],
+                       kv.model_fingerprint, kv.template_fingerprint, kv.layout, positions=kv.positions)
+    photo = px(1, 2)
+    out = model.differentiable_edit(photo, template_kv=leafy, steps=2, seed=3).image
+    (grad,) = torch.autograd.grad(out.sum(), [key])
+    assert float(grad.abs().sum()) > 0.0
+    plain = model.edit(photo, template_kv=leafy, steps=2, seed=3).image
+    assert not plain.requires_grad and torch.equal(plain, out.detach())
+    assert "decode" not in model.__dict__  # the lifted method is gone again

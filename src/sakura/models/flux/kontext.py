@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -559,6 +560,19 @@ class KontextImageModel:
             images.append(self.decode(latents))
         return EditOutput(image=torch.cat(images), template_kv=captured,
                           timings_s={"template": 0.0, "denoise": time.perf_counter() - t0})
+
+    def differentiable_edit(self, photo: torch.Tensor, **kwargs: Any) -> EditOutput:
+        """`edit` (same arguments, the same images) with autograd through the denoising and the VAE
+        decode, so the build's sensitivity sketch back-propagates into the template KV (its
+        `allocation="model"`: a dozen calibration edits where the probes take ~90). `edit` and
+        `decode` run undecorated for the call (their ``no_grad`` lifted); the photo's and the
+        prompt's encoders keep theirs (nothing upstream of the template KV needs a gradient)."""
+        self.__dict__["decode"] = types.MethodType(type(self).decode.__wrapped__, self)
+        try:
+            with torch.enable_grad():
+                return type(self).edit.__wrapped__(self, photo, **kwargs)
+        finally:
+            self.__dict__.pop("decode", None)
 
     def _sample(self, user: torch.Tensor, prompt_parts, *, steps: int, seed: int,
                 template: tuple[torch.Tensor, torch.Tensor] | None = None, reuse: bool = True,
