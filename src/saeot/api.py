@@ -33,6 +33,9 @@ from saeot.methods import ONE_TO_ONE
 from saeot.models import load_model
 from saeot.pipeline import compare_methods, features_from_arrays, layer_pair
 from saeot.sae import load_sae_for_layer, sae_metadata, sae_report, save_sae, train_jumprelu_sae, train_topk_sae
+from sakura.util.report import report_logger
+
+_LOG = report_logger(__name__, "saeot")
 
 Log = Callable[[str], None]
 
@@ -50,7 +53,7 @@ def layer_seed(seed: int, layer: int) -> int:
 def collect_cache(out: Path, *, model: str = "gemma3-270m", n_tokens: int = 16384, ctx_len: int = 128,
             layers: Sequence[int] | None = None, batch_size: int = 8, sources: Sequence[str] = DEFAULT_SOURCES,
             text: Path | None = None, text_field: str | None = None, exclude: Path | None = None,
-            device: str = "auto", log: Log = print) -> dict:
+            device: str = "auto", log: Log | None = None) -> dict:
     """Residual-stream activations of ``model`` over the bundled corpus (``sources``) or the user's
     ``text`` into the resumable cache ``out`` (:mod:`saeot.collect`).
 
@@ -61,6 +64,7 @@ def collect_cache(out: Path, *, model: str = "gemma3-270m", n_tokens: int = 1638
         when ``text`` is given: the tokens at the end of each document that do not fill a whole
         ``ctx_len`` chunk are not collected, and this says how many (also in ``log``).
     """
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     docs = user_documents(text, text_field) if text is not None else None  # bad text fails before the model loads
     lm = load_model(model, device=device)
     stats: dict = {}
@@ -86,7 +90,7 @@ def collect_cache(out: Path, *, model: str = "gemma3-270m", n_tokens: int = 1638
 def train_saes(acts: Path, out: Path, *, layers: Sequence[int] | None = None, d_sae: int = 4096, k: int = 32,
           steps: int = 1000, batch_size: int = 1024, lr: float = 1e-3, aux_k: int = -1, seed: int = 0,
           same_seed_all_layers: bool = False, architecture: str = "topk", stop_after: int = 0,
-          extra_acts: Sequence[Path] = (), log: Log = print) -> dict:
+          extra_acts: Sequence[Path] = (), log: Log | None = None) -> dict:
     """Train one SAE per layer on the *fit* chunks only (:func:`saeot.evaluate.chunk_split`; val and
     test stay outside the training data) and write ``out/layer_<l>/`` (SAELens format) and
     ``out/report.json`` (held-out FVU / L0 / dead features per layer).
@@ -103,6 +107,7 @@ def train_saes(acts: Path, out: Path, *, layers: Sequence[int] | None = None, d_
     dict
         {layer (str): report} of the layers finished in this call.
     """
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     if architecture not in ("topk", "jumprelu"):
         raise ValueError(f"architecture {architecture!r} is not one of topk, jumprelu")
     acts, out = Path(acts), Path(out)
@@ -171,7 +176,7 @@ def match_layers(out: Path | None, *, layer_a: int, layer_b: int, acts: Path | N
           acts_b: Path | None = None, tokens_file: Path | None = None, methods: Sequence[str] = ("ot",),
           solver: str = "exact", strategy: str = "nn", space: str = "reference", geometry: str = DEFAULT_GEOMETRY,
           hubness: str = "none", k: int = 32, candidates: int | None = 32, n_jobs: int | None = None,
-          progress: bool = True, log: Log = print) -> dict:
+          progress: bool = True, log: Log | None = None) -> dict:
     """Match the features of residual layer ``layer_a`` to ``layer_b`` with every method in ``methods``
     (:data:`saeot.methods.METHODS`): pairs, distances, timings; written to ``out`` (JSON) if given.
 
@@ -179,6 +184,7 @@ def match_layers(out: Path | None, *, layer_a: int, layer_b: int, acts: Path | N
     ``acts_a`` / ``acts_b`` (the same tokens row by row); SAEs from the folder ``saes`` or the
     single folders ``sae_a`` / ``sae_b``; each SAE's own hook must name the layer it is used for.
     """
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     SA = load_sae_for_layer(sae_a if sae_a is not None else saes, layer_a)
     SB = load_sae_for_layer(sae_b if sae_b is not None else saes, layer_b)
     if acts_a is not None:
@@ -214,7 +220,7 @@ def evaluate_pairs(acts: Path, saes: Path, pairs: Sequence[tuple[int, int]], *, 
              out: Path | None = None, n_eval: int = 128, n_intervene: int = 0, configs=None,
              settings: Sequence[str] = ("shared", "disjoint"), strategies: Sequence[str] = ("nn", "hungarian", "mutual"),
              n_chunks: int = 4, select_metric: str = "judge", saes_b: Path | None = None,
-             splits: Sequence[str] = ("val", "test"), log: Log = print) -> dict:
+             splits: Sequence[str] = ("val", "test"), log: Log | None = None) -> dict:
     """Non-circular evaluation of every method on each layer pair (:func:`saeot.evaluate.evaluate_pair`):
     held-out judges, shared and disjoint settings, paired OT - baseline intervals.  ``out`` (JSON)
     is rewritten after every pair, so an interruption keeps the finished pairs; ``out``'s ``.md``
@@ -226,6 +232,7 @@ def evaluate_pairs(acts: Path, saes: Path, pairs: Sequence[tuple[int, int]], *, 
     dict
         ``{"pairs": {"a->b": ...}, "selection": ...}``.
     """
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     configs = list(configs) if configs else [OTConfig()]
     lm = load_model(model)
     res: dict = {}

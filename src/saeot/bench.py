@@ -26,6 +26,9 @@ from saeot.wasserstein import (
     Measures, _exact_parallel, candidate_pairs, default_jobs, measures, nearest_w2, pairwise_w2, prefilter_matrix,
     sliced_proxy, w2_pairs,
 )
+from sakura.util.report import report_logger
+
+_LOG = report_logger(__name__, "saeot")
 
 
 def planted_recovery(ks=(2, 4, 8, 16, 32), seeds=(0, 1, 2), n_features: int = 64, n_tokens: int = 8000,
@@ -195,7 +198,7 @@ def _cpu() -> float:
 def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int = 18, k: int = 32,
                 candidates: int = 32, recall_sources: int = 24, legacy_rev: str | None = "0b04a39",
                 legacy_exact_sample: int = 20_000, n_jobs: int | None = None, seed: int = 0,
-                log=print, geometry: str | None = None, spaces=("reference", "pca"),
+                log=None, geometry: str | None = None, spaces=("reference", "pca"),
                 prefilters=("sliced", "pca-sliced", "pca-bound", "bound-mid"), pruned: bool = True) -> dict:
     """All-pairs OT between two layers' SAE features, every variant timed in one run (same load).
 
@@ -207,6 +210,7 @@ def speed_bench(acts_dir: Path, saes_dir: Path, layer_a: int = 9, layer_b: int =
     ``prefilters`` and candidate count; then exact W2 on each pre-filter's smallest candidate count
     with recall >= 0.95 (or its largest), timed.
     """
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     geometry = geometry or DEFAULT_GEOMETRY
 
     rng = np.random.default_rng(seed)

@@ -17,17 +17,21 @@ from saeot.models import load_model
 from saeot.pipeline import compare_methods, layer_pair, top_token_overlap
 from saeot.report import pair_rows, write_report
 from saeot.sae import load_sae, sae_metadata, sae_report, save_sae, train_topk_sae
+from sakura.util.report import report_logger
+
+_LOG = report_logger(__name__, "saeot")
 
 
 def run_demo(out: Path, model: str = "gemma3-270m", n_tokens: int = 4096, ctx_len: int = 128,
              layers: list[int] | None = None, d_sae: int = 1024, k_sae: int = 16, steps: int = 400,
-             k: int = 32, n_nodes: int = 16, compress: bool = True, log=print, solver: str = "exact",
+             k: int = 32, n_nodes: int = 16, compress: bool = True, log=None, solver: str = "exact",
              candidates: int | None = 32, counts=None, task: str = "addition") -> dict:
     """Run the whole pipeline; returns a dict of measured figures and writes ``out/report.html``.
 
     ``layers`` default: [0, L // 2, L] for a model with residual layers 0..L; pairs matched are
     (0 -> L) and (L // 2 -> L), like the paper's 0->11 and 5->11 on GPT-2.
     """
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     out = Path(out)
     t_all = time.perf_counter()
     fig: dict = {"model": model, "n_tokens": n_tokens, "d_sae": d_sae, "k_sae": k_sae, "k": k}

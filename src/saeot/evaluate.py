@@ -38,6 +38,10 @@ from saeot.methods import LayerFeatures, distance_matrix
 from saeot.models import _minilm_dir
 from saeot.stats import fmt_paired, paired_bootstrap
 from saeot.wasserstein import PREFILTERS, SOLVERS
+from sakura.util.report import markdown_head, report_logger
+
+_LOG = report_logger(__name__, "saeot")
+
 
 EVAL_METHODS = ("ot", "decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "xact")
 STRATEGIES = ("nn", "hungarian", "mutual")
@@ -410,7 +414,7 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
                   configs=None, baselines=("decoder-cosine", "sae-match", "sae-match-folded", "act-corr", "xact"),
                   strategies=STRATEGIES,
                   splits=SPLITS, n_eval: int = 128, n_intervene: int = 32, n_chunks: int = 4, csls_k: int = 10,
-                  seed: int = 0, progress: bool = True, log=print, k: int | None = None,
+                  seed: int = 0, progress: bool = True, log=None, k: int | None = None,
                   candidates: int | None = None) -> dict:
     """Every method x matching strategy on one layer pair, judged on held-out chunks (``val`` and
     ``test``, both outside the SAEs' and the distances' fit tokens) and by intervention.
@@ -434,6 +438,7 @@ def evaluate_pair(acts_dir: Path, sae_a, sae_b, la: int, lb: int, *, lm=None, se
         statistics, fit seconds.  ``lm`` (a loaded model) is needed for the judge's text and the
         interventions; without it only the Jaccard scores are computed.
     """
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     if configs is None:
         configs = [OTConfig(k=k or 32, candidates=32 if candidates is None else candidates)]
     for c in configs:
@@ -603,9 +608,8 @@ def markdown_summary(res: dict, split: str = "test", configs: list[str] | None =
             lines.append(f"\n**{pair}, {setting} tokens, {split} split** (fit {ev['fit_tokens']} tokens, judged on "
                          f"{ev['split_tokens'].get(split, '?')} held-out tokens; {len(st['sources'])} sources, "
                          f"{len(st.get('intervened', {}).get(split, []))} ablated)\n")
-            lines.append("| method | strategy | " + " | ".join(_METRIC_NAMES.values())
-                         + " | distinct targets | max in-degree | p99 in-degree |")
-            lines.append("|---|---|" + "---|" * (len(_METRIC_NAMES) + 3))
+            lines += markdown_head(["method", "strategy", *_METRIC_NAMES.values(), "distinct targets", "max in-degree",
+                            "p99 in-degree"], "l")
             for n in names:
                 for s, by_sp in st["summary"][n].items():
                     r = by_sp.get(split, {})
@@ -615,8 +619,7 @@ def markdown_summary(res: dict, split: str = "test", configs: list[str] | None =
                                    f"{h.get('p99_in_degree', '-')} |")
             lines.append(f"\nPaired OT - baseline (same sources; 95% paired bootstrap; verdict from the interval), "
                          f"{split} split:\n")
-            lines.append("| OT variant | baseline | strategy | " + " | ".join(_METRIC_NAMES.values()) + " |")
-            lines.append("|---|---|---|" + "---|" * len(_METRIC_NAMES))
+            lines += markdown_head(["OT variant", "baseline", "strategy", *_METRIC_NAMES.values()], "l")
             for o, by_b in st["paired"].items():
                 if configs is not None and o not in configs:
                     continue
@@ -663,9 +666,7 @@ def verdict_tables(res: dict, default: str, chosen: str | None, *, split: str = 
                                            for ev in res.values())]
         lines.append(f"\n**{label}: `{cfg}`**, {strategy} matching, {split} split, {setting} tokens "
                      f"(paired 95% bootstrap over the judged sources; verdict = interval above / across / below 0)\n")
-        lines.append("| pair | kind | metric | OT | " + " | ".join(bls) + " | random | "
-                     + " | ".join(f"OT - {b}" for b in bls) + " |")
-        lines.append("|---|---|---|---|" + "---|" * (2 * len(bls) + 1))
+        lines += markdown_head(["pair", "kind", "metric", "OT", *bls, "random", *(f"OT - {b}" for b in bls)], "l")
         for pair in sorted(res, key=order):
             st = res[pair]["settings"].get(setting)
             if not st or cfg not in st["paired"]:
@@ -687,8 +688,7 @@ def verdict_tables(res: dict, default: str, chosen: str | None, *, split: str = 
 
 def hub_table(res: dict, names: list[str], strategy: str = "nn", setting: str = "shared") -> str:
     """Max and 99th-percentile in-degree of the NN matching (all fit-alive sources) per pair."""
-    lines = ["| pair | " + " | ".join(f"`{n}` max / p99 (distinct)" for n in names) + " |",
-             "|---|" + "---|" * len(names)]
+    lines = markdown_head(["pair", *(f"`{n}` max / p99 (distinct)" for n in names)], "l")
     for pair, ev in res.items():
         st = ev["settings"].get(setting)
         if not st:

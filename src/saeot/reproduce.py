@@ -39,6 +39,10 @@ from saeot.fsutil import atomic_write
 from saeot.models import resolve_device
 from saeot.stats import family_verdicts
 from saeot.width import width_bench
+from sakura.util.report import markdown_head, report_logger
+
+_LOG = report_logger(__name__, "saeot")
+
 
 SIX_PAIRS = ((9, 10), (9, 18), (0, 18), (0, 9), (3, 12), (6, 15))
 
@@ -99,8 +103,9 @@ def steps_of(p: Preset) -> list[str]:
             + [f"eval_{a}_{b}{x}" for a, b in r.pairs for x, _, _ in sets] + ["summary"])
 
 
-def run_step(step: str, p: Preset, out: Path, log=print) -> dict:
+def run_step(step: str, p: Preset, out: Path, log=None) -> dict:
     """Run one step and return what goes into ``OUT/<step>.json``."""
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     r = p.real
     seeds = range(p.seeds)
     t0 = time.perf_counter()
@@ -148,8 +153,9 @@ class Interrupted(KeyboardInterrupt):
                 f"{self.out} (one JSON each) and the same command resumes from {self.step}")
 
 
-def reproduce(preset: str, out: Path, *, only: list[str] | None = None, log=print) -> Path:
+def reproduce(preset: str, out: Path, *, only: list[str] | None = None, log=None) -> Path:
     """Run the preset's missing steps (all, or ``only``), then write ``OUT/results.md``."""
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
     p = PRESETS[preset]
@@ -305,8 +311,8 @@ def real_tables(out: Path, p: "Preset") -> list[str]:
               "differences pooled over the SAE seeds; win / loss = Holm-adjusted p < 0.05). Against "
               "sae-match-folded both sides match one-to-one (Hungarian), else nearest neighbour. Seconds = "
               "mean time to compute the method's distances on the fit tokens per pair.", "",
-              "| baseline | shared W / T / L | disjoint W / T / L | seconds shared | seconds disjoint |",
-              "|---|---|---|---|---|"]
+              *markdown_head(["baseline", "shared W / T / L", "disjoint W / T / L", "seconds shared",
+                              "seconds disjoint"], "l")]
         secs = {}
         for st in ("shared", "disjoint"):
             for x in sets:
@@ -323,7 +329,7 @@ def real_tables(out: Path, p: "Preset") -> list[str]:
             L.append(f"| {bl} | {c[0]} | {c[1]} | {sec('shared', bl)} | {sec('disjoint', bl)} |")
         L.append(f"| (OT itself) | | | {sec('shared', 'ot')} | {sec('disjoint', 'ot')} |")
         L += ["", "Per cell: OT - baseline, mean [95% bootstrap], Holm-adjusted p, verdict:", "",
-              "| pair | setting | metric | " + " | ".join(BASELINES) + " |", "|---|---|---|" + "---|" * len(BASELINES)]
+              *markdown_head(["pair", "setting", "metric", *BASELINES], "l")]
         for pr in pairs:
             for st in ("shared", "disjoint"):
                 for m in FAMILY_METRICS:
@@ -337,8 +343,8 @@ def real_tables(out: Path, p: "Preset") -> list[str]:
           "target differs from decoder cosine's one-to-one target; share of sources decoder cosine (NN) matches "
           "to the feature with the *same index*; mean cosine of same-index decoder rows (about 0 for independent "
           "initialisations).", "",
-          "| SAE set | pair | SAE-Match != decoder cosine (Hungarian) | decoder cosine NN: same index | "
-          "same-index decoder cosine |", "|---|---|---|---|---|"]
+          *markdown_head(["SAE set", "pair", "SAE-Match != decoder cosine (Hungarian)", "decoder cosine NN: same index",
+                  "same-index decoder cosine"], "l")]
     for x in evs:
         for pr, ev in evs[x].items():
             st = ev["settings"].get("shared")
@@ -380,7 +386,7 @@ def tables(out: Path, preset: str) -> str:
             names = list(next(iter(per.values())))
             for strat in ("nn", "hungarian"):
                 L += [f"**{st} tokens, {'nearest neighbour' if strat == 'nn' else 'one-to-one (Hungarian)'}**", "",
-                      "| margin | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+                      *markdown_head(["margin", *names], "l")]
                 for mg, v in per.items():
                     L.append(f"| {mg} | " + " | ".join(_ci(v[n][strat]) for n in names) + " |")
                 L.append("")
@@ -390,7 +396,7 @@ def tables(out: Path, preset: str) -> str:
               "Recovery accuracy (higher = better), NN and Hungarian, 95% bootstrap; margin "
               f"{dj['params']['margin']}, drift {dj['params']['drift']}. On disjoint tokens no token is seen by "
               "both layers, so only the geometry of the hidden states can link them.", "",
-              "| setting | method | NN | Hungarian |", "|---|---|---|---|"]
+              *markdown_head(["setting", "method", "NN", "Hungarian"], "l")]
         for st, v in dj["settings"].items():
             for n, x in v.items():
                 L.append(f"| {st} | {n} | {_ci(x['nn'])} | {_ci(x['hungarian'])} |")
@@ -405,8 +411,8 @@ def tables(out: Path, preset: str) -> str:
               f"{w['params']['cpu_threads']} CPU threads. Recall = share of {w['params']['recall_sources']} random "
               "sources whose found NN has the exact NN's W2 (exact NN by lower-bound pruning = brute force; "
               "higher = better).", "",
-              "| features | exact W2 pairs | embed s | candidates s | exact s | total s | recall |",
-              "|---|---|---|---|---|---|---|"]
+              *markdown_head(["features", "exact W2 pairs", "embed s", "candidates s", "exact s", "total s",
+                              "recall"], "l")]
         for F, x in w["widths"].items():
             s = x["seconds"]
             L.append(f"| {int(F):,} | {x['pairs_evaluated']:,} | {s['embed']:.1f} | {s['candidates']:.1f} | "

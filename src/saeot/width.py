@@ -31,6 +31,9 @@ from saeot.wasserstein import (
     Measures, default_jobs, measures, nearest_w2, principal_directions, random_directions, sliced_embedding,
     spread, w2_pairs,
 )
+from sakura.util.report import report_logger
+
+_LOG = report_logger(__name__, "saeot")
 
 
 def synthetic_layers(n_features: int, *, k: int = 32, d: int = 640, tokens_per_concept: int = 16,
@@ -352,13 +355,14 @@ def width_bench(widths=(4096, 16384), *, k: int = 32, d: int = 640, candidates: 
                 prefilter: str = "pca-sliced", recall_sources: int = 64, device: str = "cpu", seed: int = 0,
                 n_jobs: int | None = None, cover: bool = True, support_dtype: str = "float32",
                 recall: bool = True, exact: bool = True, certify: bool = False, upper_probe: bool = True,
-                prune: bool = True, log=print) -> dict:
+                prune: bool = True, log=None) -> dict:
     """Wall time and nearest-neighbour recall of all-pairs exact W2 at each width, in one run.
 
     Per width: build :func:`synthetic_layers`, run :func:`all_pairs_nn`, then the exact nearest
     neighbour of ``recall_sources`` random sources by lower-bound pruning (equal to brute force)
     and the recall = fraction whose candidate NN has the exact NN's W2 (ties count as found).
     """
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     out = {"params": {"k": k, "d": d, "candidates": candidates, "prefilter": prefilter,
                       "recall_sources": recall_sources, "device": device, "seed": seed,
                       "cpu_threads": n_jobs or default_jobs(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),

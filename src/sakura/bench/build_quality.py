@@ -33,6 +33,9 @@ from sakura.util.fsutil import atomic_write
 from sakura.util.psnr import psnr_db
 from sakura.wire.store.store import Store
 from sakura.wire.store.template_ref import decode_template_ref, split_template_images
+from sakura.bench.harness import get_logger
+
+_LOG = get_logger(__name__)
 
 DEFAULT_TEMPLATES = ("look-00", "texture-00", "sticker-00")
 
@@ -84,9 +87,10 @@ def rung_edits(model, store: Path, photos, steps: int) -> dict[str, dict[str, di
 
 
 def run(*, baseline_src: Path, photos_dir: Path | None = None, out: Path | None = None,
-        templates: Sequence[str] = DEFAULT_TEMPLATES, steps: int = 4, log: Callable[[str], None] = print) -> dict:
+        templates: Sequence[str] = DEFAULT_TEMPLATES, steps: int = 4, log: Callable[[str], None] | None = None) -> dict:
     """Build with both checkouts, edit the photos from both stores; writes ``build_quality.json``
     (``rows``: one per template and rung) in `out` and returns it."""
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     model = load_model("sakura-mini", device="cpu")
     size = int(model.cfg.image_size)
     photos = load_photos(photos_dir, size) if photos_dir is not None else heldout_photos(size, n_per_source=2)

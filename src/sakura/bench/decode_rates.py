@@ -60,6 +60,9 @@ from sakura.codec.progressive import _lee
 from sakura.codec.progressive import ladder as PG
 from sakura.codec.target import phone_env
 from sakura.util.fsutil import atomic_write
+from sakura.bench.harness import get_logger, markdown_head
+
+_LOG = get_logger(__name__)
 
 KLEIN_HEADS, KLEIN_HEAD_DIM = 24, 128           # FLUX.2-klein-4B: 24 heads x 128 = 3,072 values per token
 TOKENS = (1024, 4096)                            # one 512^2 and one 1024^2 reference image
@@ -207,11 +210,12 @@ def _klein_layer_cached(tokens: int, heads: int, head_dim: int):
 
 def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKENS, workers: Sequence[int] = WORKERS,
             rounds: int = 3, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_HEAD_DIM, reference: bool = True,
-            implementation: str | None = None, log: Callable[[str], None] = print) -> list[DecodeRate]:
+            implementation: str | None = None, log: Callable[[str], None] | None = None) -> list[DecodeRate]:
     """Decode rates for every spec (and every layered rung) x layer size x worker count; with
     `reference`, the reference decoder's rate too (one run, at the smallest layer size: it decodes
     ~5 MB/s). `implementation`: "native" or "numba" (`SAKURA_DECODER` for the measurement; None:
     as this process has it); no rows for "native" where the library is not built."""
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     if implementation is None:
         return _measure(specs, tokens=tokens, workers=workers, rounds=rounds, heads=heads, head_dim=head_dim,
                         reference=reference, log=log)
@@ -234,7 +238,8 @@ def measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKEN
 
 def _measure(specs: Sequence[str] | None = None, *, tokens: Sequence[int] = TOKENS, workers: Sequence[int] = WORKERS,
              rounds: int = 3, heads: int = KLEIN_HEADS, head_dim: int = KLEIN_HEAD_DIM, reference: bool = True,
-             log: Callable[[str], None] = print) -> list[DecodeRate]:
+             log: Callable[[str], None] | None = None) -> list[DecodeRate]:
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     impl = "native" if NV.available() else "numba"
     npath = NV.path_name() if impl == "native" else None
 
@@ -601,10 +606,11 @@ def asset_path() -> Path:
 def run(out_dir: str | Path = "out/decode", *, specs: Sequence[str] | None = None, tokens: Sequence[int] = TOKENS,
         workers: Sequence[int] = WORKERS, rounds: int = 3, targets: Sequence[str] = TARGETS, publish: bool = False,
         docs_dir: str | Path = "docs", implementations: Sequence[str] = IMPLEMENTATIONS,
-        log: Callable[[str], None] = print) -> dict:
+        log: Callable[[str], None] | None = None) -> dict:
     """Measure every target in `targets` (host in this process, phone-class in a child; the two
     alternate spec by spec) and write decode_rates.json and decode_rates.md to `out_dir`; with
     `publish`, also the package's shipped calibration (`asset_path()`) and docs_dir/decode_rates.md."""
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     targets = [t for t in TARGETS if t in targets]
     if not targets or len(targets) != len(set(targets)):
         raise ValueError(f"targets must be some of {TARGETS}")
@@ -823,11 +829,12 @@ print("RESULT " + json.dumps(res))
 def side_by_side(old_src: str | Path, specs: Sequence[str] = ("progressive", "cachegen:level=3", "cachegen:level=2",
                                                                "cachegen:level=1"),
                  tokens: Sequence[int] = TOKENS, rounds: int = 3, reps: int = 3,
-                 log: Callable[[str], None] = print) -> list[dict]:
+                 log: Callable[[str], None] | None = None) -> list[dict]:
     """Per-core decode rate of the decoder in `old_src` (a `src` directory, e.g. `git archive` of
     main) against this tree's, one process per tree, the two alternating `rounds` times (best per
     rendition), so that a changing background load hits both alike. -> rows with both rates,
     bits/value and the ratio; logs a markdown table with the load average."""
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     new_src = Path(__file__).resolve().parents[2]
     rows = []
     for T in tokens:
@@ -844,8 +851,9 @@ def side_by_side(old_src: str | Path, specs: Sequence[str] = ("progressive", "ca
                     best[tag][name] = [bpv, max(rate, prev[1] if prev else 0.0)]
         load1 = os.getloadavg()
         log(f"\nside by side, {T} tokens, load average {load0[0]:.1f} -> {load1[0]:.1f} ({os.cpu_count()} CPUs)")
-        log("| rendition | bits/value old | bits/value new | old MB/s per core | new MB/s per core | new / old |")
-        log("|---|---:|---:|---:|---:|---:|")
+        for line in markdown_head(["rendition", "bits/value old", "bits/value new", "old MB/s per core",
+                                   "new MB/s per core", "new / old"]):
+            log(line)
         for name, (bpv, rate) in best["new"].items():
             ob, orate = best["old"].get(name, [float("nan"), float("nan")])
             rows.append({"rendition": name, "tokens": T, "old_bits_per_value": ob, "new_bits_per_value": bpv,
@@ -913,13 +921,14 @@ def _timed_kernels(record: Callable[[str, float], None]):
 
 
 def gil_held(specs: Sequence[str] = ("progressive", "cachegen:level=3"), tokens: int = 1024, reps: int = 7,
-             log: Callable[[str], None] = print) -> dict[str, float]:
+             log: Callable[[str], None] | None = None) -> dict[str, float]:
     """Share of one decode's thread CPU spent outside the native (numba, nogil) kernels, i.e.
     with the GIL held (Python glue, numpy and torch calls; an upper bound: a few numpy copies and
     zlib's checksum release it too), per rendition of a Klein layer -> {rendition: share}; logs
     the ms and the Amdahl bound on the 2-worker speedup it implies, 1 / (f + (1 - f) / 2). CPU
     time, so robust to other processes. Every numba entry point of `rans`, `kernels` and `_lee`
     is timed from Python while it runs; decoded once before, so that nothing compiles then."""
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     ident, blobs = _klein_renditions(specs, tokens)
     inside = [0.0]
 
@@ -945,12 +954,14 @@ def gil_held(specs: Sequence[str] = ("progressive", "cachegen:level=3"), tokens:
 
 
 def stage_profile(specs: Sequence[str] = ("progressive", "progressive:budgets=[2.0]", "cachegen:level=3"),
-                  tokens: int = 1024, reps: int = 7, log: Callable[[str], None] = print) -> dict[str, dict[str, float]]:
+                  tokens: int = 1024, reps: int = 7,
+                  log: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
     """Where one decode's thread CPU goes, per native kernel (`rans`, `kernels`, `_lee` entry
     points, timed from Python while they run) and the rest ("glue": Python, numpy, zlib), per
     rendition of a Klein layer -> {rendition: {stage: seconds}} of the fastest of `reps` decodes.
     Same wrapping as `gil_held`; CPU time, so robust to other processes.
     `python -c "from sakura.bench.decode_rates import stage_profile; stage_profile()"`."""
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     ident, blobs = _klein_renditions(specs, tokens)
     acc: dict[str, float] = collections.defaultdict(float)
 
@@ -987,12 +998,13 @@ if __name__ == "__main__":   # python -m sakura.bench.decode_rates OLD_SRC [TOKE
 def per_core_side_by_side(specs: Sequence[str] = ("progressive", "cachegen:level=3", "cachegen:level=2",
                                                   "cachegen:level=1"),
                           tokens: Sequence[int] = TOKENS, reps: int = 3, targets: Sequence[str] = TARGETS,
-                          log: Callable[[str], None] = print) -> list[dict]:
+                          log: Callable[[str], None] | None = None) -> list[dict]:
     """The light form of `run` for a loaded machine: per-core rates only (thread CPU time of one
     decode, the best of `reps`), native and numba alternating decode by decode on the same bytes,
     host in this process and phone-class in a child (`target.phone_env`); no wall-time rounds, no
     split or reference columns. -> rows {rendition, tokens, target, implementation, native_path,
     fp16_bytes_per_cpu_s}. `python -c "from sakura.bench.decode_rates import per_core_side_by_side as f; f()"`."""
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     rows: list[dict] = []
     if PHONE in targets:
         code = ("import json, sys; from sakura.bench.decode_rates import _per_core; "
@@ -1007,7 +1019,8 @@ def per_core_side_by_side(specs: Sequence[str] = ("progressive", "cachegen:level
 
 
 def _per_core(specs: Sequence[str], tokens: Sequence[int], reps: int, target: str,
-              log: Callable[[str], None] = print) -> list[dict]:
+              log: Callable[[str], None] | None = None) -> list[dict]:
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     warm_up()
     torch.set_num_threads(1)
     rows = []

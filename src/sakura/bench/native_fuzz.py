@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Callable
 import argparse
 from sakura.bench.wirevectors import DOCS_DIR, native_cases
+from sakura.bench.harness import get_logger
+
+_LOG = get_logger(__name__)
 
 ROOT = Path(__file__).resolve().parents[3]
 NATIVE = ROOT / "native"
@@ -35,8 +38,9 @@ SEED_MAX_BYTES = MAX_LEN   # vector cases larger than this are not seeds
 CORPUS_BYTES = 400_000     # the saved corpus keeps the smallest merged inputs up to this many bytes
 
 
-def build(build_dir: Path | None = None, log: Callable[[str], None] = print) -> Path:
+def build(build_dir: Path | None = None, log: Callable[[str], None] | None = None) -> Path:
     """Build the fuzz target (clang, ASan + UBSan + libFuzzer) -> its path."""
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     build_dir = build_dir or NATIVE / "build"
     if shutil.which("clang") is None or shutil.which("make") is None:
         raise RuntimeError("the fuzz target needs clang and make (apt-get install clang)")
@@ -62,10 +66,11 @@ def replay(binary: Path, dirs: list[Path], timeout: float = 600.0) -> subprocess
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run(runs: int, out: Path, save: bool = False, seed: int = 1, log: Callable[[str], None] = print,
+def run(runs: int, out: Path, save: bool = False, seed: int = 1, log: Callable[[str], None] | None = None,
         build_dir: Path | None = None) -> dict:
     """Fuzz `runs` executions from the saved corpus and the vectors -> the report (also out/fuzz.json):
     executions, findings (file names under out/findings), seed inputs, corpus after, coverage."""
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     binary = build(build_dir, log=log)

@@ -49,6 +49,9 @@ from sakura.util.fsutil import atomic_write
 from sakura.wire.server import serve_in_thread
 from sakura.wire.store.store import Store
 from sakura.wire.store.template_ref import decode_template_ref, split_template_images
+from sakura.bench.harness import get_logger
+
+_LOG = get_logger(__name__)
 
 log_ = logging.getLogger(__name__)
 
@@ -241,10 +244,11 @@ def run_size(model: Any, work: Path, size: int, *, ladder: Sequence[str], calibr
 def run(preset: str = "tiny", sizes: Sequence[int] = (32, 64), *, device: str = "auto", dtype: str = "auto",
         ladder: Sequence[str] | None = None, calibration: int = 2, steps: int = 4, reps: int = 3,
         deadline_s: float | None = None, work_dir: Path | None = None, progress: bool = True,
-        out: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+        out: Path | None = None, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The whole bench for one preset (see the module docstring); returns (and writes to `out`,
     after every size, so a run cut short keeps what it measured) the figures. `deadline_s`: skip
     the remaining sizes once this many seconds have passed (a device budget)."""
+    log = log or _LOG.info  # the module's logger unless the caller gives a sink
     from sakura.models.flux.klein_image import KleinImageModel  # lazy: diffusers ([flux] extra)
 
     if preset not in PRESETS:

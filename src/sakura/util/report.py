@@ -72,6 +72,8 @@ def set_verbosity(root: str, quiet: bool = False) -> None:
 
 def _check(head: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None) -> str:
     al = align or "l" + "r" * (len(head) - 1)
+    if len(al) == 1:  # one letter: every column
+        al *= len(head)
     if len(al) != len(head) or set(al) - set("lrc"):
         raise ValueError(f"align {al!r}: one of l/r/c per column ({len(head)} columns)")
     for i, r in enumerate(rows):
@@ -86,7 +88,7 @@ def _cell(x: Any) -> str:
 
 def markdown_table(head: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
     """A GitHub markdown table (no trailing newline). ``align``: one letter per column, ``l``, ``r``
-    or ``c`` (default: first column left, the rest right, as figures are). ``|`` inside a cell is
+    or ``c``, or one letter for all (default: first column left, the rest right, as figures are). ``|`` inside a cell is
     escaped, so a free-text cell (an error message) cannot split the row."""
     al = _check(head, rows, align)
     sep = {"l": "---", "r": "---:", "c": ":---:"}

@@ -19,7 +19,10 @@ def test_a_row_of_the_wrong_width_is_an_error():
     with pytest.raises(ValueError, match="row 0 has 1 cells"):
         markdown_table(["a", "b"], [["only one"]])
     with pytest.raises(ValueError, match="align"):
-        terminal_table(["a", "b"], [], align="l")
+        terminal_table(["a", "b"], [], align="lrl")
+    with pytest.raises(ValueError, match="align"):
+        markdown_table(["a", "b"], [], align="x")
+    assert markdown_table(["a", "b", "c"], [], align="l").splitlines()[1] == "| --- | --- | --- |"  # one letter: all
 
 
 def test_terminal_table_fits_the_width():
