@@ -507,7 +507,8 @@ def bench_width(
     widths: str = typer.Option("4096,16384", help="Feature counts per layer, comma-separated (one run)."),
     k: int = typer.Option(32, help="Support size of every feature's distribution."),
     d: int = typer.Option(640, help="Reference-space dimension (Gemma-3-270M's hidden size)."),
-    candidates: int = typer.Option(16, help="Candidates per source and per target for exact W2."),
+    candidates: int = typer.Option(32, help="Candidates per source and per target for exact W2 (as `match`; "
+                                   "16 gave 0.947 recall on 512 uncovered sources at 16,384 x 2,304, 32 0.971)."),
     prefilter: str = typer.Option("pca-sliced", help="sliced or pca-sliced (embedding for the candidate search)."),
     recall_sources: int = typer.Option(64, help="Sources whose exact NN is found by pruned search (recall)."),
     device: str = typer.Option("auto", help="Candidate search device: auto (cuda, mps, cpu), cpu, cuda, mps."),

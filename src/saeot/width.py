@@ -351,7 +351,7 @@ def memory_plan(n_features: int, d: int, *, k: int = 32, n_tokens: int, support_
             "materialised_float32_bytes": n_features * k * d * 4}
 
 
-def width_bench(widths=(4096, 16384), *, k: int = 32, d: int = 640, candidates: int = 16,
+def width_bench(widths=(4096, 16384), *, k: int = 32, d: int = 640, candidates: int = 32,
                 prefilter: str = "pca-sliced", recall_sources: int = 64, device: str = "cpu", seed: int = 0,
                 n_jobs: int | None = None, cover: bool = True, support_dtype: str = "float32",
                 recall: bool = True, exact: bool = True, certify: bool = False, upper_probe: bool = True,
