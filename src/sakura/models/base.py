@@ -15,6 +15,8 @@ no_grad).
 
 from __future__ import annotations
 
+import contextlib
+import types
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Iterator, Protocol, runtime_checkable
@@ -61,6 +63,20 @@ class EditOutput:
     image: torch.Tensor
     template_kv: TemplateKV | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def grad_through(obj: Any, names: tuple[str, ...]) -> Iterator[None]:
+    """Autograd on, and `obj`'s methods `names` run undecorated (their ``@torch.no_grad()``
+    lifted: the wrapped function, bound to `obj` for the call): how an adapter whose `edit` is
+    no-grad gets a `differentiable_edit` giving the same images (Klein, Kontext)."""
+    obj.__dict__.update({n: types.MethodType(getattr(type(obj), n).__wrapped__, obj) for n in names})
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        for n in names:
+            obj.__dict__.pop(n, None)
 
 
 def patchify(img: torch.Tensor, p: int) -> torch.Tensor:

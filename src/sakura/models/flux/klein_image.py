@@ -27,7 +27,6 @@ import hashlib
 import re
 from dataclasses import asdict
 from typing import Any, Iterator
-import types
 
 import torch
 
@@ -35,7 +34,7 @@ from ..adapter import ReadOnceSource
 from .klein import REF_SLOT_SCALE, KleinAdapter, KleinReference, latent_ids
 from .klein_config import DEFAULT_IMAGE_SIZE, KLEIN_4B, KLEIN_9B, KleinConfig  # noqa: F401  (re-exported)
 from ..spec_checks import check_klein_arg
-from ..base import EditOutput, KVMode, check_images, check_prompt, check_steps, resolve_kv_mode
+from ..base import EditOutput, KVMode, check_images, check_prompt, check_steps, grad_through, resolve_kv_mode
 from ..kv import LayerKV, TemplateKV, TemplateKVSource, fingerprint_tensors
 
 #: diffusers' Flux2 VAE downsamples 8x (2 ** (len(block_out_channels) - 1) in general) and the
@@ -216,15 +215,8 @@ class KleinImageModel:
         """`edit` (same arguments, the same images) with autograd through the denoising and the VAE
         decode: the build's sensitivity sketch back-propagates into the template KV (issue 41).
         The adapter's `edit` / `decode` run undecorated for the call (their ``no_grad`` lifted)."""
-        ad = self.adapter
-        lifted = {n: types.MethodType(getattr(type(ad), n).__wrapped__, ad) for n in ("edit", "decode")}
-        ad.__dict__.update(lifted)
-        try:
-            with torch.enable_grad():
-                return type(self).edit.__wrapped__(self, photo, **kwargs)
-        finally:
-            for n in lifted:
-                ad.__dict__.pop(n, None)
+        with grad_through(self.adapter, ("edit", "decode")):
+            return type(self).edit.__wrapped__(self, photo, **kwargs)
 
     def describe(self) -> dict[str, object]:
         d = self.adapter.describe()

@@ -45,7 +45,6 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -58,7 +57,8 @@ from diffusers.pipelines.flux.pipeline_flux_kontext import calculate_shift, retr
 from diffusers.schedulers import FlowMatchEulerDiscreteScheduler
 from diffusers import FluxKontextPipeline
 
-from ..base import EditOutput, KVMode, check_images, check_prompt, check_source_fits, check_steps, resolve_kv_mode
+from ..base import (EditOutput, KVMode, check_images, check_prompt, check_source_fits, check_steps, grad_through,
+                    resolve_kv_mode)
 from .attention import _attend, _attend_probed, joint_qkv  # shared with Klein: masked attention, joint QKV
 from .config import FluxShape
 from ..adapter import LazyTemplateLayers, ReadOnceSource
@@ -567,12 +567,8 @@ class KontextImageModel:
         `allocation="model"`: a dozen calibration edits where the probes take ~90). `edit` and
         `decode` run undecorated for the call (their ``no_grad`` lifted); the photo's and the
         prompt's encoders keep theirs (nothing upstream of the template KV needs a gradient)."""
-        self.__dict__["decode"] = types.MethodType(type(self).decode.__wrapped__, self)
-        try:
-            with torch.enable_grad():
-                return type(self).edit.__wrapped__(self, photo, **kwargs)
-        finally:
-            self.__dict__.pop("decode", None)
+        with grad_through(self, ("decode",)):
+            return type(self).edit.__wrapped__(self, photo, **kwargs)
 
     def _sample(self, user: torch.Tensor, prompt_parts, *, steps: int, seed: int,
                 template: tuple[torch.Tensor, torch.Tensor] | None = None, reuse: bool = True,
